@@ -1,0 +1,149 @@
+"""Load and save artifacts (JSON or YAML), check ``kind``/``schema_version``, fingerprint them.
+
+Every artifact document starts with ``kind:`` and ``schema_version:``. The
+file extension picks the format on save (``.json`` or ``.yaml``/``.yml``);
+loading accepts either. Writes are atomic (a temporary file renamed over the
+target), so a failed write never leaves a half-written or emptied file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import BadInput, InvalidArtifact
+from .records import from_data, to_data
+
+# kind -> "module:Class" (relative to this package); imported on first use.
+KINDS: dict[str, str] = {
+    "topology": "topology:Topology",
+    "op-graph": "opgraph:OpGraph",
+    "plan": "plan:Plan",
+}
+
+
+def record_class(kind: str) -> type:
+    """The record class of artifact ``kind``; ``InvalidArtifact`` listing the kinds if unknown."""
+    try:
+        module_name, cls_name = KINDS[kind].split(":")
+    except KeyError:
+        raise InvalidArtifact(f"unknown kind {kind!r}; known kinds: {', '.join(sorted(KINDS))}",
+                              field="kind") from None
+    module = importlib.import_module(f"{__package__}.{module_name}")
+    return getattr(module, cls_name)
+
+
+def read_document(path: str | os.PathLike) -> dict[str, Any]:
+    """Parse ``path`` as JSON or YAML into a mapping; errors name the file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise BadInput(f"{path}: is a directory, not an artifact file") from None
+    except UnicodeDecodeError:
+        raise InvalidArtifact("not a text file (JSON or YAML expected)", file=str(path)) from None
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
+    if path.suffix == ".json":
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidArtifact(f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
+                                  file=str(path)) from None
+    else:
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise InvalidArtifact(f"invalid YAML{where}: {problem}", file=str(path)) from None
+    if not isinstance(doc, dict):
+        raise InvalidArtifact("expected a mapping with 'kind' and 'schema_version' at the top",
+                              file=str(path))
+    return doc
+
+
+def from_document(doc: dict[str, Any], *, expect: str | None = None, file: str | None = None):
+    """Build the record of ``doc`` (its ``kind``), optionally requiring kind ``expect``."""
+    try:
+        kind = doc.get("kind")
+        if kind is None:
+            raise InvalidArtifact("missing required key 'kind'")
+        if expect is not None and kind != expect:
+            raise InvalidArtifact(f"expected kind {expect!r}, got {kind!r}", field="kind")
+        cls = record_class(kind)
+        supported = _supported_version(cls)
+        version = doc.get("schema_version")
+        if version is None:
+            raise InvalidArtifact("missing required key 'schema_version'")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise InvalidArtifact(f"schema_version must be a positive integer, got {version!r}",
+                                  field="schema_version")
+        if version > supported:
+            raise InvalidArtifact(f"schema_version {version} is newer than this dl-nfv reads "
+                                  f"({supported}); upgrade dl-nfv", field="schema_version")
+        return from_data(cls, doc)
+    except InvalidArtifact as exc:
+        raise exc.at(file=file) from None
+
+
+def _supported_version(cls: type) -> int:
+    import dataclasses
+
+    return next(f.default for f in dataclasses.fields(cls) if f.name == "schema_version")
+
+
+def load(path: str | os.PathLike, *, expect: str | None = None):
+    """Load the artifact at ``path``; ``expect`` requires a kind ("plan", "topology", ...)."""
+    return from_document(read_document(path), expect=expect, file=str(path))
+
+
+def dumps(record: Any, *, fmt: str = "json") -> str:
+    """Serialise a record as JSON (indented, key order as declared) or YAML."""
+    data = to_data(record)
+    if fmt == "yaml":
+        return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+    return json.dumps(data, indent=1) + "\n"
+
+
+def save(record: Any, path: str | os.PathLike) -> Path:
+    """Write ``record`` atomically to ``path`` (YAML for .yaml/.yml, JSON otherwise)."""
+    path = Path(path)
+    fmt = "yaml" if path.suffix in (".yaml", ".yml") else "json"
+    write_text_atomic(path, dumps(record, fmt=fmt))
+    return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder, then rename."""
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        raise BadInput(f"{path}: folder {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def canonical_json(record: Any) -> str:
+    """The canonical form fingerprints are taken of: sorted keys, no whitespace."""
+    return json.dumps(to_data(record), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def fingerprint(record: Any) -> str:
+    """sha256 (hex) of the record's canonical JSON; stable across load/save and formats."""
+    return hashlib.sha256(canonical_json(record).encode()).hexdigest()

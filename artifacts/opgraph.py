@@ -1,0 +1,176 @@
+"""The ``op-graph`` artifact: a model's operators, their measured costs, and data edges.
+
+Produced by ``dl-nfv profile model`` (or an importer); consumed by planners,
+the simulator and the runtime. Times are per device *type*: ``fwd_ms`` and
+``bwd_ms`` map a catalog name (``cpu``, ``V100-16GB``) to the median measured
+time of the op at the graph's batch size on that type. ``flops`` and
+``bwd_flops`` count floating-point operations of the whole batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+from enum import StrEnum
+from typing import Any
+
+import networkx as nx
+
+from .records import check, record, unique
+
+SCHEMA_VERSION = 1
+
+
+class OpKind(StrEnum):
+    INPUT = "input"
+    CONV = "conv"
+    MATMUL = "matmul"
+    ATTENTION = "attention"
+    NORM = "norm"
+    ACTIVATION = "activation"
+    POOL = "pool"
+    ELEMENTWISE = "elementwise"
+    EMBEDDING = "embedding"
+    RNN = "rnn"
+    REDUCTION = "reduction"
+    SHAPE = "shape"
+    LOSS = "loss"
+    BLOCK = "block"
+    OTHER = "other"
+
+
+class Granularity(StrEnum):
+    OP = "op"
+    LAYER = "layer"
+
+
+@record
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        check(all(s >= 1 for s in self.shape), f"shape dimensions must be >= 1, got {list(self.shape)}")
+
+
+@record
+class ModelRef:
+    """What was profiled: a zoo name or ``module:callable``, and its inputs."""
+
+    name: str
+    source: str = "zoo"
+    batch_size: int
+    dtype: str = "float32"
+    inputs: tuple[TensorSpec, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check(bool(self.name), "model name must not be empty")
+        check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+
+
+@record
+class ProfileInfo:
+    """Where and how the op times were measured."""
+
+    device_type: str
+    threads: int = 1
+    torch_version: str = ""
+    repeats: int = 0
+    warmup: int = 0
+    step_ms: float | None = None
+    op_sum_ms: float | None = None
+    peak_memory_bytes: int | None = None
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        check(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
+        check(self.step_ms is None or self.step_ms >= 0, f"step_ms must be >= 0, got {self.step_ms}")
+
+
+@record
+class Op:
+    id: str
+    name: str
+    kind: OpKind = OpKind.OTHER
+    flops: float = 0.0
+    bwd_flops: float = 0.0
+    bytes_accessed: float = 0.0
+    param_bytes: int = 0
+    output_bytes: int = 0
+    params: tuple[str, ...] = ()
+    fwd_ms: dict[str, float] = field(default_factory=dict)
+    bwd_ms: dict[str, float] = field(default_factory=dict)
+    splittable_dims: tuple[int, ...] = ()
+    module: str = ""
+
+    def __post_init__(self) -> None:
+        check(bool(self.id), "op id must not be empty")
+        for name in ("flops", "bwd_flops", "bytes_accessed", "param_bytes", "output_bytes"):
+            value = getattr(self, name)
+            check(value >= 0, f"op {self.id!r}: {name} must be >= 0, got {value}")
+        for name in ("fwd_ms", "bwd_ms"):
+            for device_type, ms in getattr(self, name).items():
+                check(ms >= 0, f"op {self.id!r}: {name}[{device_type!r}] must be >= 0, got {ms}")
+
+
+@record
+class Edge:
+    src: str
+    dst: str
+    bytes: int = 0
+
+    def __post_init__(self) -> None:
+        check(self.bytes >= 0, f"edge {self.src}->{self.dst}: bytes must be >= 0, got {self.bytes}")
+        check(self.src != self.dst, f"edge {self.src}->{self.dst} is a self-loop")
+
+
+@record
+class OpGraph:
+    kind: str = "op-graph"
+    schema_version: int = SCHEMA_VERSION
+    model: ModelRef
+    granularity: Granularity = Granularity.OP
+    profile: ProfileInfo | None = None
+    ops: tuple[Op, ...]
+    edges: tuple[Edge, ...] = ()
+
+    def __post_init__(self) -> None:
+        check(len(self.ops) >= 1, "an op graph needs at least one op")
+        unique((op.id for op in self.ops), "op id")
+        ids = {op.id for op in self.ops}
+        pairs = set()
+        for edge in self.edges:
+            for end in (edge.src, edge.dst):
+                check(end in ids, f"edge {edge.src}->{edge.dst} names unknown op {end!r}")
+            check((edge.src, edge.dst) not in pairs, f"duplicate edge {edge.src}->{edge.dst}")
+            pairs.add((edge.src, edge.dst))
+        graph = nx.DiGraph(list(pairs))
+        if not nx.is_directed_acyclic_graph(graph):
+            cycle = nx.find_cycle(graph)
+            path = " -> ".join([cycle[0][0], *(v for _, v in cycle)])
+            raise ValueError(f"the op graph has a cycle: {path}")
+
+    def op(self, op_id: str) -> Op:
+        return self.index[op_id]
+
+    @property
+    def index(self) -> dict[str, Op]:
+        return {op.id: op for op in self.ops}
+
+    def to_networkx(self) -> nx.DiGraph:
+        """A DiGraph with every op as a node (attribute ``op``) and edges with ``bytes``."""
+        graph = nx.DiGraph()
+        for op in self.ops:
+            graph.add_node(op.id, op=op)
+        for edge in self.edges:
+            graph.add_edge(edge.src, edge.dst, bytes=edge.bytes)
+        return graph
+
+    def topological_ids(self) -> list[str]:
+        """Op ids in a topological order that keeps file order among independent ops."""
+        position = {op.id: i for i, op in enumerate(self.ops)}
+        return list(nx.lexicographical_topological_sort(self.to_networkx(), key=position.__getitem__))
+
+    @property
+    def total_param_bytes(self) -> int:
+        return sum(op.param_bytes for op in self.ops)

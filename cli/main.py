@@ -1,0 +1,79 @@
+"""The ``dl-nfv`` entry point: the root group, its subcommands, and error mapping.
+
+Every ``DlNfvError`` becomes one line on stderr and its exit code (2 for bad
+input, 1 for a failed job); any other exception is reported as an internal
+error (exit 1). ``--debug`` (or ``DL_NFV_DEBUG=1``) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+from dl_nfv.artifacts.errors import DlNfvError
+
+from dl_nfv import __version__
+
+
+class CliError(click.ClickException):
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file=None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class RootGroup(click.Group):
+    """Maps library errors to one-line messages and exit codes."""
+
+    def invoke(self, ctx: click.Context):
+        debug = bool(ctx.params.get("debug")) or os.environ.get("DL_NFV_DEBUG") == "1"
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
+            raise
+        except DlNfvError as exc:
+            if debug:
+                raise
+            raise CliError(str(exc), exc.exit_code) from None
+        except KeyboardInterrupt:
+            raise CliError("interrupted", 130) from None
+        except Exception as exc:  # an internal error: say so in one line, traceback with --debug
+            if debug:
+                raise
+            raise CliError(f"internal error: {type(exc).__name__}: {exc} "
+                           f"(run with --debug for the traceback)", 1) from None
+
+
+@click.group(cls=RootGroup, context_settings={"help_option_names": ["-h", "--help"],
+                                              "max_content_width": 100})
+@click.version_option(__version__, prog_name="dl-nfv")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+def cli(debug: bool) -> None:
+    """Plan and run distributed DNN training on heterogeneous GPU clusters, and run
+    network functions on CPUs and GPUs.
+
+    \b
+    Example:
+      dl-nfv show examples/topologies/tag-hetero16.yaml
+    """
+
+
+def _register() -> None:
+    from . import nfv, plan, profile, show, simulate, train
+
+    for module in (profile, plan, simulate, train, nfv, show):
+        cli.add_command(module.command)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli.main(args=argv, prog_name="dl-nfv")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(sys.argv[1:])

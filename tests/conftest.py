@@ -1,0 +1,37 @@
+"""Shared test set-up: the --runslow option, the gpu marker, paths to examples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+TOPOLOGIES = sorted((EXAMPLES / "topologies").glob("*.yaml"))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    has_cuda = False
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        pass
+    skip_slow = pytest.mark.skip(reason="slow: run with --runslow")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "slow" in item.keywords and not config.getoption("--runslow"):
+            item.add_marker(skip_slow)
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def topology_path():
+    return EXAMPLES / "topologies" / "heterog-testbed8.yaml"
