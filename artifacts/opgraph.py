@@ -144,7 +144,9 @@ class OpGraph:
                 check(end in ids, f"edge {edge.src}->{edge.dst} names unknown op {end!r}")
             check((edge.src, edge.dst) not in pairs, f"duplicate edge {edge.src}->{edge.dst}")
             pairs.add((edge.src, edge.dst))
-        graph = nx.DiGraph(list(pairs))
+        graph = nx.DiGraph()
+        graph.add_nodes_from(op.id for op in self.ops)
+        graph.add_edges_from((e.src, e.dst) for e in self.edges)
         if not nx.is_directed_acyclic_graph(graph):
             cycle = nx.find_cycle(graph)
             path = " -> ".join([cycle[0][0], *(v for _, v in cycle)])
