@@ -28,8 +28,8 @@ def machine() -> str:
         pass
     mem = ""
     try:
-        kib = int(next(l for l in Path("/proc/meminfo").read_text().splitlines()
-                       if l.startswith("MemTotal")).split()[1])
+        kib = int(next(row for row in Path("/proc/meminfo").read_text().splitlines()
+                       if row.startswith("MemTotal")).split()[1])
         mem = f", {kib / 2**20:.0f} GiB"
     except (OSError, StopIteration, ValueError):
         pass

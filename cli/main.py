@@ -11,9 +11,9 @@ import os
 import sys
 
 import click
-from dl_nfv.artifacts.errors import DlNfvError
 
 from dl_nfv import __version__
+from dl_nfv.artifacts.errors import DlNfvError
 
 
 class CliError(click.ClickException):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from dl_nfv.artifacts import dumps, load, save
 from dl_nfv.artifacts.records import to_data
 

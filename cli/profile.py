@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import click
-from dl_nfv.artifacts import CATALOG
 from rich.console import Console
 from rich.table import Table
+
+from dl_nfv.artifacts import CATALOG
 
 from .options import json_option
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dl_nfv.artifacts import OpGraph, Plan
-from dl_nfv.artifacts.records import to_data
 from rich.console import Group
 from rich.pretty import Pretty
 from rich.table import Table
+
+from dl_nfv.artifacts import OpGraph, Plan
+from dl_nfv.artifacts.records import to_data
 
 TOP_OPS = 15
 

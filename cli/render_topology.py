@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dl_nfv.artifacts import Topology, cluster_of
 from rich.console import Group
 from rich.table import Table
+
+from dl_nfv.artifacts import Topology, cluster_of
 
 MATRIX_LIMIT = 32
 

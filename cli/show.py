@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 
 import click
+
 from dl_nfv.artifacts import dumps, load
 
 from .options import json_option

@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 from click.testing import CliRunner
+
 from dl_nfv.cli.main import cli
 
 from .fixtures import GRAPH, TOPOLOGY, fresh, plan_doc

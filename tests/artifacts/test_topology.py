@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+
 from dl_nfv.artifacts import CATALOG, InvalidArtifact, UnknownName, cluster_of, load, lookup
 from dl_nfv.artifacts.records import from_data
 from dl_nfv.artifacts.topology import Topology
-
 from tests.conftest import TOPOLOGIES
 
 
