@@ -211,6 +211,10 @@ class Plan:
     prediction: Prediction | None = None
     bound_ms: float | None = None
     notes: tuple[str, ...] = ()
+    # Where the graph and topology were read from when the plan was made (relative to the
+    # plan file when they were given relative); `simulate`/`train` load them by default.
+    graph_path: str = ""
+    topology_path: str = ""
 
     def __post_init__(self) -> None:
         check(bool(self.planner), "planner must not be empty")
