@@ -1,0 +1,73 @@
+"""Planners: a registry of ``plan(graph, topology, *, seed=0, **options) -> Plan`` functions.
+
+Every planner, research system and baseline alike, has the same signature and
+is scored by the same cost model and simulator. Entries are imported on first
+use, so listing them is cheap. ``get(name)`` raises ``UnknownName`` listing the
+valid names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dl_nfv.artifacts import UnknownName
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerInfo:
+    """One registry entry: where the function lives, preset options, one line on what it decides."""
+
+    name: str
+    target: str  # "module:function", relative to this package
+    summary: str
+    family: str  # "data-parallel", "pipeline", "placement", "single"
+    baseline: bool = False
+    preset: dict[str, Any] = field(default_factory=dict)
+
+    def load(self) -> Callable:
+        module_name, func = self.target.split(":")
+        return getattr(importlib.import_module(f"{__package__}.{module_name}"), func)
+
+
+PLANNERS: dict[str, PlannerInfo] = {p.name: p for p in (
+    PlannerInfo("dp", "dp:plan", "data parallelism over every device, AllReduce, batch shares "
+                "by device speed (baseline)", "data-parallel", baseline=True),
+    PlannerInfo("dp-ps", "dp:plan", "data parallelism with a parameter server per host "
+                "(baseline)", "data-parallel", baseline=True, preset={"sync": "ps"}),
+    PlannerInfo("single", "single:plan", "the whole model on the fastest device that fits "
+                "(baseline)", "single", baseline=True),
+)}
+
+
+def register(info: PlannerInfo) -> None:
+    """Add a planner to the registry (used by planner modules and by tests)."""
+    PLANNERS[info.name] = info
+
+
+def get(name: str) -> Callable:
+    """The plan function of planner ``name``, with its preset options bound."""
+    try:
+        info = PLANNERS[name]
+    except KeyError:
+        raise UnknownName(f"unknown planner {name!r}; valid: {', '.join(PLANNERS)}") from None
+    func = info.load()
+    if not info.preset:
+        return func
+
+    def bound(graph, topology, *, seed: int = 0, **options):
+        from dataclasses import replace
+
+        plan = func(graph, topology, seed=seed, **{**info.preset, **options})
+        return replace(plan, planner=info.name)
+
+    bound.__doc__ = func.__doc__
+    bound.__wrapped__ = func  # type: ignore[attr-defined]
+    return bound
+
+
+def run(name: str, graph, topology, *, seed: int = 0, **options):
+    """Run planner ``name`` and return its Plan."""
+    return get(name)(graph, topology, seed=seed, **options)

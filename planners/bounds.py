@@ -1,0 +1,107 @@
+"""Lower bounds on the iteration time of any plan, on the shared cost model.
+
+Every planner reports ``bound_ms`` (the largest bound it knows) so a user can
+see how far a plan may be from optimal. Bounds here hold for any plan that
+uses the given devices:
+
+* **work bound**: all forward+backward work must be done somewhere. With
+  ``t(op, d)`` the op's full-batch time on device ``d``, ``t_min(op)`` the
+  fastest, and ``rho_d = min_op t(op, d) / t_min(op)`` the device's best
+  relative speed, ``T >= sum_op t_min(op) / sum_d (1 / rho_d)``. (Splitting an
+  op over replicas never reduces its total time, since launch overhead does not
+  scale with the batch.)
+* **critical path**: forward then backward along the longest path, every op
+  at its fastest time for the smallest batch fraction a plan may give it.
+* **largest indivisible op**: an op that cannot be split (no splittable dims,
+  or when the planner never splits) takes its fastest full-batch time.
+
+Complexity: O(ops x device types + edges).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+
+from dl_nfv.simulator.costs import CostModel
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """A lower bound and the parts it is the maximum of (all in ms)."""
+
+    ms: float
+    parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def binding(self) -> str:
+        return max(self.parts, key=self.parts.__getitem__) if self.parts else ""
+
+
+def _type_columns(cm: CostModel, devices: Sequence[str]) -> list[int]:
+    return [cm.device_type_index[d] for d in devices]
+
+
+def work_bound_ms(cm: CostModel, devices: Sequence[str]) -> float:
+    """Total work over total (relative) capacity of ``devices``."""
+    cols = _type_columns(cm, devices)
+    work = cm.fwd_ms_by_type[:, cols] + cm.bwd_ms_by_type[:, cols]  # [ops, devices]
+    t_min = work.min(axis=1)
+    total = float(t_min.sum())
+    if total <= 0:
+        return 0.0
+    mask = t_min > 0
+    rho = (work[mask] / t_min[mask, None]).min(axis=0)
+    return total / float((1.0 / rho).sum())
+
+
+def critical_path_ms(cm: CostModel, devices: Sequence[str], min_batch_fraction: float = 1.0) -> float:
+    """Longest forward+backward chain, each op at its fastest time and smallest batch fraction."""
+    cols = _type_columns(cm, devices)
+    launch = cm.launch_ms_by_type[cols]
+    per_op = np.zeros(len(cm.op_ids))
+    for table in (cm.fwd_ms_by_type, cm.bwd_ms_by_type):
+        t = table[:, cols]
+        scaled = np.where(t > launch, launch + (t - launch) * min_batch_fraction, t)
+        per_op += scaled.min(axis=1)
+    graph = cm.graph.to_networkx()
+    longest: dict[str, float] = {}
+    for op_id in nx.topological_sort(graph):
+        best_pred = max((longest[p] for p in graph.predecessors(op_id)), default=0.0)
+        longest[op_id] = best_pred + float(per_op[cm.op_index[op_id]])
+    return max(longest.values(), default=0.0)
+
+
+def largest_op_ms(cm: CostModel, devices: Sequence[str], *, splittable: bool = True) -> float:
+    """Fastest full-batch time of the largest op that cannot be split.
+
+    With ``splittable=False`` every op counts as indivisible (planners that
+    never split ops, such as pipeline partitioners).
+    """
+    cols = _type_columns(cm, devices)
+    work = (cm.fwd_ms_by_type[:, cols] + cm.bwd_ms_by_type[:, cols]).min(axis=1)
+    candidates = [float(work[i]) for i, op in enumerate(cm.graph.ops)
+                  if not (splittable and op.splittable_dims)]
+    return max(candidates, default=0.0)
+
+
+def lower_bound(cm: CostModel, devices: Sequence[str] | None = None, *,
+                min_batch_fraction: float | None = None, ops_splittable: bool = True,
+                extra: dict[str, float] | None = None) -> Bound:
+    """The best of the bounds above (plus any ``extra`` ones a planner proves).
+
+    ``min_batch_fraction`` defaults to ``1 / len(devices)`` (the finest data
+    parallel split).
+    """
+    devices = list(devices or cm.cluster.device_names)
+    fraction = min_batch_fraction if min_batch_fraction is not None else 1.0 / len(devices)
+    parts = {
+        "work": work_bound_ms(cm, devices),
+        "critical_path": critical_path_ms(cm, devices, fraction),
+        "largest_op": largest_op_ms(cm, devices, splittable=ops_splittable),
+    }
+    parts.update(extra or {})
+    return Bound(max(parts.values()), parts)

@@ -1,0 +1,80 @@
+"""Data parallelism (baseline): every device holds the whole model and a share of the batch.
+
+Batch shares follow device speed (``balance="proportional"``, the
+heterogeneity-aware baseline) or are even (``balance="even"``, plain DDP).
+Gradients are synchronised by AllReduce in DDP-style buckets that overlap the
+backward pass, or through parameter servers (``sync="ps"``: one server per
+host, parameters sharded over them).
+"""
+
+from __future__ import annotations
+
+from dl_nfv.artifacts import BadInput, Collective, Fusion, Group, OpGraph, SyncMethod, Topology
+
+from .base import device_speeds, finish, gradient_buckets, integer_shares, replicas, started
+from .bounds import lower_bound
+
+MB = 2**20
+
+
+def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, sync: str = "allreduce",
+         balance: str = "proportional", bucket_mb: float = 25.0, collective: str = "auto",
+         devices: str = ""):
+    """Data parallelism over the cluster's devices.
+
+    Parameters
+    ----------
+    sync : str
+        allreduce or ps (one parameter server on the first device of each host).
+    balance : str
+        proportional (batch shares by device speed) or even.
+    bucket_mb : float
+        Gradient bucket size in MiB (0: one collective after the whole backward).
+    collective : str
+        AllReduce algorithm: auto, ring, tree or hierarchical.
+    devices : str
+        Comma-separated device names to use (default: all).
+
+    Complexity: O(ops + devices) plus one simulation.
+    """
+    t0 = started()
+    from dl_nfv.simulator.costs import CostModel
+
+    cm = CostModel(graph, topology)
+    names = _pick_devices(cm, devices)
+    try:
+        method = SyncMethod(sync)
+        algorithm = Collective(collective)
+    except ValueError as exc:
+        raise BadInput(f"dp: {exc}") from None
+    if balance not in ("proportional", "even"):
+        raise BadInput(f"dp: balance must be 'proportional' or 'even', got {balance!r}")
+    weights = device_speeds(cm, names) if balance == "proportional" else [1.0] * len(names)
+    used, shares = replicas(names, integer_shares(graph.model.batch_size, weights))
+    ops = tuple(op.id for op in graph.ops)
+    servers: tuple[str, ...] = ()
+    if method is SyncMethod.PS:
+        hosts: dict[str, str] = {}
+        for d in used:
+            hosts.setdefault(cm.cluster.device(d).host, d)
+        servers = tuple(hosts.values())
+    group = Group(id="all", ops=ops, devices=used, batch_shares=shares if len(used) > 1 else (),
+                  sync=method if len(used) > 1 else SyncMethod.NONE, ps_servers=servers if len(used) > 1 else (),
+                  collective=algorithm if method is SyncMethod.ALLREDUCE else Collective.AUTO)
+    fusion = None
+    if bucket_mb > 0 and len(used) > 1:
+        fusion = Fusion(gradient_buckets=gradient_buckets(graph, ops, bucket_mb * MB))
+    bound = lower_bound(cm, used)
+    return finish(planner="dp", graph=graph, topology=topology, groups=[group], seed=seed,
+                  options={"sync": sync, "balance": balance, "bucket_mb": bucket_mb,
+                           "collective": collective, "devices": devices},
+                  started_at=t0, bound=bound, fusion=fusion, cost_model=cm)
+
+
+def _pick_devices(cm, devices: str) -> list[str]:
+    if not devices:
+        return list(cm.cluster.device_names)
+    names = [d.strip() for d in devices.split(",") if d.strip()]
+    for name in names:
+        cm.cluster.device(name)  # raises UnknownName
+    return names
