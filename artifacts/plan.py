@@ -202,10 +202,6 @@ class Plan:
     status: PlanStatus = PlanStatus.HEURISTIC
     graph_sha256: str
     topology_sha256: str
-    # Where the graph and topology were read from when planning: absolute, or relative to the
-    # plan file's folder; "" when unknown. ``simulate`` and ``train`` use them as defaults.
-    graph_path: str = ""
-    topology_path: str = ""
     batch_size: int
     optimizer: Optimizer = Optimizer.SGD
     groups: tuple[Group, ...]
