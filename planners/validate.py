@@ -1,0 +1,103 @@
+"""``validate_plan``: one check of any plan from any planner, independent of who made it.
+
+It checks, in order:
+
+1. the plan fits its graph and topology (ops and devices exist, every op is
+   placed exactly once, batch sizes agree; fingerprints when asked);
+2. pipelines: every group is a stage, stage order respects the data edges,
+   and the per-device action lists cannot deadlock (the graph of
+   forward/backward dependencies plus each device's order is acyclic);
+3. per-device op orders: each lists every op placed on its device, and the
+   data edges plus the order edges form no cycle (no device waits on an op
+   that it itself must run later);
+4. memory: the shared simulator finds no device over its memory.
+
+It raises ``InvalidArtifact`` (or ``ArtifactMismatch`` / ``InfeasiblePlan``)
+naming the first violation. Complexity: O(ops + edges + actions) plus one
+simulation when ``check_memory``.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from dl_nfv.artifacts import (
+    InfeasiblePlan,
+    InvalidArtifact,
+    OpGraph,
+    Plan,
+    Topology,
+    validate_against,
+)
+
+
+def validate_plan(plan: Plan, graph: OpGraph, topology: Topology, *, check_fingerprints: bool = False,
+                  check_memory: bool = True) -> None:
+    """Raise on the first way ``plan`` is not a valid, runnable plan for ``graph`` on ``topology``."""
+    validate_against(plan, graph, topology, check_fingerprints=check_fingerprints)
+    if plan.pipeline is not None:
+        _check_pipeline(plan, graph)
+    if plan.order:
+        _check_order(plan, graph)
+    if check_memory:
+        from dl_nfv.simulator import simulate
+
+        result = simulate(plan, graph, topology, check_fingerprints=False)
+        if not result.feasible:
+            device, time_ms, shortfall = max(result.overflows, key=lambda o: o[2])
+            raise InfeasiblePlan(f"plan by {plan.planner}: device {device!r} is over its memory by "
+                                 f"{shortfall / 2**30:.2f} GiB at t={time_ms:.1f} ms")
+
+
+def _check_pipeline(plan: Plan, graph: OpGraph) -> None:
+    pipe = plan.pipeline
+    stage_of_group = {gid: s for s, gid in enumerate(pipe.stages)}
+    for g in plan.groups:
+        if g.id not in stage_of_group:
+            raise InvalidArtifact(f"group {g.id!r} is not a pipeline stage", field="pipeline.stages")
+    stage_of_op = {op: stage_of_group[g.id] for g in plan.groups for op in g.ops}
+    for e in graph.edges:
+        if stage_of_op[e.src] > stage_of_op[e.dst]:
+            raise InvalidArtifact(
+                f"edge {e.src}->{e.dst} runs backwards, from stage {stage_of_op[e.src]} to stage "
+                f"{stage_of_op[e.dst]}", field="pipeline.stages")
+    devices_of_stage = {s: plan.groups[[g.id for g in plan.groups].index(gid)].devices
+                        for gid, s in stage_of_group.items()}
+    deps = nx.DiGraph()
+    last = len(pipe.stages) - 1
+    for s, devices in devices_of_stage.items():
+        for d in devices:
+            for m in range(pipe.microbatches):
+                deps.add_edge((d, s, "F", m), (d, s, "B", m))
+                for nxt in devices_of_stage.get(s + 1, ()) if s < last else ():
+                    deps.add_edge((d, s, "F", m), (nxt, s + 1, "F", m))
+                    deps.add_edge((nxt, s + 1, "B", m), (d, s, "B", m))
+    for device in pipe.schedule:
+        actions = pipe.actions(device)
+        for a, b in zip(actions, actions[1:]):
+            deps.add_edge((device, a.stage, a.op, a.microbatch), (device, b.stage, b.op, b.microbatch))
+    if not nx.is_directed_acyclic_graph(deps):
+        cycle = nx.find_cycle(deps)
+        where = ", ".join(f"{d}:{s}{k}{m}" for (d, s, k, m), _ in cycle[:4])
+        raise InvalidArtifact(f"the pipeline schedule deadlocks (cycle through {where} ...)",
+                              field="pipeline.schedule")
+
+
+def _check_order(plan: Plan, graph: OpGraph) -> None:
+    placed = plan.devices_of_op
+    for device, ops in plan.order.items():
+        on_device = {op for op, devs in placed.items() if device in devs}
+        missing = sorted(on_device - set(ops))
+        if missing:
+            raise InvalidArtifact(f"order of {device!r} lacks op {missing[0]!r}, which runs there",
+                                  field=f"order.{device}")
+    deps = nx.DiGraph()
+    deps.add_nodes_from(op.id for op in graph.ops)
+    deps.add_edges_from((e.src, e.dst) for e in graph.edges)
+    for ops in plan.order.values():
+        deps.add_edges_from(zip(ops, ops[1:]))
+    if not nx.is_directed_acyclic_graph(deps):
+        cycle = nx.find_cycle(deps)
+        path = " -> ".join([cycle[0][0], *(v for _, v in cycle)])
+        raise InvalidArtifact(f"the per-device order contradicts the data edges: {path}",
+                              field="order")
