@@ -1,0 +1,44 @@
+"""Rich rendering of a ``run-report``: the run's figures, then one row per rank."""
+
+from __future__ import annotations
+
+import statistics
+
+from rich.console import Group
+from rich.table import Table
+
+from dl_nfv.artifacts.runreport import RunReport
+
+from .render_graph import _bytes
+
+
+def render(report: RunReport) -> Group:
+    head = Table(title=f"run of a {report.planner} plan ({report.mode.value}, "
+                       f"{report.world_size} ranks, {report.backend})",
+                 title_justify="left", show_header=False)
+    head.add_column()
+    head.add_column()
+    head.add_row("plan", f"{report.plan_path or '-'} (sha256 {report.plan_sha256[:12]}...)")
+    if report.model:
+        head.add_row("model", f"{report.model}, batch {report.batch_size}")
+    head.add_row("steps", f"{report.steps} ({report.warmup} warm-up), {report.threads} thread(s) "
+                          f"per worker")
+    head.add_row("iteration (median)", f"{report.iteration_ms:.3f} ms")
+    if report.predicted_iteration_ms is not None:
+        pred = report.predicted_iteration_ms
+        err = (pred - report.iteration_ms) / report.iteration_ms if report.iteration_ms else 0.0
+        head.add_row("planner's prediction", f"{pred:.3f} ms ({err:+.1%})")
+    if report.losses:
+        head.add_row("loss first / last", f"{report.losses[0]:.5g} / {report.losses[-1]:.5g}")
+    if report.trace_path:
+        head.add_row("trace", report.trace_path)
+    for note in report.notes:
+        head.add_row("note", note)
+    ranks = Table(title="ranks", title_justify="left")
+    for col in ("rank", "device", "host", "median ms", "compute ms", "wait ms", "peak memory"):
+        ranks.add_column(col, justify="right" if col.endswith(("ms", "memory")) else "left")
+    for r in sorted(report.per_rank, key=lambda r: r.rank):
+        measured = r.iteration_ms[report.warmup:]
+        ranks.add_row(str(r.rank), r.device, r.host or "-", f"{statistics.median(measured):.3f}",
+                      f"{r.compute_ms:.3f}", f"{r.wait_ms:.3f}", _bytes(r.peak_memory_bytes))
+    return Group(head, ranks)

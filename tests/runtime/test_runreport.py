@@ -1,0 +1,72 @@
+"""The run-report artifact: round trip, invariants, rendering."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from dl_nfv.artifacts import InvalidArtifact, from_data, load, save, to_data
+from dl_nfv.artifacts.runreport import RankRun, RunReport, median_iteration_ms
+from dl_nfv.cli.main import cli
+from dl_nfv.cli.render_run import render
+
+
+def _report() -> RunReport:
+    per_rank = (
+        RankRun(rank=0, device="local/cpu0", iteration_ms=(9.0, 4.0, 5.0, 6.0), compute_ms=4.0,
+                wait_ms=1.0, peak_memory_bytes=1 << 20),
+        RankRun(rank=1, device="local/cpu1", iteration_ms=(9.5, 4.5, 7.0, 5.5), compute_ms=3.5,
+                wait_ms=2.0, peak_memory_bytes=2 << 20),
+    )
+    fields = dict(plan_sha256="a" * 64, planner="dp", mode="data-parallel", batch_size=8,
+                  world_size=2, ranks={"local/cpu0": 0, "local/cpu1": 1}, backend="gloo",
+                  steps=4, warmup=1, iteration_ms=median_iteration_ms(per_rank, 1),
+                  losses=(1.0, 0.9, 0.8, 0.7), per_rank=per_rank,
+                  op_fwd_ms={"cpu": {"fc1": 0.25}})
+    return RunReport(**fields)
+
+
+def test_median_is_of_the_slowest_rank_per_step():
+    # measured steps: max(4, 4.5)=4.5, max(5, 7)=7, max(6, 5.5)=6 -> median 6
+    assert _report().iteration_ms == 6.0
+    assert _report().step_ms == (4.5, 7.0, 6.0)
+
+
+def test_round_trip(tmp_path):
+    report = _report()
+    path = save(report, tmp_path / "run.json")
+    assert load(path, expect="run-report") == report
+    assert json.loads(path.read_text())["kind"] == "run-report"
+
+
+@pytest.mark.parametrize("over, words", [
+    ({"world_size": 3}, "world_size is 3"),
+    ({"warmup": 4}, "warmup must be in [0, steps=4)"),
+    ({"ranks": {"local/cpu0": 0, "local/cpu1": 0}}, "ranks must be 0..1"),
+    ({"losses": (1.0,)}, "1 losses for 4 steps"),
+    ({"plan_sha256": "xyz"}, "plan_sha256 must be 64 hex digits"),
+])
+def test_invariants_name_the_numbers(over, words):
+    base = to_data(_report())
+    base.update(to_data_values(over))
+    with pytest.raises(InvalidArtifact, match=words.replace("[", r"\[").replace(")", r"\)")):
+        from_data(RunReport, base)
+
+
+def to_data_values(over):
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in over.items()}
+
+
+def test_render_and_show(tmp_path):
+    console = Console(file=io.StringIO(), width=100)
+    console.print(render(_report()))
+    text = console.file.getvalue()
+    assert "6.000 ms" in text and "local/cpu1" in text and "2.0 MiB" in text
+    path = save(_report(), tmp_path / "run.json")
+    result = CliRunner().invoke(cli, ["show", str(path), "--width", "100"])
+    assert result.exit_code == 0, result.output
+    assert "data-parallel" in result.output
