@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from dl_nfv.artifacts import InvalidArtifact, from_data, load, save, to_data
-from dl_nfv.artifacts.runreport import RankRun, RunReport, median_iteration_ms
+from dl_nfv.artifacts.runreport import ExecutionMode, RankRun, RunReport, median_iteration_ms
 from dl_nfv.cli.main import cli
 from dl_nfv.cli.render_run import render
 
@@ -22,7 +22,7 @@ def _report() -> RunReport:
         RankRun(rank=1, device="local/cpu1", iteration_ms=(9.5, 4.5, 7.0, 5.5), compute_ms=3.5,
                 wait_ms=2.0, peak_memory_bytes=2 << 20),
     )
-    fields = dict(plan_sha256="a" * 64, planner="dp", mode="data-parallel", batch_size=8,
+    fields = dict(plan_sha256="a" * 64, planner="dp", mode=ExecutionMode.DATA_PARALLEL, batch_size=8,
                   world_size=2, ranks={"local/cpu0": 0, "local/cpu1": 1}, backend="gloo",
                   steps=4, warmup=1, iteration_ms=median_iteration_ms(per_rank, 1),
                   losses=(1.0, 0.9, 0.8, 0.7), per_rank=per_rank,
