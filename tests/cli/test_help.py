@@ -1,0 +1,69 @@
+"""Every command has help with an example, and docs/cli.md is the current reference."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from dl_nfv.cli.main import cli
+from dl_nfv.cli.reference import iter_commands, render
+from tests.conftest import ROOT
+
+COMMANDS = list(iter_commands())
+
+
+def test_top_level_lists_every_subcommand():
+    result = CliRunner().invoke(cli, ["--help"])
+    assert result.exit_code == 0
+    for name in ("profile", "plan", "simulate", "train", "nfv", "show"):
+        assert f"  {name} " in result.output
+
+
+@pytest.mark.parametrize("name,command", COMMANDS, ids=[n for n, _ in COMMANDS])
+def test_every_command_has_help_with_an_example(name, command):
+    args = name.split()[1:] + ["--help"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert (command.help or "").strip(), f"{name} has no help text"
+    assert "Example" in result.output, f"{name} --help has no example"
+
+
+def test_cli_reference_is_current():
+    doc = (ROOT / "docs" / "cli.md").read_text()
+    assert doc == render(), "docs/cli.md is stale: python -m dl_nfv.cli.reference > docs/cli.md"
+
+
+def test_python_dash_m_matches_the_command():
+    out = subprocess.run([sys.executable, "-m", "dl_nfv", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "simulate" in out.stdout
+
+
+def test_unknown_command_is_a_usage_error():
+    result = CliRunner().invoke(cli, ["frobnicate"])
+    assert result.exit_code == 2 and "No such command" in result.output
+
+
+def test_show_json_prints_the_normalised_document(tmp_path):
+    import json
+
+    from tests.conftest import TOPOLOGIES
+
+    result = CliRunner().invoke(cli, ["show", str(TOPOLOGIES[0]), "--json"])
+    assert result.exit_code == 0
+    doc = json.loads(result.output)
+    assert doc["kind"] == "topology" and doc["schema_version"] == 1
+
+
+def test_show_renders_the_bandwidth_matrix():
+    from tests.conftest import EXAMPLES
+
+    result = CliRunner().invoke(cli, ["show", str(EXAMPLES / "topologies" / "heterog-testbed8.yaml"),
+                                      "--width", "160"])
+    assert result.exit_code == 0
+    assert "bandwidth between devices" in result.output
+    # 8 GPUs: 4 x V100 (15.7) ... total FP32 = 2*15.7 + 4*11.3 + 2*9.3 = 95.2
+    assert "95.2" in result.output
