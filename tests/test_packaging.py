@@ -7,8 +7,6 @@ import subprocess
 import sys
 import tomllib
 
-import pytest
-
 from tests.conftest import ROOT
 
 FOLDERS = {"artifacts", "cli", "planners", "profilers", "runtime", "nfv", "simulator"}
@@ -35,7 +33,6 @@ def test_layout_folders_exist():
         assert (ROOT / folder).is_dir(), folder
 
 
-@pytest.mark.slow
 def test_non_editable_install(tmp_path):
     """`pip install .` (not -e) into a target folder gives a working dl_nfv."""
     target = tmp_path / "site"
