@@ -1,0 +1,67 @@
+"""Lower bounds against hand computations, and the shared planner helpers."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dl_nfv.artifacts import from_document
+from dl_nfv.planners.base import gradient_buckets, integer_shares, replicas
+from dl_nfv.planners.bounds import critical_path_ms, largest_op_ms, lower_bound, work_bound_ms
+from dl_nfv.simulator.costs import CostModel
+from tests.artifacts.fixtures import TOPOLOGY
+
+
+def _chain_graph(times_ms, params=(0, 0, 0, 0)):
+    ops, edges = [], []
+    for i, (t, p) in enumerate(zip(times_ms, params)):
+        ops.append({"id": f"l{i}", "name": f"l{i}", "kind": "matmul", "param_bytes": p,
+                    "output_bytes": 1000, "fwd_ms": {"V100-16GB": t, "T4": 2 * t},
+                    "bwd_ms": {"V100-16GB": 2 * t, "T4": 4 * t}, "splittable_dims": [0]})
+        if i:
+            edges.append({"src": f"l{i - 1}", "dst": f"l{i}", "bytes": 1000})
+    return from_document({"kind": "op-graph", "schema_version": 1,
+                          "model": {"name": "chain", "batch_size": 8}, "ops": ops, "edges": edges})
+
+
+def test_work_bound_is_total_work_over_relative_capacity():
+    graph = _chain_graph([1.0, 2.0, 3.0, 4.0])
+    cm = CostModel(graph, from_document(copy.deepcopy(TOPOLOGY)))
+    # two V100 (speed 1) and one T4 (half speed): capacity 2.5; work on V100 = 3 * 10 ms
+    assert work_bound_ms(cm, ["a/gpu0", "a/gpu1", "b/gpu0"]) == pytest.approx(30.0 / 2.5)
+    assert work_bound_ms(cm, ["b/gpu0"]) == pytest.approx(60.0)
+
+
+def test_critical_path_and_largest_op():
+    graph = _chain_graph([1.0, 2.0, 3.0, 4.0])
+    cm = CostModel(graph, from_document(copy.deepcopy(TOPOLOGY)))
+    devices = ["a/gpu0", "a/gpu1"]
+    assert critical_path_ms(cm, devices, 1.0) == pytest.approx(30.0)
+    launch = 0.005  # V100 launch overhead (5 us) does not shrink with the batch
+    expected = sum(launch + (3 * t - 2 * launch) * 0.5 + launch for t in (1, 2, 3, 4))
+    assert critical_path_ms(cm, devices, 0.5) == pytest.approx(expected)
+    assert largest_op_ms(cm, devices, splittable=False) == pytest.approx(12.0)
+    assert largest_op_ms(cm, devices, splittable=True) == 0.0
+    bound = lower_bound(cm, devices, ops_splittable=False)
+    assert bound.parts["work"] == pytest.approx(15.0)
+    assert bound.ms == pytest.approx(expected) and bound.binding == "critical_path"
+
+
+@given(st.integers(1, 512), st.lists(st.floats(0.01, 100), min_size=1, max_size=16))
+def test_integer_shares_sum_and_proportion(batch, weights):
+    counts = integer_shares(batch, weights)
+    assert sum(counts) == batch and all(c >= 0 for c in counts)
+    total = sum(weights)
+    for c, w in zip(counts, weights):
+        assert abs(c - batch * w / total) < 1.0 + 1e-9
+    devices, shares = replicas([f"d{i}" for i in range(len(weights))], counts)
+    assert len(devices) == sum(1 for c in counts if c) and abs(sum(shares) - 1.0) < 1e-9
+
+
+def test_gradient_buckets_reverse_order_and_size():
+    graph = _chain_graph([1, 1, 1, 1], params=(40, 0, 30, 30))
+    buckets = gradient_buckets(graph, [op.id for op in graph.ops], bucket_bytes=50)
+    assert buckets == (("l3", "l2"), ("l0",))
