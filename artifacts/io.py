@@ -26,6 +26,7 @@ KINDS: dict[str, str] = {
     "topology": "topology:Topology",
     "op-graph": "opgraph:OpGraph",
     "plan": "plan:Plan",
+    "sim-report": "simreport:SimReport",
     "run-report": "runreport:RunReport",
 }
 

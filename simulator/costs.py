@@ -97,6 +97,14 @@ class CostModel:
         self.launch_ms_by_type = np.array([t.launch_overhead_us / 1e3 for t in self.device_types])
         self.param_bytes = np.array([op.param_bytes for op in graph.ops], dtype=np.float64)
         self.output_bytes = np.array([op.output_bytes for op in graph.ops], dtype=np.float64)
+        self.input_bytes = np.zeros(len(graph.ops))
+        self._out_edges: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for e in graph.edges:
+            self.input_bytes[self.op_index[e.dst]] += e.bytes
+            self._out_edges[e.src].append((e.dst, e.bytes))
+        # collective cost expressions per (algorithm, device tuple): see _Expression
+        self._expressions: dict[tuple, _Expression] = {}
+        self._phases: dict[tuple, tuple[float, float, dict]] = {}
 
     # ---------------------------------------------------------------- compute
     def _compute_tables(self) -> tuple[np.ndarray, np.ndarray]:
@@ -156,7 +164,8 @@ class CostModel:
             return sum(times)
         t = self.device_types[self.device_type_index[device]]
         inside = set(op_ids)
-        internal_bytes = sum(e.bytes for e in self.graph.edges if e.src in inside and e.dst in inside)
+        internal_bytes = sum(nbytes for src in inside for dst, nbytes in self._out_edges.get(src, ())
+                             if dst in inside)
         saved = (len(times) - 1) * t.launch_overhead_us / 1e3
         saved += 2 * internal_bytes * batch_fraction / (t.memory_bandwidth_gb_per_s * 1e6)
         return max(sum(times) - saved, max(times))
@@ -217,89 +226,207 @@ class CostModel:
         """AllReduce of ``nbytes`` over ``devices`` by ring, tree or hierarchical algorithm.
 
         ``AUTO`` takes the fastest of the three. Raises ``ValueError`` for an
-        unknown algorithm.
+        unknown algorithm. The cost of an algorithm on a device set is built once
+        (a sum of phases, each ``latency + bytes x ms_per_byte`` of its busiest
+        link) and cached, so repeated calls cost O(phases).
         """
-        devices = list(dict.fromkeys(devices))
+        devices = tuple(dict.fromkeys(devices))
         if len(devices) <= 1 or nbytes <= 0:
             return 0.0
         if algorithm is Collective.AUTO:
             return min(self.allreduce_ms(devices, nbytes, a)
                        for a in (Collective.RING, Collective.TREE, Collective.HIERARCHICAL))
-        if algorithm is Collective.RING:
-            return self._ring_allreduce_ms(self.ring_order(devices), nbytes)
-        if algorithm is Collective.TREE:
-            return self._tree_allreduce_ms(self.ring_order(devices), nbytes)
-        if algorithm is Collective.HIERARCHICAL:
-            return self._hierarchical_allreduce_ms(devices, nbytes)
-        raise ValueError(f"unknown collective {algorithm!r}")
+        if algorithm not in (Collective.RING, Collective.TREE, Collective.HIERARCHICAL):
+            raise ValueError(f"unknown collective {algorithm!r}")
+        return self._expression(algorithm.value, devices).ms(nbytes)
 
-    def _ring_step_ms(self, ring: Sequence[str], chunk_bytes: float) -> float:
-        return self.concurrent_ms(Flow(a, b, chunk_bytes) for a, b in zip(ring, [*ring[1:], ring[0]]))
+    def allreduce_algorithm(self, devices: Sequence[str], nbytes: float,
+                            algorithm: Collective = Collective.AUTO) -> Collective:
+        """The algorithm ``allreduce_ms`` uses: ``algorithm``, or for ``AUTO`` the fastest."""
+        if algorithm is not Collective.AUTO:
+            return algorithm
+        return min((Collective.RING, Collective.TREE, Collective.HIERARCHICAL),
+                   key=lambda a: self.allreduce_ms(devices, nbytes, a))
 
-    def _ring_allreduce_ms(self, ring: Sequence[str], nbytes: float) -> float:
+    def collective_link_bytes(self, what: str, devices: Sequence[str], nbytes: float, *,
+                              algorithm: Collective = Collective.AUTO,
+                              servers: Sequence[str] = ()) -> dict[tuple[str, str], float]:
+        """Bytes each directed link carries in a collective, by the same model as its time.
+
+        ``what`` is ``allreduce`` (with ``algorithm``), ``allgather`` (``nbytes``
+        per device), ``ps`` (push and pull to ``servers``; ``ps-push`` or
+        ``ps-pull`` for one phase) or ``broadcast`` (from ``devices[0]``).
+        """
+        devices = tuple(dict.fromkeys(devices))
+        if nbytes <= 0:
+            return {}
+        if what == "allreduce":
+            if len(devices) <= 1:
+                return {}
+            exprs = [self._expression(self.allreduce_algorithm(devices, nbytes, algorithm).value,
+                                      devices)]
+        elif what == "allgather":
+            exprs = [self._expression("allgather", devices)] if len(devices) > 1 else []
+        elif what in ("ps", "ps-push", "ps-pull"):
+            key = "\n".join(dict.fromkeys(servers))
+            exprs = [self._expression(phase, devices, key) for phase in ("ps-push", "ps-pull")
+                     if what in ("ps", phase)]
+        elif what == "broadcast":
+            others = tuple(d for d in devices[1:] if d != devices[0])
+            exprs = [self._expression("broadcast", others, devices[0])] if others else []
+        else:
+            raise ValueError(f"unknown collective {what!r}")
+        out: dict[tuple[str, str], float] = defaultdict(float)
+        for expr in exprs:
+            for hop, w in expr.links.items():
+                out[hop] += w * nbytes
+        return dict(out)
+
+    def _expression(self, name: str, devices: tuple[str, ...], root: str = "") -> _Expression:
+        key = (name, devices, root)
+        expr = self._expressions.get(key)
+        if expr is None:
+            build = {"ring": self._ring_expr, "tree": self._tree_expr,
+                     "hierarchical": self._hierarchical_expr, "allgather": self._allgather_expr,
+                     "ps-push": lambda d: self._ps_expr(d, root, push=True),
+                     "ps-pull": lambda d: self._ps_expr(d, root, push=False),
+                     "broadcast": lambda d: self._broadcast_expr(root, d)}[name]
+            expr = self._expressions[key] = build(devices)
+        return expr
+
+    def _phase(self, flows: tuple[tuple[str, str, float], ...]) -> tuple[float, float, dict]:
+        """``(latency_ms, ms_per_byte, load)`` of concurrent flows ``(src, dst, weight)``.
+
+        Flow ``i`` carries ``weight_i x S`` bytes; the phase takes the largest
+        route latency plus, over every directed link, the bytes all flows put on
+        it over its bandwidth: ``latency + S x max_link(sum weights / bandwidth)``.
+        ``load`` maps each directed link to its bytes per byte of ``S``.
+        """
+        cached = self._phases.get(flows)
+        if cached is not None:
+            return cached
+        load: dict[tuple[str, str], float] = defaultdict(float)
+        latency_us = 0.0
+        for src, dst, weight in flows:
+            if src == dst or weight <= 0:
+                continue
+            route = self.cluster.route(src, dst)
+            latency_us = max(latency_us, route.latency_us)
+            for hop in route.hops:
+                load[hop] += weight
+        per_byte_us = max((w * 8 / (self.cluster.link(*hop)["bandwidth_gbps"] * 1e3)
+                           for hop, w in load.items()), default=0.0)
+        result = self._phases[flows] = (latency_us / 1e3, per_byte_us / 1e3, dict(load))
+        return result
+
+    def _ring_phase(self, ring: Sequence[str], weight: float) -> tuple[float, float, dict]:
+        return self._phase(tuple((a, b, weight) for a, b in zip(ring, [*ring[1:], ring[0]])))
+
+    def _ring_expr(self, devices: tuple[str, ...]) -> _Expression:
+        ring = self.ring_order(devices)
         n = len(ring)
-        return 2 * (n - 1) * self._ring_step_ms(ring, nbytes / n)
+        lat, per_byte, load = self._ring_phase(ring, 1.0 / n)
+        return _Expression([[(2 * (n - 1) * lat, 2 * (n - 1) * per_byte)]],
+                           _scaled(load, 2 * (n - 1)))
 
-    def _tree_allreduce_ms(self, order: Sequence[str], nbytes: float) -> float:
+    def _tree_expr(self, devices: tuple[str, ...]) -> _Expression:
         # Pipelined binary tree: reduce up then broadcast down; each of the
         # ceil(log2 n) levels pays latency once, the payload crosses each edge once per
         # direction (bandwidth term of the slowest level, twice).
+        order = self.ring_order(devices)
         n = len(order)
-        levels = math.ceil(math.log2(n))
-        worst_level = 0.0
         latency = 0.0
-        for level in range(levels):
+        worst = 0.0
+        links: dict = defaultdict(float)
+        for level in range(math.ceil(math.log2(n))):
             stride = 2 ** level
-            flows = [Flow(order[i + stride], order[i], nbytes)
-                     for i in range(0, n - stride, 2 * stride)]
-            t = self.concurrent_ms(flows)
-            lat = max(self.cluster.route(f.src, f.dst).latency_us for f in flows) / 1e3
+            up = tuple((order[i + stride], order[i], 1.0) for i in range(0, n - stride, 2 * stride))
+            lat, per_byte, load = self._phase(up)
             latency += lat
-            worst_level = max(worst_level, t - lat)
-        return 2 * (latency + worst_level)
+            worst = max(worst, per_byte)
+            _add(links, load)
+            _add(links, self._phase(tuple((b, a, w) for a, b, w in up))[2])
+        return _Expression([[(2 * latency, 2 * worst)]], dict(links))
 
-    def _hierarchical_allreduce_ms(self, devices: Sequence[str], nbytes: float) -> float:
+    def _hierarchical_expr(self, devices: tuple[str, ...]) -> _Expression:
         by_host: dict[str, list[str]] = defaultdict(list)
         for name in self.ring_order(devices):
             by_host[self.cluster.device(name).host].append(name)
         hosts = list(by_host.values())
         local = max(len(h) for h in hosts)
         # intra-host reduce-scatter and all-gather, all hosts at once
-        # (hosts are disjoint, so each host's ring runs on its own links)
-        intra = max((self._ring_allreduce_ms(h, nbytes) for h in hosts if len(h) > 1), default=0.0)
-        if len(hosts) == 1:
-            return intra
-        # inter-host: one ring per local rank, each over 1/local of the data, sharing NICs
-        rings = [[h[i % len(h)] for h in hosts] for i in range(local)]
-        m = len(hosts)
-        step = self.concurrent_ms(Flow(a, b, nbytes / local / m) for ring in rings
-                                  for a, b in zip(ring, [*ring[1:], ring[0]]))
-        return intra + 2 * (m - 1) * step
+        # (hosts are disjoint, so each host's ring runs on its own links): the slowest host
+        links: dict = defaultdict(float)
+        intra = []
+        for h in hosts:
+            if len(h) > 1:
+                expr = self._ring_expr(tuple(h))
+                intra.append(expr.terms[0][0])
+                _add(links, expr.links)
+        terms = [intra] if intra else []
+        if len(hosts) > 1:
+            # inter-host: one ring per local rank, each over 1/local of the data, sharing NICs
+            rings = [[h[i % len(h)] for h in hosts] for i in range(local)]
+            m = len(hosts)
+            lat, per_byte, load = self._phase(tuple((a, b, 1.0 / local / m) for ring in rings
+                                                    for a, b in zip(ring, [*ring[1:], ring[0]])))
+            terms.append([(2 * (m - 1) * lat, 2 * (m - 1) * per_byte)])
+            _add(links, _scaled(load, 2 * (m - 1)))
+        return _Expression(terms, dict(links))
+
+    def _allgather_expr(self, devices: tuple[str, ...]) -> _Expression:
+        ring = self.ring_order(devices)
+        n = len(ring)
+        lat, per_byte, load = self._ring_phase(ring, 1.0)
+        return _Expression([[((n - 1) * lat, (n - 1) * per_byte)]], _scaled(load, n - 1))
+
+    def _broadcast_expr(self, root: str, devices: tuple[str, ...]) -> _Expression:
+        order = [root, *self.ring_order(devices)]
+        latency = 0.0
+        worst = 0.0
+        links: dict = defaultdict(float)
+        for level in range(math.ceil(math.log2(len(order)))):
+            stride = 2 ** level
+            lat, per_byte, load = self._phase(tuple(
+                (order[i], order[i + stride], 1.0) for i in range(0, len(order) - stride, 2 * stride)))
+            latency += lat
+            worst = max(worst, per_byte)
+            _add(links, load)
+        return _Expression([[(latency, worst)]], dict(links))
+
+    def _ps_expr(self, workers: tuple[str, ...], servers_key: str, *, push: bool) -> _Expression:
+        servers = servers_key.split("\n")
+        weight = 1.0 / len(servers)
+        if push:
+            flows = tuple((w, s, weight) for w in workers for s in servers if w != s)
+        else:
+            flows = tuple((s, w, weight) for w in workers for s in servers if w != s)
+        lat, per_byte, load = self._phase(flows)
+        return _Expression([[(lat, per_byte)]], load)
 
     def allgather_ms(self, devices: Sequence[str], nbytes_per_device: float) -> float:
         """Ring all-gather: every device ends with every device's ``nbytes_per_device``."""
-        ring = self.ring_order(list(dict.fromkeys(devices)))
-        if len(ring) <= 1:
+        devices = tuple(dict.fromkeys(devices))
+        if len(devices) <= 1 or nbytes_per_device <= 0:
             return 0.0
-        return (len(ring) - 1) * self._ring_step_ms(ring, nbytes_per_device)
+        return self._expression("allgather", devices).ms(nbytes_per_device)
 
     def broadcast_ms(self, root: str, devices: Sequence[str], nbytes: float) -> float:
         """Pipelined tree broadcast of ``nbytes`` from ``root`` to ``devices``."""
-        others = [d for d in dict.fromkeys(devices) if d != root]
-        if not others:
+        others = tuple(d for d in dict.fromkeys(devices) if d != root)
+        if not others or nbytes <= 0:
             return 0.0
-        order = [root, *self.ring_order(others)]
-        levels = math.ceil(math.log2(len(order)))
-        latency = 0.0
-        worst = 0.0
-        for level in range(levels):
-            stride = 2 ** level
-            flows = [Flow(order[i], order[i + stride], nbytes)
-                     for i in range(0, len(order) - stride, 2 * stride)]
-            lat = max(self.cluster.route(f.src, f.dst).latency_us for f in flows) / 1e3
-            latency += lat
-            worst = max(worst, self.concurrent_ms(flows) - lat)
-        return latency + worst
+        return self._expression("broadcast", others, root).ms(nbytes)
+
+    def ps_phases_ms(self, workers: Sequence[str], servers: Sequence[str],
+                     nbytes: float) -> tuple[float, float]:
+        """(push, pull) times of a parameter-server exchange of ``nbytes`` (see ``ps_ms``)."""
+        if not servers or nbytes <= 0:
+            return 0.0, 0.0
+        workers = tuple(dict.fromkeys(workers))
+        key = "\n".join(dict.fromkeys(servers))
+        return (self._expression("ps-push", workers, key).ms(nbytes),
+                self._expression("ps-pull", workers, key).ms(nbytes))
 
     def ps_ms(self, workers: Sequence[str], servers: Sequence[str], nbytes: float,
               shares: Sequence[float] | None = None) -> float:
@@ -310,12 +437,8 @@ class CostModel:
         exchanges its own shard locally. Bounded below by the busiest server NIC.
         """
         del shares  # every replica pushes a full gradient whatever its batch share
-        if not servers or nbytes <= 0:
-            return 0.0
-        shard = nbytes / len(servers)
-        push = [Flow(w, s, shard) for w in workers for s in servers if w != s]
-        pull = [Flow(s, w, shard) for w in workers for s in servers if w != s]
-        return self.concurrent_ms(push) + self.concurrent_ms(pull)
+        push, pull = self.ps_phases_ms(workers, servers, nbytes)
+        return push + pull
 
     def sfb_ms(self, devices: Sequence[str], batch_size: int, in_features: int,
                out_features: int, elem_bytes: int = 4) -> float:
@@ -328,6 +451,48 @@ class CostModel:
         n = len(devices)
         per_device = batch_size / n * (in_features + out_features) * elem_bytes
         return self.allgather_ms(devices, per_device)
+
+    def sfb_factors(self, op_id: str, elem_bytes: int = 4) -> tuple[float, float, float] | None:
+        """``(rows, in_features, out_features)`` of a matmul op with parameters, or None.
+
+        Recovered from its input bytes ``I = rows x in``, output bytes
+        ``O = rows x out`` and parameter bytes ``P = in x out`` (elements times
+        ``elem_bytes``): ``rows = sqrt(I x O / (elem_bytes x P))``. Rows count every
+        token of the batch (batch x sequence for a transformer).
+        """
+        from dl_nfv.artifacts import OpKind
+
+        i = self.op_index[op_id]
+        op = self.graph.ops[i]
+        p, inp, out = self.param_bytes[i], self.input_bytes[i], self.output_bytes[i]
+        if op.kind is not OpKind.MATMUL or p <= 0 or inp <= 0 or out <= 0:
+            return None
+        rows = math.sqrt(inp * out / (elem_bytes * p))
+        return rows, inp / (elem_bytes * rows), out / (elem_bytes * rows)
+
+    def sfb_op_ms(self, op_id: str, devices: Sequence[str], elem_bytes: int = 4) -> float | None:
+        """All-gather time of an op's sufficient factors over ``devices`` (None if not a matmul)."""
+        factors = self.sfb_factors(op_id, elem_bytes)
+        if factors is None:
+            return None
+        rows, fin, fout = factors
+        return self.sfb_ms(devices, rows, fin, fout, elem_bytes)
+
+    def sfb_factor_bytes(self, op_id: str) -> float:
+        """Bytes of all of an op's sufficient factors over the batch: its input plus its output."""
+        i = self.op_index[op_id]
+        return float(self.input_bytes[i] + self.output_bytes[i])
+
+    def sfb_recompute_ms(self, op_id: str, device: str, own_share: float) -> float:
+        """Recomputing an op's weight gradient from the other replicas' factors on ``device``.
+
+        The weight gradient is half of a matmul's backward work; the device
+        already has its own share, so it recomputes ``1 - own_share`` of the batch.
+        """
+        rest = 1.0 - own_share
+        if rest <= 0:
+            return 0.0
+        return 0.5 * self.op_ms(op_id, device, "bwd", rest)
 
     # ----------------------------------------------------------------- memory
     def static_bytes(self, op_ids: Iterable[str], state_factor: float = 1.0) -> float:
@@ -390,3 +555,31 @@ def _roofline_ms(flops: float, nbytes: float, device_type: DeviceType, efficienc
     compute_ms = flops / (device_type.peak_tflops(dtype) * 1e9 * compute_eff)
     memory_ms = nbytes / (device_type.memory_bandwidth_gb_per_s * 1e6 * memory_eff)
     return (device_type.launch_overhead_us / 1e3 if launch else 0.0) + max(compute_ms, memory_ms)
+
+
+class _Expression:
+    """A collective's cost as a function of its size ``S`` (bytes): ``sum_t max_k (a + b S)``.
+
+    Every phase of a collective is affine in ``S`` (latency plus the busiest
+    link's bytes over bandwidth); an algorithm adds phases in sequence (terms)
+    and waits for the slowest of concurrent parts (the max inside a term).
+    ``links`` maps each directed link to the bytes it carries per byte of ``S``.
+    """
+
+    __slots__ = ("terms", "links")
+
+    def __init__(self, terms: list[list[tuple[float, float]]], links: dict | None = None):
+        self.terms = terms
+        self.links = links or {}
+
+    def ms(self, nbytes: float) -> float:
+        return sum(max(a + b * nbytes for a, b in term) for term in self.terms)
+
+
+def _scaled(load: dict, factor: float) -> dict:
+    return {hop: w * factor for hop, w in load.items()}
+
+
+def _add(into: dict, load: dict) -> None:
+    for hop, w in load.items():
+        into[hop] += w

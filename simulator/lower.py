@@ -1,0 +1,680 @@
+"""Lowering: a ``plan`` on an op graph and a cluster becomes a ``TaskGraph``.
+
+What a plan turns into (docs/simulator.md has the full list and the reasons):
+
+* **Units.** Every op is a unit, except that ops named together in
+  ``fusion.op_groups`` form one fused unit timed by ``CostModel.fused_ms``.
+* **Replicas.** Each device of a group is a replica that holds its batch
+  share; its interval of the batch is the cumulative share ``[lo, hi)``. With a
+  pipeline every stage runs ``microbatches`` microbatches of ``1/microbatches``.
+* **Compute.** Per replica and microbatch: one forward task per unit and one
+  backward task per unit that needs a gradient (an op needs one when it, or an
+  op it depends on, has parameters). Times come from ``CostModel.op_ms`` at the
+  replica's batch fraction.
+* **Data.** An edge inside a group links the same replica's tasks. An edge
+  between groups becomes a transfer between every pair of replicas whose batch
+  intervals overlap, carrying the overlap's share of the bytes (one transfer
+  per producing op and consuming device, however many consumers there are);
+  the backward pass sends the activation gradient back the same way.
+* **Gradients.** Per group: AllReduce (``group.collective``) of its parameter
+  bytes, one per ``fusion.gradient_buckets`` bucket (started when the bucket's
+  ops finished their backward on every replica and microbatch) plus one for the
+  rest; or PS push / server update / pull via ``ps_servers``; or nothing. With
+  ``compression: sfb`` a matmul op whose sufficient-factor exchange is cheaper
+  than its AllReduce (by the cost model) is all-gathered and recomputed instead.
+  Then one optimizer update per device (PS groups update on the servers).
+* **Order.** A device with a pipeline schedule or an entry in ``plan.order``
+  runs its compute tasks exactly in that order (chained); other devices pick
+  the ready task of highest default priority: forward in topological order,
+  then backward in reverse topological order, then the update.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from dl_nfv.artifacts import (
+    BadInput,
+    Compression,
+    OpGraph,
+    Plan,
+    SyncMethod,
+    Topology,
+)
+
+from .costs import CostModel
+from .tasks import TaskGraph, TaskKind
+
+ELEMENT_BYTES = {"float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "float64": 8}
+
+
+class _Groups:
+    """Per group: its replicas (global ids), their devices, shares and batch intervals."""
+
+    def __init__(self, plan: Plan, dev_index: dict[str, int]):
+        self.ids = [g.id for g in plan.groups]
+        self.replicas: list[list[int]] = []
+        self.rep_device: list[int] = []
+        self.rep_share: list[float] = []
+        self.rep_interval: list[tuple[float, float]] = []
+        self.rep_local: list[int] = []
+        for g in plan.groups:
+            reps = []
+            lo = 0.0
+            for k, (d, s) in enumerate(zip(g.devices, g.shares)):
+                r = len(self.rep_device)
+                self.rep_device.append(dev_index[d])
+                self.rep_share.append(s)
+                self.rep_interval.append((lo, lo + s))
+                self.rep_local.append(k)
+                lo += s
+                reps.append(r)
+            self.replicas.append(reps)
+
+    def overlaps(self, ga: int, gb: int) -> list[tuple[int, int, float]]:
+        """Replica pairs ``(ra, rb, overlap)`` of groups ``ga`` and ``gb`` whose intervals meet."""
+        out = []
+        for ra in self.replicas[ga]:
+            lo_a, hi_a = self.rep_interval[ra]
+            for rb in self.replicas[gb]:
+                lo_b, hi_b = self.rep_interval[rb]
+                o = min(hi_a, hi_b) - max(lo_a, lo_b)
+                if o > 1e-12:
+                    out.append((ra, rb, o))
+        return out
+
+
+def lower(plan: Plan, graph: OpGraph, topology: Topology, cost_model: CostModel) -> TaskGraph:
+    """Lower ``plan`` into a task graph (see the module docstring for the semantics).
+
+    Parameters
+    ----------
+    plan, graph, topology
+        Artifacts already checked by ``validate_against``.
+    cost_model
+        Times of every task.
+
+    Returns
+    -------
+    TaskGraph
+
+    Raises
+    ------
+    BadInput
+        For a plan field the simulator does not model (named in the message),
+        an ``order`` that does not list exactly a device's ops, a fusion op
+        group spanning groups or forming a cycle.
+
+    Complexity: O((ops + edges) x replicas x microbatches + collectives x devices).
+    """
+    return _Lowering(plan, graph, topology, cost_model).build()
+
+
+class _Lowering:
+    def __init__(self, plan: Plan, graph: OpGraph, topology: Topology, cm: CostModel):
+        self.plan = plan
+        self.graph = graph
+        self.cm = cm
+        self.cluster = cm.cluster
+        names = list(plan.devices)
+        self.dev_index = {d: i for i, d in enumerate(names)}
+        self.device_names = names
+        self.M = plan.pipeline.microbatches if plan.pipeline else 1
+        self.groups = _Groups(plan, self.dev_index)
+        self.group_index = {g.id: i for i, g in enumerate(plan.groups)}
+        self.op_group = {op: self.group_index[g.id] for g in plan.groups for op in g.ops}
+        self._links: dict[tuple[str, str], int] = {}
+        self._route_res: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._link_names: list[tuple[str, str]] = []
+
+    # ------------------------------------------------------------------ units
+    def _units(self) -> None:
+        graph, plan = self.graph, self.plan
+        topo = graph.topological_ids()
+        pos = {op: i for i, op in enumerate(topo)}
+        unit_of: dict[str, int] = {}
+        members: list[list[str]] = []
+        fused: list[bool] = []
+        if plan.fusion is not None:
+            for k, ops in enumerate(plan.fusion.op_groups):
+                for op in ops:
+                    if op not in self.op_group:
+                        raise BadInput(f"plan fusion.op_groups[{k}] names op {op!r}, which the "
+                                       f"graph {graph.model.name!r} does not have")
+                gs = {plan.groups[self.op_group[op]].id for op in ops}
+                if len(gs) > 1:
+                    raise BadInput(f"plan fusion.op_groups[{k}] fuses ops of groups "
+                                   f"{sorted(gs)}; a fused kernel must run in one group")
+                if len(ops) < 2:
+                    continue
+                u = len(members)
+                members.append(sorted(ops, key=pos.__getitem__))
+                fused.append(True)
+                for op in ops:
+                    unit_of[op] = u
+        for op in topo:
+            if op not in unit_of:
+                unit_of[op] = len(members)
+                members.append([op])
+                fused.append(False)
+        # unit DAG, checked acyclic (fusing a->b->c without b is a cycle)
+        n_units = len(members)
+        uedges: set[tuple[int, int]] = set()
+        for e in graph.edges:
+            ua, ub = unit_of[e.src], unit_of[e.dst]
+            if ua != ub:
+                uedges.add((ua, ub))
+        indeg = [0] * n_units
+        out: list[list[int]] = [[] for _ in range(n_units)]
+        for ua, ub in sorted(uedges):
+            out[ua].append(ub)
+            indeg[ub] += 1
+        import heapq
+
+        first = [pos[m[0]] for m in members]
+        heap = [(first[u], u) for u in range(n_units) if indeg[u] == 0]
+        heapq.heapify(heap)
+        order = []
+        while heap:
+            _, u = heapq.heappop(heap)
+            order.append(u)
+            for v in out[u]:
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    heapq.heappush(heap, (first[v], v))
+        if len(order) < n_units:
+            stuck = next(u for u in range(n_units) if indeg[u] > 0 and fused[u])
+            raise BadInput(f"plan fusion op group {members[stuck]} forms a cycle with the ops "
+                           f"between them; a fused kernel cannot both feed and wait for them")
+        self.unit_pos = [0] * n_units
+        for i, u in enumerate(order):
+            self.unit_pos[u] = i
+        self.unit_order = order
+        self.unit_of = unit_of
+        self.members = members
+        self.fused = fused
+        self.unit_group = [self.op_group[m[0]] for m in members]
+        # an op needs a gradient when it or an ancestor has parameters
+        index = graph.index
+        needs: dict[str, bool] = {}
+        preds: dict[str, list[str]] = defaultdict(list)
+        for e in graph.edges:
+            preds[e.dst].append(e.src)
+        for op in topo:
+            needs[op] = index[op].param_bytes > 0 or any(needs[p] for p in preds[op])
+        self.needs_grad = needs
+        self.unit_rg = [any(needs[o] for o in m) for m in members]
+        self.unit_edges = sorted(uedges)
+
+    # ------------------------------------------------------------- resources
+    def _link_id(self, hop: tuple[str, str]) -> int:
+        i = self._links.get(hop)
+        if i is None:
+            i = self._links[hop] = len(self._link_names)
+            self._link_names.append(hop)
+        return i
+
+    def _route(self, a: int, b: int) -> tuple[int, ...]:
+        key = (a, b)
+        res = self._route_res.get(key)
+        if res is None:
+            route = self.cluster.route(self.device_names[a], self.device_names[b])
+            res = self._route_res[key] = tuple(self._link_id(h) for h in route.hops)
+        return res
+
+    # ----------------------------------------------------------------- build
+    def build(self) -> TaskGraph:
+        self._check_supported()
+        self._units()
+        groups = self.groups
+        n_dev = len(self.device_names)
+        # resources: links get ids as routes are met; collective streams are appended last,
+        # so they are given ids after building (offset fixed up at the end).
+        tg = TaskGraph(self.device_names, [], 0)
+        tg.microbatches = self.M
+        tg.unit_names = ["+".join(m) if len(m) <= 3 else f"{m[0]}+..+{m[-1]} ({len(m)} ops)"
+                         for m in self.members]
+        tg.replica_device = list(groups.rep_device)
+        tg.group_ids = list(groups.ids)
+        self.tg = tg
+
+        self._compute_tasks()
+        self._data_edges()
+        self._gradients()
+        self._orders()
+        self._memory()
+
+        links = list(self._link_names)
+        n_links = len(links)
+        tg.n_links = n_links
+        tg.resource_names = [*links, *(f"{d} collectives" for d in self.device_names)]
+        # collective streams were recorded as -1 - device; map them after the links
+        res = tg.resources
+        for t in self._stream_tasks:
+            res[t] = tuple(r if r >= 0 else n_links + (-1 - r) for r in res[t])
+        for d in range(n_dev):
+            tg.capacity_bytes[d] = self.cluster.device(self.device_names[d]).memory_bytes
+        return tg
+
+    def _check_supported(self) -> None:
+        plan = self.plan
+        if plan.pipeline is not None:
+            staged = set(plan.pipeline.stages)
+            loose = [g.id for g in plan.groups if g.id not in staged]
+            if loose:
+                raise BadInput(f"plan group {loose[0]!r} is not a pipeline stage; the simulator "
+                               f"models pipelines whose stages hold every group")
+        for device, ops in plan.order.items():
+            on_device = [op for g in plan.groups if device in g.devices for op in g.ops]
+            if len(ops) != len(on_device):
+                missing = sorted(set(on_device) - set(ops))
+                raise BadInput(f"plan order of {device!r} lists {len(ops)} of the "
+                               f"{len(on_device)} ops that run there (missing {missing[0]!r}); "
+                               f"an order must list every op of the device")
+        if plan.fusion is not None:
+            for k, bucket in enumerate(plan.fusion.gradient_buckets):
+                gs = {g.id for g in plan.groups for op in bucket if op in g.ops}
+                absent = [op for op in bucket if op not in self.op_group]
+                if absent:
+                    raise BadInput(f"plan fusion.gradient_buckets[{k}] names op {absent[0]!r}, "
+                                   f"which no group holds")
+                if len(gs) > 1:
+                    raise BadInput(f"plan fusion.gradient_buckets[{k}] mixes ops of groups "
+                                   f"{sorted(gs)}; a bucket is synchronised over one group's "
+                                   f"devices")
+        for g in plan.groups:
+            if g.compression is Compression.SFB and g.sync is not SyncMethod.ALLREDUCE:
+                raise BadInput(f"plan group {g.id!r}: compression 'sfb' is modelled with sync "
+                               f"'allreduce' only, not {g.sync.value!r}")
+
+    # ------------------------------------------------------------ compute
+    def _unit_times(self, rep: int) -> tuple[list[float], list[float]]:
+        """Forward and backward time of every unit of the replica's group (per microbatch)."""
+        cm, groups = self.cm, self.groups
+        device = self.device_names[groups.rep_device[rep]]
+        frac = groups.rep_share[rep] / self.M
+        key = (cm.device_type_index[device], frac)
+        cache = self._time_cache
+        tables = cache.get(key)
+        if tables is None:
+            j = key[0]
+            launch = float(cm.launch_ms_by_type[j])
+            f = cm.fwd_ms_by_type[:, j]
+            b = cm.bwd_ms_by_type[:, j]
+            if frac != 1.0:
+                f = np.where(f > launch, launch + (f - launch) * frac, f)
+                b = np.where(b > launch, launch + (b - launch) * frac, b)
+            tables = cache[key] = (f.tolist(), b.tolist())
+        return tables
+
+    def _compute_tasks(self) -> None:
+        tg, M, groups = self.tg, self.M, self.groups
+        self._time_cache: dict = {}
+        op_index = self.cm.op_index
+        n_units = len(self.members)
+        self.F: list[dict[int, int]] = [dict() for _ in range(n_units)]  # unit -> rep -> base id
+        self.B: list[dict[int, int]] = [dict() for _ in range(n_units)]
+        U = n_units
+        add = tg.add_compute
+        for u in self.unit_order:
+            g = self.unit_group[u]
+            ops = self.members[u]
+            rg_ops = [o for o in ops if self.needs_grad[o]]
+            pos = self.unit_pos[u]
+            for rep in groups.replicas[g]:
+                d = groups.rep_device[rep]
+                if self.fused[u]:
+                    device = self.device_names[d]
+                    frac = groups.rep_share[rep] / M
+                    f_ms = self.cm.fused_ms(ops, device, "fwd", frac)
+                    b_ms = self.cm.fused_ms(rg_ops, device, "bwd", frac) if rg_ops else 0.0
+                else:
+                    ftab, btab = self._unit_times(rep)
+                    i = op_index[ops[0]]
+                    f_ms = ftab[i]
+                    b_ms = btab[i]
+                base = len(tg.kind)
+                for m in range(M):
+                    add(TaskKind.FORWARD, d, f_ms, m * 3 * U + pos, (u, rep, m))
+                self.F[u][rep] = base
+                if self.unit_rg[u]:
+                    base = len(tg.kind)
+                    for m in range(M):
+                        t = add(TaskKind.BACKWARD, d, b_ms, m * 3 * U + 2 * U - pos, (u, rep, m))
+                        tg.depend(self.F[u][rep] + m, t)
+                    self.B[u][rep] = base
+
+    # --------------------------------------------------------------- data
+    def _data_edges(self) -> None:
+        tg, M, groups = self.tg, self.M, self.groups
+        F, B = self.F, self.B
+        depend = tg.depend
+        # consumers of each op's output on the same replica (memory releasers) and outgoing
+        # transfers are gathered here for _memory
+        self.local_consumers: dict[int, list[int]] = defaultdict(list)  # unit -> consumer units
+        # (unit, replica) -> tasks (base ids, + microbatch) that also read its output
+        self.more_readers: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for ua, ub in self.unit_edges:
+            if self.unit_group[ua] != self.unit_group[ub]:
+                continue
+            self.local_consumers[ua].append(ub)
+            rg = self.unit_rg[ua]
+            for rep, fa in F[ua].items():
+                fb = F[ub][rep]
+                for m in range(M):
+                    depend(fa + m, fb + m)
+                if rg:
+                    ba, bb = B[ua][rep], B[ub][rep]
+                    for m in range(M):
+                        depend(bb + m, ba + m)
+        # cross-group data: one transfer per (producing op, consuming group, replica pair, mb)
+        cross: dict[tuple[str, int], list] = {}
+        for e in self.graph.edges:
+            ua, ub = self.unit_of[e.src], self.unit_of[e.dst]
+            ga, gb = self.unit_group[ua], self.unit_group[ub]
+            if ga == gb:
+                continue
+            entry = cross.setdefault((e.src, gb), [0, set()])
+            entry[0] = max(entry[0], e.bytes)
+            entry[1].add(ub)
+        # (unit, replica, microbatch) -> transfers that send its output
+        self.transfers_out: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+        self.received: list[tuple[int, int, float, list[int], int]] = []
+        overlap_cache: dict[tuple[int, int], list] = {}
+        for (src, gb), (nbytes, consumers) in sorted(cross.items(), key=lambda kv: (
+                self.unit_pos[self.unit_of[kv[0][0]]], kv[0][1])):
+            ua = self.unit_of[src]
+            ga = self.unit_group[ua]
+            consumers = sorted(consumers, key=self.unit_pos.__getitem__)
+            rg = self.unit_rg[ua]
+            key = (ga, gb)
+            pairs = overlap_cache.get(key)
+            if pairs is None:
+                pairs = overlap_cache[key] = groups.overlaps(ga, gb)
+            for ra, rb, o in pairs:
+                da, db = groups.rep_device[ra], groups.rep_device[rb]
+                fa = F[ua][ra]
+                fbs = [F[ub][rb] for ub in consumers]
+                bbs = [B[ub][rb] for ub in consumers if self.unit_rg[ub]]
+                ba = B[ua].get(ra)
+                if da == db:
+                    for m in range(M):
+                        for fb in fbs:
+                            depend(fa + m, fb + m)
+                        if rg:
+                            for bb in bbs:
+                                depend(bb + m, ba + m)
+                    self.more_readers[(ua, ra)].extend(
+                        (B[ub][rb] if self.unit_rg[ub] else F[ub][rb]) for ub in consumers)
+                    continue
+                size = nbytes * o / M
+                fwd_ms = self.cm.transfer_ms(self.device_names[da], self.device_names[db], size)
+                res_f = self._route(da, db)
+                res_b = self._route(db, da) if rg else ()
+                for m in range(M):
+                    t = tg.add_comm(TaskKind.TRANSFER, res_f, fwd_ms, size, (ua, "F", m, size, da, db))
+                    depend(fa + m, t)
+                    for fb in fbs:
+                        depend(t, fb + m)
+                    self.transfers_out[(ua, ra, m)].append(t)
+                    releasers = [(B[ub][rb] if self.unit_rg[ub] else F[ub][rb]) + m
+                                 for ub in consumers]
+                    self.received.append((db, t, size, releasers, m))
+                    if rg:
+                        tb = tg.add_comm(TaskKind.TRANSFER, res_b, fwd_ms, size,
+                                         (ua, "B", m, size, db, da))
+                        for bb in bbs:
+                            depend(bb + m, tb)
+                        depend(tb, ba + m)
+
+    # ---------------------------------------------------------- gradients
+    def _gradients(self) -> None:
+        plan, tg, cm, M, groups = self.plan, self.tg, self.cm, self.M, self.groups
+        index = self.graph.index
+        buckets_of: dict[int, list[list[str]]] = defaultdict(list)
+        bucketed: set[str] = set()
+        if plan.fusion is not None:
+            for bucket in plan.fusion.gradient_buckets:
+                if bucket:
+                    buckets_of[self.op_group[bucket[0]]].append(list(bucket))
+                    bucketed.update(bucket)
+        self._stream_tasks: list[int] = []
+        # per device: the tasks its optimizer update waits for, and the parameter bytes it updates
+        self.update_deps: dict[int, list[int]] = defaultdict(list)
+        self.update_bytes: dict[int, float] = defaultdict(float)
+        self.static: list[float] = [0.0] * len(self.device_names)
+        self.server_updates: list[int] = []
+        sf = plan.optimizer.state_factor
+        U = len(self.members)
+        for gi, g in enumerate(plan.groups):
+            reps = groups.replicas[gi]
+            param_ops = [op for op in g.ops if index[op].param_bytes > 0]
+            total = float(sum(index[op].param_bytes for op in param_ops))
+            devs = [groups.rep_device[r] for r in reps]
+
+            def b_tasks(ops, reps=reps):
+                units = sorted({self.unit_of[o] for o in ops})
+                return [self.B[u][r] + m for u in units for r in reps for m in range(M)]
+
+            if g.sync is SyncMethod.PS:
+                self._ps(gi, g, param_ops, total, b_tasks, sf)
+                continue
+            for d in devs:
+                self.static[d] += total * (2.0 + sf)
+                self.update_bytes[d] += total
+            if not param_ops:
+                continue
+            if g.sync is SyncMethod.NONE or len(devs) == 1:
+                for r in reps:
+                    self.update_deps[groups.rep_device[r]].extend(b_tasks(param_ops, [r]))
+                continue
+            names = [self.device_names[d] for d in devs]
+            dev_res = self._collective_links(names) + tuple(-1 - d for d in devs)
+            plain_ops = [op for op in param_ops if op not in bucketed]
+            if g.compression is Compression.SFB:
+                plain_ops = self._sfb(gi, g, plain_ops, names, devs, dev_res, b_tasks, U)
+                for bucket in buckets_of.get(gi, []):
+                    kept = set(self._sfb(gi, g, bucket, names, devs, dev_res, b_tasks, U))
+                    bucket[:] = [op for op in bucket if op in kept]
+            buckets = [b for b in buckets_of.get(gi, []) if b]
+            rest = [op for op in plain_ops if op not in bucketed]
+            if rest:
+                buckets.append(rest)
+            for k, bucket in enumerate(buckets):
+                nbytes = float(sum(index[op].param_bytes for op in bucket))
+                if nbytes <= 0:
+                    continue
+                ms = cm.allreduce_ms(names, nbytes, g.collective)
+                label = f"{g.id}" + (f" bucket {k}" if len(buckets) > 1 else "")
+                links = cm.collective_link_bytes("allreduce", names, nbytes, algorithm=g.collective)
+                t = tg.add_comm(TaskKind.ALLREDUCE, dev_res, ms, nbytes,
+                                (label, f"{len(names)} devices of {g.id}", links))
+                self._stream_tasks.append(t)
+                for dep in b_tasks(bucket):
+                    tg.depend(dep, t)
+                for d in devs:
+                    self.update_deps[d].append(t)
+
+    def _collective_links(self, names: list[str]) -> tuple[int, ...]:
+        hops = self.cm.links_of(self.cm.ring_order(names))
+        return tuple(sorted(self._link_id(h) for h in hops))
+
+    def _ps(self, gi, g, param_ops, total, b_tasks, sf) -> None:
+        tg, cm, groups = self.tg, self.cm, self.groups
+        reps = groups.replicas[gi]
+        devs = [groups.rep_device[r] for r in reps]
+        servers = [self.dev_index[s] for s in g.ps_servers]
+        shard = total / len(servers)
+        for d in devs:
+            self.static[d] += total * 2.0  # parameters and gradients; the state lives on servers
+        for s in servers:
+            self.static[s] += shard * (2.0 + sf)  # parameter shard, aggregation buffer, state
+        if not param_ops:
+            return
+        workers = [self.device_names[d] for d in devs]
+        server_names = list(g.ps_servers)
+        push_ms, pull_ms = cm.ps_phases_ms(workers, server_names, total)
+        hops: set[int] = set()
+        for w in devs:
+            for s in servers:
+                if w != s:
+                    hops.update(self._route(w, s))
+                    hops.update(self._route(s, w))
+        res = tuple(sorted(hops)) + tuple(-1 - d for d in sorted(set(devs) | set(servers)))
+        where = f"{len(workers)} workers, {len(servers)} servers of {g.id}"
+        push = tg.add_comm(TaskKind.PS_PUSH, res, push_ms, total * len(workers), (g.id, where, cm.collective_link_bytes("ps-push", workers, total, servers=server_names)))
+        pull = tg.add_comm(TaskKind.PS_PULL, res, pull_ms, total * len(workers), (g.id, where, cm.collective_link_bytes("ps-pull", workers, total, servers=server_names)))
+        self._stream_tasks.extend((push, pull))
+        for dep in b_tasks(param_ops):
+            tg.depend(dep, push)
+        for s in servers:
+            ms = cm.update_ms(shard, self.device_names[s], sf)
+            t = tg.add_compute(TaskKind.UPDATE, s, ms, -1, (f"{g.id} shard",))
+            self.server_updates.append(t)
+            tg.depend(push, t)
+            tg.depend(t, pull)
+        for d in devs:
+            self.update_deps[d].append(pull)
+
+    def _sfb(self, gi, g, ops, names, devs, dev_res, b_tasks, U) -> list[str]:
+        """Give each op whose sufficient factors beat its AllReduce an all-gather + recompute.
+
+        The choice compares the factor all-gather plus the slowest replica's
+        gradient recomputation with the AllReduce of the op's gradient alone.
+        Returns the ops left for AllReduce.
+        """
+        tg, cm, groups = self.tg, self.cm, self.groups
+        elem = ELEMENT_BYTES.get(self.graph.model.dtype, 4)
+        reps = groups.replicas[gi]
+        kept = []
+        for op in ops:
+            gather_ms = cm.sfb_op_ms(op, names, elem_bytes=elem)
+            if gather_ms is None:
+                kept.append(op)
+                continue
+            recompute = [cm.sfb_recompute_ms(op, self.device_names[groups.rep_device[r]],
+                                             groups.rep_share[r]) for r in reps]
+            plain_ms = cm.allreduce_ms(names, float(cm.param_bytes[cm.op_index[op]]), g.collective)
+            if gather_ms + max(recompute) >= plain_ms:
+                kept.append(op)
+                continue
+            nbytes = cm.sfb_factor_bytes(op)
+            links = cm.collective_link_bytes("allgather", names, nbytes / len(names))
+            t = tg.add_comm(TaskKind.ALLGATHER, dev_res, gather_ms, nbytes,
+                            (f"{op} factors", f"{len(names)} devices of {g.id}", links))
+            self._stream_tasks.append(t)
+            for dep in b_tasks([op]):
+                tg.depend(dep, t)
+            for r, ms in zip(reps, recompute):
+                d = groups.rep_device[r]
+                rc = tg.add_compute(TaskKind.RECOMPUTE, d, ms, 3 * U - 1, (op,))
+                tg.depend(t, rc)
+                self.update_deps[d].append(rc)
+        return kept
+
+    # -------------------------------------------------------------- order
+    def _orders(self) -> None:
+        plan, tg, M, groups = self.plan, self.tg, self.M, self.groups
+        U = len(self.members)
+        n_dev = len(self.device_names)
+        chains: dict[int, list[int]] = {}
+        rep_of: dict[tuple[int, int], int] = {}  # (group, device) -> replica
+        for gi, reps in enumerate(groups.replicas):
+            for r in reps:
+                rep_of[(gi, groups.rep_device[r])] = r
+        op_pos = {}
+        for device, ops in plan.order.items():
+            op_pos[self.dev_index[device]] = {op: i for i, op in enumerate(ops)}
+
+        def units_on(gi: int, d: int) -> list[int]:
+            units = [u for u in self.unit_order if self.unit_group[u] == gi]
+            where = op_pos.get(d)
+            if where is not None:
+                units.sort(key=lambda u: min(where[o] for o in self.members[u]))
+            return units
+
+        if plan.pipeline is not None:
+            pipe = plan.pipeline
+            stage_group = [self.group_index[s] for s in pipe.stages]
+            stage_units: dict[tuple[int, int], list[int]] = {}
+            for device in self.device_names:
+                d = self.dev_index[device]
+                actions = pipe.actions(device)
+                if not actions:
+                    continue
+                chain = chains[d] = []
+                for a in actions:
+                    gi = stage_group[a.stage]
+                    r = rep_of[(gi, d)]
+                    units = stage_units.get((gi, d))
+                    if units is None:
+                        units = stage_units[(gi, d)] = units_on(gi, d)
+                    if a.op == "F":
+                        chain.extend(self.F[u][r] + a.microbatch for u in units)
+                    else:
+                        chain.extend(self.B[u][r] + a.microbatch for u in reversed(units)
+                                     if self.unit_rg[u])
+        for d, where in op_pos.items():
+            if d in chains:
+                continue
+            chain = chains[d] = []
+            gis = [gi for gi in range(len(groups.replicas)) if (gi, d) in rep_of]
+            units = sorted((u for gi in gis for u in self.unit_order if self.unit_group[u] == gi),
+                           key=lambda u: min(where[o] for o in self.members[u]))
+            for m in range(M):
+                for u in units:
+                    chain.append(self.F[u][rep_of[(self.unit_group[u], d)]] + m)
+            for m in range(M):
+                for u in reversed(units):
+                    if self.unit_rg[u]:
+                        chain.append(self.B[u][rep_of[(self.unit_group[u], d)]] + m)
+        # optimizer updates: one per device, last in its chain
+        self.updates: dict[int, int] = {}
+        for d in range(n_dev):
+            nbytes = self.update_bytes.get(d, 0.0)
+            deps = self.update_deps.get(d)
+            if nbytes <= 0 and not deps:
+                continue
+            ms = self.cm.update_ms(nbytes, self.device_names[d], plan.optimizer.state_factor)
+            t = tg.add_compute(TaskKind.UPDATE, d, ms, 3 * U * M, ("",))
+            self.updates[d] = t
+            for dep in deps or ():
+                tg.depend(dep, t)
+            if d in chains:
+                chains[d].append(t)
+        priority = tg.priority
+        for chain in chains.values():
+            for k, t in enumerate(chain):
+                priority[t] = k
+            for a, b in zip(chain, chain[1:]):
+                tg.depend(a, b)
+        self.chains = chains
+
+    # ------------------------------------------------------------- memory
+    def _memory(self) -> None:
+        tg, M, groups = self.tg, self.M, self.groups
+        index = self.graph.index
+        F, B = self.F, self.B
+        out_bytes = [float(sum(index[o].output_bytes for o in m)) for m in self.members]
+        for u in range(len(self.members)):
+            size_full = out_bytes[u]
+            if size_full <= 0:
+                continue
+            consumers = self.local_consumers.get(u, ())
+            for rep, fa in F[u].items():
+                d = groups.rep_device[rep]
+                size = size_full * groups.rep_share[rep] / M
+                bases = [(B[v][rep] if self.unit_rg[v] else F[v][rep]) for v in consumers]
+                bases.extend(self.more_readers.get((u, rep), ()))
+                if self.unit_rg[u]:
+                    bases.append(B[u][rep])
+                outs = self.transfers_out
+                for m in range(M):
+                    rel = [b + m for b in bases]
+                    rel.extend(outs.get((u, rep, m), ()))
+                    tg.add_buffer(d, size, fa + m, rel)
+        for d, t, size, releasers, _ in self.received:
+            tg.add_buffer(d, size, t, releasers)
+        tg.static_bytes = list(self.static)
