@@ -15,6 +15,7 @@ RENDERERS: dict[str, str] = {
     "topology": "render_topology:render",
     "op-graph": "render_graph:render_graph",
     "plan": "render_graph:render_plan",
+    "sim-report": "render_sim:render",
     "run-report": "render_run:render",
 }
 

@@ -1,0 +1,84 @@
+"""Rich rendering of a ``sim-report``: summary, devices, busiest links, critical path."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+
+from dl_nfv.artifacts.simreport import SimReport
+
+from .render_graph import _bytes
+
+TOP_LINKS = 10
+TOP_STEPS = 20
+
+
+def render(report: SimReport) -> Group:
+    head = Table(title=f"simulated iteration of a {report.planner} plan for {report.model or '?'} "
+                       f"on {report.topology or '?'}", title_justify="left", show_header=False)
+    head.add_column()
+    head.add_column()
+    head.add_row("iteration", f"{report.iteration_ms:.3f} ms")
+    if report.planner_prediction_ms is not None:
+        head.add_row("planner's prediction", f"{report.planner_prediction_ms:.3f} ms")
+    head.add_row("longest dependency chain", f"{report.critical_path_ms:.3f} ms")
+    head.add_row("memory", "fits" if report.feasible else
+                 f"[bold red]overflows on {len(report.overflows)} device(s)[/]")
+    head.add_row("tasks", f"{report.tasks} ({report.compute_tasks} compute, {report.transfers} "
+                          f"transfers, {report.collectives} collectives)")
+    head.add_row("compute / communication", f"{report.compute_ms:.3f} / {report.comm_ms:.3f} ms "
+                                            f"(summed over tasks)")
+    head.add_row("communication hidden", f"{100 * report.comm_hidden_fraction:.1f}%")
+    if report.microbatches > 1:
+        head.add_row("microbatches", str(report.microbatches))
+    parts = [head]
+    if report.comparison is not None:
+        c = report.comparison
+        cmp_table = Table(title=f"measured run {c.run_report}", title_justify="left",
+                          show_header=False)
+        cmp_table.add_column()
+        cmp_table.add_column()
+        cmp_table.add_row("measured iteration", f"{c.measured_iteration_ms:.3f} ms ({c.steps} steps)")
+        cmp_table.add_row("predicted iteration", f"{c.predicted_iteration_ms:.3f} ms")
+        cmp_table.add_row("prediction error", f"{100 * c.error_fraction:+.1f}%")
+        parts.append(cmp_table)
+    devices = Table(title="devices", title_justify="left")
+    for col in ("device", "type", "busy ms", "busy", "idle", "comm ms", "hidden", "peak memory",
+                "capacity"):
+        devices.add_column(col, justify="left" if col in ("device", "type") else "right")
+    for d in report.devices:
+        devices.add_row(d.device, d.type, f"{d.busy_ms:.3f}", f"{100 * d.busy_fraction:.0f}%",
+                        f"{100 * d.idle_fraction:.0f}%", f"{d.comm_ms:.3f}",
+                        f"{100 * d.hidden_comm_ms / d.comm_ms:.0f}%" if d.comm_ms else "-",
+                        _bytes(d.peak_memory_bytes), _bytes(d.memory_bytes),
+                        style="red" if d.peak_memory_bytes > d.memory_bytes else None)
+    parts.append(devices)
+    if report.overflows:
+        over = Table(title="memory overflows", title_justify="left")
+        for col in ("device", "at ms", "short by"):
+            over.add_column(col)
+        for o in report.overflows:
+            over.add_row(o.device, f"{o.time_ms:.3f}", _bytes(o.shortfall_bytes))
+        parts.append(over)
+    if report.links:
+        links = Table(title=f"busiest links (of {len(report.links)})", title_justify="left")
+        for col in ("link", "Gbps", "busy ms", "busy", "transfer bytes", "collective bytes"):
+            links.add_column(col, justify="left" if col == "link" else "right")
+        for lk in report.links[:TOP_LINKS]:
+            links.add_row(f"{lk.src} -> {lk.dst}", f"{lk.bandwidth_gbps:g}", f"{lk.busy_ms:.3f}",
+                          f"{100 * lk.busy_fraction:.0f}%", _bytes(lk.transfer_bytes),
+                          _bytes(lk.collective_bytes))
+        parts.append(links)
+    if report.critical_path:
+        steps = report.critical_path
+        path = Table(title=f"critical path ({len(steps)} steps"
+                           f"{f', first {TOP_STEPS} by duration' if len(steps) > TOP_STEPS else ''})",
+                     title_justify="left")
+        for col in ("start ms", "ms", "kind", "where", "tasks"):
+            path.add_column(col, justify="right" if "ms" in col or col == "tasks" else "left")
+        shown = sorted(steps, key=lambda c: c.start_ms - c.end_ms)[:TOP_STEPS]
+        for c in sorted(shown, key=lambda c: c.start_ms):
+            path.add_row(f"{c.start_ms:.3f}", f"{c.end_ms - c.start_ms:.3f}", c.kind, c.where,
+                         f"{c.tasks}  {c.name}")
+        parts.append(path)
+    return Group(*parts)
