@@ -7,6 +7,9 @@ docs/simulator.md for what is modelled and what is not.
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
+
 from .costs import CostModel, Flow, scale_by_batch
 from .result import SimResult
 
@@ -53,9 +56,27 @@ def simulate(plan, graph, topology, *, cost_model: CostModel | None = None,
 
     validate_against(plan, graph, topology, check_fingerprints=check_fingerprints)
     cm = cost_model if cost_model is not None else CostModel(graph, topology)
-    tasks = lower(plan, graph, topology, cm)
-    schedule = run(tasks)
-    return SimResult(plan, graph, topology, cm, tasks, schedule)
+    with _collector_paused():
+        tasks = lower(plan, graph, topology, cm)
+        schedule = run(tasks)
+        return SimResult(plan, graph, topology, cm, tasks, schedule)
+
+
+@contextmanager
+def _collector_paused():
+    """Pause Python's cyclic garbage collector while a task graph is built and run.
+
+    Lowering allocates hundreds of thousands of small lists and tuples, none of
+    them in reference cycles; the collector's generation-0 scans they trigger
+    cost 15-20% of a simulation. It is re-enabled (if it was on) afterwards.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 __all__ = ["CostModel", "Flow", "SimResult", "scale_by_batch", "simulate"]

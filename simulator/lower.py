@@ -310,47 +310,95 @@ class _Lowering:
         return tables
 
     def _compute_tasks(self) -> None:
+        """Forward and backward tasks of every unit, replica and microbatch, in bulk.
+
+        The tasks of unit ``u`` are contiguous: forward of replica ``rep`` (the
+        k-th replica of its group) and microbatch ``m`` is ``F[u][rep] + m`` with
+        ``F[u][rep] = base + k * M``; backward likewise. Lists are extended in
+        bulk rather than task by task, since lowering dominates a simulation.
+        """
         tg, M, groups = self.tg, self.M, self.groups
         self._time_cache: dict = {}
         op_index = self.cm.op_index
         n_units = len(self.members)
         self.F: list[dict[int, int]] = [dict() for _ in range(n_units)]  # unit -> rep -> base id
         self.B: list[dict[int, int]] = [dict() for _ in range(n_units)]
-        U = n_units
-        add = tg.add_compute
+        U3 = 3 * n_units
+        kind, device, res, dur = tg.kind, tg.device, tg.resources, tg.duration_ms
+        prio, succ, ndeps, nbytes, info = tg.priority, tg.succ, tg.ndeps, tg.nbytes, tg.info
+        mbs = range(M)
         for u in self.unit_order:
             g = self.unit_group[u]
             ops = self.members[u]
-            rg_ops = [o for o in ops if self.needs_grad[o]]
+            reps = groups.replicas[g]
             pos = self.unit_pos[u]
-            for rep in groups.replicas[g]:
-                d = groups.rep_device[rep]
-                if self.fused[u]:
-                    device = self.device_names[d]
+            n = len(reps) * M
+            f_times, b_times = [], []
+            if self.fused[u]:
+                rg_ops = [o for o in ops if self.needs_grad[o]]
+                for rep in reps:
+                    name = self.device_names[groups.rep_device[rep]]
                     frac = groups.rep_share[rep] / M
-                    f_ms = self.cm.fused_ms(ops, device, "fwd", frac)
-                    b_ms = self.cm.fused_ms(rg_ops, device, "bwd", frac) if rg_ops else 0.0
-                else:
+                    f_times.append(self.cm.fused_ms(ops, name, "fwd", frac))
+                    b_times.append(self.cm.fused_ms(rg_ops, name, "bwd", frac) if rg_ops else 0.0)
+            else:
+                i = op_index[ops[0]]
+                for rep in reps:
                     ftab, btab = self._unit_times(rep)
-                    i = op_index[ops[0]]
-                    f_ms = ftab[i]
-                    b_ms = btab[i]
-                base = len(tg.kind)
-                for m in range(M):
-                    add(TaskKind.FORWARD, d, f_ms, m * 3 * U + pos, (u, rep, m))
-                self.F[u][rep] = base
-                if self.unit_rg[u]:
-                    base = len(tg.kind)
-                    for m in range(M):
-                        t = add(TaskKind.BACKWARD, d, b_ms, m * 3 * U + 2 * U - pos, (u, rep, m))
-                        tg.depend(self.F[u][rep] + m, t)
-                    self.B[u][rep] = base
+                    f_times.append(ftab[i])
+                    b_times.append(btab[i])
+            devs = [groups.rep_device[rep] for rep in reps]
+            infos = [(u, rep, m) for rep in reps for m in mbs]
+            base_f = len(kind)
+            Fu = self.F[u]
+            for k, rep in enumerate(reps):
+                Fu[rep] = base_f + k * M
+            kind.extend([TaskKind.FORWARD] * n)
+            res.extend([()] * n)
+            nbytes.extend([0.0] * n)
+            ndeps.extend([0] * n)
+            succ.extend([[] for _ in range(n)])
+            info.extend(infos)
+            if M == 1:
+                device.extend(devs)
+                dur.extend(f_times)
+                prio.extend([pos] * n)
+            else:
+                for d, ms in zip(devs, f_times):
+                    device.extend([d] * M)
+                    dur.extend([ms] * M)
+                    prio.extend(range(pos, pos + U3 * M, U3))
+            if not self.unit_rg[u]:
+                continue
+            base_b = len(kind)
+            Bu = self.B[u]
+            for k, rep in enumerate(reps):
+                Bu[rep] = base_b + k * M
+            kind.extend([TaskKind.BACKWARD] * n)
+            res.extend([()] * n)
+            nbytes.extend([0.0] * n)
+            ndeps.extend([1] * n)  # its own forward
+            succ.extend([[] for _ in range(n)])
+            info.extend(infos)
+            if M == 1:
+                device.extend(devs)
+                dur.extend(b_times)
+                prio.extend([U3 - n_units - pos] * n)
+            else:
+                for d, ms in zip(devs, b_times):
+                    device.extend([d] * M)
+                    dur.extend([ms] * M)
+                    prio.extend(range(U3 - n_units - pos, U3 - n_units - pos + U3 * M, U3))
+            for k in range(n):
+                succ[base_f + k].append(base_b + k)
 
     # --------------------------------------------------------------- data
     def _data_edges(self) -> None:
         tg, M, groups = self.tg, self.M, self.groups
         F, B = self.F, self.B
         depend = tg.depend
+        succ, ndeps = tg.succ, tg.ndeps
+        mbs = range(M)
         # consumers of each op's output on the same replica (memory releasers) and outgoing
         # transfers are gathered here for _memory
         self.local_consumers: dict[int, list[int]] = defaultdict(list)  # unit -> consumer units
@@ -361,14 +409,17 @@ class _Lowering:
                 continue
             self.local_consumers[ua].append(ub)
             rg = self.unit_rg[ua]
+            Fb, Ba, Bb = F[ub], B[ua], B[ub]
             for rep, fa in F[ua].items():
-                fb = F[ub][rep]
-                for m in range(M):
-                    depend(fa + m, fb + m)
+                fb = Fb[rep]
+                for m in mbs:
+                    succ[fa + m].append(fb + m)
+                    ndeps[fb + m] += 1
                 if rg:
-                    ba, bb = B[ua][rep], B[ub][rep]
-                    for m in range(M):
-                        depend(bb + m, ba + m)
+                    ba, bb = Ba[rep], Bb[rep]
+                    for m in mbs:
+                        succ[bb + m].append(ba + m)
+                        ndeps[ba + m] += 1
         # cross-group data: one transfer per (producing op, consuming group, replica pair, mb)
         cross: dict[tuple[str, int], list] = {}
         for e in self.graph.edges:
@@ -644,12 +695,13 @@ class _Lowering:
                 tg.depend(dep, t)
             if d in chains:
                 chains[d].append(t)
-        priority = tg.priority
+        priority, succ, ndeps = tg.priority, tg.succ, tg.ndeps
         for chain in chains.values():
             for k, t in enumerate(chain):
                 priority[t] = k
             for a, b in zip(chain, chain[1:]):
-                tg.depend(a, b)
+                succ[a].append(b)
+                ndeps[b] += 1
         self.chains = chains
 
     # ------------------------------------------------------------- memory
@@ -658,6 +710,9 @@ class _Lowering:
         index = self.graph.index
         F, B = self.F, self.B
         out_bytes = [float(sum(index[o].output_bytes for o in m)) for m in self.members]
+        outs = self.transfers_out
+        buf_alloc, buf_device, buf_bytes = tg.buf_alloc, tg.buf_device, tg.buf_bytes
+        buf_rel = tg.buf_releasers
         for u in range(len(self.members)):
             size_full = out_bytes[u]
             if size_full <= 0:
@@ -670,11 +725,20 @@ class _Lowering:
                 bases.extend(self.more_readers.get((u, rep), ()))
                 if self.unit_rg[u]:
                     bases.append(B[u][rep])
-                outs = self.transfers_out
+                if size <= 0:
+                    continue
+                buf_alloc.extend(range(fa, fa + M))
+                buf_device.extend([d] * M)
+                buf_bytes.extend([size] * M)
+                if M == 1:
+                    rel = bases
+                    rel.extend(outs.get((u, rep, 0), ()))
+                    buf_rel.append(rel or [fa])
+                    continue
                 for m in range(M):
                     rel = [b + m for b in bases]
                     rel.extend(outs.get((u, rep, m), ()))
-                    tg.add_buffer(d, size, fa + m, rel)
+                    buf_rel.append(rel or [fa + m])
         for d, t, size, releasers, _ in self.received:
             tg.add_buffer(d, size, t, releasers)
         tg.static_bytes = list(self.static)
