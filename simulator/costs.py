@@ -233,18 +233,18 @@ class CostModel:
         devices = tuple(dict.fromkeys(devices))
         if len(devices) <= 1 or nbytes <= 0:
             return 0.0
-        if algorithm is Collective.AUTO:
+        if algorithm == Collective.AUTO:
             return min(self.allreduce_ms(devices, nbytes, a)
                        for a in (Collective.RING, Collective.TREE, Collective.HIERARCHICAL))
         if algorithm not in (Collective.RING, Collective.TREE, Collective.HIERARCHICAL):
             raise ValueError(f"unknown collective {algorithm!r}")
-        return self._expression(algorithm.value, devices).ms(nbytes)
+        return self._expression(Collective(algorithm).value, devices).ms(nbytes)
 
     def allreduce_algorithm(self, devices: Sequence[str], nbytes: float,
                             algorithm: Collective = Collective.AUTO) -> Collective:
         """The algorithm ``allreduce_ms`` uses: ``algorithm``, or for ``AUTO`` the fastest."""
-        if algorithm is not Collective.AUTO:
-            return algorithm
+        if algorithm != Collective.AUTO:
+            return Collective(algorithm)
         return min((Collective.RING, Collective.TREE, Collective.HIERARCHICAL),
                    key=lambda a: self.allreduce_ms(devices, nbytes, a))
 
@@ -465,7 +465,7 @@ class CostModel:
         i = self.op_index[op_id]
         op = self.graph.ops[i]
         p, inp, out = self.param_bytes[i], self.input_bytes[i], self.output_bytes[i]
-        if op.kind is not OpKind.MATMUL or p <= 0 or inp <= 0 or out <= 0:
+        if op.kind != OpKind.MATMUL or p <= 0 or inp <= 0 or out <= 0:
             return None
         rows = math.sqrt(inp * out / (elem_bytes * p))
         return rows, inp / (elem_bytes * rows), out / (elem_bytes * rows)

@@ -285,7 +285,7 @@ class _Lowering:
                                    f"{sorted(gs)}; a bucket is synchronised over one group's "
                                    f"devices")
         for g in plan.groups:
-            if g.compression is Compression.SFB and g.sync is not SyncMethod.ALLREDUCE:
+            if g.compression == Compression.SFB and g.sync != SyncMethod.ALLREDUCE:
                 raise BadInput(f"plan group {g.id!r}: compression 'sfb' is modelled with sync "
                                f"'allreduce' only, not {g.sync.value!r}")
 
@@ -509,7 +509,7 @@ class _Lowering:
                 units = sorted({self.unit_of[o] for o in ops})
                 return [self.B[u][r] + m for u in units for r in reps for m in range(M)]
 
-            if g.sync is SyncMethod.PS:
+            if g.sync == SyncMethod.PS:
                 self._ps(gi, g, param_ops, total, b_tasks, sf)
                 continue
             for d in devs:
@@ -517,14 +517,14 @@ class _Lowering:
                 self.update_bytes[d] += total
             if not param_ops:
                 continue
-            if g.sync is SyncMethod.NONE or len(devs) == 1:
+            if g.sync == SyncMethod.NONE or len(devs) == 1:
                 for r in reps:
                     self.update_deps[groups.rep_device[r]].extend(b_tasks(param_ops, [r]))
                 continue
             names = [self.device_names[d] for d in devs]
             dev_res = self._collective_links(names) + tuple(-1 - d for d in devs)
             plain_ops = [op for op in param_ops if op not in bucketed]
-            if g.compression is Compression.SFB:
+            if g.compression == Compression.SFB:
                 plain_ops = self._sfb(gi, g, plain_ops, names, devs, dev_res, b_tasks, U)
                 for bucket in buckets_of.get(gi, []):
                     kept = set(self._sfb(gi, g, bucket, names, devs, dev_res, b_tasks, U))

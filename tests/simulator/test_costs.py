@@ -1,0 +1,143 @@
+"""The cost model against closed forms computed independently here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dl_nfv.artifacts import Collective, OpKind, cluster_of
+from dl_nfv.artifacts.devices import CATALOG
+from dl_nfv.simulator import CostModel, Flow
+
+from .helpers import GPU, chain, graph, mesh, op, star
+
+
+def bytes_per_ms(gbps: float) -> float:
+    return gbps * 1e9 / 8 / 1e3
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+@pytest.mark.parametrize("nbytes", [1e3, 4e6, 1e9])
+def test_ring_allreduce_closed_form(n, nbytes):
+    bw, alpha_us = 100.0, 3.0
+    cm = CostModel(chain(1), mesh(n, bandwidth_gbps=bw, latency_us=alpha_us))
+    devices = cm.cluster.device_names
+    expected = 2 * (n - 1) / n * nbytes / bytes_per_ms(bw) + 2 * (n - 1) * alpha_us / 1e3
+    got = cm.allreduce_ms(devices, nbytes, Collective.RING)
+    assert got == pytest.approx(expected, rel=1e-9)
+    assert cm.allreduce_ms(devices, nbytes) <= got + 1e-12  # AUTO is never slower
+
+
+def test_tree_allreduce_closed_form():
+    # 4 devices, binary tree: 2 levels, each pays latency; payload crosses each edge up and down
+    bw, alpha_us, nbytes = 50.0, 2.0, 8e6
+    cm = CostModel(chain(1), mesh(4, bandwidth_gbps=bw, latency_us=alpha_us))
+    expected = 2 * (2 * alpha_us / 1e3 + nbytes / bytes_per_ms(bw))
+    assert cm.allreduce_ms(cm.cluster.device_names, nbytes, Collective.TREE) == \
+        pytest.approx(expected, rel=1e-9)
+
+
+def test_allgather_and_broadcast_closed_forms():
+    bw, alpha_us, s = 80.0, 1.0, 2e6
+    cm = CostModel(chain(1), mesh(5, bandwidth_gbps=bw, latency_us=alpha_us))
+    devs = cm.cluster.device_names
+    assert cm.allgather_ms(devs, s) == pytest.approx(4 * (alpha_us / 1e3 + s / bytes_per_ms(bw)))
+    # 5 devices: ceil(log2 5) = 3 levels, each a latency; the payload once per edge, concurrently
+    assert cm.broadcast_ms(devs[0], devs, s) == pytest.approx(3 * alpha_us / 1e3 + s / bytes_per_ms(bw))
+
+
+def test_ps_is_bounded_by_the_server_nic():
+    workers, nic, s = 4, 10.0, 5e6
+    cm = CostModel(chain(1), star(workers + 1, nic_gbps=nic))
+    names = cm.cluster.device_names
+    server, ws = names[-1], names[:-1]
+    route = cm.cluster.route(ws[0], server)
+    # every worker's full gradient enters the server NIC, then leaves it
+    one_way = route.latency_us / 1e3 + workers * s / bytes_per_ms(nic)
+    push, pull = cm.ps_phases_ms(ws, [server], s)
+    assert push == pytest.approx(one_way) and pull == pytest.approx(one_way)
+    assert cm.ps_ms(ws, [server], s) == pytest.approx(2 * one_way)
+    # two servers among two workers: each worker's NIC sends its other-server half out, each
+    # server's NIC takes the other worker's half in: s/2 bytes per NIC direction
+    push2, _ = cm.ps_phases_ms(ws[:2], ws[:2], s)
+    assert push2 == pytest.approx(route.latency_us / 1e3 + (s / 2) / bytes_per_ms(nic))
+
+
+def test_transfer_is_latency_plus_bytes_over_bottleneck():
+    cm = CostModel(chain(1), star(2, nic_gbps=10.0, nic_latency_us=5.0))
+    a, b = cm.cluster.device_names
+    route = cm.cluster.route(a, b)
+    # device -> host (PCIe 126 Gbps, 1 us), host -> switch, switch -> host, host -> device
+    assert route.latency_us == pytest.approx(1 + 5 + 5 + 1)
+    assert route.bandwidth_gbps == 10.0
+    assert cm.transfer_ms(a, b, 1e6) == pytest.approx(12e-3 + 1e6 / bytes_per_ms(10.0))
+    assert cm.transfer_ms(a, a, 1e6) == 0.0
+    assert cm.concurrent_ms([Flow(a, b, 1e6), Flow(b, a, 1e6)]) == pytest.approx(
+        cm.transfer_ms(a, b, 1e6))  # full duplex: opposite directions do not share
+
+
+def test_collective_cache_gives_the_same_answers_in_any_call_order():
+    t = mesh(6, bandwidth_gbps=40.0)
+    names = cluster_of(t).device_names
+    a, b = CostModel(chain(1), t), CostModel(chain(1), t)
+    sizes = [1e2, 3e5, 7e7]
+    forward = [a.allreduce_ms(names[:k], s, alg) for k in (2, 4, 6) for s in sizes
+               for alg in Collective]
+    backward = [b.allreduce_ms(names[:k], s, alg) for k in (6, 4, 2) for s in reversed(sizes)
+                for alg in reversed(list(Collective))]
+    assert sorted(forward) == pytest.approx(sorted(backward), rel=1e-12)
+
+
+def test_collective_link_bytes_of_a_ring():
+    n, s = 4, 1e6
+    cm = CostModel(chain(1), mesh(n))
+    loads = cm.collective_link_bytes("allreduce", cm.cluster.device_names, s,
+                                     algorithm=Collective.RING)
+    ring = cm.ring_order(cm.cluster.device_names)
+    for a, b in zip(ring, ring[1:] + ring[:1]):
+        assert loads[(a, b)] == pytest.approx(2 * (n - 1) / n * s)
+    assert len(loads) == n
+
+
+def test_op_time_scales_with_the_batch_but_not_the_launch():
+    g = graph([op("a", fwd_ms=1.0, bwd_ms=3.0)])
+    cm = CostModel(g, mesh(1))
+    device = cm.cluster.device_names[0]
+    launch = CATALOG[GPU].launch_overhead_us / 1e3
+    assert cm.op_ms("a", device) == 1.0
+    assert cm.op_ms("a", device, "bwd", 0.25) == pytest.approx(launch + (3.0 - launch) * 0.25)
+    assert cm.ops_ms(["a"], device, 0.5) == pytest.approx(
+        (launch + (1 - launch) / 2, launch + (3 - launch) / 2))
+
+
+def test_fused_ops_save_launches_and_internal_round_trips():
+    g = graph([op("a", 1.0, 1.0, output_bytes=1000), op("b", 1.0, 1.0)], [("a", "b", 9_000_000)])
+    cm = CostModel(g, mesh(1))
+    device = cm.cluster.device_names[0]
+    t = CATALOG[GPU]
+    saved = t.launch_overhead_us / 1e3 + 2 * 9e6 / (t.memory_bandwidth_gb_per_s * 1e6)
+    assert cm.fused_ms(["a", "b"], device) == pytest.approx(2.0 - saved)
+
+
+def test_update_is_memory_bound():
+    cm = CostModel(chain(1), mesh(1))
+    device = cm.cluster.device_names[0]
+    t = CATALOG[GPU]
+    p = 1e9
+    expected = t.launch_overhead_us / 1e3 + p * (3 + 2 * 2.0) / (t.memory_bandwidth_gb_per_s * 1e6)
+    assert cm.update_ms(p, device, state_factor=2.0) == pytest.approx(expected)
+
+
+def test_sufficient_factors_recover_the_layer_shape():
+    rows, fin, fout = 64, 300, 500
+    g = graph([op("x", output_bytes=rows * fin * 4),
+               op("fc", param_bytes=fin * fout * 4, output_bytes=rows * fout * 4,
+                  kind=OpKind.MATMUL)], [("x", "fc", rows * fin * 4)])
+    cm = CostModel(g, mesh(4))
+    r, i, o = cm.sfb_factors("fc")
+    assert (r, i, o) == pytest.approx((rows, fin, fout))
+    devs = cm.cluster.device_names
+    assert cm.sfb_op_ms("fc", devs) == pytest.approx(cm.allgather_ms(devs, rows / 4 * (fin + fout) * 4))
+    assert cm.sfb_factors("x") is None
+    assert math.isclose(cm.sfb_factor_bytes("fc"), rows * (fin + fout) * 4)
