@@ -39,6 +39,14 @@ PLANNERS: dict[str, PlannerInfo] = {p.name: p for p in (
                 "(baseline)", "data-parallel", baseline=True, preset={"sync": "ps"}),
     PlannerInfo("single", "single:plan", "the whole model on the fastest device that fits "
                 "(baseline)", "single", baseline=True),
+    PlannerInfo("fastt", "fastt:plan", "FastT: op placement and execution order by list "
+                "scheduling (HEFT/CPOP), critical-path op splitting", "placement"),
+    PlannerInfo("m-topo", "baechi:plan_topo", "Baechi m-TOPO: topological fill up to total "
+                "memory / devices + largest op (baseline)", "placement", baseline=True),
+    PlannerInfo("m-etf", "baechi:plan_etf", "Baechi m-ETF: earliest-task-first list scheduling "
+                "with memory checks (baseline)", "placement", baseline=True),
+    PlannerInfo("m-sct", "baechi:plan_sct", "Baechi m-SCT: favourite-child LP (PuLP) rounded at "
+                "0.5, then ETF (baseline)", "placement", baseline=True),
 )}
 
 

@@ -1,0 +1,154 @@
+"""FastT's profile-measure-replan loop, offline: op costs refined by a ``run-report``.
+
+What a run report can refine, and how (everything else keeps its profiled cost):
+
+* **Per-op times** (``op_fwd_ms`` / ``op_bwd_ms``, by device type): they
+  replace the graph's times for that device type. A time measured on a replica
+  that held a share ``f`` of the batch is brought back to the full batch with
+  the cost model's own scaling (launch overhead fixed, the rest linear in
+  ``f``) when the report's plan can be read; otherwise it is taken as a
+  full-batch time.
+* **Per-rank compute time** (``compute_ms``, always present): for each device
+  type of the run, the ratio of measured compute time to the compute time the
+  simulator predicts for that rank under the report's plan (median over the
+  ranks of the type) scales every op's forward and backward time on that type
+  that has no per-op measurement. This needs the report's plan
+  (``plan_path``) and the graph and topology it names.
+* **Transfers are not refined**: a run report holds each rank's total wait
+  time, which mixes transfers with waiting for peers, and no per-pair
+  transfer measurements, so there is nothing to fit a per-pair model to.
+
+The result is a copy of the op graph whose measured times are the refined
+ones; a ``CostModel`` built on it takes them with precedence, as it does any
+measurement. Plans keep the fingerprint of the original graph.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+from dl_nfv.artifacts import ArtifactMismatch, BadInput, OpGraph, Topology, fingerprint, load
+from dl_nfv.simulator.costs import CostModel
+
+
+def refined_graph(graph: OpGraph, topology: Topology, report_path: str) -> tuple[OpGraph, list[str]]:
+    """The op graph with the costs measured in the run report at ``report_path``.
+
+    Returns the refined graph and notes saying exactly what was refined.
+
+    Raises
+    ------
+    BadInput
+        The report cannot be read, was made for another graph, or holds
+        nothing usable (no per-op times and no readable plan).
+
+    Complexity: O(ops x device types) plus one simulation of the report's plan.
+    """
+    report = load(report_path, expect="run-report")
+    if report.graph_sha256 and report.graph_sha256 != fingerprint(graph):
+        raise ArtifactMismatch(
+            f"{report_path}: the run report measured a plan for a graph with sha256 "
+            f"{report.graph_sha256[:12]}..., but this graph has sha256 {fingerprint(graph)[:12]}...")
+    notes: list[str] = []
+    run_plan, run_graph, run_topology = _report_plan(report, Path(report_path))
+    shares = _shares_by_type(run_plan, run_topology) if run_plan is not None else {}
+    run_cm = CostModel(run_graph, run_topology) if run_plan is not None else None
+
+    fwd = {op.id: dict(op.fwd_ms) for op in graph.ops}
+    bwd = {op.id: dict(op.bwd_ms) for op in graph.ops}
+    measured: set[tuple[str, str]] = set()
+    for table, target, phase in ((report.op_fwd_ms, fwd, "forward"), (report.op_bwd_ms, bwd, "backward")):
+        for dtype, times in table.items():
+            count = 0
+            for op_id, ms in times.items():
+                if op_id not in target:
+                    continue
+                share = shares.get((dtype, op_id), 1.0)
+                target[op_id][dtype] = _full_batch(ms, share, _launch_ms(run_cm, dtype))
+                measured.add((dtype, op_id))
+                count += 1
+            if count:
+                basis = "rescaled from the run's batch shares" if shares else "taken as full-batch"
+                notes.append(f"{phase} times of {count} ops on {dtype} replaced by the run's "
+                             f"measurements ({basis})")
+
+    if run_plan is not None:
+        from dl_nfv.simulator import simulate
+
+        sim = simulate(run_plan, run_graph, run_topology, cost_model=run_cm, check_fingerprints=False)
+        ratios: dict[str, list[float]] = {}
+        for r in report.per_rank:
+            predicted = sim.busy_ms.get(r.device, 0.0)
+            if predicted > 0 and r.compute_ms > 0:
+                dtype = run_cm.cluster.device(r.device).type.name
+                ratios.setdefault(dtype, []).append(r.compute_ms / predicted)
+        for dtype, values in sorted(ratios.items()):
+            factor = statistics.median(values)
+            j = run_cm.type_index[dtype]
+            scaled = 0
+            for i, op in enumerate(graph.ops):
+                if (dtype, op.id) in measured:
+                    continue
+                fwd[op.id][dtype] = float(run_cm.fwd_ms_by_type[i, j]) * factor
+                if run_cm.bwd_ms_by_type[i, j] > 0:
+                    bwd[op.id][dtype] = float(run_cm.bwd_ms_by_type[i, j]) * factor
+                scaled += 1
+            notes.append(f"compute on {dtype} scaled by {factor:.3f} (measured / simulated compute "
+                         f"time, median of {len(values)} ranks) for {scaled} ops")
+    elif not measured:
+        raise BadInput(f"{report_path}: the run report holds no per-op times and its plan "
+                       f"{report.plan_path or '(no plan_path)'!r} cannot be read, so there is "
+                       f"nothing to refine the costs with")
+    notes.append("transfer costs not refined (the run report holds no per-pair transfer times)")
+    ops = tuple(replace(op, fwd_ms=fwd[op.id], bwd_ms=bwd[op.id]) for op in graph.ops)
+    return replace(graph, ops=ops), notes
+
+
+def _report_plan(report, report_path: Path):
+    """The plan the report ran, with its graph and topology; (None, None, None) if unreadable."""
+    if not report.plan_path:
+        return None, None, None
+    for base in (report_path.parent, Path.cwd()):
+        path = base / report.plan_path
+        if not path.is_file():
+            continue
+        plan = load(path, expect="plan")
+        if fingerprint(plan) != report.plan_sha256:
+            raise ArtifactMismatch(f"{report_path}: plan {str(path)!r} has sha256 "
+                                   f"{fingerprint(plan)[:12]}..., but the report ran "
+                                   f"{report.plan_sha256[:12]}...")
+        try:
+            graph = load(path.parent / plan.graph_path, expect="op-graph")
+            topology = load(path.parent / plan.topology_path, expect="topology")
+        except (BadInput, OSError, TypeError):
+            return None, None, None
+        return plan, graph, topology
+    return None, None, None
+
+
+def _shares_by_type(plan, topology) -> dict[tuple[str, str], float]:
+    from dl_nfv.artifacts import cluster_of
+
+    cluster = cluster_of(topology)
+    out: dict[tuple[str, str], float] = {}
+    for g in plan.groups:
+        for device, share in zip(g.devices, g.shares):
+            dtype = cluster.device(device).type.name
+            for op in g.ops:
+                out.setdefault((dtype, op), share)
+    return out
+
+
+def _launch_ms(cm: CostModel | None, dtype: str) -> float:
+    if cm is None or dtype not in cm.type_index:
+        return 0.0
+    return float(cm.launch_ms_by_type[cm.type_index[dtype]])
+
+
+def _full_batch(ms: float, share: float, launch_ms: float) -> float:
+    """Invert the cost model's batch scaling: a time at ``share`` of the batch -> full batch."""
+    if share >= 1.0 or ms <= launch_ms:
+        return ms
+    return launch_ms + (ms - launch_ms) / share

@@ -1,0 +1,285 @@
+"""FastT's search: list-scheduling candidates scored by the simulator, then critical-path splits.
+
+``Context`` holds what every candidate shares (graph, cluster, cost model,
+memory caps, fingerprints); ``Candidate`` is one finished schedule with its
+simulated iteration time. ``recipes`` lists the list schedulers tried,
+``split_search`` splits ops on the simulated critical path over the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from dl_nfv.artifacts import Fusion, Group, OpGraph, Plan, Topology, fingerprint
+from dl_nfv.simulator import simulate
+from dl_nfv.simulator.costs import CostModel
+from dl_nfv.simulator.tasks import TaskKind
+
+from ..base import device_speeds, gradient_buckets, integer_shares
+from ..listsched import (
+    MemoryShortfall,
+    Schedule,
+    Split,
+    StepGraph,
+    cpop_pins,
+    downward_ranks,
+    etf_schedule,
+    list_schedule,
+    plan_groups,
+    upward_ranks,
+)
+
+BUCKET_BYTES = 25 * 2**20
+MEMORY_RETRIES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """How a schedule is (re)built: the list scheduler and the devices it may use."""
+
+    name: str
+    kind: str  # "heft", "cpop" or "etf"
+    allowed: tuple[int, ...]
+    lookahead: bool = False
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A finished schedule, the plan parts made from it, and its simulated iteration time."""
+
+    recipe: Recipe
+    splits: dict[str, Split]
+    schedule: Schedule
+    groups: list[Group]
+    order: dict[str, tuple[str, ...]]
+    notes: list[str]
+    fusion: Fusion | None
+    iteration_ms: float
+    result: object = field(repr=False, default=None)
+    data_parallel: bool = False
+
+
+class Context:
+    """What every candidate of one planning run shares."""
+
+    def __init__(self, graph: OpGraph, topology: Topology, cm: CostModel, *,
+                 memory_fraction: float, planner: str = "fastt"):
+        self.graph = graph
+        self.topology = topology
+        self.cm = cm
+        self.planner = planner
+        self.devices = list(cm.cluster.device_names)
+        self.D = len(self.devices)
+        self.capacity = [cm.memory_bytes(d) * memory_fraction for d in self.devices]
+        self.graph_sha256 = fingerprint(graph)
+        self.topology_sha256 = fingerprint(topology)
+        self.batch_size = graph.model.batch_size
+        self.base = StepGraph(cm, self.devices)
+        self.speeds = device_speeds(cm, self.devices)
+        self.simulations = 0
+
+    def step_graph(self, splits: Mapping[str, Split]) -> StepGraph:
+        return StepGraph(self.cm, self.devices, splits=splits) if splits else self.base
+
+    # ------------------------------------------------------------- schedules
+    def schedule(self, recipe: Recipe, splits: Mapping[str, Split],
+                 capacity: Sequence[float] | None = None) -> Schedule:
+        """Run ``recipe`` on the step graph with ``splits``; raises ``MemoryShortfall``."""
+        sg = self.step_graph(splits)
+        capacity = list(capacity or self.capacity)
+        if recipe.kind == "etf":
+            return etf_schedule(sg, allowed=recipe.allowed, capacity_bytes=capacity,
+                                algorithm=recipe.name)
+        up = upward_ranks(sg, recipe.allowed)
+        if recipe.kind == "cpop":
+            down = downward_ranks(sg, recipe.allowed)
+            pins, _ = cpop_pins(sg, recipe.allowed, up, down)
+            return list_schedule(sg, [a + b for a, b in zip(up, down)], allowed=recipe.allowed,
+                                 capacity_bytes=capacity, pins=pins, algorithm=recipe.name)
+        return list_schedule(sg, up, allowed=recipe.allowed, capacity_bytes=capacity,
+                             lookahead=recipe.lookahead, algorithm=recipe.name)
+
+    def draft(self, groups, order, notes=(), fusion=None) -> Plan:
+        return Plan(planner=self.planner, graph_sha256=self.graph_sha256,
+                    topology_sha256=self.topology_sha256, batch_size=self.batch_size,
+                    groups=tuple(groups), order=dict(order), notes=tuple(notes), fusion=fusion)
+
+    def score(self, recipe: Recipe, splits: Mapping[str, Split], schedule: Schedule, *,
+              data_parallel: bool = False) -> tuple[Candidate, object]:
+        """Simulate a schedule; returns the candidate and the simulation result."""
+        groups, order, notes = plan_groups(schedule, merge_splits=data_parallel)
+        fusion = None
+        if data_parallel:
+            merged = [g for g in groups if len(g.devices) > 1 and len(g.ops) > 1]
+            buckets = tuple(b for g in merged
+                            for b in gradient_buckets(self.graph, g.ops, BUCKET_BYTES))
+            fusion = Fusion(gradient_buckets=buckets) if buckets else None
+        result = simulate(self.draft(groups, order, notes, fusion), self.graph, self.topology,
+                          cost_model=self.cm, check_fingerprints=False)
+        self.simulations += 1
+        cand = Candidate(recipe, dict(splits), schedule, groups, order, notes, fusion,
+                         result.iteration_ms, result, data_parallel)
+        return cand, result
+
+    def build(self, recipe: Recipe, splits: Mapping[str, Split] | None = None, *,
+              data_parallel: bool = False) -> Candidate:
+        """Schedule and simulate; on a simulated memory overflow, tighten that device and retry.
+
+        Raises ``MemoryShortfall`` when the schedule cannot be made to fit.
+        """
+        splits = dict(splits or {})
+        capacity = list(self.capacity)
+        for _ in range(MEMORY_RETRIES + 1):
+            schedule = self.schedule(recipe, splits, capacity)
+            cand, result = self.score(recipe, splits, schedule, data_parallel=data_parallel)
+            if result.feasible:
+                return cand
+            for device, _, shortfall in result.overflows:
+                j = self.devices.index(device)
+                capacity[j] = max(0.0, capacity[j] - 1.05 * shortfall)
+        device, _, shortfall = max(result.overflows, key=lambda o: o[2])
+        j = self.devices.index(device)
+        raise MemoryShortfall(f"(all ops of {device!r})", self.capacity[j] + shortfall, device,
+                              self.capacity[j], self.capacity[j])
+
+
+# ------------------------------------------------------------------ recipes
+def recipes(ctx: Context) -> list[Recipe]:
+    """The list schedulers FastT tries: HEFT (with and without backward look-ahead), CPOP and
+    earliest-task-first on every device, and HEFT on the fastest devices only (1, 2, 4, ... of
+    them, and the fastest device's host) - spreading ops over slow devices or slow links does
+    not always pay. No one list-scheduling rule dominates the others on every graph, so the
+    simulator picks.
+    """
+    all_devices = tuple(range(ctx.D))
+    out = [Recipe("heft", "heft", all_devices), Recipe("heft-lookahead", "heft", all_devices, True),
+           Recipe("cpop", "cpop", all_devices), Recipe("etf", "etf", all_devices)]
+    by_speed = sorted(all_devices, key=lambda j: (-ctx.speeds[j], j))
+    subsets: list[tuple[int, ...]] = []
+    size = 1
+    while size < ctx.D:
+        subsets.append(tuple(sorted(by_speed[:size])))
+        size *= 2
+    host = ctx.cm.cluster.device(ctx.devices[by_speed[0]]).host
+    same_host = tuple(j for j in all_devices if ctx.cm.cluster.device(ctx.devices[j]).host == host)
+    if 1 < len(same_host) < ctx.D:
+        subsets.append(same_host)
+    seen = {all_devices}
+    for subset in subsets:
+        if subset not in seen:
+            seen.add(subset)
+            out.append(Recipe(f"heft@{len(subset)}-fastest" if subset != same_host else
+                              f"heft@host-{host}", "heft", subset))
+    return out
+
+
+def data_parallel_splits(ctx: Context, max_split: int) -> dict[str, Split]:
+    """Every splittable op over the ``max_split`` fastest devices, batch shares by device speed
+    (FastT's mixed data/model parallelism at its data-parallel end); other ops stay whole."""
+    fastest = sorted(sorted(range(ctx.D), key=lambda j: (-ctx.speeds[j], j))[:max_split])
+    counts = integer_shares(ctx.batch_size, [ctx.speeds[j] for j in fastest])
+    kept = [(ctx.devices[j], c) for j, c in zip(fastest, counts) if c > 0]
+    if len(kept) < 2:
+        return {}
+    split = Split(tuple(d for d, _ in kept), _shares([c for _, c in kept]))
+    return {op.id: split for op in ctx.graph.ops if op.splittable_dims}
+
+
+def _shares(counts: Sequence[int]) -> tuple[float, ...]:
+    total = sum(counts)
+    shares = [c / total for c in counts]
+    return (*shares[:-1], 1.0 - sum(shares[:-1]))
+
+
+# ------------------------------------------------------------ op splitting
+def critical_ops(cand: Candidate) -> list[str]:
+    """Ops with a forward or backward on the simulated critical path (first to last)."""
+    result = cand.result
+    tg = result.tasks
+    seen: dict[str, None] = {}
+    for t in result.critical_path_tasks:
+        if tg.kind[t] in (TaskKind.FORWARD, TaskKind.BACKWARD):
+            name = tg.unit_names[tg.info[t][0]]
+            if "+" not in name:
+                seen.setdefault(name)
+    return list(seen) or cand.schedule.critical_ops()
+
+
+def split_for(ctx: Context, sched: Schedule, op_id: str, k: int) -> Split | None:
+    """A k-way batch split of ``op_id``: its current device plus the k-1 devices where the op
+    is cheapest to run after receiving its input; integer sample shares by the op's speed on
+    each device. None when the batch is too small for k replicas."""
+    sg = sched.sg
+    i = ctx.cm.op_index[op_id]
+    unit = sg.units_of_op[i][0]
+    home = sched.device[unit]
+    in_bytes = sum(b for _, b in sg.pred[unit])
+    cost = {d: sg.fwd[unit][d] + sg.bwd[unit][d] for d in range(sg.D)}
+    others = sorted((d for d in range(sg.D) if d != home),
+                    key=lambda d: (cost[d] + sg.comm_ms(home, d, in_bytes), d))
+    chosen = sorted([home, *others[:k - 1]])
+    if len(chosen) < k:
+        return None
+    counts = integer_shares(ctx.batch_size, [1.0 / max(cost[d], 1e-9) for d in chosen])
+    if min(counts) <= 0:
+        return None
+    return Split(tuple(sg.devices[d] for d in chosen), _shares(counts))
+
+
+def split_search(ctx: Context, start: Candidate, *, max_split: int, rounds: int,
+                 ops_per_round: int, deadline: float) -> tuple[Candidate, list[str]]:
+    """Split critical-path ops over the batch while the simulated iteration time falls.
+
+    Each round takes the splittable ops on the current simulated critical
+    path, longest first; for each, tries k = 2..``max_split`` way splits by
+    re-running the candidate's list scheduler (screened by its estimate), and
+    keeps the best k only if the *simulated* iteration time falls. Stops after
+    ``rounds`` rounds, a round without improvement, or at ``deadline``
+    (``time.perf_counter()`` seconds). Never returns a slower candidate.
+    """
+    current = start
+    log: list[str] = []
+    if ctx.D < 2 or start.data_parallel:
+        return current, log
+    k_max = min(max_split, ctx.D, ctx.batch_size)
+    if k_max < 2:
+        return current, log
+    splittable = {op.id for op in ctx.graph.ops if op.splittable_dims}
+    for r in range(rounds):
+        sg = current.schedule.sg
+        ops = [o for o in critical_ops(current) if o in splittable and o not in current.splits]
+        work = {o: max(sg.fwd[u][current.schedule.device[u]] + sg.bwd[u][current.schedule.device[u]]
+                       for u in sg.units_of_op[ctx.cm.op_index[o]]) for o in ops}
+        ops = sorted(ops, key=lambda o: (-work[o], o))[:ops_per_round]
+        improved = False
+        for op_id in ops:
+            if time.perf_counter() > deadline:
+                log.append(f"split search stopped at its time limit in round {r + 1}")
+                return current, log
+            best: tuple[Schedule, dict[str, Split]] | None = None
+            for k in range(2, k_max + 1):
+                split = split_for(ctx, current.schedule, op_id, k)
+                if split is None:
+                    continue
+                splits = {**current.splits, op_id: split}
+                try:
+                    sched = ctx.schedule(current.recipe, splits)
+                except MemoryShortfall:
+                    continue
+                bar = best[0].makespan_ms if best else current.schedule.makespan_ms
+                if sched.makespan_ms < bar * (1 - 1e-9):
+                    best = (sched, splits)
+            if best is None:
+                continue
+            cand, result = ctx.score(current.recipe, best[1], best[0])
+            if result.feasible and cand.iteration_ms < current.iteration_ms * (1 - 1e-9):
+                k = len(best[1][op_id].devices)
+                log.append(f"round {r + 1}: split {op_id!r} {k}-way: {current.iteration_ms:.3f} -> "
+                           f"{cand.iteration_ms:.3f} ms")
+                current = cand
+                improved = True
+        if not improved:
+            break
+    return current, log

@@ -1,0 +1,723 @@
+"""List scheduling of one training step at op granularity: HEFT, CPOP and ETF.
+
+The scheduled graph is the *training step* of an op graph: every op has a
+forward task and a backward task. Forward tasks follow the graph's edges,
+backward tasks follow them reversed (the gradient of a tensor has its size),
+and an op's backward waits for its own forward. An op's backward runs on the
+device of its forward (its parameters and stashed activations live there), so
+only forward tasks choose a device; backward tasks inherit it.
+
+A *unit* is one op on one device: an op that is not split is one unit; an op
+split k ways over the batch is k units, each pinned to its device and holding
+the batch interval ``[lo, hi)``. Data moves between two units in proportion to
+the overlap of their batch intervals, so a split op receives its input
+scattered and its consumers gather (concatenate) its output; those transfers
+are costed like any other.
+
+Costs come from the shared ``CostModel`` only: op times per device type
+(scaled by batch share, launch overhead unscaled) and point-to-point transfer
+times on the topology's real routes. ``transfer_ms`` is exactly affine in the
+byte count on a route, so its two coefficients per ordered device pair are
+read once from the cost model and kept in small tables.
+
+Algorithms (each returns a ``Schedule``):
+
+* ``list_schedule`` - HEFT-style list scheduling (Topcuoglu et al., 2002):
+  tasks in decreasing priority from a ready queue, each forward task to the
+  device giving its earliest finish time (insertion into idle gaps), with
+  per-device memory respected. With ``upward_ranks`` as the priority this is
+  HEFT; with ``upward + downward`` ranks and the critical path pinned
+  (``cpop_pins``) it is CPOP.
+* ``etf_schedule`` - earliest task first (Hwang et al., 1989), Baechi's m-ETF:
+  among all ready tasks, the (task, device) pair that can start earliest,
+  with memory checks; optional favourite children (Baechi's m-SCT).
+
+Complexity: building a ``StepGraph`` is O(ops x devices + edges). HEFT and
+CPOP are O((U + E) x D) for U units, E unit edges and D devices, plus the
+gap search of insertion (bounded by ``MAX_GAP_SCAN`` intervals per query);
+ETF is O(U x R x D) with R the largest ready set, done with numpy per step.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dl_nfv.artifacts import Group, SyncMethod
+from dl_nfv.simulator.costs import CostModel
+
+GIB = 2**30
+MAX_GAP_SCAN = 48  # idle intervals a task may look back through before it appends
+EPS_MS = 1e-9
+PROBE_BYTES = float(2**20)
+
+
+class MemoryShortfall(Exception):
+    """No allowed device has room for a unit; names the op and how much is missing."""
+
+    def __init__(self, op_id: str, need_bytes: float, device: str, free_bytes: float,
+                 capacity_bytes: float):
+        self.op_id = op_id
+        self.need_bytes = need_bytes
+        self.device = device
+        self.free_bytes = free_bytes
+        self.capacity_bytes = capacity_bytes
+        super().__init__(self.describe())
+
+    @property
+    def shortfall_bytes(self) -> float:
+        return self.need_bytes - self.free_bytes
+
+    def describe(self) -> str:
+        return (f"op {self.op_id!r} needs {self.need_bytes / GIB:.3f} GiB (parameters, gradients, "
+                f"optimizer state and activations) but fits on no device: the most room is "
+                f"{self.free_bytes / GIB:.3f} GiB left of {self.capacity_bytes / GIB:.2f} GiB on "
+                f"{self.device!r} (short by {self.shortfall_bytes / GIB:.3f} GiB)")
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """An op split over the batch: ``devices[i]`` computes ``shares[i]`` of it."""
+
+    devices: tuple[str, ...]
+    shares: tuple[float, ...]
+
+
+class StepGraph:
+    """The units and tasks of one training step, with their costs on every device.
+
+    Parameters
+    ----------
+    cm : CostModel
+        The shared cost model of the graph and cluster.
+    devices : sequence of str
+        The devices a schedule may use (names, in this order).
+    splits : mapping of op id to Split, optional
+        Ops split over the batch, each replica pinned to its device.
+    state_factor : float
+        Optimizer state per parameter byte (1 for SGD with momentum, 2 for Adam).
+    """
+
+    def __init__(self, cm: CostModel, devices: Sequence[str], *,
+                 splits: Mapping[str, Split] | None = None, state_factor: float = 1.0):
+        self.cm = cm
+        self.devices = list(devices)
+        self.splits = dict(splits or {})
+        self.state_factor = state_factor
+        D = self.D = len(self.devices)
+        dev_index = {d: j for j, d in enumerate(self.devices)}
+        graph = cm.graph
+        self.op_ids = cm.op_ids
+        n = len(self.op_ids)
+        topo_ops = [cm.op_index[o] for o in graph.topological_ids()]
+
+        # units: one per unsplit op, one per replica of a split op, in topological order
+        unit_op: list[int] = []
+        lo: list[float] = []
+        hi: list[float] = []
+        pin: list[int] = []
+        self.units_of_op: list[list[int]] = [[] for _ in range(n)]
+        for i in topo_ops:
+            split = self.splits.get(self.op_ids[i])
+            parts = ([(dev_index[d], s) for d, s in zip(split.devices, split.shares)]
+                     if split else [(-1, 1.0)])
+            acc = 0.0
+            for k, (j, share) in enumerate(parts):
+                self.units_of_op[i].append(len(unit_op))
+                unit_op.append(i)
+                lo.append(acc)
+                acc = 1.0 if k == len(parts) - 1 else acc + share
+                hi.append(acc)
+                pin.append(j)
+        self.U = U = len(unit_op)
+        self.unit_op, self.lo, self.hi, self.pin = unit_op, lo, hi, pin
+        self.share = [h - l_ for l_, h in zip(lo, hi)]
+
+        cols = [cm.device_type_index[d] for d in self.devices]
+        launch = cm.launch_ms_by_type[cols]
+        fwd_full = cm.fwd_ms_by_type[np.asarray(unit_op)][:, cols]
+        bwd_full = cm.bwd_ms_by_type[np.asarray(unit_op)][:, cols]
+        share = np.asarray(self.share)[:, None]
+        self.fwd = _scaled(fwd_full, launch, share).tolist()  # [U][D]
+        self.bwd = _scaled(bwd_full, launch, share).tolist()
+        # an op has a backward when it or an op it depends on has parameters (as simulated)
+        needs = [False] * n
+        preds_of: list[list[int]] = [[] for _ in range(n)]
+        for e in graph.edges:
+            preds_of[cm.op_index[e.dst]].append(cm.op_index[e.src])
+        for i in topo_ops:
+            needs[i] = cm.param_bytes[i] > 0 or any(needs[p] for p in preds_of[i])
+        self.rg = [needs[i] for i in unit_op]
+        self.bwd = [row if g else [0.0] * D for row, g in zip(self.bwd, self.rg)]
+        params = cm.param_bytes[np.asarray(unit_op)]
+        self.param_bytes = params.tolist()
+        self.static_bytes = (params * (2.0 + state_factor)).tolist()
+        self.act_bytes = (cm.output_bytes[np.asarray(unit_op)] * share[:, 0]).tolist()
+
+        # unit edges: data moves between replicas in proportion to their batch overlap
+        self.succ: list[list[tuple[int, float]]] = [[] for _ in range(U)]
+        self.pred: list[list[tuple[int, float]]] = [[] for _ in range(U)]
+        for e in graph.edges:
+            for a in self.units_of_op[cm.op_index[e.src]]:
+                for b in self.units_of_op[cm.op_index[e.dst]]:
+                    overlap = min(hi[a], hi[b]) - max(lo[a], lo[b])
+                    if overlap <= 1e-12:
+                        continue
+                    nbytes = e.bytes * overlap
+                    self.succ[a].append((b, nbytes))
+                    self.pred[b].append((a, nbytes))
+
+        # affine transfer model per ordered device pair, read from the cost model
+        self.lat = [[0.0] * D for _ in range(D)]
+        self.per_byte = [[0.0] * D for _ in range(D)]
+        for a, da in enumerate(self.devices):
+            for b, db in enumerate(self.devices):
+                if a != b:
+                    one = cm.transfer_ms(da, db, 1.0)
+                    big = cm.transfer_ms(da, db, 1.0 + PROBE_BYTES)
+                    self.per_byte[a][b] = (big - one) / PROBE_BYTES
+                    self.lat[a][b] = one - self.per_byte[a][b]
+
+    # ------------------------------------------------------------ helpers
+    def comm_ms(self, a: int, b: int, nbytes: float) -> float:
+        if a == b or nbytes <= 0:
+            return 0.0
+        return self.lat[a][b] + nbytes * self.per_byte[a][b]
+
+    def task_succs(self, t: int) -> list[tuple[int, float]]:
+        """Successor tasks of task ``t`` with the bytes each receives from it."""
+        U = self.U
+        if t < U:
+            return [*self.succ[t], *([(U + t, 0.0)] if self.rg[t] else [])]
+        return [(U + a, b) for a, b in self.pred[t - U] if self.rg[a]]
+
+    def mean_costs(self, allowed: Sequence[int]) -> tuple[list[float], float, float]:
+        """Mean compute time of every task over ``allowed`` devices (pinned units: their own
+        device), and the mean latency and ms per byte over ordered pairs of allowed devices."""
+        cols = list(allowed)
+        fwd = np.asarray(self.fwd)[:, cols].mean(axis=1)
+        bwd = np.asarray(self.bwd)[:, cols].mean(axis=1)
+        w = [*fwd.tolist(), *bwd.tolist()]
+        for u, j in enumerate(self.pin):
+            if j >= 0:
+                w[u], w[self.U + u] = self.fwd[u][j], self.bwd[u][j]
+        pairs = [(a, b) for a in cols for b in cols if a != b]
+        if not pairs:
+            return w, 0.0, 0.0
+        lat = sum(self.lat[a][b] for a, b in pairs) / len(pairs)
+        per_byte = sum(self.per_byte[a][b] for a, b in pairs) / len(pairs)
+        return w, lat, per_byte
+
+
+def _scaled(full: np.ndarray, launch: np.ndarray, share: np.ndarray) -> np.ndarray:
+    """``scale_by_batch`` over a [units, devices] table."""
+    return np.where(full > launch[None, :], launch[None, :] + (full - launch[None, :]) * share, full)
+
+
+# ----------------------------------------------------------------- priorities
+def upward_ranks(sg: StepGraph, allowed: Sequence[int]) -> list[float]:
+    """HEFT's upward rank of every task on mean costs: the longest (mean) path to the end.
+
+    O(U + E).
+    """
+    w, lat, pb = sg.mean_costs(allowed)
+    U = sg.U
+    rank = [0.0] * (2 * U)
+    for u in range(U):  # backward tasks: their successors are the backwards of pred units
+        best = 0.0
+        for a, nbytes in sg.pred[u]:
+            if not sg.rg[a]:
+                continue
+            c = (lat + nbytes * pb) if nbytes > 0 else 0.0
+            best = max(best, c + rank[U + a])
+        rank[U + u] = w[U + u] + best
+    for u in range(U - 1, -1, -1):
+        best = rank[U + u]
+        for s, nbytes in sg.succ[u]:
+            c = (lat + nbytes * pb) if nbytes > 0 else 0.0
+            best = max(best, c + rank[s])
+        rank[u] = w[u] + best
+    return rank
+
+
+def downward_ranks(sg: StepGraph, allowed: Sequence[int]) -> list[float]:
+    """CPOP's downward rank of every task: the longest (mean) path from the start to it.
+
+    O(U + E).
+    """
+    w, lat, pb = sg.mean_costs(allowed)
+    U = sg.U
+    rank = [0.0] * (2 * U)
+    for u in range(U):
+        best = 0.0
+        for a, nbytes in sg.pred[u]:
+            c = (lat + nbytes * pb) if nbytes > 0 else 0.0
+            best = max(best, rank[a] + w[a] + c)
+        rank[u] = best
+    for u in range(U - 1, -1, -1):
+        best = rank[u] + w[u]
+        for s, nbytes in (sg.succ[u] if sg.rg[u] else ()):
+            c = (lat + nbytes * pb) if nbytes > 0 else 0.0
+            best = max(best, rank[U + s] + w[U + s] + c)
+        rank[U + u] = best
+    return rank
+
+
+def cpop_pins(sg: StepGraph, allowed: Sequence[int], up: list[float],
+              down: list[float]) -> tuple[dict[int, int], list[int]]:
+    """CPOP's critical path and the single device minimising its summed cost.
+
+    Returns (unit -> device for the free units whose forward or backward lies
+    on the critical path, the critical tasks). O(U + E + |CP| x D).
+    """
+    prio = [a + b for a, b in zip(up, down)]
+    cp_len = max(prio)
+    tol = 1e-9 * max(1.0, cp_len)
+    U = sg.U
+    entries = [u for u in range(U) if not sg.pred[u]]
+    t = max(entries, key=lambda u: (prio[u], -u))
+    path = [t]
+    while True:
+        nxt = [s for s, _ in sg.task_succs(t) if abs(prio[s] - cp_len) <= tol]
+        if not nxt:
+            break
+        t = min(nxt)
+        path.append(t)
+    units = sorted({t if t < U else t - U for t in path})
+    free = [u for u in units if sg.pin[u] < 0]
+    if not free:
+        return {}, path
+    totals = {d: sum(sg.fwd[u][d] + sg.bwd[u][d] for u in free) for d in allowed}
+    best = min(allowed, key=lambda d: (totals[d], d))
+    return {u: best for u in free}, path
+
+
+# ------------------------------------------------------------------ schedules
+@dataclass(slots=True)
+class Schedule:
+    """Devices, start and finish times of every task of one step, and what bound each start.
+
+    ``device[u]`` is the device index of unit ``u``; tasks ``0..U-1`` are the
+    forwards and ``U..2U-1`` the backwards of the units. A device runs its
+    forwards in start order, then its backwards in the reverse of that order,
+    then its optimizer update - the way the simulator runs a plan's ``order``.
+    ``makespan_ms`` is the scheduler's own estimate (no link contention):
+    finished candidates are compared by the simulator, not by this number.
+    """
+
+    sg: StepGraph
+    algorithm: str
+    device: list[int]
+    start: list[float]
+    finish: list[float]
+    data_ready: list[float]
+    binding: list[int]
+    timelines: list[list[int]]
+    makespan_ms: float = 0.0
+    last_task: int = -1
+
+    def forward_order(self, j: int) -> list[int]:
+        """Units on device ``j`` by forward start (then finish, then topological position)."""
+        return sorted((u for u in range(self.sg.U) if self.device[u] == j),
+                      key=lambda u: (self.start[u], self.finish[u], u))
+
+    def order(self) -> dict[str, tuple[str, ...]]:
+        """Each device's op order (forward start order); a split op appears on each of its devices."""
+        sg = self.sg
+        out: dict[str, tuple[str, ...]] = {}
+        for j, name in enumerate(sg.devices):
+            units = self.forward_order(j)
+            if units:
+                out[name] = tuple(sg.op_ids[sg.unit_op[u]] for u in units)
+        return out
+
+    def critical_tasks(self) -> list[int]:
+        """Tasks on the critical path of this schedule, last first.
+
+        From the task that finishes last, step to whatever bound its start:
+        the predecessor whose data arrived last, or the task before it on its
+        device when the device was the later constraint.
+        """
+        t = self.last_task if self.last_task >= 0 else max(
+            range(2 * self.sg.U), key=lambda i: (self.finish[i], -i))
+        position = {task: k for line in self.timelines for k, task in enumerate(line)}
+        path = [t]
+        for _ in range(4 * self.sg.U):
+            if self.binding[t] >= 0 and self.data_ready[t] >= self.start[t] - 1e-9:
+                t = self.binding[t]
+            else:
+                line = self.timelines[self.device[t % self.sg.U]]
+                k = position.get(t, 0)
+                if k == 0:
+                    break
+                t = line[k - 1]
+            path.append(t)
+        return path
+
+    def critical_ops(self) -> list[str]:
+        """Ops with a task on the critical path (each once, in path order from the start)."""
+        seen: dict[str, None] = {}
+        for t in reversed(self.critical_tasks()):
+            seen.setdefault(self.sg.op_ids[self.sg.unit_op[t % self.sg.U]])
+        return list(seen)
+
+
+class _Timeline:
+    """Busy intervals of one device, sorted, for insertion-based slot search."""
+
+    __slots__ = ("starts", "ends", "tasks")
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.tasks: list[int] = []
+
+    def slot(self, ready: float, duration: float, insertion: bool) -> float:
+        """Earliest start >= ``ready`` where ``duration`` fits (an idle gap, or the end)."""
+        ends = self.ends
+        if not ends:
+            return ready
+        if ready >= ends[-1] or not insertion:
+            return max(ready, ends[-1])
+        k = bisect_right(ends, ready)
+        candidate = ready
+        starts = self.starts
+        stop = min(len(starts), k + MAX_GAP_SCAN)
+        for i in range(k, stop):
+            if candidate + duration <= starts[i] + EPS_MS:
+                return candidate
+            candidate = max(candidate, ends[i])
+        return max(candidate, ends[-1])
+
+    def add(self, start: float, end: float, task: int) -> None:
+        k = bisect_right(self.starts, start)
+        self.starts.insert(k, start)
+        self.ends.insert(k, end)
+        self.tasks.insert(k, task)
+
+
+class _Memory:
+    """Bytes placed per device: static state, stashed activations, received inputs.
+
+    An upper bound of what the simulator holds at its peak: it frees
+    activations after their last backward reader, this keeps them all.
+    """
+
+    def __init__(self, sg: StepGraph, capacity: Sequence[float]):
+        self.sg = sg
+        self.capacity = list(capacity)
+        self.used = [0.0] * sg.D
+        self.received: dict[tuple[int, int], float] = {}
+
+    def need(self, u: int, d: int, device: list[int]) -> float:
+        sg = self.sg
+        total = sg.static_bytes[u] + sg.act_bytes[u]
+        for a, nbytes in sg.pred[u]:
+            if device[a] != d:
+                total += max(0.0, nbytes - self.received.get((a, d), 0.0))
+        return total
+
+    def fits(self, u: int, d: int, device: list[int]) -> bool:
+        return self.used[d] + self.need(u, d, device) <= self.capacity[d] + 1e-6
+
+    def place(self, u: int, d: int, device: list[int]) -> None:
+        self.used[d] += self.need(u, d, device)
+        for a, nbytes in self.sg.pred[u]:
+            if device[a] != d:
+                key = (a, d)
+                self.received[key] = max(self.received.get(key, 0.0), nbytes)
+
+    def shortfall(self, u: int, allowed: Sequence[int], device: list[int]) -> MemoryShortfall:
+        sg = self.sg
+        d = max(allowed, key=lambda j: (self.capacity[j] - self.used[j] - self.need(u, j, device), -j))
+        return MemoryShortfall(sg.op_ids[sg.unit_op[u]], self.need(u, d, device), sg.devices[d],
+                               max(0.0, self.capacity[d] - self.used[d]), self.capacity[d])
+
+
+def _arrival(sg: StepGraph, u: int, d: int, finish: list[float], device: list[int]
+             ) -> tuple[float, int]:
+    """When every input of the forward of unit ``u`` is on device ``d``, and the last input."""
+    ready, binding = 0.0, -1
+    lat, per_byte = sg.lat, sg.per_byte
+    for a, nbytes in sg.pred[u]:
+        src = device[a]
+        at = finish[a]
+        if src != d and nbytes > 0:
+            at += lat[src][d] + nbytes * per_byte[src][d]
+        if binding < 0 or at > ready:
+            ready, binding = max(ready, at), a
+    return ready, binding
+
+
+def _new_schedule(sg: StepGraph, algorithm: str) -> Schedule:
+    n = 2 * sg.U
+    return Schedule(sg, algorithm, [-1] * sg.U, [0.0] * n, [0.0] * n, [0.0] * n, [-1] * n,
+                    [[] for _ in range(sg.D)])
+
+
+def list_schedule(sg: StepGraph, priority: Sequence[float], *, allowed: Sequence[int],
+                  capacity_bytes: Sequence[float], pins: Mapping[int, int] | None = None,
+                  insertion: bool = True, lookahead: bool = False,
+                  algorithm: str = "heft") -> Schedule:
+    """Place and order forwards by decreasing ``priority`` from a ready queue; then backwards.
+
+    A forward goes to the allowed device (or its pinned one) with the earliest
+    finish time that still has memory for it; ``lookahead`` adds the op's
+    backward time on the device to that score (it runs there too). With
+    ``insertion`` a forward may fill an idle gap of its device (HEFT's
+    insertion policy). Backwards then run as ``backward_pass`` says.
+
+    Raises ``MemoryShortfall`` when a forward fits on no allowed device.
+    Complexity: O((U + E) x D) plus the bounded gap search.
+    """
+    U = sg.U
+    pins = dict(pins or {})
+    allowed = list(allowed)
+    sched = _new_schedule(sg, algorithm)
+    device, start, finish = sched.device, sched.start, sched.finish
+    lines = [_Timeline() for _ in range(sg.D)]
+    memory = _Memory(sg, capacity_bytes)
+    fwd, bwd = sg.fwd, sg.bwd
+    indegree = [len(sg.pred[u]) for u in range(U)]
+    heap = [(-priority[u], u) for u in range(U) if indegree[u] == 0]
+    heapq.heapify(heap)
+    while heap:
+        _, u = heapq.heappop(heap)
+        if sg.pin[u] >= 0:  # a replica of a split op cannot move
+            candidates = [sg.pin[u]]
+            if not memory.fits(u, sg.pin[u], device):
+                raise memory.shortfall(u, candidates, device)
+        elif u in pins and memory.fits(u, pins[u], device):
+            candidates = [pins[u]]
+        else:
+            candidates = [d for d in allowed if memory.fits(u, d, device)]
+            if not candidates:
+                raise memory.shortfall(u, allowed, device)
+        best = None
+        for d in candidates:
+            ready, bind = _arrival(sg, u, d, finish, device)
+            cost = fwd[u][d]
+            s = lines[d].slot(ready, cost, insertion)
+            score = s + cost + (bwd[u][d] if lookahead else 0.0)
+            if best is None or score < best[0] - EPS_MS:
+                best = (score, d, s, ready, bind)
+        _, d, s, ready, bind = best
+        memory.place(u, d, device)
+        device[u] = d
+        start[u], finish[u] = s, s + fwd[u][d]
+        sched.data_ready[u], sched.binding[u] = ready, bind
+        lines[d].add(s, finish[u], u)
+        for v, _ in sg.succ[u]:
+            indegree[v] -= 1
+            if indegree[v] == 0:
+                heapq.heappush(heap, (-priority[v], v))
+    for j, line in enumerate(lines):
+        sched.timelines[j] = list(line.tasks)
+    backward_pass(sched)
+    return sched
+
+
+def backward_pass(sched: Schedule) -> None:
+    """Time the backwards, gradient AllReduces and optimizer updates of a placed forward pass.
+
+    Each device runs its backwards after its last forward, in the reverse of
+    its forward order (what the simulator does with a plan's ``order``); a
+    backward also waits for the gradients of its consumers. Ops with no
+    parameters at or above them have no backward. A split op with parameters
+    AllReduces its gradient over its devices after its last backward (one
+    collective at a time per device); each device then updates all the
+    parameters it holds. Sets ``makespan_ms`` and ``last_task``.
+
+    Complexity: O(U log U + E) plus one AllReduce cost per split op.
+    """
+    sg = sched.sg
+    cm = sg.cm
+    U = sg.U
+    device, start, finish = sched.device, sched.start, sched.finish
+    rg, bwd, lat, per_byte = sg.rg, sg.bwd, sg.lat, sg.per_byte
+    free = [0.0] * sg.D
+    last_fwd = [-1] * sg.D
+    keyed = sorted(range(U), key=lambda u: (start[u], finish[u], u))
+    for u in keyed:
+        d = device[u]
+        if finish[u] >= free[d]:
+            free[d] = finish[u]
+            last_fwd[d] = u
+    for u in reversed(keyed):
+        if not rg[u]:
+            continue
+        d = device[u]
+        ready, bind = finish[u], u
+        for s, nbytes in sg.succ[u]:
+            at = finish[U + s]
+            src = device[s]
+            if src != d and nbytes > 0:
+                at += lat[src][d] + nbytes * per_byte[src][d]
+            if at > ready:
+                ready, bind = at, U + s
+        t = U + u
+        begin = max(ready, free[d])
+        start[t], finish[t] = begin, begin + bwd[u][d]
+        sched.data_ready[t], sched.binding[t] = ready, bind
+        free[d] = finish[t]
+        sched.timelines[d].append(t)
+    # gradient synchronisation of split ops, then one update per device
+    done = list(free)
+    stream = [0.0] * sg.D
+    syncs = []
+    for i, units in enumerate(sg.units_of_op):
+        if len(units) > 1 and sg.param_bytes[units[0]] > 0:
+            syncs.append((max(finish[U + u] for u in units), i))
+    for ready, i in sorted(syncs):
+        units = sg.units_of_op[i]
+        devs = [device[u] for u in units]
+        begin = max([ready, *(stream[d] for d in devs)])
+        end = begin + cm.allreduce_ms([sg.devices[d] for d in devs], sg.param_bytes[units[0]])
+        for d in devs:
+            stream[d] = end
+            done[d] = max(done[d], end)
+    params = [0.0] * sg.D
+    for u in range(U):
+        params[device[u]] += sg.param_bytes[u]
+    makespan, last = 0.0, -1
+    for d in range(sg.D):
+        end = done[d]
+        if params[d] > 0:
+            end += cm.update_ms(params[d], sg.devices[d], sg.state_factor)
+        if end > makespan:
+            makespan = end
+            line = sched.timelines[d]
+            last = line[-1] if line else -1
+    sched.makespan_ms = makespan
+    sched.last_task = last
+
+
+# ------------------------------------------------------------------------ ETF
+def etf_schedule(sg: StepGraph, *, allowed: Sequence[int], capacity_bytes: Sequence[float],
+                 favourite: Mapping[int, int] | None = None, priority: Sequence[float] | None = None,
+                 algorithm: str = "etf") -> Schedule:
+    """Earliest task first: repeatedly start the ready (forward, device) pair that starts first.
+
+    Ties go to the higher ``priority`` (default: upward rank). With
+    ``favourite`` (child unit -> parent unit, from m-SCT's rounded LP) a ready
+    favourite child is held to its parent's device when it fits there.
+    Devices run forwards back to back in start order (no insertion), as in
+    Baechi's m-ETF; a forward only goes where its memory fits. Backwards then
+    run as ``backward_pass`` says.
+
+    Raises ``MemoryShortfall`` when a ready forward fits nowhere.
+    Complexity: O(U x R x D) for the largest ready set R (vectorised per step).
+    """
+    U, D = sg.U, sg.D
+    allowed = list(allowed)
+    favourite = dict(favourite or {})
+    prio = list(priority) if priority is not None else upward_ranks(sg, allowed)
+    sched = _new_schedule(sg, algorithm)
+    device, start, finish = sched.device, sched.start, sched.finish
+    memory = _Memory(sg, capacity_bytes)
+    avail = np.zeros(D)
+    barred = np.ones(D, dtype=bool)
+    barred[allowed] = False
+    indegree = [len(sg.pred[u]) for u in range(U)]
+    ready_ids: list[int] = []
+    ready_rows: list[np.ndarray] = []  # per ready forward: data-ready time per device (inf: barred)
+    bind_rows: list[list[int]] = []
+
+    def make_ready(u: int) -> None:
+        row = np.full(D, np.inf)
+        binds = [-1] * D
+        if sg.pin[u] >= 0:
+            targets = [sg.pin[u]]
+        elif u in favourite and memory.fits(u, device[favourite[u]], device):
+            targets = [device[favourite[u]]]
+        else:
+            targets = allowed
+        for d in targets:
+            row[d], binds[d] = _arrival(sg, u, d, finish, device)
+        ready_ids.append(u)
+        ready_rows.append(row)
+        bind_rows.append(binds)
+
+    for u in range(U):
+        if indegree[u] == 0:
+            make_ready(u)
+    while ready_ids:
+        est = np.maximum(np.vstack(ready_rows), avail[None, :])
+        est[:, barred] = np.inf
+        for k, u in enumerate(ready_ids):
+            for d in np.flatnonzero(np.isfinite(est[k])):
+                if not memory.fits(u, int(d), device):
+                    est[k, d] = np.inf
+        best = est.min(axis=1)
+        if not np.isfinite(best).any():
+            raise memory.shortfall(ready_ids[0], allowed, device)
+        ties = np.flatnonzero(best <= best.min() + EPS_MS)
+        k = int(max(ties, key=lambda i: (prio[ready_ids[i]], -ready_ids[i])))
+        u = ready_ids[k]
+        d = int(np.argmin(est[k]))
+        s = float(est[k, d])
+        memory.place(u, d, device)
+        device[u] = d
+        start[u], finish[u] = s, s + sg.fwd[u][d]
+        sched.data_ready[u], sched.binding[u] = float(ready_rows[k][d]), bind_rows[k][d]
+        sched.timelines[d].append(u)
+        avail[d] = finish[u]
+        for lst in (ready_ids, ready_rows, bind_rows):
+            lst[k] = lst[-1]
+            lst.pop()
+        for v, _ in sg.succ[u]:
+            indegree[v] -= 1
+            if indegree[v] == 0:
+                make_ready(v)
+    backward_pass(sched)
+    return sched
+
+
+# ------------------------------------------------------------- plan building
+def plan_groups(sched: Schedule, *, merge_splits: bool = False
+                ) -> tuple[list[Group], dict[str, tuple[str, ...]], list[str]]:
+    """Groups, per-device order and notes of a schedule.
+
+    Unsplit ops share one group per device (``sync: none``). Every split op is
+    a group of that one op over its devices with its batch shares, AllReduce
+    of its gradients when it has parameters, and a ``note`` saying how it was
+    split; with ``merge_splits`` the ops split the same way share one group
+    (one gradient synchronisation for all of them, as in data parallelism).
+    """
+    sg = sched.sg
+    per_device: dict[int, list[str]] = {}
+    by_split: dict[Split, list[str]] = {}
+    for i, units in enumerate(sg.units_of_op):
+        op_id = sg.op_ids[i]
+        if op_id in sg.splits:
+            by_split.setdefault(sg.splits[op_id], []).append(op_id)
+        else:
+            per_device.setdefault(sched.device[units[0]], []).append(op_id)
+    groups = [Group(id=f"on:{sg.devices[j]}", ops=tuple(ops), devices=(sg.devices[j],),
+                    sync=SyncMethod.NONE)
+              for j, ops in sorted(per_device.items())]
+    notes: list[str] = []
+    for n, (split, ops) in enumerate(by_split.items()):
+        k = len(split.devices)
+        shares = ", ".join(f"{d}={s:.3g}" for d, s in zip(split.devices, split.shares))
+        members = [ops] if merge_splits else [[op] for op in ops]
+        for member in members:
+            has_params = any(sg.param_bytes[sg.units_of_op[sg.cm.op_index[o]][0]] > 0 for o in member)
+            what = f"{len(member)} ops" if merge_splits else f"op {member[0]!r}"
+            note = f"{what} split {k}-way on the batch dimension; shares {shares}"
+            groups.append(Group(
+                id=f"split{n}" if merge_splits else f"split:{member[0]}", ops=tuple(member),
+                devices=split.devices, batch_shares=split.shares,
+                sync=SyncMethod.ALLREDUCE if has_params else SyncMethod.NONE, note=note))
+            notes.append(note)
+    return groups, sched.order(), notes
+
+
+__all__ = [
+    "MemoryShortfall", "Schedule", "Split", "StepGraph", "backward_pass", "cpop_pins",
+    "downward_ranks", "etf_schedule", "list_schedule", "plan_groups", "upward_ranks",
+]

@@ -1,0 +1,67 @@
+"""Baechi's m-TOPO, m-ETF and m-SCT against hand computations."""
+
+from __future__ import annotations
+
+import pytest
+
+from dl_nfv.artifacts import from_document
+from dl_nfv.planners import run
+from dl_nfv.planners.baechi import favourite_children
+from dl_nfv.planners.listsched import StepGraph
+from dl_nfv.simulator.costs import CostModel
+
+from .test_listsched import PAIR, T4, V100, diamond, graph_of, op
+
+
+def _devices_of(plan):
+    return {o: g.devices for g in plan.groups for o in g.ops}
+
+
+def test_m_etf_matches_the_hand_computed_schedule():
+    # ETF starts whatever can start first (ties: higher upward rank, then the first device):
+    #   A: V100 0-2;  C (rank 8.5) beats B (6.6) for V100 at 2: 2-6;  B: T4 from 2.1 to 7.1;
+    #   D: T4 can start at 7.1 (C's output arrives at 7), the V100 only at 7.2 -> T4 7.1-10.1.
+    plan = run("m-etf", diamond(), from_document(PAIR))
+    assert plan.order == {V100: ("A", "C"), T4: ("B", "D")}
+    assert plan.prediction.iteration_ms == pytest.approx(10.1)
+
+
+def test_m_topo_fills_devices_in_topological_order_up_to_the_cap():
+    # four ops of 1 GiB of parameters (3 GiB with gradients and momentum) each; the cap is
+    # total / devices + largest = 6 + 3 GiB, so the V100 takes three ops and the T4 the last
+    gib = 2**30
+    ops = [op(f"l{i}", 1, 2, params=gib, out=1, bwd=(2, 4)) for i in range(4)]
+    graph = graph_of(ops, [(f"l{i}", f"l{i + 1}", 1) for i in range(3)])
+    plan = run("m-topo", graph, from_document(PAIR))
+    assert plan.order == {V100: ("l0", "l1", "l2"), T4: ("l3",)}
+    assert "cap 9.000 GiB" in plan.notes[0]
+
+
+def test_m_sct_lp_makes_the_heaviest_edges_favourites():
+    # A -> C (2e7 B) and C -> D (1e7 B) are the costly edges of the diamond: the LP keeps
+    # them free of transfers, so C is A's favourite child and D is C's.
+    graph = diamond()
+    cm = CostModel(graph, from_document(PAIR))
+    sg = StepGraph(cm, cm.cluster.device_names)
+    favourite, lp_ms = favourite_children(sg)
+    ids = {sg.op_ids[sg.unit_op[c]]: sg.op_ids[sg.unit_op[p]] for c, p in favourite.items()}
+    assert ids["C"] == "A" and ids["D"] == "C"
+    assert "B" not in ids or ids["B"] != "A"
+    # relaxed makespan on mean costs: A + C + D with no transfers = 3 + 5 + 2.5
+    assert lp_ms == pytest.approx(10.5, rel=1e-6)
+    plan = run("m-sct", graph, from_document(PAIR))
+    devices = _devices_of(plan)
+    assert devices["A"] == devices["C"] == devices["D"]
+
+
+@pytest.mark.parametrize("name", ["m-topo", "m-etf", "m-sct"])
+def test_memory_fraction_is_respected(name):
+    gib = 2**30
+    # four ops of 3 GiB each (parameters, gradients, momentum): two per half-used device
+    ops = [op(f"l{i}", 1, 1, params=gib, out=1, bwd=(1, 1)) for i in range(4)]
+    graph = graph_of(ops, [(f"l{i}", f"l{i + 1}", 1) for i in range(3)])
+    plan = run(name, graph, from_document(PAIR), memory_fraction=0.5)
+    for device, peak in plan.prediction.peak_memory_bytes.items():
+        assert peak <= 0.5 * 16 * gib, (device, peak)
+    assert sorted(len(ops) for ops in plan.order.values()) == [2, 2]
+    assert plan.options == {"memory_fraction": 0.5}

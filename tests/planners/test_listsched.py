@@ -1,0 +1,198 @@
+"""List scheduling against hand-computed schedules, and invariants on random DAGs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dl_nfv.artifacts import from_document
+from dl_nfv.planners.listsched import (
+    MemoryShortfall,
+    Split,
+    StepGraph,
+    cpop_pins,
+    downward_ranks,
+    etf_schedule,
+    list_schedule,
+    plan_groups,
+    upward_ranks,
+)
+from dl_nfv.simulator.costs import CostModel
+
+# One host: a V100 and a T4 joined by an 80 Gbps link with no latency, so a transfer of
+# 1e6 bytes takes exactly 0.1 ms.
+PAIR = {
+    "kind": "topology", "schema_version": 1, "name": "v100-t4",
+    "hosts": [{"name": "h", "devices": [{"type": "V100-16GB"}, {"type": "T4"}],
+               "interconnect": {"kind": "nvlink", "bandwidth_gbps": 80, "latency_us": 0}}],
+}
+V100, T4 = "h/gpu0", "h/gpu1"
+
+
+def op(op_id, v100_ms, t4_ms, *, params=0, out=1000, bwd=None, split=False):
+    doc = {"id": op_id, "name": op_id, "kind": "conv", "param_bytes": params, "output_bytes": out,
+           "fwd_ms": {"V100-16GB": v100_ms, "T4": t4_ms}}
+    if bwd:
+        doc["bwd_ms"] = {"V100-16GB": bwd[0], "T4": bwd[1]}
+    if split:
+        doc["splittable_dims"] = [0]
+    return doc
+
+
+def graph_of(ops, edges, batch=8, name="hand"):
+    return from_document({"kind": "op-graph", "schema_version": 1,
+                          "model": {"name": name, "batch_size": batch}, "ops": ops,
+                          "edges": [{"src": a, "dst": b, "bytes": n} for a, b, n in edges]})
+
+
+def diamond():
+    """A -> B, A -> C, B -> D, C -> D; no parameters, so the step is forward only."""
+    ops = [op("A", 2, 4), op("B", 3, 5), op("C", 4, 6), op("D", 2, 3)]
+    edges = [("A", "B", 10**6), ("A", "C", 2 * 10**7), ("B", "D", 10**6), ("C", "D", 10**7)]
+    return graph_of(ops, edges)
+
+
+def _step(graph, topology_doc=PAIR, splits=None):
+    cm = CostModel(graph, from_document(topology_doc))
+    return cm, StepGraph(cm, cm.cluster.device_names, splits=splits)
+
+
+def test_transfer_model_is_read_exactly_from_the_cost_model():
+    cm, sg = _step(diamond())
+    assert sg.comm_ms(0, 1, 10**6) == pytest.approx(0.1)
+    assert sg.comm_ms(0, 1, 10**6) == pytest.approx(cm.transfer_ms(V100, T4, 10**6))
+    assert sg.comm_ms(0, 0, 10**9) == 0.0
+
+
+def test_heft_matches_the_hand_computed_schedule():
+    # Mean costs: w(A..D) = 3, 4, 5, 2.5 ms; mean transfer of the edges 0.1, 2, 0.1, 1 ms.
+    # rank_u: D = 2.5; B = 4 + 0.1 + 2.5 = 6.6; C = 5 + 1 + 2.5 = 8.5; A = 3 + 2 + 8.5 = 13.5.
+    # Visit A, C, B, D, each to the device of earliest finish:
+    #   A: V100 0-2 (T4 would end at 4)
+    #   C: V100 2-6 (T4: input arrives at 4, ends at 10)
+    #   B: T4 2.1-7.1 (V100 is busy until 6, would end at 9)
+    #   D: V100 7.2-9.2 (B's output arrives at 7.2; on T4 C's arrives at 7 and it would end 10.1)
+    _, sg = _step(diamond())
+    up = upward_ranks(sg, [0, 1])
+    assert up[:4] == pytest.approx([13.5, 6.6, 8.5, 2.5])
+    sched = list_schedule(sg, up, allowed=[0, 1], capacity_bytes=[2**34, 2**34])
+    ids = sg.op_ids
+    placed = {ids[sg.unit_op[u]]: (sg.devices[sched.device[u]], sched.start[u], sched.finish[u])
+              for u in range(sg.U)}
+    assert placed["A"] == (V100, pytest.approx(0.0), pytest.approx(2.0))
+    assert placed["C"] == (V100, pytest.approx(2.0), pytest.approx(6.0))
+    assert placed["B"] == (T4, pytest.approx(2.1), pytest.approx(7.1))
+    assert placed["D"] == (V100, pytest.approx(7.2), pytest.approx(9.2))
+    assert sched.makespan_ms == pytest.approx(9.2)
+    assert sched.order() == {V100: ("A", "C", "D"), T4: ("B",)}
+
+
+def test_cpop_pins_the_critical_path_to_the_device_with_least_total_cost():
+    # rank_d: A = 0, B = 3.1, C = 5, D = 11; rank_u + rank_d = 13.5, 9.7, 13.5, 13.5.
+    # The critical path A, C, D costs 8 ms on the V100 and 13 ms on the T4.
+    _, sg = _step(diamond())
+    up, down = upward_ranks(sg, [0, 1]), downward_ranks(sg, [0, 1])
+    assert down[:4] == pytest.approx([0.0, 3.1, 5.0, 11.0])
+    pins, _ = cpop_pins(sg, [0, 1], up, down)
+    by_op = {sg.op_ids[sg.unit_op[u]]: d for u, d in pins.items()}
+    assert by_op == {"A": 0, "C": 0, "D": 0}
+    sched = list_schedule(sg, [a + b for a, b in zip(up, down)], allowed=[0, 1],
+                          capacity_bytes=[2**34, 2**34], pins=pins, algorithm="cpop")
+    assert sched.makespan_ms == pytest.approx(9.2)
+
+
+def test_backward_runs_in_reverse_forward_order_then_the_update():
+    # x -> y -> z on one device, y and z have parameters; the step is
+    # forwards x, y, z (1 + 2 + 3 ms), backwards z, y (6 + 4 ms); x has none (no parameters
+    # at or above it); then one optimizer update of y and z's parameters.
+    ops = [op("x", 1, 2), op("y", 2, 4, params=4000, bwd=(4, 8)), op("z", 3, 6, params=4000, bwd=(6, 12))]
+    graph = graph_of(ops, [("x", "y", 1000), ("y", "z", 1000)])
+    cm, sg = _step(graph)
+    sched = list_schedule(sg, upward_ranks(sg, [0]), allowed=[0], capacity_bytes=[2**34, 2**34])
+    U = sg.U
+    assert [sched.start[U + u] for u in range(U)][1:] == pytest.approx([12.0, 6.0])
+    update = cm.update_ms(8000, V100, 1.0)
+    assert sched.makespan_ms == pytest.approx(16.0 + update)
+
+
+def test_memory_moves_ops_and_names_the_op_that_fits_nowhere():
+    ops = [op("a", 1, 1, params=2**30), op("b", 1, 1, params=2**30)]
+    graph = graph_of(ops, [("a", "b", 1000)])
+    _, sg = _step(graph)
+    each = 3 * 2**30 + 1000  # parameters, gradients and momentum, plus the activation
+    sched = list_schedule(sg, upward_ranks(sg, [0, 1]), allowed=[0, 1],
+                          capacity_bytes=[each + 2000, each + 2000])
+    assert sched.device[0] != sched.device[1]
+    with pytest.raises(MemoryShortfall) as info:
+        list_schedule(sg, upward_ranks(sg, [0, 1]), allowed=[0, 1],
+                      capacity_bytes=[each + 2000, 2**30])
+    # the T4 is the closest miss: b needs its state, activation and a's output (1000 B) there
+    assert info.value.op_id == "b" and info.value.device == T4
+    assert info.value.shortfall_bytes == pytest.approx(each + 1000 - 2**30, rel=1e-9)
+    assert "op 'b'" in str(info.value) and "short by" in str(info.value)
+
+
+def test_split_replicas_exchange_the_overlap_of_their_batch_intervals():
+    ops = [op("a", 1, 1, out=8000), op("b", 4, 4, split=True, out=8000), op("c", 1, 1)]
+    graph = graph_of(ops, [("a", "b", 8000), ("b", "c", 8000)])
+    split = Split((V100, T4), (0.75, 0.25))
+    _, sg = _step(graph, splits={"b": split})
+    assert sg.U == 4
+    b0, b1 = sg.units_of_op[1]
+    assert (sg.lo[b0], sg.hi[b0], sg.lo[b1], sg.hi[b1]) == (0.0, 0.75, 0.75, 1.0)
+    assert dict(sg.pred[b0]) == {0: 6000.0} and dict(sg.pred[b1]) == {0: 2000.0}
+    groups, order, notes = plan_groups(list_schedule(
+        sg, upward_ranks(sg, [0, 1]), allowed=[0, 1], capacity_bytes=[2**34, 2**34]))
+    split_group = next(g for g in groups if g.id == "split:b")
+    assert split_group.devices == (V100, T4) and split_group.batch_shares == (0.75, 0.25)
+    assert "split 2-way" in split_group.note
+    assert all("b" in order[d] for d in (V100, T4))
+
+
+def _random_graph(seed: int, n: int):
+    rng = random.Random(seed)
+    ops, edges = [], []
+    for i in range(n):
+        t = rng.uniform(0.1, 5)
+        ops.append(op(f"o{i}", t, t * rng.uniform(1, 3), params=rng.choice([0, 0, 4096]),
+                      out=rng.randint(1000, 10**6), bwd=(2 * t, 4 * t), split=rng.random() < 0.5))
+        for j in rng.sample(range(i), min(i, rng.randint(0, 2))):
+            edges.append((f"o{j}", f"o{i}", rng.randint(0, 10**6)))
+    return graph_of(ops, edges, batch=rng.choice([1, 4, 8]))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 25), kind=st.sampled_from(["heft", "etf"]))
+def test_schedules_respect_dependencies_and_devices(seed, n, kind):
+    graph = _random_graph(seed, n)
+    _, sg = _step(graph)
+    allowed = [0, 1]
+    cap = [2**40, 2**40]
+    sched = (list_schedule(sg, upward_ranks(sg, allowed), allowed=allowed, capacity_bytes=cap)
+             if kind == "heft" else etf_schedule(sg, allowed=allowed, capacity_bytes=cap))
+    U = sg.U
+    for u in range(U):
+        assert sched.finish[u] >= sched.start[u] - 1e-9
+        for a, nbytes in sg.pred[u]:  # forward data dependencies, with transfer time
+            arrive = sched.finish[a] + sg.comm_ms(sched.device[a], sched.device[u], nbytes)
+            assert sched.start[u] >= arrive - 1e-9
+        if sg.rg[u]:
+            assert sched.start[U + u] >= sched.finish[u] - 1e-9
+            for s, nbytes in sg.succ[u]:
+                arrive = sched.finish[U + s] + sg.comm_ms(sched.device[s], sched.device[u], nbytes)
+                assert sched.start[U + u] >= arrive - 1e-9
+    for line in sched.timelines:  # a device runs one task at a time
+        spans = sorted((sched.start[t], sched.finish[t]) for t in line)
+        for (_, end), (begin, _) in zip(spans, spans[1:]):
+            assert begin >= end - 1e-9
+    # the recorded order lists every op of a device once, inputs before consumers
+    order = sched.order()
+    assert sorted(o for ops in order.values() for o in ops) == sorted(sg.op_ids)
+    for ops in order.values():
+        position = {o: k for k, o in enumerate(ops)}
+        for e in graph.edges:
+            if e.src in position and e.dst in position:
+                assert position[e.src] < position[e.dst]
