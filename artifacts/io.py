@@ -28,6 +28,8 @@ KINDS: dict[str, str] = {
     "plan": "plan:Plan",
     "sim-report": "simreport:SimReport",
     "run-report": "runreport:RunReport",
+    "nf-config": "nfconfig:NfConfig",
+    "nfv-report": "nfvreport:NfvReport",
 }
 
 

@@ -1,0 +1,108 @@
+"""The CPU side: worker processes running the NF chain's per-flow logic.
+
+Workers are forked once per run and keep the state of the flows pinned to
+them between batches. A batch share arrives as a ``Block`` (columns plus the
+bytes of its messages) with the portable state of flows handed over from the
+tensor path; an ``export`` request hands flows back. A worker that fails
+reports the error, and the engine raises ``RuntimeFailure``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+
+import numpy as np
+
+from dl_nfv.artifacts.errors import RuntimeFailure
+
+from ..nfs.base import Outputs
+from ..nfs.chain import Block, Chain
+
+
+def _pack(out: Outputs) -> dict:
+    return {"http": out.table("http", 9), "drops": out.table("drops", 2),
+            "alerts": list(out.alerts), "monitor": out.table("monitor", 6)}
+
+
+def _worker(conn, chain: Chain) -> None:
+    states: dict[int, list] = {}
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:  # pragma: no cover
+        pass
+    while True:
+        try:
+            command = conn.recv()
+        except EOFError:
+            return
+        try:
+            if command[0] == "stop":
+                return
+            if command[0] == "run":
+                _, block, imports = command
+                start = time.perf_counter()
+                for flow, value in imports.items():
+                    states[flow] = chain.cpu_import(flow, value)
+                out = Outputs()
+                chain.cpu_run(block, states, out)
+                packed = _pack(out)
+                conn.send(("ok", time.perf_counter() - start, packed))
+            elif command[0] == "export":
+                exports = {f: chain.cpu_export(states.pop(f)) for f in command[1] if f in states}
+                conn.send(("exports", exports))
+        except Exception as exc:  # reported to the engine, which raises RuntimeFailure
+            conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+class WorkerPool:
+    """``workers`` forked processes; ``pin(flow)`` is the worker a flow belongs to."""
+
+    def __init__(self, chain: Chain, workers: int):
+        self.size = workers
+        context = mp.get_context("fork" if hasattr(os, "fork") else "spawn")
+        self.conns = []
+        self.procs = []
+        for _ in range(workers):
+            parent, child = context.Pipe()
+            proc = context.Process(target=_worker, args=(child, chain), daemon=True)
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
+
+    @staticmethod
+    def pin(flows: np.ndarray, workers: int) -> np.ndarray:
+        return (flows * 2654435761 % (1 << 32)) % workers
+
+    def submit(self, worker: int, block: Block, imports: dict) -> None:
+        self.conns[worker].send(("run", block, imports))
+
+    def request_export(self, worker: int, flows: list[int]) -> None:
+        self.conns[worker].send(("export", flows))
+
+    def receive(self, worker: int):
+        try:
+            reply = self.conns[worker].recv()
+        except EOFError:
+            raise RuntimeFailure(f"CPU worker {worker} exited unexpectedly") from None
+        if reply[0] == "error":
+            raise RuntimeFailure(f"CPU worker {worker} failed: {reply[1].splitlines()[0]}")
+        return reply
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(("stop",))
+            except (OSError, BrokenPipeError):
+                pass
+        for proc in self.procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.terminate()
+        for conn in self.conns:
+            conn.close()

@@ -1,0 +1,343 @@
+"""The batch loop every engine shares: cut batches, split them, run both sides, merge.
+
+Per batch ``k`` (FlowShader's structure): hand the CPU share to the worker
+pool (with the state of flows that move to the CPU side), run the tensor path
+on the GPU share in this process, build batch ``k+1`` meanwhile (double
+buffering: the next batch's split and packing happen before ``k``'s CPU share
+is collected), ask the workers to hand back flows that batch ``k+1`` puts on
+the tensor path, then collect ``k``. Per-flow order holds because a flow's
+messages of one batch are on one side, batches are processed in order, and
+state moves only between batches.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..nfs.base import FlowTable, GpuBatch, Outputs, gather_bytes
+from ..nfs.chain import Block, Chain
+from ..traffic.trace import Trace
+from . import EngineChoice
+from .costmodel import BatchSizer, CostModel, candidates
+from .pool import WorkerPool
+
+UNTOUCHED, ON_GPU = -2, -1
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    batch_size: int = 2048
+    workers: int = 0  # 0: automatic
+    device: str = "auto"
+    adaptive_batch: bool = True
+    batch_step: int = 256
+    calibration_batches: int = 4
+    reprofile_every: int = 32
+    torch_threads: int = 1
+
+
+@dataclass(slots=True)
+class BatchStats:
+    index: int
+    mode: str
+    messages: int
+    flows: int
+    gpu_flows: int
+    gpu_messages: int
+    gpu_bytes: int
+    cpu_messages: int
+    cpu_bytes: int
+    gpu_ms: float
+    cpu_ms: float
+    enqueue_ms: float
+    wall_ms: float
+
+
+@dataclass(slots=True)
+class EngineResult:
+    http: np.ndarray
+    drops: np.ndarray
+    alerts: list
+    monitor: np.ndarray
+    batches: list[BatchStats]
+    elapsed_s: float
+    startup_s: float
+    latency_us: np.ndarray  # per message
+    device: str
+    workers: int
+    rates: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Built:
+    number: int
+    mode: str
+    ids: np.ndarray
+    flows: np.ndarray
+    gpu_flows: np.ndarray
+    cpu_flows: np.ndarray
+    gpu: GpuBatch
+    blocks: dict
+    features: dict
+    started: float
+    enqueue_s: float
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def default_workers(choice: EngineChoice, device: torch.device) -> int:
+    cores = os.cpu_count() or 1
+    if choice.kind == "gpu":
+        return 0
+    if choice.kind == "cpu":
+        return cores
+    return max(1, cores - 1)  # one core drives the tensor path
+
+
+class Runner:
+    def __init__(self, trace: Trace, chain: Chain, choice: EngineChoice, options: EngineOptions):
+        self.trace = trace
+        self.chain = chain
+        self.choice = choice
+        self.options = options
+        self.device = resolve_device(options.device)
+        self.workers = options.workers or default_workers(choice, self.device)
+        if choice.kind == "gpu" or (choice.kind == "fixed" and choice.cpu_fraction == 0):
+            self.workers = 0
+        threads = 1
+        if self.device.type == "cuda":
+            props = torch.cuda.get_device_properties(self.device)
+            threads = props.multi_processor_count * 256
+        else:
+            threads = 1 << 30  # one "wave": cost grows with rows through the per-byte rate
+        self.model = CostModel(threads=threads, calibration_batches=options.calibration_batches,
+                               reprofile_every=options.reprofile_every, workers=self.workers)
+        self.sizer = BatchSizer(options.batch_size, step=options.batch_step,
+                                enabled=options.adaptive_batch and choice.kind == "flowshader")
+        self.loc = np.full(len(trace.flows), UNTOUCHED, dtype=np.int64)
+        self.stride = 1
+        ids = chain.nf("ids")
+        if ids is not None and ids.sides:
+            self.stride = ids.stride()
+
+    # batch building ------------------------------------------------------------
+    def _split(self, number: int, flows: np.ndarray, load: np.ndarray, msgs: np.ndarray):
+        """Boolean per flow (sorted by load ascending): True = GPU path."""
+        n = len(flows)
+        kind = self.choice.kind
+        if kind == "cpu":
+            return np.zeros(n, dtype=bool), "cpu", 0
+        if kind == "gpu":
+            return np.ones(n, dtype=bool), "gpu", n
+        if kind == "fixed":
+            i = n - int(np.ceil(self.choice.cpu_fraction * n))
+            mode = "fixed"
+        else:
+            i, mode = self.model.split(number, load, msgs)
+        on_gpu = np.zeros(n, dtype=bool)
+        on_gpu[:i] = True
+        return on_gpu, mode, i
+
+    def build(self, number: int, start: int, size: int) -> _Built:
+        began = time.perf_counter()
+        t = self.trace
+        ids = np.arange(start, min(t.n_messages, start + size))
+        flow_of = t.msg_flow[ids]
+        flows, inv, msgs = np.unique(flow_of, return_inverse=True, return_counts=True)
+        load = np.bincount(inv, weights=t.msg_len[ids]).astype(np.int64)
+        order = np.argsort(load, kind="stable")
+        on_gpu_sorted, mode, i = self._split(number, flows[order], load[order], msgs[order])
+        on_gpu = np.empty(len(flows), dtype=bool)
+        on_gpu[order] = on_gpu_sorted
+        gpu_msg = on_gpu[inv]
+        gids = ids[gpu_msg]
+        gids = gids[np.argsort(t.msg_flow[gids], kind="stable")]
+        gpu = GpuBatch(flow=t.msg_flow[gids], direction=t.msg_dir[gids].astype(np.int64),
+                       index=t.msg_index[gids], offset=t.msg_offset[gids], length=t.msg_len[gids],
+                       header_len=t.msg_header_len[gids], kind=t.msg_kind[gids].astype(np.int64),
+                       ts_us=t.msg_ts_us[gids], packets=t.msg_packets[gids], payload=t.payload,
+                       device=self.device)
+        enqueue_start = time.perf_counter()
+        blocks = {}
+        cids = ids[~gpu_msg]
+        if len(cids):
+            worker_of = WorkerPool.pin(t.msg_flow[cids], self.workers)
+            for w in range(self.workers):
+                sel = cids[worker_of == w]
+                if len(sel):
+                    blocks[w] = Block(flow=t.msg_flow[sel], direction=t.msg_dir[sel].astype(np.int64),
+                                      index=t.msg_index[sel], length=t.msg_len[sel],
+                                      header_len=t.msg_header_len[sel],
+                                      kind=t.msg_kind[sel].astype(np.int64), ts_us=t.msg_ts_us[sel],
+                                      packets=t.msg_packets[sel],
+                                      blob=gather_bytes(t.payload, t.msg_offset[sel],
+                                                        t.msg_len[sel]).tobytes())
+        enqueue_s = time.perf_counter() - enqueue_start
+        c = candidates(load[order], msgs[order], self.model.threads)
+        features = {"steps": float(c.steps[i]) / self.stride, "waves": float(c.waves[i]),
+                    "gpu_bytes": float(c.gpu_bytes[i]), "gpu_msgs": float(c.gpu_msgs[i]),
+                    "cpu_bytes": float(c.cpu_bytes[i]), "cpu_msgs": float(c.cpu_msgs[i])}
+        return _Built(number=number, mode=mode, ids=ids, flows=flows, gpu_flows=flows[on_gpu],
+                      cpu_flows=flows[~on_gpu], gpu=gpu, blocks=blocks, features=features,
+                      started=began, enqueue_s=enqueue_s)
+
+    # the loop -------------------------------------------------------------------
+    def run(self) -> EngineResult:
+        torch.set_num_threads(max(1, self.options.torch_threads))
+        t0 = time.perf_counter()
+        pool = WorkerPool(self.chain, self.workers) if self.workers else None
+        startup = time.perf_counter() - t0
+        merged = Outputs()
+        stats: list[BatchStats] = []
+        latency = np.zeros(self.trace.n_messages, dtype=np.float64)
+        n = self.trace.n_messages
+        try:
+            begin = time.perf_counter()
+            nxt = self.build(0, 0, self.sizer.size) if n else None
+            pos = 0
+            while nxt is not None:
+                cur = nxt
+                self._dispatch(pool, cur)
+                g0 = time.perf_counter()
+                gpu_out = Outputs()
+                self.chain.gpu_run(cur.gpu, gpu_out)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                gpu_s = time.perf_counter() - g0 if cur.gpu.size else 0.0
+                pos += len(cur.ids)
+                nxt = self.build(cur.number + 1, pos, self.sizer.size) if pos < n else None
+                moving = self._request_exports(pool, nxt)
+                cpu_s = self._collect(pool, cur, merged)
+                self._import(pool, moving)
+                _merge(merged, gpu_out)
+                done = time.perf_counter()
+                latency[cur.ids] = (done - cur.started) * 1e6
+                f = cur.features
+                stats.append(BatchStats(
+                    index=cur.number, mode=cur.mode, messages=len(cur.ids), flows=len(cur.flows),
+                    gpu_flows=len(cur.gpu_flows), gpu_messages=int(f["gpu_msgs"]),
+                    gpu_bytes=int(f["gpu_bytes"]), cpu_messages=int(f["cpu_msgs"]),
+                    cpu_bytes=int(f["cpu_bytes"]), gpu_ms=gpu_s * 1e3, cpu_ms=cpu_s * 1e3,
+                    enqueue_ms=cur.enqueue_s * 1e3, wall_ms=(done - cur.started) * 1e3))
+                self.model.observe(gpu_s=gpu_s, cpu_s=cpu_s, enqueue_s=cur.enqueue_s, **f)
+                self.sizer.observe(len(cur.ids), done - g0 + cur.enqueue_s)
+            elapsed = time.perf_counter() - begin
+        finally:
+            if pool is not None:
+                pool.close()
+        return EngineResult(http=_sorted(merged.table("http", 9)),
+                            drops=_sorted(merged.table("drops", 2)),
+                            alerts=sorted(merged.alerts), monitor=_monitor(merged),
+                            batches=stats, elapsed_s=elapsed, startup_s=startup,
+                            latency_us=latency, device=str(self.device), workers=self.workers,
+                            rates=self.model.rates() if self.choice.kind == "flowshader" else {})
+
+    def _dispatch(self, pool: WorkerPool | None, cur: _Built) -> None:
+        self.loc[cur.gpu_flows] = ON_GPU  # any hand-back from a worker was imported already
+        if pool is None:
+            return
+        imports: dict[int, dict] = {}
+        if len(cur.cpu_flows):
+            pins = WorkerPool.pin(cur.cpu_flows, self.workers)
+            from_gpu = self.loc[cur.cpu_flows] == ON_GPU
+            for f, w in zip(cur.cpu_flows[from_gpu].tolist(), pins[from_gpu].tolist()):
+                imports.setdefault(w, {})[f] = self.chain.gpu_export(f)
+            self.loc[cur.cpu_flows] = pins
+        for w, block in cur.blocks.items():
+            pool.submit(w, block, imports.pop(w, {}))
+        for w, flows in imports.items():  # flows handed over with no message for that worker
+            pool.submit(w, _empty_block(), flows)
+            cur.blocks[w] = None
+
+    def _request_exports(self, pool: WorkerPool | None, nxt: _Built | None) -> dict:
+        if pool is None or nxt is None or not len(nxt.gpu_flows):
+            if nxt is not None:
+                self.loc[nxt.gpu_flows[self.loc[nxt.gpu_flows] == UNTOUCHED]] = ON_GPU
+            return {}
+        loc = self.loc[nxt.gpu_flows]
+        moving: dict[int, list[int]] = {}
+        for f, w in zip(nxt.gpu_flows[loc >= 0].tolist(), loc[loc >= 0].tolist()):
+            moving.setdefault(w, []).append(f)
+        for w, flows in moving.items():
+            pool.request_export(w, flows)
+        self.loc[nxt.gpu_flows] = ON_GPU
+        return moving
+
+    def _collect(self, pool: WorkerPool | None, cur: _Built, merged: Outputs) -> float:
+        longest = 0.0
+        if pool is None:
+            return 0.0
+        for w in cur.blocks:
+            _, seconds, packed = pool.receive(w)
+            longest = max(longest, seconds)
+            for name in ("http", "drops", "monitor"):
+                merged.add_chunk(name, packed[name])
+            merged.alerts.extend(packed["alerts"])
+        return longest
+
+    def _import(self, pool: WorkerPool | None, moving: dict) -> None:
+        for w in moving:
+            _, exports = pool.receive(w)
+            for f, value in exports.items():
+                self.chain.gpu_import(f, value)
+
+
+def _empty_block() -> Block:
+    z = np.zeros(0, dtype=np.int64)
+    return Block(flow=z, direction=z, index=z, length=z, header_len=z, kind=z, ts_us=z,
+                 packets=z, blob=b"")
+
+
+def _merge(into: Outputs, part: Outputs) -> None:
+    for name, arrays in part.chunks.items():
+        for a in arrays:
+            into.add_chunk(name, a)
+    for name in ("http", "drops"):
+        rows = getattr(part, name)
+        if rows:
+            into.add_chunk(name, np.asarray(rows, dtype=np.int64))
+    if part.monitor:
+        into.add_chunk("monitor", part.table("monitor", 6))
+    into.alerts.extend(part.alerts)
+
+
+def _sorted(table: np.ndarray) -> np.ndarray:
+    if len(table) == 0:
+        return table
+    return table[np.lexsort(table.T[::-1])]
+
+
+def _monitor(merged: Outputs) -> np.ndarray:
+    """Per flow: messages, packets, bytes (sums), first and last timestamp (min/max)."""
+    t = merged.table("monitor", 6)
+    if len(t) == 0:
+        return t
+    flows, inv = np.unique(t[:, 0], return_inverse=True)
+    out = np.zeros((len(flows), 6), dtype=np.int64)
+    out[:, 0] = flows
+    for col in (1, 2, 3):
+        np.add.at(out[:, col], inv, t[:, col])
+    out[:, 4] = np.iinfo(np.int64).max
+    np.minimum.at(out[:, 4], inv, t[:, 4])
+    out[:, 5] = np.iinfo(np.int64).min
+    np.maximum.at(out[:, 5], inv, t[:, 5])
+    return out
+
+
+def run_engine(trace: Trace, specs, choice: EngineChoice, options: EngineOptions) -> EngineResult:
+    """Run the NF chain ``specs`` over ``trace`` with engine ``choice``.
+
+    Returns every NF output (sorted rows), per-batch split statistics, timing
+    and per-message latency. Raises ``RuntimeFailure`` if a CPU worker fails.
+    """
+    chain = Chain(specs, FlowTable.of(trace))
+    return Runner(trace, chain, choice, options).run()
