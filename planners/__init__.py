@@ -39,6 +39,14 @@ PLANNERS: dict[str, PlannerInfo] = {p.name: p for p in (
                 "(baseline)", "data-parallel", baseline=True, preset={"sync": "ps"}),
     PlannerInfo("single", "single:plan", "the whole model on the fastest device that fits "
                 "(baseline)", "single", baseline=True),
+    PlannerInfo("pipeline", "pipeline:plan", "synchronous pipeline: partition, device mapping "
+                "over any connectivity, replicated stages, microbatches and schedule", "pipeline"),
+    PlannerInfo("gpipe", "gpipe:plan_gpipe", "GPipe: even split, one device per stage, fill-drain "
+                "schedule (baseline)", "pipeline", baseline=True),
+    PlannerInfo("1f1b", "gpipe:plan_1f1b", "1F1B: GPipe's even split with one-forward-one-backward "
+                "(baseline)", "pipeline", baseline=True),
+    PlannerInfo("pipedream", "pipedream:plan", "PipeDream's hierarchical DP partitioner with stage "
+                "replication, 1F1B with a flush (baseline)", "pipeline", baseline=True),
     PlannerInfo("fastt", "fastt:plan", "FastT: op placement and execution order by list "
                 "scheduling (HEFT/CPOP), critical-path op splitting", "placement"),
     PlannerInfo("m-topo", "baechi:plan_topo", "Baechi m-TOPO: topological fill up to total "

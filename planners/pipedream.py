@@ -1,0 +1,225 @@
+"""PipeDream (baseline): PipeDream's dynamic-programming partitioner over its hierarchical-bandwidth model.
+
+A re-implementation of ``compute_partitioning`` in PipeDream's
+``optimizer_graph_hierarchical.py`` (SOSP'19), on the ops in topological
+order (PipeDream's antichain states are the same thing for a chain):
+
+* one level per tier of the hierarchy, ``(machines at this level, bandwidth)``:
+  devices in a host over the intra-host bandwidth, then hosts over the
+  inter-host bandwidth, when every host has the same number of devices; a
+  single flat level over the narrowest route otherwise (PipeDream's model has
+  no way to say that hosts differ);
+* a range ``[i, j)`` replicated on ``m`` machines costs
+  ``(compute + 4 (m - 1) params / (bandwidth m)) / m`` (divided again by the
+  machines inside each machine at the upper level), compute being the
+  forward+backward time on the first device's type (PipeDream assumes equal
+  devices); ``A[j][m] = min over k, m' of max(A[k][m - m'], cost of [k, j) on m')``;
+  activation transfers count only with ``activation_compression_ratio`` set,
+  as in PipeDream;
+* the memory constraint: parameters, gradients and optimizer state plus the
+  stash of ``ceil((N - m) / m')`` in-flight microbatches must fit the smallest
+  device.
+
+The stages and replication factors are then laid on the devices in topology
+order (each upper-level stage on whole hosts, its lower-level stages on runs
+of devices inside each host), with even batch shares, and run synchronously
+with the 1F1B schedule and a flush (PipeDream-Flush); microbatches as for
+``gpipe``.
+
+Complexity: O(levels x ops^3 x machines^2) for the DP, plus one simulation.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dl_nfv.artifacts import BadInput, InfeasiblePlan, OpGraph, Topology
+
+from .base import finish, started
+from .gpipe import baseline_draft, check_microbatches, default_microbatches
+from .pipeline.partition import Layout, StageSpec
+from .pipeline.planner import pipeline_bound
+from .pipeline.problem import Problem
+
+INF = float("inf")
+
+
+def hierarchy(problem: Problem) -> list[tuple[int, float]]:
+    """PipeDream's levels ``(machines, bandwidth in bytes per ms)``, innermost first."""
+    cluster = problem.cm.cluster
+    hosts: dict[str, list[str]] = {}
+    for d in problem.devices:
+        hosts.setdefault(cluster.device(d).host, []).append(d)
+    sizes = {len(v) for v in hosts.values()}
+
+    def narrowest(pairs) -> float:
+        bw = min((cluster.route(a, b).bandwidth_gbps for a, b in pairs), default=0.0)
+        return bw * 1e9 / 8 / 1e3  # bytes per ms
+
+    if len(hosts) > 1 and len(sizes) == 1 and sizes != {1}:
+        per = sizes.pop()
+        intra = narrowest((a, b) for v in hosts.values() for a in v for b in v if a != b)
+        firsts = [v[0] for v in hosts.values()]
+        inter = narrowest((a, b) for a in firsts for b in firsts if a != b)
+        return [(per, intra), (len(hosts), inter)]
+    devs = problem.devices
+    return [(len(devs), narrowest((a, b) for a in devs for b in devs if a != b))]
+
+
+class _Level:
+    """One level of PipeDream's DP: ``best[i][j][m]`` = (time, split, replicas) for range [i, j)."""
+
+    def __init__(self, compute, params, stash, machines: int, bandwidth: float, within: int,
+                 total_machines: int, memory: float, final: bool, ratio: float, out_act):
+        n = len(compute) - 1
+        self.n, self.machines = n, machines
+        A = [[[(INF, None, None)] * machines for _ in range(n + 1)] for _ in range(n + 1)]
+        for i in range(n):
+            for j in range(i + 1, n + 1):
+                c = compute[i][j]
+                if c == INF:
+                    continue
+                for m in range(machines):
+                    in_flight = math.ceil((total_machines - (m + 1)) / (m + 1))
+                    if params[i][j] + stash[i][j] * max(in_flight, 1) > memory:
+                        continue
+                    comm = 4 * m * params[i][j] / (bandwidth * (m + 1)) / within
+                    A[i][j][m] = ((c + comm) / (m + 1), None, m + 1)
+        starts = [0] if final else range(n)
+        for i in starts:
+            for m in range(1, machines):
+                for j in range(i + 1, n + 1):
+                    best = A[i][j][m]
+                    if A[i][j][m - 1][0] < best[0]:  # use fewer machines
+                        best = A[i][j][m - 1]
+                    for k in range(i + 1, j):
+                        for mp in range(1, m + 1):
+                            prev = A[i][k][m - mp][0]
+                            if prev == INF or compute[k][j] == INF:
+                                continue
+                            in_flight = math.ceil((total_machines - (m + 1)) / mp)
+                            if params[k][j] + stash[k][j] * max(in_flight, 1) > memory:
+                                continue
+                            last = (compute[k][j] + 4 * (mp - 1) * params[k][j] /
+                                    (bandwidth * mp)) / mp
+                            t = max(prev, last)
+                            if ratio:
+                                t = max(t, 2.0 * out_act[k] / (bandwidth * mp) / ratio)
+                                if j < n:
+                                    t = max(t, 2.0 * out_act[j] / (bandwidth * mp) / ratio)
+                            if t < best[0]:
+                                best = (t, (k, m - mp), mp)
+                    A[i][j][m] = best
+        self.A = A
+
+    def splits(self, i: int, j: int) -> list[tuple[int, int, int]]:
+        """Stages ``(start, stop, replicas)`` of the best solution for [i, j) on all machines."""
+        out = []
+        meta = self.A[i][j][self.machines - 1]
+        stop = j
+        while meta[1] is not None:
+            k, m_rest = meta[1]
+            out.append((k, stop, meta[2]))
+            stop = k
+            meta = self.A[i][k][m_rest]
+        out.append((i, stop, meta[2]))
+        return list(reversed(out))
+
+
+def pipedream_layout(problem: Problem, microbatches: int, ratio: float = 0.0) -> Layout:
+    """PipeDream's partition laid on the devices (see the module docstring)."""
+    n = problem.n
+    t = int(problem.type_of[0])
+    total = problem.f_fixed[t] + problem.f_scal[t] + problem.b_fixed[t] + problem.b_scal[t]
+    levels = hierarchy(problem)
+    N = len(problem.devices)
+    memory = float(problem.memory_bytes.min())
+    static = [[INF] * (n + 1) for _ in range(n + 1)]
+    stash = [[INF] * (n + 1) for _ in range(n + 1)]
+    compute = [[INF] * (n + 1) for _ in range(n + 1)]
+    for i in range(n):
+        for j in range(i + 1, n + 1):
+            compute[i][j] = float(total[j] - total[i])
+            static[i][j] = problem.static_bytes(i, j)
+            stash[i][j] = problem.activation_bytes(i, j) / microbatches
+    out_act = [float(problem.cut_bytes[j]) for j in range(n + 1)]
+    tiers = []
+    within = 1
+    for k, (machines, bandwidth) in enumerate(levels):
+        final = k == len(levels) - 1
+        level = _Level(compute, static, stash, machines, bandwidth, within, N, memory, final,
+                       ratio, out_act)
+        tiers.append(level)
+        if not final:
+            compute = [[level.A[i][j][machines - 1][0] if j > i else INF for j in range(n + 1)]
+                       for i in range(n + 1)]
+        within = machines
+    top = tiers[-1]
+    if top.A[0][n][top.machines - 1][0] == INF:
+        raise InfeasiblePlan(f"pipedream: no partition of {problem.graph.model.name!r} fits "
+                             f"{memory / 2**30:.2f} GiB per device under PipeDream's memory model")
+    # lay stages on devices in topology order
+    cluster = problem.cm.cluster
+    hosts: dict[str, list[str]] = {}
+    for d in problem.devices:
+        hosts.setdefault(cluster.device(d).host, []).append(d)
+    stages: list[StageSpec] = []
+    if len(tiers) == 1:
+        pos = 0
+        for a, b, r in top.splits(0, n):
+            stages.append(StageSpec(a, b, tuple(problem.devices[pos:pos + r])))
+            pos += r
+    else:
+        host_list = list(hosts.values())
+        hpos = 0
+        for a, b, r_hosts in top.splits(0, n):
+            chosen = host_list[hpos:hpos + r_hosts]
+            hpos += r_hosts
+            dpos = 0
+            for a2, b2, r_dev in tiers[0].splits(a, b):
+                devs = tuple(d for h in chosen for d in h[dpos:dpos + r_dev])
+                stages.append(StageSpec(a2, b2, devs))
+                dpos += r_dev
+    return Layout(tuple(stages), microbatches, "pipedream")
+
+
+def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int = 0,
+         activation_compression_ratio: float = 0.0):
+    """PipeDream's partitioner (baseline): hierarchical-bandwidth DP with stage replication, 1F1B.
+
+    Parameters
+    ----------
+    microbatches : int
+        Microbatches per iteration (0: largest divisor of the batch <= 4 x stages).
+    activation_compression_ratio : float
+        Count activation transfers in the DP, divided by this ratio (0: ignore
+        them, PipeDream's default).
+
+    Complexity: O(levels x ops^3 x machines^2) plus one simulation.
+    """
+    t0 = started()
+    problem = Problem(graph, topology)
+    check_microbatches(problem.batch_size, microbatches, "pipedream")
+    if activation_compression_ratio < 0:
+        raise BadInput(f"pipedream: activation_compression_ratio must be >= 0, got "
+                       f"{activation_compression_ratio}")
+    layout = pipedream_layout(problem, microbatches or 1, activation_compression_ratio)
+    m = microbatches or auto_microbatches(problem, layout)
+    if m != layout.microbatches:
+        layout = pipedream_layout(problem, m, activation_compression_ratio)
+        layout = Layout(layout.stages, m, "pipedream")
+    groups, pipeline = baseline_draft(problem, layout, "1f1b")
+    bound = pipeline_bound(problem)
+    levels = ", ".join(f"{k} x {bw * 8e3 / 1e9:.1f} Gbps" for k, bw in hierarchy(problem))
+    return finish(planner="pipedream", graph=graph, topology=topology, groups=groups, seed=seed,
+                  options={"microbatches": microbatches,
+                           "activation_compression_ratio": activation_compression_ratio},
+                  started_at=t0, bound=bound, pipeline=pipeline, cost_model=problem.cm,
+                  notes=(f"PipeDream levels: {levels}; {len(layout.stages)} stages, replication "
+                         f"{[len(s.devices) for s in layout.stages]}, {m} microbatches, 1F1B",))
+
+
+def auto_microbatches(problem: Problem, layout: Layout) -> int:
+    """The gpipe rule, keeping a sample per replica."""
+    widest = max(len(s.devices) for s in layout.stages)
+    return default_microbatches(problem.batch_size, len(layout.stages), widest)

@@ -1,0 +1,155 @@
+"""The stage-balanced lower bound: the best any synchronous pipeline could do, with free links.
+
+Family bounded: plans whose stages are sets of ops run by one group of
+devices each (replicas with any batch shares), every device in at most one
+stage, stages ordered so data flows forward, ``m`` microbatches with a flush
+(pure data parallelism is the one-stage case). Communication, gradient
+synchronisation and memory for activations are taken as free, so the bound
+holds whatever the links are.
+
+For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
+
+* **busy**: its slowest replica works at least ``m x fix(R) + scal(R) / cap_k``
+  per iteration, where ``fix`` is the launch overhead that does not shrink
+  with the batch, ``scal`` the part that does (both at the fastest device
+  type, op by op), and ``cap_k`` the largest sum of ``k`` device speeds
+  (each device's best speed relative to the fastest type, ``sigma_d``) among
+  devices whose memory holds ``R``'s parameters, gradients and optimizer
+  state (shares summing to 1 mean some replica holds at least its capacity
+  share of the work);
+* **chain**: microbatch 0 cannot reach a stage before it passed the stages
+  in front of it, and after a stage's last backward the last microbatch still
+  has to pass them backwards: each earlier stage adds at least one replica's
+  time for one sample (``fix + scal / (batch x sigma_max)``), or the whole
+  microbatch when the stage is not replicated.
+
+So ``T >= max_k (sum_{s<k} chain_s + busy_k)``, and the bound is the minimum
+of that over partitions, device counts and every ``m`` dividing the batch,
+computed exactly by dynamic programming over the suffix of a topological
+order: ``g(i, r) = min_{j,k} max(busy(i, j, k), chain(i, j, k) + g(j, r - k))``.
+
+Partitions of branchy graphs need not be ranges of one topological order;
+the bound covers them by relaxation: the order is cut into regions at
+positions every topological order shares (each op before them is an ancestor
+of each op after), a region of several ops may be split between stages in
+any way, and such a region is then counted for neither stage (only
+under-counting work, so the bound stays valid). For a chain graph every
+region is one op and the bound is exact for the free-link model.
+
+Complexity: O(U^2 x D^2 x divisors) for U regions and D devices, vectorised.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .problem import Problem
+
+
+def forced_cuts(problem: Problem) -> list[int]:
+    """Op positions i (0 < i < n) where every op before i is an ancestor of every op after."""
+    order, pos = problem.order, problem.pos
+    n = len(order)
+    preds: dict[int, list[int]] = {i: [] for i in range(n)}
+    for e in problem.graph.edges:
+        preds[pos[e.dst]].append(pos[e.src])
+    anc = [0] * n
+    for v in range(n):
+        mask = 0
+        for u in preds[v]:
+            mask |= anc[u] | (1 << u)
+        anc[v] = mask
+    # z[v]: positions 0..z-1 are all ancestors of v
+    z = [((~a) & (a + 1)).bit_length() - 1 for a in anc]
+    cuts = []
+    suffix_min = n
+    mins = [0] * (n + 1)
+    mins[n] = n
+    for v in range(n - 1, -1, -1):
+        suffix_min = min(suffix_min, z[v])
+        mins[v] = suffix_min
+    for i in range(1, n):
+        if mins[i] >= i:
+            cuts.append(i)
+    return cuts
+
+
+def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) -> float:
+    """The bound described in the module docstring (ms); inf when nothing fits in memory."""
+    p = problem
+    devices = list(devices or p.devices)
+    cols = sorted({int(p.type_of[p.device_index[d]]) for d in devices})
+    n_ops = len(p.order)
+    launch = p.cm.launch_ms_by_type[cols][None, :]
+    t = p.fwd_ms[:, cols] + p.bwd_ms[:, cols]  # full batch, per op and type (fwd + bwd)
+    fixed_f = np.where(p.fwd_ms[:, cols] > launch, launch, p.fwd_ms[:, cols])
+    fixed_b = np.where(p.bwd_ms[:, cols] > launch, launch, p.bwd_ms[:, cols])
+    fixed = fixed_f + fixed_b
+    scal = t - fixed
+    scal_min = scal.min(axis=1)
+    fix_min = fixed.min(axis=1)
+    # device speeds relative to the fastest type, op by op (best case for each device)
+    sigma_type = {}
+    mask = scal_min > 0
+    for k, c in enumerate(cols):
+        ratios = scal_min[mask] / np.maximum(scal[mask, k], 1e-12)
+        sigma_type[c] = float(ratios.max()) if ratios.size else 1.0
+    sigma = np.array([sigma_type[int(p.type_of[p.device_index[d]])] for d in devices])
+    memory = np.array([p.cm.memory_bytes(d) for d in devices], dtype=np.float64)
+    sigma_max = float(sigma.max())
+    # regions between forced cuts
+    bounds = [0, *forced_cuts(p), n_ops]
+    U = len(bounds) - 1
+    multi = np.array([bounds[k + 1] - bounds[k] > 1 for k in range(U)])
+    cidx = np.asarray(bounds)
+
+    def prefix(values):
+        out = np.zeros(n_ops + 1)
+        np.cumsum(values, out=out[1:])
+        return out[cidx]
+
+    F = prefix(fix_min)
+    Sc = prefix(scal_min)
+    order_ids = [p.cm.op_index[o] for o in p.order]
+    P = prefix(p.cm.param_bytes[order_ids] * (2.0 + p.state_factor))
+    fix_r = F[None, :] - F[:, None]  # [i, j] range of regions [i, j)
+    scal_r = Sc[None, :] - Sc[:, None]
+    static_r = P[None, :] - P[:, None]
+    D = len(devices)
+    # cap[i, j, k]: largest speed sum of k devices that hold range [i, j)
+    caps = np.zeros((U + 1, U + 1, D + 1))
+    for i in range(U + 1):
+        for j in range(i + 1, U + 1):
+            ok = np.sort(sigma[memory >= static_r[i, j]])[::-1]
+            c = np.concatenate([[0.0], np.cumsum(ok)])
+            caps[i, j, :len(c)] = c
+            caps[i, j, len(c):] = 0.0
+    B = p.batch_size
+    best = np.inf
+    for m in (d for d in range(1, B + 1) if B % d == 0):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            busy = m * fix_r[:, :, None] + np.where(caps > 0, scal_r[:, :, None] / caps, np.inf)
+            busy[:, :, 0] = np.inf
+        one = fix_r + scal_r / (m * sigma_max)  # not replicated: whole microbatch
+        few = fix_r + scal_r / (B * sigma_max)  # replicated: some replica may hold one sample
+        kk = np.arange(D + 1)
+        chain = np.where(kk[None, None, :] <= 1, one[:, :, None], few[:, :, None])
+        g = np.full((U + 2, D + 1), np.inf)
+        g[U, :] = 0.0
+        g[U + 1, :] = 0.0
+        for i in range(U - 1, -1, -1):
+            # continuation after [i, j): g(j) or, when region j may be split, g(j + 1)
+            cont = g[:U + 1].copy()
+            cont[:U] = np.where(multi[:, None], np.minimum(g[:U], g[1:U + 1]), g[:U])
+            for r in range(1, D + 1):
+                ks = np.arange(1, r + 1)
+                js = np.arange(i + 1, U + 1)
+                busy_ijk = busy[i, js][:, ks]  # [j, k]
+                chain_ijk = chain[i, js][:, ks]
+                rest = cont[js][:, r - ks]
+                val = np.maximum(busy_ijk, chain_ijk + rest)
+                g[i, r] = min(g[i, r - 1], float(val.min())) if val.size else g[i, r - 1]
+            if multi[i]:
+                g[i] = np.minimum(g[i], g[i + 1])
+        best = min(best, float(g[0, D]))
+    return best

@@ -1,0 +1,154 @@
+"""From a layout (stages on device runs, microbatch count) to scheduler inputs and to a Plan.
+
+* ``replica_counts``: samples of each microbatch per replica, integer, chosen
+  to equalise the replicas' times (largest remainder on the continuous
+  balance, then moving single samples from the slowest replica while that
+  helps); replicas left with no sample are dropped.
+* ``stage_costs``: the ``StageCosts`` the scheduler times: slowest replica's
+  forward and backward time per microbatch, per stage pair the transfer of
+  one microbatch between replicas whose batch intervals overlap (concurrent
+  flows on the real routes), the AllReduce of the stage's parameters over its
+  replicas plus the optimizer update, and each stage's in-flight cap (the
+  memory left after parameters, gradients and optimizer state, over one
+  microbatch of stashed activations).
+* ``groups_and_pipeline``: the plan's groups (one per stage), batch shares and
+  the pipeline with every device's action list.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dl_nfv.artifacts import Group, Pipeline, ScheduleKind, SyncMethod
+from dl_nfv.planners.base import integer_shares
+from dl_nfv.planners.schedules import Schedule, schedule_kind_of
+from dl_nfv.simulator.costs import Flow
+
+from .partition import Layout, StageSpec
+from .problem import Problem
+from .scheduler import StageCosts
+
+# Memory kept free on every device for what the cost model does not count (workspace).
+RESERVE_FRACTION = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Replicas:
+    """A stage's replicas and their samples per microbatch."""
+
+    devices: tuple[str, ...]
+    counts: tuple[int, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+    def shares(self) -> tuple[float, ...]:
+        total = self.total
+        shares = [c / total for c in self.counts]
+        return (*shares[:-1], 1.0 - sum(shares[:-1]))
+
+
+def replica_counts(problem: Problem, stage: StageSpec, microbatches: int) -> Replicas:
+    """Integer samples per replica that equalise the replicas' per-microbatch times."""
+    mb = problem.batch_size // microbatches
+    devices = stage.devices
+    if len(devices) == 1:
+        return Replicas(devices, (mb,))
+
+    def time(d: str, count: int) -> float:
+        if count == 0:
+            return 0.0
+        f, b = problem.times(stage.start, stage.stop, d, count / problem.batch_size)
+        return f + b
+
+    per_sample = [max(time(d, 1) - 0.0, 1e-12) for d in devices]
+    weights = [1.0 / w for w in per_sample]
+    counts = integer_shares(mb, weights)
+    for _ in range(4 * len(devices) + mb):
+        times = [time(d, c) for d, c in zip(devices, counts)]
+        slow = max(range(len(devices)), key=lambda i: (times[i], -i))
+        if counts[slow] == 0:
+            break
+        after = [time(d, c + 1) for d, c in zip(devices, counts)]
+        fast = min((i for i in range(len(devices)) if i != slow), key=lambda i: (after[i], i))
+        if after[fast] >= times[slow] - 1e-12:
+            break
+        counts[slow] -= 1
+        counts[fast] += 1
+    kept = [(d, c) for d, c in zip(devices, counts) if c > 0]
+    return Replicas(tuple(d for d, _ in kept), tuple(c for _, c in kept))
+
+
+def all_replicas(problem: Problem, layout: Layout) -> list[Replicas]:
+    return [replica_counts(problem, s, layout.microbatches) for s in layout.stages]
+
+
+def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> StageCosts:
+    """Scheduler inputs of ``layout`` with replicas ``reps`` (see the module docstring)."""
+    cm = problem.cm
+    M = layout.microbatches
+    B = problem.batch_size
+    f_ms, b_ms, sync_ms, caps = [], [], [], []
+    for stage, r in zip(layout.stages, reps):
+        times = [problem.times(stage.start, stage.stop, d, c / B) for d, c in zip(r.devices, r.counts)]
+        f_ms.append(max(t[0] for t in times))
+        b_ms.append(max(t[1] for t in times))
+        params = problem.params(stage.start, stage.stop)
+        sync = cm.allreduce_ms(r.devices, params) if len(r.devices) > 1 and params > 0 else 0.0
+        if params > 0:
+            sync += max(cm.update_ms(params, d, problem.state_factor) for d in r.devices)
+        sync_ms.append(sync)
+        static = problem.static_bytes(stage.start, stage.stop)
+        act = problem.activation_bytes(stage.start, stage.stop)
+        cap = M
+        for d, c in zip(r.devices, r.counts):
+            free = cm.memory_bytes(d) * (1 - RESERVE_FRACTION) - static
+            per_mb = act * c / B
+            if per_mb > 0:
+                cap = min(cap, math.floor(free / per_mb) if free > 0 else 0)
+            elif free < 0:
+                cap = 0
+        caps.append(cap)
+    bounds = [s.start for s in layout.stages] + [layout.stages[-1].stop]
+    send_ms = {}
+    for (s, t), nbytes in problem.pair_bytes(bounds).items():
+        flows = []
+        for da, db, overlap in _overlaps(reps[s], reps[t]):
+            flows.append(Flow(da, db, nbytes * overlap / M))
+        send_ms[(s, t)] = cm.concurrent_ms(flows)
+    return StageCosts(f_ms=tuple(f_ms), b_ms=tuple(b_ms), send_ms=send_ms, sync_ms=tuple(sync_ms),
+                      caps=tuple(caps), microbatches=M)
+
+
+def _overlaps(a: Replicas, b: Replicas):
+    """Replica pairs whose batch intervals overlap, with the overlap (fraction of the batch)."""
+    out = []
+    lo_a = 0.0
+    for da, sa in zip(a.devices, a.shares()):
+        lo_b = 0.0
+        for db, sb in zip(b.devices, b.shares()):
+            o = min(lo_a + sa, lo_b + sb) - max(lo_a, lo_b)
+            if o > 1e-12:
+                out.append((da, db, o))
+            lo_b += sb
+        lo_a += sa
+    return out
+
+
+def groups_and_pipeline(problem: Problem, layout: Layout, reps: Sequence[Replicas],
+                        schedule: Schedule) -> tuple[list[Group], Pipeline]:
+    """The plan's groups (``stage0``, ``stage1``, ...) and its pipeline."""
+    groups = []
+    for s, (stage, r) in enumerate(zip(layout.stages, reps)):
+        multi = len(r.devices) > 1
+        groups.append(Group(id=f"stage{s}", ops=problem.stage_ops(stage.start, stage.stop),
+                            devices=r.devices, batch_shares=r.shares() if multi else (),
+                            sync=SyncMethod.ALLREDUCE if multi else SyncMethod.NONE))
+    kind = ScheduleKind(schedule_kind_of(schedule))
+    pipeline = Pipeline(microbatches=layout.microbatches, stages=tuple(g.id for g in groups),
+                        schedule_kind=kind,
+                        schedule=schedule.device_schedules([r.devices for r in reps]))
+    return groups, pipeline

@@ -1,0 +1,119 @@
+"""Device orderings: sequences of the cluster's devices whose contiguous runs become stages.
+
+The partition DP places each stage on a contiguous run of an ordering, and
+charges the transfer between stages to the route between neighbours in it,
+so an ordering should (a) keep each host's devices together (cheap
+replication and cheap boundaries inside a host), (b) put well-connected
+hosts next to each other, and (c) put slow or small devices at an end, where
+the DP may leave them out. Candidates:
+
+* the topology's own order (host by host);
+* hosts by decreasing and by increasing compute speed;
+* bandwidth-greedy paths: from every start device, repeatedly step to the
+  unvisited device with the widest (then lowest-latency) route; the best of
+  these by total per-byte transfer time along the path (on a ring of mixed
+  links this walks the ring and cuts it at its slowest link);
+* ``neighbours``: host-block swaps and reversals of a given ordering, for a
+  local search driven by the DP's bottleneck (``search.py``).
+
+Complexity: O(D^2 x hosts) for the greedy paths (D devices).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from dl_nfv.simulator.costs import CostModel
+
+
+def host_blocks(cm: CostModel, ordering: Sequence[str]) -> list[list[str]]:
+    """Maximal runs of ``ordering`` on one host."""
+    blocks: list[list[str]] = []
+    for d in ordering:
+        host = cm.cluster.device(d).host
+        if blocks and cm.cluster.device(blocks[-1][-1]).host == host:
+            blocks[-1].append(d)
+        else:
+            blocks.append([d])
+    return blocks
+
+
+def _speed(cm: CostModel, device: str) -> float:
+    j = cm.device_type_index[device]
+    total = float(cm.fwd_ms_by_type[:, j].sum() + cm.bwd_ms_by_type[:, j].sum())
+    return 1.0 / total if total > 0 else 1.0
+
+
+def path_cost(cm: CostModel, ordering: Sequence[str]) -> float:
+    """Sum over neighbours of the per-byte transfer time (ms per GB) plus latency (ms)."""
+    total = 0.0
+    for a, b in zip(ordering, ordering[1:]):
+        r = cm.cluster.route(a, b)
+        total += 8.0 / r.bandwidth_gbps + r.latency_us / 1e3
+    return total
+
+
+def greedy_path(cm: CostModel, devices: Sequence[str], start: str) -> list[str]:
+    """Walk from ``start`` to the widest, then nearest, unvisited device each step."""
+    left = [d for d in devices if d != start]
+    path = [start]
+    while left:
+        here = path[-1]
+
+        def key(d, here=here):
+            r = cm.cluster.route(here, d)
+            return (-r.bandwidth_gbps, r.latency_us, len(r.hops), devices.index(d))
+
+        nxt = min(left, key=key)
+        path.append(nxt)
+        left.remove(nxt)
+    return path
+
+
+def candidate_orderings(cm: CostModel, devices: Sequence[str] | None = None) -> list[tuple[str, ...]]:
+    """The deterministic candidate orderings described in the module docstring (deduplicated)."""
+    devices = list(devices or cm.cluster.device_names)
+    out: list[tuple[str, ...]] = []
+
+    def add(seq):
+        t = tuple(seq)
+        if t not in out and tuple(reversed(t)) not in out:
+            out.append(t)
+
+    add(devices)
+    blocks = host_blocks(cm, devices)
+    speed = {tuple(b): sum(_speed(cm, d) for d in b) / len(b) for b in blocks}
+    by_speed = sorted(blocks, key=lambda b: (-speed[tuple(b)], blocks.index(b)))
+    add([d for b in by_speed for d in b])
+    add([d for b in reversed(by_speed) for d in b])
+    paths = sorted((greedy_path(cm, devices, s) for s in devices),
+                   key=lambda p: (path_cost(cm, p), p))
+    for p in paths[:2]:
+        add(p)
+    return out
+
+
+def neighbours(cm: CostModel, ordering: Sequence[str], rng: random.Random, count: int) -> list[tuple[str, ...]]:
+    """``count`` random host-block moves of ``ordering`` (swap two blocks, reverse one, move one)."""
+    blocks = host_blocks(cm, ordering)
+    out = []
+    for _ in range(count):
+        b = [list(x) for x in blocks]
+        move = rng.randrange(3) if len(b) > 1 else 1
+        if move == 0:
+            i, j = rng.sample(range(len(b)), 2)
+            b[i], b[j] = b[j], b[i]
+        elif move == 1:
+            i = rng.randrange(len(b))
+            if len(b[i]) > 1:
+                b[i].reverse()
+            elif len(b) > 1:
+                j = rng.randrange(len(b) - 1)
+                b[j], b[j + 1] = b[j + 1], b[j]
+        else:
+            i = rng.randrange(len(b))
+            block = b.pop(i)
+            b.insert(rng.randrange(len(b) + 1), block)
+        out.append(tuple(d for x in b for d in x))
+    return out

@@ -1,0 +1,245 @@
+"""Partition + device mapping by dynamic programming over stage boundaries and device groups.
+
+Given a device **ordering** (a sequence of the cluster's devices in which
+neighbours are well connected, see ``mapping``), a stage is a range of ops
+``[a, b)`` placed on a contiguous run of the ordering ``[j0, j1)``, replicated
+over those devices with batch shares that equalise their times (faster devices
+take more samples). Devices before the first and after the last stage stay
+unused, so a slow end of the ordering can be left out.
+
+For ``m`` microbatches the cost of a stage is estimated analytically:
+
+* ``t`` = its per-microbatch forward+backward time with balanced shares,
+* ``load = m x t + allreduce(params over the group) + optimizer update``: the
+  time the stage is busy per iteration,
+* ``c`` = the per-microbatch transfer of the activations crossing its left
+  boundary, over the route between the last device of the previous group and
+  the first of this one (both directions carry it once per microbatch).
+
+A synchronous pipeline with a flush takes about
+``(m - 1) x bottleneck + sum over stages of (t + 2c)``: the bottleneck stage
+runs ``m`` microbatches back to back, and one microbatch has to travel through
+every stage to fill and drain the pipeline. So for a cap ``tau`` on every
+stage's ``load`` (and on ``m x c``, a link's load) the DP minimises the sum
+``sum(t + 2c)``; ``tau`` sweeps a grid above the smallest feasible cap
+(found by a min-max DP). Each ``tau`` yields one layout; all are timed
+exactly afterwards by the scheduler and the best kept.
+
+Memory: every replica holds its stage's parameters, gradients and optimizer
+state plus one microbatch of stashed activations (the scheduler then caps the
+microbatches in flight by what is left).
+
+Complexity: O(n^2 x D^2 x T) to build the tables (n ops, D devices, T device
+types) and O(n^2 x D^2 x K) for the DP over K caps, vectorised with numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dl_nfv.artifacts import Collective
+
+from .problem import Problem
+
+INF = np.inf
+TAU_GRID = (1.0, 1.02, 1.05, 1.1, 1.17, 1.25, 1.35, 1.5, 1.7, 2.0, 2.5, 3.5)
+
+
+@dataclass(frozen=True, slots=True)
+class StageSpec:
+    """One stage of a layout: ops ``order[start:stop]`` replicated on ``devices``."""
+
+    start: int
+    stop: int
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A pipeline layout before scheduling: stages and the microbatch count."""
+
+    stages: tuple[StageSpec, ...]
+    microbatches: int
+    origin: str = "dp"
+
+    @property
+    def key(self) -> tuple:
+        return (tuple((s.start, s.stop, s.devices) for s in self.stages), self.microbatches)
+
+
+class Tables:
+    """Stage costs of every (op range, device run) of one ordering at ``m`` microbatches."""
+
+    def __init__(self, problem: Problem, ordering: Sequence[str], microbatches: int,
+                 collective_cache: dict | None = None):
+        p = problem
+        self.problem = p
+        self.ordering = tuple(ordering)
+        self.m = m = microbatches
+        n, D = p.n, len(ordering)
+        dev_idx = np.array([p.device_index[d] for d in ordering])
+        types = p.type_of[dev_idx]
+        T = p.f_fixed.shape[0]
+        onehot = np.zeros((D, T))
+        onehot[np.arange(D), types] = 1.0
+        cum = np.zeros((D + 1, T))
+        cum[1:] = np.cumsum(onehot, axis=0)
+        counts = cum[None, :, :] - cum[:, None, :]  # [j0, j1, T]
+        counts[counts < 0] = 0.0
+        size = counts.sum(axis=2)  # [j0, j1]
+        fixed = (p.f_fixed + p.b_fixed)
+        scal = (p.f_scal + p.b_scal)
+        fix_ab = fixed[:, None, :] - fixed[:, :, None]  # [T, a, b]
+        scal_ab = np.maximum(scal[:, None, :] - scal[:, :, None], 1e-9)
+        inv = np.einsum("tab,jkt->abjk", 1.0 / scal_ab, counts)
+        fx = np.einsum("tab,jkt->abjk", fix_ab / scal_ab, counts)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = (1.0 + m * fx) / (m * inv)
+        # --- parameters, memory
+        params = p.param_prefix[None, :] - p.param_prefix[:, None]  # [a, b]
+        act = p.out_prefix[None, :] - p.out_prefix[:, None] + p.cut_bytes[:, None] * (
+            np.arange(n + 1)[:, None] > 0)
+        mem = p.memory_bytes[dev_idx]
+        min_mem = np.full((D + 1, D + 1), INF)
+        for j0 in range(D):
+            run = np.minimum.accumulate(mem[j0:])
+            min_mem[j0, j0 + 1:] = run
+        need_mem = (params * (2.0 + p.state_factor))[:, :, None, None] + \
+            act[:, :, None, None] / (m * np.maximum(size, 1.0))[None, None, :, :]
+        fits = need_mem <= min_mem[None, None, :, :]
+        # --- gradient synchronisation and optimizer update (affine in bytes)
+        sync_a, sync_b = self._sync_coefficients(p, ordering, collective_cache)
+        ar = np.min(sync_a[:, None, None, :, :] + sync_b[:, None, None, :, :] * params[None, :, :, None, None],
+                    axis=0)
+        ar = np.where(params[:, :, None, None] > 0, ar, 0.0)
+        bw = np.array([p.cm.cluster.device(d).type.memory_bandwidth_gb_per_s for d in ordering])
+        launch = p.cm.launch_ms_by_type[types]
+        per_byte = np.full((D + 1, D + 1), 0.0)
+        upd_launch = np.zeros((D + 1, D + 1))
+        for j0 in range(D):
+            per_byte[j0, j0 + 1:] = np.maximum.accumulate(
+                (3.0 + 2 * p.state_factor) / (bw[j0:] * 1e6))
+            upd_launch[j0, j0 + 1:] = np.maximum.accumulate(launch[j0:])
+        upd = np.where(params[:, :, None, None] > 0,
+                       upd_launch[None, None] + per_byte[None, None] * params[:, :, None, None], 0.0)
+        load = m * t + ar + upd
+        # --- activations crossing the left boundary (a > 0), over the neighbour route
+        comm = np.zeros((n + 1, D + 1))
+        for j0 in range(1, D):
+            route = p.cm.cluster.route(ordering[j0 - 1], ordering[j0])
+            comm[:, j0] = (route.latency_us + p.cut_bytes / m * 8 / (route.bandwidth_gbps * 1e3)) / 1e3
+        comm[0, :] = 0.0
+        valid = np.zeros((n + 1, n + 1, D + 1, D + 1), dtype=bool)
+        ab = np.triu(np.ones((n + 1, n + 1), dtype=bool), 1)
+        jj = np.triu(np.ones((D + 1, D + 1), dtype=bool), 1) & (size <= p.batch_size // m)
+        valid[:] = ab[:, :, None, None] & jj[None, None]
+        valid &= fits
+        valid &= np.isfinite(t)
+        self.t = t
+        self.load = load
+        self.comm = comm
+        self.need = np.where(valid, np.maximum(load, m * comm[:, None, :, None]), INF)
+        self.sumc = t + 2 * comm[:, None, :, None]
+
+    @staticmethod
+    def _sync_coefficients(p: Problem, ordering: Sequence[str], cache: dict | None):
+        """AllReduce time of every device run as ``min over algorithms of a + b x bytes``."""
+        D = len(ordering)
+        algos = (Collective.RING, Collective.TREE, Collective.HIERARCHICAL)
+        a = np.zeros((len(algos), D + 1, D + 1))
+        b = np.zeros((len(algos), D + 1, D + 1))
+        cache = cache if cache is not None else {}
+        big = 1e9
+        for j0 in range(D):
+            for j1 in range(j0 + 2, D + 1):
+                group = tuple(ordering[j0:j1])
+                key = frozenset(group)
+                coeffs = cache.get(key)
+                if coeffs is None:
+                    coeffs = []
+                    for alg in algos:
+                        lo = p.cm.allreduce_ms(group, 1.0, alg)
+                        hi = p.cm.allreduce_ms(group, big + 1.0, alg)
+                        coeffs.append((lo, (hi - lo) / big))
+                    cache[key] = coeffs
+                for k, (ca, cb) in enumerate(coeffs):
+                    a[k, j0, j1] = ca
+                    b[k, j0, j1] = cb
+        return a, b
+
+    # ------------------------------------------------------------------- DPs
+    def min_bottleneck(self) -> float:
+        """The smallest cap ``tau`` any layout of this ordering meets (inf if none fits)."""
+        n, D = self.problem.n, len(self.ordering)
+        best = np.full((n + 1, D + 1), INF)
+        best[0, :] = 0.0
+        for i in range(1, n + 1):
+            cand = np.maximum(best[:i, :, None], self.need[:i, i, :, :])  # [a, j0, j1]
+            best[i] = cand.min(axis=(0, 1))
+        return float(best[n].min())
+
+    def layouts(self, taus: Sequence[float], max_stages: int = 0, origin: str = "dp") -> list[Layout]:
+        """For each cap in ``taus``, the layout minimising the fill/drain sum (None-free list)."""
+        n, D = self.problem.n, len(self.ordering)
+        K = len(taus)
+        tau = np.asarray(taus, dtype=np.float64)
+        S = max_stages if 0 < max_stages < min(D, n) else 0
+        if S:
+            return self._layouts_limited(tau, S, origin)
+        best = np.full((K, n + 1, D + 1), INF)
+        best[:, 0, :] = 0.0
+        arg = np.zeros((K, n + 1, D + 1), dtype=np.int64)
+        for i in range(1, n + 1):
+            cost = np.where(self.need[None, :i, i, :, :] <= tau[:, None, None, None],
+                            self.sumc[None, :i, i, :, :], INF)  # [K, a, j0, j1]
+            cand = best[:, :i, :, None] + cost
+            flat = cand.reshape(K, i * (D + 1), D + 1)
+            k = flat.argmin(axis=1)
+            arg[:, i] = k
+            best[:, i] = np.take_along_axis(flat, k[:, None, :], axis=1)[:, 0]
+        out = []
+        for kk in range(K):
+            j1 = int(best[kk, n].argmin())
+            if not np.isfinite(best[kk, n, j1]):
+                continue
+            stages = []
+            i = n
+            while i > 0:
+                a, j0 = divmod(int(arg[kk, i, j1]), D + 1)
+                stages.append(StageSpec(a, i, self.ordering[j0:j1]))
+                i, j1 = a, j0
+            out.append(Layout(tuple(reversed(stages)), self.m, origin))
+        return out
+
+    def _layouts_limited(self, tau: np.ndarray, S: int, origin: str) -> list[Layout]:
+        """As ``layouts`` with at most ``S`` stages (an extra DP dimension)."""
+        n, D = self.problem.n, len(self.ordering)
+        K = len(tau)
+        best = np.full((K, S + 1, n + 1, D + 1), INF)
+        best[:, 0, 0, :] = 0.0
+        arg = np.zeros((K, S + 1, n + 1, D + 1), dtype=np.int64)
+        for i in range(1, n + 1):
+            cost = np.where(self.need[None, :i, i, :, :] <= tau[:, None, None, None],
+                            self.sumc[None, :i, i, :, :], INF)  # [K, a, j0, j1]
+            cand = best[:, :S, :i, :, None] + cost[:, None]  # [K, s-1, a, j0, j1]
+            flat = cand.reshape(K, S, i * (D + 1), D + 1)
+            k = flat.argmin(axis=2)
+            arg[:, 1:, i] = k
+            best[:, 1:, i] = np.take_along_axis(flat, k[:, :, None, :], axis=2)[:, :, 0]
+        out = []
+        for kk in range(K):
+            final = best[kk, :, n, :]
+            s, j1 = np.unravel_index(int(final.argmin()), final.shape)
+            if not np.isfinite(final[s, j1]):
+                continue
+            stages = []
+            i = n
+            while i > 0:
+                a, j0 = divmod(int(arg[kk, s, i, j1]), D + 1)
+                stages.append(StageSpec(a, i, self.ordering[j0:j1]))
+                i, j1, s = a, j0, s - 1
+            out.append(Layout(tuple(reversed(stages)), self.m, origin))
+        return out

@@ -1,0 +1,269 @@
+"""``dl-nfv plan pipeline``: the synchronous pipeline planner.
+
+Decides the number of stages, the partition of the op graph into stages
+(contiguous ranges of a topological order, so no two stages feed each other),
+the device mapping (each stage on a run of a topology-aware device ordering,
+replicated with integer batch shares balanced to the devices' speeds), the
+microbatch count and every device's microbatch schedule (GPipe, 1F1B or the
+list scheduler), minimising the simulated iteration time with the flush,
+including transfers on their real routes, gradient synchronisation of
+replicated stages and every device's memory. See docs/planners/pipeline.md.
+
+The final choice is made on the shared simulator: the best layouts of the
+search, the one-stage data-parallel plan, and the plans the ``dp``,
+``gpipe``, ``1f1b`` and ``pipedream`` baselines would make (all in this
+planner's search space) are simulated, and the fastest plan that fits in
+memory wins. The plan's notes say which candidate won.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dl_nfv.artifacts import (
+    BadInput,
+    Collective,
+    Fusion,
+    Group,
+    InfeasiblePlan,
+    OpGraph,
+    Pipeline,
+    Plan,
+    PlanStatus,
+    SyncMethod,
+    Topology,
+    fingerprint,
+)
+from dl_nfv.planners.base import GIB, finish, gradient_buckets, started
+from dl_nfv.planners.bounds import Bound, critical_path_ms, work_bound_ms
+
+from .bound import stage_balanced_bound_ms
+from .build import Replicas, groups_and_pipeline
+from .partition import Layout
+from .problem import Problem
+from .scheduler import Policy
+from .search import Evaluated, search
+
+SIMULATED_CANDIDATES = 6
+BUCKET_BYTES = 25 * 2**20
+SCHEDULES = {"auto": tuple(Policy), "gpipe": (Policy.GPIPE,), "1f1b": (Policy.ONE_F_ONE_B,),
+             "custom": (Policy.LIST,)}
+
+
+@dataclass(slots=True)
+class _Draft:
+    """A candidate plan before stamping: its parts, where it came from, its simulation."""
+
+    origin: str
+    groups: list[Group]
+    pipeline: Pipeline | None
+    fusion: Fusion | None
+    estimate_ms: float | None = None
+    iteration_ms: float = float("inf")
+    feasible: bool = False
+    overflow: str = ""
+
+
+def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int = 0,
+         max_stages: int = 0, schedule: str = "auto", time_limit: float = 30.0) -> Plan:
+    """Synchronous pipeline planning: partition, device mapping, microbatches, schedule.
+
+    Parameters
+    ----------
+    microbatches : int
+        Microbatches per iteration (0: search the divisors of the batch).
+    max_stages : int
+        Most pipeline stages (0: up to one per device).
+    schedule : str
+        auto (the fastest of gpipe, 1f1b and the list scheduler), gpipe, 1f1b or custom
+        (the list scheduler only).
+    time_limit : float
+        Seconds after which the ordering search stops early (it normally ends sooner).
+
+    Returns a ``Plan`` with ``bound_ms`` (work, critical path, largest op and the
+    stage-balanced bound). Raises ``BadInput`` for a bad option (a microbatch count
+    that does not divide the batch, more stages than ops) and ``InfeasiblePlan`` when
+    no plan fits in memory, naming the shortfall.
+
+    Complexity: O(orderings x microbatch counts x n^2 D^2) for the DP (n ops, D
+    devices), O(layouts x stages^2 x microbatches) for scheduling, plus ~10 simulations.
+    """
+    t0 = started()
+    problem = Problem(graph, topology)
+    _check_options(problem, microbatches, max_stages, schedule, time_limit)
+    _check_memory_floor(problem)
+    policies = SCHEDULES[schedule]
+    outcome = search(problem, microbatches=microbatches, max_stages=max_stages,
+                     policies=policies, seed=seed, time_limit=time_limit)
+    drafts = [_draft_of(problem, ev) for ev in outcome.candidates[:SIMULATED_CANDIDATES]]
+    drafts.extend(_seed_drafts(graph, topology, problem, microbatches, max_stages, schedule))
+    for d in drafts:
+        _simulate(problem, d)
+    fitting = [d for d in drafts if d.feasible]
+    if not fitting:
+        worst = next((d.overflow for d in drafts if d.overflow), "no candidate layout fits")
+        raise InfeasiblePlan(f"pipeline: no plan fits in memory; the closest candidate: {worst}")
+    best = min(fitting, key=lambda d: (round(d.iteration_ms, 9), _stage_count(d), d.origin))
+    bound = pipeline_bound(problem)
+    stages = _stage_count(best)
+    notes = [f"chosen: {best.origin}; {stages} stage(s) on "
+             f"{[len(g.devices) for g in best.groups]} device(s), "
+             f"{best.pipeline.microbatches if best.pipeline else 1} microbatch(es)"
+             + (f", {best.pipeline.schedule_kind.value} schedule" if best.pipeline else ""),
+             f"searched {outcome.orderings_tried} device orderings, timed {outcome.layouts_timed} "
+             f"layouts, simulated {len(drafts)} candidates (best own layout "
+             f"{min((d.iteration_ms for d in drafts if d.origin.startswith('search')), default=float('inf')):.3f} ms)",
+             "bound parts (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in bound.parts.items())]
+    status = PlanStatus.TIME_LIMIT if outcome.timed_out else PlanStatus.HEURISTIC
+    return finish(planner="pipeline", graph=graph, topology=topology, groups=best.groups, seed=seed,
+                  options={"microbatches": microbatches, "max_stages": max_stages,
+                           "schedule": schedule, "time_limit": time_limit},
+                  started_at=t0, bound=bound, status=status, pipeline=best.pipeline,
+                  fusion=best.fusion, cost_model=problem.cm, notes=notes)
+
+
+def pipeline_bound(problem: Problem) -> Bound:
+    """Lower bound for every plan of the pipeline family on ``problem`` (docs/planners/pipeline.md).
+
+    The work bound, the critical path at the smallest batch fraction a replica
+    can hold (one sample), and the stage-balanced bound. (An op's full-batch
+    time is no bound here: replicated stages split every op by the batch.)
+    """
+    cm, devices = problem.cm, list(problem.devices)
+    parts = {"work": work_bound_ms(cm, devices),
+             "critical_path": critical_path_ms(cm, devices, 1.0 / problem.batch_size)}
+    balanced = stage_balanced_bound_ms(problem)
+    if balanced != float("inf"):
+        parts["stage_balanced"] = balanced
+    return Bound(max(parts.values()), parts)
+
+
+# --------------------------------------------------------------------------- checks
+def _check_options(problem: Problem, microbatches: int, max_stages: int, schedule: str,
+                   time_limit: float) -> None:
+    name = problem.graph.model.name
+    if schedule not in SCHEDULES:
+        raise BadInput(f"pipeline: schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if microbatches < 0:
+        raise BadInput(f"pipeline: microbatches must be >= 0, got {microbatches}")
+    if microbatches and problem.batch_size % microbatches:
+        raise BadInput(f"pipeline: {microbatches} microbatches do not divide the batch of "
+                       f"{problem.batch_size} samples of {name!r} (a microbatch must hold a "
+                       f"whole number of samples)")
+    ops = len(problem.order)
+    if max_stages < 0:
+        raise BadInput(f"pipeline: max_stages must be >= 0, got {max_stages}")
+    if max_stages > ops:
+        raise BadInput(f"pipeline: max_stages {max_stages} exceeds the {ops} ops of {name!r}; "
+                       f"a stage needs at least one op")
+    if max_stages > problem.n:
+        raise BadInput(f"pipeline: max_stages {max_stages} exceeds the {problem.n} units the "
+                       f"graph of {name!r} is planned in")
+    if time_limit <= 0:
+        raise BadInput(f"pipeline: time_limit must be > 0 seconds, got {time_limit}")
+
+
+def _check_memory_floor(problem: Problem) -> None:
+    """InfeasiblePlan when the model cannot fit even split as finely as possible."""
+    cm = problem.cm
+    largest_mem = float(problem.memory_bytes.max())
+    per_unit = [problem.static_bytes(i, i + 1) for i in range(problem.n)]
+    worst = max(range(problem.n), key=per_unit.__getitem__)
+    if per_unit[worst] > largest_mem:
+        ops = problem.stage_ops(worst, worst + 1)
+        raise InfeasiblePlan(
+            f"pipeline: op {ops[0]!r} alone needs {per_unit[worst] / GIB:.2f} GiB (parameters, "
+            f"gradients, optimizer state) but the largest device has {largest_mem / GIB:.2f} GiB "
+            f"(short by {(per_unit[worst] - largest_mem) / GIB:.2f} GiB)")
+    total = problem.static_bytes(0, problem.n)
+    capacity = float(problem.memory_bytes.sum())
+    if total > capacity:
+        raise InfeasiblePlan(
+            f"pipeline: {problem.graph.model.name!r} needs {total / GIB:.2f} GiB of parameters, "
+            f"gradients and optimizer state but the {len(problem.devices)} devices of "
+            f"{cm.cluster.topology.name!r} have {capacity / GIB:.2f} GiB together (short by "
+            f"{(total - capacity) / GIB:.2f} GiB)")
+
+
+# --------------------------------------------------------------------------- drafts
+def _draft_of(problem: Problem, ev: Evaluated) -> _Draft:
+    layout, reps = ev.layout, ev.reps
+    if len(layout.stages) == 1 and layout.microbatches == 1:
+        return _data_parallel_draft(problem, layout, reps[0], f"search ({ev.timed.label})",
+                                    ev.makespan_ms)
+    groups, pipeline = groups_and_pipeline(problem, layout, reps, ev.timed.schedule)
+    return _Draft(f"search ({ev.timed.label})", groups, pipeline, None, ev.makespan_ms)
+
+
+def _data_parallel_draft(problem: Problem, layout: Layout, reps: Replicas, origin: str,
+                         estimate: float | None) -> _Draft:
+    """One stage, one microbatch: plain data parallelism with DDP-style gradient buckets."""
+    ops = problem.stage_ops(0, problem.n)
+    multi = len(reps.devices) > 1
+    group = Group(id="stage0", ops=ops, devices=reps.devices,
+                  batch_shares=reps.shares() if multi else (),
+                  sync=SyncMethod.ALLREDUCE if multi else SyncMethod.NONE,
+                  collective=Collective.AUTO)
+    fusion = Fusion(gradient_buckets=gradient_buckets(problem.graph, ops, BUCKET_BYTES)) \
+        if multi else None
+    return _Draft(origin, [group], None, fusion, estimate)
+
+
+def _seed_drafts(graph, topology, problem: Problem, microbatches: int, max_stages: int,
+                 schedule: str) -> list[_Draft]:
+    """The plans of the dp, gpipe, 1f1b and pipedream baselines (each in this search space)."""
+    from dl_nfv.planners import dp
+    from dl_nfv.planners.gpipe import baseline_draft, default_microbatches, even_layout
+    from dl_nfv.planners.pipedream import auto_microbatches, pipedream_layout
+
+    out: list[_Draft] = []
+    if not microbatches or microbatches == 1:
+        try:
+            ddp = dp.plan(graph, topology)
+            out.append(_Draft("seed: dp baseline", list(ddp.groups), None, ddp.fusion))
+        except BadInput:
+            pass
+    count = min(len(problem.devices), problem.n)
+    if max_stages:
+        count = min(count, max_stages)
+    for kind in ("gpipe", "1f1b"):
+        if schedule not in ("auto", kind):
+            continue
+        try:
+            m = microbatches or default_microbatches(problem.batch_size, count)
+            layout = even_layout(problem, count, m, "time", kind)
+            groups, pipeline = baseline_draft(problem, layout, kind)
+            out.append(_Draft(f"seed: {kind} baseline", groups, pipeline, None))
+        except BadInput:
+            pass
+    if schedule in ("auto", "1f1b"):
+        try:
+            layout = pipedream_layout(problem, microbatches or 1)
+            m = microbatches or auto_microbatches(problem, layout)
+            if m != layout.microbatches:
+                layout = pipedream_layout(problem, m)
+            if not max_stages or len(layout.stages) <= max_stages:
+                groups, pipeline = baseline_draft(problem, layout, "1f1b")
+                out.append(_Draft("seed: pipedream baseline", groups, pipeline, None))
+        except BadInput:
+            pass
+    return out
+
+
+def _simulate(problem: Problem, draft: _Draft) -> None:
+    from dl_nfv.planners.base import describe_overflow
+    from dl_nfv.simulator import simulate
+
+    graph, topology = problem.graph, problem.topology
+    plan = Plan(planner="pipeline", graph_sha256=fingerprint(graph),
+                topology_sha256=fingerprint(topology), batch_size=graph.model.batch_size,
+                groups=tuple(draft.groups), pipeline=draft.pipeline, fusion=draft.fusion)
+    result = simulate(plan, graph, topology, cost_model=problem.cm, check_fingerprints=False)
+    draft.iteration_ms = result.iteration_ms
+    draft.feasible = result.feasible
+    if not result.feasible:
+        draft.overflow = describe_overflow(result, problem.cm)
+
+
+def _stage_count(d: _Draft) -> int:
+    return len(d.pipeline.stages) if d.pipeline else 1

@@ -1,0 +1,196 @@
+"""The pipeline planning problem as arrays over one topological order of the ops.
+
+A stage is a contiguous range ``[a, b)`` of positions in ``Problem.order`` (a
+topological order of the op graph), so every partition into ranges respects
+the DAG: data only flows from a stage to a later one. Everything a planner
+asks about a range is O(1) from prefix sums:
+
+* compute: per device type, the forward and backward time of the range split
+  into a part that does not shrink with the batch (launch overhead) and a part
+  that does (``fixed + scalable x fraction``, exactly ``CostModel.ops_ms``);
+* parameters and stashed activation bytes of the range;
+* ``cut_bytes[i]``: the bytes that cross the boundary before position ``i``,
+  counted as the simulator sends them (one tensor per producing op and
+  consuming stage, the largest edge).
+
+Ops that need no gradient (nothing with parameters at or before them) get no
+backward time, as in the simulator.
+
+Graphs with more than ``max_units`` ops are coarsened first: consecutive ops
+of the order are merged into at most ``max_units`` units of about equal work,
+each unit boundary moved to the lightest cut nearby, and positions then count
+units. (Layer-granularity graphs of the zoo have fewer ops than that and are
+planned op by op.)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from dl_nfv.artifacts import OpGraph, Optimizer, Topology
+from dl_nfv.simulator.costs import CostModel
+
+MAX_UNITS = 96
+
+
+class Problem:
+    """Prefix-sum tables of one op graph on one cluster.
+
+    Parameters
+    ----------
+    graph, topology
+        The artifacts to plan for.
+    cost_model : CostModel, optional
+        Shared with the simulator calls of the same planner run.
+    optimizer : Optimizer
+        Decides the optimizer-state bytes per parameter byte.
+
+    Construction is O(ops x device types + edges x ops).
+    """
+
+    def __init__(self, graph: OpGraph, topology: Topology, cost_model: CostModel | None = None,
+                 optimizer: Optimizer = Optimizer.SGD, max_units: int = MAX_UNITS):
+        self.graph = graph
+        self.topology = topology
+        self.cm = cm = cost_model or CostModel(graph, topology)
+        self.optimizer = optimizer
+        self.state_factor = optimizer.state_factor
+        self.order: list[str] = graph.topological_ids()
+        self.pos = {op: i for i, op in enumerate(self.order)}
+        self.n = n = len(self.order)
+        self.batch_size = graph.model.batch_size
+        self.devices: tuple[str, ...] = cm.cluster.device_names
+        idx = np.array([cm.op_index[o] for o in self.order], dtype=np.int64)
+        launch = cm.launch_ms_by_type[None, :]
+        fwd = cm.fwd_ms_by_type[idx]
+        bwd = cm.bwd_ms_by_type[idx] * self._needs_grad()[:, None]
+        self.fwd_ms = fwd  # [ops, types], in this order
+        self.bwd_ms = bwd
+
+        def split(t):
+            fixed = np.where(t > launch, launch, t)
+            return _prefix(fixed.T), _prefix((t - fixed).T)
+
+        self.f_fixed, self.f_scal = split(fwd)  # [types, n+1]
+        self.b_fixed, self.b_scal = split(bwd)
+        self.param_prefix = _prefix(cm.param_bytes[idx][None, :])[0]
+        self.out_prefix = _prefix(cm.output_bytes[idx][None, :])[0]
+        self.cut_bytes, self.in_bytes = self._cuts()
+        self.bounds = np.arange(n + 1)
+        if n > max_units:
+            self.bounds = self._coarsen(max_units)
+            cols = self.bounds
+            for name in ("f_fixed", "f_scal", "b_fixed", "b_scal"):
+                setattr(self, name, getattr(self, name)[:, cols])
+            self.param_prefix = self.param_prefix[cols]
+            self.out_prefix = self.out_prefix[cols]
+            self.cut_bytes = self.cut_bytes[cols]
+            self.n = len(cols) - 1
+        self.type_of = np.array([cm.device_type_index[d] for d in self.devices], dtype=np.int64)
+        self.memory_bytes = np.array([cm.memory_bytes(d) for d in self.devices], dtype=np.float64)
+        self.device_index = {d: i for i, d in enumerate(self.devices)}
+
+    # ----------------------------------------------------------------- set-up
+    def _needs_grad(self) -> np.ndarray:
+        index = self.graph.index
+        preds: dict[str, list[str]] = defaultdict(list)
+        for e in self.graph.edges:
+            preds[e.dst].append(e.src)
+        needs: dict[str, bool] = {}
+        for op in self.order:
+            needs[op] = index[op].param_bytes > 0 or any(needs[p] for p in preds[op])
+        return np.array([1.0 if needs[o] else 0.0 for o in self.order])
+
+    def _cuts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes crossing each boundary, and bytes entering each op from earlier positions."""
+        n, pos = self.n, self.pos
+        out: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for e in self.graph.edges:
+            out[pos[e.src]].append((pos[e.dst], e.bytes))
+        cut = np.zeros(n + 1)
+        for u, dsts in out.items():
+            # boundary i (u < i <= v) carries the largest edge from u to a position >= i
+            dsts.sort()
+            suffix_max = 0
+            best = {}
+            for v, nbytes in reversed(dsts):
+                suffix_max = max(suffix_max, nbytes)
+                best[v] = suffix_max
+            lo = u + 1
+            for v, _ in dsts:
+                if v >= lo:
+                    cut[lo:v + 1] += best[v]
+                    lo = v + 1
+        in_bytes = np.zeros(n)
+        for e in self.graph.edges:
+            in_bytes[pos[e.dst]] += e.bytes
+        return cut, in_bytes
+
+    def _coarsen(self, units: int) -> np.ndarray:
+        """Unit boundaries: equal-work targets, each moved to the lightest cut within reach."""
+        n = self.n
+        work = np.cumsum(np.concatenate([[0.0], (self.fwd_ms + self.bwd_ms).max(axis=1)]))
+        total = work[-1]
+        window = max(1, n // (4 * units))
+        bounds = [0]
+        for k in range(1, units):
+            target = int(np.searchsorted(work, total * k / units)) if total > 0 else round(k * n / units)
+            lo, hi = max(bounds[-1] + 1, target - window), min(n - 1, target + window)
+            if lo > hi:
+                continue
+            best = min(range(lo, hi + 1), key=lambda i: (self.cut_bytes[i], abs(i - target), i))
+            bounds.append(best)
+        bounds.append(n)
+        return np.array(sorted(set(bounds)), dtype=np.int64)
+
+    # ---------------------------------------------------------------- queries
+    def params(self, a: int, b: int) -> float:
+        return float(self.param_prefix[b] - self.param_prefix[a])
+
+    def static_bytes(self, a: int, b: int) -> float:
+        """Parameters, gradients and optimizer state of range ``[a, b)`` on one replica."""
+        return self.params(a, b) * (2.0 + self.state_factor)
+
+    def activation_bytes(self, a: int, b: int) -> float:
+        """Full-batch outputs of range ``[a, b)`` plus what it receives (stashed per microbatch)."""
+        received = self.cut_bytes[a] if a > 0 else 0.0
+        return float(self.out_prefix[b] - self.out_prefix[a] + received)
+
+    def times(self, a: int, b: int, device: str, fraction: float) -> tuple[float, float]:
+        """(forward, backward) ms of range ``[a, b)`` on ``device`` at ``fraction`` of the batch."""
+        t = self.type_of[self.device_index[device]]
+        f = self.f_fixed[t, b] - self.f_fixed[t, a] + (self.f_scal[t, b] - self.f_scal[t, a]) * fraction
+        bw = self.b_fixed[t, b] - self.b_fixed[t, a] + (self.b_scal[t, b] - self.b_scal[t, a]) * fraction
+        return float(f), float(bw)
+
+    def pair_bytes(self, bounds: Sequence[int]) -> dict[tuple[int, int], float]:
+        """Full-batch bytes from stage s to stage t (s < t) for stage boundaries ``bounds``.
+
+        ``bounds`` = [0, b1, ..., n] in positions; one tensor per producing op and
+        consuming stage (its largest edge), as the simulator sends it.
+        """
+        op_bounds = self.bounds[np.asarray(bounds)]
+        stage_of = np.searchsorted(op_bounds[1:], np.arange(len(self.order)), side="right")
+        best: dict[tuple[int, int], float] = {}
+        for e in self.graph.edges:
+            s, t = int(stage_of[self.pos[e.src]]), int(stage_of[self.pos[e.dst]])
+            if s != t:
+                key = (self.pos[e.src], t)
+                best[key] = max(best.get(key, 0.0), float(e.bytes))
+        out: dict[tuple[int, int], float] = defaultdict(float)
+        for (u, t), nbytes in best.items():
+            out[(int(stage_of[u]), t)] += nbytes
+        return dict(out)
+
+    def stage_ops(self, a: int, b: int) -> tuple[str, ...]:
+        """The op ids of positions ``[a, b)``."""
+        return tuple(self.order[self.bounds[a]:self.bounds[b]])
+
+
+def _prefix(rows: np.ndarray) -> np.ndarray:
+    out = np.zeros((rows.shape[0], rows.shape[1] + 1))
+    np.cumsum(rows, axis=1, out=out[:, 1:])
+    return out

@@ -1,0 +1,177 @@
+"""The pipeline search: orderings x microbatch counts x DP layouts, timed by the scheduler.
+
+1. **Orderings** (``mapping.candidate_orderings``) and **microbatch counts**
+   (divisors of the batch, or the one the user fixed).
+2. For every pair, the partition DP (``partition.Tables``) finds the smallest
+   feasible bottleneck and one layout per cap of the grid above it.
+3. Every distinct layout gets integer replica shares and is timed by the list
+   scheduler with round-trip caps (``scheduler.run``), a few ms each.
+4. **Local search over orderings**: host-block moves of the best ordering
+   (seeded ``random.Random(seed)``, a fixed number of rounds), re-running 2–3
+   for the microbatch counts that did best; a move is kept when its best
+   layout is faster.
+5. The best layouts are scheduled by ``auto_schedule`` (GPipe, 1F1B and list
+   variants) and returned fastest first; the caller simulates the top few on
+   the shared simulator and keeps the winner.
+
+The work done is fixed by the inputs and the seed (no wall-clock decisions),
+so a run is deterministic; ``time_limit`` only stops the local search early
+on a slow machine, and the result then records that it did.
+
+Complexity: O(orderings x microbatch counts x DP) + O(rounds x DP) +
+O(layouts x stages^2 x microbatches).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .build import Replicas, all_replicas, stage_costs
+from .mapping import candidate_orderings, neighbours
+from .partition import TAU_GRID, Layout, Tables
+from .problem import Problem
+from .scheduler import Policy, StageCosts, Timed, auto_schedule, round_trip_caps, run
+
+MAX_MICROBATCH_OPTIONS = 7
+LOCAL_SEARCH_ROUNDS = 6
+NEIGHBOURS_PER_ROUND = 6
+TOP_FOR_SCHEDULING = 24
+
+
+@dataclass(slots=True)
+class Evaluated:
+    """A layout with its replicas, scheduler inputs and timed schedule."""
+
+    layout: Layout
+    reps: list[Replicas]
+    costs: StageCosts
+    timed: Timed
+
+    @property
+    def makespan_ms(self) -> float:
+        return self.timed.makespan_ms
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What the search found: candidates fastest first, and how the search went."""
+
+    candidates: list[Evaluated]
+    orderings_tried: int = 0
+    layouts_timed: int = 0
+    timed_out: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def microbatch_options(batch_size: int, fixed: int = 0, min_samples: int = 1) -> list[int]:
+    """Microbatch counts to try: ``fixed``, or up to 7 divisors of the batch spread evenly.
+
+    Every microbatch keeps at least ``min_samples`` samples.
+    """
+    if fixed:
+        return [fixed]
+    divisors = [m for m in range(1, batch_size + 1)
+                if batch_size % m == 0 and batch_size // m >= min_samples]
+    if len(divisors) <= MAX_MICROBATCH_OPTIONS:
+        return divisors
+    # keep the largest, the smallest and an even spread (in log scale) between
+    picks = {divisors[0], divisors[-1]}
+    k = MAX_MICROBATCH_OPTIONS - 2
+    for i in range(1, k + 1):
+        picks.add(divisors[round(i * (len(divisors) - 1) / (k + 1))])
+    return sorted(picks)
+
+
+def evaluate(problem: Problem, layout: Layout, *, full: bool = False,
+             policies: Sequence[Policy] = tuple(Policy)) -> Evaluated | None:
+    """Time ``layout``: quick (list scheduler, round-trip caps) or ``full`` (best schedule).
+
+    None when some stage cannot hold even one microbatch.
+    """
+    reps = all_replicas(problem, layout)
+    costs = stage_costs(problem, layout, reps)
+    if min(costs.caps) < 1:
+        return None
+    try:
+        if full:
+            timed = auto_schedule(costs, policies)
+        elif Policy.LIST in policies:
+            timed = run(costs, Policy.LIST, caps=round_trip_caps(costs))
+        else:
+            timed = auto_schedule(costs, policies)
+    except ValueError:
+        return None
+    return Evaluated(layout, reps, costs, timed)
+
+
+def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
+           policies: Sequence[Policy] = tuple(Policy), seed: int = 0,
+           time_limit: float = 30.0, extra: Sequence[Layout] = ()) -> Outcome:
+    """Run the search described in the module docstring; ``extra`` layouts join the pool."""
+    t0 = time.perf_counter()
+    cm = problem.cm
+    options = microbatch_options(problem.batch_size, microbatches)
+    orderings = candidate_orderings(cm)
+    cache: dict = {}
+    timed: dict[tuple, Evaluated | None] = {}
+    outcome = Outcome(candidates=[])
+
+    def consider(layouts: Sequence[Layout]) -> float:
+        best = float("inf")
+        for lay in layouts:
+            key = lay.key
+            if key not in timed:
+                timed[key] = evaluate(problem, lay, policies=policies)
+                outcome.layouts_timed += 1
+            ev = timed[key]
+            if ev is not None:
+                best = min(best, ev.makespan_ms)
+        return best
+
+    def explore(ordering: Sequence[str], ms: Sequence[int]) -> dict[int, float]:
+        scores = {}
+        for m in ms:
+            tables = Tables(problem, ordering, m, cache)
+            tau0 = tables.min_bottleneck()
+            if tau0 == float("inf"):
+                continue
+            scores[m] = consider(tables.layouts([tau0 * g for g in TAU_GRID], max_stages))
+        outcome.orderings_tried += 1
+        return scores
+
+    consider(extra)
+    per_ordering = []
+    for ordering in orderings:
+        scores = explore(ordering, options)
+        per_ordering.append((min(scores.values(), default=float("inf")), ordering, scores))
+    per_ordering.sort(key=lambda x: x[0])
+    if per_ordering and per_ordering[0][0] < float("inf") and len(problem.devices) > 2:
+        best_score, incumbent, scores = per_ordering[0]
+        good_ms = sorted(scores, key=scores.__getitem__)[:3]
+        rng = random.Random(seed)
+        for _ in range(LOCAL_SEARCH_ROUNDS):
+            if time.perf_counter() - t0 > time_limit * 0.6:
+                outcome.timed_out = True
+                break
+            improved = False
+            for cand in neighbours(cm, incumbent, rng, NEIGHBOURS_PER_ROUND):
+                s = explore(cand, good_ms)
+                score = min(s.values(), default=float("inf"))
+                if score < best_score - 1e-9:
+                    best_score, incumbent, improved = score, cand, True
+            if not improved:
+                break
+    ranked = sorted((ev for ev in timed.values() if ev is not None),
+                    key=lambda ev: (ev.makespan_ms, len(ev.layout.stages), ev.layout.key))
+    final = []
+    for ev in ranked[:TOP_FOR_SCHEDULING]:
+        full = evaluate(problem, ev.layout, full=True, policies=policies)
+        if full is not None:
+            full.layout = ev.layout
+            final.append(full)
+    final.sort(key=lambda ev: (ev.makespan_ms, len(ev.layout.stages), ev.layout.key))
+    outcome.candidates = final
+    return outcome
