@@ -1,13 +1,177 @@
-"""``dl-nfv nfv``: Run network functions over packet traces."""
+"""``dl-nfv nfv``: run network functions over packet traces (gen-trace, inspect, run, bench)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
+
+from .options import emit, emit_data, json_option, output_option, seed_option, stderr_console
 
 
 @click.group(name="nfv")
 def command() -> None:
-    """Run network functions over packet traces.
+    """Run network functions over packet traces, on CPU workers, a GPU, or both.
 
-    No subcommands are available yet in this version.
+    Traces are pcap or pcapng files; NF chains are nf-config YAML files
+    (examples/nf/). Engines: cpu, gpu, fixed:X, flowshader.
+
+    \b
+    Example:
+      dl-nfv nfv gen-trace --flows 2000 --size-dist zipf:1.2 -o skewed.pcap
+      dl-nfv nfv run --config examples/nf/ids.yaml --trace skewed.pcap -o report.json
     """
+
+
+@command.command(name="gen-trace")
+@click.option("--flows", type=int, default=1000, show_default=True, help="Number of TCP flows.")
+@click.option("--size-dist", default="zipf:1.2", show_default=True,
+              help="Flow sizes in request/response exchanges: uniform, zipf:S or pareto:A.")
+@click.option("--mix", default="http", show_default=True, help="Traffic mix (http).")
+@click.option("--mean-exchanges", type=float, default=4.0, show_default=True,
+              help="Mean request/response exchanges per flow.")
+@click.option("--attack-rate", type=float, default=0.01, show_default=True,
+              help="Fraction of messages carrying a string the example IDS rules detect.")
+@seed_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The pcap (.pcap) or pcapng (.pcapng) file to write.")
+@json_option
+def gen_trace(flows: int, size_dist: str, mix: str, mean_exchanges: float, attack_rate: float,
+              seed: int, output: Path, as_json: bool) -> None:
+    """Write a synthetic HTTP/1.1 trace with skewed flow sizes as a real pcap.
+
+    Each flow is a full TCP connection (handshake, MSS-sized segments, FIN)
+    carrying request/response exchanges; the number of exchanges per flow
+    follows the size distribution. Same options and seed give the same file.
+
+    \b
+    Example:
+      dl-nfv nfv gen-trace --flows 20000 --size-dist zipf:1.2 --mix http -o skewed.pcap
+      dl-nfv nfv gen-trace --flows 500 --size-dist uniform -o small.pcapng
+    """
+    from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
+
+    summary = generate_trace(TraceSpec(flows=flows, size_dist=size_dist, mix=mix,
+                                       mean_exchanges=mean_exchanges, attack_rate=attack_rate,
+                                       seed=seed), output)
+    if as_json:
+        emit_data(summary, None, True)
+    elif (console := stderr_console()) is not None:
+        console.print(f"wrote {output}: {summary['flows']} flows, {summary['packets']} packets, "
+                      f"{summary['exchanges']} exchanges (largest flow "
+                      f"{summary['largest_flow_exchanges']})")
+
+
+@command.command(name="inspect")
+@click.argument("trace", type=click.Path(dir_okay=False))
+@json_option
+def inspect(trace: str, as_json: bool) -> None:
+    """Summarise a pcap/pcapng: flows, messages, sizes, protocols, malformed packets.
+
+    \b
+    Example:
+      dl-nfv nfv inspect skewed.pcap
+      dl-nfv nfv inspect tests/data/loopback-http.pcap --json
+    """
+    from dl_nfv.nfv.run import inspect_trace
+
+    summary = inspect_trace(trace)
+    if as_json:
+        emit_data(summary, None, True)
+        return
+    from rich.console import Console
+
+    from .render_nfv import render_inspect
+
+    Console(soft_wrap=False).print(render_inspect(summary))
+
+
+_engine_option = click.option(
+    "--engine", default=None,
+    help="cpu, gpu, fixed:X (fraction X of flows on the CPU) or flowshader "
+         "(default: the config's engine).")
+_run_options = [
+    click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
+                 help="The nf-config (YAML) describing the NF chain."),
+    click.option("--trace", "trace_path", type=click.Path(dir_okay=False), required=True,
+                 help="The pcap or pcapng trace."),
+    click.option("--batch-size", type=int, default=None, help="Messages per batch (initial)."),
+    click.option("--workers", type=int, default=None, help="CPU worker processes (0: automatic)."),
+    click.option("--device", default=None, help="auto, cpu or cuda[:N] for the tensor path."),
+]
+
+
+def _with(options):
+    def wrap(func):
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return wrap
+
+
+@command.command(name="run")
+@_with(_run_options)
+@_engine_option
+@output_option("Write the nfv-report to this file (.json).")
+@json_option
+def run(config_path: str, trace_path: str, batch_size: int | None, workers: int | None,
+        device: str | None, engine: str | None, output: Path | None, as_json: bool) -> None:
+    """Run an NF chain over a trace and write an nfv-report.
+
+    The report has throughput (Gbps of payload, messages/s), per-message latency
+    percentiles, the CPU/GPU split of every batch, the alerts (sid, msg, flow
+    5-tuple, message index), HTTP/LB decisions, firewall drops, per-flow monitor
+    figures and malformed-packet counts by reason.
+
+    \b
+    Example:
+      dl-nfv nfv run --config examples/nf/ids.yaml --trace skewed.pcap --engine flowshader -o report.json
+      dl-nfv nfv run --config examples/nf/ids.yaml --trace skewed.pcap --engine fixed:0.3 --json
+    """
+    from dl_nfv.nfv.run import run_config
+
+    report = run_config(config_path, trace_path, engine=engine, batch_size=batch_size,
+                        workers=workers, device=device)
+    emit(report, output, as_json)
+    from .render_nfv import render_report
+
+    if output is None and not as_json:
+        from rich.console import Console
+
+        Console(soft_wrap=False).print(render_report(report))
+    elif (console := stderr_console()) is not None:
+        console.print(render_report(report))
+
+
+@command.command(name="bench")
+@_with(_run_options)
+@click.option("--engines", default="cpu,gpu,flowshader", show_default=True,
+              help="Comma-separated engines to compare.")
+@click.option("--repeats", type=int, default=1, show_default=True,
+              help="Runs per engine; the fastest counts.")
+@output_option("Write the comparison to this file (.json).")
+@json_option
+def bench(config_path: str, trace_path: str, batch_size: int | None, workers: int | None,
+          device: str | None, engines: str, repeats: int, output: Path | None,
+          as_json: bool) -> None:
+    """Compare engines on one trace: throughput, GPU share, and identical NF outputs.
+
+    Fails (exit 1) if two engines' NF outputs differ.
+
+    \b
+    Example:
+      dl-nfv nfv bench --config examples/nf/ids.yaml --trace skewed.pcap --engines cpu,gpu,flowshader
+    """
+    from dl_nfv.nfv.run import bench as run_bench
+
+    names = [e.strip() for e in engines.split(",") if e.strip()]
+    result = run_bench(config_path, trace_path, names, repeats=repeats, batch_size=batch_size,
+                       workers=workers, device=device)
+    emit_data(result, output, as_json)
+    if not as_json:
+        from rich.console import Console
+
+        from .render_nfv import render_bench
+
+        Console(soft_wrap=False).print(render_bench(result))

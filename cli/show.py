@@ -17,6 +17,8 @@ RENDERERS: dict[str, str] = {
     "plan": "render_graph:render_plan",
     "sim-report": "render_sim:render",
     "run-report": "render_run:render",
+    "nf-config": "render_nfv:render_config",
+    "nfv-report": "render_nfv:render_report",
 }
 
 

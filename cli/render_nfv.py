@@ -1,0 +1,133 @@
+"""Rich rendering of NFV artifacts and summaries: nf-config, nfv-report, inspect, bench."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+
+from dl_nfv.artifacts.nfconfig import NfConfig
+from dl_nfv.artifacts.nfvreport import NfvReport
+
+
+def _flow(f) -> str:
+    return f"{f.proto} {f.src}:{f.sport} -> {f.dst}:{f.dport}"
+
+
+def render_config(config: NfConfig) -> Group:
+    table = Table(title=f"nf-config {config.name}: engine {config.engine.name}, batch "
+                        f"{config.engine.batch_size}", title_justify="left")
+    for col in ("#", "nf", "parameters"):
+        table.add_column(col)
+    for i, spec in enumerate(config.chain):
+        params = []
+        if spec.rules:
+            params.append(f"rules={spec.rules}")
+        if spec.backends:
+            params.append(f"backends={','.join(spec.backends)} policy={spec.policy.value}")
+        if spec.nf.value == "firewall":
+            params.append(f"{len(spec.acl)} ACL rules, default {spec.default.value}")
+        table.add_row(str(i), spec.nf.value, " ".join(params) or "-")
+    return Group(table)
+
+
+def render_report(report: NfvReport) -> Group:
+    head = Table(title=f"nfv-report: {report.config} on {report.trace} with {report.engine} "
+                       f"({report.device}, {report.workers} workers)", title_justify="left")
+    for col in ("packets", "flows", "messages", "payload MB", "Gbps", "messages/s",
+                "p50 us", "p99 us", "batches"):
+        head.add_column(col, justify="right")
+    head.add_row(str(report.packets), str(report.flows), str(report.messages),
+                 f"{report.payload_bytes / 1e6:.1f}", f"{report.gbps:.3f}",
+                 f"{report.messages_per_s:,.0f}", f"{report.latency.p50_us:,.0f}",
+                 f"{report.latency.p99_us:,.0f}", str(len(report.batches)))
+    parts = [head]
+    if report.batches:
+        gpu_msgs = sum(b.gpu_messages for b in report.batches)
+        split = Table(title="CPU/GPU split (first batches)", title_justify="left")
+        for col in ("batch", "mode", "messages", "GPU flows", "GPU msgs", "CPU msgs", "GPU ms",
+                    "CPU ms", "wall ms"):
+            split.add_column(col, justify="right")
+        for b in report.batches[:8]:
+            split.add_row(str(b.index), b.mode, str(b.messages), f"{b.gpu_flows}/{b.flows}",
+                          str(b.gpu_messages), str(b.cpu_messages), f"{b.gpu_ms:.1f}",
+                          f"{b.cpu_ms:.1f}", f"{b.wall_ms:.1f}")
+        split.caption = f"GPU path took {gpu_msgs / max(report.messages, 1):.0%} of messages"
+        parts.append(split)
+    if report.alerts:
+        alerts = Table(title=f"alerts ({len(report.alerts)})", title_justify="left")
+        for col in ("sid", "msg", "flow", "message"):
+            alerts.add_column(col)
+        for a in report.alerts[:20]:
+            alerts.add_row(str(a.sid), a.msg, _flow(a.flow), str(a.message_index))
+        parts.append(alerts)
+    o = report.outputs
+    nf = Table(title="NF outputs", title_justify="left")
+    nf.add_column("nf")
+    nf.add_column("summary")
+    nf.add_column("digest")
+    if o.monitor:
+        nf.add_row("monitor", f"{o.monitor.flows} flows, {o.monitor.messages} messages, "
+                              f"{o.monitor.packets} packets, {o.monitor.bytes} bytes",
+                   o.monitor.digest[:12])
+    if o.http:
+        nf.add_row("http-lb", f"{o.http.requests} requests, {o.http.responses} responses; "
+                              f"backends {o.http.backends}", o.http.digest[:12])
+    if o.firewall:
+        nf.add_row("firewall", f"{o.firewall.dropped_messages} messages dropped in "
+                               f"{o.firewall.dropped_flows} flows", o.firewall.digest[:12])
+    if o.ids:
+        nf.add_row("ids", f"{o.ids.rules} rules, {o.ids.patterns} patterns, {o.ids.alerts} alerts,"
+                          f" {o.ids.stride_bytes} bytes/step", o.ids.digest[:12])
+    parts.append(nf)
+    if report.malformed:
+        parts.append(f"malformed/skipped: {report.malformed}")
+    return Group(*parts)
+
+
+def render_inspect(summary: dict) -> Group:
+    head = Table(title=f"trace {summary['trace']}", title_justify="left")
+    for col in ("packets", "flows", "messages", "payload MB", "applications"):
+        head.add_column(col, justify="right")
+    head.add_row(str(summary["packets"]), str(summary["flows"]), str(summary["messages"]),
+                 f"{summary['payload_bytes'] / 1e6:.2f}",
+                 ", ".join(f"{k} {v}" for k, v in summary["applications"].items()) or "-")
+    sizes = Table(title="flow sizes", title_justify="left")
+    for col in ("", "min", "median", "p99", "max", "top 1% share"):
+        sizes.add_column(col, justify="right")
+    for name in ("messages_per_flow", "bytes_per_flow"):
+        s = summary[name]
+        sizes.add_row(name.replace("_", " "), f"{s['min']:g}", f"{s['median']:g}",
+                      f"{s['p99']:g}", f"{s['max']:g}", f"{s['top1pct_share']:.0%}")
+    parts = [head, sizes]
+    largest = Table(title="largest flows", title_justify="left")
+    for col in ("flow", "messages", "bytes"):
+        largest.add_column(col)
+    for f in summary["largest_flows"]:
+        largest.add_row(f"{f['proto']} {f['src']}:{f['sport']} -> {f['dst']}:{f['dport']}",
+                        str(f["messages"]), str(f["bytes"]))
+    parts.append(largest)
+    bad = Table(title="malformed or skipped (by reason)", title_justify="left")
+    bad.add_column("reason")
+    bad.add_column("count", justify="right")
+    for k, v in summary["malformed"].items():
+        bad.add_row(k, str(v))
+    if not summary["malformed"]:
+        bad.add_row("none", "0")
+    parts.append(bad)
+    if summary["tcp"]:
+        parts.append("TCP reassembly: " + ", ".join(f"{k[4:]} {v}" for k, v in
+                                                    summary["tcp"].items()))
+    return Group(*parts)
+
+
+def render_bench(result: dict) -> Group:
+    table = Table(title=f"engines on {result['trace']} ({result['flows']} flows, "
+                        f"{result['messages']} messages); NF outputs identical: "
+                        f"{result['outputs_identical']}", title_justify="left")
+    for col in ("engine", "Gbps", "messages/s", "GPU share", "batches", "device", "workers"):
+        table.add_column(col, justify="right")
+    for r in result["engines"]:
+        table.add_row(r["engine"], f"{r['gbps']:.3f}", f"{r['messages_per_s']:,.0f}",
+                      f"{r['gpu_message_share']:.0%}", str(r["batches"]), r["device"],
+                      str(r["workers"]))
+    return Group(table)
