@@ -1,0 +1,152 @@
+"""``dl-nfv simulate``: files written, defaults from the plan, bad inputs exit 2 in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dl_nfv.artifacts import Group, Pipeline, fingerprint, load, save
+from dl_nfv.artifacts.runreport import ExecutionMode, RankRun, RunReport
+from dl_nfv.cli.main import cli
+from dl_nfv.simulator import simulate
+from tests.simulator.helpers import chain, mesh, one_group, plan
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def one_line_error(result, code=2):
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+@pytest.fixture
+def files(tmp_path):
+    g = chain(3, param_bytes=4096, edge_bytes=1024)
+    t = mesh(2)
+    save(g, tmp_path / "g.json")
+    save(t, tmp_path / "t.yaml")
+    p = plan(g, t, [one_group(g, t.device_names)], graph_path="g.json", topology_path="t.yaml")
+    save(p, tmp_path / "plan.json")
+    return tmp_path, g, t, p
+
+
+def test_report_and_trace_written_from_the_plans_recorded_paths(files, monkeypatch):
+    folder, g, t, p = files
+    monkeypatch.chdir("/")  # recorded paths are relative to the plan file, not the working folder
+    result = run("simulate", folder / "plan.json", "-o", folder / "r.json", "--trace",
+                 folder / "tr.json")
+    assert result.exit_code == 0, result.output
+    report = load(folder / "r.json", expect="sim-report")
+    assert report.iteration_ms == pytest.approx(simulate(p, g, t).iteration_ms, abs=1e-6)
+    assert report.plan_sha256 == fingerprint(p)
+    trace = json.loads((folder / "tr.json").read_text())
+    assert any(e["ph"] == "X" for e in trace["traceEvents"])
+
+
+def test_json_on_stdout_and_explicit_artifacts(files):
+    folder, g, t, p = files
+    bare = plan(g, t, p.groups)  # records no paths
+    save(bare, folder / "bare.json")
+    result = run("simulate", folder / "bare.json", "--graph", folder / "g.json", "--topology",
+                 folder / "t.yaml", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["kind"] == "sim-report" and data["iteration_ms"] > 0
+
+
+def test_summary_when_no_output_is_asked_for(files):
+    folder, *_ = files
+    result = run("simulate", folder / "plan.json")
+    assert result.exit_code == 0, result.output
+    assert "iteration" in result.stdout and "devices" in result.stdout
+
+
+def test_show_renders_a_sim_report(files):
+    folder, *_ = files
+    assert run("simulate", folder / "plan.json", "-o", folder / "r.json").exit_code == 0
+    shown = run("show", folder / "r.json", "--width", "120")
+    assert shown.exit_code == 0 and "critical path" in shown.stdout
+
+
+def test_missing_recorded_path_exits_2(files):
+    folder, g, t, p = files
+    save(plan(g, t, p.groups), folder / "bare.json")
+    line = one_line_error(run("simulate", folder / "bare.json"))
+    assert "records no graph path" in line and "--graph" in line
+
+
+def test_fingerprint_mismatch_exits_2_naming_the_file(files):
+    folder, g, t, p = files
+    save(chain(3, fwd_ms=9.0, param_bytes=4096, edge_bytes=1024), folder / "other.json")
+    line = one_line_error(run("simulate", folder / "plan.json", "--graph", folder / "other.json"))
+    assert "other.json" in line and "sha256" in line
+
+
+def test_absent_op_and_device_exit_2(files):
+    folder, g, t, p = files
+    ghost = plan(g, t, [Group(id="a", ops=("op0", "op1", "op2", "ghost"), devices=t.device_names)],
+                 graph_path="g.json", topology_path="t.yaml")
+    save(ghost, folder / "ghost.json")
+    assert "'ghost'" in one_line_error(run("simulate", folder / "ghost.json"))
+    away = plan(g, t, [one_group(g, ["m/gpu9"])], graph_path="g.json", topology_path="t.yaml")
+    save(away, folder / "away.json")
+    assert "'m/gpu9'" in one_line_error(run("simulate", folder / "away.json"))
+
+
+def test_cyclic_order_exits_2(files):
+    folder, g, t, p = files
+    d = t.device_names[0]
+    cyclic = plan(g, t, [one_group(g, [d])], order={d: ("op1", "op0", "op2")},
+                  graph_path="g.json", topology_path="t.yaml")
+    save(cyclic, folder / "cyclic.json")
+    assert "cyclic" in one_line_error(run("simulate", folder / "cyclic.json"))
+
+
+def test_deadlocking_schedule_exits_2(files):
+    folder, g, t, p = files
+    d0, d1 = t.device_names
+    groups = [Group(id="s0", ops=("op0",), devices=(d0,)),
+              Group(id="s1", ops=("op1", "op2"), devices=(d1,))]
+    pipe = Pipeline(microbatches=2, stages=("s0", "s1"),
+                    schedule={d0: "0F0 0B0 0F1 0B1", d1: "1F0 1F1 1B0 1B1"})
+    save(plan(g, t, groups, pipeline=pipe, graph_path="g.json", topology_path="t.yaml"),
+         folder / "dead.json")
+    assert "cyclic" in one_line_error(run("simulate", folder / "dead.json"))
+
+
+def _run_report(p, iteration_ms=(5.0, 4.0, 4.2, 4.4)):
+    devices = sorted({d for g in p.groups for d in g.devices})
+    return RunReport(
+        plan_sha256=fingerprint(p), planner=p.planner, mode=ExecutionMode.DATA_PARALLEL,
+        batch_size=p.batch_size, world_size=len(devices), ranks={d: i for i, d in enumerate(devices)},
+        backend="gloo", steps=len(iteration_ms), warmup=1, iteration_ms=4.2,
+        per_rank=tuple(RankRun(rank=i, device=d, iteration_ms=iteration_ms, compute_ms=3.0,
+                               wait_ms=1.0) for i, d in enumerate(devices)))
+
+
+def test_compare_sets_the_measured_run_beside_the_prediction(files):
+    folder, g, t, p = files
+    save(_run_report(p), folder / "run.json")
+    result = run("simulate", folder / "plan.json", "--compare", folder / "run.json", "--json")
+    assert result.exit_code == 0, result.output
+    c = json.loads(result.stdout)["comparison"]
+    predicted = simulate(p, g, t).iteration_ms
+    assert c["measured_iteration_ms"] == 4.2
+    assert c["predicted_iteration_ms"] == pytest.approx(predicted, abs=1e-6)
+    assert c["error_fraction"] == pytest.approx(predicted / 4.2 - 1, abs=1e-5)
+    assert c["measured_ms_by_device"] == {d: 4.2 for d in t.device_names}
+
+
+def test_compare_with_another_plans_run_exits_2(files):
+    folder, g, t, p = files
+    other = plan(g, t, p.groups)  # the same groups, but no recorded paths: another fingerprint
+    save(_run_report(other), folder / "run.json")
+    line = one_line_error(run("simulate", folder / "plan.json", "--compare", folder / "run.json"))
+    assert "run.json" in line and "plan sha256" in line
