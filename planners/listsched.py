@@ -103,7 +103,8 @@ class StepGraph:
     """
 
     def __init__(self, cm: CostModel, devices: Sequence[str], *,
-                 splits: Mapping[str, Split] | None = None, state_factor: float = 1.0):
+                 splits: Mapping[str, Split] | None = None, state_factor: float = 1.0,
+                 topological_ids: Sequence[str] | None = None):
         self.cm = cm
         self.devices = list(devices)
         self.splits = dict(splits or {})
@@ -113,7 +114,7 @@ class StepGraph:
         graph = cm.graph
         self.op_ids = cm.op_ids
         n = len(self.op_ids)
-        topo_ops = [cm.op_index[o] for o in graph.topological_ids()]
+        topo_ops = [cm.op_index[o] for o in (topological_ids or graph.topological_ids())]
 
         # units: one per unsplit op, one per replica of a split op, in topological order
         unit_op: list[int] = []
@@ -171,9 +172,12 @@ class StepGraph:
                     self.succ[a].append((b, nbytes))
                     self.pred[b].append((a, nbytes))
 
-        # affine transfer model per ordered device pair, read from the cost model
+        # affine transfer model per ordered device pair, read from the cost model, and the
+        # directed links each route holds while it carries a transfer
         self.lat = [[0.0] * D for _ in range(D)]
         self.per_byte = [[0.0] * D for _ in range(D)]
+        self.route_links: list[list[tuple[int, ...]]] = [[() for _ in range(D)] for _ in range(D)]
+        link_ids: dict[tuple[str, str], int] = {}
         for a, da in enumerate(self.devices):
             for b, db in enumerate(self.devices):
                 if a != b:
@@ -181,6 +185,9 @@ class StepGraph:
                     big = cm.transfer_ms(da, db, 1.0 + PROBE_BYTES)
                     self.per_byte[a][b] = (big - one) / PROBE_BYTES
                     self.lat[a][b] = one - self.per_byte[a][b]
+                    self.route_links[a][b] = tuple(link_ids.setdefault(hop, len(link_ids))
+                                                   for hop in cm.cluster.route(da, db).hops)
+        self.n_links = len(link_ids)
 
     # ------------------------------------------------------------ helpers
     def comm_ms(self, a: int, b: int, nbytes: float) -> float:
@@ -438,19 +445,64 @@ class _Memory:
                                max(0.0, self.capacity[d] - self.used[d]), self.capacity[d])
 
 
-def _arrival(sg: StepGraph, u: int, d: int, finish: list[float], device: list[int]
-             ) -> tuple[float, int]:
-    """When every input of the forward of unit ``u`` is on device ``d``, and the last input."""
-    ready, binding = 0.0, -1
-    lat, per_byte = sg.lat, sg.per_byte
-    for a, nbytes in sg.pred[u]:
-        src = device[a]
-        at = finish[a]
-        if src != d and nbytes > 0:
-            at += lat[src][d] + nbytes * per_byte[src][d]
-        if binding < 0 or at > ready:
-            ready, binding = max(ready, at), a
-    return ready, binding
+class _Links:
+    """When each directed link is next free, and what has already been sent where.
+
+    A transfer holds every link of its route for its whole duration and starts
+    when the last of them frees up (the simulator's whole-route reservation);
+    a producer's output goes to a device once, however many consumers it has.
+    """
+
+    __slots__ = ("free", "sent")
+
+    def __init__(self, n_links: int):
+        self.free = [0.0] * n_links
+        self.sent: dict[tuple[int, int], float] = {}
+
+    def arrival(self, sg: StepGraph, u: int, d: int, finish: list[float], device: list[int],
+                commit: bool = False) -> tuple[float, int]:
+        """When every input of the forward of unit ``u`` is on device ``d``, and the last
+        input; ``commit`` books the transfers."""
+        ready, binding = 0.0, -1
+        preds = sg.pred[u]
+        if len(preds) > 1:
+            preds = sorted(preds, key=lambda p: finish[p[0]])
+        booked: dict[int, float] = {}
+        for a, nbytes in preds:
+            src = device[a]
+            at = finish[a]
+            if src != d and nbytes > 0:
+                key = (a, d)
+                sent = self.sent.get(key)
+                if sent is not None:
+                    at = sent
+                else:
+                    route = sg.route_links[src][d]
+                    free = self.free
+                    for link in route:
+                        at = max(at, booked.get(link, free[link]))
+                    at += sg.lat[src][d] + nbytes * sg.per_byte[src][d]
+                    for link in route:
+                        booked[link] = at
+                    if commit:
+                        self.sent[key] = at
+            if binding < 0 or at > ready:
+                ready, binding = max(ready, at), a
+        if commit:
+            for link, at in booked.items():
+                self.free[link] = at
+        return ready, binding
+
+    def send(self, sg: StepGraph, src: int, dst: int, ready: float, nbytes: float) -> float:
+        """Book one transfer that can leave at ``ready``; returns its arrival."""
+        route = sg.route_links[src][dst]
+        at = ready
+        for link in route:
+            at = max(at, self.free[link])
+        at += sg.lat[src][dst] + nbytes * sg.per_byte[src][dst]
+        for link in route:
+            self.free[link] = at
+        return at
 
 
 def _new_schedule(sg: StepGraph, algorithm: str) -> Schedule:
@@ -481,6 +533,7 @@ def list_schedule(sg: StepGraph, priority: Sequence[float], *, allowed: Sequence
     device, start, finish = sched.device, sched.start, sched.finish
     lines = [_Timeline() for _ in range(sg.D)]
     memory = _Memory(sg, capacity_bytes)
+    links = _Links(sg.n_links)
     fwd, bwd = sg.fwd, sg.bwd
     indegree = [len(sg.pred[u]) for u in range(U)]
     heap = [(-priority[u], u) for u in range(U) if indegree[u] == 0]
@@ -499,13 +552,15 @@ def list_schedule(sg: StepGraph, priority: Sequence[float], *, allowed: Sequence
                 raise memory.shortfall(u, allowed, device)
         best = None
         for d in candidates:
-            ready, bind = _arrival(sg, u, d, finish, device)
+            ready, _ = links.arrival(sg, u, d, finish, device)
             cost = fwd[u][d]
             s = lines[d].slot(ready, cost, insertion)
             score = s + cost + (bwd[u][d] if lookahead else 0.0)
             if best is None or score < best[0] - EPS_MS:
-                best = (score, d, s, ready, bind)
-        _, d, s, ready, bind = best
+                best = (score, d)
+        d = best[1]
+        ready, bind = links.arrival(sg, u, d, finish, device, commit=True)
+        s = lines[d].slot(ready, fwd[u][d], insertion)
         memory.place(u, d, device)
         device[u] = d
         start[u], finish[u] = s, s + fwd[u][d]
@@ -517,11 +572,11 @@ def list_schedule(sg: StepGraph, priority: Sequence[float], *, allowed: Sequence
                 heapq.heappush(heap, (-priority[v], v))
     for j, line in enumerate(lines):
         sched.timelines[j] = list(line.tasks)
-    backward_pass(sched)
+    backward_pass(sched, links)
     return sched
 
 
-def backward_pass(sched: Schedule) -> None:
+def backward_pass(sched: Schedule, links: _Links | None = None) -> None:
     """Time the backwards, gradient AllReduces and optimizer updates of a placed forward pass.
 
     Each device runs its backwards after its last forward, in the reverse of
@@ -537,8 +592,9 @@ def backward_pass(sched: Schedule) -> None:
     sg = sched.sg
     cm = sg.cm
     U = sg.U
+    links = links or _Links(sg.n_links)
     device, start, finish = sched.device, sched.start, sched.finish
-    rg, bwd, lat, per_byte = sg.rg, sg.bwd, sg.lat, sg.per_byte
+    rg, bwd = sg.rg, sg.bwd
     free = [0.0] * sg.D
     last_fwd = [-1] * sg.D
     keyed = sorted(range(U), key=lambda u: (start[u], finish[u], u))
@@ -552,13 +608,21 @@ def backward_pass(sched: Schedule) -> None:
             continue
         d = device[u]
         ready, bind = finish[u], u
+        remote: dict[int, list] = {}  # consumer device -> [ready, bytes, last consumer]
         for s, nbytes in sg.succ[u]:
-            at = finish[U + s]
             src = device[s]
-            if src != d and nbytes > 0:
-                at += lat[src][d] + nbytes * per_byte[src][d]
+            if src == d or nbytes <= 0:
+                if finish[U + s] > ready:
+                    ready, bind = finish[U + s], U + s
+                continue
+            entry = remote.setdefault(src, [0.0, 0.0, -1])
+            if finish[U + s] >= entry[0]:
+                entry[0], entry[2] = finish[U + s], U + s
+            entry[1] = max(entry[1], nbytes)
+        for src, (at, nbytes, last) in sorted(remote.items(), key=lambda kv: kv[1][0]):
+            at = links.send(sg, src, d, at, nbytes)
             if at > ready:
-                ready, bind = at, U + s
+                ready, bind = at, last
         t = U + u
         begin = max(ready, free[d])
         start[t], finish[t] = begin, begin + bwd[u][d]
@@ -619,17 +683,18 @@ def etf_schedule(sg: StepGraph, *, allowed: Sequence[int], capacity_bytes: Seque
     sched = _new_schedule(sg, algorithm)
     device, start, finish = sched.device, sched.start, sched.finish
     memory = _Memory(sg, capacity_bytes)
+    links = _Links(sg.n_links)
     avail = np.zeros(D)
     barred = np.ones(D, dtype=bool)
     barred[allowed] = False
     indegree = [len(sg.pred[u]) for u in range(U)]
+    # ready forwards: data-ready time per device (inf where barred), kept packed in rows[:m]
+    rows = np.full((max(U, 1), D), np.inf)
     ready_ids: list[int] = []
-    ready_rows: list[np.ndarray] = []  # per ready forward: data-ready time per device (inf: barred)
-    bind_rows: list[list[int]] = []
 
     def make_ready(u: int) -> None:
-        row = np.full(D, np.inf)
-        binds = [-1] * D
+        row = rows[len(ready_ids)]
+        row[:] = np.inf
         if sg.pin[u] >= 0:
             targets = [sg.pin[u]]
         elif u in favourite and memory.fits(u, device[favourite[u]], device):
@@ -637,43 +702,46 @@ def etf_schedule(sg: StepGraph, *, allowed: Sequence[int], capacity_bytes: Seque
         else:
             targets = allowed
         for d in targets:
-            row[d], binds[d] = _arrival(sg, u, d, finish, device)
+            row[d] = links.arrival(sg, u, d, finish, device)[0]
+        row[barred] = np.inf
         ready_ids.append(u)
-        ready_rows.append(row)
-        bind_rows.append(binds)
 
     for u in range(U):
         if indegree[u] == 0:
             make_ready(u)
     while ready_ids:
-        est = np.maximum(np.vstack(ready_rows), avail[None, :])
-        est[:, barred] = np.inf
-        for k, u in enumerate(ready_ids):
-            for d in np.flatnonzero(np.isfinite(est[k])):
-                if not memory.fits(u, int(d), device):
-                    est[k, d] = np.inf
-        best = est.min(axis=1)
-        if not np.isfinite(best).any():
-            raise memory.shortfall(ready_ids[0], allowed, device)
-        ties = np.flatnonzero(best <= best.min() + EPS_MS)
-        k = int(max(ties, key=lambda i: (prio[ready_ids[i]], -ready_ids[i])))
+        m = len(ready_ids)
+        est = np.maximum(rows[:m], avail[None, :])
+        while True:  # the earliest start whose memory fits (memory rarely binds: check lazily)
+            best = est.min(axis=1)
+            first = best.min()
+            if not np.isfinite(first):
+                raise memory.shortfall(ready_ids[0], allowed, device)
+            ties = np.flatnonzero(best <= first + EPS_MS)
+            k = int(ties[0]) if len(ties) == 1 else int(
+                max(ties, key=lambda i: (prio[ready_ids[i]], -ready_ids[i])))
+            d = int(np.argmin(est[k]))
+            if memory.fits(ready_ids[k], d, device):
+                break
+            est[k, d] = np.inf
         u = ready_ids[k]
-        d = int(np.argmin(est[k]))
-        s = float(est[k, d])
+        ready, bind = links.arrival(sg, u, d, finish, device, commit=True)
+        s = max(ready, float(avail[d]))
         memory.place(u, d, device)
         device[u] = d
         start[u], finish[u] = s, s + sg.fwd[u][d]
-        sched.data_ready[u], sched.binding[u] = float(ready_rows[k][d]), bind_rows[k][d]
+        sched.data_ready[u], sched.binding[u] = ready, bind
         sched.timelines[d].append(u)
         avail[d] = finish[u]
-        for lst in (ready_ids, ready_rows, bind_rows):
-            lst[k] = lst[-1]
-            lst.pop()
+        last = m - 1
+        rows[k] = rows[last]
+        ready_ids[k] = ready_ids[last]
+        ready_ids.pop()
         for v, _ in sg.succ[u]:
             indegree[v] -= 1
             if indegree[v] == 0:
                 make_ready(v)
-    backward_pass(sched)
+    backward_pass(sched, links)
     return sched
 
 

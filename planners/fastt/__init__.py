@@ -31,7 +31,16 @@ from dl_nfv.simulator.costs import CostModel
 from ..base import finish, started
 from ..bounds import lower_bound
 from ..listsched import MemoryShortfall
-from .search import Context, Recipe, data_parallel_splits, recipes, split_search
+from .search import (
+    Context,
+    Recipe,
+    data_parallel_splits,
+    placement_candidates,
+    recipes,
+    split_search,
+)
+
+SIMULATED_CANDIDATES = 4
 
 
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: bool = True,
@@ -79,25 +88,22 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: b
         notes += [f"refined with {refine_with}: {n}" for n in refine_notes]
     cm = CostModel(costed, topology)
     ctx = Context(graph, topology, cm, memory_fraction=memory_fraction)
-    candidates = []
-    shortfalls: list[MemoryShortfall] = []
-    for recipe in recipes(ctx):
-        try:
-            candidates.append(ctx.build(recipe))
-        except MemoryShortfall as exc:
-            shortfalls.append(exc)
+    candidates, shortfalls, tried = placement_candidates(ctx, recipes(ctx),
+                                                         simulate_top=SIMULATED_CANDIDATES)
     dp_splits = data_parallel_splits(ctx, max_split) if split_critical else {}
     if dp_splits:
         try:
-            candidates.append(ctx.build(Recipe("data-parallel start", "heft", tuple(range(ctx.D))),
-                                        dp_splits, data_parallel=True))
+            cand = ctx.build(Recipe("data-parallel start", "heft", tuple(range(ctx.D))),
+                             dp_splits, data_parallel=True)
+            candidates.append(cand)
+            tried.append(f"data-parallel start: simulated {cand.iteration_ms:.3f} ms")
         except MemoryShortfall as exc:
             shortfalls.append(exc)
+            tried.append("data-parallel start: out of memory")
     if not candidates:
         raise InfeasiblePlan(f"fastt: {shortfalls[0].describe()}")
     best = min(candidates, key=lambda c: c.iteration_ms)
-    notes.append(f"list scheduling: {best.recipe.name} kept; simulated "
-                 + ", ".join(f"{c.recipe.name}={c.iteration_ms:.3f} ms" for c in candidates))
+    notes.append(f"list scheduling: {best.recipe.name} kept; " + "; ".join(tried))
     if split_critical and split_rounds > 0:
         deadline = t0 + time_limit if time_limit > 0 else float("inf")
         best, log = split_search(ctx, best, max_split=max_split, rounds=split_rounds,

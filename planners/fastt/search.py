@@ -12,9 +12,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dl_nfv.artifacts import Fusion, Group, OpGraph, Plan, Topology, fingerprint
+from dl_nfv.artifacts import Fusion, Group, OpGraph, Plan, Topology
 from dl_nfv.simulator import simulate
-from dl_nfv.simulator.costs import CostModel
+from dl_nfv.simulator.costs import CostModel, scale_by_batch
 from dl_nfv.simulator.tasks import TaskKind
 
 from ..base import device_speeds, gradient_buckets, integer_shares
@@ -73,15 +73,18 @@ class Context:
         self.devices = list(cm.cluster.device_names)
         self.D = len(self.devices)
         self.capacity = [cm.memory_bytes(d) * memory_fraction for d in self.devices]
-        self.graph_sha256 = fingerprint(graph)
-        self.topology_sha256 = fingerprint(topology)
+        # drafts are simulated without fingerprint checks; ``finish`` stamps the real ones
+        self.graph_sha256 = self.topology_sha256 = "0" * 64
         self.batch_size = graph.model.batch_size
-        self.base = StepGraph(cm, self.devices)
+        self.topological_ids = graph.topological_ids()
+        self.base = StepGraph(cm, self.devices, topological_ids=self.topological_ids)
         self.speeds = device_speeds(cm, self.devices)
         self.simulations = 0
 
     def step_graph(self, splits: Mapping[str, Split]) -> StepGraph:
-        return StepGraph(self.cm, self.devices, splits=splits) if splits else self.base
+        if not splits:
+            return self.base
+        return StepGraph(self.cm, self.devices, splits=splits, topological_ids=self.topological_ids)
 
     # ------------------------------------------------------------- schedules
     def schedule(self, recipe: Recipe, splits: Mapping[str, Split],
@@ -112,6 +115,10 @@ class Context:
         groups, order, notes = plan_groups(schedule, merge_splits=data_parallel)
         fusion = None
         if data_parallel:
+            # replicas run the graph's topological order (backwards in reverse), so the
+            # gradient buckets fill in the order the backward pass produces them
+            placed = {op: g.devices for g in groups for op in g.ops}
+            order = {d: tuple(o for o in self.topological_ids if d in placed[o]) for d in order}
             merged = [g for g in groups if len(g.devices) > 1 and len(g.ops) > 1]
             buckets = tuple(b for g in merged
                             for b in gradient_buckets(self.graph, g.ops, BUCKET_BYTES))
@@ -124,25 +131,71 @@ class Context:
         return cand, result
 
     def build(self, recipe: Recipe, splits: Mapping[str, Split] | None = None, *,
-              data_parallel: bool = False) -> Candidate:
-        """Schedule and simulate; on a simulated memory overflow, tighten that device and retry.
+              data_parallel: bool = False, schedule: Schedule | None = None) -> Candidate:
+        """Schedule (unless ``schedule`` is given) and simulate; on a simulated memory
+        overflow, tighten that device's cap and re-schedule (a few times).
 
         Raises ``MemoryShortfall`` when the schedule cannot be made to fit.
         """
         splits = dict(splits or {})
         capacity = list(self.capacity)
         for _ in range(MEMORY_RETRIES + 1):
-            schedule = self.schedule(recipe, splits, capacity)
+            if schedule is None:
+                schedule = self.schedule(recipe, splits, capacity)
             cand, result = self.score(recipe, splits, schedule, data_parallel=data_parallel)
             if result.feasible:
                 return cand
             for device, _, shortfall in result.overflows:
                 j = self.devices.index(device)
                 capacity[j] = max(0.0, capacity[j] - 1.05 * shortfall)
+            schedule = None
         device, _, shortfall = max(result.overflows, key=lambda o: o[2])
         j = self.devices.index(device)
         raise MemoryShortfall(f"(all ops of {device!r})", self.capacity[j] + shortfall, device,
                               self.capacity[j], self.capacity[j])
+
+    def fits_on(self, allowed: Sequence[int]) -> bool:
+        """Whether the whole model's memory is at most the total capacity of ``allowed``."""
+        base = self.base
+        need = sum(base.static_bytes) + sum(base.act_bytes)
+        return need <= sum(self.capacity[j] for j in allowed)
+
+
+def placement_candidates(ctx: Context, recipe_list: Sequence[Recipe], *, simulate_top: int
+                         ) -> tuple[list[Candidate], list[MemoryShortfall], list[str]]:
+    """Run every recipe; simulate the ``simulate_top`` best by the schedulers' own estimate
+    (which books links as the simulator does, so it ranks candidates closely).
+
+    Returns the simulated candidates, the memory shortfalls met, and one note per recipe.
+    """
+    scheduled: list[tuple[float, int, Recipe, Schedule]] = []
+    shortfalls: list[MemoryShortfall] = []
+    notes: list[str] = []
+    for k, recipe in enumerate(recipe_list):
+        if not ctx.fits_on(recipe.allowed):
+            notes.append(f"{recipe.name}: skipped, the model does not fit on its devices")
+            continue
+        try:
+            sched = ctx.schedule(recipe, {})
+        except MemoryShortfall as exc:
+            shortfalls.append(exc)
+            notes.append(f"{recipe.name}: out of memory ({exc.op_id!r} fits nowhere)")
+            continue
+        scheduled.append((sched.makespan_ms, k, recipe, sched))
+    scheduled.sort(key=lambda item: item[:2])
+    out: list[Candidate] = []
+    for rank, (estimate, _, recipe, sched) in enumerate(scheduled):
+        text = f"{recipe.name}: estimated {estimate:.3f} ms"
+        if rank < simulate_top:
+            try:
+                cand = ctx.build(recipe, schedule=sched)
+                out.append(cand)
+                text += f", simulated {cand.iteration_ms:.3f} ms"
+            except MemoryShortfall as exc:
+                shortfalls.append(exc)
+                text += ", overflows memory when simulated"
+        notes.append(text)
+    return out, shortfalls, notes
 
 
 # ------------------------------------------------------------------ recipes
@@ -176,15 +229,16 @@ def recipes(ctx: Context) -> list[Recipe]:
 
 
 def data_parallel_splits(ctx: Context, max_split: int) -> dict[str, Split]:
-    """Every splittable op over the ``max_split`` fastest devices, batch shares by device speed
-    (FastT's mixed data/model parallelism at its data-parallel end); other ops stay whole."""
+    """Every op replicated over the ``max_split`` fastest devices with batch shares by device
+    speed: FastT's mixed data/model parallelism at its data-parallel end. (Replicas scale
+    every op by their share, as data parallelism does, whatever its ``splittable_dims``.)"""
     fastest = sorted(sorted(range(ctx.D), key=lambda j: (-ctx.speeds[j], j))[:max_split])
     counts = integer_shares(ctx.batch_size, [ctx.speeds[j] for j in fastest])
     kept = [(ctx.devices[j], c) for j, c in zip(fastest, counts) if c > 0]
     if len(kept) < 2:
         return {}
     split = Split(tuple(d for d, _ in kept), _shares([c for _, c in kept]))
-    return {op.id: split for op in ctx.graph.ops if op.splittable_dims}
+    return {op.id: split for op in ctx.graph.ops}
 
 
 def _shares(counts: Sequence[int]) -> tuple[float, ...]:
@@ -228,14 +282,51 @@ def split_for(ctx: Context, sched: Schedule, op_id: str, k: int) -> Split | None
     return Split(tuple(sg.devices[d] for d in chosen), _shares(counts))
 
 
+def promising_splits(ctx: Context, sched: Schedule, op_id: str, k_max: int,
+                     keep: int = 2) -> list[Split]:
+    """The ``keep`` k-way splits (k = 2..``k_max``) that shorten the op's own span most.
+
+    The span of a split op is its slowest replica's forward and backward plus
+    the scatter of its input and the gather of its output (each way, both
+    passes) and the AllReduce of its gradient; only splits shorter than the
+    unsplit op are kept. Re-scheduling then decides.
+    """
+    sg = sched.sg
+    cm = ctx.cm
+    unit = sg.units_of_op[cm.op_index[op_id]][0]
+    home = sched.device[unit]
+    in_bytes = sum(b for _, b in sg.pred[unit])
+    out_bytes = max((b for _, b in sg.succ[unit]), default=0.0)
+    params = sg.param_bytes[unit]
+    launch = [float(cm.launch_ms_by_type[cm.device_type_index[d]]) for d in sg.devices]
+    whole = sg.fwd[unit][home] + sg.bwd[unit][home]
+    scored: list[tuple[float, int, Split]] = []
+    for k in range(2, k_max + 1):
+        split = split_for(ctx, sched, op_id, k)
+        if split is None:
+            continue
+        span = 0.0
+        for name, share in zip(split.devices, split.shares):
+            d = sg.devices.index(name)
+            work = sum(scale_by_batch(t[unit][d], launch[d], share) for t in (sg.fwd, sg.bwd))
+            move = 2 * (sg.comm_ms(home, d, in_bytes * share) + sg.comm_ms(d, home, out_bytes * share))
+            span = max(span, work + move)
+        if params > 0:
+            span += cm.allreduce_ms(list(split.devices), params)
+        if span < whole:
+            scored.append((span, k, split))
+    return [split for _, _, split in sorted(scored, key=lambda x: x[:2])[:keep]]
+
+
 def split_search(ctx: Context, start: Candidate, *, max_split: int, rounds: int,
                  ops_per_round: int, deadline: float) -> tuple[Candidate, list[str]]:
     """Split critical-path ops over the batch while the simulated iteration time falls.
 
     Each round takes the splittable ops on the current simulated critical
-    path, longest first; for each, tries k = 2..``max_split`` way splits by
-    re-running the candidate's list scheduler (screened by its estimate), and
-    keeps the best k only if the *simulated* iteration time falls. Stops after
+    path, longest first; for each, re-runs the candidate's list scheduler with
+    the most promising k-way splits (k = 2..``max_split``, screened by
+    ``promising_splits``), and keeps the best only if the *simulated*
+    iteration time falls. Stops after
     ``rounds`` rounds, a round without improvement, or at ``deadline``
     (``time.perf_counter()`` seconds). Never returns a slower candidate.
     """
@@ -259,10 +350,7 @@ def split_search(ctx: Context, start: Candidate, *, max_split: int, rounds: int,
                 log.append(f"split search stopped at its time limit in round {r + 1}")
                 return current, log
             best: tuple[Schedule, dict[str, Split]] | None = None
-            for k in range(2, k_max + 1):
-                split = split_for(ctx, current.schedule, op_id, k)
-                if split is None:
-                    continue
+            for split in promising_splits(ctx, current.schedule, op_id, k_max):
                 splits = {**current.splits, op_id: split}
                 try:
                     sched = ctx.schedule(current.recipe, splits)
