@@ -32,7 +32,10 @@ def test_fastt_is_at_least_as_good_as_the_hand_computed_heft_schedule():
     assert "heft: estimated 9.200 ms, simulated 9.200 ms" in plan.notes[0]
     assert plan.prediction.iteration_ms <= 9.2 + 1e-9
     assert set(plan.order) <= {V100, T4}
-    assert sorted(o for ops in plan.order.values() for o in ops) == ["A", "B", "C", "D"]
+    # every device lists exactly the ops it runs
+    runs = {d: sorted(o for g in plan.groups if d in g.devices for o in g.ops) for d in plan.order}
+    assert {d: sorted(ops) for d, ops in plan.order.items()} == runs
+    assert sorted({o for ops in plan.order.values() for o in ops}) == ["A", "B", "C", "D"]
     assert plan.bound_ms <= plan.prediction.iteration_ms
 
 
@@ -180,11 +183,12 @@ def test_refine_with_per_rank_compute_scales_a_device_type(tmp_path):
 
 def test_refine_with_per_op_times_replaces_them(tmp_path):
     graph, topology = diamond(), from_document(PAIR)
-    plan = run("fastt", graph, topology)
+    plan = run("fastt", graph, topology, split_critical=False)
     # without a readable plan the per-op times are taken as full-batch times
     report = _run_report(plan, "", compute_ms={V100: 1.0}, op_fwd_ms={"T4": {"B": 50.0}})
     save(report, tmp_path / "run.json")
-    refined = run("fastt", graph, topology, refine_with=str(tmp_path / "run.json"))
+    refined = run("fastt", graph, topology, split_critical=False,
+                  refine_with=str(tmp_path / "run.json"))
     assert any("forward times of 1 ops on T4 replaced" in n for n in refined.notes)
     assert refined.prediction.iteration_ms >= plan.prediction.iteration_ms - 1e-9
     assert T4 not in {d for g in refined.groups if "B" in g.ops for d in g.devices}
