@@ -522,12 +522,12 @@ class _Lowering:
                     self.update_deps[groups.rep_device[r]].extend(b_tasks(param_ops, [r]))
                 continue
             names = [self.device_names[d] for d in devs]
-            dev_res = self._collective_links(names) + tuple(-1 - d for d in devs)
+            streams = tuple(-1 - d for d in devs)
             plain_ops = [op for op in param_ops if op not in bucketed]
             if g.compression == Compression.SFB:
-                plain_ops = self._sfb(gi, g, plain_ops, names, devs, dev_res, b_tasks, U)
+                plain_ops = self._sfb(gi, g, plain_ops, names, streams, b_tasks, U)
                 for bucket in buckets_of.get(gi, []):
-                    kept = set(self._sfb(gi, g, bucket, names, devs, dev_res, b_tasks, U))
+                    kept = set(self._sfb(gi, g, bucket, names, streams, b_tasks, U))
                     bucket[:] = [op for op in bucket if op in kept]
             buckets = [b for b in buckets_of.get(gi, []) if b]
             rest = [op for op in plain_ops if op not in bucketed]
@@ -540,7 +540,7 @@ class _Lowering:
                 ms = cm.allreduce_ms(names, nbytes, g.collective)
                 label = f"{g.id}" + (f" bucket {k}" if len(buckets) > 1 else "")
                 links = cm.collective_link_bytes("allreduce", names, nbytes, algorithm=g.collective)
-                t = tg.add_comm(TaskKind.ALLREDUCE, dev_res, ms, nbytes,
+                t = tg.add_comm(TaskKind.ALLREDUCE, self._held(links) + streams, ms, nbytes,
                                 (label, f"{len(names)} devices of {g.id}", links))
                 self._stream_tasks.append(t)
                 for dep in b_tasks(bucket):
@@ -548,9 +548,9 @@ class _Lowering:
                 for d in devs:
                     self.update_deps[d].append(t)
 
-    def _collective_links(self, names: list[str]) -> tuple[int, ...]:
-        hops = self.cm.links_of(self.cm.ring_order(names))
-        return tuple(sorted(self._link_id(h) for h in hops))
+    def _held(self, link_bytes: dict) -> tuple[int, ...]:
+        """Resource ids of the links a collective loads (it holds exactly those)."""
+        return tuple(sorted(self._link_id(h) for h, nbytes in link_bytes.items() if nbytes > 0))
 
     def _ps(self, gi, g, param_ops, total, b_tasks, sf) -> None:
         tg, cm, groups = self.tg, self.cm, self.groups
@@ -567,16 +567,14 @@ class _Lowering:
         workers = [self.device_names[d] for d in devs]
         server_names = list(g.ps_servers)
         push_ms, pull_ms = cm.ps_phases_ms(workers, server_names, total)
-        hops: set[int] = set()
-        for w in devs:
-            for s in servers:
-                if w != s:
-                    hops.update(self._route(w, s))
-                    hops.update(self._route(s, w))
-        res = tuple(sorted(hops)) + tuple(-1 - d for d in sorted(set(devs) | set(servers)))
+        streams = tuple(-1 - d for d in sorted(set(devs) | set(servers)))
         where = f"{len(workers)} workers, {len(servers)} servers of {g.id}"
-        push = tg.add_comm(TaskKind.PS_PUSH, res, push_ms, total * len(workers), (g.id, where, cm.collective_link_bytes("ps-push", workers, total, servers=server_names)))
-        pull = tg.add_comm(TaskKind.PS_PULL, res, pull_ms, total * len(workers), (g.id, where, cm.collective_link_bytes("ps-pull", workers, total, servers=server_names)))
+        push_links = cm.collective_link_bytes("ps-push", workers, total, servers=server_names)
+        pull_links = cm.collective_link_bytes("ps-pull", workers, total, servers=server_names)
+        push = tg.add_comm(TaskKind.PS_PUSH, self._held(push_links) + streams, push_ms,
+                           total * len(workers), (g.id, where, push_links))
+        pull = tg.add_comm(TaskKind.PS_PULL, self._held(pull_links) + streams, pull_ms,
+                           total * len(workers), (g.id, where, pull_links))
         self._stream_tasks.extend((push, pull))
         for dep in b_tasks(param_ops):
             tg.depend(dep, push)
@@ -589,7 +587,7 @@ class _Lowering:
         for d in devs:
             self.update_deps[d].append(pull)
 
-    def _sfb(self, gi, g, ops, names, devs, dev_res, b_tasks, U) -> list[str]:
+    def _sfb(self, gi, g, ops, names, streams, b_tasks, U) -> list[str]:
         """Give each op whose sufficient factors beat its AllReduce an all-gather + recompute.
 
         The choice compares the factor all-gather plus the slowest replica's
@@ -613,7 +611,7 @@ class _Lowering:
                 continue
             nbytes = cm.sfb_factor_bytes(op)
             links = cm.collective_link_bytes("allgather", names, nbytes / len(names))
-            t = tg.add_comm(TaskKind.ALLGATHER, dev_res, gather_ms, nbytes,
+            t = tg.add_comm(TaskKind.ALLGATHER, self._held(links) + streams, gather_ms, nbytes,
                             (f"{op} factors", f"{len(names)} devices of {g.id}", links))
             self._stream_tasks.append(t)
             for dep in b_tasks([op]):
