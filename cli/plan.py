@@ -163,3 +163,33 @@ def compare_command(graph_path, topology_path, planner_names, time_limit, seed, 
         from .render_compare import render_rows
 
         Console(stderr=output is not None and not as_json, soft_wrap=False).print(render_rows(data))
+
+
+@command.command(name="export")
+@click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["torch-pipelining"]), default="torch-pipelining",
+              show_default=True, help="What to export for.")
+@click.option("--graph", "graph_path", type=click.Path(dir_okay=False), default=None,
+              help="Op graph of the plan (default: the one the plan records).")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder to write the export into (created).")
+def export_command(plan_path, fmt, graph_path, output):
+    """Export a pipeline plan for another runtime: split points and the per-rank schedule CSV.
+
+    Writes schedule.csv (torch.distributed.pipelining's compute-only CSV, one row per
+    rank), split_points.json (stages, their modules and devices) and README.md.
+
+    \b
+    Example:
+      dl-nfv plan export plan.json --format torch-pipelining -o outdir/
+    """
+    from dl_nfv.artifacts.io import write_text_atomic
+    from dl_nfv.planners.export import export_files
+
+    files = export_files(plan_path, graph=graph_path, fmt=fmt)
+    output.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        write_text_atomic(output / name, text)
+    console = stderr_console()
+    if console is not None:
+        console.print(f"wrote {', '.join(files)} to {output}")

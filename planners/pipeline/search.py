@@ -166,8 +166,16 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
                 break
     ranked = sorted((ev for ev in timed.values() if ev is not None),
                     key=lambda ev: (ev.makespan_ms, len(ev.layout.stages), ev.layout.key))
+    # layouts that differ only by which equal devices they use time identically: keep one
+    distinct, seen = [], set()
+    for ev in ranked:
+        sig = (round(ev.makespan_ms, 6), ev.layout.microbatches,
+               tuple((s.start, s.stop, _types(problem, s.devices)) for s in ev.layout.stages))
+        if sig not in seen:
+            seen.add(sig)
+            distinct.append(ev)
     final = []
-    for ev in ranked[:TOP_FOR_SCHEDULING]:
+    for ev in distinct[:TOP_FOR_SCHEDULING]:
         full = evaluate(problem, ev.layout, full=True, policies=policies)
         if full is not None:
             full.layout = ev.layout
@@ -175,3 +183,7 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
     final.sort(key=lambda ev: (ev.makespan_ms, len(ev.layout.stages), ev.layout.key))
     outcome.candidates = final
     return outcome
+
+
+def _types(problem: Problem, devices: Sequence[str]) -> tuple[int, ...]:
+    return tuple(sorted(int(problem.type_of[problem.device_index[d]]) for d in devices))

@@ -1,0 +1,179 @@
+"""The pipeline planner and its baselines: hand-checkable optimum, bounds, validity, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from dl_nfv.artifacts import (
+    BadInput,
+    Edge,
+    InfeasiblePlan,
+    ModelRef,
+    Op,
+    OpGraph,
+    OpKind,
+    from_data,
+)
+from dl_nfv.artifacts.topology import Topology
+from dl_nfv.planners import run
+from dl_nfv.planners.validate import validate_plan
+from dl_nfv.simulator import CostModel, simulate
+
+GIB = 2**30
+V100 = "V100-16GB"
+
+
+def chain(layers: int, *, fwd_ms: float = 10.0, bwd_ms: float = 20.0, param_bytes: int = GIB // 2,
+          out_bytes: int = 4 * 2**20, batch: int = 8, name: str = "chain",
+          slower: dict[str, float] | None = None) -> OpGraph:
+    """``layers`` equal layers in a chain, measured on a V100 (and on the types in ``slower``,
+    which take that factor longer)."""
+    factors = {V100: 1.0, **(slower or {})}
+    ops = tuple(Op(id=f"l{i}", name=f"layers.{i}", kind=OpKind.BLOCK, module=f"layers.{i}",
+                   flops=1e9, param_bytes=param_bytes, output_bytes=out_bytes,
+                   fwd_ms={t: fwd_ms * k for t, k in factors.items()},
+                   bwd_ms={t: bwd_ms * k for t, k in factors.items()}) for i in range(layers))
+    edges = tuple(Edge(src=f"l{i}", dst=f"l{i + 1}", bytes=out_bytes) for i in range(layers - 1))
+    return OpGraph(model=ModelRef(name=name, source="test", batch_size=batch), ops=ops, edges=edges)
+
+
+def nvlink(devices: int = 2, device_type: str = V100) -> Topology:
+    return from_data(Topology, {
+        "kind": "topology", "schema_version": 1, "name": f"nvlink{devices}",
+        "hosts": [{"name": "h", "devices": [{"type": device_type, "count": devices}],
+                   "interconnect": {"kind": "nvlink", "bandwidth_gbps": 200, "latency_us": 1}}]})
+
+
+def test_four_equal_layers_on_two_devices_split_two_and_two():
+    """4 layers of 1.5 GiB parameters (4.5 GiB with gradients and momentum) on two 16 GiB
+    V100s: all four do not fit one device, so data parallelism is out; the balanced split
+    is two layers per device, as many microbatches as samples, and the iteration is the
+    closed form of a two-stage pipeline, (m + 1)(f + b), plus the optimizer update (and
+    sub-millisecond transfers); the stage-balanced bound is exactly (m + 1)(f + b)."""
+    graph = chain(4, param_bytes=3 * GIB // 2)
+    topo = nvlink(2)
+    plan = run("pipeline", graph, topo)
+    pipe = plan.pipeline
+    assert pipe is not None and len(pipe.stages) == 2
+    groups = {g.id: g for g in plan.groups}
+    assert [groups[s].ops for s in pipe.stages] == [("l0", "l1"), ("l2", "l3")]
+    assert sorted(len(groups[s].devices) for s in pipe.stages) == [1, 1]
+    assert pipe.microbatches == 8
+    cm = CostModel(graph, topo)
+    dev = groups[pipe.stages[0]].devices[0]
+    f = 2 * cm.op_ms("l0", dev, "fwd", 1 / 8)
+    b = 2 * cm.op_ms("l0", dev, "bwd", 1 / 8)
+    update = cm.update_ms(3 * GIB, dev, 1.0)  # 2 layers of parameters, SGD with momentum
+    closed = (8 + 1) * (f + b) + update
+    assert closed <= plan.prediction.iteration_ms <= closed * 1.01
+    assert plan.bound_ms == pytest.approx((8 + 1) * (f + b), rel=1e-6)  # the stage-balanced bound
+    assert plan.bound_ms <= plan.prediction.iteration_ms
+    validate_plan(plan, graph, topo)
+
+
+def test_small_model_on_two_devices_is_data_parallel():
+    """With tiny parameters nothing beats splitting the batch: one stage on both devices."""
+    graph = chain(4, param_bytes=2**20)
+    plan = run("pipeline", graph, nvlink(2))
+    assert plan.pipeline is None or len(plan.pipeline.stages) == 1
+    assert len(plan.groups) == 1 and len(plan.groups[0].devices) == 2
+    assert plan.groups[0].shares == pytest.approx((0.5, 0.5))
+    dp = run("dp", graph, nvlink(2))
+    assert plan.prediction.iteration_ms <= dp.prediction.iteration_ms * 1.0001
+
+
+def test_heterogeneous_devices_get_uneven_shares_or_layers():
+    """A V100 and a P100 measured twice as slow: the faster device gets more of the work."""
+    graph = chain(6, param_bytes=GIB, slower={"P100": 2.0})
+    topo = from_data(Topology, {
+        "kind": "topology", "schema_version": 1, "name": "mixed",
+        "hosts": [{"name": "h", "devices": [{"type": V100, "count": 1}, {"type": "P100", "count": 1}],
+                   "interconnect": {"kind": "pcie", "bandwidth_gbps": 100, "latency_us": 2}}]})
+    plan = run("pipeline", graph, topo)
+    sim = simulate(plan, graph, topo, check_fingerprints=False)
+    busy = sim.busy_ms
+    v100, p100 = "h/gpu0", "h/gpu1"
+    cm = CostModel(graph, topo)
+    assert cm.op_ms("l0", p100) == 2 * cm.op_ms("l0", v100)
+    work_v100 = sum(1 for g in plan.groups if v100 in g.devices for _ in g.ops)
+    work_p100 = sum(1 for g in plan.groups if p100 in g.devices for _ in g.ops)
+    assert work_v100 >= work_p100
+    assert busy[v100] > 0 and busy[p100] > 0
+    for name in ("gpipe", "1f1b", "pipedream"):
+        other = run(name, graph, topo)
+        assert plan.prediction.iteration_ms <= other.prediction.iteration_ms * 1.0001, name
+
+
+@pytest.mark.parametrize("planner", ["pipeline", "gpipe", "1f1b", "pipedream"])
+def test_every_pipeline_planner_gives_a_valid_plan_with_a_bound(planner):
+    graph = chain(6, param_bytes=GIB)
+    topo = nvlink(4)
+    plan = run(planner, graph, topo)
+    validate_plan(plan, graph, topo)
+    assert plan.planner == planner
+    assert 0 < plan.bound_ms <= plan.prediction.iteration_ms
+    if plan.pipeline is not None:
+        from dl_nfv.planners.schedules import Schedule
+
+        assert Schedule.from_pipeline(plan.pipeline, plan.groups).deadlock_free()
+
+
+def test_deterministic_for_a_seed():
+    graph = chain(8, param_bytes=GIB)
+    topo = nvlink(4)
+    a = run("pipeline", graph, topo, seed=3)
+    b = run("pipeline", graph, topo, seed=3)
+    assert a.groups == b.groups and a.pipeline == b.pipeline
+
+
+def test_fixed_options_are_obeyed():
+    graph = chain(8, param_bytes=GIB)
+    topo = nvlink(4)
+    plan = run("pipeline", graph, topo, microbatches=4, max_stages=2, schedule="1f1b")
+    assert plan.pipeline.microbatches == 4
+    assert len(plan.pipeline.stages) <= 2
+    assert plan.pipeline.schedule_kind.value == "1f1b"
+
+
+def test_does_not_fit_even_fully_split():
+    graph = chain(4, param_bytes=6 * GIB)  # 18 GiB per layer with gradients and momentum
+    with pytest.raises(InfeasiblePlan, match=r"op 'l0' alone needs 18.00 GiB .* \(short by 2.00 GiB\)"):
+        run("pipeline", graph, nvlink(2))
+
+
+def test_does_not_fit_the_cluster_together():
+    graph = chain(8, param_bytes=2 * GIB)  # 6 GiB each, 48 GiB in all, 32 GiB of devices
+    with pytest.raises(InfeasiblePlan, match=r"needs 48.00 GiB .* have 32.00 GiB together"):
+        run("pipeline", graph, nvlink(2))
+
+
+def test_more_stages_than_ops_and_bad_microbatches():
+    graph = chain(4, param_bytes=2**20)
+    with pytest.raises(BadInput, match="max_stages 5 exceeds the 4 ops"):
+        run("pipeline", graph, nvlink(2), max_stages=5)
+    with pytest.raises(BadInput, match="3 microbatches do not divide the batch of 8"):
+        run("pipeline", graph, nvlink(2), microbatches=3)
+    with pytest.raises(BadInput, match="5 stages for 4 ops"):
+        run("gpipe", graph, nvlink(8), stages=5)
+    with pytest.raises(BadInput, match="schedule must be one of"):
+        run("pipeline", graph, nvlink(2), schedule="zigzag")
+
+
+def test_cli_exit_code_and_message(tmp_path):
+    from click.testing import CliRunner
+
+    from dl_nfv.artifacts import save
+    from dl_nfv.cli.main import cli
+
+    g, t = tmp_path / "g.json", tmp_path / "t.yaml"
+    save(chain(4, param_bytes=6 * GIB), g)
+    save(nvlink(2), t)
+    result = CliRunner().invoke(cli, ["plan", "pipeline", "--graph", str(g), "--topology", str(t),
+                                       "-o", str(tmp_path / "p.json")])
+    assert result.exit_code == 2
+    assert "op 'l0' alone needs 18.00 GiB" in result.output
+    assert "Traceback" not in result.output
+    save(chain(4, param_bytes=2**20), g)
+    result = CliRunner().invoke(cli, ["plan", "pipeline", "--graph", str(g), "--topology", str(t),
+                                       "--microbatches", "3"])
+    assert result.exit_code == 2 and "3 microbatches do not divide the batch of 8" in result.output
