@@ -38,6 +38,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -105,6 +106,16 @@ class CostModel:
         # collective cost expressions per (algorithm, device tuple): see _Expression
         self._expressions: dict[tuple, _Expression] = {}
         self._phases: dict[tuple, tuple[float, float, dict]] = {}
+
+    @cached_property
+    def topological_ids(self) -> list[str]:
+        """The graph's op ids in topological order (file order among independent ops), cached."""
+        return self.graph.topological_ids()
+
+    @cached_property
+    def ops_by_id(self) -> dict:
+        """Op id -> Op of the graph, cached."""
+        return self.graph.index
 
     # ---------------------------------------------------------------- compute
     def _compute_tables(self) -> tuple[np.ndarray, np.ndarray]:

@@ -132,7 +132,7 @@ class _Lowering:
     # ------------------------------------------------------------------ units
     def _units(self) -> None:
         graph, plan = self.graph, self.plan
-        topo = graph.topological_ids()
+        topo = self.cm.topological_ids
         pos = {op: i for i, op in enumerate(topo)}
         unit_of: dict[str, int] = {}
         members: list[list[str]] = []
@@ -197,7 +197,7 @@ class _Lowering:
         self.fused = fused
         self.unit_group = [self.op_group[m[0]] for m in members]
         # an op needs a gradient when it or an ancestor has parameters
-        index = graph.index
+        index = self.cm.ops_by_id
         needs: dict[str, bool] = {}
         preds: dict[str, list[str]] = defaultdict(list)
         for e in graph.edges:
@@ -483,7 +483,7 @@ class _Lowering:
     # ---------------------------------------------------------- gradients
     def _gradients(self) -> None:
         plan, tg, cm, M, groups = self.plan, self.tg, self.cm, self.M, self.groups
-        index = self.graph.index
+        index = self.cm.ops_by_id
         buckets_of: dict[int, list[list[str]]] = defaultdict(list)
         bucketed: set[str] = set()
         if plan.fusion is not None:
@@ -705,7 +705,7 @@ class _Lowering:
     # ------------------------------------------------------------- memory
     def _memory(self) -> None:
         tg, M, groups = self.tg, self.M, self.groups
-        index = self.graph.index
+        index = self.cm.ops_by_id
         F, B = self.F, self.B
         out_bytes = [float(sum(index[o].output_bytes for o in m)) for m in self.members]
         outs = self.transfers_out

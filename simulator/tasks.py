@@ -161,7 +161,7 @@ class TaskGraph:
             return f"{kind.label} {self.unit_names[unit]}" + (
                 f" mb{mb}" if self.microbatches > 1 else "")
         if kind == TaskKind.UPDATE:
-            return "update"
+            return f"update {info[0]}" if info and info[0] else "update"
         if kind == TaskKind.RECOMPUTE:
             return f"recompute gradient {info[0]}"
         if kind == TaskKind.TRANSFER:
