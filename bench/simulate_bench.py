@@ -11,7 +11,11 @@ nor minutes of tracing. Each case is timed end to end (``simulate``: lowering,
 engine, memory) and by phase, best of ``--repeat`` runs, after one warm-up run
 that fills the cost model's caches (as a planner's search loop would).
 
-Usage: python bench/simulate_bench.py [--repeat 5] [--no-record] [--profile]
+With ``--zoo BATCH`` case (a) also runs on the model zoo's ResNet-50 traced
+and profiled on this machine's CPU (``dl_nfv.profilers``), which checks that
+the synthetic graph's size matches the real one.
+
+Usage: python bench/simulate_bench.py [--repeat 5] [--no-record] [--profile] [--zoo 8]
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from _record import markdown_table, record_section  # noqa: E402
 from dl_nfv.artifacts import (  # noqa: E402
     Fusion,
     Group,
+    OpGraph,
     Pipeline,
     Plan,
     ScheduleKind,
@@ -45,8 +50,19 @@ from dl_nfv.simulator.result import SimResult  # noqa: E402
 BUCKET_BYTES = 25 * 2**20
 
 
-def resnet_dp():
-    graph = syn.resnet50(batch_size=64 * 32)
+def zoo_resnet50(batch_size: int) -> OpGraph:
+    """ResNet-50 of the model zoo, traced and profiled here on the CPU (one timed round)."""
+    try:
+        from dl_nfv.profilers.model import profile_model
+        from dl_nfv.profilers.zoo import model_ref
+    except ImportError as exc:
+        raise SystemExit(f"--zoo needs dl_nfv.profilers (model zoo and profile_model): {exc}") from None
+    return profile_model(model_ref("resnet50", batch_size=batch_size), granularity="op",
+                         repeats=1, warmup=0, device="cpu")
+
+
+def resnet_dp(zoo_batch: int | None = None):
+    graph = syn.resnet50(batch_size=64 * 32) if zoo_batch is None else zoo_resnet50(zoo_batch)
     topology = syn.cluster(8, 8, name="8x8-v100-100g")
     devices = topology.device_names
     ops = tuple(op.id for op in graph.ops)
@@ -65,7 +81,9 @@ def resnet_dp():
                 topology_sha256=fingerprint(topology), batch_size=graph.model.batch_size,
                 groups=(Group(id="all", ops=ops, devices=devices),),
                 fusion=Fusion(gradient_buckets=tuple(tuple(b) for b in buckets)))
-    return "ResNet-50 data parallel, 64 GPUs, op granularity", plan, graph, topology
+    source = "synthetic" if zoo_batch is None else f"zoo, profiled on CPU at batch {zoo_batch}"
+    return (f"ResNet-50 data parallel, 64 GPUs, op granularity ({source})", plan, graph,
+            topology)
 
 
 def gpt2_pipeline(stages: int = 8, microbatches: int = 32):
@@ -125,9 +143,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-record", action="store_true", help="do not write docs/benchmarks.md")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of each case")
+    parser.add_argument("--zoo", type=int, default=None, metavar="BATCH",
+                        help="also run (a) on the zoo's ResNet-50 traced and profiled on this CPU "
+                             "at this batch size (minutes)")
     args = parser.parse_args()
     rows = []
-    for case in (resnet_dp, gpt2_pipeline):
+    cases = [resnet_dp, gpt2_pipeline]
+    if args.zoo:
+        cases.insert(1, lambda: resnet_dp(args.zoo))
+    for case in cases:
         name, plan, graph, topology = case()
         if args.profile:
             cm = CostModel(graph, topology)

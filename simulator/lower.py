@@ -31,6 +31,7 @@ What a plan turns into (docs/simulator.md has the full list and the reasons):
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 
 import numpy as np
@@ -171,8 +172,6 @@ class _Lowering:
         for ua, ub in sorted(uedges):
             out[ua].append(ub)
             indeg[ub] += 1
-        import heapq
-
         first = [pos[m[0]] for m in members]
         heap = [(first[u], u) for u in range(n_units) if indeg[u] == 0]
         heapq.heapify(heap)
