@@ -110,11 +110,8 @@ def build_report(config: NfConfig, trace: Trace, engine: str, result: EngineResu
                              message_index=index) for flow, index, sid in result.alerts)
         patterns = {(c.pattern.lower() if c.nocase else c.pattern, c.nocase)
                     for r in rules.values() for c in r.contents}
-        from .nfs.automaton import Automaton, StrideTable
-
-        stride = StrideTable.build(Automaton.build(sorted(p for p, _ in patterns))).stride
         outputs["ids"] = IdsOutput(rules=len(rules), patterns=len(patterns), alerts=len(alerts),
-                                   stride_bytes=stride,
+                                   stride_bytes=result.stride,
                                    digest=_digest(np.array(result.alerts, dtype=np.int64)))
     if NfKind.HTTP_LB in specs:
         h = result.http

@@ -70,6 +70,7 @@ class EngineResult:
     latency_us: np.ndarray  # per message
     device: str
     workers: int
+    stride: int = 1
     rates: dict = field(default_factory=dict)
 
 
@@ -239,6 +240,7 @@ class Runner:
                             alerts=sorted(merged.alerts), monitor=_monitor(merged),
                             batches=stats, elapsed_s=elapsed, startup_s=startup,
                             latency_us=latency, device=str(self.device), workers=self.workers,
+                            stride=self.stride,
                             rates=self.model.rates() if self.choice.kind == "flowshader" else {})
 
     def _dispatch(self, pool: WorkerPool | None, cur: _Built) -> None:

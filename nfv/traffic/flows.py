@@ -4,8 +4,8 @@ This is dl-nfv's one flow table. Each TCP flow runs a reassembly ``Stream``
 per direction and frames the in-order bytes into messages: HTTP/1.1 messages
 when the client's first bytes are an HTTP request, otherwise *turns* (the
 bytes one side sends before the other side answers, cut at 64 KiB). Each UDP
-datagram with a payload is one message. A flow ends on RST, on FIN from both
-sides, after ``idle_timeout_us`` without packets (the next packet with the same
+datagram with a payload is one message. A flow ends on RST, when both sides have sent FIN and every
+byte before each FIN has arrived, after ``idle_timeout_us`` without packets (the next packet with the same
 5-tuple starts a new flow), or at the end of the trace. A SYN on a closed flow
 starts a new flow.
 """
@@ -48,13 +48,13 @@ class FlowState:
     wire_bytes: int = 0
     app: str = ""
     closed: bool = False
-    fins: int = 0
     streams: list = field(default_factory=list)
     framers: list = field(default_factory=list)
     seg_starts: list = field(default_factory=lambda: [deque(), deque()])
     turn_dir: int = -1
     turn: bytearray = field(default_factory=bytearray)
     turn_base: int = 0
+    early: list = field(default_factory=list)
 
 
 class FlowTable:
@@ -117,22 +117,23 @@ class FlowTable:
             self._deliver(flow, direction, offset, data, pkt.ts_us)
         if pkt.flags & RST:
             self._finish(flow)
-        elif pkt.flags & FIN and not flow.streams[direction].fin:
-            flow.streams[direction].fin = True
-            flow.fins += 1
-            if flow.fins == 2:
-                self._finish(flow)
+            return
+        if pkt.flags & FIN:
+            flow.streams[direction].mark_fin(pkt.seq, len(pkt.payload), bool(pkt.flags & SYN))
+        if flow.streams[0].complete and flow.streams[1].complete:
+            self._finish(flow)
 
     def _deliver(self, flow: FlowState, direction: int, offset: int, data: bytes,
                  ts_us: int) -> None:
         if not flow.app:
-            requests: deque = deque()
-            if direction == 0 and looks_like_http_request(data):
-                flow.app = "http"
-                flow.framers = [Framer(REQUEST, requests, self.stats),
-                                Framer(RESPONSE, requests, self.stats)]
-            else:
-                flow.app = "tcp"
+            if direction == 1 and not flow.closed:
+                # the application is decided by the client's first bytes: hold the server's
+                flow.early.append((offset, data, ts_us))
+                return
+            self._decide(flow, data if direction == 0 else b"")
+            for early in flow.early:
+                self._deliver(flow, 1, *early)
+            flow.early.clear()
         flow.seg_starts[direction].append(offset)
         if flow.app == "http":
             for start, payload, header_len, kind in flow.framers[direction].feed(data):
@@ -148,6 +149,15 @@ class FlowTable:
                        OTHER, ts_us)
             del flow.turn[:TURN_LIMIT_BYTES]
             flow.turn_base += TURN_LIMIT_BYTES
+
+    def _decide(self, flow: FlowState, client_bytes: bytes) -> None:
+        if looks_like_http_request(client_bytes):
+            requests: deque = deque()
+            flow.app = "http"
+            flow.framers = [Framer(REQUEST, requests, self.stats),
+                            Framer(RESPONSE, requests, self.stats)]
+        else:
+            flow.app = "tcp"
 
     def _emit_turn(self, flow: FlowState, ts_us: int) -> None:
         self._emit(flow, flow.turn_dir, flow.turn_base, bytes(flow.turn), 0, OTHER, ts_us)
@@ -168,6 +178,11 @@ class FlowTable:
         if flow.closed:
             return
         ts = flow.last_ts_us
+        if flow.early and not flow.app:
+            flow.app = "tcp"
+            for early in flow.early:
+                self._deliver(flow, 1, *early)
+            flow.early.clear()
         for direction, stream in enumerate(flow.streams):
             missing, chunks = stream.flush()
             if missing and flow.app == "http":

@@ -114,11 +114,18 @@ def _network_layer(frame: bytes, linktype: int) -> tuple[int, bytes] | str:
             eth = dpkt.ethernet.Ethernet(frame)
         except (dpkt.Error, struct.error, ValueError):
             return "truncated_ethernet"
-        if eth.type == dpkt.ethernet.ETH_TYPE_IP:
-            return 4, _raw(eth.data)
-        if eth.type == dpkt.ethernet.ETH_TYPE_IP6:
-            return 6, _raw(eth.data)
-        return "non_ip"
+        tags = len(getattr(eth, "vlan_tags", None) or ())
+        inner = eth.data
+        ip = frame[14 + 4 * tags:]
+        if isinstance(inner, dpkt.ip.IP):
+            return 4, ip
+        if isinstance(inner, dpkt.ip6.IP6):
+            return 6, ip
+        if eth.type not in (dpkt.ethernet.ETH_TYPE_IP, dpkt.ethernet.ETH_TYPE_IP6) and not tags:
+            return "non_ip"
+        if not ip:
+            return "truncated_ip"
+        return (ip[0] >> 4, ip) if ip[0] >> 4 in (4, 6) else "non_ip"
     if linktype in (DLT_RAW, DLT_IPV4, DLT_IPV6):
         ip = frame
     elif linktype == DLT_LINUX_SLL:

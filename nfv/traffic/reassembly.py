@@ -26,7 +26,7 @@ class Stream:
     connection ends. Amortised O(segment length + log pending) per segment.
     """
 
-    __slots__ = ("isn", "next_offset", "pending", "window_bytes", "stats", "fin")
+    __slots__ = ("isn", "next_offset", "pending", "window_bytes", "stats", "fin_offset")
 
     def __init__(self, stats: Counter, window_bytes: int = 1 << 20):
         self.isn: int | None = None
@@ -34,7 +34,23 @@ class Stream:
         self.pending: dict[int, bytes] = {}
         self.window_bytes = window_bytes
         self.stats = stats
-        self.fin = False
+        self.fin_offset: int | None = None
+
+    def mark_fin(self, seq: int, data_len: int, syn: bool = False) -> None:
+        """Remember where the stream ends (the FIN's sequence number)."""
+        if self.isn is None:
+            self.isn = (seq + (1 if syn else 0)) % SEQ_MOD
+        offset = (seq + (1 if syn else 0) - self.isn) % SEQ_MOD
+        if offset >= HALF:
+            offset -= SEQ_MOD
+        end = offset + data_len
+        if self.fin_offset is None or end < self.fin_offset:
+            self.fin_offset = end
+
+    @property
+    def complete(self) -> bool:
+        """A FIN was seen and every byte before it has been delivered."""
+        return self.fin_offset is not None and self.next_offset >= self.fin_offset
 
     def add(self, seq: int, data: bytes, syn: bool = False) -> list[tuple[int, bytes]]:
         if syn:

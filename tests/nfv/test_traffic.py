@@ -1,0 +1,118 @@
+"""Traffic layer: the real loopback trace, pcap/pcapng, link types, malformed input."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dl_nfv.artifacts.errors import BadInput
+from dl_nfv.nfv.traffic import load_trace
+from dl_nfv.nfv.traffic.generate import TraceSpec, flow_sizes, generate_trace, parse_size_dist
+from dl_nfv.nfv.traffic.pcap import decode
+
+from .helpers import REAL_TRACE, http_connection, tcp_frame, write_pcap
+
+C4, S4 = bytes([10, 0, 0, 1]), bytes([10, 1, 0, 1])
+C6, S6 = bytes(15) + b"\x01", bytes(15) + b"\x02"
+REQ = b"GET /a HTTP/1.1\r\nHost: x.test\r\n\r\n"
+RESP = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+
+
+def test_real_loopback_trace_counts():
+    trace = load_trace(REAL_TRACE)
+    assert len(trace.flows) == 12
+    assert all(f.app == "http" and f.server_port == 80 for f in trace.flows)
+    assert trace.malformed == {}
+    kinds = trace.msg_kind.tolist()
+    assert kinds.count(1) == kinds.count(2) == 29  # every request answered
+    # each flow alternates requests (index even) and responses, except pipelined ones
+    first = [trace.message_bytes(i) for i in range(trace.n_messages) if trace.msg_index[i] == 0]
+    assert all(m.split(b" ", 1)[0] in (b"GET", b"POST", b"HEAD") for m in first)
+    # a chunked response is framed whole: it ends with the zero chunk
+    chunked = [trace.message_bytes(i) for i in range(trace.n_messages)
+               if b"Transfer-Encoding: chunked" in trace.message_bytes(i)[:300]]
+    assert chunked and all(m.endswith(b"0\r\n\r\n") for m in chunked)
+
+
+def test_vlan_ipv6_and_pcapng_give_the_same_messages(tmp_path):
+    msgs = [(0, REQ), (1, RESP), (0, REQ.replace(b"/a", b"/b")), (1, RESP)]
+    plain = load_trace(write_pcap(tmp_path / "a.pcap", http_connection(C4, S4, 4000, msgs)))
+    vlan = load_trace(write_pcap(tmp_path / "b.pcap", http_connection(C4, S4, 4000, msgs, vlan=7)))
+    v6 = load_trace(write_pcap(tmp_path / "c.pcapng", http_connection(C6, S6, 4000, msgs, v6=True)))
+    for t in (plain, vlan, v6):
+        assert t.n_messages == 4
+        assert [t.message_bytes(i) for i in range(4)] == [m for _, m in msgs]
+        assert t.msg_dir.tolist() == [0, 1, 0, 1]
+    assert v6.flows[0].client == "::1" and v6.flows[0].server == "::2"
+
+
+def test_generated_trace_pcap_and_pcapng_agree(tmp_path):
+    spec = TraceSpec(flows=30, size_dist="zipf:1.2", seed=3)
+    s1 = generate_trace(spec, tmp_path / "g.pcap")
+    generate_trace(spec, tmp_path / "g.pcapng")
+    a, b = load_trace(tmp_path / "g.pcap"), load_trace(tmp_path / "g.pcapng")
+    assert len(a.flows) == 30 and a.packets == s1["packets"] == b.packets
+    assert a.n_messages == 2 * s1["exchanges"]
+    assert np.array_equal(a.payload, b.payload) and np.array_equal(a.msg_flow, b.msg_flow)
+    assert (tmp_path / "g.pcap").read_bytes() == (generate_trace(spec, tmp_path / "h.pcap")
+                                                   and (tmp_path / "h.pcap").read_bytes())
+
+
+def test_size_distributions_mean_and_skew():
+    rng = np.random.default_rng(0)
+    for dist in ("uniform", "zipf:0.8", "zipf:1.6", "pareto:1.2"):
+        sizes = flow_sizes(5000, dist, 4.0, 5000, rng)
+        assert sizes.min() >= 1 and abs(sizes.mean() - 4.0) < 0.5, dist
+    top = [np.sort(flow_sizes(5000, f"zipf:{s}", 4.0, 5000, rng))[-50:].sum() for s in (0.8, 1.6)]
+    assert top[1] > top[0]  # more skew: the top 1% of flows carry more
+    with pytest.raises(BadInput, match="size-dist"):
+        parse_size_dist("zipf")
+
+
+def test_not_a_pcap_is_bad_input(tmp_path):
+    junk = tmp_path / "junk.pcap"
+    junk.write_bytes(b"this is not a capture file at all")
+    with pytest.raises(BadInput, match="not a pcap or pcapng"):
+        load_trace(junk)
+
+
+def _flip(frame: bytes, rng: random.Random) -> bytes:
+    b = bytearray(frame)
+    for _ in range(rng.randint(1, 4)):
+        b[rng.randrange(len(b))] = rng.randrange(256)
+    return bytes(b)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), cut=st.integers(0, 80))
+def test_fuzzed_frames_never_raise(seed, cut):
+    rng = random.Random(seed)
+    good = tcp_frame(C4, S4, 1234, 80, 1, 0x18, b"GET / HTTP/1.1\r\n\r\n")
+    for frame in (good[:cut], _flip(good, rng), bytes(rng.randrange(256) for _ in range(cut))):
+        result = decode(0, frame, 1)
+        assert isinstance(result, str) or result.proto in (6, 17)
+
+
+def test_malformed_packets_are_counted_not_fatal(tmp_path):
+    good = http_connection(C4, S4, 4000, [(0, REQ), (1, RESP)])
+    bad_len = bytearray(good[3])
+    bad_len[16:18] = (4000).to_bytes(2, "big")  # IP total length beyond the capture
+    bad_off = bytearray(good[3])
+    bad_off[14 + 20 + 12] = 0x20  # TCP data offset 8 bytes
+    arp = bytes(12) + b"\x08\x06" + bytes(28)
+    frames = good[:3] + [good[3][:30], bytes(bad_len), bytes(bad_off), arp] + good[3:]
+    trace = load_trace(write_pcap(tmp_path / "m.pcap", frames))
+    assert trace.malformed == {"bad_tcp_header": 1, "non_ip": 1, "truncated_ip": 2}
+    assert [trace.message_bytes(i) for i in range(trace.n_messages)] == [REQ, RESP]
+
+
+def test_truncated_file_is_counted(tmp_path):
+    path = write_pcap(tmp_path / "t.pcap", http_connection(C4, S4, 4000, [(0, REQ), (1, RESP)]))
+    data = path.read_bytes()
+    path.write_bytes(data[:-7])
+    trace = load_trace(path)
+    assert trace.malformed.get("truncated_file", 0) + trace.malformed.get("truncated_ip", 0) >= 1
