@@ -449,17 +449,20 @@ class _Lowering:
                 fbs = [F[ub][rb] for ub in consumers]
                 bbs = [B[ub][rb] for ub in consumers if self.unit_rg[ub]]
                 ba = B[ua].get(ra)
-                if da == db:
+                size = nbytes * o / M
+                if da == db or size <= 0:
+                    # same device: the consumer reads the producer's buffer; nothing to move
+                    # (an edge of no bytes is an order, not a transfer: it holds no link)
                     for m in range(M):
                         for fb in fbs:
                             depend(fa + m, fb + m)
                         if rg:
                             for bb in bbs:
                                 depend(bb + m, ba + m)
-                    self.more_readers[(ua, ra)].extend(
-                        (B[ub][rb] if self.unit_rg[ub] else F[ub][rb]) for ub in consumers)
+                    if da == db:
+                        self.more_readers[(ua, ra)].extend(
+                            (B[ub][rb] if self.unit_rg[ub] else F[ub][rb]) for ub in consumers)
                     continue
-                size = nbytes * o / M
                 fwd_ms = self.cm.transfer_ms(self.device_names[da], self.device_names[db], size)
                 res_f = self._route(da, db)
                 res_b = self._route(db, da) if rg else ()
