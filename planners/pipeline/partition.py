@@ -70,15 +70,19 @@ class Layout:
         return (tuple((s.start, s.stop, s.devices) for s in self.stages), self.microbatches)
 
 
-class Tables:
-    """Stage costs of every (op range, device run) of one ordering at ``m`` microbatches."""
+class OrderingTables:
+    """What the stage costs of one ordering share across microbatch counts.
 
-    def __init__(self, problem: Problem, ordering: Sequence[str], microbatches: int,
-                 collective_cache: dict | None = None):
+    Per (op range, device run): the balance terms of the group's compute
+    (``sum 1/scalable`` and ``sum fixed/scalable`` over its devices), parameter
+    and activation bytes, the smallest memory, AllReduce plus update time, and
+    the neighbour routes. ``for_microbatches(m)`` finishes the tables for ``m``.
+    """
+
+    def __init__(self, problem: Problem, ordering: Sequence[str], collective_cache: dict | None = None):
         p = problem
         self.problem = p
         self.ordering = tuple(ordering)
-        self.m = m = microbatches
         n, D = p.n, len(ordering)
         dev_idx = np.array([p.device_index[d] for d in ordering])
         types = p.type_of[dev_idx]
@@ -89,60 +93,46 @@ class Tables:
         cum[1:] = np.cumsum(onehot, axis=0)
         counts = cum[None, :, :] - cum[:, None, :]  # [j0, j1, T]
         counts[counts < 0] = 0.0
-        size = counts.sum(axis=2)  # [j0, j1]
+        self.size = counts.sum(axis=2)  # [j0, j1]
         fixed = (p.f_fixed + p.b_fixed)
         scal = (p.f_scal + p.b_scal)
         fix_ab = fixed[:, None, :] - fixed[:, :, None]  # [T, a, b]
         scal_ab = np.maximum(scal[:, None, :] - scal[:, :, None], 1e-9)
-        inv = np.einsum("tab,jkt->abjk", 1.0 / scal_ab, counts)
-        fx = np.einsum("tab,jkt->abjk", fix_ab / scal_ab, counts)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = (1.0 + m * fx) / (m * inv)
-        # --- parameters, memory
+        self.inv = np.einsum("tab,jkt->abjk", 1.0 / scal_ab, counts)
+        self.fx = np.einsum("tab,jkt->abjk", fix_ab / scal_ab, counts)
         params = p.param_prefix[None, :] - p.param_prefix[:, None]  # [a, b]
-        act = p.out_prefix[None, :] - p.out_prefix[:, None] + p.cut_bytes[:, None] * (
+        self.static = params * (2.0 + p.state_factor)
+        self.act = p.out_prefix[None, :] - p.out_prefix[:, None] + p.cut_bytes[:, None] * (
             np.arange(n + 1)[:, None] > 0)
         mem = p.memory_bytes[dev_idx]
-        min_mem = np.full((D + 1, D + 1), INF)
+        self.min_mem = np.full((D + 1, D + 1), INF)
         for j0 in range(D):
-            run = np.minimum.accumulate(mem[j0:])
-            min_mem[j0, j0 + 1:] = run
-        need_mem = (params * (2.0 + p.state_factor))[:, :, None, None] + \
-            act[:, :, None, None] / (m * np.maximum(size, 1.0))[None, None, :, :]
-        fits = need_mem <= min_mem[None, None, :, :]
-        # --- gradient synchronisation and optimizer update (affine in bytes)
+            self.min_mem[j0, j0 + 1:] = np.minimum.accumulate(mem[j0:])
         sync_a, sync_b = self._sync_coefficients(p, ordering, collective_cache)
-        ar = np.min(sync_a[:, None, None, :, :] + sync_b[:, None, None, :, :] * params[None, :, :, None, None],
-                    axis=0)
-        ar = np.where(params[:, :, None, None] > 0, ar, 0.0)
+        ar = np.min(sync_a[:, None, None, :, :] + sync_b[:, None, None, :, :]
+                    * params[None, :, :, None, None], axis=0)
         bw = np.array([p.cm.cluster.device(d).type.memory_bandwidth_gb_per_s for d in ordering])
         launch = p.cm.launch_ms_by_type[types]
-        per_byte = np.full((D + 1, D + 1), 0.0)
+        per_byte = np.zeros((D + 1, D + 1))
         upd_launch = np.zeros((D + 1, D + 1))
         for j0 in range(D):
-            per_byte[j0, j0 + 1:] = np.maximum.accumulate(
-                (3.0 + 2 * p.state_factor) / (bw[j0:] * 1e6))
+            per_byte[j0, j0 + 1:] = np.maximum.accumulate((3.0 + 2 * p.state_factor) / (bw[j0:] * 1e6))
             upd_launch[j0, j0 + 1:] = np.maximum.accumulate(launch[j0:])
-        upd = np.where(params[:, :, None, None] > 0,
-                       upd_launch[None, None] + per_byte[None, None] * params[:, :, None, None], 0.0)
-        load = m * t + ar + upd
-        # --- activations crossing the left boundary (a > 0), over the neighbour route
-        comm = np.zeros((n + 1, D + 1))
+        has = params[:, :, None, None] > 0
+        self.sync = np.where(has, ar + upd_launch[None, None] + per_byte[None, None]
+                             * params[:, :, None, None], 0.0)
+        self.route_lat_ms = np.zeros(D + 1)
+        self.route_ms_per_byte = np.zeros(D + 1)
         for j0 in range(1, D):
             route = p.cm.cluster.route(ordering[j0 - 1], ordering[j0])
-            comm[:, j0] = (route.latency_us + p.cut_bytes / m * 8 / (route.bandwidth_gbps * 1e3)) / 1e3
-        comm[0, :] = 0.0
-        valid = np.zeros((n + 1, n + 1, D + 1, D + 1), dtype=bool)
+            self.route_lat_ms[j0] = route.latency_us / 1e3
+            self.route_ms_per_byte[j0] = 8 / (route.bandwidth_gbps * 1e6)
         ab = np.triu(np.ones((n + 1, n + 1), dtype=bool), 1)
-        jj = np.triu(np.ones((D + 1, D + 1), dtype=bool), 1) & (size <= p.batch_size // m)
-        valid[:] = ab[:, :, None, None] & jj[None, None]
-        valid &= fits
-        valid &= np.isfinite(t)
-        self.t = t
-        self.load = load
-        self.comm = comm
-        self.need = np.where(valid, np.maximum(load, m * comm[:, None, :, None]), INF)
-        self.sumc = t + 2 * comm[:, None, :, None]
+        jj = np.triu(np.ones((D + 1, D + 1), dtype=bool), 1)
+        self.shape_ok = ab[:, :, None, None] & jj[None, None]
+
+    def for_microbatches(self, m: int) -> Tables:
+        return Tables(self, m)
 
     @staticmethod
     def _sync_coefficients(p: Problem, ordering: Sequence[str], cache: dict | None):
@@ -169,6 +159,30 @@ class Tables:
                     a[k, j0, j1] = ca
                     b[k, j0, j1] = cb
         return a, b
+
+
+class Tables:
+    """Stage costs of every (op range, device run) of one ordering at ``m`` microbatches."""
+
+    def __init__(self, base: OrderingTables, m: int):
+        p = base.problem
+        self.problem = p
+        self.ordering = base.ordering
+        self.m = m
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = (1.0 + m * base.fx) / (m * base.inv)
+        need_mem = base.static[:, :, None, None] + \
+            base.act[:, :, None, None] / (m * np.maximum(base.size, 1.0))[None, None, :, :]
+        valid = base.shape_ok & (need_mem <= base.min_mem[None, None, :, :])
+        valid &= (base.size <= p.batch_size // m)[None, None]
+        valid &= np.isfinite(t)
+        load = m * t + base.sync
+        comm = base.route_lat_ms[None, :] + (p.cut_bytes[:, None] / m) * base.route_ms_per_byte[None, :]
+        comm[0, :] = 0.0
+        comm[:, 0] = 0.0
+        self.t = t
+        self.need = np.where(valid, np.maximum(load, m * comm[:, None, :, None]), INF)
+        self.sumc = t + 2 * comm[:, None, :, None]
 
     # ------------------------------------------------------------------- DPs
     def min_bottleneck(self) -> float:

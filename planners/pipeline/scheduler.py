@@ -71,112 +71,142 @@ def run(costs: StageCosts, policy: Policy, *, caps: Sequence[int] | None = None,
         backward_first: bool = False) -> Timed:
     """Time (and for ``LIST`` build) a schedule; raises ``ValueError`` if it deadlocks."""
     S, M = costs.stages, costs.microbatches
-    if policy is Policy.GPIPE:
-        fixed = gpipe(S, M).orders
-    elif policy is Policy.ONE_F_ONE_B:
-        fixed = one_f_one_b(S, M).orders
-    else:
-        fixed = None
-    cap = list(caps) if caps is not None else [M] * S
     if policy is Policy.LIST:
-        cap = [max(1, min(c, M, k)) for c, k in zip(cap, costs.caps)]
-    f, b = costs.f_ms, costs.b_ms
-    sources: list[list[int]] = [[] for _ in range(S)]  # stages that send to s
-    sinks: list[list[int]] = [[] for _ in range(S)]  # stages s sends to
-    for (s, t) in costs.send_ms:
-        sources[t].append(s)
-        sinks[s].append(t)
-    # ready times (known once every producer has run), pending producer counts
-    ready_f = [[0.0 if s == 0 or not sources[s] else -1.0 for _ in range(M)] for s in range(S)]
-    wait_f = [[len(sources[s])] * M for s in range(S)]
-    ready_b = [[-1.0] * M for _ in range(S)]
-    wait_b = [[len(sinks[s]) + 1] * M for s in range(S)]  # consumers' gradients + own F
-    arrive_f: list[list[float]] = [[0.0] * M for _ in range(S)]
-    arrive_b: list[list[float]] = [[0.0] * M for _ in range(S)]
-    chan_free: dict[tuple[int, int, str], float] = {}
-    free = [0.0] * S
-    nf = [0] * S  # next forward microbatch (forwards run in microbatch order)
-    nb = [0] * S
-    pos = [0] * S
-    orders: list[list[Action]] = [[] for _ in range(S)]
-    last_end = [0.0] * S
-    total = 2 * S * M
-    done = 0
-    while done < total:
-        best = None  # (start, stage, op, microbatch)
-        for s in range(S):
-            choice = _choose(s, fixed, pos, nf, nb, M, cap, ready_f, ready_b, free, f, b,
-                             backward_first)
-            if choice is not None and (best is None or choice[0] < best[0] - 1e-12):
-                best = (choice[0], s, choice[1], choice[2])
-        if best is None:
-            raise ValueError("the schedule deadlocks")
-        start, s, op, m = best
+        cap = [max(1, min(c, M, k)) for c, k in zip(caps if caps is not None else [M] * S, costs.caps)]
+        label = ("list-bf" if backward_first else "list") + f"(caps {','.join(map(str, cap))})"
+        return _Sim(costs).list_schedule(cap, backward_first, label)
+    fixed = (gpipe if policy is Policy.GPIPE else one_f_one_b)(S, M)
+    return _Sim(costs).fixed(fixed, policy.value)
+
+
+class _Sim:
+    """Event bookkeeping shared by the fixed-order and list-scheduling passes.
+
+    Forwards on a stage run in microbatch order and so do backwards, so each
+    channel (stage pair, direction) carries microbatches in order and a
+    transfer's arrival is ``max(send end, previous arrival) + duration``.
+    """
+
+    def __init__(self, costs: StageCosts):
+        S, M = costs.stages, costs.microbatches
+        self.costs, self.S, self.M = costs, S, M
+        self.sources: list[list[int]] = [[] for _ in range(S)]
+        self.sinks: list[list[int]] = [[] for _ in range(S)]
+        for (s, t) in sorted(costs.send_ms):
+            self.sources[t].append(s)
+            self.sinks[s].append(t)
+        self.ready_f = [[0.0 if not self.sources[s] else -1.0] * M for s in range(S)]
+        self.wait_f = [[len(self.sources[s])] * M for s in range(S)]
+        self.ready_b = [[-1.0] * M for _ in range(S)]
+        self.wait_b = [[len(self.sinks[s]) + 1] * M for s in range(S)]
+        self.arrive_f = [[0.0] * M for _ in range(S)]
+        self.arrive_b = [[0.0] * M for _ in range(S)]
+        self.chan: dict[tuple[int, int, str], float] = {}
+        self.free = [0.0] * S
+
+    def complete(self, s: int, op: str, m: int, start: float) -> list[int]:
+        """Record ``op`` of microbatch ``m`` on stage ``s``; return the stages it made ready."""
+        c = self.costs
+        touched = []
         if op == "F":
-            end = start + f[s]
-            nf[s] += 1
-            for t in sinks[s]:
+            end = start + c.f_ms[s]
+            for t in self.sinks[s]:
                 key = (s, t, "F")
-                arrive = max(end, chan_free.get(key, 0.0)) + costs.send_ms[(s, t)]
-                chan_free[key] = arrive
-                arrive_f[t][m] = max(arrive_f[t][m], arrive)
-                wait_f[t][m] -= 1
-                if wait_f[t][m] == 0:
-                    ready_f[t][m] = arrive_f[t][m]
-            arrive_b[s][m] = max(arrive_b[s][m], end)
-            wait_b[s][m] -= 1
-            if wait_b[s][m] == 0:
-                ready_b[s][m] = arrive_b[s][m]
+                arrive = max(end, self.chan.get(key, 0.0)) + c.send_ms[(s, t)]
+                self.chan[key] = arrive
+                if arrive > self.arrive_f[t][m]:
+                    self.arrive_f[t][m] = arrive
+                self.wait_f[t][m] -= 1
+                if self.wait_f[t][m] == 0:
+                    self.ready_f[t][m] = self.arrive_f[t][m]
+                    touched.append(t)
+            if end > self.arrive_b[s][m]:
+                self.arrive_b[s][m] = end
+            self.wait_b[s][m] -= 1
+            if self.wait_b[s][m] == 0:
+                self.ready_b[s][m] = self.arrive_b[s][m]
         else:
-            end = start + b[s]
-            nb[s] += 1
-            for u in sources[s]:
+            end = start + c.b_ms[s]
+            for u in self.sources[s]:
                 key = (u, s, "B")
-                arrive = max(end, chan_free.get(key, 0.0)) + costs.send_ms[(u, s)]
-                chan_free[key] = arrive
-                arrive_b[u][m] = max(arrive_b[u][m], arrive)
-                wait_b[u][m] -= 1
-                if wait_b[u][m] == 0:
-                    ready_b[u][m] = arrive_b[u][m]
-        free[s] = end
-        last_end[s] = end
-        pos[s] += 1
-        orders[s].append(Action(s, op, m))
-        done += 1
-    makespan = max(e + sync for e, sync in zip(last_end, costs.sync_ms))
-    schedule = Schedule(microbatches=M, orders=tuple(tuple(o) for o in orders))
-    label = policy.value if policy is not Policy.LIST else (
-        "list-bf" if backward_first else "list") + f"(caps {','.join(map(str, cap))})"
-    return Timed(makespan, schedule, label)
+                arrive = max(end, self.chan.get(key, 0.0)) + c.send_ms[(u, s)]
+                self.chan[key] = arrive
+                if arrive > self.arrive_b[u][m]:
+                    self.arrive_b[u][m] = arrive
+                self.wait_b[u][m] -= 1
+                if self.wait_b[u][m] == 0:
+                    self.ready_b[u][m] = self.arrive_b[u][m]
+                    touched.append(u)
+        self.free[s] = end
+        return touched
 
+    def makespan(self) -> float:
+        return max(f + sync for f, sync in zip(self.free, self.costs.sync_ms))
 
-def _choose(s, fixed, pos, nf, nb, M, cap, ready_f, ready_b, free, f, b, backward_first):
-    """The task stage ``s`` starts next and when, or None while its inputs are unknown."""
-    if fixed is not None:
-        order = fixed[s]
-        if pos[s] >= len(order):
-            return None
-        a = order[pos[s]]
-        r = (ready_f if a.op == "F" else ready_b)[s][a.microbatch]
-        if r < 0:
-            return None
-        return (max(free[s], r), a.op, a.microbatch)
-    cands = []
-    if nf[s] < M and nf[s] - nb[s] < cap[s]:
-        r = ready_f[s][nf[s]]
-        if r >= 0:
-            cands.append((max(free[s], r), 0 if not backward_first else 1, "F", nf[s]))
-    if nb[s] < nf[s]:
-        r = ready_b[s][nb[s]]
-        if r >= 0:
-            cands.append((max(free[s], r), 1 if not backward_first else 0, "B", nb[s]))
-    if not cands:
-        return None
-    # a task with unknown inputs might still become ready before a known one: only
-    # commit when no unknown task could precede it (its producers are unscheduled,
-    # so it cannot be ready before the earliest start the caller picks)
-    start, _, op, m = min(cands)
-    return (start, op, m)
+    def fixed(self, schedule: Schedule, label: str) -> Timed:
+        """Time a fixed per-stage order by a work list (no global clock needed)."""
+        S = self.S
+        pos = [0] * S
+        orders = schedule.orders
+        todo = list(range(S))
+        done = 0
+        while todo:
+            s = todo.pop()
+            order = orders[s]
+            while pos[s] < len(order):
+                a = order[pos[s]]
+                r = (self.ready_f if a.op == "F" else self.ready_b)[s][a.microbatch]
+                if r < 0:
+                    break
+                todo.extend(self.complete(s, a.op, a.microbatch, max(self.free[s], r)))
+                pos[s] += 1
+                done += 1
+        if done < 2 * S * self.M:
+            raise ValueError("the schedule deadlocks")
+        return Timed(self.makespan(), schedule, label)
+
+    def list_schedule(self, cap: list[int], backward_first: bool, label: str) -> Timed:
+        """Non-delay list scheduling in global time order (see the module docstring)."""
+        S, M = self.S, self.M
+        nf, nb = [0] * S, [0] * S
+        orders: list[list[Action]] = [[] for _ in range(S)]
+        choice: list[tuple | None] = [None] * S
+        dirty = set(range(S))
+        total, done = 2 * S * M, 0
+        f_rank, b_rank = (1, 0) if backward_first else (0, 1)
+        while done < total:
+            for s in dirty:
+                best = None
+                if nf[s] < M and nf[s] - nb[s] < cap[s]:
+                    r = self.ready_f[s][nf[s]]
+                    if r >= 0:
+                        best = (max(self.free[s], r), f_rank, s, "F")
+                if nb[s] < nf[s]:
+                    r = self.ready_b[s][nb[s]]
+                    if r >= 0:
+                        cand = (max(self.free[s], r), b_rank, s, "B")
+                        if best is None or cand < best:
+                            best = cand
+                choice[s] = best
+            dirty = set()
+            pick = None
+            for c in choice:
+                if c is not None and (pick is None or c[0] < pick[0] - 1e-12):
+                    pick = c
+            if pick is None:
+                raise ValueError("the schedule deadlocks")
+            start, _, s, op = pick
+            m = nf[s] if op == "F" else nb[s]
+            if op == "F":
+                nf[s] += 1
+            else:
+                nb[s] += 1
+            dirty.update(self.complete(s, op, m, start))
+            dirty.add(s)
+            orders[s].append(Action(s, op, m))
+            done += 1
+        schedule = Schedule(microbatches=M, orders=tuple(tuple(o) for o in orders))
+        return Timed(self.makespan(), schedule, label)
 
 
 def round_trip_caps(costs: StageCosts) -> list[int]:

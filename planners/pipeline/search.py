@@ -2,7 +2,7 @@
 
 1. **Orderings** (``mapping.candidate_orderings``) and **microbatch counts**
    (divisors of the batch, or the one the user fixed).
-2. For every pair, the partition DP (``partition.Tables``) finds the smallest
+2. For every pair, the partition DP (``partition.OrderingTables``) finds the smallest
    feasible bottleneck and one layout per cap of the grid above it.
 3. Every distinct layout gets integer replica shares and is timed by the list
    scheduler with round-trip caps (``scheduler.run``), a few ms each.
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from .build import Replicas, all_replicas, stage_costs
 from .mapping import candidate_orderings, neighbours
-from .partition import TAU_GRID, Layout, Tables
+from .partition import TAU_GRID, Layout, OrderingTables
 from .problem import Problem
 from .scheduler import Policy, StageCosts, Timed, auto_schedule, round_trip_caps, run
 
@@ -133,8 +133,9 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
 
     def explore(ordering: Sequence[str], ms: Sequence[int]) -> dict[int, float]:
         scores = {}
+        base = OrderingTables(problem, ordering, cache)
         for m in ms:
-            tables = Tables(problem, ordering, m, cache)
+            tables = base.for_microbatches(m)
             tau0 = tables.min_bottleneck()
             if tau0 == float("inf"):
                 continue
