@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 import click
 from rich.console import Console
 from rich.table import Table
 
-from dl_nfv.artifacts import CATALOG
+from dl_nfv.artifacts import CATALOG, BadInput, Granularity
 
-from .options import json_option
+from .options import emit, emit_data, json_option, output_option, seed_option, stderr_console
 
 
 @click.group(name="profile")
 def command() -> None:
-    """Measure models into op graphs, and list the device catalog.
+    """Measure models into op graphs and the network into topologies; list the zoo and catalog.
 
     \b
     Example:
-      dl-nfv profile devices
+      dl-nfv profile models
+      dl-nfv profile model resnet50 --batch-size 32 -o resnet50.json
+      dl-nfv profile network --nprocs 2 -o local.yaml
     """
 
 
@@ -49,3 +54,278 @@ def devices(as_json: bool) -> None:
                       f"{t.fp16_tflops:g}", "-" if t.bf16_tflops is None else f"{t.bf16_tflops:g}",
                       f"{t.memory_bandwidth_gb_per_s:g}", t.datasheet)
     Console(soft_wrap=False).print(table)
+
+
+@command.command(name="models")
+@json_option
+@click.option("--tiny/--no-tiny", default=False, show_default=True,
+              help="Also list the <name>-tiny variants.")
+def models(as_json: bool, tiny: bool) -> None:
+    """List the model zoo: parameters, default input size and granularity.
+
+    Every model also exists as <name>-tiny (a toy size for tests); gpt2-tiny
+    and bert-tiny are aliases. Any other model is named module:callable or
+    path/to/file.py:callable (see `dl-nfv profile model --help`).
+
+    \b
+    Example:
+      dl-nfv profile models --json
+    """
+    from dl_nfv.profilers.zoo import TINY, ZOO, parameter_count
+
+    rows = [{"name": m.name, "family": m.family, "task": m.task.value,
+             "parameters": parameter_count(m.name), "published_parameters": m.published_params,
+             "default_batch_size": m.default_batch, "default_seq_len": m.default_seq_len or None,
+             "input_shape": list(m.input_shape) or None,
+             "default_granularity": m.default_granularity.value, "description": m.description}
+            for m in ZOO.values() if tiny or not m.name.endswith(TINY)]
+    if as_json:
+        emit_data({"models": rows}, None, True)
+        return
+    table = Table(title="model zoo (each also as <name>-tiny)", title_justify="left")
+    for col in ("model", "parameters", "default size", "granularity", "description"):
+        table.add_column(col, justify="right" if col == "parameters" else "left")
+    for r, m in zip(rows, (ZOO[r["name"]] for r in rows)):
+        table.add_row(r["name"], f"{r['parameters'] / 1e6:,.1f} M", m.default_size,
+                      r["default_granularity"], r["description"])
+    Console(soft_wrap=False).print(table)
+
+
+def _shape(ctx, param, values):
+    shapes = []
+    for text in values:
+        parts = [p.strip() for p in text.replace("x", ",").split(",") if p.strip()]
+        try:
+            shape = tuple(int(p) for p in parts)
+        except ValueError:
+            raise click.BadParameter(f"{text!r}: expected comma-separated positive integers, "
+                                     f"e.g. 8,3,224,224") from None
+        if not shape or any(s < 1 for s in shape):
+            raise click.BadParameter(f"{text!r}: dimensions must be positive integers")
+        shapes.append(shape)
+    return tuple(shapes)
+
+
+@contextlib.contextmanager
+def _progress_bar(description: str):
+    """A rich progress bar on stderr when it is a terminal; yields a callback or None."""
+    console = stderr_console()
+    if console is None:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[step]}"), TimeElapsedColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task(description, total=None, step="")
+
+        def update(step: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, step=step)
+
+        yield update
+
+
+@command.command(name="model")
+@click.argument("model")
+@output_option("Write the op graph here (.json).")
+@json_option
+@click.option("--batch-size", type=int, default=None,
+              help="Batch size (zoo default: see `profile models`; user models: dimension 0 of "
+                   "--input-shape).")
+@click.option("--seq-len", type=int, default=None, help="Sequence length of zoo sequence models.")
+@click.option("--granularity", type=click.Choice([g.value for g in Granularity]), default=None,
+              help="op: one op per traced operation; layer: one op per layer (block). "
+                   "Default: layer for the largest zoo models, else op.")
+@click.option("--input-shape", "input_shapes", multiple=True, callback=_shape,
+              help="Shape of one input of a user model, e.g. 8,3,224,224 (repeat per input).")
+@click.option("--input-dtype", "input_dtypes", multiple=True,
+              help="dtype of the user model's inputs (one for all, or one per input): float32, "
+                   "int64, bool, ...")
+@click.option("--dtype", default="float32", show_default=True,
+              type=click.Choice(["float32", "bfloat16", "float16", "float64"]),
+              help="Parameter (and floating input) dtype.")
+@click.option("--repeats", type=int, default=3, show_default=True,
+              help="Timed rounds (one whole step + one per-op step each); medians are kept.")
+@click.option("--warmup", type=int, default=1, show_default=True,
+              help="Untimed steps after the counting pass.")
+@click.option("--threads", type=int, default=None, help="CPU threads (default: torch's choice).")
+@click.option("--device", default="auto", show_default=True,
+              help="auto (CUDA when present), cpu, cuda or cuda:N.")
+@click.option("--device-type", default=None,
+              help="Catalog type to record the times under (default: cpu, or the GPU's type).")
+@click.option("--leaf", "leaf_modules", multiple=True,
+              help="Module name or class traced as one opaque op (repeatable).")
+@seed_option
+def model(model: str, output: Path | None, as_json: bool, batch_size, seq_len, granularity,
+          input_shapes, input_dtypes, dtype, repeats, warmup, threads, device, device_type,
+          leaf_modules, seed) -> None:
+    """Profile a model into an op graph: trace it, count FLOPs and bytes, time every op.
+
+    MODEL is a zoo name (`dl-nfv profile models`), module:callable or
+    path/to/file.py:callable (a function returning an nn.Module, called with
+    no arguments). Every op's forward and backward time is measured inside real
+    training steps (median of --repeats), and the per-op sum is checked against
+    the measured whole step (the ratio is in the graph's profile note). Without
+    -o the graph is printed as JSON.
+
+    \b
+    Example:
+      dl-nfv profile model resnet50 --batch-size 32 -o resnet50.json
+      dl-nfv profile model gpt2-xl --batch-size 8 --seq-len 1024 --granularity layer -o gpt2xl.json
+      dl-nfv profile model ./my_model.py:make --input-shape 16,128 --input-dtype int64 -o mine.json
+    """
+    from dl_nfv.profilers import profile_model
+    from dl_nfv.profilers.zoo import model_ref
+
+    ref = model_ref(model, batch_size=batch_size, seq_len=seq_len, input_shapes=input_shapes,
+                    input_dtypes=input_dtypes, dtype=dtype)
+    if device_type is not None and device_type not in CATALOG:
+        raise BadInput(f"--device-type {device_type!r}: not in the catalog "
+                       f"({', '.join(CATALOG)})")
+    with _progress_bar(f"profiling {ref.name}") as progress:
+        graph = profile_model(ref, granularity=granularity, repeats=repeats, warmup=warmup,
+                              threads=threads, seed=seed, device=device, device_type=device_type,
+                              leaf_modules=leaf_modules, progress=progress)
+    console = stderr_console()
+    if console is not None and graph.profile is not None:
+        p = graph.profile
+        console.print(f"{ref.name}: {len(graph.ops)} ops, {len(graph.edges)} edges, "
+                      f"{sum(o.flops for o in graph.ops) / 1e9:.2f} forward GFLOPs; step "
+                      f"{p.step_ms:.1f} ms, per-op sum {p.op_sum_ms:.1f} ms "
+                      f"(ratio {p.op_sum_ms / p.step_ms:.3f})")
+    emit(graph, output, as_json or output is None)
+
+
+@command.command(name="network")
+@click.option("--nprocs", type=int, default=2, show_default=True,
+              help="Worker processes to start on this host (ignored under torchrun).")
+@output_option("Write the measured topology here (.yaml or .json).")
+@json_option
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Also write the raw measurements (JSON) here.")
+@click.option("--min-bytes", type=int, default=1024, show_default=True,
+              help="Smallest message size.")
+@click.option("--max-bytes", type=int, default=64 * 2**20, show_default=True,
+              help="Largest message size (sizes grow 4x from --min-bytes).")
+@click.option("--repeats", type=int, default=5, show_default=True,
+              help="Timed messages per size (the median is kept).")
+@click.option("--warmup", type=int, default=2, show_default=True, help="Untimed messages per size.")
+@click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
+              show_default=True, help="auto: NCCL when every process gets a GPU, else gloo.")
+@click.option("--threads", type=int, default=None,
+              help="CPU threads per process (default: cores / processes).")
+@click.option("--name", default=None, help="Topology name (default: measured-<host>-<N>).")
+def network(nprocs, output, as_json, report_path, min_bytes, max_bytes, repeats, warmup, backend,
+            threads, name) -> None:
+    """Measure the links between worker processes and write a topology.
+
+    Starts --nprocs processes with torch.distributed (gloo on CPU, NCCL on
+    CUDA), times point-to-point messages for every pair and AllReduce over
+    sizes from --min-bytes to --max-bytes, fits latency + size/bandwidth per
+    pair, and writes a topology the planners and simulator read. Under
+    torchrun (across hosts) each rank runs the probe and rank 0 writes the
+    file. Without -o the topology is printed as YAML.
+
+    \b
+    Example:
+      dl-nfv profile network --nprocs 2 -o local.yaml
+      torchrun --nnodes 2 --nproc-per-node 4 -m dl_nfv profile network -o cluster.yaml
+    """
+    from dl_nfv.artifacts import dumps
+    from dl_nfv.profilers.network import probe_network
+
+    if min_bytes < 4 or max_bytes < 4 * min_bytes:
+        raise BadInput(f"--min-bytes {min_bytes} / --max-bytes {max_bytes}: need min >= 4 and "
+                       f"max >= 4 x min (at least two sizes)")
+    sizes = []
+    size = min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= 4
+    with _progress_bar("probing the network") as progress:
+        topology, report = probe_network(nprocs, sizes=sizes, repeats=repeats, warmup=warmup,
+                                         backend=backend, threads=threads, name=name,
+                                         progress=progress)
+    if topology is None:  # a rank other than 0 under torchrun
+        return
+    if report_path is not None:
+        emit_data(report.to_data(), report_path, False)
+    console = stderr_console()
+    if console is not None:
+        for pair, fit in report.fits.items():
+            console.print(f"ranks {pair}: {fit['bandwidth_gbps']:.2f} Gbps, "
+                          f"{fit['latency_us']:.1f} us latency")
+        console.print(f"AllReduce {report.sizes[-1]} B: {report.allreduce_s[-1] * 1e3:.2f} ms "
+                      f"(bus {report.allreduce_bus_gbps():.2f} Gbps)")
+    emit(topology, output, as_json)
+    if output is None and not as_json:
+        click.echo(dumps(topology, fmt="yaml"), nl=False)
+
+
+@command.group(name="import")
+def import_group() -> None:
+    """Bring op graphs profiled by other tools (PipeDream, NeurIPS'20 placement JSON).
+
+    \b
+    Example:
+      dl-nfv profile import pipedream graph.txt -o g.json
+    """
+
+
+_device_type_option = click.option(
+    "--device-type", default="V100-16GB", show_default=True,
+    help="Catalog type the times were measured on (the published profiles used V100s).")
+_batch_option = click.option("--batch-size", type=int, default=1, show_default=True,
+                             help="Batch size the profile was taken at (the file does not say).")
+_name_option = click.option("--name", default=None, help="Model name (default: the file's stem).")
+
+
+@import_group.command(name="pipedream")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@output_option("Write the op graph here (.json).")
+@json_option
+@_device_type_option
+@_batch_option
+@_name_option
+def import_pipedream_command(path, output, as_json, device_type, batch_size, name) -> None:
+    """Import PipeDream's profiler graph.txt (per-layer times, activation and parameter sizes).
+
+    Without -o the op graph is printed as JSON.
+
+    \b
+    Example:
+      dl-nfv profile import pipedream profiles/vgg16/graph.txt --batch-size 64 -o vgg16.json
+    """
+    from dl_nfv.profilers.importers import import_pipedream
+
+    graph = import_pipedream(path, device_type=device_type, batch_size=batch_size, name=name)
+    emit(graph, output, as_json or output is None)
+
+
+@import_group.command(name="placement-json")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@output_option("Write the op graph here (.json).")
+@json_option
+@_device_type_option
+@_batch_option
+@click.option("--transfer-gbps", type=float, default=126.0, show_default=True,
+              help="Link speed that turns an edge's transfer `cost` (ms) into bytes when the edge "
+                   "has no `size`.")
+@_name_option
+def import_placement_command(path, output, as_json, device_type, batch_size, transfer_gbps,
+                             name) -> None:
+    """Import a NeurIPS'20 device-placement JSON (nodes, edges, forward/backward colour classes).
+
+    Forward and backward nodes sharing a colorClass become one op with both
+    times. Without -o the op graph is printed as JSON.
+
+    \b
+    Example:
+      dl-nfv profile import placement-json gnmt_training.json -o gnmt.json
+    """
+    from dl_nfv.profilers.importers import import_placement_json
+
+    graph = import_placement_json(path, device_type=device_type, batch_size=batch_size,
+                                  transfer_gbps=transfer_gbps, name=name)
+    emit(graph, output, as_json or output is None)

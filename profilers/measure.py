@@ -1,0 +1,163 @@
+"""Measuring training steps: the whole step, and every op's forward and backward inside it.
+
+Method
+    A *plain step* runs ``module(*inputs)``, the loss and ``backward()`` and is
+    timed as a whole. An *instrumented step* runs the same step through the
+    traced GraphModule node by node (``torch.fx.Interpreter``), timing each
+    node's forward and charging it to its op; every autograd node the op
+    creates (found by walking ``grad_fn`` from the op's outputs, stopping at
+    nodes of earlier ops) gets a pre- and a post-hook, and the backward pass is
+    cut at these hooks: each interval between consecutive hook events is
+    charged to the op whose autograd node runs next, so the per-op backward
+    times add up to the measured backward pass. Autograd nodes of the loss are
+    charged to the loss, which is not an op of the graph.
+
+    On CUDA every clock reading synchronises the device first, so kernel time
+    lands on the op that launched it.
+
+    ``Recorder`` runs one instrumented step; the profiler repeats it and takes
+    per-op medians, alternating with plain steps so that both see the same
+    machine state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+from torch import fx
+from torch.utils._pytree import tree_flatten
+
+from .capture import Capture
+
+LOSS = None  # the key under which work outside the graph (the loss) is charged
+
+
+def make_clock(device: torch.device) -> Callable[[], float]:
+    """A clock in seconds that first waits for queued work on ``device``."""
+    if device.type == "cuda":
+        def clock() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+        return clock
+    return time.perf_counter
+
+
+def autograd_nodes(values, claimed: dict) -> list:
+    """Autograd nodes reachable from ``values``' ``grad_fn`` that are not in ``claimed``."""
+    found = []
+    stack = [t.grad_fn for t in tree_flatten(values)[0]
+             if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in claimed:
+            continue
+        claimed[fn] = None
+        found.append(fn)
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return found
+
+
+class Recorder:
+    """One instrumented training step: per-op forward and backward seconds.
+
+    ``counter`` (a ``CostCounter``), when given, is told which op is running
+    so it can charge ATen calls to it; the counting pass uses that, the timed
+    passes leave it out.
+    """
+
+    def __init__(self, capture: Capture, clock: Callable[[], float], counter=None):
+        self.capture = capture
+        self.clock = clock
+        self.counter = counter
+        self.fwd_s: dict[str | None, float] = defaultdict(float)
+        self.bwd_s: dict[str | None, float] = defaultdict(float)
+        # fx node name -> (bytes of its output, shape of its first output tensor or None)
+        self.value_meta: dict[str, tuple[int, tuple[int, ...] | None]] = {}
+        self._claimed: dict = {}
+        self._owner: dict = {}
+        self._handles: list = []
+        self._last = 0.0
+
+    def run(self, module_inputs, loss_fn: Callable, *, record_meta: bool = False):
+        """Forward through the graph, loss, backward; returns the loss value.
+
+        ``record_meta`` records the size and shape of every node's output.
+        """
+        interp = _TimedInterpreter(self, record_meta)
+        output = interp.run(*module_inputs)
+        if self.counter is not None:
+            self.counter.end_forward()
+            self.counter.current = LOSS
+        t0 = self.clock()
+        loss = loss_fn(output)
+        self.fwd_s[LOSS] += self.clock() - t0
+        for fn in autograd_nodes(loss, self._claimed):
+            self._hook(fn, LOSS)
+        del output
+        if self.counter is not None:
+            self.counter.phase = "bwd"
+        self._last = self.clock()
+        loss.backward()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._claimed.clear()
+        return loss.detach()
+
+    def claim(self, values, op: str) -> None:
+        for fn in autograd_nodes(values, self._claimed):
+            self._hook(fn, op)
+
+    def _hook(self, fn, op: str | None) -> None:
+        self._handles.append(fn.register_prehook(lambda grads, op=op: self._pre(op)))
+        self._handles.append(fn.register_hook(lambda grad_in, grad_out, op=op: self._post(op)))
+
+    def _mark(self, op) -> None:
+        now = self.clock()
+        self.bwd_s[op] += now - self._last
+        self._last = now
+
+    def _pre(self, op) -> None:
+        # The gap since the last event (engine scheduling) belongs to the node about to run.
+        self._mark(op)
+        if self.counter is not None:
+            self.counter.current = op
+
+    def _post(self, op) -> None:
+        self._mark(op)
+
+
+class _TimedInterpreter(fx.Interpreter):
+    def __init__(self, recorder: Recorder, record_meta: bool):
+        super().__init__(recorder.capture.graph_module, garbage_collect_values=True)
+        self.recorder = recorder
+        self.record_meta = record_meta
+        self.op_of = recorder.capture.op_of
+
+    def run_node(self, n: fx.Node):
+        if n.op in ("placeholder", "output"):
+            result = super().run_node(n)
+            if self.record_meta and n.op == "placeholder":
+                self.recorder.value_meta[n.name] = value_meta(result)
+            return result
+        rec = self.recorder
+        op = self.op_of[n.name]
+        if rec.counter is not None:
+            rec.counter.current = op
+        t0 = rec.clock()
+        result = super().run_node(n)
+        rec.fwd_s[op] += rec.clock() - t0
+        rec.claim(result, op)
+        if self.record_meta:
+            rec.value_meta[n.name] = value_meta(result)
+        return result
+
+
+def value_meta(value) -> tuple[int, tuple[int, ...] | None]:
+    """(bytes of every tensor in ``value``, shape of its first tensor or None)."""
+    tensors = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    return nbytes, (tuple(tensors[0].shape) if tensors else None)

@@ -1,0 +1,223 @@
+"""``profile_model``: a model (zoo name or user callable) into a measured op graph.
+
+Steps
+    1. Build the workload (``zoo.instantiate``) and a synthetic batch, move
+       them to the device, and trace the module (``capture.capture``).
+    2. Counting pass: one instrumented training step under ``CostCounter``
+       records every op's FLOPs (forward and backward), bytes accessed,
+       activation bytes and every node's output size (for the edges), and the
+       peak of live tensor memory. It doubles as the first warm-up.
+    3. ``warmup`` more plain steps, untimed.
+    4. ``repeats`` rounds of one plain step (timed whole) and one instrumented
+       step (timed per op); the graph records per-op medians and the median
+       whole step, and ``ProfileInfo`` states the ratio of the per-op sum to
+       the step.
+
+Costs scale with the model: the counting pass plus ``warmup + 2 * repeats``
+training steps, and O(nodes) bookkeeping per step.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+import torch
+
+from dl_nfv.artifacts import BadInput, DlNfvError, Granularity, ModelRef, OpGraph, ProfileInfo
+
+from . import zoo
+from .capture import Capture, capture
+from .counting import CostCounter
+from .devices import catalog_name_of_cuda
+from .graph import build_ops
+from .measure import LOSS, Recorder, make_clock
+
+Progress = Callable[[str, int, int], None]
+
+
+def default_granularity(model: ModelRef) -> Granularity:
+    """The zoo entry's default granularity (layer for the largest models), else op."""
+    if model.source == "zoo":
+        return zoo.lookup(model.name).default_granularity
+    return Granularity.OP
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise BadInput(f"--device {device!r}: expected cpu, cuda, cuda:N or auto") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BadInput(f"--device {device}: CUDA is not available on this machine")
+    if dev.type not in ("cpu", "cuda"):
+        raise BadInput(f"--device {device!r}: only cpu and cuda are supported")
+    return dev
+
+
+def profile_model(model: ModelRef, *, granularity: Granularity | str | None = None,
+                  repeats: int = 3, warmup: int = 1, threads: int | None = None, seed: int = 0,
+                  device: str = "auto", device_type: str | None = None,
+                  leaf_modules: Iterable[str] = (), progress: Progress | None = None) -> OpGraph:
+    """Profile ``model`` on the local device into an ``OpGraph`` (see the module doc).
+
+    Parameters
+    ----------
+    model : what to profile (``zoo.model_ref`` builds it from names and options).
+    granularity : ``op`` or ``layer``; default: the zoo entry's default, else ``op``.
+    repeats, warmup : timed rounds (>= 1) and extra untimed steps (>= 0).
+    threads : intra-op CPU threads (``torch.set_num_threads``); default: torch's.
+    seed : seeds the parameters, the batch and dropout.
+    device : ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``.
+    device_type : catalog name to record times under (default: ``cpu``, or the
+        catalog type of the CUDA device).
+    leaf_modules : module names or classes traced as opaque ops.
+    progress : called as ``progress(description, done, total)`` after each step.
+
+    Raises ``BadInput`` (unknown model, bad shapes, a model that fails on its
+    inputs or cannot be traced). Deterministic in everything but the times.
+    """
+    if repeats < 1:
+        raise BadInput(f"--repeats must be >= 1, got {repeats}")
+    if warmup < 0:
+        raise BadInput(f"--warmup must be >= 0, got {warmup}")
+    if threads is not None and threads < 1:
+        raise BadInput(f"--threads must be >= 1, got {threads}")
+    granularity = Granularity(granularity) if granularity else default_granularity(model)
+    dev = resolve_device(device)
+    type_name = device_type or ("cpu" if dev.type == "cpu" else catalog_name_of_cuda(dev))
+    leaves = tuple(leaf_modules)
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            torch.manual_seed(seed)
+            return _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves,
+                            progress)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, progress):
+    total = 1 + warmup + 2 * repeats
+    done = 0
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(what, done, total)
+
+    workload = zoo.instantiate(model, seed=seed)
+    module = workload.module.to(dev).train()
+    inputs, target = workload.make_batch(model.batch_size, seed)
+    inputs = tuple(t.to(dev) for t in inputs)
+    target = None if target is None else target.to(dev)
+    cap = capture(module, inputs, granularity=granularity, leaf_modules=leaves)
+
+    def loss_fn(output):
+        return workload.loss(output, target)
+
+    clock = make_clock(dev)
+    counter = CostCounter()
+    counter.track([*module.parameters(), *module.buffers(), *inputs])
+    recorder = Recorder(cap, clock, counter)
+    with _model_errors(model, cap):
+        with counter:
+            recorder.run(inputs, loss_fn, record_meta=True)
+    module.zero_grad(set_to_none=True)
+    peak_bytes = counter.peak_bytes
+    tick("counting FLOPs and bytes")
+
+    def plain_step() -> float:
+        module.zero_grad(set_to_none=True)
+        t0 = clock()
+        loss_fn(module(*inputs)).backward()
+        return clock() - t0
+
+    with _model_errors(model, cap):
+        for _ in range(warmup):
+            plain_step()
+            tick("warming up")
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        steps, fwd_runs, bwd_runs = [], defaultdict(list), defaultdict(list)
+        for _ in range(repeats):
+            steps.append(plain_step())
+            tick("timing the whole step")
+            if dev.type == "cuda" and len(steps) == 1:
+                peak_bytes = torch.cuda.max_memory_allocated(dev)
+            module.zero_grad(set_to_none=True)
+            timed = Recorder(cap, clock)
+            timed.run(inputs, loss_fn)
+            for key in [*cap.op_ids, LOSS]:
+                fwd_runs[key].append(timed.fwd_s.get(key, 0.0))
+                bwd_runs[key].append(timed.bwd_s.get(key, 0.0))
+            tick("timing every op")
+    module.zero_grad(set_to_none=True)
+
+    fwd_ms = {k: statistics.median(v) * 1e3 for k, v in fwd_runs.items()}
+    bwd_ms = {k: statistics.median(v) * 1e3 for k, v in bwd_runs.items()}
+    ops, edges = build_ops(cap, counter, recorder.value_meta, fwd_ms, bwd_ms, type_name,
+                           model.batch_size)
+    step_ms = statistics.median(steps) * 1e3
+    op_sum_ms = sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids)
+    loss_ms = fwd_ms[LOSS] + bwd_ms[LOSS]
+    options = dict(model.options)
+    if leaves:
+        options["leaf_modules"] = list(leaves)
+    ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,
+                   dtype=model.dtype, inputs=model.inputs, options=options)
+    info = ProfileInfo(
+        device_type=type_name, threads=torch.get_num_threads(), torch_version=torch.__version__,
+        repeats=repeats, warmup=warmup, step_ms=round(step_ms, 4), op_sum_ms=round(op_sum_ms, 4),
+        peak_memory_bytes=int(peak_bytes),
+        note=(f"op sum / step = {op_sum_ms / step_ms:.3f}; loss outside the graph "
+              f"{loss_ms:.2f} ms; seed {seed}; {_machine(dev)}"))
+    return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges)
+
+
+def _machine(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"{platform.machine()} CPU"
+
+
+class _model_errors:
+    """Turn an exception raised while running the model into a ``BadInput`` naming where."""
+
+    def __init__(self, model: ModelRef, cap: Capture):
+        self.model = model
+        self.cap = cap
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None or isinstance(exc, DlNfvError) or not isinstance(exc, Exception):
+            return False
+        shapes = ", ".join(f"{list(s.shape)} {s.dtype}" for s in self.model.inputs)
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        where = _where(exc.__traceback__, self.cap)
+        raise BadInput(f"model {self.model.name!r} failed on inputs {shapes}: "
+                       f"{type(exc).__name__}: {reason}{where}") from None
+
+
+def _where(tb, cap: Capture) -> str:
+    """' (in op X, module Y)' from the innermost interpreter frame of a traceback, if any."""
+    node = None
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "run_node" and "n" in frame.f_locals:
+            node = frame.f_locals["n"]
+        tb = tb.tb_next
+    if node is None or getattr(node, "name", None) not in cap.op_of:
+        return ""
+    op = cap.op_of[node.name]
+    modules = cap.modules_of.get(op) or ()
+    return f" (in op {op!r}" + (f", module {modules[0]!r})" if modules else ")")

@@ -1,0 +1,463 @@
+"""``profile network``: measure the links between worker processes and write a topology.
+
+Method
+    N processes join one ``torch.distributed`` group (gloo on CPU, NCCL on
+    CUDA; started here with ``spawn``, or by ``torchrun`` on many hosts). For
+    every pair of ranks in turn (the others wait at a barrier) the lower rank
+    sends a message of each size (1 KiB to 64 MiB by default, x4 steps) and the
+    higher rank sends it back; the one-way time is half the median round trip.
+    A fit of ``t(s) = latency + s / bandwidth`` per pair (least squares on the
+    relative error, latency >= 0) gives ``latency_us`` and ``bandwidth_gbps``.
+    Then every rank runs AllReduce over the same sizes (the time of one is the
+    slowest rank's), reported with its bus bandwidth ``2(N-1)/N * S / t``. On
+    CPU each process also times an FP32 matmul, recorded as the device's
+    ``fp32_tflops`` override.
+
+Topology written
+    Ranks are grouped by host name. On each host the processes are devices of
+    type ``cpu`` (memory: the host's RAM shared evenly; FP32 peak: measured) or
+    of their GPU's catalog type, joined by an ``interconnect`` (``loopback``
+    for CPU processes, ``nvlink`` for GPUs with peer access, else ``pcie``)
+    with the median measured figures of the host's pairs, plus an explicit
+    link per pair when a host has three or more processes. The host-bridge
+    link gets the same figures, so routes take the measured path. Hosts
+    connect through NICs to one switch; a NIC gets the measured cross-host
+    bandwidth and half of the latency that the host links do not account for.
+
+Limits: one message in flight per pair (no concurrency between pairs), the
+fit is a single latency/bandwidth line (no protocol switching), and a
+multi-host fabric is summarised as one switch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dl_nfv.artifacts import BadInput, RuntimeFailure, Topology, from_data
+
+DEFAULT_SIZES = tuple(1024 * 4**i for i in range(9))  # 1 KiB .. 64 MiB
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """A latency + size/bandwidth line fitted to one-way times."""
+
+    latency_us: float
+    bandwidth_gbps: float
+
+    def time_s(self, nbytes: float) -> float:
+        return self.latency_us * 1e-6 + nbytes * 8 / (self.bandwidth_gbps * 1e9)
+
+
+def fit_link(sizes: Sequence[int], seconds: Sequence[float]) -> LinkFit:
+    """Fit ``t = a + s * b`` minimising relative squared error, with ``a >= 0``.
+
+    Relative error weights small messages (which fix the latency) as much as
+    large ones (which fix the bandwidth). O(len(sizes)).
+    """
+    s = np.asarray(sizes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if len(s) < 2 or np.any(t <= 0):
+        raise ValueError("need at least two sizes with positive times to fit a link")
+    w = 1.0 / t
+    A = np.stack([np.ones_like(s), s], axis=1) * w[:, None]
+    a, b = np.linalg.lstsq(A, t * w, rcond=None)[0]
+    if a < 0:
+        a = 0.0
+        b = float(np.sum(w * w * s * t) / np.sum(w * w * s * s))
+    b = max(b, 1e-15)
+    return LinkFit(latency_us=float(a) * 1e6, bandwidth_gbps=float(8.0 / (b * 1e9)))
+
+
+@dataclass
+class NetworkReport:
+    """Raw measurements: per pair and size the one-way seconds; AllReduce seconds per size."""
+
+    backend: str
+    world_size: int
+    hosts: list[str]
+    devices: list[str]
+    sizes: list[int]
+    p2p_s: dict[str, list[float]] = field(default_factory=dict)  # "i-j" -> per size
+    allreduce_s: list[float] = field(default_factory=list)
+    fits: dict[str, dict[str, float]] = field(default_factory=dict)
+    matmul_gflops: list[float] = field(default_factory=list)
+    memory_gib: dict[str, float] = field(default_factory=dict)
+
+    def to_data(self) -> dict:
+        return {"backend": self.backend, "world_size": self.world_size, "hosts": self.hosts,
+                "devices": self.devices, "sizes_bytes": self.sizes, "p2p_one_way_s": self.p2p_s,
+                "allreduce_s": self.allreduce_s, "fits": self.fits,
+                "matmul_gflops": self.matmul_gflops, "memory_gib": self.memory_gib}
+
+    def allreduce_bus_gbps(self, index: int = -1) -> float:
+        n = self.world_size
+        size, sec = self.sizes[index], self.allreduce_s[index]
+        return 2 * (n - 1) / n * size * 8 / sec / 1e9 if n > 1 and sec > 0 else 0.0
+
+
+# ------------------------------------------------------------------------- worker side
+@dataclass(frozen=True)
+class ProbeConfig:
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    repeats: int = 5
+    warmup: int = 2
+    backend: str = "gloo"
+    threads: int = 1
+    timeout_s: float = 300.0
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | None = None):
+    """Measure, inside an initialised process group; returns the report on rank 0, else None."""
+    import torch
+    import torch.distributed as dist
+
+    hostname = socket.gethostname()
+    names: list = [None] * world
+    dist.all_gather_object(names, hostname)
+    local_rank = names[:rank].count(hostname)
+    if config.backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(config.threads)
+    pairs = [(i, j) for i in range(world) for j in range(i + 1, world)]
+    steps = len(pairs) + 2
+    done = 0
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None and rank == 0:
+            progress(what, done, steps)
+
+    buffers = {s: torch.ones(max(1, s // 4), dtype=torch.float32, device=device) for s in config.sizes}
+    p2p: dict[str, list[float]] = {}
+    for i, j in pairs:
+        if rank in (i, j):
+            times = []
+            for size in config.sizes:
+                buf = buffers[size]
+                samples = []
+                for k in range(config.warmup + config.repeats):
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    if rank == i:
+                        dist.send(buf, j)
+                        dist.recv(buf, j)
+                    else:
+                        dist.recv(buf, i)
+                        dist.send(buf, i)
+                    _sync(device)
+                    if k >= config.warmup:
+                        samples.append((time.perf_counter() - t0) / 2)
+                times.append(statistics.median(samples))
+            if rank == i:
+                p2p[f"{i}-{j}"] = times
+        dist.barrier()
+        tick(f"pair {i}-{j}")
+
+    allreduce = []
+    for size in config.sizes:
+        buf = buffers[size]
+        samples = []
+        for k in range(config.warmup + config.repeats):
+            dist.barrier()
+            _sync(device)
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            _sync(device)
+            if k >= config.warmup:
+                samples.append(time.perf_counter() - t0)
+        local = torch.tensor(samples, dtype=torch.float64)
+        # The slowest rank's time is the collective's time.
+        if config.backend == "nccl":
+            local = local.to(device)
+        dist.all_reduce(local, op=dist.ReduceOp.MAX)
+        allreduce.append(float(local.median().item()))
+        buf.fill_(1.0)
+    tick("allreduce")
+
+    gflops = _matmul_gflops(device) if device.type == "cpu" else 0.0
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, {"p2p": p2p, "gflops": gflops,
+                                      "device": _device_label(device)})
+    tick("gathering")
+    if rank != 0:
+        return None
+    report = NetworkReport(backend=config.backend, world_size=world, hosts=names,
+                           devices=[g["device"] for g in gathered], sizes=list(config.sizes),
+                           allreduce_s=allreduce, matmul_gflops=[g["gflops"] for g in gathered])
+    for g in gathered:
+        report.p2p_s.update(g["p2p"])
+    report.p2p_s = dict(sorted(report.p2p_s.items(), key=lambda kv: tuple(map(int, kv[0].split("-")))))
+    for key, times in report.p2p_s.items():
+        fit = fit_link(config.sizes, times)
+        report.fits[key] = {"latency_us": round(fit.latency_us, 3),
+                            "bandwidth_gbps": round(fit.bandwidth_gbps, 4)}
+    report.memory_gib = {h: _host_memory_gib() for h in dict.fromkeys(names)}
+    return report
+
+
+def _device_label(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        from .devices import catalog_name_of_cuda
+
+        peers = all(torch.cuda.can_device_access_peer(device.index, k)
+                    for k in range(torch.cuda.device_count()) if k != device.index)
+        return f"{catalog_name_of_cuda(device)}{'+p2p' if peers else ''}"
+    return "cpu"
+
+
+def _matmul_gflops(device, n: int = 512, budget_s: float = 0.3) -> float:
+    import torch
+
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    a @ b
+    count, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < budget_s:
+        a @ b
+        count += 1
+    return 2 * n**3 * count / (time.perf_counter() - t0) / 1e9
+
+
+def _host_memory_gib() -> float:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal"):
+                    return int(line.split()[1]) * 1024 / GIB
+    except OSError:
+        pass
+    return 16.0
+
+
+def _spawned_worker(rank: int, world: int, port: int, config: ProbeConfig, queue) -> None:
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group(config.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world,
+                                timeout=datetime.timedelta(seconds=config.timeout_s))
+        report = run_probe(rank, world, config,
+                           progress=lambda what, d, n: queue.put(("progress", what, d, n)))
+        if rank == 0:
+            queue.put(("result", report.to_data()))
+        dist.destroy_process_group()
+    except Exception as exc:  # reported to the parent, which raises RuntimeFailure
+        queue.put(("error", rank, f"{type(exc).__name__}: {exc}"))
+        raise SystemExit(1) from None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def choose_backend(backend: str, nprocs: int) -> str:
+    import torch
+
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise BadInput(f"--backend {backend!r}: expected auto, gloo or nccl")
+    if backend == "nccl" and (not torch.cuda.is_available() or torch.cuda.device_count() < nprocs):
+        raise BadInput(f"--backend nccl needs {nprocs} CUDA devices on this host")
+    return backend
+
+
+def probe_network(nprocs: int = 2, *, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5,
+                  warmup: int = 2, backend: str = "auto", threads: int | None = None,
+                  name: str | None = None, progress: Callable | None = None,
+                  ) -> tuple[Topology | None, NetworkReport | None]:
+    """Measure the network between worker processes; ``(topology, report)`` (see module doc).
+
+    Started by ``torchrun`` (``RANK``/``WORLD_SIZE`` set), this process is one
+    rank and ``nprocs`` is ignored; only rank 0 returns results, the others
+    ``(None, None)``. Otherwise it spawns ``nprocs`` local processes.
+
+    Raises ``BadInput`` for impossible settings and ``RuntimeFailure`` when a
+    worker fails (its error is in the message). Cost: ``(pairs + 1) x sizes x
+    (warmup + repeats)`` messages, where pairs = N(N-1)/2.
+    """
+    if repeats < 1 or warmup < 0:
+        raise BadInput(f"--repeats must be >= 1 and --warmup >= 0, got {repeats} and {warmup}")
+    sizes = tuple(sorted(set(int(s) for s in sizes)))
+    if len(sizes) < 2 or sizes[0] < 4:
+        raise BadInput("give at least two message sizes of 4 bytes or more")
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return _under_torchrun(sizes, repeats, warmup, backend, threads, name, progress)
+    if nprocs < 2:
+        raise BadInput(f"--nprocs must be >= 2 (links need two ends), got {nprocs}")
+    chosen = choose_backend(backend, nprocs)
+    cpus = os.cpu_count() or 1
+    config = ProbeConfig(sizes=sizes, repeats=repeats, warmup=warmup, backend=chosen,
+                         threads=threads or max(1, cpus // nprocs))
+    data = _spawn(nprocs, config, progress)
+    report = NetworkReport(backend=data["backend"], world_size=data["world_size"],
+                           hosts=data["hosts"], devices=data["devices"], sizes=data["sizes_bytes"],
+                           p2p_s=data["p2p_one_way_s"], allreduce_s=data["allreduce_s"],
+                           fits=data["fits"], matmul_gflops=data["matmul_gflops"],
+                           memory_gib=data["memory_gib"])
+    return topology_from_report(report, name=name), report
+
+
+def _under_torchrun(sizes, repeats, warmup, backend, threads, name, progress):
+    import torch.distributed as dist
+
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    chosen = choose_backend(backend, local_world)
+    config = ProbeConfig(sizes=sizes, repeats=repeats, warmup=warmup, backend=chosen,
+                         threads=threads or max(1, (os.cpu_count() or 1) // local_world))
+    dist.init_process_group(chosen, init_method="env://")
+    try:
+        report = run_probe(rank, world, config, progress=progress)
+    finally:
+        dist.destroy_process_group()
+    if report is None:
+        return None, None
+    return topology_from_report(report, name=name), report
+
+
+def _spawn(nprocs: int, config: ProbeConfig, progress: Callable | None) -> dict:
+    import queue as queue_module
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_spawned_worker, args=(r, nprocs, port, config, queue), daemon=True)
+             for r in range(nprocs)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + config.timeout_s + 60
+    result = None
+    try:
+        while result is None:
+            try:
+                message = queue.get(timeout=0.5)
+            except queue_module.Empty:
+                dead = [(r, p.exitcode) for r, p in enumerate(procs)
+                        if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeFailure(f"network probe worker {dead[0][0]} exited with code "
+                                         f"{dead[0][1]} before reporting") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeFailure("network probe timed out") from None
+                continue
+            if message[0] == "progress" and progress is not None:
+                progress(*message[1:])
+            elif message[0] == "error":
+                raise RuntimeFailure(f"network probe worker {message[1]} failed: {message[2]}")
+            elif message[0] == "result":
+                result = message[1]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    return result
+
+
+# ------------------------------------------------------------------------- topology
+def _safe(name: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-")
+    return cleaned or "host"
+
+
+def topology_from_report(report: NetworkReport, name: str | None = None) -> Topology:
+    """The ``topology`` record for a report (see the module docstring)."""
+    hosts = list(dict.fromkeys(report.hosts))
+    host_names = {h: _safe(h) for h in hosts}
+    ranks_of = {h: [r for r, x in enumerate(report.hosts) if x == h] for h in hosts}
+    fits = {tuple(map(int, k.split("-"))): v for k, v in report.fits.items()}
+
+    def median_fit(pairs):
+        got = [fits[p] for p in pairs if p in fits]
+        if not got:
+            return None
+        return (statistics.median(f["bandwidth_gbps"] for f in got),
+                statistics.median(f["latency_us"] for f in got))
+
+    device_name: dict[int, str] = {}
+    host_docs, link_docs = [], []
+    intra_latency: dict[str, float] = {}
+    for h in hosts:
+        ranks = ranks_of[h]
+        label = report.devices[ranks[0]]
+        is_cpu = label == "cpu"
+        prefix = "cpu" if is_cpu else "gpu"
+        for k, r in enumerate(ranks):
+            device_name[r] = f"{host_names[h]}/{prefix}{k}"
+        spec: dict = {"type": "cpu" if is_cpu else label.removesuffix("+p2p"), "count": len(ranks)}
+        if is_cpu:
+            spec["memory_gib"] = round(report.memory_gib.get(h, 16.0) / len(ranks), 2)
+            gflops = [report.matmul_gflops[r] for r in ranks if report.matmul_gflops[r] > 0]
+            if gflops:
+                spec["fp32_tflops"] = round(statistics.median(gflops) / 1e3, 4)
+        doc: dict = {"name": host_names[h], "devices": [spec]}
+        intra = median_fit([(a, b) for a in ranks for b in ranks if a < b])
+        if intra is not None:
+            bw, lat = round(intra[0], 4), round(intra[1], 3)
+            kind = "loopback" if is_cpu else ("nvlink" if label.endswith("+p2p") else "pcie")
+            doc["interconnect"] = {"kind": kind, "bandwidth_gbps": bw,
+                                   "latency_us": lat / 2 if kind == "pcie" else lat}
+            doc["host_link_gbps"] = bw
+            doc["host_link_latency_us"] = lat / 2 if kind == "pcie" else lat
+            intra_latency[h] = doc["host_link_latency_us"]
+            if len(ranks) >= 3:
+                for a in ranks:
+                    for b in ranks:
+                        if a < b and (a, b) in fits:
+                            link_docs.append({"endpoints": [device_name[a], device_name[b]],
+                                              "bandwidth_gbps": fits[(a, b)]["bandwidth_gbps"],
+                                              "latency_us": fits[(a, b)]["latency_us"]})
+        host_docs.append(doc)
+    if len(hosts) > 1:
+        cross = median_fit([p for p in fits if report.hosts[p[0]] != report.hosts[p[1]]])
+        bw, lat = cross if cross is not None else (10.0, 50.0)
+        for h, doc in zip(hosts, host_docs):
+            host_lat = intra_latency.get(h, 1.0)
+            nic_lat = max(0.0, (lat - 2 * host_lat) / 2)
+            doc["nics"] = [{"switch": "net", "bandwidth_gbps": round(bw, 4),
+                            "latency_us": round(nic_lat, 3)}]
+    n = report.world_size
+    big = report.sizes[-1]
+    description = (f"Measured by dl-nfv profile network: {n} {report.backend} processes on "
+                   f"{len(hosts)} host(s); point-to-point fits per pair (latency + size/bandwidth) "
+                   f"over {report.sizes[0]} B to {big} B; AllReduce of {big} B took "
+                   f"{report.allreduce_s[-1] * 1e3:.2f} ms (bus bandwidth "
+                   f"{report.allreduce_bus_gbps():.2f} Gbps).")
+    doc = {"kind": "topology", "schema_version": 1,
+           "name": name or f"measured-{host_names[hosts[0]]}-{n}", "description": description,
+           "hosts": host_docs}
+    if len(hosts) > 1:
+        doc["switches"] = [{"name": "net"}]
+    if link_docs:
+        doc["links"] = link_docs
+    return from_data(Topology, doc)
