@@ -7,8 +7,10 @@
 * ``stage_costs``: the ``StageCosts`` the scheduler times: slowest replica's
   forward and backward time per microbatch, per stage pair the transfer of
   one microbatch between replicas whose batch intervals overlap (concurrent
-  flows on the real routes), the AllReduce of the stage's parameters over its
-  replicas plus the optimizer update, and each stage's in-flight cap (the
+  flows on the real routes), the part of the stage's gradient AllReduce that
+  outlasts its last backward plus the optimizer update (gradients go in
+  25 MiB buckets, each AllReduced, one after the other, as soon as the last
+  microbatch's backward has produced it), and each stage's in-flight cap (the
   memory left after parameters, gradients and optimizer state, over one
   microbatch of stashed activations).
 * ``groups_and_pipeline``: the plan's groups (one per stage), batch shares and
@@ -21,8 +23,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dl_nfv.artifacts import Group, Pipeline, ScheduleKind, SyncMethod
-from dl_nfv.planners.base import integer_shares
+from dl_nfv.artifacts import Fusion, Group, Pipeline, ScheduleKind, SyncMethod
+from dl_nfv.planners.base import gradient_buckets, integer_shares
 from dl_nfv.planners.schedules import Schedule, schedule_kind_of
 from dl_nfv.simulator.costs import Flow
 
@@ -32,6 +34,8 @@ from .scheduler import StageCosts
 
 # Memory kept free on every device for what the cost model does not count (workspace).
 RESERVE_FRACTION = 0.0
+# Gradient bucket size of replicated stages (as DDP's default and the dp baseline).
+BUCKET_BYTES = 25 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +101,7 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
         f_ms.append(max(t[0] for t in times))
         b_ms.append(max(t[1] for t in times))
         params = problem.params(stage.start, stage.stop)
-        sync = cm.allreduce_ms(r.devices, params) if len(r.devices) > 1 and params > 0 else 0.0
+        sync = _exposed_allreduce_ms(problem, stage, r, M) if len(r.devices) > 1 and params > 0 else 0.0
         if params > 0:
             sync += max(cm.update_ms(params, d, problem.state_factor) for d in r.devices)
         sync_ms.append(sync)
@@ -121,6 +125,45 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
         send_ms[(s, t)] = cm.concurrent_ms(flows)
     return StageCosts(f_ms=tuple(f_ms), b_ms=tuple(b_ms), send_ms=send_ms, sync_ms=tuple(sync_ms),
                       caps=tuple(caps), microbatches=M)
+
+
+def _exposed_allreduce_ms(problem: Problem, stage: StageSpec, reps: Replicas, m: int) -> float:
+    """How long the stage's bucketed AllReduces run past the end of its last backward.
+
+    The last microbatch's backward visits the stage's ops in reverse order on
+    the slowest replica; a bucket is AllReduced when its last op is done and
+    the previous bucket's AllReduce has finished (one collective stream).
+    """
+    cm, graph = problem.cm, problem.graph
+    ops = problem.stage_ops(stage.start, stage.stop)
+    slowest = max(zip(reps.devices, reps.counts), key=lambda dc: sum(
+        problem.times(stage.start, stage.stop, dc[0], dc[1] / problem.batch_size)))
+    frac = slowest[1] / problem.batch_size
+    needs = problem.needs_grad
+    done_at: dict[str, float] = {}
+    clock = 0.0
+    for op in reversed(ops):
+        if needs[op]:
+            clock += cm.op_ms(op, slowest[0], "bwd", frac)
+        done_at[op] = clock
+    buckets = [list(b) for b in gradient_buckets(graph, ops, BUCKET_BYTES)]
+    index = graph.index
+    end = 0.0
+    for bucket in buckets:
+        ready = max(done_at[op] for op in bucket)
+        nbytes = float(sum(index[op].param_bytes for op in bucket))
+        end = max(end, ready) + cm.allreduce_ms(reps.devices, nbytes)
+    return max(0.0, end - clock)
+
+
+def stage_buckets(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> Fusion | None:
+    """25 MiB gradient buckets of every replicated stage (None when no stage is replicated)."""
+    buckets: list[tuple[str, ...]] = []
+    for stage, r in zip(layout.stages, reps):
+        if len(r.devices) > 1:
+            buckets.extend(gradient_buckets(problem.graph, problem.stage_ops(stage.start, stage.stop),
+                                            BUCKET_BYTES))
+    return Fusion(gradient_buckets=tuple(buckets)) if buckets else None
 
 
 def _overlaps(a: Replicas, b: Replicas):

@@ -38,14 +38,13 @@ from dl_nfv.planners.base import GIB, finish, gradient_buckets, started
 from dl_nfv.planners.bounds import Bound, critical_path_ms, work_bound_ms
 
 from .bound import stage_balanced_bound_ms
-from .build import Replicas, groups_and_pipeline
+from .build import BUCKET_BYTES, Replicas, groups_and_pipeline, stage_buckets
 from .partition import Layout
 from .problem import Problem
 from .scheduler import Policy
 from .search import Evaluated, search
 
 SIMULATED_CANDIDATES = 6
-BUCKET_BYTES = 25 * 2**20
 SCHEDULES = {"auto": tuple(Policy), "gpipe": (Policy.GPIPE,), "1f1b": (Policy.ONE_F_ONE_B,),
              "custom": (Policy.LIST,)}
 
@@ -192,7 +191,8 @@ def _draft_of(problem: Problem, ev: Evaluated) -> _Draft:
         return _data_parallel_draft(problem, layout, reps[0], f"search ({ev.timed.label})",
                                     ev.makespan_ms)
     groups, pipeline = groups_and_pipeline(problem, layout, reps, ev.timed.schedule)
-    return _Draft(f"search ({ev.timed.label})", groups, pipeline, None, ev.makespan_ms)
+    return _Draft(f"search ({ev.timed.label})", groups, pipeline,
+                  stage_buckets(problem, layout, reps), ev.makespan_ms)
 
 
 def _data_parallel_draft(problem: Problem, layout: Layout, reps: Replicas, origin: str,

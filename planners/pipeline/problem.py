@@ -66,7 +66,9 @@ class Problem:
         idx = np.array([cm.op_index[o] for o in self.order], dtype=np.int64)
         launch = cm.launch_ms_by_type[None, :]
         fwd = cm.fwd_ms_by_type[idx]
-        bwd = cm.bwd_ms_by_type[idx] * self._needs_grad()[:, None]
+        needs = self._needs_grad()
+        self.needs_grad = {op: bool(k) for op, k in zip(self.order, needs)}
+        bwd = cm.bwd_ms_by_type[idx] * needs[:, None]
         self.fwd_ms = fwd  # [ops, types], in this order
         self.bwd_ms = bwd
 
