@@ -26,10 +26,15 @@ Memory
     times the parameters) stay resident; activations (op outputs) of every
     in-flight microbatch are stashed until their backward.
 
+Every phase of a collective is affine in its size, so each (algorithm,
+device set) is turned once into a small cached expression
+``sum_t max_k (a + b x bytes)``; later calls cost O(phases).
+
 Limits (honest): no kernel-level contention between concurrent ops on one
 device, no NCCL protocol switching (LL/LL128/Simple), no overlap of a
 collective's phases, the efficiency calibration assumes an op is as
-efficient relative to its roofline on every device type.
+efficient relative to its roofline on every device type. docs/cost-model.md
+has every formula.
 """
 
 from __future__ import annotations
