@@ -1,0 +1,1 @@
+"""The runtime: execute a plan with torch.distributed and measure it (``dl-nfv train``)."""

@@ -1,0 +1,76 @@
+"""Point-to-point and collective calls, timed: the runtime's only door to torch.distributed.
+
+Every blocking wait (a ``recv``, a collective's ``wait``, draining sends) is
+timed into ``wait_ms`` of the current step, so that a rank's step splits into
+compute time and time spent waiting for peers. Sends are non-blocking
+(``isend``) and drained at the end of the step, so a rank following a valid
+schedule never blocks on a peer that has not reached its matching ``recv``.
+
+Every call runs under the process group's timeout (set at
+``init_process_group``): a peer that died or hangs turns into an exception
+here, never a hang.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+
+class Comm:
+    """Timed send/recv and collectives of one rank on one torch device."""
+
+    def __init__(self, rank: int, device: torch.device, *, synchronize: bool = False):
+        self.rank = rank
+        self.device = device
+        self.synchronize = synchronize  # CUDA: make waits measure the transfer, not the launch
+        self.wait_ms = 0.0
+        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+
+    # ------------------------------------------------------------------ timing
+    def _timed_wait(self, work: dist.Work | None) -> None:
+        t0 = time.perf_counter()
+        if work is not None:
+            work.wait()
+        if self.synchronize:
+            torch.cuda.synchronize(self.device)
+        self.wait_ms += (time.perf_counter() - t0) * 1e3
+
+    def take_wait_ms(self) -> float:
+        """The wait time accumulated since the last call (one step's), and reset it."""
+        value, self.wait_ms = self.wait_ms, 0.0
+        return value
+
+    # ------------------------------------------------------------ point to point
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+        tensor = tensor.detach().contiguous()
+        self._sends.append((dist.isend(tensor, dst, tag=tag), tensor))
+
+    def recv(self, shape: Sequence[int], dtype: torch.dtype, src: int, tag: int) -> torch.Tensor:
+        buffer = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+        self._timed_wait(dist.irecv(buffer, src, tag=tag))
+        return buffer
+
+    def drain(self) -> None:
+        """Wait for every send still in flight."""
+        sends, self._sends = self._sends, []
+        for work, _ in sends:
+            self._timed_wait(work)
+
+    # -------------------------------------------------------------- collectives
+    def wait(self, work: dist.Work | None) -> None:
+        self._timed_wait(work)
+
+    def all_reduce(self, tensor: torch.Tensor, group=None) -> None:
+        self._timed_wait(dist.all_reduce(tensor, group=group, async_op=True))
+
+    def barrier(self) -> None:
+        self._timed_wait(dist.barrier(async_op=True))
+
+
+def tag_of(value_index: int, microbatch: int, backward: bool, part: int = 0) -> int:
+    """A tag unique to one transfer of a step: value, microbatch, direction and row part."""
+    return ((value_index * 1024 + microbatch) * 2 + int(backward)) * 64 + part

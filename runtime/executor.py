@@ -1,0 +1,265 @@
+"""Turn a plan into this rank's units, action list, gradient syncs and optimizer.
+
+The mode follows the plan:
+
+* **pipeline** (``plan.pipeline``): one unit per stage group; this device's
+  actions are its schedule (``Pipeline.actions``), executed in that order;
+* **data parallel / parameter server** (one group): one unit, the whole model,
+  replicated over the group's devices with its batch shares; gradients are
+  bucketed and all-reduced (overlapping the backward pass), or pushed to and
+  pulled from the group's ``ps_servers``;
+* **op placement** (several groups, no pipeline): one unit per op; this device
+  runs the forward of its ops in ``plan.order`` (topological order when the
+  plan gives none), then their backward in the reverse order.
+
+Gradient synchronisation is derived from who holds each parameter: a
+parameter held by several devices (replicas of a group, or units on different
+devices sharing a tied weight) is summed over them, by AllReduce, or through
+the group's parameter servers when the group says ``ps``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dl_nfv.artifacts import BadInput, OpGraph, Optimizer, Plan, SyncMethod
+from dl_nfv.artifacts.runreport import ExecutionMode
+
+from .comm import Comm
+from .model import Workload, to_device
+from .partition import probe, split
+from .sync import GradientSync
+from .units import Placement, UnitRunner, accumulations
+
+DEFAULT_LR = {Optimizer.SGD: 0.01, Optimizer.ADAM: 1e-3}
+SGD_MOMENTUM = 0.9
+
+
+def execution_mode(plan: Plan) -> ExecutionMode:
+    """The mode a plan runs in (see the module docstring)."""
+    if plan.pipeline is not None:
+        return ExecutionMode.PIPELINE
+    if len(plan.groups) == 1:
+        group = plan.groups[0]
+        if len(plan.devices) == 1:
+            return ExecutionMode.SINGLE
+        return (ExecutionMode.PARAMETER_SERVER if group.sync is SyncMethod.PS
+                else ExecutionMode.DATA_PARALLEL)
+    return ExecutionMode.PLACEMENT
+
+
+@dataclass
+class RankContext:
+    """Who this process is in the run."""
+
+    rank: int
+    world_size: int
+    device_name: str  # the plan's device this rank executes
+    torch_device: torch.device
+    rank_of: dict[str, int]
+    comm: Comm
+
+
+def make_optimizer(params: list[torch.nn.Parameter], kind: Optimizer,
+                   lr: float | None = None) -> torch.optim.Optimizer | None:
+    """The plan's optimizer over ``params`` (None when there are none)."""
+    if not params:
+        return None
+    lr = DEFAULT_LR[kind] if lr is None else lr
+    if kind is Optimizer.ADAM:
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM)
+
+
+class PlanExecutor:
+    """Executes ``plan`` on this rank, one step at a time."""
+
+    def __init__(self, plan: Plan, graph: OpGraph, workload: Workload, ctx: RankContext, *,
+                 seed: int = 0, lr: float | None = None):
+        from dl_nfv.profilers.capture import capture
+
+        self.plan = plan
+        self.ctx = ctx
+        self.mode = execution_mode(plan)
+        self.workload = workload
+        module = workload.module.to(ctx.torch_device)
+        example, _ = workload.make_batch(plan.batch_size, seed)
+        leaves = tuple(graph.model.options.get("leaf_modules", ()))
+        cap = capture(module, example, granularity=graph.granularity, leaf_modules=leaves)
+        self.capture = cap
+        inputs = set(cap.input_ops)
+        unit_of_op, placements, group_of_unit = self._units(plan, inputs)
+        known = set(cap.op_ids)
+        missing = sorted(set(unit_of_op) - known)
+        if missing:
+            raise BadInput(f"the plan names op {missing[0]!r}, which the traced model "
+                           f"{graph.model.name!r} does not have (was the graph profiled at "
+                           f"another granularity?)")
+
+        def make_inputs(rows: int):
+            return to_device(workload.make_batch(rows, seed)[0], ctx.torch_device)
+
+        info = probe(cap.graph_module, make_inputs)
+        self.partition = split(cap.graph_module, cap.op_of, unit_of_op, info)
+        placements = {u: placements[u] for u in self.partition.units}
+        microbatches = plan.pipeline.microbatches if plan.pipeline is not None else 1
+        self.runner = UnitRunner(self.partition, placements, device=ctx.device_name,
+                                 rank_of=ctx.rank_of, microbatches=microbatches,
+                                 batch_size=plan.batch_size, comm=ctx.comm, loss_fn=workload.loss)
+        self.actions = self._actions(plan, graph)
+        self.syncs = self._syncs(plan, module, placements, group_of_unit)
+        owned = [p for s in self.syncs for p in s.owned_params()]
+        self.optimizer = make_optimizer(owned, plan.optimizer, lr)
+
+    # ------------------------------------------------------------------ units
+    def _units(self, plan: Plan, inputs: set[str]):
+        unit_of_op: dict[str, str] = {}
+        placements: dict[str, Placement] = {}
+        group_of_unit: dict[str, Any] = {}
+        if self.mode is ExecutionMode.PLACEMENT:
+            for g in plan.groups:
+                for op in g.ops:
+                    if op in inputs:
+                        continue
+                    unit_of_op[op] = op
+                    placements[op] = Placement(g.devices, g.shares)
+                    group_of_unit[op] = g
+            return unit_of_op, placements, group_of_unit
+        stages = plan.pipeline.stages if plan.pipeline is not None else (plan.groups[0].id,)
+        for g in plan.groups:
+            if g.id not in stages:
+                stray = [op for op in g.ops if op not in inputs]
+                if stray:
+                    raise BadInput(f"group {g.id!r} holds op {stray[0]!r} but is not a pipeline "
+                                   f"stage; the runtime runs pipelines whose stages hold every op")
+                continue
+            for op in g.ops:
+                if op not in inputs:
+                    unit_of_op[op] = g.id
+            placements[g.id] = Placement(g.devices, g.shares)
+            group_of_unit[g.id] = g
+        return unit_of_op, placements, group_of_unit
+
+    def _actions(self, plan: Plan, graph: OpGraph) -> list[tuple[str, str, int]]:
+        me = self.ctx.device_name
+        units = self.partition.units
+        if self.mode is ExecutionMode.PIPELINE:
+            stages = plan.pipeline.stages
+            return [(a.op, stages[a.stage], a.microbatch) for a in plan.pipeline.actions(me)
+                    if stages[a.stage] in units]
+        if self.mode is not ExecutionMode.PLACEMENT:
+            uid = plan.groups[0].id
+            return [("F", uid, 0), ("B", uid, 0)] if me in plan.groups[0].devices else []
+        mine = {u for u in units if me in self.runner.placements[u].devices}
+        order = plan.order.get(me) or tuple(graph.topological_ids())
+        ops = [op for op in order if op in mine]
+        absent = sorted(mine - set(ops))
+        if absent:
+            raise BadInput(f"plan.order of {me!r} lacks op {absent[0]!r}, which runs there")
+        return [("F", op, 0) for op in ops] + [("B", op, 0) for op in reversed(ops)]
+
+    # ------------------------------------------------------------------ syncs
+    def _syncs(self, plan: Plan, module: torch.nn.Module, placements: dict[str, Placement],
+               group_of_unit: dict[str, Any]) -> list[GradientSync]:
+        holders: dict[int, set[str]] = defaultdict(set)
+        groups_of: dict[int, list] = defaultdict(list)
+        for uid, unit in self.partition.units.items():
+            for p in unit.parameters():
+                holders[id(p)].update(placements[uid].devices)
+                groups_of[id(p)].append(group_of_unit[uid])
+        bucket_of = self._bucket_of(plan)
+        rank_of = self.ctx.rank_of
+        keyed: dict[tuple, list[torch.nn.Parameter]] = {}
+        for _, p in module.named_parameters():
+            if id(p) not in holders or not p.requires_grad:
+                continue
+            groups = groups_of[id(p)]
+            ps = all(g.sync is SyncMethod.PS for g in groups) and len(
+                {g.ps_servers for g in groups}) == 1
+            servers = tuple(sorted(rank_of[d] for d in groups[0].ps_servers)) if ps else ()
+            ranks = tuple(sorted({rank_of[d] for d in holders[id(p)]} | set(servers)))
+            method = SyncMethod.PS if ps else SyncMethod.ALLREDUCE
+            keyed.setdefault((ranks, method, servers), []).append(p)
+        everyone = tuple(range(self.ctx.world_size))
+        syncs = []
+        for key in sorted(keyed, key=lambda k: (k[0], k[1].value, k[2])):
+            ranks, method, servers = key
+            # every rank creates every subgroup, in the same order (torch.distributed's rule)
+            group = None
+            if len(ranks) > 1 and ranks != everyone:
+                group = dist.new_group(list(ranks))
+            if self.ctx.rank not in ranks:
+                continue
+            params = keyed[key]
+            buckets: dict[int, list] = defaultdict(list)
+            for p in params:
+                buckets[bucket_of.get(id(p), len(bucket_of) + 1)].append(p)
+            ordered = [buckets[b] for b in sorted(buckets)]
+            syncs.append(GradientSync(ordered, ranks=ranks, rank=self.ctx.rank, comm=self.ctx.comm,
+                                      method=method, servers=servers, group=group,
+                                      accumulations=accumulations(self.runner, self.actions)))
+        return syncs
+
+    def _bucket_of(self, plan: Plan) -> dict[int, int]:
+        """Parameter id -> index of the plan's gradient bucket that holds its op."""
+        if plan.fusion is None:
+            return {}
+        gm = self.capture.graph_module
+        out: dict[int, int] = {}
+        for index, bucket in enumerate(plan.fusion.gradient_buckets):
+            for op in bucket:
+                for node in self.capture.nodes(op) if op in self.capture.nodes_of else ():
+                    for p in _node_params(gm, node):
+                        out.setdefault(id(p), index)
+        return out
+
+    # ------------------------------------------------------------------- step
+    def step(self, inputs: tuple, target: Any) -> float:
+        """Run one training step; returns this rank's share-weighted loss."""
+        for s in self.syncs:
+            s.zero_grad()
+        self.runner.begin_step(inputs, target)
+        for phase, uid, mb in self.actions:
+            if phase == "F":
+                self.runner.forward(uid, mb)
+            else:
+                self.runner.backward(uid, mb)
+        loss = self.runner.end_step()
+        for s in self.syncs:
+            s.reduce()
+        if self.optimizer is not None:
+            self.optimizer.step()
+        for s in self.syncs:
+            s.pull()
+        return loss
+
+    def held_parameters(self) -> dict[str, torch.Tensor]:
+        """Name -> value of every parameter this rank holds (for numerics checks)."""
+        held = {id(p) for s in self.syncs for p in s.params}
+        return {name: p.detach().cpu().clone()
+                for name, p in self.workload.module.named_parameters() if id(p) in held}
+
+    def op_times_ms(self) -> dict[str, dict[str, list[float]]]:
+        """Placement mode: {"F"|"B": {op: [ms per step]}} measured on this rank."""
+        if self.mode is not ExecutionMode.PLACEMENT:
+            return {}
+        out: dict[str, dict[str, list[float]]] = {"F": {}, "B": {}}
+        for (uid, phase), times in self.runner.unit_time_ms.items():
+            out[phase][uid] = list(times)
+        return out
+
+
+def _node_params(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.nn.Parameter]:
+    if node.op == "call_module":
+        return list(gm.get_submodule(str(node.target)).parameters())
+    if node.op == "get_attr":
+        value = gm
+        for part in str(node.target).split("."):
+            value = getattr(value, part)
+        return [value] if isinstance(value, torch.nn.Parameter) else []
+    return []

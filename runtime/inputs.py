@@ -1,0 +1,68 @@
+"""What a run reads before any process starts: plan, graph, topology, and run defaults.
+
+Kept free of torch so that the launcher (``dl-nfv train``) checks its inputs and
+fails fast on bad ones without paying for importing torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dl_nfv.artifacts import ArtifactMismatch, BadInput, fingerprint, load, validate_against
+
+
+def default_warmup(steps: int) -> int:
+    """Warm-up steps left out of the medians: a third of the run, at most 3."""
+    return min(3, steps // 3)
+
+
+def resolve_path(given: str | None, recorded: str, plan_path: str) -> Path | None:
+    """An artifact path: the one given, else the one the plan recorded (relative to the plan)."""
+    if given:
+        return Path(given)
+    if not recorded:
+        return None
+    path = Path(recorded)
+    if not path.is_absolute():
+        path = Path(plan_path).resolve().parent / path
+    return path
+
+
+def load_inputs(plan_path: str, graph_path: str | None, topology_path: str | None):
+    """Load the plan, its graph and (when found) its topology, and check they belong together.
+
+    Raises ``BadInput`` when the graph cannot be found and ``ArtifactMismatch``
+    when fingerprints differ.
+    """
+    plan = load(plan_path, expect="plan")
+    gpath = resolve_path(graph_path, plan.graph_path, plan_path)
+    if gpath is None:
+        raise BadInput(f"{plan_path}: the plan records no graph_path; pass --graph")
+    if not gpath.exists():
+        raise BadInput(f"{plan_path}: graph {str(gpath)!r} (graph_path) not found; pass --graph")
+    graph = load(gpath, expect="op-graph")
+    tpath = resolve_path(topology_path, plan.topology_path, plan_path)
+    topology = None
+    if tpath is not None and (topology_path or tpath.exists()):
+        topology = load(tpath, expect="topology")
+    if topology is not None:
+        validate_against(plan, graph, topology)
+    elif fingerprint(graph) != plan.graph_sha256:
+        raise ArtifactMismatch(f"the plan was made for a graph with sha256 {plan.graph_sha256[:12]}..., "
+                               f"but {gpath} has sha256 {fingerprint(graph)[:12]}...")
+    return plan, graph, topology, gpath
+
+
+def device_kinds(topology, devices) -> dict[str, str]:
+    if topology is None:
+        return {}
+    from dl_nfv.artifacts import cluster_of
+
+    cluster = cluster_of(topology)
+    return {d: cluster.device(d).type.kind.value for d in devices}
+
+
+def trace_path_of(trace: str, rank: int) -> Path:
+    """Where rank ``rank`` writes its trace: ``run.json`` -> ``run.rank0.json``."""
+    path = Path(trace)
+    return path.with_name(f"{path.stem}.rank{rank}{path.suffix or '.json'}")

@@ -1,0 +1,53 @@
+"""Assemble the ``run-report`` from what every rank measured."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from dl_nfv.artifacts import OpGraph, Plan, fingerprint
+from dl_nfv.artifacts.runreport import ExecutionMode, RankRun, RunReport, median_iteration_ms
+
+
+def build_report(*, plan: Plan, plan_path: str, graph: OpGraph, mode: ExecutionMode,
+                 results: Sequence[dict[str, Any]], losses: Sequence[float], backend: str,
+                 threads: int, steps: int, warmup: int, trace: str = "",
+                 notes: Sequence[str] = ()) -> RunReport:
+    """The run report of ``plan`` from the per-rank ``results`` (gathered on rank 0).
+
+    Each result holds ``rank``, ``device``, ``host``, ``iteration_ms`` (every
+    step), ``compute_ms``/``wait_ms`` (medians over measured steps),
+    ``peak_memory_bytes``, ``device_type`` and ``op_ms`` (``{"F"|"B": {op:
+    ms}}``, placement mode only). Per-op times are merged by device type (the
+    median over the devices of a type that ran the op).
+    """
+    per_rank = tuple(sorted((RankRun(rank=r["rank"], device=r["device"], host=r.get("host", ""),
+                                     iteration_ms=tuple(round(t, 4) for t in r["iteration_ms"]),
+                                     compute_ms=round(max(r["compute_ms"], 0.0), 4),
+                                     wait_ms=round(max(r["wait_ms"], 0.0), 4),
+                                     peak_memory_bytes=int(r["peak_memory_bytes"]))
+                             for r in results), key=lambda r: r.rank))
+    op_fwd: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    op_bwd: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        for phase, table in (r.get("op_ms") or {}).items():
+            target = op_fwd if phase == "F" else op_bwd
+            for op, ms in table.items():
+                target[r["device_type"]][op].append(ms)
+    return RunReport(
+        plan_sha256=fingerprint(plan), planner=plan.planner, plan_path=str(plan_path),
+        graph_sha256=plan.graph_sha256, topology_sha256=plan.topology_sha256,
+        model=graph.model.name, mode=mode, batch_size=plan.batch_size, world_size=len(per_rank),
+        ranks={r.device: r.rank for r in per_rank}, backend=backend, threads=threads,
+        steps=steps, warmup=warmup, iteration_ms=round(median_iteration_ms(per_rank, warmup), 4),
+        losses=tuple(float(x) for x in losses), per_rank=per_rank,
+        predicted_iteration_ms=plan.prediction.iteration_ms if plan.prediction else None,
+        op_fwd_ms=_medians(op_fwd), op_bwd_ms=_medians(op_bwd), trace_path=trace,
+        notes=tuple(notes))
+
+
+def _medians(table) -> dict[str, dict[str, float]]:
+    return {t: {op: round(statistics.median(v), 5) for op, v in ops.items()}
+            for t, ops in table.items()}

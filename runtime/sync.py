@@ -1,0 +1,207 @@
+"""Gradient synchronisation: bucketed AllReduce or parameter servers, as the plan says.
+
+A ``GradientSync`` owns the gradients of a set of parameters held by a set of
+ranks (the replicas of a group, or the stages that share a tied weight). Each
+rank's loss is already weighted by its share of the global batch, so the
+gradient every rank must end with is the **sum** of the ranks' gradients.
+
+Buckets follow the plan (``fusion.gradient_buckets``: op ids whose parameters
+are reduced together, in launch order); parameters of ops in no bucket form one
+last bucket. Each bucket keeps its gradients in one flat buffer, and every
+parameter's ``.grad`` is a view into it, so autograd accumulates straight into
+the buffer (as DDP's ``gradient_as_bucket_view``).
+
+* **AllReduce**: with ``overlap``, a bucket's all-reduce starts as soon as the
+  backward pass has produced all its gradients (post-accumulate-grad hooks),
+  strictly in bucket order so every rank issues the same sequence; the rest
+  start when the backward pass ends. Every rank then applies the optimizer to
+  every parameter.
+* **Parameter server**: parameters are sharded over the server ranks (greedy,
+  balanced by bytes); within each bucket a server's parameters are contiguous,
+  so pushing a bucket is one ``reduce`` per server onto it. Each server applies
+  the optimizer to its shard only, then ``broadcast``\\ s the new values
+  (pull). Non-server ranks hold no optimizer state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from dl_nfv.artifacts import SyncMethod
+
+from .comm import Comm
+
+
+@dataclass
+class _Bucket:
+    params: list[torch.nn.Parameter]
+    grad: torch.Tensor  # flat gradient buffer; each param's .grad is a view into it
+    value: torch.Tensor | None = None  # PS: flat parameter buffer (params are views into it)
+    parts: list[tuple[int, int, int]] = field(default_factory=list)  # PS: (server, lo, hi)
+    ready: int = 0
+    launched: bool = False
+    works: list = field(default_factory=list)
+
+
+class GradientSync:
+    """Sum the gradients of ``buckets`` over ``ranks`` by AllReduce or through PS servers.
+
+    Parameters
+    ----------
+    buckets : parameter lists in launch order (every parameter in exactly one).
+    ranks : global ranks holding these parameters (this rank among them).
+    method : ``allreduce``, ``ps`` or ``none`` (a single rank: nothing to send).
+    servers : global ranks of the parameter servers (``ps`` only).
+    group : the process group of ``ranks`` (``None``: the world).
+    overlap : start all-reduces from backward hooks as buckets fill.
+    accumulations : parameter (by id) -> how many backward passes of a step
+        accumulate into it on this rank (microbatches x units using it; default 1);
+        a bucket is ready once every parameter has had all of them.
+    """
+
+    def __init__(self, buckets: Sequence[Sequence[torch.nn.Parameter]], *, ranks: Sequence[int],
+                 rank: int, comm: Comm, method: SyncMethod = SyncMethod.ALLREDUCE,
+                 servers: Sequence[int] = (), group=None, overlap: bool = True,
+                 accumulations: dict[int, int] | None = None):
+        self.rank = rank
+        self.ranks = tuple(ranks)
+        self.comm = comm
+        self.group = group
+        self.method = method if len(self.ranks) > 1 else SyncMethod.NONE
+        self.servers = tuple(servers)
+        if self.method is SyncMethod.PS and not self.servers:
+            raise ValueError("a parameter-server sync needs at least one server rank")
+        self.overlap = overlap and self.method is SyncMethod.ALLREDUCE
+        owner = _shard(buckets, self.servers) if self.method is SyncMethod.PS else {}
+        self.owner = owner
+        self._buckets = [self._make_bucket(list(b), owner) for b in buckets if b]
+        self._next = 0
+        self._hooks = []
+        self._expected = {id(p): (accumulations or {}).get(id(p), 1) for p in self.params}
+        self._seen: dict[int, int] = {}
+        if self.overlap:
+            for index, bucket in enumerate(self._buckets):
+                for p in bucket.params:
+                    self._hooks.append(p.register_post_accumulate_grad_hook(
+                        lambda p, index=index: self._grad_ready(index, p)))
+
+    # ------------------------------------------------------------------ set-up
+    def _make_bucket(self, params: list[torch.nn.Parameter], owner: dict[int, int]) -> _Bucket:
+        if owner:  # PS: group each server's parameters together inside the bucket
+            order = {s: i for i, s in enumerate(self.servers)}
+            params = sorted(params, key=lambda p: order[owner[id(p)]])
+        numel = sum(p.numel() for p in params)
+        ref = params[0]
+        grad = torch.zeros(numel, dtype=ref.dtype, device=ref.device)
+        bucket = _Bucket(params=params, grad=grad)
+        offset = 0
+        for p in params:
+            p.grad = grad[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        if owner:
+            value = torch.empty(numel, dtype=ref.dtype, device=ref.device)
+            offset = 0
+            start, current = 0, None
+            for p in params:
+                n = p.numel()
+                value[offset:offset + n].copy_(p.detach().reshape(-1))
+                p.data = value[offset:offset + n].view_as(p)
+                server = owner[id(p)]
+                if server != current:
+                    if current is not None:
+                        bucket.parts.append((current, start, offset))
+                    current, start = server, offset
+                offset += n
+            bucket.parts.append((current, start, offset))
+            bucket.value = value
+        return bucket
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        return [p for b in self._buckets for p in b.params]
+
+    def owned_params(self) -> list[torch.nn.Parameter]:
+        """The parameters this rank's optimizer updates (PS: its shard; else all)."""
+        if self.method is SyncMethod.PS:
+            return [p for p in self.params if self.owner[id(p)] == self.rank]
+        return self.params
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+
+    # -------------------------------------------------------------------- steps
+    def zero_grad(self) -> None:
+        for b in self._buckets:
+            b.grad.zero_()
+            b.ready = 0
+            b.launched = False
+            b.works = []
+        self._next = 0
+        self._seen.clear()
+
+    def _grad_ready(self, index: int, param: torch.nn.Parameter) -> None:
+        key = id(param)
+        self._seen[key] = self._seen.get(key, 0) + 1
+        if self._seen[key] != self._expected[key]:
+            return
+        bucket = self._buckets[index]
+        bucket.ready += 1
+        if bucket.ready == len(bucket.params):
+            while self._next < len(self._buckets) and (
+                    self._buckets[self._next].ready >= len(self._buckets[self._next].params)):
+                self._launch(self._buckets[self._next])
+                self._next += 1
+
+    def _launch(self, bucket: _Bucket) -> None:
+        if bucket.launched:
+            return
+        bucket.launched = True
+        if self.method is SyncMethod.ALLREDUCE:
+            bucket.works.append(dist.all_reduce(bucket.grad, group=self.group, async_op=True))
+        elif self.method is SyncMethod.PS:
+            for server, lo, hi in bucket.parts:
+                bucket.works.append(dist.reduce(bucket.grad[lo:hi], dst=server,
+                                                op=dist.ReduceOp.SUM, group=self.group,
+                                                async_op=True))
+
+    def reduce(self) -> None:
+        """Finish the gradient exchange of this step (push, for PS); blocks until done."""
+        if self.method is SyncMethod.NONE:
+            return
+        for bucket in self._buckets:
+            self._launch(bucket)
+        for bucket in self._buckets:
+            for work in bucket.works:
+                self.comm.wait(work)
+            bucket.works = []
+
+    def pull(self) -> None:
+        """PS only: broadcast every shard's updated parameters from its server."""
+        if self.method is not SyncMethod.PS:
+            return
+        works = []
+        for bucket in self._buckets:
+            assert bucket.value is not None
+            for server, lo, hi in bucket.parts:
+                works.append(dist.broadcast(bucket.value[lo:hi], src=server, group=self.group,
+                                            async_op=True))
+        for work in works:
+            self.comm.wait(work)
+
+
+def _shard(buckets: Sequence[Sequence[torch.nn.Parameter]], servers: Sequence[int]) -> dict[int, int]:
+    """Parameter (by id) -> server rank, greedily balancing bytes; deterministic."""
+    load = {s: 0 for s in servers}
+    owner: dict[int, int] = {}
+    for bucket in buckets:
+        for p in bucket:
+            server = min(servers, key=lambda s: (load[s], servers.index(s)))
+            owner[id(p)] = server
+            load[server] += p.numel() * p.element_size()
+    return owner

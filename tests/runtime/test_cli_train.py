@@ -1,0 +1,80 @@
+"""``dl-nfv train`` on the command line: a real run, its report and trace, and bad input."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+from click.testing import CliRunner
+
+from dl_nfv.artifacts import load, save
+from dl_nfv.cli.main import cli
+
+from .helpers import devices, dl_nfv, dp_plan, graph_of, topology, write
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train")
+    graph, topo = graph_of("mlp-tiny", batch_size=8), topology(2)
+    write(tmp, graph, topo, dp_plan(graph, topo, devices(2), buckets=2))
+    return tmp
+
+
+def test_train_writes_report_and_merged_trace(run_dir):
+    result = dl_nfv("train", str(run_dir / "plan.json"), "--steps", "5", "-o",
+                    str(run_dir / "run.json"), "--trace", str(run_dir / "trace.json"))
+    assert result.returncode == 0, result.stderr
+    report = load(run_dir / "run.json", expect="run-report")
+    assert report.world_size == 2 and report.steps == 5 and report.warmup == 1
+    assert report.ranks == {"local/cpu0": 0, "local/cpu1": 1}
+    assert report.backend == "gloo" and report.threads == 1
+    assert all(len(r.iteration_ms) == 5 and r.peak_memory_bytes > 0 for r in report.per_rank)
+    assert report.iteration_ms == pytest.approx(statistics.median(report.step_ms), abs=1e-3)
+    assert report.trace_path.endswith("trace.json")
+    trace = json.loads((run_dir / "trace.json").read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("ph") == "M"
+             and e.get("name") == "process_name" and str(e.get("args", {}).get("name", "")).startswith("rank")}
+    assert names == {"rank 0 (local/cpu0)", "rank 1 (local/cpu1)"}
+    assert not list(run_dir.glob("trace.rank*.json"))
+    shown = CliRunner().invoke(cli, ["show", str(run_dir / "run.json"), "--width", "120"])
+    assert shown.exit_code == 0 and "local/cpu1" in shown.output
+
+
+def _invoke(*args):
+    return CliRunner().invoke(cli, ["train", *map(str, args)])
+
+
+def test_missing_plan_is_exit_2():
+    result = _invoke("no-such-plan.json", "--steps", "2")
+    assert result.exit_code == 2
+    assert "no-such-plan.json: no such file" in result.output
+
+
+def test_missing_graph_names_the_recorded_path(run_dir, tmp_path):
+    plan = load(run_dir / "plan.json", expect="plan")
+    save(plan, tmp_path / "plan.json")  # its graph_path 'graph.json' is not beside it here
+    result = _invoke(tmp_path / "plan.json", "--steps", "2")
+    assert result.exit_code == 2
+    assert "graph.json" in result.output and "pass --graph" in result.output
+
+
+def test_wrong_graph_is_a_mismatch(run_dir, tmp_path):
+    other = graph_of("mlp-tiny", batch_size=4)
+    save(other, tmp_path / "g.json")
+    result = _invoke(run_dir / "plan.json", "--graph", tmp_path / "g.json", "--steps", "2")
+    assert result.exit_code == 2
+    assert "sha256" in result.output and "re-plan" in result.output
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--steps", "3", "--warmup", "3"), "--warmup must be in [0, 3), got 3"),
+    (("--steps", "2", "--data", "nonexistent_module_xyz:make"), "cannot import module"),
+    (("--steps", "2", "--data", "no-colon"), "expected 'module:factory'"),
+    (("--steps", "0"), "0 is not in the range"),
+])
+def test_bad_options_are_exit_2(run_dir, args, words):
+    result = _invoke(run_dir / "plan.json", *args)
+    assert result.exit_code == 2, result.output
+    assert words in result.output

@@ -1,0 +1,110 @@
+"""Partition and unit execution in one process: any cut of a model computes the same gradients.
+
+All units sit on one device here, so values cross units through the local
+path (no processes); the cross-process path is covered by test_numerics.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dl_nfv.profilers.capture import capture
+from dl_nfv.profilers.zoo import instantiate, model_ref
+from dl_nfv.runtime.comm import Comm
+from dl_nfv.runtime.model import split_rows
+from dl_nfv.runtime.partition import probe, split
+from dl_nfv.runtime.session import choose_backend
+from dl_nfv.runtime.units import Placement, UnitRunner
+
+from .helpers import MODELS
+
+
+def _workload(name: str, batch: int):
+    if name == "gpt2":
+        ref = model_ref(f"{MODELS}:gpt2_tiny_without_dropout", input_shapes=[(batch, 8)],
+                        input_dtypes=["int64"])
+    else:
+        ref = model_ref(name, batch_size=batch)
+    return instantiate(ref, seed=3)
+
+
+def _grads_by_units(name: str, cuts: list[float], microbatches: int):
+    batch = 4
+    w = _workload(name, batch)
+    inputs, target = w.make_batch(batch, 7)
+    cap = capture(w.module, inputs)
+    ops = [o for o in cap.op_ids if o not in cap.input_ops]
+    bounds = sorted({0, *[int(c * len(ops)) for c in cuts], len(ops)})
+    unit_of_op = {op: f"u{next(i for i, b in enumerate(bounds[1:]) if k < b)}"
+                  for k, op in enumerate(ops)}
+    info = probe(cap.graph_module, lambda rows: w.make_batch(rows, 1)[0])
+    part = split(cap.graph_module, cap.op_of, unit_of_op, info)
+    runner = UnitRunner(part, {u: Placement(("d0",), (1.0,)) for u in part.units}, device="d0",
+                        rank_of={"d0": 0}, microbatches=microbatches, batch_size=batch,
+                        comm=Comm(0, torch.device("cpu")), loss_fn=w.loss)
+    order = sorted(part.units, key=lambda u: int(u[1:]))
+    runner.begin_step(inputs, target)
+    for mb in range(microbatches):
+        for u in order:
+            runner.forward(u, mb)
+    for mb in range(microbatches):
+        for u in reversed(order):
+            runner.backward(u, mb)
+    loss = runner.end_step()
+    got = {n: p.grad.clone() for n, p in w.module.named_parameters()}
+    w.module.zero_grad(set_to_none=True)
+    ref_loss = w.loss(w.module(*inputs), target)
+    ref_loss.backward()
+    want = {n: p.grad.clone() for n, p in w.module.named_parameters()}
+    return loss, float(ref_loss.detach()), got, want
+
+
+@settings(max_examples=8, deadline=None)
+@given(name=st.sampled_from(["mlp-tiny", "gpt2", "resnet50-tiny"]),
+       cuts=st.lists(st.floats(0.05, 0.95), min_size=1, max_size=3))
+def test_any_cut_gives_the_full_model_gradients(name, cuts):
+    # microbatches only where batch norm does not make them differ from the full batch
+    microbatches = 1 if name == "resnet50-tiny" else 2
+    loss, ref_loss, got, want = _grads_by_units(name, cuts, microbatches)
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+@given(total=st.integers(0, 500), shares=st.lists(st.floats(0.01, 1.0), min_size=1, max_size=8))
+def test_split_rows_covers_every_row_once(total, shares):
+    bounds = split_rows(total, shares)
+    assert bounds[0][0] == 0 and bounds[-1][1] == total
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    weight = sum(shares)
+    for (lo, hi), s in zip(bounds, shares):
+        assert abs((hi - lo) - total * s / weight) < 1 + 1e-9
+
+
+def test_split_rows_exact_fractions():
+    assert split_rows(8, (0.75, 0.25)) == [(0, 6), (6, 8)]
+    assert split_rows(6, (1 / 3, 1 / 3, 1 / 3)) == [(0, 2), (2, 4), (4, 6)]
+
+
+@pytest.mark.parametrize("requested, kinds, cuda, count, local, want", [
+    ("auto", {"cpu"}, True, 8, 2, "gloo"),  # the plan's devices are CPUs
+    ("auto", {"gpu"}, True, 8, 2, "nccl"),
+    ("auto", set(), True, 2, 2, "nccl"),  # no topology: CUDA present, a GPU per rank
+    ("auto", {"gpu"}, True, 1, 2, "gloo"),  # two ranks cannot share one GPU under NCCL
+    ("auto", {"gpu"}, False, 0, 2, "gloo"),
+    ("gloo", {"gpu"}, True, 8, 2, "gloo"),
+    ("nccl", {"cpu"}, True, 2, 2, "nccl"),
+])
+def test_backend_choice(requested, kinds, cuda, count, local, want):
+    assert choose_backend(requested, kinds, cuda_available=cuda, cuda_devices=count,
+                          local_world=local) == want
+
+
+def test_nccl_without_cuda_is_bad_input():
+    from dl_nfv.artifacts import BadInput
+
+    with pytest.raises(BadInput, match="needs CUDA"):
+        choose_backend("nccl", {"gpu"}, cuda_available=False, cuda_devices=0, local_world=1)
