@@ -16,6 +16,7 @@ models only through ``instantiate``, so every rank builds the same model.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -352,6 +353,7 @@ def _embedding_bounds(module: nn.Module, specs: Sequence[TensorSpec]) -> dict[in
             and DTYPES[s.dtype] is not torch.bool}
 
 
+@functools.cache
 def parameter_count(name: str) -> int:
     """Parameters of zoo model ``name``, counted on the meta device (no memory used)."""
     entry = lookup(name)

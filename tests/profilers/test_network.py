@@ -1,0 +1,74 @@
+"""Network probe: the latency/bandwidth fit and the topology built from measurements."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dl_nfv.artifacts import cluster_of
+from dl_nfv.profilers.network import DEFAULT_SIZES, NetworkReport, fit_link, topology_from_report
+
+
+def _line(latency_us: float, gbps: float, sizes=DEFAULT_SIZES) -> list[float]:
+    return [latency_us * 1e-6 + s * 8 / (gbps * 1e9) for s in sizes]
+
+
+@settings(max_examples=50, deadline=None)
+@given(latency_us=st.floats(0.5, 500), gbps=st.floats(0.1, 400))
+def test_fit_recovers_an_exact_line(latency_us, gbps):
+    fit = fit_link(DEFAULT_SIZES, _line(latency_us, gbps))
+    assert fit.latency_us == pytest.approx(latency_us, rel=1e-6)
+    assert fit.bandwidth_gbps == pytest.approx(gbps, rel=1e-6)
+    assert fit.time_s(4096) == pytest.approx(_line(latency_us, gbps, [4096])[0], rel=1e-6)
+
+
+def test_fit_clamps_a_negative_latency_to_zero():
+    times = [s * 8 / 10e9 for s in DEFAULT_SIZES]
+    times[0] *= 0.5  # small messages faster than the line predicts -> negative intercept
+    fit = fit_link(DEFAULT_SIZES, times)
+    assert fit.latency_us == 0.0 and fit.bandwidth_gbps > 0
+
+
+def _report(hosts, fits, devices=None):
+    n = len(hosts)
+    sizes = list(DEFAULT_SIZES)
+    return NetworkReport(
+        backend="gloo", world_size=n, hosts=hosts, devices=devices or ["cpu"] * n, sizes=sizes,
+        p2p_s={k: _line(v[1], v[0]) for k, v in fits.items()},
+        allreduce_s=[1e-3] * len(sizes),
+        fits={k: {"bandwidth_gbps": v[0], "latency_us": v[1]} for k, v in fits.items()},
+        matmul_gflops=[50.0] * n, memory_gib={h: 24.0 for h in hosts})
+
+
+def test_two_local_processes_make_one_loopback_host():
+    topo = topology_from_report(_report(["box", "box"], {"0-1": (12.0, 40.0)}))
+    assert topo.device_names == ("box/cpu0", "box/cpu1")
+    host = topo.hosts[0]
+    assert host.interconnect.kind.value == "loopback"
+    spec = host.devices[0]
+    assert spec.type == "cpu" and spec.memory_gib == 12.0 and spec.fp32_tflops == 0.05
+    route = cluster_of(topo).route("box/cpu0", "box/cpu1")
+    # The route takes the measured link, not the host bridge.
+    assert route.bandwidth_gbps == 12.0 and route.latency_us == 40.0 and len(route.hops) == 1
+    assert "AllReduce" in topo.description
+
+
+def test_three_processes_get_a_link_per_measured_pair():
+    fits = {"0-1": (10.0, 30.0), "0-2": (5.0, 60.0), "1-2": (8.0, 35.0)}
+    topo = topology_from_report(_report(["h"] * 3, fits))
+    cluster = cluster_of(topo)
+    assert cluster.route("h/cpu0", "h/cpu2").bandwidth_gbps == 5.0
+    assert cluster.route("h/cpu1", "h/cpu2").latency_us == 35.0
+    assert topo.hosts[0].interconnect.bandwidth_gbps == 8.0  # median of the pairs
+
+
+def test_two_hosts_are_joined_through_a_switch_with_the_measured_cross_host_figures():
+    fits = {"0-1": (20.0, 10.0), "2-3": (20.0, 10.0),
+            "0-2": (5.0, 50.0), "0-3": (5.0, 50.0), "1-2": (5.0, 50.0), "1-3": (5.0, 50.0)}
+    topo = topology_from_report(_report(["a", "a", "b", "b"], fits))
+    cluster = cluster_of(topo)
+    route = cluster.route("a/cpu0", "b/cpu1")
+    assert route.bandwidth_gbps == 5.0
+    assert route.latency_us == pytest.approx(50.0)
+    assert cluster.route("a/cpu0", "a/cpu1").bandwidth_gbps == 20.0

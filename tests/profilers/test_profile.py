@@ -1,0 +1,172 @@
+"""profile_model end to end: FLOP truths, consistency between granularities, ownership, edges."""
+
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+import torch
+
+from dl_nfv.artifacts import BadInput, Granularity, OpKind, from_document, to_data
+from dl_nfv.profilers import profile_model, zoo
+
+FAST = {"repeats": 1, "warmup": 0}
+
+
+def _profile(name, granularity=None, **kwargs):
+    ref = zoo.model_ref(name, **{k: kwargs.pop(k) for k in ("batch_size", "seq_len") if k in kwargs})
+    return profile_model(ref, granularity=granularity, **{**FAST, **kwargs})
+
+
+def test_resnet50_forward_flops_match_the_published_4_1_gmacs():
+    graph = _profile("resnet50", "op", batch_size=1)
+    assert len(graph.ops) >= 100
+    gflops = sum(op.flops for op in graph.ops) / 1e9
+    assert abs(gflops - 8.2) / 8.2 <= 0.05
+    assert graph.total_param_bytes == 25_557_032 * 4
+
+
+def bert_flops_per_token(h=768, ff=3072, layers=12, vocab=30522, seq=32) -> int:
+    """Matmul FLOPs of BERT with its MLM head, per token (2 FLOPs per multiply-add)."""
+    projections = 2 * 4 * h * h  # q, k, v, out
+    ffn = 2 * 2 * h * ff
+    attention = 2 * 2 * seq * h  # QK^T and AV over the sequence
+    head = 2 * h * h + 2 * h * vocab  # transform and tied decoder
+    return layers * (projections + ffn + attention) + head
+
+
+def test_bert_base_forward_flops_match_an_analytic_count():
+    batch, seq = 1, 32
+    graph = _profile("bert-base", "layer", batch_size=batch, seq_len=seq)
+    expected = batch * seq * bert_flops_per_token(seq=seq)
+    assert abs(sum(op.flops for op in graph.ops) - expected) / expected <= 0.05
+
+
+@pytest.mark.parametrize("name", ["resnet50-tiny", "gpt2-tiny", "gnmt-tiny", "inception-v3-tiny",
+                                  "mobilenet-v2-tiny", "transformer-tiny"])
+def test_layer_graph_sums_match_the_op_graph(name):
+    fine = _profile(name, "op")
+    coarse = _profile(name, "layer")
+    assert len(coarse.ops) < len(fine.ops)
+    for field in ("flops", "bwd_flops", "bytes_accessed", "param_bytes", "output_bytes"):
+        assert sum(getattr(o, field) for o in coarse.ops) == pytest.approx(
+            sum(getattr(o, field) for o in fine.ops), rel=1e-9), field
+    assert sorted(p for o in coarse.ops for p in o.params) == sorted(p for o in fine.ops for p in o.params)
+    assert coarse.granularity is Granularity.LAYER
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "bert-tiny", "vgg19-tiny"])
+def test_every_parameter_is_owned_by_exactly_one_op(name):
+    graph = _profile(name)
+    module = zoo.instantiate(graph.model).module
+    names = [n for n, _ in module.named_parameters()]  # tied weights appear once
+    owned = [p for op in graph.ops for p in op.params]
+    assert sorted(owned) == sorted(names)
+    assert graph.total_param_bytes == sum(p.numel() * 4 for p in module.parameters())
+
+
+def test_edges_carry_tensor_bytes_and_form_a_dag():
+    graph = _profile("mlp-tiny", "op", batch_size=4)
+    ops = graph.index
+    assert ops["x"].kind is OpKind.INPUT and ops["x"].output_bytes == 4 * 64 * 4
+    edges = {(e.src, e.dst): e.bytes for e in graph.edges}
+    assert edges[("x", "flatten")] == 4 * 64 * 4
+    assert edges[("flatten", "layers_fc0")] == 4 * 64 * 4
+    assert edges[("layers_fc0", "layers_relu0")] == 4 * 32 * 4
+    assert edges[("layers_relu1", "head")] == 4 * 32 * 4
+    assert nx.is_directed_acyclic_graph(graph.to_networkx())
+    assert ops["layers_fc0"].flops == 2 * 4 * 64 * 32
+    assert ops["layers_fc0"].params == ("layers.fc0.weight", "layers.fc0.bias")
+    assert ops["layers_fc0"].splittable_dims == (0, 1)
+    assert ops["layers_fc0"].module == "layers.fc0"
+
+
+def test_profile_records_measurements_and_is_deterministic_except_times():
+    a = _profile("gpt2-tiny", repeats=2, warmup=1, seed=7)
+    b = _profile("gpt2-tiny", repeats=2, warmup=1, seed=7)
+    info = a.profile
+    assert info.device_type == "cpu" and info.repeats == 2 and info.warmup == 1
+    assert info.threads == torch.get_num_threads()
+    assert info.step_ms > 0 and info.op_sum_ms > 0 and "op sum / step" in info.note
+    assert info.peak_memory_bytes >= 2 * a.total_param_bytes  # parameters and their gradients
+    for op in a.ops:
+        if op.kind is not OpKind.INPUT:
+            assert set(op.fwd_ms) == {"cpu"} and set(op.bwd_ms) == {"cpu"}
+    assert sum(op.fwd_ms.get("cpu", 0) + op.bwd_ms.get("cpu", 0) for op in a.ops) == \
+        pytest.approx(info.op_sum_ms, rel=1e-3)
+
+    def without_times(graph):
+        data = to_data(graph)
+        data.pop("profile")
+        for op in data["ops"]:
+            op.pop("fwd_ms", None)
+            op.pop("bwd_ms", None)
+        return data
+
+    assert without_times(a) == without_times(b)
+    # The artifact round-trips.
+    assert from_document(to_data(a)) == a
+
+
+def test_progress_is_reported_for_every_step():
+    seen = []
+    _profile("mlp-tiny", repeats=2, warmup=1, progress=lambda what, done, total: seen.append((done, total)))
+    assert seen == [(i, 6) for i in range(1, 7)]
+
+
+TEST_MODEL = """
+import torch
+from torch import nn
+
+class Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(12, 12)
+        self.norm = nn.LayerNorm(12)
+        self.out = nn.Linear(12, 5)
+
+    def forward(self, x, scale):
+        h = self.norm(x + torch.relu(self.proj(x)))
+        return self.out(h * scale)
+
+def build():
+    return Residual()
+"""
+
+
+def test_profile_a_model_defined_only_in_this_test(tmp_path):
+    path = tmp_path / "residual.py"
+    path.write_text(TEST_MODEL)
+    ref = zoo.model_ref(f"{path}:build", input_shapes=[(6, 12), (6, 1)])
+    graph = profile_model(ref, **FAST)
+    ids = [op.id for op in graph.ops]
+    assert ids[:2] == ["x", "scale"]
+    assert {"proj", "relu", "add", "norm", "mul", "out"} <= set(ids)
+    assert graph.model.source == "callable" and graph.model.name == f"{path}:build"
+    assert graph.index["proj"].flops == 2 * 6 * 12 * 12
+    assert graph.index["out"].flops == 2 * 6 * 12 * 5
+    assert {(e.src, e.dst) for e in graph.edges} >= {("x", "proj"), ("x", "add"), ("scale", "mul")}
+
+
+def test_a_model_that_fails_on_its_inputs_is_bad_input(tmp_path):
+    path = tmp_path / "residual.py"
+    path.write_text(TEST_MODEL)
+    ref = zoo.model_ref(f"{path}:build", input_shapes=[(6, 11), (6, 1)])
+    with pytest.raises(BadInput, match=r"failed on inputs \[6, 11\] float32, \[6, 1\] float32: "
+                                       r"RuntimeError: .*\(in op 'proj', module 'proj'\)"):
+        profile_model(ref, **FAST)
+
+
+def test_leaf_modules_are_recorded_for_retracing():
+    graph = _profile("resnet50-tiny", "op", leaf_modules=["Bottleneck"])
+    assert graph.model.options["leaf_modules"] == ["Bottleneck"]
+    assert "layer1_0" in graph.index and graph.index["layer1_0"].kind is OpKind.BLOCK
+
+
+@pytest.mark.gpu
+def test_profile_on_cuda_records_times_under_the_catalog_name():
+    from dl_nfv.artifacts import CATALOG
+
+    graph = _profile("mlp-tiny", device="cuda")
+    assert graph.profile.device_type in CATALOG and graph.profile.device_type != "cpu"
+    assert all(graph.profile.device_type in op.fwd_ms for op in graph.ops if op.kind is not OpKind.INPUT)
+    assert graph.profile.peak_memory_bytes > 0
