@@ -327,19 +327,25 @@ class Schedule:
     makespan_ms: float = 0.0
     last_task: int = -1
 
-    def forward_order(self, j: int) -> list[int]:
-        """Units on device ``j`` by forward start (then finish, then topological position)."""
-        return sorted((u for u in range(self.sg.U) if self.device[u] == j),
-                      key=lambda u: (self.start[u], self.finish[u], u))
-
     def order(self) -> dict[str, tuple[str, ...]]:
-        """Each device's op order (forward start order); a split op appears on each of its devices."""
+        """Each device's op order, by earliest start.
+
+        A split op is ordered everywhere by its earliest replica, so that all
+        devices' orders follow one global order of ops that respects the data
+        edges (no device order can then contradict another's through a split
+        op).
+        """
         sg = self.sg
+        key: dict[int, tuple[float, float, int]] = {}
+        for i, units in enumerate(sg.units_of_op):
+            key[i] = (min(self.start[u] for u in units), min(self.finish[u] for u in units),
+                      units[0])
         out: dict[str, tuple[str, ...]] = {}
         for j, name in enumerate(sg.devices):
-            units = self.forward_order(j)
-            if units:
-                out[name] = tuple(sg.op_ids[sg.unit_op[u]] for u in units)
+            ops = sorted({sg.unit_op[u] for u in range(sg.U) if self.device[u] == j},
+                         key=key.__getitem__)
+            if ops:
+                out[name] = tuple(sg.op_ids[i] for i in ops)
         return out
 
     def critical_tasks(self) -> list[int]:
@@ -580,7 +586,7 @@ def backward_pass(sched: Schedule, links: _Links | None = None) -> None:
     """Time the backwards, gradient AllReduces and optimizer updates of a placed forward pass.
 
     Each device runs its backwards after its last forward, in the reverse of
-    its forward order (what the simulator does with a plan's ``order``); a
+    its op order (``Schedule.order``: what the simulator does with it); a
     backward also waits for the gradients of its consumers. Ops with no
     parameters at or above them have no backward. A split op with parameters
     AllReduces its gradient over its devices after its last backward (one
@@ -597,7 +603,9 @@ def backward_pass(sched: Schedule, links: _Links | None = None) -> None:
     rg, bwd = sg.rg, sg.bwd
     free = [0.0] * sg.D
     last_fwd = [-1] * sg.D
-    keyed = sorted(range(U), key=lambda u: (start[u], finish[u], u))
+    op_key = {i: (min(start[u] for u in units), min(finish[u] for u in units), units[0])
+              for i, units in enumerate(sg.units_of_op)}
+    keyed = sorted(range(U), key=lambda u: op_key[sg.unit_op[u]])  # the plan's order
     for u in keyed:
         d = device[u]
         if finish[u] >= free[d]:

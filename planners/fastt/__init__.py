@@ -34,7 +34,7 @@ from ..listsched import MemoryShortfall
 from .search import (
     Context,
     Recipe,
-    data_parallel_splits,
+    data_parallel_starts,
     placement_candidates,
     recipes,
     split_search,
@@ -90,26 +90,32 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: b
     ctx = Context(graph, topology, cm, memory_fraction=memory_fraction)
     candidates, shortfalls, tried = placement_candidates(ctx, recipes(ctx),
                                                          simulate_top=SIMULATED_CANDIDATES)
-    dp_splits = data_parallel_splits(ctx, max_split) if split_critical else {}
-    if dp_splits:
-        try:
-            cand = ctx.build(Recipe("data-parallel start", "heft", tuple(range(ctx.D))),
-                             dp_splits, data_parallel=True)
-            candidates.append(cand)
-            tried.append(f"data-parallel start: simulated {cand.iteration_ms:.3f} ms")
-        except MemoryShortfall as exc:
-            shortfalls.append(exc)
-            tried.append("data-parallel start: out of memory")
     if not candidates:
         raise InfeasiblePlan(f"fastt: {shortfalls[0].describe()}")
     best = min(candidates, key=lambda c: c.iteration_ms)
+    # data-parallel starts (the far end of mixed parallelism), each one simulation
+    starts = []
+    for name, splits in (data_parallel_starts(ctx, max_split) if split_critical else []):
+        try:
+            cand = ctx.build(Recipe(name, "heft", tuple(range(ctx.D))), splits, data_parallel=True)
+            starts.append(cand)
+            tried.append(f"{name}: simulated {cand.iteration_ms:.3f} ms")
+        except MemoryShortfall:
+            tried.append(f"{name}: out of memory")
     notes.append(f"list scheduling: {best.recipe.name} kept; " + "; ".join(tried))
     if split_critical and split_rounds > 0:
         deadline = t0 + time_limit if time_limit > 0 else float("inf")
         best, log = split_search(ctx, best, max_split=max_split, rounds=split_rounds,
                                  ops_per_round=6, deadline=deadline)
         notes += log
+    if starts and min(c.iteration_ms for c in starts) < best.iteration_ms:
+        best = min(starts, key=lambda c: c.iteration_ms)
+        notes.append(f"{best.recipe.name} beats the best placement; kept")
     notes += best.notes
+    kept = f"kept: {best.recipe.name}"
+    if not best.data_parallel and best.splits:
+        kept += f" with {len(best.splits)} critical-path split{'s' if len(best.splits) > 1 else ''}"
+    notes.insert(0, kept)
     k = min(ctx.D, graph.model.batch_size)
     bound = lower_bound(cm, ctx.devices, min_batch_fraction=1.0 / k)
     notes.append(f"{ctx.simulations} candidate simulations")

@@ -228,17 +228,33 @@ def recipes(ctx: Context) -> list[Recipe]:
     return out
 
 
-def data_parallel_splits(ctx: Context, max_split: int) -> dict[str, Split]:
-    """Every op replicated over the ``max_split`` fastest devices with batch shares by device
-    speed: FastT's mixed data/model parallelism at its data-parallel end. (Replicas scale
+def data_parallel_starts(ctx: Context, max_split: int) -> list[tuple[str, dict[str, Split]]]:
+    """Data-parallel starts: every op replicated with batch shares by device speed, over the
+    ``max_split`` fastest devices, the fastest 2, 4, ... of them, and the fastest device's
+    host - FastT's mixed data/model parallelism at its data-parallel end. (Replicas scale
     every op by their share, as data parallelism does, whatever its ``splittable_dims``.)"""
-    fastest = sorted(sorted(range(ctx.D), key=lambda j: (-ctx.speeds[j], j))[:max_split])
-    counts = integer_shares(ctx.batch_size, [ctx.speeds[j] for j in fastest])
-    kept = [(ctx.devices[j], c) for j, c in zip(fastest, counts) if c > 0]
-    if len(kept) < 2:
-        return {}
-    split = Split(tuple(d for d, _ in kept), _shares([c for _, c in kept]))
-    return {op.id: split for op in ctx.graph.ops}
+    by_speed = sorted(range(ctx.D), key=lambda j: (-ctx.speeds[j], j))
+    subsets: list[tuple[str, list[int]]] = [("data-parallel start", by_speed[:max_split])]
+    size = 2
+    while size < min(max_split, ctx.D):
+        subsets.append((f"data-parallel on {size} fastest", by_speed[:size]))
+        size *= 2
+    host = ctx.cm.cluster.device(ctx.devices[by_speed[0]]).host
+    same_host = [j for j in by_speed if ctx.cm.cluster.device(ctx.devices[j]).host == host]
+    subsets.append((f"data-parallel on host {host}", same_host[:max_split]))
+    out: list[tuple[str, dict[str, Split]]] = []
+    seen: set[Split] = set()
+    for name, devices in subsets:
+        devices = sorted(devices)
+        counts = integer_shares(ctx.batch_size, [ctx.speeds[j] for j in devices])
+        kept = [(ctx.devices[j], c) for j, c in zip(devices, counts) if c > 0]
+        if len(kept) < 2:
+            continue
+        split = Split(tuple(d for d, _ in kept), _shares([c for _, c in kept]))
+        if split not in seen:
+            seen.add(split)
+            out.append((name, {op.id: split for op in ctx.graph.ops}))
+    return out
 
 
 def _shares(counts: Sequence[int]) -> tuple[float, ...]:
