@@ -463,7 +463,7 @@ class _Links:
 
     def __init__(self, n_links: int):
         self.free = [0.0] * n_links
-        self.sent: dict[tuple[int, int], float] = {}
+        self.sent: dict[tuple[int, int], tuple[float, float]] = {}  # -> (arrival, bytes)
 
     def arrival(self, sg: StepGraph, u: int, d: int, finish: list[float], device: list[int],
                 commit: bool = False) -> tuple[float, int]:
@@ -480,8 +480,8 @@ class _Links:
             if src != d and nbytes > 0:
                 key = (a, d)
                 sent = self.sent.get(key)
-                if sent is not None:
-                    at = sent
+                if sent is not None and sent[1] >= nbytes:
+                    at = sent[0]
                 else:
                     route = sg.route_links[src][d]
                     free = self.free
@@ -491,7 +491,7 @@ class _Links:
                     for link in route:
                         booked[link] = at
                     if commit:
-                        self.sent[key] = at
+                        self.sent[key] = (at, nbytes)
             if binding < 0 or at > ready:
                 ready, binding = max(ready, at), a
         if commit:

@@ -35,12 +35,14 @@ from .search import (
     Context,
     Recipe,
     data_parallel_starts,
+    dereplicate_search,
     placement_candidates,
     recipes,
     split_search,
 )
 
 SIMULATED_CANDIDATES = 4
+UNREPLICATE_TRIES = 8
 
 
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: bool = True,
@@ -108,11 +110,19 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: b
         best, log = split_search(ctx, best, max_split=max_split, rounds=split_rounds,
                                  ops_per_round=6, deadline=deadline)
         notes += log
-    if starts and min(c.iteration_ms for c in starts) < best.iteration_ms:
-        best = min(starts, key=lambda c: c.iteration_ms)
-        notes.append(f"{best.recipe.name} beats the best placement; kept")
+    if starts:
+        start = min(starts, key=lambda c: c.iteration_ms)
+        deadline = t0 + time_limit if time_limit > 0 else float("inf")
+        start, log = dereplicate_search(ctx, start, tries=UNREPLICATE_TRIES, deadline=deadline)
+        notes += log
+        if start.iteration_ms < best.iteration_ms:
+            best = start
+            notes.append(f"{best.recipe.name} beats the best placement; kept")
     notes += best.notes
     kept = f"kept: {best.recipe.name}"
+    whole = len(graph.ops) - len(best.splits)
+    if best.data_parallel and whole:
+        kept += f" with {whole} op{'s' if whole > 1 else ''} unreplicated"
     if not best.data_parallel and best.splits:
         kept += f" with {len(best.splits)} critical-path split{'s' if len(best.splits) > 1 else ''}"
     notes.insert(0, kept)

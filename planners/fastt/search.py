@@ -387,3 +387,44 @@ def split_search(ctx: Context, start: Candidate, *, max_split: int, rounds: int,
         if not improved:
             break
     return current, log
+
+
+def dereplicate_search(ctx: Context, start: Candidate, *, tries: int, deadline: float
+                       ) -> tuple[Candidate, list[str]]:
+    """From a data-parallel start, run whole on one device the ops whose gradient
+    synchronisation costs more than the compute a replica spends on them.
+
+    Candidates are ops with parameters, by decreasing ratio of their
+    AllReduce time over the replicas to their per-replica compute; each is
+    tried unreplicated (placed by HEFT, its activations gathered to it and
+    scattered back), and kept only if the simulated iteration time falls.
+    Returns the best candidate and a log. O(``tries`` x (schedule + simulation)).
+    """
+    current, log = start, []
+    if not start.splits:
+        return current, log
+    sg, cm = start.schedule.sg, ctx.cm
+    ratio: dict[str, float] = {}
+    for op_id, split in start.splits.items():
+        units = sg.units_of_op[cm.op_index[op_id]]
+        params = sg.param_bytes[units[0]]
+        if params <= 0:
+            continue
+        compute = max(sg.fwd[u][sg.pin[u]] + sg.bwd[u][sg.pin[u]] for u in units)
+        ratio[op_id] = cm.allreduce_ms(list(split.devices), params) / max(compute, 1e-6)
+    ranked = sorted((o for o in ratio if ratio[o] > 0.5), key=lambda o: (-ratio[o], o))[:tries]
+    for op_id in ranked:
+        if time.perf_counter() > deadline:
+            log.append("unreplication stopped at its time limit")
+            break
+        splits = {o: s for o, s in current.splits.items() if o != op_id}
+        try:
+            cand = ctx.build(current.recipe, splits, data_parallel=True)
+        except MemoryShortfall:
+            continue
+        if cand.iteration_ms < current.iteration_ms * (1 - 1e-9):
+            log.append(f"{op_id!r} runs unreplicated: {current.iteration_ms:.3f} -> "
+                       f"{cand.iteration_ms:.3f} ms")
+            current = cand
+    return current, log
+
