@@ -25,6 +25,8 @@ The algorithm (docs/planners/fastt.md has the details and the measurements):
 
 from __future__ import annotations
 
+import time
+
 from dl_nfv.artifacts import BadInput, InfeasiblePlan, OpGraph, Topology
 from dl_nfv.simulator.costs import CostModel
 
@@ -63,7 +65,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: b
     split_rounds : int
         Rounds of critical-path splitting; each re-reads the simulated critical path.
     time_limit : float
-        Seconds of planning after which the split search stops (0: no limit).
+        CPU seconds of planning after which the unreplication and split searches stop (0: no limit).
 
     Returns a ``Plan`` whose ``notes`` name the winning list scheduler, every
     candidate's simulated time, each split kept, and what a refinement changed.
@@ -76,6 +78,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: b
     (``max_split`` - 1) re-schedules for splitting.
     """
     t0 = started()
+    cpu0 = time.process_time()
     if not 0 < memory_fraction <= 1:
         raise BadInput(f"fastt: memory_fraction must be in (0, 1], got {memory_fraction}")
     if max_split < 1 or split_rounds < 0 or time_limit < 0:
@@ -105,19 +108,20 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: b
         except MemoryShortfall:
             tried.append(f"{name}: out of memory")
     notes.append(f"list scheduling: {best.recipe.name} kept; " + "; ".join(tried))
+    # the searches below stop at the time limit (process CPU time, so that other load on the
+    # machine changes the result as little as possible)
+    deadline = cpu0 + time_limit if time_limit > 0 else float("inf")
+    start = min(starts, key=lambda c: c.iteration_ms) if starts else None
+    if start is not None:
+        start, log = dereplicate_search(ctx, start, tries=UNREPLICATE_TRIES, deadline=deadline)
+        notes += log
     if split_critical and split_rounds > 0:
-        deadline = t0 + time_limit if time_limit > 0 else float("inf")
         best, log = split_search(ctx, best, max_split=max_split, rounds=split_rounds,
                                  ops_per_round=6, deadline=deadline)
         notes += log
-    if starts:
-        start = min(starts, key=lambda c: c.iteration_ms)
-        deadline = t0 + time_limit if time_limit > 0 else float("inf")
-        start, log = dereplicate_search(ctx, start, tries=UNREPLICATE_TRIES, deadline=deadline)
-        notes += log
-        if start.iteration_ms < best.iteration_ms:
-            best = start
-            notes.append(f"{best.recipe.name} beats the best placement; kept")
+    if start is not None and start.iteration_ms < best.iteration_ms:
+        best = start
+        notes.append(f"{best.recipe.name} beats the best placement; kept")
     notes += best.notes
     kept = f"kept: {best.recipe.name}"
     whole = len(graph.ops) - len(best.splits)

@@ -344,7 +344,7 @@ def split_search(ctx: Context, start: Candidate, *, max_split: int, rounds: int,
     ``promising_splits``), and keeps the best only if the *simulated*
     iteration time falls. Stops after
     ``rounds`` rounds, a round without improvement, or at ``deadline``
-    (``time.perf_counter()`` seconds). Never returns a slower candidate.
+    (``time.process_time()`` seconds). Never returns a slower candidate.
     """
     current = start
     log: list[str] = []
@@ -362,7 +362,7 @@ def split_search(ctx: Context, start: Candidate, *, max_split: int, rounds: int,
         ops = sorted(ops, key=lambda o: (-work[o], o))[:ops_per_round]
         improved = False
         for op_id in ops:
-            if time.perf_counter() > deadline:
+            if time.process_time() > deadline:
                 log.append(f"split search stopped at its time limit in round {r + 1}")
                 return current, log
             best: tuple[Schedule, dict[str, Split]] | None = None
@@ -414,7 +414,7 @@ def dereplicate_search(ctx: Context, start: Candidate, *, tries: int, deadline: 
         ratio[op_id] = cm.allreduce_ms(list(split.devices), params) / max(compute, 1e-6)
     ranked = sorted((o for o in ratio if ratio[o] > 0.5), key=lambda o: (-ratio[o], o))[:tries]
     for op_id in ranked:
-        if time.perf_counter() > deadline:
+        if time.process_time() > deadline:
             log.append("unreplication stopped at its time limit")
             break
         splits = {o: s for o, s in current.splits.items() if o != op_id}
