@@ -27,7 +27,7 @@ from .options import emit, json_option, output_option, seed_option, stderr_conso
 @click.option("--topology", type=click.Path(dir_okay=False), default=None,
               help="The topology [default: the one the plan records, if found].")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="Threads per worker [default: the profile's thread count].")
+              help="Threads per worker [default: cores / workers].")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
               show_default=True, help="auto: NCCL for GPU devices when CUDA is present, else gloo.")
 @click.option("--timeout-s", type=click.FloatRange(min=1), default=60.0, show_default=True,

@@ -16,6 +16,13 @@ def default_warmup(steps: int) -> int:
     return min(3, steps // 3)
 
 
+def default_threads(local_workers: int) -> int:
+    """Threads per worker when none are asked for: this host's cores shared evenly."""
+    import os
+
+    return max(1, (os.cpu_count() or 1) // max(local_workers, 1))
+
+
 def resolve_path(given: str | None, recorded: str, plan_path: str) -> Path | None:
     """An artifact path: the one given, else the one the plan recorded (relative to the plan)."""
     if given:

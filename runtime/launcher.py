@@ -42,7 +42,7 @@ from pathlib import Path
 from dl_nfv.artifacts import BadInput, RuntimeFailure, load
 from dl_nfv.artifacts.runreport import RunReport
 
-from .inputs import default_warmup, load_inputs, trace_path_of
+from .inputs import default_threads, default_warmup, load_inputs, trace_path_of
 from .worker import ENV_LAUNCHER_PID, ENV_RUN_DIR, WorkerOptions
 
 POLL_S = 0.05
@@ -126,8 +126,7 @@ def train(options: WorkerOptions, *, on_start: Callable[[list[int]], None] | Non
         from .model import load_data_factory
 
         load_data_factory(options.data)
-    threads = options.threads or (graph.profile.threads if graph.profile is not None
-                                  else max(1, (os.cpu_count() or 1) // n))
+    threads = options.threads or default_threads(n)
     run_dir = Path(tempfile.mkdtemp(prefix="dl-nfv-train-"))
     worker_options = replace(
         options, plan=str(Path(options.plan).resolve()), graph=str(graph_path.resolve()),

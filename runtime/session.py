@@ -25,7 +25,7 @@ from dl_nfv.artifacts.devices import DeviceKind
 
 from .comm import Comm
 from .executor import PlanExecutor, RankContext
-from .inputs import default_warmup, device_kinds, load_inputs, trace_path_of
+from .inputs import default_threads, default_warmup, device_kinds, load_inputs, trace_path_of
 from .model import build_workload, synthetic_batches, to_device, user_batches
 from .report import build_report
 from .worker import WorkerOptions
@@ -71,8 +71,7 @@ def run_worker(options: WorkerOptions, *, rank: int, on_device: Callable[[str], 
     warmup = default_warmup(options.steps) if options.warmup is None else options.warmup
     if not 0 <= warmup < options.steps:
         raise BadInput(f"--warmup must be in [0, {options.steps}), got {warmup}")
-    threads = options.threads or (graph.profile.threads if graph.profile is not None else
-                                  max(1, (os.cpu_count() or 1) // local_world))
+    threads = options.threads or default_threads(local_world)
     torch.set_num_threads(threads)
     kinds = device_kinds(topology, devices)
     backend = choose_backend(options.backend, set(kinds.values()),
@@ -153,10 +152,19 @@ def _run(options, plan, graph, topology, rank, world, me, threads, warmup, backe
     if options.save_params:
         torch.save(executor.held_parameters(), Path(options.save_params) / f"rank{rank}.pt")
     if rank == 0 and options.output:
+        notes = []
+        if graph.profile is not None and graph.profile.threads != threads:
+            notes.append(f"the graph was profiled with {graph.profile.threads} thread(s) per "
+                         f"process, the workers ran with {threads}: profile with --threads "
+                         f"{threads} to compare with the simulator")
+        compressed = [g.id for g in plan.groups if g.compression.value != "none"]
+        if compressed:
+            notes.append(f"group(s) {', '.join(compressed)} plan gradient compression; the "
+                         f"runtime sent their gradients uncompressed")
         report = build_report(plan=plan, plan_path=options.plan, graph=graph, mode=executor.mode,
                               results=gathered, losses=[float(x) for x in total.cpu()],
                               backend=backend, threads=threads, steps=options.steps, warmup=warmup,
-                              trace=options.trace or "")
+                              trace=options.trace or "", notes=notes)
         save(report, options.output)
     dist.barrier()
 

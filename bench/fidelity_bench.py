@@ -1,0 +1,192 @@
+"""Simulator fidelity on this machine: predicted vs measured iteration time of real plans.
+
+For each model (MLP, ResNet-50 at a small batch, GPT-2 small at a short
+sequence) the benchmark
+
+1. profiles the model with one thread (``dl-nfv profile model --threads 1``),
+   the thread count every worker runs with;
+2. plans it for the ``local-cpu`` topology (2 worker processes) with data
+   parallelism (``dp``: AllReduce; ``dp-ps``: parameter server), 2-stage
+   pipelines (``gpipe`` and ``1f1b``), FastT's plan (``fastt``: whatever it
+   finds fastest, often data parallelism on two CPUs) and an op placement over
+   both devices (``m-topo``: Baechi's topological fill);
+3. runs every plan for real (``dl-nfv train --threads 1``) and simulates it
+   (``dl-nfv simulate``);
+4. writes predicted vs measured iteration times, the relative errors, and
+   whether the simulator ranks each model's plans in the measured order to
+   ``docs/benchmarks.md`` (section ``fidelity``).
+
+Everything goes through the command line a user types, so the numbers are
+those a user would get. Work files stay in ``--work`` (default: a temporary
+folder) for inspection.
+
+Usage: python bench/fidelity_bench.py [--models mlp,resnet50,gpt2-small] [--steps 8]
+       [--topology examples/topologies/local-cpu.yaml] [--work DIR] [--no-record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _record import markdown_table, record_section  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TOPOLOGY = ROOT / "examples" / "topologies" / "local-cpu.yaml"
+
+# model -> profile options (small batches / short sequences: a 2-core CPU runs them)
+MODELS: dict[str, list[str]] = {
+    "mlp": ["--batch-size", "64"],
+    "resnet50": ["--batch-size", "4"],
+    "gpt2-small": ["--batch-size", "4", "--seq-len", "32"],
+}
+# label -> planner and options
+PLANS: dict[str, list[str]] = {
+    "dp (allreduce)": ["dp"],
+    "dp-ps": ["dp-ps"],
+    "gpipe 2 stages": ["gpipe", "--stages", "2"],
+    "1f1b 2 stages": ["1f1b", "--stages", "2"],
+    "fastt": ["fastt"],
+    "m-topo placement": ["m-topo"],
+}
+
+
+def dl_nfv(*args: str, timeout: float = 3600) -> str:
+    """Run ``dl-nfv`` and return its stdout; raise with its stderr on failure."""
+    cmd = [sys.executable, "-m", "dl_nfv", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:3])} failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout
+
+
+def devices_used(plan_path: Path) -> int:
+    plan = json.loads(plan_path.read_text())
+    used = {d for g in plan["groups"] for d in g["devices"]}
+    used |= {d for g in plan["groups"] for d in g.get("ps_servers", ())}
+    return len(used)
+
+
+def run_model(model: str, topology: Path, work: Path, steps: int) -> list[dict]:
+    graph = work / f"{model}.json"
+    if not graph.exists():
+        t0 = time.perf_counter()
+        dl_nfv("profile", "model", model, *MODELS[model], "--threads", "1", "-o", str(graph))
+        print(f"  profiled {model} in {time.perf_counter() - t0:.0f} s", flush=True)
+    rows = []
+    for label, planner in PLANS.items():
+        stem = work / f"{model}-{planner[0]}"
+        plan = stem.with_suffix(".plan.json")
+        run = stem.with_suffix(".run.json")
+        sim = stem.with_suffix(".sim.json")
+        try:
+            dl_nfv("plan", *planner, "--graph", str(graph), "--topology", str(topology),
+                   "-o", str(plan))
+            dl_nfv("simulate", str(plan), "-o", str(sim))
+            t0 = time.perf_counter()
+            dl_nfv("train", str(plan), "--steps", str(steps), "--threads", "1", "-o", str(run))
+            wall = time.perf_counter() - t0
+        except RuntimeError as exc:
+            print(f"  {model} / {label}: {exc}", flush=True)
+            rows.append({"model": model, "plan": label, "error": str(exc).splitlines()[0]})
+            continue
+        report = json.loads(run.read_text())
+        predicted = json.loads(sim.read_text())["iteration_ms"]
+        measured = report["iteration_ms"]
+        row = {"model": model, "plan": label, "mode": report["mode"],
+               "devices": devices_used(plan), "predicted_ms": predicted, "measured_ms": measured,
+               "rel_error": (predicted - measured) / measured,
+               "wait_ms": [r["wait_ms"] for r in report["per_rank"]],
+               "compute_ms": [r["compute_ms"] for r in report["per_rank"]],
+               "wall_s": wall}
+        rows.append(row)
+        print(f"  {model:10s} {label:16s} predicted {predicted:9.1f} ms  measured {measured:9.1f} ms"
+              f"  error {row['rel_error']:+.1%}", flush=True)
+    return rows
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall's tau between two orderings of the same items (1: same order)."""
+    n = len(a)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    if not pairs:
+        return 1.0
+    score = sum((1 if (a[i] - a[j]) * (b[i] - b[j]) > 0 else -1 if (a[i] - a[j]) * (b[i] - b[j]) < 0
+                 else 0) for i, j in pairs)
+    return score / len(pairs)
+
+
+def summarise(rows: list[dict]) -> tuple[str, dict]:
+    ok = [r for r in rows if "error" not in r]
+    table = []
+    for r in rows:
+        if "error" in r:
+            table.append([r["model"], r["plan"], "-", "-", "-", "-", "-", f"failed: {r['error'][:80]}"])
+            continue
+        table.append([r["model"], r["plan"], r["mode"], r["devices"], f"{r['predicted_ms']:.1f}",
+                      f"{r['measured_ms']:.1f}", f"{r['rel_error']:+.1%}",
+                      " / ".join(f"{w:.0f}" for w in r["wait_ms"])])
+    ranking = []
+    taus = {}
+    for model in dict.fromkeys(r["model"] for r in ok):
+        mine = [r for r in ok if r["model"] == model]
+        pred = [r["predicted_ms"] for r in mine]
+        meas = [r["measured_ms"] for r in mine]
+        tau = kendall_tau(pred, meas)
+        taus[model] = tau
+        order_p = " < ".join(r["plan"] for r in sorted(mine, key=lambda r: r["predicted_ms"]))
+        order_m = " < ".join(r["plan"] for r in sorted(mine, key=lambda r: r["measured_ms"]))
+        best_same = min(mine, key=lambda r: r["predicted_ms"]) is min(mine, key=lambda r: r["measured_ms"])
+        ranking.append([model, f"{tau:+.2f}", "yes" if order_p == order_m else "no",
+                        "yes" if best_same else "no", order_m])
+    errors = [abs(r["rel_error"]) for r in ok]
+    median = statistics.median(errors) if errors else float("nan")
+    body = [
+        markdown_table(["model", "plan", "mode", "devices", "predicted ms", "measured ms",
+                        "error", "wait ms per rank"], table),
+        "",
+        f"Median |relative error| over {len(ok)} plans: **{median:.1%}** (goal: <= 15%).",
+        "",
+        markdown_table(["model", "Kendall tau (predicted vs measured order)", "same order",
+                        "same best plan", "measured order (fastest first)"], ranking),
+    ]
+    return "\n".join(body), {"median_abs_error": median, "kendall_tau": taus}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--topology", type=Path, default=DEFAULT_TOPOLOGY)
+    parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--no-record", action="store_true")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="dl-nfv-fidelity-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"work files in {work}", flush=True)
+    rows = []
+    for model in args.models.split(","):
+        rows += run_model(model, args.topology.resolve(), work, args.steps)
+    (work / "results.json").write_text(json.dumps(rows, indent=1))
+    body, summary = summarise(rows)
+    print(body)
+    if not args.no_record:
+        note = (f"Each plan ran {args.steps} steps (medians after the warm-up) on 2 worker "
+                f"processes of 1 thread each (gloo), profiled with 1 thread; topology "
+                f"`{os.path.relpath(args.topology, ROOT)}` (from `dl-nfv profile network "
+                f"--nprocs 2`). Predicted: `dl-nfv simulate`; measured: `dl-nfv train`.\n\n")
+        record_section("fidelity", "Simulator fidelity: predicted vs measured (local-cpu)",
+                       note + body)
+
+
+if __name__ == "__main__":
+    main()
