@@ -19,9 +19,10 @@ assumes a unimodal curve), this evaluates every ``i`` at once with prefix
 sums and takes the minimum. Rates are fitted by non-negative least squares
 over a sliding window of measured batches: the first ``calibration_batches``
 use preset splits (a 50/50 split as in the paper, plus 25/75 and 75/25 so the
-fit sees different mixes); afterwards every batch adds a sample, the model is
-refitted every ``reprofile_every`` batches, and one batch in each such period
-is run at a 50/50 split so both sides keep being measured.
+fit sees different mixes); afterwards every batch adds a sample and the model
+is refitted after every batch (a few small least-squares problems), and one
+batch every ``reprofile_every`` is run at a 50/50 split (re-profiling) so both
+sides keep being measured even when the model favours one.
 """
 
 from __future__ import annotations
@@ -61,11 +62,15 @@ class Candidates:
     cpu_msgs: np.ndarray
 
 
-def candidates(load_sorted: np.ndarray, msgs_sorted: np.ndarray, threads: int) -> Candidates:
+def candidates(load_sorted: np.ndarray, msgs_sorted: np.ndarray, threads: int,
+               steps_sorted: np.ndarray | None = None) -> Candidates:
+    """Features for every ``i``; ``steps_sorted`` is each flow's kernel steps (its longest
+    stream over the stride), default its load."""
     n = len(load_sorted)
     gb = np.concatenate([[0], np.cumsum(load_sorted)])
     gm = np.concatenate([[0], np.cumsum(msgs_sorted)])
-    steps = np.concatenate([[0], load_sorted]).astype(np.float64)  # sorted: max of first i
+    per_flow = load_sorted if steps_sorted is None else steps_sorted
+    steps = np.concatenate([[0], np.maximum.accumulate(per_flow)]).astype(np.float64)
     i = np.arange(n + 1)
     waves = np.where(i > 0, i // max(threads, 1) + 1, 0)
     return Candidates(steps=steps, waves=waves.astype(np.float64), gpu_bytes=gb.astype(float),
@@ -98,7 +103,8 @@ class CostModel:
             return "reprofile"
         return "model"
 
-    def split(self, batch_number: int, load: np.ndarray, msgs: np.ndarray) -> tuple[int, str]:
+    def split(self, batch_number: int, load: np.ndarray, msgs: np.ndarray,
+              steps: np.ndarray | None = None) -> tuple[int, str]:
         """Number of smallest flows (of ``load`` sorted ascending) for the GPU path."""
         n = len(load)
         mode = self.mode(batch_number)
@@ -107,7 +113,7 @@ class CostModel:
             if mode == "reprofile":
                 frac = 0.5
             return int(round(n * frac)), mode
-        c = candidates(load, msgs, self.threads)
+        c = candidates(load, msgs, self.threads, steps)
         cost = self.predict(c)
         return int(np.argmin(cost)), mode
 
@@ -131,9 +137,7 @@ class CostModel:
             self.cpu_samples.append((cpu_msgs, cpu_bytes, 1.0, cpu_s))
             self.enq_samples.append((cpu_msgs, cpu_bytes, enqueue_s))
         self.batches += 1
-        if (self.batches == self.calibration_batches
-                or (self.batches > self.calibration_batches and self.reprofile_every
-                    and self.batches % self.reprofile_every == 0)):
+        if self.batches >= self.calibration_batches:
             self.fit()
 
     def fit(self) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..nfs.base import FlowTable, GpuBatch, Outputs, gather_bytes
+from ..nfs.base import FlowTable, GpuBatch, Outputs, join_bytes
 from ..nfs.chain import Block, Chain
 from ..traffic.trace import Trace
 from . import EngineChoice
@@ -131,7 +131,8 @@ class Runner:
             self.stride = ids.stride()
 
     # batch building ------------------------------------------------------------
-    def _split(self, number: int, flows: np.ndarray, load: np.ndarray, msgs: np.ndarray):
+    def _split(self, number: int, flows: np.ndarray, load: np.ndarray, msgs: np.ndarray,
+               row: np.ndarray):
         """Boolean per flow (sorted by load ascending): True = GPU path."""
         n = len(flows)
         kind = self.choice.kind
@@ -143,7 +144,7 @@ class Runner:
             i = n - int(np.ceil(self.choice.cpu_fraction * n))
             mode = "fixed"
         else:
-            i, mode = self.model.split(number, load, msgs)
+            i, mode = self.model.split(number, load, msgs, row / self.stride)
         on_gpu = np.zeros(n, dtype=bool)
         on_gpu[:i] = True
         return on_gpu, mode, i
@@ -155,8 +156,11 @@ class Runner:
         flow_of = t.msg_flow[ids]
         flows, inv, msgs = np.unique(flow_of, return_inverse=True, return_counts=True)
         load = np.bincount(inv, weights=t.msg_len[ids]).astype(np.int64)
+        down = np.bincount(inv, weights=t.msg_len[ids] * t.msg_dir[ids]).astype(np.int64)
+        row = np.maximum(down, load - down)  # the longest of the flow's two streams
         order = np.argsort(load, kind="stable")
-        on_gpu_sorted, mode, i = self._split(number, flows[order], load[order], msgs[order])
+        on_gpu_sorted, mode, i = self._split(number, flows[order], load[order], msgs[order],
+                                             row[order])
         on_gpu = np.empty(len(flows), dtype=bool)
         on_gpu[order] = on_gpu_sorted
         gpu_msg = on_gpu[inv]
@@ -166,7 +170,7 @@ class Runner:
                        index=t.msg_index[gids], offset=t.msg_offset[gids], length=t.msg_len[gids],
                        header_len=t.msg_header_len[gids], kind=t.msg_kind[gids].astype(np.int64),
                        ts_us=t.msg_ts_us[gids], packets=t.msg_packets[gids], payload=t.payload,
-                       device=self.device)
+                       device=self.device, blob=t.blob)
         enqueue_start = time.perf_counter()
         blocks = {}
         cids = ids[~gpu_msg]
@@ -180,11 +184,11 @@ class Runner:
                                       header_len=t.msg_header_len[sel],
                                       kind=t.msg_kind[sel].astype(np.int64), ts_us=t.msg_ts_us[sel],
                                       packets=t.msg_packets[sel],
-                                      blob=gather_bytes(t.payload, t.msg_offset[sel],
-                                                        t.msg_len[sel]).tobytes())
+                                      blob=join_bytes(t.blob, t.msg_offset[sel],
+                                                      t.msg_len[sel]))
         enqueue_s = time.perf_counter() - enqueue_start
-        c = candidates(load[order], msgs[order], self.model.threads)
-        features = {"steps": float(c.steps[i]) / self.stride, "waves": float(c.waves[i]),
+        c = candidates(load[order], msgs[order], self.model.threads, row[order] / self.stride)
+        features = {"steps": float(c.steps[i]), "waves": float(c.waves[i]),
                     "gpu_bytes": float(c.gpu_bytes[i]), "gpu_msgs": float(c.gpu_msgs[i]),
                     "cpu_bytes": float(c.cpu_bytes[i]), "cpu_msgs": float(c.cpu_msgs[i])}
         return _Built(number=number, mode=mode, ids=ids, flows=flows, gpu_flows=flows[on_gpu],
@@ -196,6 +200,8 @@ class Runner:
         torch.set_num_threads(max(1, self.options.torch_threads))
         t0 = time.perf_counter()
         pool = WorkerPool(self.chain, self.workers) if self.workers else None
+        if self.choice.kind != "cpu":
+            self.chain.warm_up(self.device)
         startup = time.perf_counter() - t0
         merged = Outputs()
         stats: list[BatchStats] = []

@@ -108,6 +108,12 @@ class Chain:
             if nf.portable:
                 nf.gpu_import(flow, v)
 
+    def warm_up(self, device: torch.device) -> None:
+        """One-time set-up of every NF's tensors on ``device`` (tables, compiled loops)."""
+        for nf in self.nfs:
+            if hasattr(nf, "warm_up"):
+                nf.warm_up(device)
+
     def gpu_run(self, batch: GpuBatch, out: Outputs) -> None:
         """Every NF's batched kernel over the whole share, in chain order."""
         alive = torch.ones(batch.size, dtype=torch.bool, device=batch.device)

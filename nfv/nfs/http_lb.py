@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..traffic.http import METHODS
-from .base import GpuBatch, Outputs, gather_bytes
+from .base import GpuBatch, Outputs, join_bytes
 
 NAME = "http-lb"
 P = 2**31 - 1
@@ -106,12 +106,12 @@ class HttpLb:
         dev = batch.device
         hl = batch.header_len[idx]
         m = len(idx)
-        flat = gather_bytes(batch.payload, batch.offset[idx], hl)
+        flat = np.frombuffer(join_bytes(batch.blob, batch.offset[idx], hl), np.uint8)
         n = flat.shape[0]
         start_np = np.zeros(m, dtype=np.int64)
         np.cumsum(hl[:-1], out=start_np[1:])
         seg_np = np.repeat(np.arange(m, dtype=np.int64), hl)
-        raw = torch.from_numpy(flat).to(dev).to(torch.int64)
+        raw = torch.from_numpy(flat.astype(np.int64)).to(dev)
         seg = torch.from_numpy(seg_np).to(dev)
         start = torch.from_numpy(start_np).to(dev)
         end = start + torch.from_numpy(hl).to(dev)

@@ -6,27 +6,31 @@ state of each direction is carried from message to message. A rule alerts
 once per flow, at the message where the last of its contents is first seen
 (contents may come from either direction, in any order).
 
-CPU path: ``pyahocorasick`` automata (one case-sensitive, one for ``nocase``
+CPU path: ``ahocorasick-rs`` automata (one case-sensitive, one for ``nocase``
 contents over lower-cased bytes) run over ``tail + message`` where ``tail`` is
 the last ``max_len`` bytes of the direction's stream; a match counts when it
-ends inside the message. GPU path: the same Aho-Corasick automaton, built by
-``automaton.py`` as a transition table with ``k`` bytes per step, stepped over
-the share's byte streams laid out as a ``[flows x bytes]`` matrix padded to the
+ends inside the message. GPU path: the same Aho-Corasick automata, built by
+``automaton.py`` as tries with failure links, joined into one product DFA and
+compressed into a transition table with ``k`` bytes per step, stepped over the
+share's byte streams laid out as a ``[flows x bytes]`` matrix padded to the
 longest flow with a no-op symbol. The matrix is kept length-sorted and packed
 time-major (like ``torch.nn.utils.rnn.PackedSequence``), so step ``t`` touches
 only the rows still running: work is proportional to the bytes, steps to the
 longest flow. Hand-over between the two is exact: the trie node of a state is
-a valid tail, and stepping a tail gives the node back.
+a valid tail, and stepping a tail gives the node back; the portable form of a
+direction's state is the pair of trie nodes.
 """
 
 from __future__ import annotations
 
-import ahocorasick
+import ahocorasick_rs
 import numpy as np
 import torch
 
-from .automaton import WORD_BITS, Automaton, StrideTable
-from .base import GpuBatch, Outputs
+from dl_nfv.artifacts.errors import RuntimeFailure
+
+from .automaton import WORD_BITS, Automaton, Dfa, StrideTable
+from .base import GpuBatch, Outputs, join_bytes
 from .kernels import step_packed
 from .snort import Rule, load_rules
 
@@ -34,24 +38,15 @@ NAME = "ids"
 
 
 class _Side:
-    """One automaton (case-sensitive or nocase) in all three forms."""
+    """One CPU matcher (case-sensitive, or nocase over lower-cased bytes) and its trie."""
 
     def __init__(self, patterns: list[bytes], first_pid: int, fold: bool):
         self.fold = fold
         self.first_pid = first_pid
         self.automaton = Automaton.build(patterns)
         self.max_len = self.automaton.max_len
-        self.aho = ahocorasick.Automaton()
-        for i, p in enumerate(patterns):
-            self.aho.add_word(p.decode("latin-1"), first_pid + i)
-        self.aho.make_automaton()
-        self.node_text = [t.decode("latin-1") for t in self.automaton.node_text]
-        self.table: StrideTable | None = None
-
-    def stride_table(self) -> StrideTable:
-        if self.table is None:
-            self.table = StrideTable.build(self.automaton, fold_case=self.fold)
-        return self.table
+        self.matcher = ahocorasick_rs.BytesAhoCorasick(patterns)
+        self.node_text = list(self.automaton.node_text)
 
 
 class Ids:
@@ -68,16 +63,13 @@ class Ids:
                 keys.setdefault(key, len(keys))
         cs = [k for k in keys if not k[1]]
         nc = [k for k in keys if k[1]]
-        order = cs + nc
-        self.pid = {k: i for i, k in enumerate(order)}
-        self.sides: list[_Side] = []
-        if cs:
-            self.sides.append(_Side([k[0] for k in cs], 0, False))
-        if nc:
-            self.sides.append(_Side([k[0] for k in nc], len(cs), True))
+        self.pid = {k: i for i, k in enumerate(cs + nc)}
+        self.cs = _Side([k[0] for k in cs], 0, False) if cs else None
+        self.nc = _Side([k[0] for k in nc], len(cs), True) if nc else None
+        self.sides = [side for side in (self.cs, self.nc) if side is not None]
         self.rule_pids = [frozenset(self.pid[(c.pattern.lower() if c.nocase else c.pattern,
                                               c.nocase)] for c in r.contents) for r in self.rules]
-        self.rules_of: list[list[int]] = [[] for _ in order]
+        self.rules_of: list[list[int]] = [[] for _ in self.pid]
         for ri, pids in enumerate(self.rule_pids):
             for p in pids:
                 self.rules_of[p].append(ri)
@@ -88,8 +80,10 @@ class Ids:
                 self.applies[f, ri] = rule.applies(flows.names[f], int(flows.client_port[f]),
                                                    int(flows.server_port[f]))
         self.watched = self.applies.any(axis=1)
-        # GPU-side state: automaton node per (flow, direction, side); seen patterns per flow
-        self.nodes = np.zeros((n, 2, len(self.sides)), dtype=np.int64)
+        self._dfa: Dfa | None = None
+        self._table: StrideTable | None = None
+        # GPU-side state: product-DFA state per (flow, direction); seen patterns per flow
+        self.nodes = np.zeros((n, 2), dtype=np.int64)
         self.seen: dict[int, dict[int, int]] = {}
         self._on: dict = {}
 
@@ -113,7 +107,7 @@ class Ids:
 
     # CPU path -----------------------------------------------------------------
     def cpu_state(self, flow: int):
-        return [[["", ""] for _ in self.sides], {}]
+        return [[[b"", b""] for _ in self.sides], {}]
 
     def cpu(self, state, ctx, payload: bytes, out: Outputs) -> bool:
         if not self.watched[ctx.flow]:
@@ -122,76 +116,112 @@ class Ids:
         found = []
         d = ctx.direction
         for s, side in enumerate(self.sides):
-            text = (payload.lower() if side.fold else payload).decode("latin-1")
             tail = tails[s][d]
-            hay = tail + text
+            hay = tail + (payload.lower() if side.fold else payload)
             skip = len(tail)
-            for end, pid in side.aho.iter(hay):
-                if end >= skip:
-                    found.append(pid)
+            for pid, _, end in side.matcher.find_matches_as_indexes(hay, overlapping=True):
+                if end > skip:
+                    found.append(side.first_pid + pid)
             tails[s][d] = hay[-side.max_len:]
         if found:
             self.on_matches(seen, ctx.flow, ctx.index, found, out)
         return True
 
+    def _pair(self, nodes_by_side: list[int]) -> tuple[int, int]:
+        pair = [0, 0]
+        for side, node in zip(self.sides, nodes_by_side):
+            pair[0 if side is self.cs else 1] = node
+        return pair[0], pair[1]
+
     def export_flow(self, state):
+        """Portable state: per direction the (case-sensitive, nocase) trie nodes; seen patterns."""
         tails, seen = state
-        nodes = [[side.automaton.step_text(tails[s][d].encode("latin-1")) for d in (0, 1)]
-                 for s, side in enumerate(self.sides)]
+        nodes = [self._pair([side.automaton.step_text(tails[s][d])
+                             for s, side in enumerate(self.sides)]) for d in (0, 1)]
         return nodes, dict(seen)
 
     def import_flow(self, value):
         nodes, seen = value
-        tails = [[side.node_text[nodes[s][d]] for d in (0, 1)] for s, side in enumerate(self.sides)]
+        tails = [[side.node_text[nodes[d][0 if side is self.cs else 1]] for d in (0, 1)]
+                 for side in self.sides]
         return [tails, dict(seen)]
 
     # GPU path -----------------------------------------------------------------
+    def dfa(self) -> Dfa:
+        if self._dfa is None:
+            self._dfa = Dfa.product(self.cs.automaton if self.cs else None,
+                                    self.nc.automaton if self.nc else None,
+                                    len(self.cs.automaton.patterns) if self.cs else 0,
+                                    len(self.pid))
+        return self._dfa
+
+    def table(self) -> StrideTable:
+        if self._table is None:
+            self._table = StrideTable.build(self.dfa())
+        return self._table
+
     def stride(self) -> int:
-        """Bytes per kernel step: the largest stride whose tables fit, equal for all sides."""
-        tables = [side.stride_table() for side in self.sides]
-        k = min(t.stride for t in tables)
-        for side, t in zip(self.sides, tables):
-            if t.stride != k:
-                side.table = StrideTable.build(side.automaton, fold_case=side.fold, max_stride=k)
-                self._on.clear()
-        return k
+        """Bytes per kernel step: the largest stride whose table fits."""
+        return self.table().stride if self.sides else 1
 
     def gpu_export(self, flow: int):
-        return ([[int(self.nodes[flow, d, s]) for d in (0, 1)] for s in range(len(self.sides))],
+        pairs = self.dfa().pairs
+        return ([tuple(int(x) for x in pairs[self.nodes[flow, d]]) for d in (0, 1)],
                 dict(self.seen.get(flow, {})))
 
     def gpu_import(self, flow: int, value) -> None:
         nodes, seen = value
-        for s in range(len(self.sides)):
-            for d in (0, 1):
-                self.nodes[flow, d, s] = nodes[s][d]
+        index = self.dfa().index
+        for d in (0, 1):
+            state = index.get(tuple(nodes[d]))
+            if state is None:  # cannot happen for states reached by a real stream
+                raise RuntimeFailure(f"IDS state {nodes[d]} of flow {flow} is not reachable")
+            self.nodes[flow, d] = state
         if seen:
             self.seen[flow] = dict(seen)
         else:
             self.seen.pop(flow, None)
+
+    def warm_up(self, dev: torch.device) -> None:
+        """Build the table on ``dev`` and run the step loop once (compiles it), so that
+        the first batch's time measures the kernel, not one-time set-up."""
+        if not self.sides:
+            return
+        t = self._tensors(dev)
+        state = torch.zeros(2, dtype=torch.int32, device=dev)
+        data = torch.zeros(4, dtype=torch.int32, device=dev)
+        step_packed(state, data, torch.empty(4, dtype=torch.int32, device=dev), t["next"],
+                    [2, 2], [0, 2])
+
+    def _tensors(self, dev: torch.device) -> dict:
+        if dev not in self._on:
+            t = self.table()
+            if t.next_scaled.max(initial=0) + t.symbols >= 2**31:
+                raise RuntimeFailure("IDS transition table too large for 32-bit indices")
+            self._on[dev] = {"next": torch.from_numpy(t.next_scaled.astype(np.int32)).to(dev),
+                             "any": torch.from_numpy(t.any_out).to(dev)}
+        return self._on[dev]
 
     def gpu(self, batch: GpuBatch, alive: torch.Tensor, out: Outputs) -> torch.Tensor:
         keep = alive.cpu().numpy() & self.watched[batch.flow] & (batch.length > 0)
         idx = np.flatnonzero(keep)
         if len(idx) == 0 or not self.sides:
             return alive
-        hits = self._kernel(batch, idx)
-        for flow, index, pids in hits:
+        for flow, index, pids in self._kernel(batch, idx):
             self.on_matches(self.seen.setdefault(flow, {}), flow, index, pids, out)
         return alive
 
     def _kernel(self, batch: GpuBatch, idx: np.ndarray) -> list[tuple[int, int, list[int]]]:
-        """Step the automata over the packed streams of messages ``idx``.
+        """Step the product DFA over the packed streams of messages ``idx``.
 
-        Rows are (flow, direction, side) streams; both sides (case-sensitive and
-        nocase) share one table with per-side state offsets, so one loop of
-        ``longest stream / stride`` steps serves them all.
+        Rows are (flow, direction) streams, ``k`` bytes per step; the loop runs
+        ``longest stream / k`` steps. O(bytes) work besides the steps.
         """
         dev = batch.device
-        k = self.stride()
-        sides = len(self.sides)
+        table = self.table()
+        k = table.stride
         flow = batch.flow[idx]
-        direction = batch.direction[idx].astype(np.int64)
+        direction = batch.direction[idx]
         row_key = flow * 2 + direction
         order = np.argsort(row_key, kind="stable")  # messages grouped by stream, in order
         idx, flow, direction, row_key = idx[order], flow[order], direction[order], row_key[order]
@@ -199,53 +229,49 @@ class Ids:
         nsym = -(-length // k)
         msg_sym_start = np.zeros(len(idx), dtype=np.int64)
         np.cumsum(nsym[:-1], out=msg_sym_start[1:])
-        total_sym = int(nsym.sum())
+        total = int(msg_sym_start[-1] + nsym[-1])
         row_first = np.flatnonzero(np.r_[True, row_key[1:] != row_key[:-1]])
         row_start = msg_sym_start[row_first]
-        row_len = np.diff(np.r_[row_start, total_sym])
+        row_len = np.diff(np.r_[row_start, total])
         rows = len(row_len)
-        raw = _symbols_bytes(batch, idx, length, nsym, k)
-        # packed, length-sorted, time-major layout; side s of stream r is row s*rows + r
-        all_len = np.tile(row_len, sides)
-        rank_order = np.argsort(-all_len, kind="stable")
-        rank = np.empty_like(rank_order)
-        rank[rank_order] = np.arange(len(rank_order))
-        lmax = int(row_len.max())
-        counts = np.bincount(all_len, minlength=lmax + 1)
-        active = len(all_len) - np.cumsum(counts)[:lmax]  # rows with length > t
+        # symbols: byte classes, each message padded to a multiple of k with the no-op class
+        joined = np.frombuffer(join_bytes(batch.blob, batch.offset[idx], length), np.uint8)
+        cls = table.classes.astype(np.int32)[joined]
+        pad = (-length) % k
+        if pad.any():
+            cls = np.insert(cls, np.repeat(np.cumsum(length), pad), table.nop)
+        sym = cls[0::k].copy()
+        for j in range(1, k):
+            sym *= table.nop + 1
+            sym += cls[j::k]
+        # packed, length-sorted, time-major layout
+        rank_order = np.argsort(-row_len, kind="stable")
+        rank = np.empty(rows, dtype=np.int64)
+        rank[rank_order] = np.arange(rows)
+        lmax = int(row_len[rank_order[0]])
+        counts = np.bincount(row_len, minlength=lmax + 1)
+        active = rows - np.cumsum(counts)[:lmax]  # rows with length > t
         offs = np.zeros(lmax, dtype=np.int64)
         np.cumsum(active[:-1], out=offs[1:])
-        sym_row = np.repeat(np.arange(rows), row_len)
-        sym_t = np.arange(total_sym, dtype=np.int64) - np.repeat(row_start, row_len)
-        packed = np.empty(total_sym * sides, dtype=np.int64)
-        start_state = np.empty(rows * sides, dtype=np.int64)
-        bases = self._table_bases()
-        for s, side in enumerate(self.sides):
-            table = side.table
-            classes = np.append(table.classes, table.nop)  # byte 256 is the padding
-            weights = (table.nop + 1) ** np.arange(k - 1, -1, -1, dtype=np.int64)
-            sym = (classes[raw].reshape(-1, k) * weights).sum(axis=1)
-            packed[offs[sym_t] + rank[sym_row + s * rows]] = sym
-            nodes = self.nodes[flow[row_first], direction[row_first], s]
-            start_state[s * rows:(s + 1) * rows] = bases[s] + nodes * table.symbols
+        t_of = np.arange(total, dtype=np.int64) - np.repeat(row_start, row_len)
+        packed = np.empty(total, dtype=np.int32)
+        packed[offs[t_of] + np.repeat(rank, row_len)] = sym
+        start = self.nodes[flow[row_first], direction[row_first]] * table.symbols
         tensors = self._tensors(dev)
-        state = torch.from_numpy(start_state[rank_order]).to(dev)
-        traj = torch.empty(total_sym * sides, dtype=torch.int64, device=dev)
-        state = step_packed(state, torch.from_numpy(packed).to(dev), traj, tensors["next"],
+        traj = torch.empty(total, dtype=torch.int32, device=dev)
+        state = step_packed(torch.from_numpy(start[rank_order].astype(np.int32)).to(dev),
+                            torch.from_numpy(packed).to(dev), traj, tensors["next"],
                             active.tolist(), offs.tolist())
-        final = state.cpu().numpy()
-        unranked = np.empty_like(final)
-        unranked[rank_order] = final
-        for s, side in enumerate(self.sides):
-            nodes = (unranked[s * rows:(s + 1) * rows] - bases[s]) // side.table.symbols
-            self.nodes[flow[row_first], direction[row_first], s] = nodes
+        final = np.empty(rows, dtype=np.int64)
+        final[rank_order] = state.cpu().numpy()
+        self.nodes[flow[row_first], direction[row_first]] = final // table.symbols
         where = tensors["any"][traj].nonzero().squeeze(1)
         if where.numel() == 0:
             return []
-        masks = tensors["out"][:, traj[where]].cpu().numpy()  # [words, hits]
         pos = where.cpu().numpy()
+        masks = table.outputs(traj[where].cpu().numpy().astype(np.int64))  # [words, hits]
         step = np.searchsorted(offs, pos, side="right") - 1
-        r = rank_order[pos - offs[step]] % rows
+        r = rank_order[pos - offs[step]]
         msg = np.searchsorted(msg_sym_start, row_start[r] + step, side="right") - 1
         hits: dict[tuple[int, int], list[int]] = {}
         for h in range(len(pos)):
@@ -258,51 +284,3 @@ class Ids:
                     pids.append(w * WORD_BITS + low.bit_length() - 1)
                     bits ^= low
         return [(f, i, p) for (f, i), p in sorted(hits.items())]
-
-    def _table_bases(self) -> list[int]:
-        bases, base = [], 0
-        for side in self.sides:
-            bases.append(base)
-            base += side.automaton.states * side.table.symbols
-        return bases
-
-    def _tensors(self, dev: torch.device) -> dict:
-        """One table for all sides: next (offset per side), any-output flag, output words
-        over global pattern ids."""
-        if dev not in self._on:
-            bases = self._table_bases()
-            words = -(-len(self.pid) // WORD_BITS) or 1
-            nxt, anys, outs = [], [], []
-            for side, base in zip(self.sides, bases):
-                t = side.table
-                nxt.append(t.next_scaled + base)
-                anys.append(t.any_out)
-                out = np.zeros((words, t.out.shape[1]), dtype=np.int64)
-                # shift the side's local pattern bits to global ids
-                for w in range(t.out.shape[0]):
-                    for j in range(WORD_BITS):
-                        local = w * WORD_BITS + j
-                        if local >= len(side.automaton.patterns):
-                            break
-                        g = side.first_pid + local
-                        bit = (t.out[w] >> j) & 1
-                        out[g // WORD_BITS] |= bit << (g % WORD_BITS)
-                outs.append(out)
-            self._on[dev] = {"next": torch.from_numpy(np.concatenate(nxt)).to(dev),
-                             "any": torch.from_numpy(np.concatenate(anys)).to(dev),
-                             "out": torch.from_numpy(np.concatenate(outs, axis=1)).to(dev)}
-        return self._on[dev]
-
-
-def _symbols_bytes(batch: GpuBatch, idx: np.ndarray, length: np.ndarray, nsym: np.ndarray,
-                   k: int) -> np.ndarray:
-    """Message bytes back to back, each message padded to a multiple of ``k`` with 256."""
-    starts = np.zeros(len(idx), dtype=np.int64)
-    np.cumsum(nsym[:-1] * k, out=starts[1:])
-    total = int(nsym.sum()) * k
-    n = int(length.sum())
-    within = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(length) - length, length)
-    out = np.full(total, 256, dtype=np.int64)
-    out[np.repeat(starts, length) + within] = batch.payload[np.repeat(batch.offset[idx], length)
-                                                          + within]
-    return out

@@ -36,4 +36,15 @@ def _compile():
         return _step_packed
 
 
-step_packed = _compile()
+_compiled = _compile()
+
+
+def step_packed(state: torch.Tensor, data: torch.Tensor, traj: torch.Tensor, table: torch.Tensor,
+                active: list[int], offs: list[int]) -> torch.Tensor:
+    """Run the stepping loop (see the module docstring); returns the final states.
+
+    TorchScript runs without its profiling re-optimisation: every batch has new
+    shapes, and re-specialising per call costs more than it saves.
+    """
+    with torch.jit.optimized_execution(False):
+        return _compiled(state, data, traj, table, active, offs)

@@ -3,7 +3,10 @@
 Each flow is a TCP connection (three-way handshake, request/response
 exchanges segmented at the MSS with correct sequence numbers and checksums,
 FIN teardown) between a client in 10.0.0.0/16 and a server in 10.1.0.0/24 on
-port 80. Flow sizes (request/response exchanges per flow) follow a size
+port 80. Flows overlap in time throughout the trace (each starts at a uniform time
+in the window that lets it end with the longest flow), so every part of
+the trace mixes small and large flows. Flow sizes (request/response
+exchanges per flow) follow a size
 distribution: ``uniform`` (uniform on 1..2m-1), ``zipf:S`` (rank-size Zipf, the
 flow of rank r has size proportional to r**-S) or ``pareto:A`` (Pareto with
 shape A), each scaled so that the mean is ``mean_exchanges`` (sizes >= 1).
@@ -206,7 +209,11 @@ def generate_trace(spec: TraceSpec, path: str | Path) -> dict:
     rng = np.random.default_rng(spec.seed)
     sizes = flow_sizes(spec.flows, spec.size_dist, spec.mean_exchanges, spec.max_exchanges, rng)
     builder = _Builder(spec, rng)
-    starts = np.cumsum(rng.exponential(20.0, size=spec.flows)).astype(np.int64) + 1_000_000
+    # Flows overlap in time as in a steady state: each starts at a uniform time in
+    # [0, T - its expected duration], T covering the longest flow and the arrivals.
+    duration_us = sizes * 500.0
+    span = max(float(duration_us.max()), 20.0 * spec.flows)
+    starts = (rng.uniform(0, 1, size=spec.flows) * (span - duration_us)).astype(np.int64) + 1_000_000
     for i in range(spec.flows):
         builder.flow(i, int(starts[i]), int(sizes[i]))
     builder.frames.sort()

@@ -48,7 +48,8 @@ class Trace:
 
     source: str
     flows: list[FlowInfo]
-    payload: np.ndarray  # uint8, every message's bytes back to back
+    payload: np.ndarray  # uint8 view of ``blob``
+    blob: bytes  # every message's bytes back to back
     msg_flow: np.ndarray  # int64
     msg_dir: np.ndarray  # int8
     msg_index: np.ndarray  # int64, position of the message within its flow
@@ -129,7 +130,8 @@ def _columns(source: str, table: FlowTable, packets: int, wire: int, malformed: 
     offsets = np.zeros(n, dtype=np.int64)
     if n:
         np.cumsum(lengths[:-1], out=offsets[1:])
-    payload = np.frombuffer(b"".join(m.payload for m in msgs), dtype=np.uint8)
+    blob = b"".join(m.payload for m in msgs)
+    payload = np.frombuffer(blob, dtype=np.uint8)
     msg_flow = np.fromiter((m.flow for m in msgs), dtype=np.int64, count=n)
     counts: dict[int, int] = {}
     index = np.empty(n, dtype=np.int64)
@@ -147,7 +149,7 @@ def _columns(source: str, table: FlowTable, packets: int, wire: int, malformed: 
     bad = dict(malformed)
     bad.update(http_errors)
     return Trace(
-        source=source, flows=flows, payload=payload, msg_flow=msg_flow,
+        source=source, flows=flows, payload=payload, blob=blob, msg_flow=msg_flow,
         msg_dir=np.fromiter((m.direction for m in msgs), dtype=np.int8, count=n),
         msg_index=index, msg_offset=offsets, msg_len=lengths,
         msg_header_len=np.fromiter((m.header_len for m in msgs), dtype=np.int64, count=n),

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dl_nfv.nfv.nfs.automaton import Automaton, StrideTable
+from dl_nfv.nfv.nfs.automaton import Automaton, Dfa, StrideTable
 
 ALPHA = st.binary(min_size=1, max_size=6).map(lambda b: bytes(c % 4 + 97 for c in b))
 
@@ -30,27 +30,35 @@ def test_matches_equal_naive_search(patterns, text):
 
 
 @settings(max_examples=60, deadline=None)
-@given(patterns=st.lists(ALPHA, min_size=1, max_size=6, unique=True),
-       text=st.binary(min_size=1, max_size=120).map(lambda b: bytes(c % 5 + 97 for c in b)),
-       stride=st.integers(1, 4), fold=st.booleans())
-def test_stride_table_equals_byte_steps(patterns, text, stride, fold):
-    a = Automaton.build(patterns)
-    t = StrideTable.build(a, fold_case=fold, max_stride=stride)
+@given(cs=st.lists(ALPHA, max_size=4, unique=True), nc=st.lists(ALPHA, max_size=4, unique=True),
+       text=st.binary(min_size=1, max_size=120).map(lambda b: bytes(c % 10 + 65 + 32 * (c % 2)
+                                                                     for c in b)),
+       stride=st.integers(1, 4))
+def test_product_stride_table_equals_naive_search(cs, nc, text, stride):
+    """Case-sensitive and nocase patterns in one product DFA, k bytes per step."""
+    if not cs and not nc:
+        return
+    a = Automaton.build(cs) if cs else None
+    b = Automaton.build(nc) if nc else None
+    dfa = Dfa.product(a, b, len(cs), len(cs) + len(nc))
+    t = StrideTable.build(dfa, max_stride=stride)
     k = t.stride
-    if fold:
-        text = text.upper()
-    cls = [int(t.classes[b]) for b in text]
-    cls += [t.nop] * (-len(cls) % k)
-    state, any_hits = 0, []
+    cls = [int(t.classes[x]) for x in text] + [t.nop] * (-len(text) % k)
+    state, steps = 0, []
     for i in range(0, len(cls), k):
         sym = 0
         for c in cls[i:i + k]:
             sym = sym * (t.nop + 1) + c
         idx = state * t.symbols + sym
-        any_hits.append(bool(t.any_out[idx]))
+        steps.append((idx, bool(t.any_out[idx])))
         state = int(t.next_scaled[idx]) // t.symbols
-    ref_text = text.lower() if fold else text
-    assert state == a.step_text(ref_text)
-    ends = {e // k for e, _ in naive(patterns, ref_text)}
-    assert [i for i, h in enumerate(any_hits) if h] == sorted(ends)
-    assert np.all(t.next_scaled % t.symbols == 0)
+    want = naive(cs, text) + [(e, len(cs) + p) for e, p in naive(nc, text.lower())]
+    ends = sorted({e // k for e, _ in want})
+    assert [i for i, (_, hit) in enumerate(steps) if hit] == ends
+    masks = t.outputs(np.array([idx for idx, _ in steps], dtype=np.int64))
+    got = sorted((i, p) for i in range(len(steps)) for p in range(len(cs) + len(nc))
+                 if (masks[0, i] >> p) & 1)
+    assert got == sorted({(e // k, p) for e, p in want})
+    # the product state's components are the two automata's states
+    s1, s2 = dfa.pairs[state]
+    assert (a is None or s1 == a.step_text(text)) and (b is None or s2 == b.step_text(text.lower()))
