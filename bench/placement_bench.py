@@ -79,16 +79,20 @@ def topologies() -> dict[str, dict]:
 
 
 def capped(doc: dict, graph) -> dict:
-    """``doc`` with every device's memory set to 60% of what the whole model needs (so no
-    single device holds it, while the devices together hold it several times over)."""
+    """``doc`` with every device's memory capped below the model's parameters, gradients and
+    optimizer state (so neither one device nor a data-parallel replica holds it), yet with
+    the devices together holding 1.5 times what the whole model needs."""
     cm = CostModel(graph, from_document(copy.deepcopy(doc)))
     ops = [op.id for op in graph.ops]
-    need = cm.static_bytes(ops) + cm.activation_bytes(ops)
+    static = cm.static_bytes(ops)
+    need = static + cm.activation_bytes(ops)
+    n_devices = len(cm.cluster.devices)
+    cap = max(0.6 * static, 1.5 * need / n_devices)
     out = copy.deepcopy(doc)
     out["name"] = doc["name"] + "-capped"
     for host in out["hosts"]:
         for spec in host["devices"]:
-            spec["memory_gib"] = round(0.6 * need / GIB, 4)
+            spec["memory_gib"] = round(cap / GIB, 4)
     return out
 
 
@@ -212,8 +216,10 @@ def main() -> None:
         "batches (GPU times come from the cost model's roofline, calibrated per op on the CPU "
         "measurement). `hom` = V100s on NVLink (`v100x8-nvlink`, 4 or 8 of them), `het` = the "
         "HeteroG testbed (`heterog-testbed8`; 4 = its V100 and P100 hosts). `capped` sets every "
-        "device's memory to 60% of the whole model's, so no single device holds it (dp and "
-        "single are then OOM). The bound is the best lower bound of `planners/bounds.py` for "
+        "device's memory to max(60% of the model's parameters+gradients+optimizer state, 1.5 x "
+        "the whole model's need / devices): no device holds the model, a data-parallel replica "
+        "usually not either (dp and single are then OOM), the devices together hold it 1.5 "
+        "times. The bound is the best lower bound of `planners/bounds.py` for "
         "any plan on those devices. `fastt winner` is the candidate fastt kept.\n\n"
         f"{verdict}\n\n" + markdown_table(headers, q_rows)
         + "\n\nPlanning time (s, wall clock, one process) on synthetic layered DAGs on "

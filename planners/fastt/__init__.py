@@ -73,9 +73,10 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: b
     Raises ``InfeasiblePlan`` naming the op that fits on no device and by how
     much; ``BadInput`` for a bad option or run report.
 
-    Complexity: O(C x ((U + E) x D + S)) for C candidates, U ops, E edges, D
-    devices and one simulation S each, plus at most ``split_rounds`` x 6 x
-    (``max_split`` - 1) re-schedules for splitting.
+    Complexity: O(C x (U + E) x D) for C (about 8) list schedules of U ops, E
+    edges and D devices, plus 4 + (data-parallel starts) simulations, then at
+    most 8 x (schedule + simulation) for unreplication and ``split_rounds`` x 6
+    x (2 schedules + 1 simulation) for splitting, both cut at ``time_limit``.
     """
     t0 = started()
     cpu0 = time.process_time()
