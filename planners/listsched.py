@@ -163,14 +163,19 @@ class StepGraph:
         self.succ: list[list[tuple[int, float]]] = [[] for _ in range(U)]
         self.pred: list[list[tuple[int, float]]] = [[] for _ in range(U)]
         for e in graph.edges:
-            for a in self.units_of_op[cm.op_index[e.src]]:
-                for b in self.units_of_op[cm.op_index[e.dst]]:
-                    overlap = min(hi[a], hi[b]) - max(lo[a], lo[b])
-                    if overlap <= 1e-12:
-                        continue
-                    nbytes = e.bytes * overlap
-                    self.succ[a].append((b, nbytes))
-                    self.pred[b].append((a, nbytes))
+            src, dst = self.units_of_op[cm.op_index[e.src]], self.units_of_op[cm.op_index[e.dst]]
+            split = self.splits.get(e.src)
+            if split is not None and split == self.splits.get(e.dst):
+                pairs = zip(src, dst)  # split alike: replica i feeds replica i only
+            else:
+                pairs = ((a, b) for a in src for b in dst)
+            for a, b in pairs:
+                overlap = min(hi[a], hi[b]) - max(lo[a], lo[b])
+                if overlap <= 1e-12:
+                    continue
+                nbytes = e.bytes * overlap
+                self.succ[a].append((b, nbytes))
+                self.pred[b].append((a, nbytes))
 
         # affine transfer model per ordered device pair, read from the cost model, and the
         # directed links each route holds while it carries a transfer
@@ -520,14 +525,15 @@ def _new_schedule(sg: StepGraph, algorithm: str) -> Schedule:
 def list_schedule(sg: StepGraph, priority: Sequence[float], *, allowed: Sequence[int],
                   capacity_bytes: Sequence[float], pins: Mapping[int, int] | None = None,
                   insertion: bool = True, lookahead: bool = False,
-                  algorithm: str = "heft") -> Schedule:
+                  algorithm: str = "heft", buckets: Sequence[Sequence[int]] = ()) -> Schedule:
     """Place and order forwards by decreasing ``priority`` from a ready queue; then backwards.
 
     A forward goes to the allowed device (or its pinned one) with the earliest
     finish time that still has memory for it; ``lookahead`` adds the op's
     backward time on the device to that score (it runs there too). With
     ``insertion`` a forward may fill an idle gap of its device (HEFT's
-    insertion policy). Backwards then run as ``backward_pass`` says.
+    insertion policy). Backwards then run as ``backward_pass`` says (with
+    ``buckets``).
 
     Raises ``MemoryShortfall`` when a forward fits on no allowed device.
     Complexity: O((U + E) x D) plus the bounded gap search.
@@ -578,18 +584,21 @@ def list_schedule(sg: StepGraph, priority: Sequence[float], *, allowed: Sequence
                 heapq.heappush(heap, (-priority[v], v))
     for j, line in enumerate(lines):
         sched.timelines[j] = list(line.tasks)
-    backward_pass(sched, links)
+    backward_pass(sched, links, buckets)
     return sched
 
 
-def backward_pass(sched: Schedule, links: _Links | None = None) -> None:
+def backward_pass(sched: Schedule, links: _Links | None = None,
+                  buckets: Sequence[Sequence[int]] = ()) -> None:
     """Time the backwards, gradient AllReduces and optimizer updates of a placed forward pass.
 
     Each device runs its backwards after its last forward, in the reverse of
     its op order (``Schedule.order``: what the simulator does with it); a
     backward also waits for the gradients of its consumers. Ops with no
     parameters at or above them have no backward. A split op with parameters
-    AllReduces its gradient over its devices after its last backward (one
+    AllReduces its gradient over its devices after its last backward, or, when
+    it is in one of ``buckets`` (op indices of ops split alike, synchronised
+    together), its bucket does after the bucket's last backward (one
     collective at a time per device); each device then updates all the
     parameters it holds. Sets ``makespan_ms`` and ``last_task``.
 
@@ -640,15 +649,18 @@ def backward_pass(sched: Schedule, links: _Links | None = None) -> None:
     # gradient synchronisation of split ops, then one update per device
     done = list(free)
     stream = [0.0] * sg.D
-    syncs = []
-    for i, units in enumerate(sg.units_of_op):
-        if len(units) > 1 and sg.param_bytes[units[0]] > 0:
-            syncs.append((max(finish[U + u] for u in units), i))
-    for ready, i in sorted(syncs):
-        units = sg.units_of_op[i]
+    bucketed = {i for bucket in buckets for i in bucket}
+    syncs = [[i] for i, units in enumerate(sg.units_of_op)
+             if len(units) > 1 and sg.param_bytes[units[0]] > 0 and i not in bucketed]
+    syncs += [list(bucket) for bucket in buckets if bucket]
+    timed = sorted((max(finish[U + u] for i in ops for u in sg.units_of_op[i]), k)
+                   for k, ops in enumerate(syncs))
+    for ready, k in timed:
+        units = sg.units_of_op[syncs[k][0]]
+        nbytes = sum(sg.param_bytes[sg.units_of_op[i][0]] for i in syncs[k])
         devs = [device[u] for u in units]
         begin = max([ready, *(stream[d] for d in devs)])
-        end = begin + cm.allreduce_ms([sg.devices[d] for d in devs], sg.param_bytes[units[0]])
+        end = begin + cm.allreduce_ms([sg.devices[d] for d in devs], nbytes)
         for d in devs:
             stream[d] = end
             done[d] = max(done[d], end)
@@ -699,19 +711,25 @@ def etf_schedule(sg: StepGraph, *, allowed: Sequence[int], capacity_bytes: Seque
     # ready forwards: data-ready time per device (inf where barred), kept packed in rows[:m]
     rows = np.full((max(U, 1), D), np.inf)
     ready_ids: list[int] = []
+    held: set[int] = set()  # favourite children held to their parent's device
 
-    def make_ready(u: int) -> None:
-        row = rows[len(ready_ids)]
+    def fill(k: int, u: int, free: bool = False) -> None:
+        row = rows[k]
         row[:] = np.inf
         if sg.pin[u] >= 0:
             targets = [sg.pin[u]]
-        elif u in favourite and memory.fits(u, device[favourite[u]], device):
+        elif not free and u in favourite and memory.fits(u, device[favourite[u]], device):
             targets = [device[favourite[u]]]
+            held.add(u)
         else:
             targets = allowed
+            held.discard(u)
         for d in targets:
             row[d] = links.arrival(sg, u, d, finish, device)[0]
         row[barred] = np.inf
+
+    def make_ready(u: int) -> None:
+        fill(len(ready_ids), u)
         ready_ids.append(u)
 
     for u in range(U):
@@ -724,14 +742,19 @@ def etf_schedule(sg: StepGraph, *, allowed: Sequence[int], capacity_bytes: Seque
             best = est.min(axis=1)
             first = best.min()
             if not np.isfinite(first):
-                raise memory.shortfall(ready_ids[0], allowed, device)
+                raise memory.shortfall(next(u for u in ready_ids if sg.pin[u] < 0) if any(
+                    sg.pin[u] < 0 for u in ready_ids) else ready_ids[0], allowed, device)
             ties = np.flatnonzero(best <= first + EPS_MS)
             k = int(ties[0]) if len(ties) == 1 else int(
                 max(ties, key=lambda i: (prio[ready_ids[i]], -ready_ids[i])))
             d = int(np.argmin(est[k]))
             if memory.fits(ready_ids[k], d, device):
                 break
-            est[k, d] = np.inf
+            if ready_ids[k] in held:  # the parent's device filled up: free the child
+                fill(k, ready_ids[k], free=True)
+                est[k] = np.maximum(rows[k], avail)
+            else:
+                est[k, d] = np.inf
         u = ready_ids[k]
         ready, bind = links.arrival(sg, u, d, finish, device, commit=True)
         s = max(ready, float(avail[d]))

@@ -32,24 +32,26 @@ from dl_nfv.simulator.costs import CostModel
 
 from ..base import finish, started
 from ..bounds import lower_bound
-from ..listsched import MemoryShortfall
 from .search import (
     Context,
     Recipe,
+    best_candidates,
     data_parallel_starts,
     dereplicate_search,
-    placement_candidates,
     recipes,
     split_search,
 )
 
+# candidates simulated: the best by the list schedulers' estimate, within WINDOW of it
 SIMULATED_CANDIDATES = 4
+SIMULATED_STARTS = 2
+WINDOW = 0.05
 UNREPLICATE_TRIES = 8
 
 
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: bool = True,
          max_split: int = 8, memory_fraction: float = 1.0, refine_with: str = "",
-         split_rounds: int = 2, time_limit: float = 8.0):
+         split_rounds: int = 2, time_limit: float = 5.0):
     """Op placement and execution order by list scheduling (FastT), with critical-path splits.
 
     Parameters
@@ -94,20 +96,17 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: b
         notes += [f"refined with {refine_with}: {n}" for n in refine_notes]
     cm = CostModel(costed, topology)
     ctx = Context(graph, topology, cm, memory_fraction=memory_fraction)
-    candidates, shortfalls, tried = placement_candidates(ctx, recipes(ctx),
-                                                         simulate_top=SIMULATED_CANDIDATES)
+    candidates, shortfalls, tried = best_candidates(
+        ctx, [(r, {}) for r in recipes(ctx)], simulate_top=SIMULATED_CANDIDATES, window=WINDOW)
     if not candidates:
         raise InfeasiblePlan(f"fastt: {shortfalls[0].describe()}")
     best = min(candidates, key=lambda c: c.iteration_ms)
-    # data-parallel starts (the far end of mixed parallelism), each one simulation
-    starts = []
-    for name, splits in (data_parallel_starts(ctx, max_split) if split_critical else []):
-        try:
-            cand = ctx.build(Recipe(name, "heft", tuple(range(ctx.D))), splits, data_parallel=True)
-            starts.append(cand)
-            tried.append(f"{name}: simulated {cand.iteration_ms:.3f} ms")
-        except MemoryShortfall:
-            tried.append(f"{name}: out of memory")
+    # data-parallel starts (the far end of mixed parallelism)
+    dp_tries = [(Recipe(name, "heft", tuple(range(ctx.D))), splits)
+                for name, splits in data_parallel_starts(ctx, max_split)] if split_critical else []
+    starts, _, dp_notes = best_candidates(ctx, dp_tries, data_parallel=True,
+                                          simulate_top=SIMULATED_STARTS, window=WINDOW)
+    tried += dp_notes
     notes.append(f"list scheduling: {best.recipe.name} kept; " + "; ".join(tried))
     # the searches below stop at the time limit (process CPU time, so that other load on the
     # machine changes the result as little as possible)

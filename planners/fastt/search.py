@@ -87,11 +87,29 @@ class Context:
         return StepGraph(self.cm, self.devices, splits=splits, topological_ids=self.topological_ids)
 
     # ------------------------------------------------------------- schedules
+    def buckets(self, splits: Mapping[str, Split]) -> list[list[int]]:
+        """Gradient buckets of the ops replicated alike (data-parallel starts), as op indices."""
+        by_split: dict[Split, list[str]] = {}
+        for op_id in self.topological_ids:
+            if op_id in splits:
+                by_split.setdefault(splits[op_id], []).append(op_id)
+        index = self.cm.op_index
+        return [[index[o] for o in bucket] for ops in by_split.values() if len(ops) > 1
+                for bucket in gradient_buckets(self.graph, ops, BUCKET_BYTES)]
+
     def schedule(self, recipe: Recipe, splits: Mapping[str, Split],
-                 capacity: Sequence[float] | None = None) -> Schedule:
-        """Run ``recipe`` on the step graph with ``splits``; raises ``MemoryShortfall``."""
+                 capacity: Sequence[float] | None = None, *,
+                 data_parallel: bool = False) -> Schedule:
+        """Run ``recipe`` on the step graph with ``splits``; raises ``MemoryShortfall``.
+
+        With ``data_parallel`` the ops split alike are synchronised in buckets,
+        as the plan will say."""
         sg = self.step_graph(splits)
         capacity = list(capacity or self.capacity)
+        if data_parallel:
+            return list_schedule(sg, upward_ranks(sg, recipe.allowed), allowed=recipe.allowed,
+                                 capacity_bytes=capacity, algorithm=recipe.name,
+                                 buckets=self.buckets(splits))
         if recipe.kind == "etf":
             return etf_schedule(sg, allowed=recipe.allowed, capacity_bytes=capacity,
                                 algorithm=recipe.name)
@@ -141,7 +159,7 @@ class Context:
         capacity = list(self.capacity)
         for _ in range(MEMORY_RETRIES + 1):
             if schedule is None:
-                schedule = self.schedule(recipe, splits, capacity)
+                schedule = self.schedule(recipe, splits, capacity, data_parallel=data_parallel)
             cand, result = self.score(recipe, splits, schedule, data_parallel=data_parallel)
             if result.feasible:
                 return cand
@@ -161,34 +179,37 @@ class Context:
         return need <= sum(self.capacity[j] for j in allowed)
 
 
-def placement_candidates(ctx: Context, recipe_list: Sequence[Recipe], *, simulate_top: int
-                         ) -> tuple[list[Candidate], list[MemoryShortfall], list[str]]:
-    """Run every recipe; simulate the ``simulate_top`` best by the schedulers' own estimate
-    (which books links as the simulator does, so it ranks candidates closely).
+def best_candidates(ctx: Context, tries: Sequence[tuple[Recipe, Mapping[str, Split]]], *,
+                    data_parallel: bool = False, simulate_top: int, window: float
+                    ) -> tuple[list[Candidate], list[MemoryShortfall], list[str]]:
+    """Schedule every (recipe, splits); simulate the best by the schedulers' own estimate
+    (which books links and gradient syncs as the simulator does, so it ranks candidates
+    closely): at most ``simulate_top``, and only those within ``window`` (a fraction) of the
+    best estimate.
 
-    Returns the simulated candidates, the memory shortfalls met, and one note per recipe.
+    Returns the simulated candidates, the memory shortfalls met, and one note per try.
     """
-    scheduled: list[tuple[float, int, Recipe, Schedule]] = []
+    scheduled: list[tuple[float, int, Recipe, Mapping[str, Split], Schedule]] = []
     shortfalls: list[MemoryShortfall] = []
     notes: list[str] = []
-    for k, recipe in enumerate(recipe_list):
-        if not ctx.fits_on(recipe.allowed):
+    for k, (recipe, splits) in enumerate(tries):
+        if not data_parallel and not ctx.fits_on(recipe.allowed):
             notes.append(f"{recipe.name}: skipped, the model does not fit on its devices")
             continue
         try:
-            sched = ctx.schedule(recipe, {})
+            sched = ctx.schedule(recipe, splits, data_parallel=data_parallel)
         except MemoryShortfall as exc:
             shortfalls.append(exc)
             notes.append(f"{recipe.name}: out of memory ({exc.op_id!r} fits nowhere)")
             continue
-        scheduled.append((sched.makespan_ms, k, recipe, sched))
+        scheduled.append((sched.makespan_ms, k, recipe, splits, sched))
     scheduled.sort(key=lambda item: item[:2])
     out: list[Candidate] = []
-    for rank, (estimate, _, recipe, sched) in enumerate(scheduled):
+    for rank, (estimate, _, recipe, splits, sched) in enumerate(scheduled):
         text = f"{recipe.name}: estimated {estimate:.3f} ms"
-        if rank < simulate_top:
+        if rank < simulate_top and estimate <= scheduled[0][0] * (1 + window):
             try:
-                cand = ctx.build(recipe, schedule=sched)
+                cand = ctx.build(recipe, splits, data_parallel=data_parallel, schedule=sched)
                 out.append(cand)
                 text += f", simulated {cand.iteration_ms:.3f} ms"
             except MemoryShortfall as exc:
@@ -397,7 +418,8 @@ def dereplicate_search(ctx: Context, start: Candidate, *, tries: int, deadline: 
     Candidates are ops with parameters, by decreasing ratio of their
     AllReduce time over the replicas to their per-replica compute; each is
     tried unreplicated (placed by HEFT, its activations gathered to it and
-    scattered back), and kept only if the simulated iteration time falls.
+    scattered back), simulated only when the scheduler's estimate falls, and
+    kept only if the simulated iteration time falls.
     Returns the best candidate and a log. O(``tries`` x (schedule + simulation)).
     """
     current, log = start, []
@@ -419,7 +441,13 @@ def dereplicate_search(ctx: Context, start: Candidate, *, tries: int, deadline: 
             break
         splits = {o: s for o, s in current.splits.items() if o != op_id}
         try:
-            cand = ctx.build(current.recipe, splits, data_parallel=True)
+            sched = ctx.schedule(current.recipe, splits, data_parallel=True)
+        except MemoryShortfall:
+            continue
+        if sched.makespan_ms >= current.schedule.makespan_ms:
+            continue  # screened out by the scheduler's own (bucket-aware) estimate
+        try:
+            cand = ctx.build(current.recipe, splits, data_parallel=True, schedule=sched)
         except MemoryShortfall:
             continue
         if cand.iteration_ms < current.iteration_ms * (1 - 1e-9):

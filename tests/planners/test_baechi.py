@@ -65,3 +65,23 @@ def test_memory_fraction_is_respected(name):
         assert peak <= 0.5 * 16 * gib, (device, peak)
     assert sorted(len(ops) for ops in plan.order.values()) == [2, 2]
     assert plan.options == {"memory_fraction": 0.5}
+
+
+def test_m_sct_frees_a_favourite_child_when_its_parents_device_fills_up():
+    # c is a's favourite child (their edge is heavy) and is held to a's device (the V100)
+    # when it becomes ready; but c also waits for w (10 ms on the T4), and meanwhile b takes
+    # the V100 and its memory (3 + 6 of 16 GiB): c's 9 GiB must then go to the T4 instead
+    # of fitting nowhere.
+    gib = 2**30
+    ops = [op("a", 1, 1.5, params=gib, out=1, bwd=(2, 3)),
+           op("w", 10, 10, out=1),
+           op("b", 20, 30, params=2 * gib, out=1, bwd=(2, 3)),
+           op("c", 1, 1.5, params=3 * gib, out=1, bwd=(2, 3))]
+    graph = graph_of(ops, [("a", "b", 0), ("a", "c", 10**8), ("w", "c", 1000)])
+    cm = CostModel(graph, from_document(PAIR))
+    sg = StepGraph(cm, cm.cluster.device_names)
+    favourite, _ = favourite_children(sg)
+    assert {sg.op_ids[c]: sg.op_ids[p] for c, p in favourite.items()}.get("c") == "a"
+    plan = run("m-sct", graph, from_document(PAIR))
+    devices = _devices_of(plan)
+    assert devices["a"] == devices["b"] == (V100,) and devices["c"] == (T4,)
