@@ -134,7 +134,7 @@ def _exposed_allreduce_ms(problem: Problem, stage: StageSpec, reps: Replicas, m:
     the slowest replica; a bucket is AllReduced when its last op is done and
     the previous bucket's AllReduce has finished (one collective stream).
     """
-    cm, graph = problem.cm, problem.graph
+    cm = problem.cm
     ops = problem.stage_ops(stage.start, stage.stop)
     slowest = max(zip(reps.devices, reps.counts), key=lambda dc: sum(
         problem.times(stage.start, stage.stop, dc[0], dc[1] / problem.batch_size)))
@@ -146,14 +146,22 @@ def _exposed_allreduce_ms(problem: Problem, stage: StageSpec, reps: Replicas, m:
         if needs[op]:
             clock += cm.op_ms(op, slowest[0], "bwd", frac)
         done_at[op] = clock
-    buckets = [list(b) for b in gradient_buckets(graph, ops, BUCKET_BYTES)]
-    index = graph.index
     end = 0.0
-    for bucket in buckets:
+    for bucket in _buckets(problem, stage):
         ready = max(done_at[op] for op in bucket)
-        nbytes = float(sum(index[op].param_bytes for op in bucket))
+        nbytes = float(sum(cm.param_bytes[cm.op_index[op]] for op in bucket))
         end = max(end, ready) + cm.allreduce_ms(reps.devices, nbytes)
     return max(0.0, end - clock)
+
+
+def _buckets(problem: Problem, stage: StageSpec) -> list[tuple[str, ...]]:
+    """The stage's gradient buckets (``base.gradient_buckets``, memoised per op range)."""
+    key = (stage.start, stage.stop)
+    cache = problem.cache.setdefault("buckets", {})
+    if key not in cache:
+        ops = problem.stage_ops(stage.start, stage.stop)
+        cache[key] = list(gradient_buckets(problem.graph, ops, BUCKET_BYTES))
+    return cache[key]
 
 
 def stage_buckets(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> Fusion | None:
@@ -161,8 +169,7 @@ def stage_buckets(problem: Problem, layout: Layout, reps: Sequence[Replicas]) ->
     buckets: list[tuple[str, ...]] = []
     for stage, r in zip(layout.stages, reps):
         if len(r.devices) > 1:
-            buckets.extend(gradient_buckets(problem.graph, problem.stage_ops(stage.start, stage.stop),
-                                            BUCKET_BYTES))
+            buckets.extend(_buckets(problem, stage))
     return Fusion(gradient_buckets=tuple(buckets)) if buckets else None
 
 

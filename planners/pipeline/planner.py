@@ -109,7 +109,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
              f"{[len(g.devices) for g in best.groups]} device(s), "
              f"{best.pipeline.microbatches if best.pipeline else 1} microbatch(es)"
              + (f", {best.pipeline.schedule_kind.value} schedule" if best.pipeline else ""),
-             f"searched {outcome.orderings_tried} device orderings, timed {outcome.layouts_timed} "
+             f"searched {outcome.orderings_tried} device orderings, screened {outcome.layouts_timed} "
              f"layouts, simulated {len(drafts)} candidates (best own layout "
              f"{min((d.iteration_ms for d in drafts if d.origin.startswith('search')), default=float('inf')):.3f} ms)",
              "bound parts (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in bound.parts.items())]

@@ -94,6 +94,7 @@ class Problem:
         self.type_of = np.array([cm.device_type_index[d] for d in self.devices], dtype=np.int64)
         self.memory_bytes = np.array([cm.memory_bytes(d) for d in self.devices], dtype=np.float64)
         self.device_index = {d: i for i, d in enumerate(self.devices)}
+        self.cache: dict = {}  # memoised per-range results of the planner's helpers
 
     # ----------------------------------------------------------------- set-up
     def _needs_grad(self) -> np.ndarray:

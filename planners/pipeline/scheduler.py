@@ -29,6 +29,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from heapq import heappop, heappush
 
 from dl_nfv.artifacts import Action
 from dl_nfv.planners.schedules import Schedule, gpipe, one_f_one_b
@@ -166,47 +167,73 @@ class _Sim:
         return Timed(self.makespan(), schedule, label)
 
     def list_schedule(self, cap: list[int], backward_first: bool, label: str) -> Timed:
-        """Non-delay list scheduling in global time order (see the module docstring)."""
+        """Non-delay list scheduling in global time order (see the module docstring).
+
+        Each stage's next choice (earliest start, then priority) sits in a heap and is
+        recomputed only when the stage finishes a task or receives an input.
+        """
         S, M = self.S, self.M
         nf, nb = [0] * S, [0] * S
         orders: list[list[Action]] = [[] for _ in range(S)]
-        choice: list[tuple | None] = [None] * S
-        dirty = set(range(S))
-        total, done = 2 * S * M, 0
+        version = [0] * S
+        heap: list[tuple] = []
+        ready_f, ready_b, free = self.ready_f, self.ready_b, self.free
         f_rank, b_rank = (1, 0) if backward_first else (0, 1)
+
+        def push(s: int) -> None:
+            version[s] += 1
+            best = None
+            if nf[s] < M and nf[s] - nb[s] < cap[s]:
+                r = ready_f[s][nf[s]]
+                if r >= 0:
+                    best = (r if r > free[s] else free[s], f_rank, s, "F")
+            if nb[s] < nf[s]:
+                r = ready_b[s][nb[s]]
+                if r >= 0:
+                    cand = (r if r > free[s] else free[s], b_rank, s, "B")
+                    if best is None or cand < best:
+                        best = cand
+            if best is not None:
+                heappush(heap, (best[0], s, best[1], best[3], version[s]))
+
+        for s in range(S):
+            push(s)
+        total, done = 2 * S * M, 0
         while done < total:
-            for s in dirty:
-                best = None
-                if nf[s] < M and nf[s] - nb[s] < cap[s]:
-                    r = self.ready_f[s][nf[s]]
-                    if r >= 0:
-                        best = (max(self.free[s], r), f_rank, s, "F")
-                if nb[s] < nf[s]:
-                    r = self.ready_b[s][nb[s]]
-                    if r >= 0:
-                        cand = (max(self.free[s], r), b_rank, s, "B")
-                        if best is None or cand < best:
-                            best = cand
-                choice[s] = best
-            dirty = set()
-            pick = None
-            for c in choice:
-                if c is not None and (pick is None or c[0] < pick[0] - 1e-12):
-                    pick = c
-            if pick is None:
+            while heap and heap[0][4] != version[heap[0][1]]:
+                heappop(heap)
+            if not heap:
                 raise ValueError("the schedule deadlocks")
-            start, _, s, op = pick
-            m = nf[s] if op == "F" else nb[s]
+            start, s, _, op, _ = heappop(heap)
             if op == "F":
+                m = nf[s]
                 nf[s] += 1
             else:
+                m = nb[s]
                 nb[s] += 1
-            dirty.update(self.complete(s, op, m, start))
-            dirty.add(s)
+            touched = self.complete(s, op, m, start)
             orders[s].append(Action(s, op, m))
             done += 1
+            push(s)
+            for t in touched:
+                if t != s:
+                    push(t)
         schedule = Schedule(microbatches=M, orders=tuple(tuple(o) for o in orders))
         return Timed(self.makespan(), schedule, label)
+
+
+def flush_estimate_ms(costs: StageCosts) -> float:
+    """Closed-form estimate of a flushed pipeline, for screening layouts (O(stages)).
+
+    ``sum over stages (f + b + 2 c) + (m - 1) x bottleneck + the largest sync``, where the
+    bottleneck is the slowest stage or link per microbatch: exact for equal stages
+    and free links, close for the layouts the DP produces.
+    """
+    S, M = costs.stages, costs.microbatches
+    chain = sum(costs.f_ms) + sum(costs.b_ms) + 2 * sum(costs.send_ms.values())
+    bottleneck = max(max(f + b for f, b in zip(costs.f_ms, costs.b_ms)),
+                     max(costs.send_ms.values(), default=0.0))
+    return chain + (M - 1) * bottleneck + max(costs.sync_ms, default=0.0) if S else 0.0
 
 
 def round_trip_caps(costs: StageCosts) -> list[int]:

@@ -4,19 +4,21 @@
    (divisors of the batch, or the one the user fixed).
 2. For every pair, the partition DP (``partition.OrderingTables``) finds the smallest
    feasible bottleneck and one layout per cap of the grid above it.
-3. Every distinct layout gets integer replica shares and is timed by the list
-   scheduler with round-trip caps (``scheduler.run``), a few ms each.
+3. Every distinct layout gets integer replica shares and the scheduler's inputs,
+   and is screened by a closed-form flush estimate (``flush_estimate_ms``); the
+   32 best are timed by the list scheduler with round-trip caps.
 4. **Local search over orderings**: host-block moves of the best ordering
    (seeded ``random.Random(seed)``, a fixed number of rounds), re-running 2–3
    for the microbatch counts that did best; a move is kept when its best
    layout is faster.
-5. The best layouts are scheduled by ``auto_schedule`` (GPipe, 1F1B and list
+5. The 12 best layouts are scheduled by ``auto_schedule`` (GPipe, 1F1B and list
    variants) and returned fastest first; the caller simulates the top few on
    the shared simulator and keeps the winner.
 
-The work done is fixed by the inputs and the seed (no wall-clock decisions),
-so a run is deterministic; ``time_limit`` only stops the local search early
-on a slow machine, and the result then records that it did.
+The work done is fixed by the inputs and the seed, so a run is deterministic;
+``time_limit`` (CPU seconds of this process, so that a busy machine does not
+change the result) only stops the local search early on a slow machine, and
+the result then records that it did.
 
 Complexity: O(orderings x microbatch counts x DP) + O(rounds x DP) +
 O(layouts x stages^2 x microbatches).
@@ -33,12 +35,21 @@ from .build import Replicas, all_replicas, stage_costs
 from .mapping import candidate_orderings, neighbours
 from .partition import TAU_GRID, Layout, OrderingTables
 from .problem import Problem
-from .scheduler import Policy, StageCosts, Timed, auto_schedule, round_trip_caps, run
+from .scheduler import (
+    Policy,
+    StageCosts,
+    Timed,
+    auto_schedule,
+    flush_estimate_ms,
+    round_trip_caps,
+    run,
+)
 
 MAX_MICROBATCH_OPTIONS = 7
 LOCAL_SEARCH_ROUNDS = 6
 NEIGHBOURS_PER_ROUND = 6
-TOP_FOR_SCHEDULING = 24
+TOP_FOR_LIST = 32
+TOP_FOR_SCHEDULING = 12
 
 
 @dataclass(slots=True)
@@ -85,16 +96,36 @@ def microbatch_options(batch_size: int, fixed: int = 0, min_samples: int = 1) ->
     return sorted(picks)
 
 
-def evaluate(problem: Problem, layout: Layout, *, full: bool = False,
-             policies: Sequence[Policy] = tuple(Policy)) -> Evaluated | None:
-    """Time ``layout``: quick (list scheduler, round-trip caps) or ``full`` (best schedule).
+@dataclass(slots=True)
+class Screened:
+    """A layout with its scheduler inputs and closed-form estimate."""
 
-    None when some stage cannot hold even one microbatch.
-    """
+    layout: Layout
+    reps: list[Replicas]
+    costs: StageCosts
+    estimate_ms: float
+
+
+def screen(problem: Problem, layout: Layout) -> Screened | None:
+    """Replicas, scheduler inputs and the flush estimate; None when a stage cannot hold a microbatch."""
     reps = all_replicas(problem, layout)
     costs = stage_costs(problem, layout, reps)
     if min(costs.caps) < 1:
         return None
+    return Screened(layout, reps, costs, flush_estimate_ms(costs))
+
+
+def evaluate(problem: Problem, layout: Layout, *, full: bool = False,
+             policies: Sequence[Policy] = tuple(Policy), screened: Screened | None = None
+             ) -> Evaluated | None:
+    """Time ``layout``: quick (list scheduler, round-trip caps) or ``full`` (best schedule).
+
+    None when some stage cannot hold even one microbatch.
+    """
+    screened = screened or screen(problem, layout)
+    if screened is None:
+        return None
+    reps, costs = screened.reps, screened.costs
     try:
         if full:
             timed = auto_schedule(costs, policies)
@@ -111,24 +142,24 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
            policies: Sequence[Policy] = tuple(Policy), seed: int = 0,
            time_limit: float = 30.0, extra: Sequence[Layout] = ()) -> Outcome:
     """Run the search described in the module docstring; ``extra`` layouts join the pool."""
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     cm = problem.cm
     options = microbatch_options(problem.batch_size, microbatches)
     orderings = candidate_orderings(cm)
     cache: dict = {}
-    timed: dict[tuple, Evaluated | None] = {}
+    screened: dict[tuple, Screened | None] = {}
     outcome = Outcome(candidates=[])
 
     def consider(layouts: Sequence[Layout]) -> float:
         best = float("inf")
         for lay in layouts:
             key = lay.key
-            if key not in timed:
-                timed[key] = evaluate(problem, lay, policies=policies)
+            if key not in screened:
+                screened[key] = screen(problem, lay)
                 outcome.layouts_timed += 1
-            ev = timed[key]
-            if ev is not None:
-                best = min(best, ev.makespan_ms)
+            sc = screened[key]
+            if sc is not None:
+                best = min(best, sc.estimate_ms)
         return best
 
     def explore(ordering: Sequence[str], ms: Sequence[int]) -> dict[int, float]:
@@ -154,7 +185,7 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
         good_ms = sorted(scores, key=scores.__getitem__)[:3]
         rng = random.Random(seed)
         for _ in range(LOCAL_SEARCH_ROUNDS):
-            if time.perf_counter() - t0 > time_limit * 0.6:
+            if time.process_time() - t0 > time_limit * 0.6:
                 outcome.timed_out = True
                 break
             improved = False
@@ -165,25 +196,38 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
                     best_score, incumbent, improved = score, cand, True
             if not improved:
                 break
-    ranked = sorted((ev for ev in timed.values() if ev is not None),
-                    key=lambda ev: (ev.makespan_ms, len(ev.layout.stages), ev.layout.key))
-    # layouts that differ only by which equal devices they use time identically: keep one
-    distinct, seen = [], set()
-    for ev in ranked:
-        sig = (round(ev.makespan_ms, 6), ev.layout.microbatches,
-               tuple((s.start, s.stop, _types(problem, s.devices)) for s in ev.layout.stages))
-        if sig not in seen:
-            seen.add(sig)
-            distinct.append(ev)
+    pool = sorted((sc for sc in screened.values() if sc is not None),
+                  key=lambda sc: (sc.estimate_ms, len(sc.layout.stages), sc.layout.key))
+    ranked = []
+    for sc in _distinct(problem, pool, lambda sc: sc.estimate_ms)[:TOP_FOR_LIST]:
+        ev = evaluate(problem, sc.layout, policies=policies, screened=sc)
+        if ev is not None:
+            ranked.append(ev)
+    ranked.sort(key=lambda ev: (ev.makespan_ms, len(ev.layout.stages), ev.layout.key))
+    distinct = _distinct(problem, ranked, lambda ev: ev.makespan_ms)
     final = []
     for ev in distinct[:TOP_FOR_SCHEDULING]:
-        full = evaluate(problem, ev.layout, full=True, policies=policies)
+        full = evaluate(problem, ev.layout, full=True, policies=policies,
+                        screened=screened[ev.layout.key])
         if full is not None:
             full.layout = ev.layout
             final.append(full)
     final.sort(key=lambda ev: (ev.makespan_ms, len(ev.layout.stages), ev.layout.key))
     outcome.candidates = final
     return outcome
+
+
+def _distinct(problem: Problem, items: list, score) -> list:
+    """Drop layouts that differ only by which equal devices they use (they time identically)."""
+    out, seen = [], set()
+    for item in items:
+        lay = item.layout
+        sig = (round(score(item), 6), lay.microbatches,
+               tuple((s.start, s.stop, _types(problem, s.devices)) for s in lay.stages))
+        if sig not in seen:
+            seen.add(sig)
+            out.append(item)
+    return out
 
 
 def _types(problem: Problem, devices: Sequence[str]) -> tuple[int, ...]:
