@@ -806,8 +806,10 @@ def plan_groups(sched: Schedule, *, merge_splits: bool = False
         members = [ops] if merge_splits else [[op] for op in ops]
         for member in members:
             has_params = any(sg.param_bytes[sg.units_of_op[sg.cm.op_index[o]][0]] > 0 for o in member)
-            what = f"{len(member)} ops" if merge_splits else f"op {member[0]!r}"
-            note = f"{what} split {k}-way on the batch dimension; shares {shares}"
+            if merge_splits:
+                note = f"{len(member)} ops replicated {k}-way (data parallel); shares {shares}"
+            else:
+                note = f"op {member[0]!r} split {k}-way on the batch dimension; shares {shares}"
             groups.append(Group(
                 id=f"split{n}" if merge_splits else f"split:{member[0]}", ops=tuple(member),
                 devices=split.devices, batch_shares=split.shares,

