@@ -153,7 +153,7 @@ class CostCounter(TorchDispatchMode):
         self._storages[key] = (owner, phase, nbytes)
         self.live_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-        weakref.finalize(storage, self._release, key)
+        weakref.finalize(storage, self._release, key).atexit = False
 
     def _release(self, key: int) -> None:
         entry = self._storages.pop(key, None)

@@ -185,7 +185,14 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
 def _machine(dev: torch.device) -> str:
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
-    return f"{platform.machine()} CPU"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 class _model_errors:

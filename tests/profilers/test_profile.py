@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import networkx as nx
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dl_nfv.artifacts import BadInput, Granularity, OpKind, from_document, to_data
 from dl_nfv.profilers import profile_model, zoo
@@ -170,3 +175,34 @@ def test_profile_on_cuda_records_times_under_the_catalog_name():
     assert graph.profile.device_type in CATALOG and graph.profile.device_type != "cpu"
     assert all(graph.profile.device_type in op.fwd_ms for op in graph.ops if op.kind is not OpKind.INPUT)
     assert graph.profile.peak_memory_bytes > 0
+
+
+MLP_TEMPLATE = """
+from torch import nn
+def build():
+    widths = {widths}
+    layers = []
+    for a, b in zip(widths, widths[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers)
+"""
+
+
+@settings(max_examples=8, deadline=None)
+@given(widths=st.lists(st.integers(1, 24), min_size=2, max_size=5), batch=st.integers(1, 5),
+       granularity=st.sampled_from(["op", "layer"]))
+def test_mlp_flops_params_and_edges_match_closed_forms(widths, batch, granularity):
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "mlp.py"
+        path.write_text(MLP_TEMPLATE.format(widths=widths))
+        ref = zoo.model_ref(f"{path}:build", input_shapes=[(batch, widths[0])])
+        graph = profile_model(ref, granularity=granularity, **FAST)
+    macs = [batch * a * b for a, b in zip(widths, widths[1:])]
+    assert sum(op.flops for op in graph.ops) == 2 * sum(macs)
+    # Weight gradients everywhere, input gradients everywhere but the first layer.
+    assert sum(op.bwd_flops for op in graph.ops) == 2 * (2 * sum(macs) - macs[0])
+    assert graph.total_param_bytes == 4 * sum(a * b + b for a, b in zip(widths, widths[1:]))
+    layers = len(widths) - 1
+    assert len(graph.ops) == 1 + (2 * layers if granularity == "op" else layers)
+    assert nx.is_directed_acyclic_graph(graph.to_networkx())
+    assert nx.is_weakly_connected(graph.to_networkx())
