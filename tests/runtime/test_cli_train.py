@@ -78,3 +78,23 @@ def test_bad_options_are_exit_2(run_dir, args, words):
     result = _invoke(run_dir / "plan.json", *args)
     assert result.exit_code == 2, result.output
     assert words in result.output
+
+
+@pytest.mark.slow
+def test_the_worker_runs_under_torchrun(run_dir):
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists() and shutil.which("torchrun") is None:
+        pytest.skip("torchrun is not installed")
+    out = run_dir / "run-torchrun.json"
+    done = subprocess.run([str(torchrun if torchrun.exists() else "torchrun"), "--standalone",
+                           "--nproc-per-node", "2", "-m", "dl_nfv.runtime.worker",
+                           str(run_dir / "plan.json"), "--steps", "3", "--threads", "1",
+                           "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = load(out, expect="run-report")
+    assert report.ranks == {"local/cpu0": 0, "local/cpu1": 1} and len(report.losses) == 3
