@@ -88,6 +88,8 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     scal = t - fixed
     scal_min = scal.min(axis=1)
     fix_min = fixed.min(axis=1)
+    fix_f_min = fixed_f.min(axis=1)
+    scal_f_min = (p.fwd_ms[:, cols] - fixed_f).min(axis=1)
     # device speeds relative to the fastest type, op by op (best case for each device)
     sigma_type = {}
     mask = scal_min > 0
@@ -110,11 +112,16 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
 
     F = prefix(fix_min)
     Sc = prefix(scal_min)
+    Ff = prefix(fix_f_min)
+    Scf = prefix(scal_f_min)
     order_ids = [p.cm.op_index[o] for o in p.order]
-    P = prefix(p.cm.param_bytes[order_ids] * (2.0 + p.state_factor))
+    Pp = prefix(p.cm.param_bytes[order_ids])
     fix_r = F[None, :] - F[:, None]  # [i, j] range of regions [i, j)
     scal_r = Sc[None, :] - Sc[:, None]
-    static_r = P[None, :] - P[:, None]
+    fixf_r = Ff[None, :] - Ff[:, None]
+    scalf_r = Scf[None, :] - Scf[:, None]
+    params_r = Pp[None, :] - Pp[:, None]
+    static_r = params_r * (2.0 + p.state_factor)
     D = len(devices)
     # cap[i, j, k]: largest speed sum of k devices that hold range [i, j)
     caps = np.zeros((U + 1, U + 1, D + 1))
@@ -123,33 +130,96 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
             ok = np.sort(sigma[memory >= static_r[i, j]])[::-1]
             c = np.concatenate([[0.0], np.cumsum(ok)])
             caps[i, j, :len(c)] = c
-            caps[i, j, len(c):] = 0.0
+    # AllReduce floor of a stage on k devices (see _host_limits)
+    kk = np.arange(D + 1)
+    ar_floor = params_r[:, :, None] * _host_limits(p, devices)[None, None, :]
     B = p.batch_size
     best = np.inf
     for m in (d for d in range(1, B + 1) if B % d == 0):
         with np.errstate(divide="ignore", invalid="ignore"):
-            busy = m * fix_r[:, :, None] + np.where(caps > 0, scal_r[:, :, None] / caps, np.inf)
-            busy[:, :, 0] = np.inf
+            inv_cap = np.where(caps > 0, 1.0 / caps, np.inf)
+            busy = m * fix_r[:, :, None] + scal_r[:, :, None] * inv_cap
+            # every replica runs its last forward before any gradient of the stage is final
+            sync = np.where(kk[None, None, :] > 1,
+                            m * fixf_r[:, :, None] + scalf_r[:, :, None] * inv_cap + ar_floor, 0.0)
+        busy[:, :, 0] = np.inf
         one = fix_r + scal_r / (m * sigma_max)  # not replicated: whole microbatch
         few = fix_r + scal_r / (B * sigma_max)  # replicated: some replica may hold one sample
-        kk = np.arange(D + 1)
         chain = np.where(kk[None, None, :] <= 1, one[:, :, None], few[:, :, None])
-        g = np.full((U + 2, D + 1), np.inf)
-        g[U, :] = 0.0
-        g[U + 1, :] = 0.0
-        for i in range(U - 1, -1, -1):
-            # continuation after [i, j): g(j) or, when region j may be split, g(j + 1)
-            cont = g[:U + 1].copy()
-            cont[:U] = np.where(multi[:, None], np.minimum(g[:U], g[1:U + 1]), g[:U])
-            for r in range(1, D + 1):
-                ks = np.arange(1, r + 1)
-                js = np.arange(i + 1, U + 1)
-                busy_ijk = busy[i, js][:, ks]  # [j, k]
-                chain_ijk = chain[i, js][:, ks]
-                rest = cont[js][:, r - ks]
-                val = np.maximum(busy_ijk, chain_ijk + rest)
-                g[i, r] = min(g[i, r - 1], float(val.min())) if val.size else g[i, r - 1]
-            if multi[i]:
-                g[i] = np.minimum(g[i], g[i + 1])
-        best = min(best, float(g[0, D]))
+        best = min(best, _capped_dp(busy, chain, sync, multi, U, D))
     return best
+
+
+def _capped_dp(busy, chain, sync, multi, U: int, D: int) -> float:
+    """``min over partitions of max(max_k (chain before k + busy_k), max_k sync_k)``.
+
+    The sync terms carry no chain offset, so they are handled by caps: for each cap
+    ``c_g`` of a grid (0, a geometric grid over the positive values, infinity), stages
+    with ``sync > c_g`` are forbidden and the DP gives ``A_g``; a partition whose
+    largest sync lies in ``(c_{g-1}, c_g]`` is then at least ``max(c_{g-1}, A_g)``
+    (``lo``, the smallest positive sync, for the first positive cap), and the bound is
+    the smallest of these.
+    """
+    finite = sync[np.isfinite(busy) & (sync > 0)]
+    if finite.size:
+        lo, hi = float(finite.min()), float(finite.max())
+        points = np.geomspace(lo, hi, 12) if hi > lo else np.array([lo])
+        caps = np.concatenate([[0.0], points, [np.inf]])
+        # the smallest sync a partition of each cap's interval can have: 0 for the first,
+        # lo for (0, lo] (no positive sync is below lo), the previous cap after that
+        below = np.concatenate([[0.0, lo], points])
+    else:
+        caps, below = np.array([np.inf]), np.array([0.0])
+    G = len(caps)
+    masked = np.where(sync[None] <= caps[:, None, None, None], busy[None], np.inf)  # [G, i, j, k]
+    g = np.full((G, U + 2, D + 1), np.inf)
+    g[:, U, :] = 0.0
+    g[:, U + 1, :] = 0.0
+    for i in range(U - 1, -1, -1):
+        # continuation after [i, j): g(j) or, when region j may be split, g(j + 1)
+        cont = g[:, :U + 1].copy()
+        cont[:, :U] = np.where(multi[None, :, None], np.minimum(g[:, :U], g[:, 1:U + 1]), g[:, :U])
+        js = np.arange(i + 1, U + 1)
+        for r in range(1, D + 1):
+            ks = np.arange(1, r + 1)
+            busy_ijk = masked[:, i, js][:, :, ks]  # [G, j, k]
+            chain_ijk = chain[i, js][:, ks]
+            rest = cont[:, js][:, :, r - ks]
+            val = np.maximum(busy_ijk, chain_ijk[None] + rest)
+            g[:, i, r] = np.minimum(g[:, i, r - 1], val.reshape(G, -1).min(axis=1))
+        if multi[i]:
+            g[:, i] = np.minimum(g[:, i], g[:, i + 1])
+    return float(np.min(np.maximum(below, g[:, 0, D])))
+
+
+def _host_limits(p: Problem, devices: list[str]) -> np.ndarray:
+    """Per group size k: the least ms per parameter byte an AllReduce across hosts can take.
+
+    A group no single host holds spans hosts, and each of its hosts must receive at
+    least the parameters through its inbound links (every collective of the cost model
+    does: ring, tree, hierarchical). The best such group takes hosts by decreasing
+    inbound bandwidth until they hold ``k`` devices; the last host taken limits it.
+    Groups one host can hold may stay inside it: 0 for them.
+    """
+    cluster = p.cm.cluster
+    sizes: dict[str, int] = {}
+    for d in devices:
+        host = cluster.device(d).host
+        sizes[host] = sizes.get(host, 0) + 1
+    inbound = {}
+    for host in sizes:
+        inside = {host, *(d.name for d in cluster.devices if d.host == host)}
+        inbound[host] = sum(attrs["bandwidth_gbps"] for u in inside
+                            for v, attrs in cluster.graph[u].items() if v not in inside)
+    widest = max(sizes.values())
+    ranked = sorted(sizes, key=lambda h: (-inbound[h], -sizes[h], h))
+    out = np.zeros(len(devices) + 1)
+    for k in range(widest + 1, len(devices) + 1):
+        held = 0
+        for h in ranked:
+            held += sizes[h]
+            if held >= k:
+                gbps = inbound[h]
+                break
+        out[k] = 8.0 / (gbps * 1e6) if gbps > 0 else 0.0
+    return out

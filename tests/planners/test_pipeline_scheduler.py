@@ -125,3 +125,16 @@ def test_bound_holds_on_branchy_graphs(width, gib, devices):
             assert "GiB" in str(exc) or "stages" in str(exc)
             continue
         assert plan.bound_ms <= plan.prediction.iteration_ms * (1 + 1e-9), planner
+
+
+def test_allreduce_floor_across_hosts():
+    """One 2 GiB layer on two single-V100 hosts behind 25 Gbps NICs: splitting the batch would
+    halve the compute (15 ms) but the AllReduce must push 2 GiB into each host (687 ms), so the
+    bound is the layer on one device, 10 + 20 ms."""
+    from dl_nfv.planners.pipeline.bound import stage_balanced_bound_ms
+    from dl_nfv.planners.pipeline.problem import Problem
+
+    graph = chain(1, param_bytes=2 * GIB)
+    assert stage_balanced_bound_ms(Problem(graph, _topology([V100, V100]))) == pytest.approx(30.0)
+    # inside one host (NVLink) the floor does not apply and the batch can be split
+    assert stage_balanced_bound_ms(Problem(graph, nvlink(2))) == pytest.approx(15.0, rel=0.01)
