@@ -11,7 +11,11 @@ rank measured:
   rank spent computing (forward, backward, optimizer) and the time it spent
   blocked in communication (collectives, send/recv, waiting for a peer);
 * ``peak_memory_bytes``: peak resident memory of the worker (CPU: the
-  process's maximum RSS; CUDA: ``torch.cuda.max_memory_allocated``).
+  process's maximum RSS; CUDA: ``torch.cuda.max_memory_allocated``);
+* ``cpu_ms``: the median over measured steps of the CPU time the worker
+  process used in a step (all its threads, communication threads included).
+  On a machine shared with other jobs, wall times grow but this does not, so
+  it tells contention apart from a slow plan.
 
 ``iteration_ms`` at the top is the run's figure: the median, over the steps
 after warm-up, of the slowest rank's step time. ``losses`` holds the global
@@ -50,9 +54,12 @@ class RankRun:
     compute_ms: float
     wait_ms: float
     peak_memory_bytes: int = 0
+    cpu_ms: float | None = None
 
     def __post_init__(self) -> None:
         check(self.rank >= 0, f"rank must be >= 0, got {self.rank}")
+        check(self.cpu_ms is None or self.cpu_ms >= 0,
+              f"rank {self.rank}: cpu_ms must be >= 0, got {self.cpu_ms}")
         check(bool(self.iteration_ms), f"rank {self.rank}: iteration_ms is empty")
         check(all(t >= 0 for t in self.iteration_ms),
               f"rank {self.rank}: iteration_ms must be >= 0, got {min(self.iteration_ms)}")

@@ -107,6 +107,7 @@ def run_model(model: str, topology: Path, work: Path, steps: int) -> list[dict]:
                "rel_error": (predicted - measured) / measured,
                "wait_ms": [r["wait_ms"] for r in report["per_rank"]],
                "compute_ms": [r["compute_ms"] for r in report["per_rank"]],
+               "cpu_ms": [r.get("cpu_ms") or 0.0 for r in report["per_rank"]],
                "wall_s": wall}
         rows.append(row)
         print(f"  {model:10s} {label:16s} predicted {predicted:9.1f} ms  measured {measured:9.1f} ms"
@@ -130,11 +131,13 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
     table = []
     for r in rows:
         if "error" in r:
-            table.append([r["model"], r["plan"], "-", "-", "-", "-", "-", f"failed: {r['error'][:80]}"])
+            table.append([r["model"], r["plan"], "-", "-", "-", "-", "-", "-",
+                          f"failed: {r['error'][:80]}"])
             continue
         table.append([r["model"], r["plan"], r["mode"], r["devices"], f"{r['predicted_ms']:.1f}",
                       f"{r['measured_ms']:.1f}", f"{r['rel_error']:+.1%}",
-                      " / ".join(f"{w:.0f}" for w in r["wait_ms"])])
+                      " / ".join(f"{w:.0f}" for w in r["wait_ms"]),
+                      " / ".join(f"{c:.0f}" for c in r["cpu_ms"])])
     ranking = []
     taus = {}
     for model in dict.fromkeys(r["model"] for r in ok):
@@ -152,7 +155,7 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
     median = statistics.median(errors) if errors else float("nan")
     body = [
         markdown_table(["model", "plan", "mode", "devices", "predicted ms", "measured ms",
-                        "error", "wait ms per rank"], table),
+                        "error", "wait ms per rank", "CPU ms per rank"], table),
         "",
         f"Median |relative error| over {len(ok)} plans: **{median:.1%}** (goal: <= 15%).",
         "",
@@ -174,8 +177,10 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     print(f"work files in {work}", flush=True)
     rows = []
+    load_before = os.getloadavg()[0]
     for model in args.models.split(","):
         rows += run_model(model, args.topology.resolve(), work, args.steps)
+    load_after = os.getloadavg()[0]
     (work / "results.json").write_text(json.dumps(rows, indent=1))
     body, summary = summarise(rows)
     print(body)
@@ -183,7 +188,9 @@ def main() -> None:
         note = (f"Each plan ran {args.steps} steps (medians after the warm-up) on 2 worker "
                 f"processes of 1 thread each (gloo), profiled with 1 thread; topology "
                 f"`{os.path.relpath(args.topology, ROOT)}` (from `dl-nfv profile network "
-                f"--nprocs 2`). Predicted: `dl-nfv simulate`; measured: `dl-nfv train`.\n\n")
+                f"--nprocs 2`). Predicted: `dl-nfv simulate`; measured: `dl-nfv train`. "
+                f"Load average of the machine (2 cores) at start / end: {load_before:.1f} / "
+                f"{load_after:.1f}: above 2, other jobs shared the cores with the workers.\n\n")
         record_section("fidelity", "Simulator fidelity: predicted vs measured (local-cpu)",
                        note + body)
 

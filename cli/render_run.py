@@ -35,10 +35,12 @@ def render(report: RunReport) -> Group:
     for note in report.notes:
         head.add_row("note", note)
     ranks = Table(title="ranks", title_justify="left")
-    for col in ("rank", "device", "host", "median ms", "compute ms", "wait ms", "peak memory"):
+    cols = ["rank", "device", "host", "median ms", "compute ms", "wait ms", "cpu ms", "peak memory"]
+    for col in cols:
         ranks.add_column(col, justify="right" if col.endswith(("ms", "memory")) else "left")
     for r in sorted(report.per_rank, key=lambda r: r.rank):
         measured = r.iteration_ms[report.warmup:]
         ranks.add_row(str(r.rank), r.device, r.host or "-", f"{statistics.median(measured):.3f}",
-                      f"{r.compute_ms:.3f}", f"{r.wait_ms:.3f}", _bytes(r.peak_memory_bytes))
+                      f"{r.compute_ms:.3f}", f"{r.wait_ms:.3f}",
+                      "-" if r.cpu_ms is None else f"{r.cpu_ms:.3f}", _bytes(r.peak_memory_bytes))
     return Group(head, ranks)

@@ -27,7 +27,8 @@ def build_report(*, plan: Plan, plan_path: str, graph: OpGraph, mode: ExecutionM
                                      iteration_ms=tuple(round(t, 4) for t in r["iteration_ms"]),
                                      compute_ms=round(max(r["compute_ms"], 0.0), 4),
                                      wait_ms=round(max(r["wait_ms"], 0.0), 4),
-                                     peak_memory_bytes=int(r["peak_memory_bytes"]))
+                                     peak_memory_bytes=int(r["peak_memory_bytes"]),
+                                     cpu_ms=round(r["cpu_ms"], 4) if "cpu_ms" in r else None)
                              for r in results), key=lambda r: r.rank))
     op_fwd: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     op_bwd: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))

@@ -109,6 +109,7 @@ def _run(options, plan, graph, topology, rank, world, me, threads, warmup, backe
     run_dir = options.run_dir or os.environ.get("DL_NFV_RUN_DIR")
     iteration_ms: list[float] = []
     wait_ms: list[float] = []
+    cpu_ms: list[float] = []
     losses: list[float] = []
     profiler = None
     trace_file = None
@@ -120,11 +121,12 @@ def _run(options, plan, graph, topology, rank, world, me, threads, warmup, backe
             profiler = _start_profiler(cuda)
         if cuda:
             torch.cuda.synchronize(torch_device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = executor.step(inputs, target)
         if cuda:
             torch.cuda.synchronize(torch_device)
         iteration_ms.append((time.perf_counter() - t0) * 1e3)
+        cpu_ms.append((time.process_time() - c0) * 1e3)
         wait_ms.append(comm.take_wait_ms())
         losses.append(loss)
         if profiler is not None and step == min(warmup + TRACE_STEPS, options.steps) - 1:
@@ -142,6 +144,7 @@ def _run(options, plan, graph, topology, rank, world, me, threads, warmup, backe
         "iteration_ms": iteration_ms,
         "compute_ms": statistics.median(t - w for t, w in zip(iteration_ms[measured], wait_ms[measured])),
         "wait_ms": statistics.median(wait_ms[measured]),
+        "cpu_ms": statistics.median(cpu_ms[measured]),
         "peak_memory_bytes": peak_memory_bytes(torch_device),
         "op_ms": {ph: {op: statistics.median(ts[warmup:] or ts) for op, ts in times.items()}
                   for ph, times in executor.op_times_ms().items()},
