@@ -27,25 +27,13 @@ from __future__ import annotations
 
 import time
 
-from dl_nfv.artifacts import BadInput, InfeasiblePlan, OpGraph, Topology
+from dl_nfv.artifacts import BadInput, OpGraph, Topology
 from dl_nfv.simulator.costs import CostModel
 
 from ..base import finish, started
 from ..bounds import lower_bound
-from .search import (
-    Context,
-    Recipe,
-    best_candidates,
-    data_parallel_starts,
-    dereplicate_search,
-    recipes,
-    split_search,
-)
+from .search import Context, search
 
-# candidates simulated: the best by the list schedulers' estimate, within WINDOW of it
-SIMULATED_CANDIDATES = 4
-SIMULATED_STARTS = 2
-WINDOW = 0.05
 UNREPLICATE_TRIES = 8
 
 
@@ -96,43 +84,12 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: b
         notes += [f"refined with {refine_with}: {n}" for n in refine_notes]
     cm = CostModel(costed, topology)
     ctx = Context(graph, topology, cm, memory_fraction=memory_fraction)
-    candidates, shortfalls, tried = best_candidates(
-        ctx, [(r, {}) for r in recipes(ctx)], simulate_top=SIMULATED_CANDIDATES, window=WINDOW)
-    if not candidates:
-        raise InfeasiblePlan(f"fastt: {shortfalls[0].describe()}")
-    best = min(candidates, key=lambda c: c.iteration_ms)
-    # data-parallel starts (the far end of mixed parallelism)
-    dp_tries = [(Recipe(name, "heft", tuple(range(ctx.D))), splits)
-                for name, splits in data_parallel_starts(ctx, max_split)] if split_critical else []
-    starts, _, dp_notes = best_candidates(ctx, dp_tries, data_parallel=True,
-                                          simulate_top=SIMULATED_STARTS, window=WINDOW)
-    tried += dp_notes
-    notes.append(f"list scheduling: {best.recipe.name} kept; " + "; ".join(tried))
-    # the searches below stop at the time limit (process CPU time, so that other load on the
-    # machine changes the result as little as possible)
     deadline = cpu0 + time_limit if time_limit > 0 else float("inf")
-    start = min(starts, key=lambda c: c.iteration_ms) if starts else None
-    if start is not None:
-        start, log = dereplicate_search(ctx, start, tries=UNREPLICATE_TRIES, deadline=deadline)
-        notes += log
-    if split_critical and split_rounds > 0:
-        best, log = split_search(ctx, best, max_split=max_split, rounds=split_rounds,
-                                 ops_per_round=6, deadline=deadline)
-        notes += log
-    if start is not None and start.iteration_ms < best.iteration_ms:
-        best = start
-        notes.append(f"{best.recipe.name} beats the best placement; kept")
-    notes += best.notes
-    kept = f"kept: {best.recipe.name}"
-    whole = len(graph.ops) - len(best.splits)
-    if best.data_parallel and whole:
-        kept += f" with {whole} op{'s' if whole > 1 else ''} unreplicated"
-    if not best.data_parallel and best.splits:
-        kept += f" with {len(best.splits)} critical-path split{'s' if len(best.splits) > 1 else ''}"
-    notes.insert(0, kept)
+    best, search_notes = search(ctx, split_critical=split_critical, max_split=max_split,
+                                split_rounds=split_rounds, deadline=deadline)
+    notes = search_notes[:1] + notes + search_notes[1:]
     k = min(ctx.D, graph.model.batch_size)
     bound = lower_bound(cm, ctx.devices, min_batch_fraction=1.0 / k)
-    notes.append(f"{ctx.simulations} candidate simulations")
     return finish(planner="fastt", graph=graph, topology=topology, groups=best.groups, seed=seed,
                   options={"split_critical": split_critical, "max_split": max_split,
                            "memory_fraction": memory_fraction, "refine_with": refine_with,

@@ -1,9 +1,13 @@
-"""FastT's search: list-scheduling candidates scored by the simulator, then critical-path splits.
+"""FastT's search: list-scheduling candidates scored by the simulator, data-parallel starts,
+unreplication and critical-path splits.
 
 ``Context`` holds what every candidate shares (graph, cluster, cost model,
-memory caps, fingerprints); ``Candidate`` is one finished schedule with its
-simulated iteration time. ``recipes`` lists the list schedulers tried,
-``split_search`` splits ops on the simulated critical path over the batch.
+memory caps); ``Candidate`` is one finished schedule with its simulated
+iteration time. ``recipes`` lists the list schedulers tried and
+``best_candidates`` runs them, simulating only the best by their own estimate;
+``data_parallel_starts`` are the replicated candidates, ``dereplicate_search``
+runs some of their ops whole, and ``split_search`` splits ops on the simulated
+critical path of a placement over the batch.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dl_nfv.artifacts import Fusion, Group, OpGraph, Plan, Topology
+from dl_nfv.artifacts import Fusion, Group, InfeasiblePlan, OpGraph, Plan, Topology
 from dl_nfv.simulator import simulate
 from dl_nfv.simulator.costs import CostModel, scale_by_batch
 from dl_nfv.simulator.tasks import TaskKind
@@ -33,6 +37,12 @@ from ..listsched import (
 
 BUCKET_BYTES = 25 * 2**20
 MEMORY_RETRIES = 3
+# candidates simulated: the best by the list schedulers' estimate, within WINDOW of it
+SIMULATED_CANDIDATES = 4
+SIMULATED_STARTS = 2
+WINDOW = 0.05
+UNREPLICATE_TRIES = 8
+SPLIT_OPS_PER_ROUND = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,4 +465,44 @@ def dereplicate_search(ctx: Context, start: Candidate, *, tries: int, deadline: 
                        f"{cand.iteration_ms:.3f} ms")
             current = cand
     return current, log
+
+
+def search(ctx: Context, *, split_critical: bool, max_split: int, split_rounds: int,
+           deadline: float) -> tuple[Candidate, list[str]]:
+    """FastT's whole search (see the package docstring); returns the best candidate and notes,
+    the first saying what was kept.
+
+    Raises ``InfeasiblePlan`` naming the op that fits nowhere when no list schedule fits.
+    """
+    candidates, shortfalls, tried = best_candidates(
+        ctx, [(r, {}) for r in recipes(ctx)], simulate_top=SIMULATED_CANDIDATES, window=WINDOW)
+    if not candidates:
+        raise InfeasiblePlan(f"{ctx.planner}: {shortfalls[0].describe()}")
+    best = min(candidates, key=lambda c: c.iteration_ms)
+    dp_tries = [(Recipe(name, "heft", tuple(range(ctx.D))), splits)
+                for name, splits in data_parallel_starts(ctx, max_split)] if split_critical else []
+    starts, _, dp_notes = best_candidates(ctx, dp_tries, data_parallel=True,
+                                          simulate_top=SIMULATED_STARTS, window=WINDOW)
+    notes = [f"list scheduling: {best.recipe.name} kept; " + "; ".join(tried + dp_notes)]
+    start = min(starts, key=lambda c: c.iteration_ms) if starts else None
+    if start is not None:
+        start, log = dereplicate_search(ctx, start, tries=UNREPLICATE_TRIES, deadline=deadline)
+        notes += log
+    if split_critical and split_rounds > 0:
+        best, log = split_search(ctx, best, max_split=max_split, rounds=split_rounds,
+                                 ops_per_round=SPLIT_OPS_PER_ROUND, deadline=deadline)
+        notes += log
+    if start is not None and start.iteration_ms < best.iteration_ms:
+        best = start
+        notes.append(f"{best.recipe.name} beats the best placement; kept")
+    notes += best.notes
+    kept = f"kept: {best.recipe.name}"
+    whole = len(ctx.graph.ops) - len(best.splits)
+    if best.data_parallel and whole:
+        kept += f" with {whole} op{'s' if whole > 1 else ''} unreplicated"
+    if not best.data_parallel and best.splits:
+        n = len(best.splits)
+        kept += f" with {n} critical-path split{'s' if n > 1 else ''}"
+    notes.append(f"{ctx.simulations} candidate simulations")
+    return best, [kept, *notes]
 
