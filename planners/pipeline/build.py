@@ -8,9 +8,11 @@
   forward and backward time per microbatch, per stage pair the transfer of
   one microbatch between replicas whose batch intervals overlap (concurrent
   flows on the real routes), the part of the stage's gradient AllReduce that
-  outlasts its last backward plus the optimizer update (gradients go in
-  25 MiB buckets, each AllReduced, one after the other, as soon as the last
-  microbatch's backward has produced it), and each stage's in-flight cap (the
+  outlasts its last backward plus the optimizer update (the first stage's
+  gradients go in 25 MiB buckets, each AllReduced, one after the other, as
+  soon as the last microbatch's backward has produced it; later stages
+  AllReduce once after their last backward, see ``_bucketed``), and each
+  stage's in-flight cap (the
   memory left after parameters, gradients and optimizer state, over one
   microbatch of stashed activations).
 * ``groups_and_pipeline``: the plan's groups (one per stage), batch shares and
@@ -101,7 +103,10 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
         f_ms.append(max(t[0] for t in times))
         b_ms.append(max(t[1] for t in times))
         params = problem.params(stage.start, stage.stop)
-        sync = _exposed_allreduce_ms(problem, stage, r, M) if len(r.devices) > 1 and params > 0 else 0.0
+        sync = 0.0
+        if len(r.devices) > 1 and params > 0:
+            sync = (_exposed_allreduce_ms(problem, stage, r, M) if _bucketed(layout, stage)
+                    else cm.allreduce_ms(r.devices, params))
         if params > 0:
             sync += max(cm.update_ms(params, d, problem.state_factor) for d in r.devices)
         sync_ms.append(sync)
@@ -164,11 +169,23 @@ def _buckets(problem: Problem, stage: StageSpec) -> list[tuple[str, ...]]:
     return cache[key]
 
 
+def _bucketed(layout: Layout, stage: StageSpec) -> bool:
+    """Whether the stage's gradients go in buckets: only for the first stage.
+
+    A bucket's AllReduce starts while the last microbatch's backward still runs and
+    holds the replicas' links; on a later stage it would take them just before the
+    activation gradient for the stage in front is sent, and delay that stage's last
+    backward and everything upstream. One AllReduce after the last backward queues
+    behind that send instead (and overlaps the rest of the drain).
+    """
+    return stage.start == layout.stages[0].start
+
+
 def stage_buckets(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> Fusion | None:
-    """25 MiB gradient buckets of every replicated stage (None when no stage is replicated)."""
+    """25 MiB gradient buckets of the first stage when replicated (see ``_bucketed``)."""
     buckets: list[tuple[str, ...]] = []
     for stage, r in zip(layout.stages, reps):
-        if len(r.devices) > 1:
+        if len(r.devices) > 1 and _bucketed(layout, stage):
             buckets.extend(_buckets(problem, stage))
     return Fusion(gradient_buckets=tuple(buckets)) if buckets else None
 
