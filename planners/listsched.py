@@ -32,10 +32,15 @@ Algorithms (each returns a ``Schedule``):
   among all ready tasks, the (task, device) pair that can start earliest,
   with memory checks; optional favourite children (Baechi's m-SCT).
 
+Transfers book every link of their route for their whole duration (the
+simulator's whole-route reservation), so the schedulers see contention and
+their own estimate of the iteration tracks the simulator's closely.
+
 Complexity: building a ``StepGraph`` is O(ops x devices + edges). HEFT and
-CPOP are O((U + E) x D) for U units, E unit edges and D devices, plus the
-gap search of insertion (bounded by ``MAX_GAP_SCAN`` intervals per query);
-ETF is O(U x R x D) with R the largest ready set, done with numpy per step.
+CPOP are O((U + E) x D x L) for U units, E unit edges, D devices and L links
+per route, plus the gap search of insertion (bounded by ``MAX_GAP_SCAN``
+intervals per query); ETF is O(U x R x D) with R the largest ready set, done
+with numpy per step.
 """
 
 from __future__ import annotations
@@ -317,8 +322,9 @@ class Schedule:
     forwards and ``U..2U-1`` the backwards of the units. A device runs its
     forwards in start order, then its backwards in the reverse of that order,
     then its optimizer update - the way the simulator runs a plan's ``order``.
-    ``makespan_ms`` is the scheduler's own estimate (no link contention):
-    finished candidates are compared by the simulator, not by this number.
+    ``makespan_ms`` is the scheduler's own estimate (links booked in
+    scheduling order, not simulated): finished candidates are compared by the
+    simulator, not by this number.
     """
 
     sg: StepGraph
@@ -326,11 +332,7 @@ class Schedule:
     device: list[int]
     start: list[float]
     finish: list[float]
-    data_ready: list[float]
-    binding: list[int]
-    timelines: list[list[int]]
     makespan_ms: float = 0.0
-    last_task: int = -1
 
     def order(self) -> dict[str, tuple[str, ...]]:
         """Each device's op order, by earliest start.
@@ -353,46 +355,15 @@ class Schedule:
                 out[name] = tuple(sg.op_ids[i] for i in ops)
         return out
 
-    def critical_tasks(self) -> list[int]:
-        """Tasks on the critical path of this schedule, last first.
-
-        From the task that finishes last, step to whatever bound its start:
-        the predecessor whose data arrived last, or the task before it on its
-        device when the device was the later constraint.
-        """
-        t = self.last_task if self.last_task >= 0 else max(
-            range(2 * self.sg.U), key=lambda i: (self.finish[i], -i))
-        position = {task: k for line in self.timelines for k, task in enumerate(line)}
-        path = [t]
-        for _ in range(4 * self.sg.U):
-            if self.binding[t] >= 0 and self.data_ready[t] >= self.start[t] - 1e-9:
-                t = self.binding[t]
-            else:
-                line = self.timelines[self.device[t % self.sg.U]]
-                k = position.get(t, 0)
-                if k == 0:
-                    break
-                t = line[k - 1]
-            path.append(t)
-        return path
-
-    def critical_ops(self) -> list[str]:
-        """Ops with a task on the critical path (each once, in path order from the start)."""
-        seen: dict[str, None] = {}
-        for t in reversed(self.critical_tasks()):
-            seen.setdefault(self.sg.op_ids[self.sg.unit_op[t % self.sg.U]])
-        return list(seen)
-
 
 class _Timeline:
     """Busy intervals of one device, sorted, for insertion-based slot search."""
 
-    __slots__ = ("starts", "ends", "tasks")
+    __slots__ = ("starts", "ends")
 
     def __init__(self) -> None:
         self.starts: list[float] = []
         self.ends: list[float] = []
-        self.tasks: list[int] = []
 
     def slot(self, ready: float, duration: float, insertion: bool) -> float:
         """Earliest start >= ``ready`` where ``duration`` fits (an idle gap, or the end)."""
@@ -411,11 +382,10 @@ class _Timeline:
             candidate = max(candidate, ends[i])
         return max(candidate, ends[-1])
 
-    def add(self, start: float, end: float, task: int) -> None:
+    def add(self, start: float, end: float) -> None:
         k = bisect_right(self.starts, start)
         self.starts.insert(k, start)
         self.ends.insert(k, end)
-        self.tasks.insert(k, task)
 
 
 class _Memory:
@@ -471,10 +441,10 @@ class _Links:
         self.sent: dict[tuple[int, int], tuple[float, float]] = {}  # -> (arrival, bytes)
 
     def arrival(self, sg: StepGraph, u: int, d: int, finish: list[float], device: list[int],
-                commit: bool = False) -> tuple[float, int]:
-        """When every input of the forward of unit ``u`` is on device ``d``, and the last
-        input; ``commit`` books the transfers."""
-        ready, binding = 0.0, -1
+                commit: bool = False) -> float:
+        """When every input of the forward of unit ``u`` is on device ``d``; ``commit``
+        books the transfers."""
+        ready = 0.0
         preds = sg.pred[u]
         if len(preds) > 1:
             preds = sorted(preds, key=lambda p: finish[p[0]])
@@ -497,12 +467,11 @@ class _Links:
                         booked[link] = at
                     if commit:
                         self.sent[key] = (at, nbytes)
-            if binding < 0 or at > ready:
-                ready, binding = max(ready, at), a
+            ready = max(ready, at)
         if commit:
             for link, at in booked.items():
                 self.free[link] = at
-        return ready, binding
+        return ready
 
     def send(self, sg: StepGraph, src: int, dst: int, ready: float, nbytes: float) -> float:
         """Book one transfer that can leave at ``ready``; returns its arrival."""
@@ -518,8 +487,7 @@ class _Links:
 
 def _new_schedule(sg: StepGraph, algorithm: str) -> Schedule:
     n = 2 * sg.U
-    return Schedule(sg, algorithm, [-1] * sg.U, [0.0] * n, [0.0] * n, [0.0] * n, [-1] * n,
-                    [[] for _ in range(sg.D)])
+    return Schedule(sg, algorithm, [-1] * sg.U, [0.0] * n, [0.0] * n)
 
 
 def list_schedule(sg: StepGraph, priority: Sequence[float], *, allowed: Sequence[int],
@@ -564,26 +532,23 @@ def list_schedule(sg: StepGraph, priority: Sequence[float], *, allowed: Sequence
                 raise memory.shortfall(u, allowed, device)
         best = None
         for d in candidates:
-            ready, _ = links.arrival(sg, u, d, finish, device)
+            ready = links.arrival(sg, u, d, finish, device)
             cost = fwd[u][d]
             s = lines[d].slot(ready, cost, insertion)
             score = s + cost + (bwd[u][d] if lookahead else 0.0)
             if best is None or score < best[0] - EPS_MS:
                 best = (score, d)
         d = best[1]
-        ready, bind = links.arrival(sg, u, d, finish, device, commit=True)
+        ready = links.arrival(sg, u, d, finish, device, commit=True)
         s = lines[d].slot(ready, fwd[u][d], insertion)
         memory.place(u, d, device)
         device[u] = d
         start[u], finish[u] = s, s + fwd[u][d]
-        sched.data_ready[u], sched.binding[u] = ready, bind
-        lines[d].add(s, finish[u], u)
+        lines[d].add(s, finish[u])
         for v, _ in sg.succ[u]:
             indegree[v] -= 1
             if indegree[v] == 0:
                 heapq.heappush(heap, (-priority[v], v))
-    for j, line in enumerate(lines):
-        sched.timelines[j] = list(line.tasks)
     backward_pass(sched, links, buckets)
     return sched
 
@@ -600,7 +565,7 @@ def backward_pass(sched: Schedule, links: _Links | None = None,
     it is in one of ``buckets`` (op indices of ops split alike, synchronised
     together), its bucket does after the bucket's last backward (one
     collective at a time per device); each device then updates all the
-    parameters it holds. Sets ``makespan_ms`` and ``last_task``.
+    parameters it holds. Sets ``makespan_ms``.
 
     Complexity: O(U log U + E) plus one AllReduce cost per split op.
     """
@@ -611,41 +576,31 @@ def backward_pass(sched: Schedule, links: _Links | None = None,
     device, start, finish = sched.device, sched.start, sched.finish
     rg, bwd = sg.rg, sg.bwd
     free = [0.0] * sg.D
-    last_fwd = [-1] * sg.D
     op_key = {i: (min(start[u] for u in units), min(finish[u] for u in units), units[0])
               for i, units in enumerate(sg.units_of_op)}
     keyed = sorted(range(U), key=lambda u: op_key[sg.unit_op[u]])  # the plan's order
     for u in keyed:
-        d = device[u]
-        if finish[u] >= free[d]:
-            free[d] = finish[u]
-            last_fwd[d] = u
+        free[device[u]] = max(free[device[u]], finish[u])
     for u in reversed(keyed):
         if not rg[u]:
             continue
         d = device[u]
-        ready, bind = finish[u], u
-        remote: dict[int, list] = {}  # consumer device -> [ready, bytes, last consumer]
+        ready = finish[u]
+        remote: dict[int, list[float]] = {}  # consumer device -> [gradients ready, bytes]
         for s, nbytes in sg.succ[u]:
             src = device[s]
             if src == d or nbytes <= 0:
-                if finish[U + s] > ready:
-                    ready, bind = finish[U + s], U + s
+                ready = max(ready, finish[U + s])
                 continue
-            entry = remote.setdefault(src, [0.0, 0.0, -1])
-            if finish[U + s] >= entry[0]:
-                entry[0], entry[2] = finish[U + s], U + s
+            entry = remote.setdefault(src, [0.0, 0.0])
+            entry[0] = max(entry[0], finish[U + s])
             entry[1] = max(entry[1], nbytes)
-        for src, (at, nbytes, last) in sorted(remote.items(), key=lambda kv: kv[1][0]):
-            at = links.send(sg, src, d, at, nbytes)
-            if at > ready:
-                ready, bind = at, last
+        for src, (at, nbytes) in sorted(remote.items(), key=lambda kv: kv[1][0]):
+            ready = max(ready, links.send(sg, src, d, at, nbytes))
         t = U + u
         begin = max(ready, free[d])
         start[t], finish[t] = begin, begin + bwd[u][d]
-        sched.data_ready[t], sched.binding[t] = ready, bind
         free[d] = finish[t]
-        sched.timelines[d].append(t)
     # gradient synchronisation of split ops, then one update per device
     done = list(free)
     stream = [0.0] * sg.D
@@ -667,17 +622,13 @@ def backward_pass(sched: Schedule, links: _Links | None = None,
     params = [0.0] * sg.D
     for u in range(U):
         params[device[u]] += sg.param_bytes[u]
-    makespan, last = 0.0, -1
+    makespan = 0.0
     for d in range(sg.D):
         end = done[d]
         if params[d] > 0:
             end += cm.update_ms(params[d], sg.devices[d], sg.state_factor)
-        if end > makespan:
-            makespan = end
-            line = sched.timelines[d]
-            last = line[-1] if line else -1
+        makespan = max(makespan, end)
     sched.makespan_ms = makespan
-    sched.last_task = last
 
 
 # ------------------------------------------------------------------------ ETF
@@ -725,7 +676,7 @@ def etf_schedule(sg: StepGraph, *, allowed: Sequence[int], capacity_bytes: Seque
             targets = allowed
             held.discard(u)
         for d in targets:
-            row[d] = links.arrival(sg, u, d, finish, device)[0]
+            row[d] = links.arrival(sg, u, d, finish, device)
         row[barred] = np.inf
 
     def make_ready(u: int) -> None:
@@ -756,13 +707,10 @@ def etf_schedule(sg: StepGraph, *, allowed: Sequence[int], capacity_bytes: Seque
             else:
                 est[k, d] = np.inf
         u = ready_ids[k]
-        ready, bind = links.arrival(sg, u, d, finish, device, commit=True)
-        s = max(ready, float(avail[d]))
+        s = max(links.arrival(sg, u, d, finish, device, commit=True), float(avail[d]))
         memory.place(u, d, device)
         device[u] = d
         start[u], finish[u] = s, s + sg.fwd[u][d]
-        sched.data_ready[u], sched.binding[u] = ready, bind
-        sched.timelines[d].append(u)
         avail[d] = finish[u]
         last = m - 1
         rows[k] = rows[last]
@@ -811,7 +759,7 @@ def plan_groups(sched: Schedule, *, merge_splits: bool = False
             else:
                 note = f"op {member[0]!r} split {k}-way on the batch dimension; shares {shares}"
             groups.append(Group(
-                id=f"split{n}" if merge_splits else f"split:{member[0]}", ops=tuple(member),
+                id=f"replicated{n}" if merge_splits else f"split:{member[0]}", ops=tuple(member),
                 devices=split.devices, batch_shares=split.shares,
                 sync=SyncMethod.ALLREDUCE if has_params else SyncMethod.NONE, note=note))
             notes.append(note)

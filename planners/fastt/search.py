@@ -305,7 +305,7 @@ def critical_ops(cand: Candidate) -> list[str]:
             name = tg.unit_names[tg.info[t][0]]
             if "+" not in name:
                 seen.setdefault(name)
-    return list(seen) or cand.schedule.critical_ops()
+    return list(seen)
 
 
 def split_for(ctx: Context, sched: Schedule, op_id: str, k: int) -> Split | None:
