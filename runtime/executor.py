@@ -245,12 +245,17 @@ class PlanExecutor:
                 for name, p in self.workload.module.named_parameters() if id(p) in held}
 
     def op_times_ms(self) -> dict[str, dict[str, list[float]]]:
-        """Placement mode: {"F"|"B": {op: [ms per step]}} measured on this rank."""
+        """Placement mode: {"F"|"B": {op: [ms per step]}} measured on this rank.
+
+        Only ops that ran the whole batch on one device are reported, so every
+        figure is comparable with the op graph's (full-batch) times.
+        """
         if self.mode is not ExecutionMode.PLACEMENT:
             return {}
         out: dict[str, dict[str, list[float]]] = {"F": {}, "B": {}}
         for (uid, phase), times in self.runner.unit_time_ms.items():
-            out[phase][uid] = list(times)
+            if len(self.runner.placements[uid].devices) == 1:
+                out[phase][uid] = list(times)
         return out
 
 
