@@ -33,15 +33,19 @@ def iter_commands(group: click.Group = cli, prefix: str = "dl-nfv"):
                 yield f"{prefix} {name}", sub
 
 
-def help_text(name: str, command: click.Command) -> str:
-    ctx = click.Context(command, info_name=name, terminal_width=100, max_content_width=100)
-    return command.get_help(ctx)
+def help_text(name: str) -> str:
+    """Exactly what ``<name> --help`` prints, at a fixed width of 100 columns."""
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(cli, [*name.split()[1:], "--help"], env={"COLUMNS": "102"},
+                                prog_name="dl-nfv", terminal_width=102)
+    return result.output.rstrip("\n")
 
 
 def render() -> str:
     parts = [HEADER]
-    for name, command in iter_commands():
-        parts.append(f"## `{name}`\n\n```text\n{help_text(name, command)}\n```\n")
+    for name, _ in iter_commands():
+        parts.append(f"## `{name}`\n\n```text\n{help_text(name)}\n```\n")
     return "\n".join(parts)
 
 
