@@ -481,8 +481,13 @@ def search(ctx: Context, *, split_critical: bool, max_split: int, split_rounds: 
     best = min(candidates, key=lambda c: c.iteration_ms)
     dp_tries = [(Recipe(name, "heft", tuple(range(ctx.D))), splits)
                 for name, splits in data_parallel_starts(ctx, max_split)] if split_critical else []
-    starts, _, dp_notes = best_candidates(ctx, dp_tries, data_parallel=True,
-                                          simulate_top=SIMULATED_STARTS, window=WINDOW)
+    starts, dp_notes = [], []
+    if dp_tries:  # the start over every device (dp's plan) is always simulated
+        first, _, dp_notes = best_candidates(ctx, dp_tries[:1], data_parallel=True,
+                                             simulate_top=1, window=float("inf"))
+        rest, _, more = best_candidates(ctx, dp_tries[1:], data_parallel=True,
+                                        simulate_top=SIMULATED_STARTS - 1, window=WINDOW)
+        starts, dp_notes = first + rest, dp_notes + more
     notes = [f"list scheduling: {best.recipe.name} kept; " + "; ".join(tried + dp_notes)]
     start = min(starts, key=lambda c: c.iteration_ms) if starts else None
     if start is not None:
