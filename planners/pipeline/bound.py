@@ -16,7 +16,10 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   (each device's best speed relative to the fastest type, ``sigma_d``) among
   devices whose memory holds ``R``'s parameters, gradients and optimizer
   state (shares summing to 1 mean some replica holds at least its capacity
-  share of the work);
+  share of the work); shares are whole samples, so ``1 / cap_k`` is in fact the
+  least ``max_d c_d / sigma_d`` over integer splits ``c`` of a microbatch
+  (over ``B``, times ``m``), which assigning samples one at a time to the
+  device that would finish first attains;
 * **chain**: microbatch 0 cannot reach a stage before it passed the stages
   in front of it, and after a stage's last backward the last microbatch still
   has to pass them backwards: each earlier stage adds at least one replica's
@@ -40,6 +43,8 @@ Complexity: O(U^2 x D^2 x divisors) for U regions and D devices, vectorised.
 """
 
 from __future__ import annotations
+
+from heapq import heapify, heappop, heappush
 
 import numpy as np
 
@@ -123,21 +128,19 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     params_r = Pp[None, :] - Pp[:, None]
     static_r = params_r * (2.0 + p.state_factor)
     D = len(devices)
-    # cap[i, j, k]: largest speed sum of k devices that hold range [i, j)
-    caps = np.zeros((U + 1, U + 1, D + 1))
+    # the devices that can hold each range: few distinct sets (by memory), keyed by speeds
+    holders = {}
     for i in range(U + 1):
         for j in range(i + 1, U + 1):
-            ok = np.sort(sigma[memory >= static_r[i, j]])[::-1]
-            c = np.concatenate([[0.0], np.cumsum(ok)])
-            caps[i, j, :len(c)] = c
+            holders[(i, j)] = tuple(sorted(sigma[memory >= static_r[i, j]].tolist(), reverse=True))
     # AllReduce floor of a stage on k devices (see _host_limits)
     kk = np.arange(D + 1)
     ar_floor = params_r[:, :, None] * _host_limits(p, devices)[None, None, :]
     B = p.batch_size
-    best = np.inf
-    for m in (d for d in range(1, B + 1) if B % d == 0):
+    cheap: dict[int, float] = {}  # per microbatch count: the bound letting every stage take
+    for m in (d for d in range(1, B + 1) if B % d == 0):  # the fastest devices
+        inv_cap = _slowest_share(holders, U, D, B, m)
         with np.errstate(divide="ignore", invalid="ignore"):
-            inv_cap = np.where(caps > 0, 1.0 / caps, np.inf)
             busy = m * fix_r[:, :, None] + scal_r[:, :, None] * inv_cap
             # every replica runs its last forward before any gradient of the stage is final
             sync = np.where(kk[None, None, :] > 1,
@@ -146,8 +149,53 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
         one = fix_r + scal_r / (m * sigma_max)  # not replicated: whole microbatch
         few = fix_r + scal_r / (B * sigma_max)  # replicated: some replica may hold one sample
         chain = np.where(kk[None, None, :] <= 1, one[:, :, None], few[:, :, None])
-        best = min(best, _capped_dp(busy, chain, sync, multi, U, D))
+        cheap[m] = _capped_dp(busy, chain, sync, multi, U, D)
+    classes = _classes(p, devices, sigma, memory)
+    if len(classes) == 1:
+        return min(cheap.values())
+    # mixed devices: the exact class-count DP, for the microbatch counts the cheap bound
+    # (a relaxation of it) does not already rule out
+    ranges = _Ranges(fix_r, scal_r, fixf_r, scalf_r, params_r, static_r, multi, U)
+    floor = _host_limits(p, devices)
+    best = np.inf
+    for m in sorted(cheap, key=cheap.__getitem__):
+        if cheap[m] >= best:
+            break
+        best = min(best, _class_bound(ranges, classes, floor, B, m))
     return best
+
+
+def _slowest_share(holders: dict, U: int, D: int, B: int, m: int) -> np.ndarray:
+    """``[i, j, k]``: the least ``m x max_d c_d / (B sigma_d)`` over whole-sample shares.
+
+    A microbatch of ``B / m`` samples split over ``k`` of the devices that can hold
+    range ``[i, j)`` (the fastest ``k``: any other ``k`` is slower device by device), with
+    ``c_d`` samples on device ``d``: the slowest replica's share of the batch, in units
+    of the fastest device's time. Assigning samples one at a time to the device that
+    would finish first is optimal for this min-max. inf for ``k = 0`` or no holder.
+    """
+    samples = B // m
+    memo: dict[tuple, np.ndarray] = {}
+    out = np.full((U + 1, U + 1, D + 1), np.inf)
+    for (i, j), speeds in holders.items():
+        row = memo.get(speeds)
+        if row is None:
+            row = np.full(D + 1, np.inf)
+            for k in range(1, D + 1):
+                use = speeds[:k]
+                if not use:
+                    break
+                counts = [0] * len(use)
+                heap = [(1.0 / v, d) for d, v in enumerate(use)]
+                heapify(heap)
+                for _ in range(samples):
+                    _, d = heappop(heap)
+                    counts[d] += 1
+                    heappush(heap, ((counts[d] + 1) / use[d], d))
+                row[k] = m * max(c / v for c, v in zip(counts, use)) / B
+            memo[speeds] = row
+        out[i, j] = row
+    return out
 
 
 def _capped_dp(busy, chain, sync, multi, U: int, D: int) -> float:
@@ -223,3 +271,105 @@ def _host_limits(p: Problem, devices: list[str]) -> np.ndarray:
                 break
         out[k] = 8.0 / (gbps * 1e6) if gbps > 0 else 0.0
     return out
+
+
+class _Ranges:
+    """Per region range ``[i, j)``: fastest-type fixed and scalable times, parameters, state."""
+
+    def __init__(self, fix_r, scal_r, fixf_r, scalf_r, params_r, static_r, multi, U):
+        self.fix, self.scal, self.fixf, self.scalf = fix_r, scal_r, fixf_r, scalf_r
+        self.params, self.static, self.multi, self.U = params_r, static_r, multi, U
+
+
+def _classes(p: Problem, devices: list[str], sigma: np.ndarray,
+             memory: np.ndarray) -> list[tuple[float, float, int]]:
+    """Devices grouped by (speed, memory): ``(sigma, memory bytes, count)``."""
+    counts: dict[tuple[float, float], int] = {}
+    for s, m in zip(sigma.tolist(), memory.tolist()):
+        counts[(s, m)] = counts.get((s, m), 0) + 1
+    return sorted(((s, m, c) for (s, m), c in counts.items()), reverse=True)
+
+
+def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int) -> float:
+    """The stage-balanced bound for ``m`` microbatches with devices counted per class.
+
+    Like the cheap DP, but the state is how many devices of each class are left, so
+    no two stages can both use the fastest devices; a stage's replicas are a vector
+    of class counts, its share split by whole samples over exactly those devices.
+    The AllReduce terms (no chain offset) are handled by caps ``c``: every partition is
+    at least ``min(A(c), c)``, ``A(c)`` the DP over stages whose term is at most ``c``.
+    """
+    import itertools
+
+    U = r.U
+    sig = np.array([c[0] for c in classes])
+    mem = np.array([c[1] for c in classes])
+    counts = [c[2] for c in classes]
+    kvecs = list(itertools.product(*(range(n + 1) for n in counts)))
+    index = {kv: n for n, kv in enumerate(kvecs)}
+    K = len(kvecs)
+    used = np.array([[k > 0 for k in kv] for kv in kvecs])  # [K, C]
+    total = np.array([sum(kv) for kv in kvecs])
+    samples = B // m
+    share = np.full(K, np.inf)  # m x max_d c_d / (B sigma_d), whole samples
+    for n, kv in enumerate(kvecs):
+        speeds = [sig[c] for c, k in enumerate(kv) for _ in range(k)]
+        if not speeds:
+            continue
+        load = [0] * len(speeds)
+        heap = [(1.0 / v, d) for d, v in enumerate(speeds)]
+        heapify(heap)
+        for _ in range(samples):
+            _, d = heappop(heap)
+            load[d] += 1
+            heappush(heap, ((load[d] + 1) / speeds[d], d))
+        share[n] = m * max(c / v for c, v in zip(load, speeds)) / B
+    sig_max = np.array([sig[u].max() if u.any() else np.inf for u in used])
+    fits = mem[None, None, :] >= r.static[:, :, None]  # [i, j, C]
+    allowed = (~fits).astype(float) @ used.T.astype(float) == 0  # [i, j, K]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        busy = np.where(allowed, m * r.fix[:, :, None] + r.scal[:, :, None] * share[None, None], np.inf)
+        single = total == 1
+        chain = np.where(single[None, None],
+                         r.fix[:, :, None] + r.scal[:, :, None] / (m * sig_max[None, None]),
+                         r.fix[:, :, None] + r.scal[:, :, None] / (B * sig_max[None, None]))
+        sync = np.where((total >= 2)[None, None],
+                        m * r.fixf[:, :, None] + r.scalf[:, :, None] * share[None, None]
+                        + r.params[:, :, None] * floor[np.minimum(total, len(floor) - 1)][None, None],
+                        0.0)
+    busy[:, :, 0] = np.inf
+    # sub-vectors of every state and what they leave
+    subs, rests = [], []
+    for kv in kvecs:
+        ks = [n for n, k2 in enumerate(kvecs) if any(k2) and all(a <= b for a, b in zip(k2, kv))]
+        subs.append(np.array(ks, dtype=np.int64))
+        rests.append(np.array([index[tuple(b - a for a, b in zip(kvecs[n], kv))] for n in ks],
+                              dtype=np.int64))
+    full = index[tuple(counts)]
+
+    def solve(cap: float) -> float:
+        b = np.where(sync <= cap, busy, np.inf)
+        g = np.full((U + 2, K), np.inf)
+        g[U] = 0.0
+        g[U + 1] = 0.0
+        for i in range(U - 1, -1, -1):
+            cont = g[:U + 1].copy()
+            cont[:U] = np.where(r.multi[:, None], np.minimum(g[:U], g[1:U + 1]), g[:U])
+            js = np.arange(i + 1, U + 1)
+            bi, ci, conti = b[i, js], chain[i, js], cont[js]  # [j, K]
+            for n in range(K):
+                ks = subs[n]
+                if ks.size == 0:
+                    continue
+                val = np.maximum(bi[:, ks], ci[:, ks] + conti[:, rests[n]])
+                g[i, n] = val.min()
+            if r.multi[i]:
+                g[i] = np.minimum(g[i], g[i + 1])
+        return float(g[0, full])
+
+    best = solve(np.inf)
+    finite = sync[np.isfinite(busy) & (sync > best)]
+    if finite.size:
+        for cap in np.geomspace(best, float(finite.max()), 4)[:-1]:
+            best = max(best, min(solve(cap), cap))
+    return best
