@@ -77,10 +77,10 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
         auto (the fastest of gpipe, 1f1b and the list scheduler), gpipe, 1f1b or custom
         (the list scheduler only).
     time_limit : float
-        Seconds after which the ordering search stops early (it normally ends sooner).
+        CPU seconds after which the ordering search stops early (it normally ends sooner).
 
-    Returns a ``Plan`` with ``bound_ms`` (work, critical path, largest op and the
-    stage-balanced bound). Raises ``BadInput`` for a bad option (a microbatch count
+    Returns a ``Plan`` with ``bound_ms`` (work, critical path and the stage-balanced
+    bound, see ``pipeline_bound``). Raises ``BadInput`` for a bad option (a microbatch count
     that does not divide the batch, more stages than ops) and ``InfeasiblePlan`` when
     no plan fits in memory, naming the shortfall.
 
@@ -166,14 +166,13 @@ def _check_memory_floor(problem: Problem) -> None:
     """InfeasiblePlan when the model cannot fit even split as finely as possible."""
     cm = problem.cm
     largest_mem = float(problem.memory_bytes.max())
-    per_unit = [problem.static_bytes(i, i + 1) for i in range(problem.n)]
-    worst = max(range(problem.n), key=per_unit.__getitem__)
-    if per_unit[worst] > largest_mem:
-        ops = problem.stage_ops(worst, worst + 1)
+    per_op = cm.param_bytes * (2.0 + problem.state_factor)
+    worst = int(per_op.argmax())
+    if per_op[worst] > largest_mem:
         raise InfeasiblePlan(
-            f"pipeline: op {ops[0]!r} alone needs {per_unit[worst] / GIB:.2f} GiB (parameters, "
+            f"pipeline: op {cm.op_ids[worst]!r} alone needs {per_op[worst] / GIB:.2f} GiB (parameters, "
             f"gradients, optimizer state) but the largest device has {largest_mem / GIB:.2f} GiB "
-            f"(short by {(per_unit[worst] - largest_mem) / GIB:.2f} GiB)")
+            f"(short by {(per_op[worst] - largest_mem) / GIB:.2f} GiB)")
     total = problem.static_bytes(0, problem.n)
     capacity = float(problem.memory_bytes.sum())
     if total > capacity:

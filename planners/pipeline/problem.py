@@ -80,7 +80,7 @@ class Problem:
         self.b_fixed, self.b_scal = split(bwd)
         self.param_prefix = _prefix(cm.param_bytes[idx][None, :])[0]
         self.out_prefix = _prefix(cm.output_bytes[idx][None, :])[0]
-        self.cut_bytes, self.in_bytes = self._cuts()
+        self.cut_bytes = self._cuts()
         self.bounds = np.arange(n + 1)
         if n > max_units:
             self.bounds = self._coarsen(max_units)
@@ -107,8 +107,8 @@ class Problem:
             needs[op] = index[op].param_bytes > 0 or any(needs[p] for p in preds[op])
         return np.array([1.0 if needs[o] else 0.0 for o in self.order])
 
-    def _cuts(self) -> tuple[np.ndarray, np.ndarray]:
-        """Bytes crossing each boundary, and bytes entering each op from earlier positions."""
+    def _cuts(self) -> np.ndarray:
+        """Bytes crossing each boundary (one tensor per producing op: its largest edge)."""
         n, pos = self.n, self.pos
         out: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for e in self.graph.edges:
@@ -127,10 +127,7 @@ class Problem:
                 if v >= lo:
                     cut[lo:v + 1] += best[v]
                     lo = v + 1
-        in_bytes = np.zeros(n)
-        for e in self.graph.edges:
-            in_bytes[pos[e.dst]] += e.bytes
-        return cut, in_bytes
+        return cut
 
     def _coarsen(self, units: int) -> np.ndarray:
         """Unit boundaries: equal-work targets, each moved to the lightest cut within reach."""

@@ -34,8 +34,6 @@ from heapq import heappop, heappush
 from dl_nfv.artifacts import Action
 from dl_nfv.planners.schedules import Schedule, gpipe, one_f_one_b
 
-INF = float("inf")
-
 
 class Policy(StrEnum):
     GPIPE = "gpipe"
