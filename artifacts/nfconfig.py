@@ -123,7 +123,7 @@ class EngineSpec:
     device: str = "auto"
     adaptive_batch: bool = True
     batch_step: int = 256
-    calibration_batches: int = 4
+    calibration_batches: int = 3
     reprofile_every: int = 32
     torch_threads: int = 1
 

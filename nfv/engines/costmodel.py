@@ -5,21 +5,33 @@ flows of a batch are sorted by load (bytes in the batch), ascending; the
 tensor ("GPU") path takes the first ``i`` and the CPU pool the rest, with
 
 * ``T_gpu(i) = waves(i) * steps(i) * r_step + bytes_gpu(i) * r_gpu_byte
-  + msgs_gpu(i) * r_gpu_msg + c_gpu`` where ``steps(i)`` is the largest load
-  among the ``i`` flows (the padded length every row waits for) and
-  ``waves(i) = floor(i / threads) + 1`` (``threads`` = SMs x 256 on CUDA);
+  + msgs_gpu(i) * r_gpu_msg + c_gpu`` where ``steps(i)`` is the kernel steps of the
+  longest stream among the ``i`` flows (the padded length every row waits
+  for) and ``waves(i) = floor(i / threads) + 1`` (``threads`` = SMs x 256 on
+  CUDA, one wave on the CPU);
 * ``T_cpu(i) = msgs_cpu(i) * r_cpu_msg + bytes_cpu(i) * r_cpu_byte + c_cpu``
-  (the pool's time: its workers run in parallel);
+  (the pool's time: its workers run in parallel; each side's constant counts
+  only when the side has work);
 * ``T_enq(i) = msgs_cpu(i) * r_enq_msg + bytes_cpu(i) * r_enq_byte`` the
-  main process's cost of handing the CPU share over, serial with the GPU
-  path, so the batch takes ``max(T_enq + T_gpu, T_cpu)``.
+  main process's own work per batch besides the kernels (building the batch,
+  handing the CPU share over, merging its results; the paper's ``B * r_enq``),
+  serial with the GPU path, so the batch takes ``max(T_enq + T_gpu, T_cpu)``.
+
+The model balances busy time on both sides; what it does not see (the latency
+of handing batches between processes, other load on the machine) can make an
+extreme better than any split. So the engine also keeps the measured wall time
+per message of up to three policies: the model's split, everything on the GPU
+path, everything on the CPU pool (an extreme only when the model predicts it
+within 4x of the best split, so a skewed batch is never sent whole to the
+GPU path just to measure it), uses the fastest, and re-measures the others
+right after each re-profiling batch.
 
 Where the paper scans ``i`` downwards and stops at the first increase (it
 assumes a unimodal curve), this evaluates every ``i`` at once with prefix
 sums and takes the minimum. Rates are fitted by non-negative least squares
 over a sliding window of measured batches: the first ``calibration_batches``
-use preset splits (a 50/50 split as in the paper, plus 25/75 and 75/25 so the
-fit sees different mixes); afterwards every batch adds a sample and the model
+use preset splits of the flows (the smallest 50% on the GPU path as in the
+paper, plus 25% and 75% so the fit sees different mixes); afterwards every batch adds a sample and the model
 is refitted after every batch (a few small least-squares problems), and one
 batch every ``reprofile_every`` is run at a 50/50 split (re-profiling) so both
 sides keep being measured even when the model favours one.
@@ -32,7 +44,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-CALIBRATION_SPLITS = (0.5, 0.25, 0.75, 0.5)
+CALIBRATION_SPLITS = (0.5, 0.25, 0.75)
+VIABLE = 4.0  # an extreme is tried when predicted within this factor of the best split
+POLICIES = ("split", "gpu", "cpu")
 
 
 def nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -81,7 +95,7 @@ def candidates(load_sorted: np.ndarray, msgs_sorted: np.ndarray, threads: int,
 class CostModel:
     """Calibrated rates and the split decision. ``threads`` is the parallel width."""
 
-    def __init__(self, *, threads: int, calibration_batches: int = 4, reprofile_every: int = 32,
+    def __init__(self, *, threads: int, calibration_batches: int = 3, reprofile_every: int = 32,
                  window: int = 64, workers: int = 1):
         self.threads = threads
         self.calibration_batches = calibration_batches
@@ -95,27 +109,59 @@ class CostModel:
         self.enq_coef = np.zeros(2)
         self.batches = 0
         self.fits = 0
+        self.wall_per_msg: dict[str, float | None] = {p: None for p in POLICIES}
 
     def mode(self, batch_number: int) -> str:
         if batch_number < self.calibration_batches or self.fits == 0:
             return "calibrate"
         if self.reprofile_every and batch_number % self.reprofile_every == 0:
             return "reprofile"
+        if self.reprofile_every and batch_number % self.reprofile_every in (1, 2):
+            return "explore"
         return "model"
+
+    def best_policy(self, viable: list[str]) -> str:
+        """The viable policy with the lowest measured wall time per message; an untried
+        one first (the model's split, then all-GPU, then all-CPU)."""
+        for p in viable:
+            if self.wall_per_msg[p] is None:
+                return p
+        return min(viable, key=lambda p: self.wall_per_msg[p])
 
     def split(self, batch_number: int, load: np.ndarray, msgs: np.ndarray,
               steps: np.ndarray | None = None) -> tuple[int, str]:
-        """Number of smallest flows (of ``load`` sorted ascending) for the GPU path."""
+        """Number of smallest flows (of ``load`` sorted ascending) for the GPU path, and
+        the mode that chose it (calibrate, reprofile, model, gpu or cpu)."""
         n = len(load)
         mode = self.mode(batch_number)
-        if mode != "model":
-            frac = CALIBRATION_SPLITS[batch_number % len(CALIBRATION_SPLITS)]
-            if mode == "reprofile":
-                frac = 0.5
-            return int(round(n * frac)), mode
+        if mode in ("calibrate", "reprofile"):
+            frac = 0.5 if mode == "reprofile" else CALIBRATION_SPLITS[
+                batch_number % len(CALIBRATION_SPLITS)]
+            return int(round(n * frac)), mode  # that fraction of the flows, smallest first
         c = candidates(load, msgs, self.threads, steps)
         cost = self.predict(c)
-        return int(np.argmin(cost)), mode
+        best = int(np.argmin(cost))
+        viable = ["split"] + [p for p, i in (("gpu", n), ("cpu", 0))
+                              if cost[i] <= VIABLE * cost[best]]
+        policy = self.best_policy(viable)
+        if mode == "explore":  # re-measure another viable policy
+            others = [p for p in viable if p != policy]
+            if others:
+                policy = others[(batch_number % self.reprofile_every - 1) % len(others)]
+        if policy == "gpu":
+            return n, "gpu"
+        if policy == "cpu":
+            return 0, "cpu"
+        return best, "model"
+
+    def observe_wall(self, mode: str, messages: int, wall_s: float) -> None:
+        """Wall time per message of a batch run under ``mode`` (EMA per policy)."""
+        policy = {"gpu": "gpu", "cpu": "cpu", "model": "split"}.get(mode)
+        if policy is None or messages == 0:
+            return
+        value = wall_s / messages
+        old = self.wall_per_msg[policy]
+        self.wall_per_msg[policy] = value if old is None else 0.7 * old + 0.3 * value
 
     def predict(self, c: Candidates) -> np.ndarray:
         g = self.gpu_coef
@@ -153,7 +199,9 @@ class CostModel:
 
     def rates(self) -> dict[str, float]:
         g, p, e = self.gpu_coef, self.cpu_coef, self.enq_coef
-        return {"gpu_step_us": g[0] * 1e6, "gpu_byte_ns": g[1] * 1e9, "gpu_message_us": g[2] * 1e6,
+        walls = {f"wall_{p}_message_us": w * 1e6 for p, w in self.wall_per_msg.items()
+                 if w is not None}
+        return {**walls, "gpu_step_us": g[0] * 1e6, "gpu_byte_ns": g[1] * 1e9, "gpu_message_us": g[2] * 1e6,
                 "gpu_batch_us": g[3] * 1e6, "cpu_message_us": p[0] * 1e6,
                 "cpu_byte_ns": p[1] * 1e9, "cpu_batch_us": p[2] * 1e6,
                 "enqueue_message_us": e[0] * 1e6, "enqueue_byte_ns": e[1] * 1e9,

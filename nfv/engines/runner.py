@@ -1,17 +1,18 @@
 """The batch loop every engine shares: cut batches, split them, run both sides, merge.
 
-Per batch ``k`` (FlowShader's structure): hand the CPU share to the worker
-pool (with the state of flows that move to the CPU side), run the tensor path
-on the GPU share in this process, build batch ``k+1`` meanwhile (double
-buffering: the next batch's split and packing happen before ``k``'s CPU share
-is collected), ask the workers to hand back flows that batch ``k+1`` puts on
-the tensor path, then collect ``k``. Per-flow order holds because a flow's
+Per batch ``k`` (FlowShader's structure): the CPU share of ``k`` is already
+queued at the worker pool (with the state of flows that move to the CPU
+side); run the tensor path on the GPU share in this process, then build batch
+``k+1`` (double buffering), ask the workers to hand back the flows that batch
+``k+1`` puts on the tensor path, queue ``k+1``'s CPU share behind ``k`` so the
+workers never wait for this process, and only then collect ``k``. Per-flow order holds because a flow's
 messages of one batch are on one side, batches are processed in order, and
 state moves only between batches.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ class EngineOptions:
     device: str = "auto"
     adaptive_batch: bool = True
     batch_step: int = 256
-    calibration_batches: int = 4
+    calibration_batches: int = 3
     reprofile_every: int = 32
     torch_threads: int = 1
 
@@ -99,9 +100,9 @@ def default_workers(choice: EngineChoice, device: torch.device) -> int:
     cores = os.cpu_count() or 1
     if choice.kind == "gpu":
         return 0
-    if choice.kind == "cpu":
-        return cores
-    return max(1, cores - 1)  # one core drives the tensor path
+    if choice.kind == "cpu" or device.type == "cpu":
+        return cores  # without a GPU the tensor path shares the cores with the workers
+    return max(1, cores - 1)  # one core drives the GPU
 
 
 class Runner:
@@ -171,7 +172,7 @@ class Runner:
                        header_len=t.msg_header_len[gids], kind=t.msg_kind[gids].astype(np.int64),
                        ts_us=t.msg_ts_us[gids], packets=t.msg_packets[gids], payload=t.payload,
                        device=self.device, blob=t.blob)
-        enqueue_start = time.perf_counter()
+        enqueue_start = time.thread_time()
         blocks = {}
         cids = ids[~gpu_msg]
         if len(cids):
@@ -186,7 +187,7 @@ class Runner:
                                       packets=t.msg_packets[sel],
                                       blob=join_bytes(t.blob, t.msg_offset[sel],
                                                       t.msg_len[sel]))
-        enqueue_s = time.perf_counter() - enqueue_start
+        enqueue_s = time.thread_time() - enqueue_start
         c = candidates(load[order], msgs[order], self.model.threads, row[order] / self.stride)
         features = {"steps": float(c.steps[i]), "waves": float(c.waves[i]),
                     "gpu_bytes": float(c.gpu_bytes[i]), "gpu_msgs": float(c.gpu_msgs[i]),
@@ -198,6 +199,16 @@ class Runner:
     # the loop -------------------------------------------------------------------
     def run(self) -> EngineResult:
         torch.set_num_threads(max(1, self.options.torch_threads))
+        # The trace's millions of objects would make every full garbage collection
+        # (triggered by the per-batch allocations) a long pause: freeze them first.
+        gc.collect()
+        gc.freeze()
+        try:
+            return self._run()
+        finally:
+            gc.unfreeze()
+
+    def _run(self) -> EngineResult:
         t0 = time.perf_counter()
         pool = WorkerPool(self.chain, self.workers) if self.workers else None
         if self.choice.kind != "cpu":
@@ -208,21 +219,29 @@ class Runner:
         latency = np.zeros(self.trace.n_messages, dtype=np.float64)
         n = self.trace.n_messages
         try:
-            begin = time.perf_counter()
-            nxt = self.build(0, 0, self.sizer.size) if n else None
+            begin = previous = time.perf_counter()
+            cur = self.build(0, 0, self.sizer.size) if n else None
             pos = 0
-            while nxt is not None:
-                cur = nxt
+            if cur is not None:
                 self._dispatch(pool, cur)
-                g0 = time.perf_counter()
+            while cur is not None:
+                g0, c0 = time.perf_counter(), time.thread_time()
+                iteration_cpu = c0
                 gpu_out = Outputs()
                 self.chain.gpu_run(cur.gpu, gpu_out)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
-                gpu_s = time.perf_counter() - g0 if cur.gpu.size else 0.0
+                    gpu_s = time.perf_counter() - g0
+                else:  # CPU time of this thread: other load on the machine does not count
+                    gpu_s = time.thread_time() - c0
+                gpu_s = gpu_s if cur.gpu.size else 0.0
                 pos += len(cur.ids)
+                # double buffering: batch k+1 is built and queued to the workers (behind
+                # batch k and any hand-back request) before batch k's CPU share is collected
                 nxt = self.build(cur.number + 1, pos, self.sizer.size) if pos < n else None
                 moving = self._request_exports(pool, nxt)
+                if nxt is not None:
+                    self._dispatch(pool, nxt)
                 cpu_s = self._collect(pool, cur, merged)
                 self._import(pool, moving)
                 _merge(merged, gpu_out)
@@ -235,8 +254,14 @@ class Runner:
                     gpu_bytes=int(f["gpu_bytes"]), cpu_messages=int(f["cpu_msgs"]),
                     cpu_bytes=int(f["cpu_bytes"]), gpu_ms=gpu_s * 1e3, cpu_ms=cpu_s * 1e3,
                     enqueue_ms=cur.enqueue_s * 1e3, wall_ms=(done - cur.started) * 1e3))
-                self.model.observe(gpu_s=gpu_s, cpu_s=cpu_s, enqueue_s=cur.enqueue_s, **f)
-                self.sizer.observe(len(cur.ids), done - g0 + cur.enqueue_s)
+                # this process's own work besides the kernels: building, handing the CPU
+                # share over and merging its results (serial with the tensor path)
+                main_s = max(0.0, time.thread_time() - iteration_cpu - gpu_s)
+                self.model.observe(gpu_s=gpu_s, cpu_s=cpu_s, enqueue_s=main_s, **f)
+                self.model.observe_wall(cur.mode, len(cur.ids), done - previous)
+                self.sizer.observe(len(cur.ids), done - previous)
+                previous = done
+                cur = nxt
             elapsed = time.perf_counter() - begin
         finally:
             if pool is not None:

@@ -12,10 +12,11 @@ falling back to the URL hash without a Host header) or the URL hash (policy
 name and a colon (``Host:``), as the tensor kernel searches ``\\r\\nhost:``.
 
 The tensor kernel works on the header blocks of the whole share packed back to
-back: lower-casing by table lookup, separators found by segment-min over
-positions, header values by windowed comparison, next-CR and next-non-blank
-positions by reverse cumulative minima, and hashes as segment sums of byte x
-256**(distance to end) modulo P.
+back: it finds every CRLF, compares the start of each header line with the
+names it needs (lower-cased by table lookup), gathers only the bytes of the
+start lines and of the values it extracts, trims blanks by segment min/max,
+and hashes as segment sums of byte x 256**(distance to end) modulo P. Its work
+is proportional to header lines and extracted bytes, not to whole headers.
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ _CLEN = b"\r\ncontent-length:"
 
 
 def header_value(low: bytes, name: bytes) -> bytes | None:
+    """Value of the first header line ``name`` (given as ``\\r\\nname:``), blanks trimmed."""
     i = low.find(name)
     if i < 0:
         return None
     start = i + len(name)
-    return low[start:low.find(b"\r", start)].strip(b" \t")
+    return low[start:low.find(b"\r\n", start)].strip(b" \t")
 
 
 def parse_message(payload: bytes, header_len: int, kind: int) -> tuple[int, int, int, int, int]:
@@ -103,90 +105,110 @@ class HttpLb:
         return alive
 
     def _kernel(self, batch: GpuBatch, idx: np.ndarray) -> np.ndarray:
+        """Parse the header blocks of messages ``idx`` at once (see the module docstring).
+
+        Work is proportional to the header lines and to the bytes of the start
+        lines and of the values it extracts, not to whole headers.
+        """
         dev = batch.device
         hl = batch.header_len[idx]
         m = len(idx)
         flat = np.frombuffer(join_bytes(batch.blob, batch.offset[idx], hl), np.uint8)
-        n = flat.shape[0]
         start_np = np.zeros(m, dtype=np.int64)
         np.cumsum(hl[:-1], out=start_np[1:])
-        seg_np = np.repeat(np.arange(m, dtype=np.int64), hl)
-        raw = torch.from_numpy(flat.astype(np.int64)).to(dev)
-        seg = torch.from_numpy(seg_np).to(dev)
+        h = torch.from_numpy(flat.copy()).to(dev)
+        n = h.numel()
         start = torch.from_numpy(start_np).to(dev)
-        end = start + torch.from_numpy(hl).to(dev)
         kind = torch.from_numpy(batch.kind[idx].astype(np.int64)).to(dev)
-        low = torch.from_numpy(_LOWER).to(dev)[raw]
-        pos = torch.arange(n, device=dev)
-        big = torch.full((m,), n + 32, dtype=torch.int64, device=dev)
+        lower = torch.from_numpy(_LOWER.astype(np.uint8)).to(dev)
+        # every CRLF; the message it belongs to; the next CRLF of the same message
+        crlf = ((h[:-1] == 13) & (h[1:] == 10)).nonzero().squeeze(1)
+        seg = torch.searchsorted(start, crlf, right=True) - 1
+        nxt = torch.cat([crlf[1:], crlf.new_full((1,), n)])
+        same = torch.cat([seg[1:] == seg[:-1], seg.new_zeros(1, dtype=torch.bool)])
+        line_len = torch.where(same, nxt - crlf - 2, -1)
+        big = torch.full((m,), n + 1, dtype=torch.int64, device=dev)
+        first_crlf = big.scatter_reduce(0, seg, crlf, "amin")
 
-        def seg_min(values: torch.Tensor) -> torch.Tensor:
-            return big.scatter_reduce(0, seg, values, "amin")
+        line_first = lower[h[(crlf + 2).clamp(max=n - 1)].long()]
 
-        is_sp = raw == 32
-        sp1 = seg_min(torch.where(is_sp, pos, n + 32))
-        sp2 = seg_min(torch.where(is_sp & (pos > sp1[seg]), pos, n + 32))
-        # next CR / next non-blank at or after each position; last non-blank at or before
-        pad = torch.full((n + 32,), n + 32, dtype=torch.int64, device=dev)
-        cr_at = torch.where(raw == 13, pos, n + 32)
-        next_cr = torch.flip(torch.cummin(torch.flip(cr_at, [0]), 0).values, [0])
-        blank = (raw == 32) | (raw == 9)
-        next_nb = torch.flip(torch.cummin(torch.flip(torch.where(blank, n + 32, pos), [0]), 0).values,
-                             [0])
-        prev_nb = torch.cummax(torch.where(blank, -1, pos), 0).values
-        lowp = torch.cat([low, torch.zeros(32, dtype=torch.int64, device=dev)])
-        pad[:n] = next_cr
-        next_cr_p = pad.clone()
-        pad[:n] = next_nb
-        next_nb_p = pad.clone()
-
-        def find(name: bytes) -> torch.Tensor:
-            hit = torch.ones(n, dtype=torch.bool, device=dev)
-            for i, byte in enumerate(name):
-                hit &= lowp[i:i + n] == byte
-            return seg_min(torch.where(hit, pos, n + 32))
-
-        def value_span(name: bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            at = find(name)
-            found = at < end
-            a = torch.where(found, at + len(name), 0).clamp(max=n - 1)
-            vend = next_cr_p[a]
-            vstart = torch.minimum(next_nb_p[a], vend)
-            last = prev_nb[(vend - 1).clamp(min=0)]
-            vend = torch.maximum(last + 1, vstart)
-            return found, vstart, vend
+        def value_span(name: bytes):
+            """(found, value start, value end) of the first header line ``name:``; only
+            lines starting with the name's first letter are compared further."""
+            width = len(name) - 2  # without the leading CRLF
+            cand = ((line_first == name[2]) & (line_len >= width)).nonzero().squeeze(1)
+            cols = torch.arange(width, device=dev)
+            at = (crlf[cand, None] + 2 + cols).clamp(max=n - 1)
+            want = torch.tensor(list(name[2:]), dtype=torch.uint8, device=dev)
+            hit = cand[(lower[h[at].long()] == want).all(1)]
+            first = torch.full((m,), len(crlf), dtype=torch.int64, device=dev).scatter_reduce(
+                0, seg[hit], hit, "amin")
+            found = first < len(crlf)
+            j = first.clamp(max=max(len(crlf) - 1, 0))
+            a = torch.where(found, crlf[j] + 2 + width, 0)
+            e = torch.where(found, nxt[j], 0)
+            return found, a, e
 
         pow256 = torch.from_numpy(_POW256).to(dev)
 
-        def span_hash(values: torch.Tensor, s: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-            inside = (pos >= s[seg]) & (pos < e[seg])
-            dist = torch.where(inside, e[seg] - 1 - pos, 0)
-            contrib = torch.where(inside, values * pow256[dist], 0)
-            return torch.zeros(m, dtype=torch.int64, device=dev).scatter_add_(0, seg, contrib) % P
+        def trimmed(a: torch.Tensor, e: torch.Tensor, fold: bool, trim: bool):
+            """Bytes of spans [a, e) blank-trimmed: (values, span id, position from the end,
+            start, end) of the kept bytes."""
+            lengths = (e - a).clamp(min=0)
+            span = torch.repeat_interleave(torch.arange(m, device=dev), lengths)
+            base = torch.repeat_interleave(a - torch.cumsum(lengths, 0) + lengths, lengths)
+            pos = base + torch.arange(span.numel(), device=dev)
+            v = h[pos]
+            if fold:
+                v = lower[v.long()]
+            v = v.long()
+            s, t = a, e
+            if trim:
+                keep = (v != 32) & (v != 9)
+                s = torch.full((m,), n + 1, dtype=torch.int64, device=dev).scatter_reduce(
+                    0, span, torch.where(keep, pos, n + 1), "amin")
+                t = torch.full((m,), -1, dtype=torch.int64, device=dev).scatter_reduce(
+                    0, span, torch.where(keep, pos, -1), "amax") + 1
+                s = torch.minimum(s, e)
+                t = torch.maximum(t, s)
+            inside = (pos >= s[span]) & (pos < t[span])
+            return v, span, torch.where(inside, t[span] - 1 - pos, -1), s, t
 
-        found_host, hs, he = value_span(_HOST)
-        host_hash = torch.where(found_host, span_hash(low, hs, he), -1)
-        url_hash = torch.where(kind == 1, span_hash(raw, sp1 + 1, sp2), 0)
-        found_len, ls, le = value_span(_CLEN)
-        inside = (pos >= ls[seg]) & (pos < le[seg])
-        digit = (raw >= 48) & (raw <= 57)
+        def span_hash(a, e, fold, trim):
+            v, span, dist, _, _ = trimmed(a, e, fold, trim)
+            contrib = torch.where(dist >= 0, v * pow256[dist.clamp(min=0)], 0)
+            return torch.zeros(m, dtype=torch.int64, device=dev).scatter_add_(0, span, contrib) % P
+
+        # start line: the method token ends at the first space (within 17 bytes); a request
+        # line ends with " HTTP/1.x", so its second space is 9 bytes before the CRLF
+        first17 = torch.from_numpy(_first_bytes(flat, start_np, hl, 17)).to(dev)
+        sp1 = start + (first17 == 32).to(torch.int8).argmax(1)
+        sp2 = first_crlf - 9
+        found_host, ha, he = value_span(_HOST)
+        host_hash = torch.where(found_host, span_hash(ha, he, True, True), -1)
+        url_hash = torch.where(kind == 1, span_hash(torch.where(kind == 1, sp1 + 1, 0),
+                                                    torch.where(kind == 1, sp2, 0), False, False),
+                               0)
+        found_len, la, le = value_span(_CLEN)
+        v, span, dist, ls, lt = trimmed(la, le, False, True)
+        digit = (v >= 48) & (v <= 57)
         bad = torch.zeros(m, dtype=torch.int64, device=dev).scatter_add_(
-            0, seg, (inside & ~digit).to(torch.int64))
-        width = le - ls
+            0, span, ((dist >= 0) & ~digit).to(torch.int64))
         pow10 = torch.from_numpy(_POW10).to(dev)
-        dist = torch.where(inside, le[seg] - 1 - pos, 0).clamp(max=15)
         value = torch.zeros(m, dtype=torch.int64, device=dev).scatter_add_(
-            0, seg, torch.where(inside & digit, (raw - 48) * pow10[dist], 0))
+            0, span, torch.where((dist >= 0) & digit, (v - 48) * pow10[dist.clamp(0, 15)], 0))
+        width = lt - ls
         length = torch.where(found_len & (bad == 0) & (width >= 1) & (width <= 15), value, -1)
         # method: compare the first token with each known method
-        first8 = torch.from_numpy(_first_bytes(flat, start_np, hl, 8)).to(dev)
-        method = torch.full((m,), len(METHODS), dtype=torch.int64, device=dev)
+        first8 = first17[:, :8]
         tok_len = sp1 - start
-        for j in range(len(METHODS) - 1, -1, -1):
-            name = torch.tensor(list(METHODS[j]), dtype=torch.int64, device=dev)
-            k = len(METHODS[j])
-            same = (first8[:, :k] == name).all(1) & (tok_len == k)
-            method = torch.where(same, j, method)
+        cols8 = torch.arange(8, device=dev)
+        shifts = 8 * (7 - cols8)
+        key = torch.where(cols8 < tok_len[:, None], first8.long() << shifts, 0).sum(1)
+        names = [int.from_bytes(mname.ljust(8, b"\0"), "big") for mname in METHODS]
+        same = ((key[:, None] == torch.tensor(names, device=dev))
+                & (tok_len[:, None] == torch.tensor([len(x) for x in METHODS], device=dev)))
+        method = torch.where(same.any(1), same.to(torch.int8).argmax(1), len(METHODS))
         method = torch.where(kind == 1, method, -1)
         digits = torch.from_numpy(_first_bytes(flat, start_np + 9, hl - 9, 3)).to(dev) - 48
         status = torch.where(kind == 1, 0, digits[:, 0] * 100 + digits[:, 1] * 10 + digits[:, 2])

@@ -86,6 +86,7 @@ class Ids:
         self.nodes = np.zeros((n, 2), dtype=np.int64)
         self.seen: dict[int, dict[int, int]] = {}
         self._on: dict = {}
+        self._classes: bytes | None = None
 
     # shared rule logic ---------------------------------------------------------
     def on_matches(self, seen: dict[int, int], flow: int, index: int, pids, out: Outputs) -> None:
@@ -193,13 +194,22 @@ class Ids:
         step_packed(state, data, torch.empty(4, dtype=torch.int32, device=dev), t["next"],
                     [2, 2], [0, 2])
 
+    def _class_bytes(self) -> bytes:
+        """``bytes.translate`` table: byte -> its class (classes fit a byte)."""
+        if self._classes is None:
+            t = self.table()
+            if t.nop > 255:  # at most 256 classes: 255 byte classes and the no-op
+                raise RuntimeFailure(f"IDS automaton has {t.nop} byte classes; at most 255")
+            self._classes = bytes(t.classes.astype(np.uint8).tolist())
+        return self._classes
+
     def _tensors(self, dev: torch.device) -> dict:
         if dev not in self._on:
             t = self.table()
             if t.next_scaled.max(initial=0) + t.symbols >= 2**31:
                 raise RuntimeFailure("IDS transition table too large for 32-bit indices")
             self._on[dev] = {"next": torch.from_numpy(t.next_scaled.astype(np.int32)).to(dev),
-                             "any": torch.from_numpy(t.any_out).to(dev)}
+                             "any": torch.from_numpy(t.any_out.astype(np.uint8)).to(dev)}
         return self._on[dev]
 
     def gpu(self, batch: GpuBatch, alive: torch.Tensor, out: Outputs) -> torch.Tensor:
@@ -234,13 +244,20 @@ class Ids:
         row_start = msg_sym_start[row_first]
         row_len = np.diff(np.r_[row_start, total])
         rows = len(row_len)
-        # symbols: byte classes, each message padded to a multiple of k with the no-op class
-        joined = np.frombuffer(join_bytes(batch.blob, batch.offset[idx], length), np.uint8)
-        cls = table.classes.astype(np.int32)[joined]
+        # symbols: byte classes (bytes.translate), each message padded to a multiple of k
+        # with the no-op class, then k classes combined into one symbol
+        classes = join_bytes(batch.blob, batch.offset[idx], length).translate(self._class_bytes())
         pad = (-length) % k
         if pad.any():
-            cls = np.insert(cls, np.repeat(np.cumsum(length), pad), table.nop)
-        sym = cls[0::k].copy()
+            view, at, pieces = memoryview(classes), 0, []
+            nop = bytes([table.nop]) * k
+            for n, p in zip(length.tolist(), pad.tolist()):
+                pieces.append(view[at:at + n])
+                pieces.append(nop[:p])
+                at += n
+            classes = b"".join(pieces)
+        cls = np.frombuffer(classes, np.uint8)
+        sym = cls[0::k].astype(np.int32)
         for j in range(1, k):
             sym *= table.nop + 1
             sym += cls[j::k]
@@ -253,9 +270,12 @@ class Ids:
         active = rows - np.cumsum(counts)[:lmax]  # rows with length > t
         offs = np.zeros(lmax, dtype=np.int64)
         np.cumsum(active[:-1], out=offs[1:])
-        t_of = np.arange(total, dtype=np.int64) - np.repeat(row_start, row_len)
+        t_of = np.arange(total, dtype=np.int64)
+        t_of -= np.repeat(row_start, row_len)
+        where_to = offs[t_of]
+        where_to += np.repeat(rank, row_len)
         packed = np.empty(total, dtype=np.int32)
-        packed[offs[t_of] + np.repeat(rank, row_len)] = sym
+        packed[where_to] = sym
         start = self.nodes[flow[row_first], direction[row_first]] * table.symbols
         tensors = self._tensors(dev)
         traj = torch.empty(total, dtype=torch.int32, device=dev)
@@ -265,7 +285,7 @@ class Ids:
         final = np.empty(rows, dtype=np.int64)
         final[rank_order] = state.cpu().numpy()
         self.nodes[flow[row_first], direction[row_first]] = final // table.symbols
-        where = tensors["any"][traj].nonzero().squeeze(1)
+        where = torch.index_select(tensors["any"], 0, traj).nonzero().squeeze(1)
         if where.numel() == 0:
             return []
         pos = where.cpu().numpy()

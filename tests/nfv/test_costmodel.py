@@ -32,25 +32,42 @@ def test_split_minimises_max_of_both_sides():
 
 
 def test_calibration_then_model_and_reprofiling():
-    model = CostModel(threads=1 << 30, calibration_batches=4, reprofile_every=8)
+    model = CostModel(threads=1 << 30, calibration_batches=3, reprofile_every=8)
     load, msgs = np.arange(1, 101, dtype=float), np.ones(100)
     splits = []
-    for b in range(17):
+    for b in range(19):
         i, mode = model.split(b, load, msgs)
         splits.append((i, mode))
         c = candidates(load, msgs, model.threads)
         model.observe(steps=c.steps[i], waves=c.waves[i], gpu_bytes=c.gpu_bytes[i],
                       gpu_msgs=c.gpu_msgs[i], cpu_bytes=c.cpu_bytes[i], cpu_msgs=c.cpu_msgs[i],
-                      gpu_s=2e-3 + 1e-5 * c.steps[i], cpu_s=1e-3 + 1e-6 * c.cpu_bytes[i],
-                      enqueue_s=0.0)
-    assert [m for _, m in splits[:4]] == ["calibrate"] * 4
-    assert [i for i, _ in splits[:4]] == [50, 25, 75, 50]
-    assert splits[8][1] == splits[16][1] == "reprofile" and splits[5][1] == "model"
+                      gpu_s=1e-5 * c.steps[i] + 2e-5 * c.gpu_msgs[i],
+                      cpu_s=1e-6 * c.cpu_bytes[i], enqueue_s=0.0)
+        model.observe_wall(mode, 100, {"gpu": 3e-3, "cpu": 5e-3}.get(mode, 1e-3))
+    assert [m for _, m in splits[:3]] == ["calibrate"] * 3
+    assert [i for i, _ in splits[:3]] == [50, 25, 75]
     c = candidates(load, msgs, model.threads)
-    true = np.maximum(np.where(c.gpu_msgs > 0, 2e-3 + 1e-5 * c.steps, 0),
-                      np.where(c.cpu_msgs > 0, 1e-3 + 1e-6 * c.cpu_bytes, 0))
+    true = np.maximum(1e-5 * c.steps + 2e-5 * c.gpu_msgs, 1e-6 * c.cpu_bytes)
     assert np.allclose(model.predict(c), true, rtol=1e-6)
-    assert splits[5][0] == int(np.argmin(true))
+    best = int(np.argmin(true))
+    viable = {"gpu": true[100] <= 4 * true[best], "cpu": true[0] <= 4 * true[best]}
+    assert splits[3] == (best, "model")
+    assert splits[8] == (50, "reprofile") and splits[16][1] == "reprofile"
+    tried = {m for _, m in splits}
+    assert ("gpu" in tried) == viable["gpu"] and ("cpu" in tried) == viable["cpu"]
+    assert all(m == "model" for _, m in splits[11:16])  # the split measured fastest
+
+
+def test_fastest_measured_policy_wins_and_hopeless_extremes_are_not_tried():
+    model = CostModel(threads=1 << 30, calibration_batches=1, reprofile_every=0)
+    model.fits = 1
+    model.gpu_coef = np.array([0.0, 0.0, 0.5e-6, 0.0])
+    model.cpu_coef = np.array([1e-6, 0.0, 0.0])
+    for mode, wall in (("model", 5e-3), ("gpu", 1e-3), ("cpu", 9e-3)):
+        model.observe_wall(mode, 100, wall)
+    assert model.split(3, np.ones(4), np.ones(4)) == (4, "gpu")
+    model.gpu_coef = np.array([1.0, 0.0, 0.0, 0.0])  # a huge step cost: all-GPU is hopeless
+    assert model.split(4, np.ones(4), np.ones(4))[1] != "gpu"
 
 
 def test_batch_sizer_reverses_after_two_drops():
