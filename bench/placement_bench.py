@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -157,7 +159,8 @@ def quality(models, cache: Path) -> tuple[list[list], list[str]]:
                 best = min(feasible) if feasible else None
                 if fastt is None or (best is not None and fastt > best * (1 + 1e-6)):
                     misses.append(f"{name} {label} {memory}")
-                rows.append([f"{name} (b{batch})", label, memory, len(graph.ops),
+                shape = f"b{batch}" + (f" x {seq}" if seq else "")
+                rows.append([f"{name} ({shape})", label, memory, len(graph.ops),
                              *(_ms(results[p][0]) for p in PLANNERS), f"{bound:.2f}",
                              f"{best / fastt:.3f}" if fastt and best else "-",
                              f"{fastt / bound:.2f}" if fastt else "-",
@@ -166,21 +169,34 @@ def quality(models, cache: Path) -> tuple[list[list], list[str]]:
     return rows, misses
 
 
-def speed(sizes) -> list[list]:
+def time_one(name: str, n_ops: int, split: bool) -> dict:
+    """Plan the synthetic graph of ``n_ops`` ops with ``name``; CPU and wall seconds."""
     topology = load(ROOT / "examples" / "topologies" / "heterog-testbed8.yaml")
+    graph = layered_graph(n_ops)
+    options = {} if split else {"split_critical": False}
+    wall, cpu = time.perf_counter(), time.process_time()
+    plan = run(name, graph, topology, **options)
+    return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
+            "iteration_ms": plan.prediction.iteration_ms, "edges": len(graph.edges)}
+
+
+def speed(sizes) -> list[list]:
+    """Each planning run in a fresh process, so that no run pays for another's memory."""
     rows = []
     for n in sizes:
-        graph = layered_graph(n)
         times = {}
-        for name, options in (("fastt", {}), ("fastt-no-split", {"split_critical": False}),
-                              ("m-topo", {}), ("m-etf", {}), ("m-sct", {})):
-            wall, cpu = time.perf_counter(), time.process_time()
-            plan = run(name.removesuffix("-no-split"), graph, topology, **options)
-            times[name] = (time.perf_counter() - wall, time.process_time() - cpu,
-                           plan.prediction.iteration_ms)
-        baechi = min(times[p][2] for p in ("m-topo", "m-etf", "m-sct"))
-        rows.append([n, len(graph.edges), *(f"{times[p][1]:.2f} / {times[p][0]:.2f}" for p in times),
-                     f"{times['fastt'][2]:.1f}", f"{times['fastt-no-split'][2]:.1f}", f"{baechi:.1f}"])
+        for label, name, split in (("fastt", "fastt", True), ("fastt-no-split", "fastt", False),
+                                   ("m-topo", "m-topo", True), ("m-etf", "m-etf", True),
+                                   ("m-sct", "m-sct", True)):
+            out = subprocess.run([sys.executable, __file__, "--time-one", name, str(n),
+                                  "split" if split else "no-split"],
+                                 capture_output=True, text=True, check=True)
+            times[label] = json.loads(out.stdout.strip().splitlines()[-1])
+        baechi = min(times[p]["iteration_ms"] for p in ("m-topo", "m-etf", "m-sct"))
+        rows.append([n, times["fastt"]["edges"],
+                     *(f"{t['cpu_s']:.2f} / {t['wall_s']:.2f}" for t in times.values()),
+                     f"{times['fastt']['iteration_ms']:.1f}",
+                     f"{times['fastt-no-split']['iteration_ms']:.1f}", f"{baechi:.1f}"])
         print(" | ".join(str(c) for c in rows[-1]), flush=True)
     return rows
 
@@ -195,7 +211,13 @@ def main() -> None:
     parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "dl-nfv-placement"),
                         help="where profiled graphs are kept between runs")
     parser.add_argument("--no-record", action="store_true", help="print only")
+    parser.add_argument("--time-one", nargs=3, metavar=("PLANNER", "OPS", "SPLIT"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.time_one:
+        name, n_ops, split = args.time_one
+        print(json.dumps(time_one(name, int(n_ops), split == "split")))
+        return
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     models = QUICK_MODELS if args.quick else MODELS
@@ -212,7 +234,7 @@ def main() -> None:
     body = (
         "Simulated iteration time (ms) of each planner's plan on the shared cost model and "
         "simulator. Models are profiled at op granularity on this machine's CPU at small "
-        "batches (GPU times come from the cost model's roofline, calibrated per op on the CPU "
+        "batches (`b4 x 32`: batch 4, sequence length 32) (GPU times come from the cost model's roofline, calibrated per op on the CPU "
         "measurement). `hom` = V100s on NVLink (`v100x8-nvlink`, 4 or 8 of them), `het` = the "
         "HeteroG testbed (`heterog-testbed8`; 4 = its V100 and P100 hosts). `capped` sets every "
         "device's memory to max(60% of the model's parameters+gradients+optimizer state, 1.5 x "
