@@ -140,6 +140,7 @@ def train(options: WorkerOptions, *, on_start: Callable[[list[int]], None] | Non
                 ENV_LAUNCHER_PID: str(os.getpid()), ENV_RUN_DIR: str(run_dir)})
     procs: list[_Process] = []
     ok = False
+    previous = _on_sigterm()
     try:
         for rank in range(n):
             rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
@@ -157,8 +158,23 @@ def train(options: WorkerOptions, *, on_start: Callable[[list[int]], None] | Non
         return report
     finally:
         _stop(procs)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if ok:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _on_sigterm():
+    """Turn SIGTERM into an exception while workers run, so they are stopped and reaped."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise RuntimeFailure("dl-nfv train was terminated (SIGTERM); the workers were stopped")
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 def _start(argv: list[str], env: dict[str, str], log_path: Path, start_method: str) -> _Process:
