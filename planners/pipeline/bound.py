@@ -241,13 +241,15 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int) -> float:
 
 
 def _host_limits(p: Problem, devices: list[str]) -> np.ndarray:
-    """Per group size k: the least ms per parameter byte an AllReduce across hosts can take.
+    """Per group size k: the least ms per parameter byte an AllReduce of k devices can take.
 
-    A group no single host holds spans hosts, and each of its hosts must receive at
-    least the parameters through its inbound links (every collective of the cost model
-    does: ring, tree, hierarchical). The best such group takes hosts by decreasing
-    inbound bandwidth until they hold ``k`` devices; the last host taken limits it.
-    Groups one host can hold may stay inside it: 0 for them.
+    Every collective of the cost model (ring, tree, hierarchical) makes each member
+    send at least the parameters, and routes are fixed, so a member sends at most at
+    the summed bottleneck bandwidth of its routes to the others: the best member with
+    its ``k - 1`` best partners. And a group no single host holds spans hosts, where
+    each of its hosts must receive at least the parameters through its inbound links:
+    the best such group takes hosts by decreasing inbound bandwidth until they hold
+    ``k`` devices, and the last host taken limits it. The larger of the two.
     """
     cluster = p.cm.cluster
     sizes: dict[str, int] = {}
@@ -270,6 +272,14 @@ def _host_limits(p: Problem, devices: list[str]) -> np.ndarray:
                 gbps = inbound[h]
                 break
         out[k] = 8.0 / (gbps * 1e6) if gbps > 0 else 0.0
+    # any group: every member sends at least the parameters, at most at the summed
+    # bottleneck bandwidth of its routes to the k - 1 others (best member, best partners)
+    routes = {d: sorted((cluster.route(d, e).bandwidth_gbps for e in devices if e != d),
+                        reverse=True) for d in devices}
+    for k in range(2, len(devices) + 1):
+        gbps = max(sum(bws[:k - 1]) for bws in routes.values())
+        if gbps > 0:
+            out[k] = max(out[k], 8.0 / (gbps * 1e6))
     return out
 
 

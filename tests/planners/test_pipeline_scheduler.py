@@ -130,11 +130,14 @@ def test_bound_holds_on_branchy_graphs(width, gib, devices):
 def test_allreduce_floor_across_hosts():
     """One 2 GiB layer on two single-V100 hosts behind 25 Gbps NICs: splitting the batch would
     halve the compute (15 ms) but the AllReduce must push 2 GiB into each host (687 ms), so the
-    bound is the layer on one device, 10 + 20 ms."""
+    bound is the layer on one device, 10 + 20 ms; the same over NVLink (86 ms of AllReduce)."""
     from dl_nfv.planners.pipeline.bound import stage_balanced_bound_ms
     from dl_nfv.planners.pipeline.problem import Problem
 
     graph = chain(1, param_bytes=2 * GIB)
     assert stage_balanced_bound_ms(Problem(graph, _topology([V100, V100]))) == pytest.approx(30.0)
-    # inside one host (NVLink) the floor does not apply and the batch can be split
-    assert stage_balanced_bound_ms(Problem(graph, nvlink(2))) == pytest.approx(15.0, rel=0.01)
+    # over one 200 Gbps NVLink each replica still sends 2 GiB (86 ms): one device wins again
+    assert stage_balanced_bound_ms(Problem(graph, nvlink(2))) == pytest.approx(30.0)
+    # with 1 MiB of parameters splitting the batch pays: 15 ms, the floor is 0.04 ms
+    small = chain(1, param_bytes=2**20)
+    assert stage_balanced_bound_ms(Problem(small, nvlink(2))) == pytest.approx(15.0, rel=0.01)
