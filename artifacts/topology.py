@@ -12,7 +12,9 @@ Inside a host every device hangs off the host bridge (node ``<host>``) by a
 PCIe link. ``interconnect.kind`` adds device-device paths: ``nvlink`` and
 ``loopback`` make a full mesh of direct links; ``pcie`` makes the host link
 itself the interconnect (device-device traffic crosses the bridge, sharing
-it); ``none`` adds nothing. Links are full duplex: each direction carries
+it); ``none`` adds nothing. With ``loopback`` (worker processes on one
+machine) the host links take the interconnect's figures too, so traffic
+between processes always takes the direct, measured path. Links are full duplex: each direction carries
 ``bandwidth_gbps`` on its own.
 
 ``cluster_of(topology)`` compiles the record into a ``Cluster``: a networkx
@@ -210,7 +212,9 @@ def _build_graph(topology: Topology) -> nx.Graph:
     for host in topology.hosts:
         devices = by_host.get(host.name, [])
         ic = host.interconnect
-        if ic is not None and ic.kind is InterconnectKind.PCIE:
+        if ic is not None and ic.kind in (InterconnectKind.PCIE, InterconnectKind.LOOPBACK):
+            # pcie: the host link is the interconnect; loopback: processes reach the host's
+            # other endpoints (its NICs) through the same kernel path they use between them.
             host_bw, host_lat = ic.bandwidth_gbps, ic.latency_us
         else:
             host_bw, host_lat = host.host_link_gbps, host.host_link_latency_us

@@ -106,3 +106,12 @@ def test_catalog_has_the_required_types():
         assert t.memory_gib > 0 and t.fp32_tflops > 0 and t.memory_bandwidth_gb_per_s > 0
         assert t.datasheet
     assert CATALOG["H200"].memory_gib == 141 and CATALOG["A100-80GB"].memory_bandwidth_gb_per_s == 2039
+
+
+def test_loopback_processes_talk_over_the_measured_path():
+    topo = _topo(hosts=[{"name": "local", "devices": [{"type": "cpu", "count": 2}],
+                         "interconnect": {"kind": "loopback", "bandwidth_gbps": 8, "latency_us": 40}}])
+    cluster = cluster_of(topo)
+    route = cluster.route("local/cpu0", "local/cpu1")
+    assert route.hops == (("local/cpu0", "local/cpu1"),)
+    assert route.bandwidth_gbps == 8 and route.latency_us == 40
