@@ -10,7 +10,11 @@ Method
     cut at these hooks: each interval between consecutive hook events is
     charged to the op whose autograd node runs next, so the per-op backward
     times add up to the measured backward pass. Autograd nodes of the loss are
-    charged to the loss, which is not an op of the graph.
+    charged to the loss, which is not an op of the graph. In the forward pass
+    the time between two nodes (the interpreter freeing the values the previous
+    node used last) is charged to the previous node's op, and after the
+    backward pass the engine's wind-down to the op that ran last, so the
+    per-op sum covers the whole step except the loss and the instrumentation.
 
     On CUDA every clock reading synchronises the device first, so kernel time
     lands on the op that launched it.
@@ -80,6 +84,7 @@ class Recorder:
         self._owner: dict = {}
         self._handles: list = []
         self._last = 0.0
+        self._last_op: str | None = LOSS
 
     def run(self, module_inputs, loss_fn: Callable, *, record_meta: bool = False):
         """Forward through the graph, loss, backward; returns the loss value.
@@ -101,6 +106,8 @@ class Recorder:
             self.counter.phase = "bwd"
         self._last = self.clock()
         loss.backward()
+        # The engine's wind-down (freeing the graph) follows the last node that ran.
+        self._mark(self._last_op)
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -128,6 +135,7 @@ class Recorder:
 
     def _post(self, op) -> None:
         self._mark(op)
+        self._last_op = op
 
 
 class _TimedInterpreter(fx.Interpreter):
@@ -136,21 +144,31 @@ class _TimedInterpreter(fx.Interpreter):
         self.recorder = recorder
         self.record_meta = record_meta
         self.op_of = recorder.capture.op_of
+        self.previous: str | None = None
+        self.previous_end = 0.0
 
     def run_node(self, n: fx.Node):
-        if n.op in ("placeholder", "output"):
-            result = super().run_node(n)
-            if self.record_meta and n.op == "placeholder":
-                self.recorder.value_meta[n.name] = value_meta(result)
-            return result
         rec = self.recorder
+        if n.op == "placeholder":
+            result = super().run_node(n)
+            if self.record_meta:
+                rec.value_meta[n.name] = value_meta(result)
+            return result
+        t0 = rec.clock()
+        if self.previous is not None:
+            # Between two nodes the interpreter frees the values the previous node used last:
+            # that memory work is part of the previous op's cost, as it is in an eager run.
+            rec.fwd_s[self.previous] += t0 - self.previous_end
+        if n.op == "output":
+            return super().run_node(n)
         op = self.op_of[n.name]
         if rec.counter is not None:
             rec.counter.current = op
-        t0 = rec.clock()
         result = super().run_node(n)
         rec.fwd_s[op] += rec.clock() - t0
+        self.previous = op
         rec.claim(result, op)
+        self.previous_end = rec.clock()  # the walk above is instrumentation, charged to no op
         if self.record_meta:
             rec.value_meta[n.name] = value_meta(result)
         return result

@@ -153,3 +153,16 @@ def test_network_probe_writes_a_topology_that_show_renders(tmp_path):
 def test_network_rejects_a_single_process():
     result = run("profile", "network", "--nprocs", "1")
     assert result.exit_code == 2 and "--nprocs must be >= 2" in result.output
+
+
+@pytest.mark.slow
+def test_network_probe_under_torchrun(tmp_path):
+    out = tmp_path / "net.yaml"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", "-m", "dl_nfv", "profile", "network",
+                           "--max-bytes", "16384", "--repeats", "2", "-o", str(out)],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    topo = load(out, expect="topology")
+    assert len(topo.device_names) == 2 and topo.hosts[0].interconnect.bandwidth_gbps > 0
