@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
+import threading
 import time
 import traceback
 
@@ -27,7 +29,7 @@ def _pack(out: Outputs) -> dict:
             "alerts": list(out.alerts), "monitor": out.table("monitor", 6)}
 
 
-def _worker(conn, chain: Chain) -> None:
+def _worker(commands, results, chain: Chain) -> None:
     states: dict[int, list] = {}
     try:
         import torch
@@ -37,7 +39,7 @@ def _worker(conn, chain: Chain) -> None:
         pass
     while True:
         try:
-            command = conn.recv()
+            command = commands.recv()
         except EOFError:
             return
         try:
@@ -51,28 +53,42 @@ def _worker(conn, chain: Chain) -> None:
                 out = Outputs()
                 chain.cpu_run(block, states, out)
                 packed = _pack(out)
-                conn.send(("ok", time.thread_time() - start, packed))
+                results.send(("ok", time.thread_time() - start, packed))
             elif command[0] == "export":
                 exports = {f: chain.cpu_export(states.pop(f)) for f in command[1] if f in states}
-                conn.send(("exports", exports))
+                results.send(("exports", exports))
         except Exception as exc:  # reported to the engine, which raises RuntimeFailure
-            conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+            results.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 
 class WorkerPool:
-    """``workers`` forked processes; ``pin(flow)`` is the worker a flow belongs to."""
+    """``workers`` forked processes; ``pin(flow)`` is the worker a flow belongs to.
+
+    Each worker has a command pipe and a result pipe. Commands are written by
+    one sender thread per worker, so this process never blocks on a full pipe
+    while a worker blocks writing its results (batches are queued ahead).
+    """
 
     def __init__(self, chain: Chain, workers: int):
         self.size = workers
         context = mp.get_context("fork" if hasattr(os, "fork") else "spawn")
-        self.conns = []
+        self.results = []
+        self.queues: list[queue.Queue] = []
+        self.senders = []
         self.procs = []
         for _ in range(workers):
-            parent, child = context.Pipe()
-            proc = context.Process(target=_worker, args=(child, chain), daemon=True)
+            cmd_read, cmd_write = context.Pipe(duplex=False)
+            res_read, res_write = context.Pipe(duplex=False)
+            proc = context.Process(target=_worker, args=(cmd_read, res_write, chain), daemon=True)
             proc.start()
-            child.close()
-            self.conns.append(parent)
+            cmd_read.close()
+            res_write.close()
+            q: queue.Queue = queue.Queue()
+            sender = threading.Thread(target=_send_loop, args=(q, cmd_write), daemon=True)
+            sender.start()
+            self.results.append(res_read)
+            self.queues.append(q)
+            self.senders.append(sender)
             self.procs.append(proc)
 
     @staticmethod
@@ -80,14 +96,14 @@ class WorkerPool:
         return (flows * 2654435761 % (1 << 32)) % workers
 
     def submit(self, worker: int, block: Block, imports: dict) -> None:
-        self.conns[worker].send(("run", block, imports))
+        self.queues[worker].put(("run", block, imports))
 
     def request_export(self, worker: int, flows: list[int]) -> None:
-        self.conns[worker].send(("export", flows))
+        self.queues[worker].put(("export", flows))
 
     def receive(self, worker: int):
         try:
-            reply = self.conns[worker].recv()
+            reply = self.results[worker].recv()
         except EOFError:
             raise RuntimeFailure(f"CPU worker {worker} exited unexpectedly") from None
         if reply[0] == "error":
@@ -95,14 +111,26 @@ class WorkerPool:
         return reply
 
     def close(self) -> None:
-        for conn in self.conns:
-            try:
-                conn.send(("stop",))
-            except (OSError, BrokenPipeError):
-                pass
+        for q in self.queues:
+            q.put(("stop",))
+        for sender in self.senders:
+            sender.join(timeout=5)
         for proc in self.procs:
             proc.join(timeout=5)
             if proc.is_alive():
                 proc.terminate()
-        for conn in self.conns:
+        for conn in self.results:
             conn.close()
+
+
+def _send_loop(q: queue.Queue, conn) -> None:
+    """Write queued commands to one worker, in order; ends after ``stop``."""
+    while True:
+        command = q.get()
+        try:
+            conn.send(command)
+        except (OSError, BrokenPipeError):
+            break
+        if command[0] == "stop":
+            break
+    conn.close()

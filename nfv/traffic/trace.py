@@ -63,6 +63,7 @@ class Trace:
     wire_bytes: int
     malformed: dict[str, int]
     tcp: dict[str, int]
+    addresses: np.ndarray | None = None  # [flows, 2 (client, server), 2 (hi, lo)] int64
 
     @property
     def n_messages(self) -> int:
@@ -74,6 +75,8 @@ class Trace:
 
     def flow_addresses(self) -> tuple[np.ndarray, np.ndarray]:
         """Client and server addresses as [flows, 2] int64 (IPv4 mapped into IPv6, hi/lo)."""
+        if self.addresses is not None:
+            return self.addresses[:, 0], self.addresses[:, 1]
         return _addresses([f.client for f in self.flows]), _addresses([f.server for f in self.flows])
 
 
@@ -84,6 +87,13 @@ def _addresses(texts: list[str]) -> np.ndarray:
         out[i, 0] = _signed(value >> 64)
         out[i, 1] = _signed(value & ((1 << 64) - 1))
     return out
+
+
+def _raw_pair(addr: bytes) -> tuple[int, int]:
+    value = int.from_bytes(addr, "big")
+    if len(addr) == 4:
+        value |= 0xFFFF << 32
+    return _signed(value >> 64), _signed(value & ((1 << 64) - 1))
 
 
 def _signed(v: int) -> int:
@@ -157,4 +167,6 @@ def _columns(source: str, table: FlowTable, packets: int, wire: int, malformed: 
         msg_ts_us=np.fromiter((m.ts_us for m in msgs), dtype=np.int64, count=n),
         msg_packets=np.fromiter((m.packets for m in msgs), dtype=np.int64, count=n),
         packets=packets, wire_bytes=wire, malformed=dict(sorted(bad.items())),
-        tcp=dict(sorted(tcp.items())))
+        tcp=dict(sorted(tcp.items())),
+        addresses=np.array([[_raw_pair(f.client[0]), _raw_pair(f.server[0])] for f in table.flows],
+                           dtype=np.int64).reshape(len(table.flows), 2, 2))

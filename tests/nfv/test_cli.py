@@ -107,3 +107,20 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
 def test_help_has_example(command):
     r = invoke("nfv", command, "--help")
     assert r.exit_code == 0 and "Example:" in r.output
+
+
+def test_large_batches_through_the_worker_pipes_do_not_deadlock(tmp_path):
+    """Blocks and result tables bigger than a pipe buffer, with batch k+1 queued before k
+    is collected: the engine must finish (run in a subprocess with a time limit)."""
+    import subprocess
+    import sys
+
+    pcap = tmp_path / "big.pcap"
+    assert invoke("nfv", "gen-trace", "--flows", 300, "--size-dist", "uniform", "-o",
+                  pcap).exit_code == 0
+    cmd = [sys.executable, "-m", "dl_nfv", "nfv", "run", "--config",
+           str(EXAMPLES / "http-lb.yaml"), "--trace", str(pcap), "--engine", "cpu",
+           "--batch-size", "1024", "--workers", "1", "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["outputs"]["http"]["requests"] > 1024
