@@ -167,3 +167,17 @@ def test_pattern_split_across_messages_and_batches(tmp_path):
         r = run_engine(trace, _chain(firewall=False), parse_engine(engine),
                        EngineOptions(batch_size=1, workers=1, calibration_batches=1))
         assert r.alerts == [(0, 2, 1000001)], engine  # 'root:x:0:0:' is case-sensitive
+
+
+@pytest.mark.gpu
+def test_cuda_tensor_path_matches_cpu(traces):
+    """On a CUDA device the tensor path must give the CPU path's outputs."""
+    trace = traces["zipf"]
+    specs = _chain(firewall=True)
+    ref = _run(trace, "cpu", specs)
+    for engine in ("gpu", "flowshader"):
+        r = run_engine(trace, specs, parse_engine(engine),
+                       EngineOptions(batch_size=48, workers=2, device="cuda"))
+        assert r.device.startswith("cuda")
+        assert np.array_equal(r.http, ref.http) and np.array_equal(r.drops, ref.drops)
+        assert r.alerts == ref.alerts and np.array_equal(r.monitor, ref.monitor)

@@ -116,3 +116,24 @@ def test_truncated_file_is_counted(tmp_path):
     path.write_bytes(data[:-7])
     trace = load_trace(path)
     assert trace.malformed.get("truncated_file", 0) + trace.malformed.get("truncated_ip", 0) >= 1
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_fuzzed_trace_files_load_without_raising(tmp_path_factory, seed):
+    """Random truncations and byte flips in every frame of a real connection."""
+    rng = random.Random(seed)
+    frames = http_connection(C4, S4, 4000, [(0, REQ), (1, RESP), (0, REQ), (1, RESP)], mss=20)
+    mutated = []
+    for frame in frames:
+        roll = rng.random()
+        if roll < 0.3:
+            frame = frame[:rng.randrange(len(frame) + 1)]
+        elif roll < 0.6:
+            frame = _flip(frame, rng)
+        mutated.append(frame)
+    path = write_pcap(tmp_path_factory.mktemp("fuzz") / "f.pcap", mutated)
+    trace = load_trace(path)
+    assert trace.packets == len(frames)
+    assert sum(trace.malformed.get(k, 0) for k in trace.malformed
+               if not k.startswith("http_")) <= len(frames)
