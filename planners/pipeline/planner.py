@@ -187,7 +187,7 @@ def _check_memory_floor(problem: Problem) -> None:
 def _draft_of(problem: Problem, ev: Evaluated) -> _Draft:
     layout, reps = ev.layout, ev.reps
     if len(layout.stages) == 1 and layout.microbatches == 1:
-        return _data_parallel_draft(problem, layout, reps[0], f"search ({ev.timed.label})",
+        return _data_parallel_draft(problem, layout, reps[0], "search (one stage: data parallel)",
                                     ev.makespan_ms)
     groups, pipeline = groups_and_pipeline(problem, layout, reps, ev.timed.schedule)
     return _Draft(f"search ({ev.timed.label})", groups, pipeline,
