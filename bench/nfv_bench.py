@@ -8,7 +8,7 @@ identical (digests) before a figure is recorded. Prints a table and writes
 the ``nfv`` section of docs/benchmarks.md, with the machine and whether the
 tensor ("GPU") path ran on CUDA or on the CPU.
 
-    python bench/nfv_bench.py                  # full sweep (about 10 minutes on 2 cores)
+    python bench/nfv_bench.py                  # full sweep (about 15 minutes on 2 cores)
     python bench/nfv_bench.py --quick --no-record
 """
 
@@ -46,8 +46,8 @@ def run_one(chain: Path, pcap: Path, trace, engine: str, batch: int, repeats: in
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--flows", type=int, default=4000)
-    ap.add_argument("--batches", default="2048,8192", help="batch sizes (messages)")
+    ap.add_argument("--flows", type=int, default=8000)
+    ap.add_argument("--batches", default="1024,4096", help="batch sizes (messages)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="1000 flows, one batch size, 1 run")
     ap.add_argument("--no-record", action="store_true", help="print only")

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 CALIBRATION_SPLITS = (0.5, 0.25, 0.75)
-VIABLE = 4.0  # an extreme is tried when predicted within this factor of the best split
+VIABLE = 4.0  # all-GPU is tried unless its padded steps alone cost this factor of the best split
 POLICIES = ("split", "gpu", "cpu")
 
 
@@ -141,8 +141,10 @@ class CostModel:
         c = candidates(load, msgs, self.threads, steps)
         cost = self.predict(c)
         best = int(np.argmin(cost))
-        viable = ["split"] + [p for p, i in (("gpu", n), ("cpu", 0))
-                              if cost[i] <= VIABLE * cost[best]]
+        # All-CPU is always worth measuring; all-GPU unless the padded steps alone (the
+        # longest flow on the GPU path) would already cost VIABLE times the best split.
+        step_cost = self.gpu_coef[0] * c.waves[n] * c.steps[n]
+        viable = ["split"] + (["gpu"] if step_cost <= VIABLE * cost[best] else []) + ["cpu"]
         policy = self.best_policy(viable)
         if mode == "explore":  # re-measure another viable policy
             others = [p for p in viable if p != policy]

@@ -50,11 +50,11 @@ def test_calibration_then_model_and_reprofiling():
     true = np.maximum(1e-5 * c.steps + 2e-5 * c.gpu_msgs, 1e-6 * c.cpu_bytes)
     assert np.allclose(model.predict(c), true, rtol=1e-6)
     best = int(np.argmin(true))
-    viable = {"gpu": true[100] <= 4 * true[best], "cpu": true[0] <= 4 * true[best]}
+    viable_gpu = 1e-5 * c.steps[100] <= 4 * true[best]
     assert splits[3] == (best, "model")
     assert splits[8] == (50, "reprofile") and splits[16][1] == "reprofile"
     tried = {m for _, m in splits}
-    assert ("gpu" in tried) == viable["gpu"] and ("cpu" in tried) == viable["cpu"]
+    assert ("gpu" in tried) == viable_gpu and "cpu" in tried
     assert all(m == "model" for _, m in splits[11:16])  # the split measured fastest
 
 
