@@ -21,6 +21,15 @@ Communication
     takes exactly ``2(N-1)/N * S/B + 2(N-1) * latency``, a PS exchange is bounded
     by the server's NIC, and rings that cross a shared NIC pay for it.
 
+    Host-memory transports (measured with gloo between processes of one host):
+    a ``loopback`` link is the CPUs copying through the kernel, so its two
+    directions share one capacity (an exchange both ways took 2.0x one
+    transfer); and on CPU devices the collective library sums on the CPU
+    between transfers, so every byte a device reduces costs
+    ``REDUCE_PASSES`` passes over its memory bandwidth (read two operands,
+    write one), in sequence with the transfers. On GPUs the reduction runs in
+    the transfer kernels and is not charged.
+
 Memory
     Parameters, gradients (same size) and optimizer state (``state_factor``
     times the parameters) stay resident; activations (op outputs) of every
@@ -56,6 +65,10 @@ DEFAULT_MEMORY_EFFICIENCY = 0.7
 # Bytes moved per parameter byte by an optimizer step: read param + grad, write param,
 # read and write each state tensor.
 UPDATE_PASSES = 3.0
+# Bytes moved per reduced byte by a CPU collective's sum: read two operands, write one.
+REDUCE_PASSES = 3.0
+# Link media whose two directions share one capacity.
+SHARED_MEDIA = frozenset({"loopback"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,9 +231,30 @@ class CostModel:
                 load[hop] += f.nbytes
         if not load:
             return 0.0
-        worst_us = max(nbytes * 8 / (self.cluster.link(*hop)["bandwidth_gbps"] * 1e3)
-                       for hop, nbytes in load.items())
+        worst_us = max(nbytes * 8 / (bw * 1e3) for nbytes, bw in self._capacity_load(load))
         return (latency + worst_us) / 1e3
+
+    def _capacity_load(self, load: dict) -> list[tuple[float, float]]:
+        """(bytes, Gbps) per link capacity: a directed link, or both directions of a
+        shared-medium link together."""
+        merged: dict = defaultdict(float)
+        bandwidth: dict = {}
+        for hop, nbytes in load.items():
+            link = self.cluster.link(*hop)
+            key = frozenset(hop) if link.get("medium") in SHARED_MEDIA else hop
+            merged[key] += nbytes
+            bandwidth[key] = link["bandwidth_gbps"]
+        return [(nbytes, bandwidth[key]) for key, nbytes in merged.items()]
+
+    def reduce_ms_per_byte(self, devices: Sequence[str]) -> float:
+        """Time per byte a CPU device spends summing a collective's data (0 on GPUs): the
+        slowest of ``devices``, ``REDUCE_PASSES`` passes over its memory bandwidth."""
+        worst = 0.0
+        for name in devices:
+            t = self.cluster.device(name).type
+            if t.kind.value == "cpu":
+                worst = max(worst, REDUCE_PASSES / (t.memory_bandwidth_gb_per_s * 1e6))
+        return worst
 
     def links_of(self, devices: Sequence[str]) -> set[tuple[str, str]]:
         """Directed links a collective among ``devices`` (ring order) may use."""
@@ -330,8 +364,8 @@ class CostModel:
             latency_us = max(latency_us, route.latency_us)
             for hop in route.hops:
                 load[hop] += weight
-        per_byte_us = max((w * 8 / (self.cluster.link(*hop)["bandwidth_gbps"] * 1e3)
-                           for hop, w in load.items()), default=0.0)
+        per_byte_us = max((w * 8 / (bw * 1e3) for w, bw in self._capacity_load(load)),
+                          default=0.0)
         result = self._phases[flows] = (latency_us / 1e3, per_byte_us / 1e3, dict(load))
         return result
 
@@ -342,7 +376,9 @@ class CostModel:
         ring = self.ring_order(devices)
         n = len(ring)
         lat, per_byte, load = self._ring_phase(ring, 1.0 / n)
-        return _Expression([[(2 * (n - 1) * lat, 2 * (n - 1) * per_byte)]],
+        # reduce-scatter: each device sums (n-1)/n of the data
+        reduce = (n - 1) / n * self.reduce_ms_per_byte(ring)
+        return _Expression([[(2 * (n - 1) * lat, 2 * (n - 1) * per_byte + reduce)]],
                            _scaled(load, 2 * (n - 1)))
 
     def _tree_expr(self, devices: tuple[str, ...]) -> _Expression:
@@ -362,7 +398,9 @@ class CostModel:
             worst = max(worst, per_byte)
             _add(links, load)
             _add(links, self._phase(tuple((b, a, w) for a, b, w in up))[2])
-        return _Expression([[(2 * latency, 2 * worst)]], dict(links))
+        # each level's receivers sum the whole payload
+        reduce = math.ceil(math.log2(n)) * self.reduce_ms_per_byte(order)
+        return _Expression([[(2 * latency, 2 * worst + reduce)]], dict(links))
 
     def _hierarchical_expr(self, devices: tuple[str, ...]) -> _Expression:
         by_host: dict[str, list[str]] = defaultdict(list)
@@ -386,7 +424,8 @@ class CostModel:
             m = len(hosts)
             lat, per_byte, load = self._phase(tuple((a, b, 1.0 / local / m) for ring in rings
                                                     for a, b in zip(ring, [*ring[1:], ring[0]])))
-            terms.append([(2 * (m - 1) * lat, 2 * (m - 1) * per_byte)])
+            reduce = (m - 1) / m / local * self.reduce_ms_per_byte([d for h in hosts for d in h])
+            terms.append([(2 * (m - 1) * lat, 2 * (m - 1) * per_byte + reduce)])
             _add(links, _scaled(load, 2 * (m - 1)))
         return _Expression(terms, dict(links))
 
@@ -418,6 +457,9 @@ class CostModel:
         else:
             flows = tuple((s, w, weight) for w in workers for s in servers if w != s)
         lat, per_byte, load = self._phase(flows)
+        if push:  # each server sums the shards pushed to it, after they arrive
+            pushed = max(sum(1 for w in workers if w != s) for s in servers)
+            per_byte += pushed * weight * self.reduce_ms_per_byte(servers)
         return _Expression([[(lat, per_byte)]], load)
 
     def allgather_ms(self, devices: Sequence[str], nbytes_per_device: float) -> float:
