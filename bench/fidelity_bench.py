@@ -95,7 +95,7 @@ def wait_for_quiet(max_load: float, patience_s: float) -> None:
 
 
 def quietly(args: list[str], *, max_others: float, tries: int, max_load: float = 1.0,
-            patience_s: float = 900) -> float:
+            patience_s: float = 600) -> float:
     """Run ``dl-nfv *args`` until other jobs used < ``max_others`` cores meanwhile.
 
     Returns the other jobs' mean core use during the kept try (the last one
@@ -122,12 +122,12 @@ def devices_used(plan_path: Path) -> int:
 
 
 def run_model(model: str, topology: Path, work: Path, steps: int, *, max_others: float,
-              tries: int) -> list[dict]:
+              tries: int, max_load: float) -> list[dict]:
     graph = work / f"{model}.json"
     if not graph.exists():
         t0 = time.perf_counter()
         others = quietly(["profile", "model", model, *MODELS[model], "--threads", "1", "-o",
-                          str(graph)], max_others=max_others, tries=tries)
+                          str(graph)], max_others=max_others, tries=tries, max_load=max_load)
         print(f"  profiled {model} in {time.perf_counter() - t0:.0f} s (other jobs: "
               f"{others:.2f} cores)", flush=True)
     rows = []
@@ -142,7 +142,7 @@ def run_model(model: str, topology: Path, work: Path, steps: int, *, max_others:
             dl_nfv("simulate", str(plan), "-o", str(sim))
             t0 = time.perf_counter()
             others = quietly(["train", str(plan), "--steps", str(steps), "--threads", "1", "-o",
-                              str(run)], max_others=max_others, tries=tries)
+                              str(run)], max_others=max_others, tries=tries, max_load=max_load)
             wall = time.perf_counter() - t0
         except RuntimeError as exc:
             print(f"  {model} / {label}: {exc}", flush=True)
@@ -226,6 +226,8 @@ def main() -> None:
     parser.add_argument("--max-others", type=float, default=0.25,
                         help="keep a measurement only if other jobs used fewer cores meanwhile")
     parser.add_argument("--tries", type=int, default=4)
+    parser.add_argument("--max-load", type=float, default=1.0,
+                        help="before each try, wait (up to 10 min) for this 1-minute load average")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="dl-nfv-fidelity-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -234,7 +236,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     for model in args.models.split(","):
         rows += run_model(model, args.topology.resolve(), work, args.steps,
-                          max_others=args.max_others, tries=args.tries)
+                          max_others=args.max_others, tries=args.tries, max_load=args.max_load)
     load_after = os.getloadavg()[0]
     (work / "results.json").write_text(json.dumps(rows, indent=1))
     body, summary = summarise(rows)
