@@ -1,7 +1,7 @@
 """Time-to-profile and measurement consistency of `dl-nfv profile model`.
 
 Profiles ResNet-50 (batch 32) and GPT-2 small (batch 4, sequence 512) with the
-default settings (3 repeats, 1 warm-up step, torch's thread count), and
+default settings (3 repeats, no extra warm-up step, torch's thread count), and
 reports for each: the wall time of the whole profile (model build, tracing,
 counting pass, warm-up and timed steps), the measured whole training step, the
 sum of the per-op forward+backward medians, and their ratio (goal: each
@@ -77,7 +77,7 @@ def main() -> None:
     body = [markdown_table(HEADERS + GOALS, [_row(r, True) for r in results]),
             "",
             f"Goal: each profile under {GOAL_S:.0f} s with the per-op sum within 15% of the "
-            f"whole step. Defaults: 3 repeats, 1 warm-up step after the counting pass. "
+            f"whole step. Defaults: 3 repeats, no warm-up step beyond the counting pass. "
             f"`load avg` is the machine's 1-minute load average during the run: the machine has "
             f"2 cores and is shared with other jobs, which stretches every time here, and two "
             f"OpenMP threads slow down far more than one when the cores are oversubscribed."]

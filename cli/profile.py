@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from dl_nfv.artifacts import CATALOG, BadInput, Granularity
+from dl_nfv.artifacts import CATALOG, Granularity
 
 from .options import emit, emit_data, json_option, output_option, seed_option, stderr_console
 
@@ -147,8 +147,8 @@ def _progress_bar(description: str):
               help="Parameter (and floating input) dtype.")
 @click.option("--repeats", type=int, default=3, show_default=True,
               help="Timed rounds (one whole step + one per-op step each); medians are kept.")
-@click.option("--warmup", type=int, default=1, show_default=True,
-              help="Untimed steps after the counting pass.")
+@click.option("--warmup", type=int, default=0, show_default=True,
+              help="Untimed steps after the counting pass (which is itself a full warm-up step).")
 @click.option("--threads", type=int, default=None, help="CPU threads (default: torch's choice).")
 @click.option("--device", default="auto", show_default=True,
               help="auto (CUDA when present), cpu, cuda or cuda:N.")
@@ -180,9 +180,6 @@ def model(model: str, output: Path | None, as_json: bool, batch_size, seq_len, g
 
     ref = model_ref(model, batch_size=batch_size, seq_len=seq_len, input_shapes=input_shapes,
                     input_dtypes=input_dtypes, dtype=dtype)
-    if device_type is not None and device_type not in CATALOG:
-        raise BadInput(f"--device-type {device_type!r}: not in the catalog "
-                       f"({', '.join(CATALOG)})")
     with _progress_bar(f"profiling {ref.name}") as progress:
         graph = profile_model(ref, granularity=granularity, repeats=repeats, warmup=warmup,
                               threads=threads, seed=seed, device=device, device_type=device_type,
@@ -233,16 +230,9 @@ def network(nprocs, output, as_json, report_path, min_bytes, max_bytes, repeats,
       torchrun --nnodes 2 --nproc-per-node 4 -m dl_nfv profile network -o cluster.yaml
     """
     from dl_nfv.artifacts import dumps
-    from dl_nfv.profilers.network import probe_network
+    from dl_nfv.profilers.network import message_sizes, probe_network
 
-    if min_bytes < 4 or max_bytes < 4 * min_bytes:
-        raise BadInput(f"--min-bytes {min_bytes} / --max-bytes {max_bytes}: need min >= 4 and "
-                       f"max >= 4 x min (at least two sizes)")
-    sizes = []
-    size = min_bytes
-    while size <= max_bytes:
-        sizes.append(size)
-        size *= 4
+    sizes = message_sizes(min_bytes, max_bytes)
     with _progress_bar("probing the network") as progress:
         topology, report = probe_network(nprocs, sizes=sizes, repeats=repeats, warmup=warmup,
                                          backend=backend, threads=threads, name=name,

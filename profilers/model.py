@@ -7,7 +7,8 @@ Steps
        records every op's FLOPs (forward and backward), bytes accessed,
        activation bytes and every node's output size (for the edges), and the
        peak of live tensor memory. It doubles as the first warm-up.
-    3. ``warmup`` more plain steps, untimed.
+    3. ``warmup`` more plain steps, untimed (default none: the counting pass
+       already ran every kernel at full size).
     4. ``repeats`` rounds of one plain step (timed whole) and one instrumented
        step (timed per op); the graph records per-op medians and the median
        whole step, and ``ProfileInfo`` states the ratio of the per-op sum to
@@ -26,7 +27,15 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from dl_nfv.artifacts import BadInput, DlNfvError, Granularity, ModelRef, OpGraph, ProfileInfo
+from dl_nfv.artifacts import (
+    CATALOG,
+    BadInput,
+    DlNfvError,
+    Granularity,
+    ModelRef,
+    OpGraph,
+    ProfileInfo,
+)
 
 from . import zoo
 from .capture import Capture, capture
@@ -60,7 +69,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 def profile_model(model: ModelRef, *, granularity: Granularity | str | None = None,
-                  repeats: int = 3, warmup: int = 1, threads: int | None = None, seed: int = 0,
+                  repeats: int = 3, warmup: int = 0, threads: int | None = None, seed: int = 0,
                   device: str = "auto", device_type: str | None = None,
                   leaf_modules: Iterable[str] = (), progress: Progress | None = None) -> OpGraph:
     """Profile ``model`` on the local device into an ``OpGraph`` (see the module doc).
@@ -87,6 +96,8 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
         raise BadInput(f"--warmup must be >= 0, got {warmup}")
     if threads is not None and threads < 1:
         raise BadInput(f"--threads must be >= 1, got {threads}")
+    if device_type is not None and device_type not in CATALOG:
+        raise BadInput(f"--device-type {device_type!r}: not in the catalog ({', '.join(CATALOG)})")
     granularity = Granularity(granularity) if granularity else default_granularity(model)
     dev = resolve_device(device)
     type_name = device_type or ("cpu" if dev.type == "cpu" else catalog_name_of_cuda(dev))

@@ -58,6 +58,17 @@ class LinkFit:
         return self.latency_us * 1e-6 + nbytes * 8 / (self.bandwidth_gbps * 1e9)
 
 
+def message_sizes(min_bytes: int, max_bytes: int, factor: int = 4) -> list[int]:
+    """Sizes from ``min_bytes`` growing ``factor``-fold up to ``max_bytes``; at least two."""
+    if min_bytes < 4 or max_bytes < factor * min_bytes:
+        raise BadInput(f"--min-bytes {min_bytes} / --max-bytes {max_bytes}: need min >= 4 and "
+                       f"max >= {factor} x min (at least two sizes)")
+    sizes = [min_bytes]
+    while sizes[-1] * factor <= max_bytes:
+        sizes.append(sizes[-1] * factor)
+    return sizes
+
+
 def fit_link(sizes: Sequence[int], seconds: Sequence[float]) -> LinkFit:
     """Fit ``t = a + s * b`` minimising relative squared error, with ``a >= 0``.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -133,11 +132,10 @@ def test_malformed_import_files_exit_2(tmp_path):
 
 def test_network_probe_writes_a_topology_that_show_renders(tmp_path):
     out, report = tmp_path / "net.yaml", tmp_path / "report.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "dl_nfv", "profile", "network", "--nprocs", "2",
                            "--max-bytes", str(256 * 1024), "--repeats", "3", "--warmup", "1",
                            "-o", str(out), "--report", str(report)],
-                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     topo = load(out, expect="topology")
     assert len(topo.device_names) == 2
@@ -150,19 +148,20 @@ def test_network_probe_writes_a_topology_that_show_renders(tmp_path):
     assert shown.exit_code == 0 and "loopback" in shown.output
 
 
-def test_network_rejects_a_single_process():
+def test_network_rejects_impossible_settings():
     result = run("profile", "network", "--nprocs", "1")
     assert result.exit_code == 2 and "--nprocs must be >= 2" in result.output
+    result = run("profile", "network", "--min-bytes", "4096", "--max-bytes", "8192")
+    assert result.exit_code == 2 and "at least two sizes" in result.output
 
 
 @pytest.mark.slow
 def test_network_probe_under_torchrun(tmp_path):
     out = tmp_path / "net.yaml"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", "2", "-m", "dl_nfv", "profile", "network",
                            "--max-bytes", "16384", "--repeats", "2", "-o", str(out)],
-                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     topo = load(out, expect="topology")
     assert len(topo.device_names) == 2 and topo.hosts[0].interconnect.bandwidth_gbps > 0
