@@ -5,7 +5,8 @@ flows of a batch are sorted by load (bytes in the batch), ascending; the
 tensor ("GPU") path takes the first ``i`` and the CPU pool the rest, with
 
 * ``T_gpu(i) = waves(i) * steps(i) * r_step + bytes_gpu(i) * r_gpu_byte
-  + msgs_gpu(i) * r_gpu_msg + c_gpu`` where ``steps(i)`` is the kernel steps of the
+  + msgs_gpu(i) * r_gpu_msg + c_gpu`` where ``r_step`` is at least the step time measured once at start-up (a
+  kernel step on one row), ``steps(i)`` is the kernel steps of the
   longest stream among the ``i`` flows (the padded length every row waits
   for) and ``waves(i) = floor(i / threads) + 1`` (``threads`` = SMs x 256 on
   CUDA, one wave on the CPU);
@@ -110,6 +111,7 @@ class CostModel:
         self.batches = 0
         self.fits = 0
         self.wall_per_msg: dict[str, float | None] = {p: None for p in POLICIES}
+        self.step_floor_s = 0.0  # measured cost of one kernel step (set by the engine)
 
     def mode(self, batch_number: int) -> str:
         if batch_number < self.calibration_batches or self.fits == 0:
@@ -143,7 +145,7 @@ class CostModel:
         best = int(np.argmin(cost))
         # All-CPU is always worth measuring; all-GPU unless the padded steps alone (the
         # longest flow on the GPU path) would already cost VIABLE times the best split.
-        step_cost = self.gpu_coef[0] * c.waves[n] * c.steps[n]
+        step_cost = max(self.gpu_coef[0], self.step_floor_s) * c.waves[n] * c.steps[n]
         viable = ["split"] + (["gpu"] if step_cost <= VIABLE * cost[best] else []) + ["cpu"]
         policy = self.best_policy(viable)
         if mode == "explore":  # re-measure another viable policy
@@ -167,7 +169,8 @@ class CostModel:
 
     def predict(self, c: Candidates) -> np.ndarray:
         g = self.gpu_coef
-        t_gpu = np.where(c.gpu_msgs > 0, g[0] * c.waves * c.steps + g[1] * c.gpu_bytes
+        r_step = max(g[0], self.step_floor_s)
+        t_gpu = np.where(c.gpu_msgs > 0, r_step * c.waves * c.steps + g[1] * c.gpu_bytes
                          + g[2] * c.gpu_msgs + g[3], 0.0)
         p = self.cpu_coef
         t_cpu = np.where(c.cpu_msgs > 0, p[0] * c.cpu_msgs + p[1] * c.cpu_bytes + p[2], 0.0)

@@ -213,6 +213,9 @@ class Runner:
         pool = WorkerPool(self.chain, self.workers) if self.workers else None
         if self.choice.kind != "cpu":
             self.chain.warm_up(self.device)
+            ids = self.chain.nf("ids")
+            if ids is not None:  # a measured floor for the per-step rate
+                self.model.step_floor_s = ids.step_seconds(self.device)
         startup = time.perf_counter() - t0
         merged = Outputs()
         stats: list[BatchStats] = []

@@ -23,6 +23,8 @@ direction's state is the pair of trie nodes.
 
 from __future__ import annotations
 
+import time
+
 import ahocorasick_rs
 import numpy as np
 import torch
@@ -193,6 +195,23 @@ class Ids:
         data = torch.zeros(4, dtype=torch.int32, device=dev)
         step_packed(state, data, torch.empty(4, dtype=torch.int32, device=dev), t["next"],
                     [2, 2], [0, 2])
+
+    def step_seconds(self, dev: torch.device, steps: int = 400) -> float:
+        """Measured time of one kernel step (one row): the floor of the cost model's r_step."""
+        if not self.sides:
+            return 0.0
+        t = self._tensors(dev)
+        state = torch.zeros(1, dtype=torch.int32, device=dev)
+        data = torch.zeros(steps, dtype=torch.int32, device=dev)
+        traj = torch.empty(steps, dtype=torch.int32, device=dev)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        start = time.perf_counter() if dev.type == "cuda" else time.thread_time()
+        step_packed(state, data, traj, t["next"], [1] * steps, list(range(steps)))
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+            return (time.perf_counter() - start) / steps
+        return (time.thread_time() - start) / steps
 
     def _class_bytes(self) -> bytes:
         """``bytes.translate`` table: byte -> its class (classes fit a byte)."""
