@@ -36,7 +36,19 @@ import torch.utils.flop_counter as flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from dl_nfv.artifacts import BadInput
+
 aten = torch.ops.aten
+
+
+class MemoryLimitExceeded(BadInput):
+    """The live tensors of a step grew past the memory the machine has available."""
+
+    def __init__(self, live_bytes: int, limit_bytes: int):
+        self.live_bytes = live_bytes
+        self.limit_bytes = limit_bytes
+        super().__init__(f"live tensors reached {live_bytes / 2**30:.2f} GiB, more than the "
+                         f"{limit_bytes / 2**30:.2f} GiB available")
 
 _METADATA_OPS = frozenset({
     aten.is_contiguous.default, aten.is_contiguous.memory_format,
@@ -121,10 +133,14 @@ class CostCounter(TorchDispatchMode):
     loss) and ``phase`` (``"fwd"`` or ``"bwd"``) as execution moves on. Call
     ``track(tensors)`` before the step for memory that already exists
     (parameters, inputs), and ``end_forward()`` once the forward pass is done.
+    With ``memory_limit_bytes``, an allocation that takes the live total past
+    the limit raises ``MemoryLimitExceeded`` (before the operating system's
+    out-of-memory killer would end the process without a word).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, memory_limit_bytes: int | None = None) -> None:
         super().__init__()
+        self.memory_limit_bytes = memory_limit_bytes
         self.registry = flop_formulas()
         self.current: str | None = None
         self.phase = "fwd"
@@ -154,6 +170,8 @@ class CostCounter(TorchDispatchMode):
         self.live_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         weakref.finalize(storage, self._release, key).atexit = False
+        if self.memory_limit_bytes is not None and self.live_bytes > self.memory_limit_bytes:
+            raise MemoryLimitExceeded(self.live_bytes, self.memory_limit_bytes)
 
     def _release(self, key: int) -> None:
         entry = self._storages.pop(key, None)

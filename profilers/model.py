@@ -39,12 +39,13 @@ from dl_nfv.artifacts import (
 
 from . import zoo
 from .capture import Capture, capture
-from .counting import CostCounter
+from .counting import CostCounter, MemoryLimitExceeded
 from .devices import catalog_name_of_cuda
 from .graph import build_ops
 from .measure import LOSS, Recorder, make_clock
 
 Progress = Callable[[str, int, int], None]
+GIB = 2**30
 
 
 def default_granularity(model: ModelRef) -> Granularity:
@@ -66,6 +67,33 @@ def resolve_device(device: str) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise BadInput(f"--device {device!r}: only cpu and cuda are supported")
     return dev
+
+
+def available_memory_bytes(dev: torch.device) -> int | None:
+    """Memory free for new tensors: CUDA's free memory, or Linux's MemAvailable; None if unknown."""
+    if dev.type == "cuda":
+        return torch.cuda.mem_get_info(dev)[0]
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _check_parameter_memory(model: ModelRef, dev: torch.device) -> None:
+    """Refuse a zoo model whose parameters and gradients alone exceed the free memory."""
+    if model.source != "zoo":
+        return
+    available = available_memory_bytes(dev)
+    itemsize = zoo.DTYPES[model.dtype].itemsize
+    need = 2 * zoo.parameter_count(model.name) * itemsize
+    if available is not None and need > available:
+        raise BadInput(f"model {model.name!r} needs {need / GIB:.1f} GiB for its parameters and "
+                       f"their gradients, but only {available / GIB:.1f} GiB are available on "
+                       f"{dev.type}")
 
 
 def profile_model(model: ModelRef, *, granularity: Granularity | str | None = None,
@@ -124,6 +152,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         if progress is not None:
             progress(what, done, total)
 
+    _check_parameter_memory(model, dev)
     workload = zoo.instantiate(model, seed=seed)
     module = workload.module.to(dev).train()
     inputs, target = workload.make_batch(model.batch_size, seed)
@@ -137,6 +166,9 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     clock = make_clock(dev)
     counter = CostCounter()
     counter.track([*module.parameters(), *module.buffers(), *inputs])
+    available = available_memory_bytes(dev) if dev.type == "cpu" else None
+    if available is not None:  # keep a tenth in reserve for everything that is not a tensor
+        counter.memory_limit_bytes = counter.live_bytes + int(0.9 * available)
     recorder = Recorder(cap, clock, counter)
     with _model_errors(model, cap):
         with counter:
@@ -217,9 +249,15 @@ class _model_errors:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc is None or isinstance(exc, DlNfvError) or not isinstance(exc, Exception):
+        if exc is None or not isinstance(exc, Exception):
             return False
         shapes = ", ".join(f"{list(s.shape)} {s.dtype}" for s in self.model.inputs)
+        if isinstance(exc, MemoryLimitExceeded) or isinstance(exc, torch.cuda.OutOfMemoryError):
+            raise BadInput(f"model {self.model.name!r} on inputs {shapes} does not fit in memory "
+                           f"({(str(exc).strip().splitlines() or [''])[0][:160]}); try a smaller "
+                           f"--batch-size or --seq-len") from None
+        if isinstance(exc, DlNfvError):
+            return False
         reason = (str(exc).strip().splitlines() or [""])[0][:200]
         where = _where(exc.__traceback__, self.cap)
         raise BadInput(f"model {self.model.name!r} failed on inputs {shapes}: "

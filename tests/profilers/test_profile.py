@@ -206,3 +206,17 @@ def test_mlp_flops_params_and_edges_match_closed_forms(widths, batch, granularit
     assert len(graph.ops) == 1 + (2 * layers if granularity == "op" else layers)
     assert nx.is_directed_acyclic_graph(graph.to_networkx())
     assert nx.is_weakly_connected(graph.to_networkx())
+
+
+def test_models_too_big_for_the_free_memory_stop_with_a_clear_error(monkeypatch):
+    import dl_nfv.profilers.model as model_module
+
+    params = zoo.parameter_count("vgg19-tiny") * 4
+    monkeypatch.setattr(model_module, "available_memory_bytes", lambda dev: int(1.5 * params))
+    with pytest.raises(BadInput, match="needs 0.0 GiB for its parameters and their gradients"):
+        _profile("vgg19-tiny")
+    # Parameters fit, but a batch of 32 does not: stopped during the counting pass.
+    monkeypatch.setattr(model_module, "available_memory_bytes", lambda dev: 3 * params)
+    with pytest.raises(BadInput, match=r"does not fit in memory \(live tensors reached .* GiB, "
+                                       r"more than the .* GiB available\); try a smaller"):
+        _profile("vgg19-tiny", batch_size=32)
