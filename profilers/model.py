@@ -189,7 +189,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
             tick("warming up")
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
-        steps, fwd_runs, bwd_runs = [], defaultdict(list), defaultdict(list)
+        steps, round_sums, fwd_runs, bwd_runs = [], [], defaultdict(list), defaultdict(list)
         for _ in range(repeats):
             steps.append(plain_step())
             tick("timing the whole step")
@@ -201,6 +201,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
             for key in [*cap.op_ids, LOSS]:
                 fwd_runs[key].append(timed.fwd_s.get(key, 0.0))
                 bwd_runs[key].append(timed.bwd_s.get(key, 0.0))
+            round_sums.append(sum(fwd_runs[o][-1] + bwd_runs[o][-1] for o in cap.op_ids))
             tick("timing every op")
     module.zero_grad(set_to_none=True)
 
@@ -220,8 +221,9 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         device_type=type_name, threads=torch.get_num_threads(), torch_version=torch.__version__,
         repeats=repeats, warmup=warmup, step_ms=round(step_ms, 4), op_sum_ms=round(op_sum_ms, 4),
         peak_memory_bytes=int(peak_bytes),
-        note=(f"op sum / step = {op_sum_ms / step_ms:.3f}; loss outside the graph "
-              f"{loss_ms:.2f} ms; seed {seed}; {_machine(dev)}"))
+        note=(f"op sum / step = {op_sum_ms / step_ms:.3f} (medians), "
+              f"{min(round_sums) / min(steps):.3f} (fastest round of each); loss outside the "
+              f"graph {loss_ms:.2f} ms; seed {seed}; {_machine(dev)}"))
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges)
 
 
