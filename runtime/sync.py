@@ -21,8 +21,8 @@ the buffer (as DDP's ``gradient_as_bucket_view``).
   Pushing a bucket sends each worker's slice point-to-point to its server,
   which adds the slices it receives to its own (a PS's push; gloo's ``reduce``
   collective was measured 4x slower than one transfer on loopback). Each
-  server applies the optimizer to its shard only, then ``broadcast``\\ s the
-  new values (pull). Non-server ranks hold no optimizer state.
+  server applies the optimizer to its shard only, then broadcasts the new
+  values (pull). Non-server ranks hold no optimizer state.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ from .comm import Comm
 PS_TAG = 1 << 30  # tags of parameter-server pushes, apart from the units' transfers
 
 
-@dataclass
+@dataclass(eq=False)
 class _Bucket:
+    index: int
     params: list[torch.nn.Parameter]
     grad: torch.Tensor  # flat gradient buffer; each param's .grad is a view into it
     value: torch.Tensor | None = None  # PS: flat parameter buffer (params are views into it)
@@ -84,7 +85,8 @@ class GradientSync:
         self.overlap = overlap and self.method is SyncMethod.ALLREDUCE
         owner = _shard(buckets, self.servers) if self.method is SyncMethod.PS else {}
         self.owner = owner
-        self._buckets = [self._make_bucket(list(b), owner) for b in buckets if b]
+        self._buckets = [self._make_bucket(i, list(b), owner)
+                         for i, b in enumerate(b for b in buckets if b)]
         self._next = 0
         self._hooks = []
         self._expected = {id(p): (accumulations or {}).get(id(p), 1) for p in self.params}
@@ -96,14 +98,15 @@ class GradientSync:
                         lambda p, index=index: self._grad_ready(index, p)))
 
     # ------------------------------------------------------------------ set-up
-    def _make_bucket(self, params: list[torch.nn.Parameter], owner: dict[int, int]) -> _Bucket:
+    def _make_bucket(self, index: int, params: list[torch.nn.Parameter],
+                     owner: dict[int, int]) -> _Bucket:
         if owner:  # PS: group each server's parameters together inside the bucket
             order = {s: i for i, s in enumerate(self.servers)}
             params = sorted(params, key=lambda p: order[owner[id(p)]])
         numel = sum(p.numel() for p in params)
         ref = params[0]
         grad = torch.zeros(numel, dtype=ref.dtype, device=ref.device)
-        bucket = _Bucket(params=params, grad=grad)
+        bucket = _Bucket(index=index, params=params, grad=grad)
         offset = 0
         for p in params:
             p.grad = grad[offset:offset + p.numel()].view_as(p)
@@ -171,9 +174,8 @@ class GradientSync:
         if self.method is SyncMethod.ALLREDUCE:
             bucket.works.append(dist.all_reduce(bucket.grad, group=self.group, async_op=True))
         elif self.method is SyncMethod.PS:
-            index = self._buckets.index(bucket)
             for part, (server, lo, hi) in enumerate(bucket.parts):
-                tag = PS_TAG + index * 256 + part
+                tag = PS_TAG + bucket.index * 256 + part
                 if server != self.rank:
                     bucket.works.append(dist.isend(bucket.grad[lo:hi], server, group=self.group,
                                                    tag=tag))

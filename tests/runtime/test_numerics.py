@@ -74,7 +74,7 @@ def test_data_parallel_heterogeneous_shares_and_buckets(tmp_path):
 def test_parameter_server_with_adam(tmp_path):
     graph, topo = graph_of("mlp-tiny", batch_size=8), topology(2)
     d = devices(2)
-    plan = dp_plan(graph, topo, d, sync=SyncMethod.PS, servers=(d[1],), buckets=2,
+    plan = dp_plan(graph, topo, d, sync=SyncMethod.PS, servers=(d[1],), buckets=3,
                    optimizer="adam")
     report = _check(tmp_path, graph, topo, plan, optimizer=Optimizer.ADAM)
     assert report.mode.value == "parameter-server"
