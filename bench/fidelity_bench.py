@@ -95,7 +95,7 @@ def wait_for_quiet(max_load: float, patience_s: float) -> None:
 
 
 def quietly(args: list[str], *, max_others: float, tries: int, max_load: float = 1.0,
-            patience_s: float = 600) -> float:
+            patience_s: float = 120) -> float:
     """Run ``dl-nfv *args`` until other jobs used < ``max_others`` cores meanwhile.
 
     Returns the other jobs' mean core use during the kept try (the last one
@@ -149,7 +149,9 @@ def run_model(model: str, topology: Path, work: Path, steps: int, *, max_others:
             rows.append({"model": model, "plan": label, "error": str(exc).splitlines()[0]})
             continue
         report = json.loads(run.read_text())
-        predicted = json.loads(sim.read_text())["iteration_ms"]
+        simulated = json.loads(sim.read_text())
+        predicted = simulated["iteration_ms"]
+        busy = {d["device"]: d["busy_ms"] for d in simulated.get("devices", [])}
         measured = report["iteration_ms"]
         row = {"model": model, "plan": label, "mode": report["mode"],
                "devices": devices_used(plan), "predicted_ms": predicted, "measured_ms": measured,
@@ -157,6 +159,7 @@ def run_model(model: str, topology: Path, work: Path, steps: int, *, max_others:
                "wait_ms": [r["wait_ms"] for r in report["per_rank"]],
                "compute_ms": [r["compute_ms"] for r in report["per_rank"]],
                "cpu_ms": [r.get("cpu_ms") or 0.0 for r in report["per_rank"]],
+               "busy_ms": [busy.get(r["device"], 0.0) for r in report["per_rank"]],
                "wall_s": wall, "others_cores": others}
         rows.append(row)
         print(f"  {model:10s} {label:16s} predicted {predicted:9.1f} ms  measured {measured:9.1f} ms"
@@ -187,7 +190,7 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
                       f"{r['measured_ms']:.1f}", f"{r['rel_error']:+.1%}",
                       " / ".join(f"{w:.0f}" for w in r["wait_ms"]),
                       " / ".join(f"{c:.0f}" for c in r["cpu_ms"]),
-                      f"{r['others_cores']:.2f}"])
+                      f"{r.get('others_cores', float('nan')):.2f}"])
     ranking = []
     taus = {}
     for model in dict.fromkeys(r["model"] for r in ok):
@@ -201,6 +204,14 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
         best_same = min(mine, key=lambda r: r["predicted_ms"]) is min(mine, key=lambda r: r["measured_ms"])
         ranking.append([model, f"{tau:+.2f}", "yes" if order_p == order_m else "no",
                         "yes" if best_same else "no", order_m])
+    cpu_rows = []
+    for r in ok:
+        busy = r.get("busy_ms", [])
+        ratios = [c / b for c, b in zip(r["cpu_ms"], busy) if b > 0]
+        cpu_rows.append([r["model"], r["plan"],
+                         " / ".join(f"{b:.0f}" for b in busy),
+                         " / ".join(f"{c:.0f}" for c in r["cpu_ms"]),
+                         " / ".join(f"{x:.2f}" for x in ratios)])
     errors = [abs(r["rel_error"]) for r in ok]
     median = statistics.median(errors) if errors else float("nan")
     body = [
@@ -212,6 +223,14 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
         "",
         markdown_table(["model", "Kendall tau (predicted vs measured order)", "same order",
                         "same best plan", "measured order (fastest first)"], ranking),
+        "",
+        "Per rank, the simulator's busy time of the device (compute it schedules there) beside "
+        "the CPU time the worker process used per step (all its threads, so gloo's copies and "
+        "sums too). CPU time does not grow when other jobs share the cores, so this ratio "
+        "isolates the cost model's compute and host-communication terms from contention.",
+        "",
+        markdown_table(["model", "plan", "simulated busy ms per device", "measured CPU ms per rank",
+                        "CPU / busy"], cpu_rows),
     ]
     return "\n".join(body), {"median_abs_error": median, "kendall_tau": taus}
 
@@ -226,19 +245,29 @@ def main() -> None:
     parser.add_argument("--max-others", type=float, default=0.25,
                         help="keep a measurement only if other jobs used fewer cores meanwhile")
     parser.add_argument("--tries", type=int, default=4)
+    parser.add_argument("--summarise", action="store_true",
+                        help="only re-summarise (and record) the results.json in --work")
     parser.add_argument("--max-load", type=float, default=1.0,
-                        help="before each try, wait (up to 10 min) for this 1-minute load average")
+                        help="before each try, wait (up to 2 min) for this 1-minute load average")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="dl-nfv-fidelity-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"work files in {work}", flush=True)
-    rows = []
-    load_before = os.getloadavg()[0]
-    for model in args.models.split(","):
-        rows += run_model(model, args.topology.resolve(), work, args.steps,
-                          max_others=args.max_others, tries=args.tries, max_load=args.max_load)
-    load_after = os.getloadavg()[0]
-    (work / "results.json").write_text(json.dumps(rows, indent=1))
+    if args.summarise:
+        saved = json.loads((work / "results.json").read_text())
+        rows, (load_before, load_after) = saved["rows"], saved["load"]
+    else:
+        rows = []
+        load_before = os.getloadavg()[0]
+        for model in args.models.split(","):
+            rows += run_model(model, args.topology.resolve(), work, args.steps,
+                              max_others=args.max_others, tries=args.tries,
+                              max_load=args.max_load)
+            (work / "results.json").write_text(json.dumps(
+                {"rows": rows, "load": [load_before, os.getloadavg()[0]]}, indent=1))
+        load_after = os.getloadavg()[0]
+        (work / "results.json").write_text(json.dumps(
+            {"rows": rows, "load": [load_before, load_after]}, indent=1))
     body, summary = summarise(rows)
     print(body)
     if not args.no_record:
