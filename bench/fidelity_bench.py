@@ -255,7 +255,17 @@ def main() -> None:
     print(f"work files in {work}", flush=True)
     if args.summarise:
         saved = json.loads((work / "results.json").read_text())
+        if isinstance(saved, list):  # results of an older version: no load figures
+            saved = {"rows": saved, "load": [float("nan"), float("nan")]}
         rows, (load_before, load_after) = saved["rows"], saved["load"]
+        for r in rows:  # fill in what older results lack from the work files
+            stem = work / f"{r['model']}-{PLANS[r['plan']][0]}"
+            if "error" in r or "busy_ms" in r:
+                continue
+            sim = json.loads(stem.with_suffix(".sim.json").read_text())
+            run = json.loads(stem.with_suffix(".run.json").read_text())
+            busy = {d["device"]: d["busy_ms"] for d in sim.get("devices", [])}
+            r["busy_ms"] = [busy.get(x["device"], 0.0) for x in run["per_rank"]]
     else:
         rows = []
         load_before = os.getloadavg()[0]
@@ -277,8 +287,9 @@ def main() -> None:
                 f"--nprocs 2`). Predicted: `dl-nfv simulate`; measured: `dl-nfv train`. "
                 f"Load average of the machine (2 cores) at start / end: {load_before:.1f} / "
                 f"{load_after:.1f}: above 2, other jobs shared the cores with the workers.\n\n")
+        argv = [a for a in sys.argv[1:] if a != "--summarise"]
         record_section("fidelity", "Simulator fidelity: predicted vs measured (local-cpu)",
-                       note + body)
+                       note + body, command=" ".join(["python", "bench/fidelity_bench.py", *argv]))
 
 
 if __name__ == "__main__":
