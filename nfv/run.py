@@ -22,7 +22,6 @@ from dl_nfv.artifacts.errors import RuntimeFailure
 from dl_nfv.artifacts.nfconfig import NfConfig, NfKind
 from dl_nfv.artifacts.nfvreport import (
     Alert,
-    BatchSplit,
     Drop,
     FirewallOutput,
     FiveTuple,
@@ -156,7 +155,7 @@ def build_report(config: NfConfig, trace: Trace, engine: str, result: EngineResu
         messages_per_s=trace.n_messages / elapsed, mpps=trace.packets / elapsed / 1e6,
         latency=Latency(p50_us=float(p50), p90_us=float(p90), p99_us=float(p99),
                         max_us=float(lat.max())),
-        batches=tuple(BatchSplit(**dataclasses.asdict(b)) for b in result.batches),
+        batches=tuple(result.batches),
         calibration={k: float(v) for k, v in result.rates.items()},
         malformed=dict(trace.malformed), tcp=dict(trace.tcp), alerts=alerts,
         outputs=NfOutputs(**outputs))

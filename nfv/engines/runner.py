@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from dl_nfv.artifacts.nfvreport import BatchSplit
+
 from ..nfs.base import FlowTable, GpuBatch, Outputs, join_bytes
 from ..nfs.chain import Block, Chain
 from ..traffic.trace import Trace
@@ -43,29 +45,12 @@ class EngineOptions:
 
 
 @dataclass(slots=True)
-class BatchStats:
-    index: int
-    mode: str
-    messages: int
-    flows: int
-    gpu_flows: int
-    gpu_messages: int
-    gpu_bytes: int
-    cpu_messages: int
-    cpu_bytes: int
-    gpu_ms: float
-    cpu_ms: float
-    enqueue_ms: float
-    wall_ms: float
-
-
-@dataclass(slots=True)
 class EngineResult:
     http: np.ndarray
     drops: np.ndarray
     alerts: list
     monitor: np.ndarray
-    batches: list[BatchStats]
+    batches: list[BatchSplit]
     elapsed_s: float
     startup_s: float
     latency_us: np.ndarray  # per message
@@ -218,7 +203,7 @@ class Runner:
                 self.model.step_floor_s = ids.step_seconds(self.device)
         startup = time.perf_counter() - t0
         merged = Outputs()
-        stats: list[BatchStats] = []
+        stats: list[BatchSplit] = []
         latency = np.zeros(self.trace.n_messages, dtype=np.float64)
         n = self.trace.n_messages
         try:
@@ -251,7 +236,7 @@ class Runner:
                 done = time.perf_counter()
                 latency[cur.ids] = (done - cur.started) * 1e6
                 f = cur.features
-                stats.append(BatchStats(
+                stats.append(BatchSplit(
                     index=cur.number, mode=cur.mode, messages=len(cur.ids), flows=len(cur.flows),
                     gpu_flows=len(cur.gpu_flows), gpu_messages=int(f["gpu_msgs"]),
                     gpu_bytes=int(f["gpu_bytes"]), cpu_messages=int(f["cpu_msgs"]),
