@@ -80,6 +80,7 @@ class ProfileInfo:
     step_ms: float | None = None
     op_sum_ms: float | None = None
     peak_memory_bytes: int | None = None
+    scaling_batch_size: int | None = None  # the smaller batch the ops' fixed parts came from
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -100,6 +101,8 @@ class Op:
     params: tuple[str, ...] = ()
     fwd_ms: dict[str, float] = field(default_factory=dict)
     bwd_ms: dict[str, float] = field(default_factory=dict)
+    fwd_fixed_ms: dict[str, float] = field(default_factory=dict)
+    bwd_fixed_ms: dict[str, float] = field(default_factory=dict)
     splittable_dims: tuple[int, ...] = ()
     module: str = ""
 
@@ -108,9 +111,15 @@ class Op:
         for name in ("flops", "bwd_flops", "bytes_accessed", "param_bytes", "output_bytes"):
             value = getattr(self, name)
             check(value >= 0, f"op {self.id!r}: {name} must be >= 0, got {value}")
-        for name in ("fwd_ms", "bwd_ms"):
+        for name in ("fwd_ms", "bwd_ms", "fwd_fixed_ms", "bwd_fixed_ms"):
             for device_type, ms in getattr(self, name).items():
                 check(ms >= 0, f"op {self.id!r}: {name}[{device_type!r}] must be >= 0, got {ms}")
+        for name in ("fwd", "bwd"):
+            full, fixed = getattr(self, f"{name}_ms"), getattr(self, f"{name}_fixed_ms")
+            for device_type, ms in fixed.items():
+                check(device_type in full and ms <= full[device_type] + 1e-9,
+                      f"op {self.id!r}: {name}_fixed_ms[{device_type!r}] = {ms} must not exceed "
+                      f"{name}_ms[{device_type!r}] = {full.get(device_type)}")
 
 
 @record

@@ -49,6 +49,10 @@ class InterconnectKind(StrEnum):
     NONE = "none"
 
 
+# DeviceSpec fields that override the catalog type's figure of the same name
+OVERRIDES = ("memory_gib", "fp32_tflops", "fp16_tflops", "memory_bandwidth_gb_per_s")
+
+
 @record
 class DeviceSpec:
     """``count`` devices of catalog ``type`` in one host, with optional overrides."""
@@ -59,10 +63,11 @@ class DeviceSpec:
     memory_gib: float | None = None
     fp32_tflops: float | None = None
     fp16_tflops: float | None = None
+    memory_bandwidth_gb_per_s: float | None = None
 
     def __post_init__(self) -> None:
         check(self.count >= 1, f"count must be >= 1, got {self.count}")
-        for name in ("memory_gib", "fp32_tflops", "fp16_tflops"):
+        for name in OVERRIDES:
             value = getattr(self, name)
             check(value is None or value > 0, f"{name} must be > 0, got {value}")
         check(self.prefix is None or (self.prefix and "/" not in self.prefix),
@@ -350,8 +355,7 @@ def cluster_of(topology: Topology) -> Cluster:
     devices = []
     for index, (name, host, spec) in enumerate(_device_entries(topology)):
         base = lookup(spec.type, extra)
-        overrides = {k: getattr(spec, k) for k in ("memory_gib", "fp32_tflops", "fp16_tflops")
-                     if getattr(spec, k) is not None}
+        overrides = {k: getattr(spec, k) for k in OVERRIDES if getattr(spec, k) is not None}
         devices.append(Device(name, host.name, replace(base, **overrides) if overrides else base, index))
     cluster = Cluster(topology, _build_graph(topology), tuple(devices))
     cluster._by_name = {d.name: d for d in devices}

@@ -156,18 +156,22 @@ def _progress_bar(description: str):
               help="Catalog type to record the times under (default: cpu, or the GPU's type).")
 @click.option("--leaf", "leaf_modules", multiple=True,
               help="Module name or class traced as one opaque op (repeatable).")
+@click.option("--batch-scaling/--no-batch-scaling", default=True, show_default=True,
+              help="Also time every op at half the batch, to measure the part of its time "
+                   "that does not shrink with the batch (replicas, microbatches).")
 @seed_option
 def model(model: str, output: Path | None, as_json: bool, batch_size, seq_len, granularity,
           input_shapes, input_dtypes, dtype, repeats, warmup, threads, device, device_type,
-          leaf_modules, seed) -> None:
+          leaf_modules, batch_scaling, seed) -> None:
     """Profile a model into an op graph: trace it, count FLOPs and bytes, time every op.
 
     MODEL is a zoo name (`dl-nfv profile models`), module:callable or
     path/to/file.py:callable (a function returning an nn.Module, called with
     no arguments). Every op's forward and backward time is measured inside real
     training steps (median of --repeats), and the per-op sum is checked against
-    the measured whole step (the ratio is in the graph's profile note). Without
-    -o the graph is printed as JSON.
+    the measured whole step (the ratio is in the graph's profile note). Steps at
+    half the batch measure the part of each op's time that does not shrink with
+    the batch. Without -o the graph is printed as JSON.
 
     \b
     Example:
@@ -183,7 +187,8 @@ def model(model: str, output: Path | None, as_json: bool, batch_size, seq_len, g
     with _progress_bar(f"profiling {ref.name}") as progress:
         graph = profile_model(ref, granularity=granularity, repeats=repeats, warmup=warmup,
                               threads=threads, seed=seed, device=device, device_type=device_type,
-                              leaf_modules=leaf_modules, progress=progress)
+                              leaf_modules=leaf_modules, batch_scaling=batch_scaling,
+                              progress=progress)
     console = stderr_console()
     if console is not None and graph.profile is not None:
         p = graph.profile

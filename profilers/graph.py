@@ -165,8 +165,13 @@ def _splittable(nodes: list[fx.Node], gm: fx.GraphModule, shape: tuple[int, ...]
 
 
 def build_ops(capture: Capture, counter, value_meta: dict, fwd_ms: dict, bwd_ms: dict,
-              device_type: str, batch_size: int) -> tuple[tuple[Op, ...], tuple[Edge, ...]]:
-    """``Op`` records (graph order) and ``Edge`` records of a profiled capture."""
+              device_type: str, batch_size: int, fixed_ms: dict | None = None,
+              ) -> tuple[tuple[Op, ...], tuple[Edge, ...]]:
+    """``Op`` records (graph order) and ``Edge`` records of a profiled capture.
+
+    ``fixed_ms`` maps op ids to their measured (forward, backward) batch-independent ms.
+    """
+    fixed_ms = fixed_ms or {}
     gm = capture.graph_module
     owned = _owned_params(capture)
     ops = []
@@ -182,6 +187,7 @@ def build_ops(capture: Capture, counter, value_meta: dict, fwd_ms: dict, bwd_ms:
             activation = int(counter.activation_bytes.get(op_id, 0))
         module = ",".join(capture.modules_of[op_id]) or _enclosing_module(nodes)
         timed = kind is not OpKind.INPUT
+        fixed = fixed_ms.get(op_id) if timed else None
         ops.append(Op(
             id=op_id, name=name, kind=kind,
             flops=float(counter.flops.get(op_id, 0.0)),
@@ -192,6 +198,8 @@ def build_ops(capture: Capture, counter, value_meta: dict, fwd_ms: dict, bwd_ms:
             params=tuple(n for n, _ in params),
             fwd_ms={device_type: round(fwd_ms.get(op_id, 0.0), 6)} if timed else {},
             bwd_ms={device_type: round(bwd_ms.get(op_id, 0.0), 6)} if timed else {},
+            fwd_fixed_ms={device_type: round(min(fixed[0], fwd_ms.get(op_id, 0.0)), 6)} if fixed else {},
+            bwd_fixed_ms={device_type: round(min(fixed[1], bwd_ms.get(op_id, 0.0)), 6)} if fixed else {},
             splittable_dims=_splittable(nodes, gm, shape, batch_size, kind, capture.granularity),
             module=module,
         ))

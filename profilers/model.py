@@ -13,9 +13,18 @@ Steps
        step (timed per op); the graph records per-op medians and the median
        whole step, and ``ProfileInfo`` states the ratio of the per-op sum to
        the step.
+    5. With ``batch_scaling`` (the default) and a batch of at least 2,
+       ``repeats`` more instrumented steps at half the batch (``b = B // 2``).
+       Each op's time is modelled as ``fixed + (t - fixed) x f`` at a fraction
+       ``f`` of the batch (the cost model's scaling); the two medians give its
+       batch-independent part ``fixed = (t_b - t f) / (1 - f)`` with
+       ``f = b / B``, clipped to ``[0, t]`` (``fwd_fixed_ms``/``bwd_fixed_ms``).
+       On a CPU most of it is reading and packing the weights of small-batch
+       matmuls; it decides how data-parallel replicas and microbatches scale.
 
 Costs scale with the model: the counting pass plus ``warmup + 2 * repeats``
-training steps, and O(nodes) bookkeeping per step.
+training steps (and ``repeats`` half-batch steps), and O(nodes) bookkeeping
+per step.
 """
 
 from __future__ import annotations
@@ -99,7 +108,8 @@ def _check_parameter_memory(model: ModelRef, dev: torch.device) -> None:
 def profile_model(model: ModelRef, *, granularity: Granularity | str | None = None,
                   repeats: int = 3, warmup: int = 0, threads: int | None = None, seed: int = 0,
                   device: str = "auto", device_type: str | None = None,
-                  leaf_modules: Iterable[str] = (), progress: Progress | None = None) -> OpGraph:
+                  leaf_modules: Iterable[str] = (), batch_scaling: bool = True,
+                  progress: Progress | None = None) -> OpGraph:
     """Profile ``model`` on the local device into an ``OpGraph`` (see the module doc).
 
     Parameters
@@ -113,6 +123,8 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
     device_type : catalog name to record times under (default: ``cpu``, or the
         catalog type of the CUDA device).
     leaf_modules : module names or classes traced as opaque ops.
+    batch_scaling : also time every op at half the batch, to measure the part of
+        its time that does not shrink with the batch (see the module doc).
     progress : called as ``progress(description, done, total)`` after each step.
 
     Raises ``BadInput`` (unknown model, bad shapes, a model that fails on its
@@ -137,13 +149,15 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(seed)
             return _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves,
-                            progress)
+                            batch_scaling, progress)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, progress):
-    total = 1 + warmup + 2 * repeats
+def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, batch_scaling,
+             progress):
+    half = model.batch_size // 2 if batch_scaling else 0
+    total = 1 + warmup + 2 * repeats + (repeats if half else 0)
     done = 0
 
     def tick(what: str) -> None:
@@ -207,8 +221,12 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
 
     fwd_ms = {k: statistics.median(v) * 1e3 for k, v in fwd_runs.items()}
     bwd_ms = {k: statistics.median(v) * 1e3 for k, v in bwd_runs.items()}
+    fixed, scaling_note = {}, ""
+    if half:
+        fixed, scaling_note = _fixed_parts(cap, workload, module, half, model.batch_size, seed,
+                                           dev, clock, repeats, fwd_ms, bwd_ms, tick)
     ops, edges = build_ops(cap, counter, recorder.value_meta, fwd_ms, bwd_ms, type_name,
-                           model.batch_size)
+                           model.batch_size, fixed)
     step_ms = statistics.median(steps) * 1e3
     op_sum_ms = sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids)
     loss_ms = fwd_ms[LOSS] + bwd_ms[LOSS]
@@ -220,11 +238,52 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     info = ProfileInfo(
         device_type=type_name, threads=torch.get_num_threads(), torch_version=torch.__version__,
         repeats=repeats, warmup=warmup, step_ms=round(step_ms, 4), op_sum_ms=round(op_sum_ms, 4),
-        peak_memory_bytes=int(peak_bytes),
+        peak_memory_bytes=int(peak_bytes), scaling_batch_size=half if fixed else None,
         note=(f"op sum / step = {op_sum_ms / step_ms:.3f} (medians), "
               f"{min(round_sums) / min(steps):.3f} (fastest round of each); loss outside the "
-              f"graph {loss_ms:.2f} ms; seed {seed}; {_machine(dev)}"))
+              f"graph {loss_ms:.2f} ms; {scaling_note}seed {seed}; {_machine(dev)}"))
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges)
+
+
+def fixed_part(t_ms: float, t_small_ms: float, fraction: float) -> float:
+    """The batch-independent part ``fixed`` of ``t(f) = fixed + (t - fixed) f``, given the
+    time ``t_ms`` at the full batch and ``t_small_ms`` at ``fraction`` of it; in ``[0, t]``."""
+    return min(t_ms, max(0.0, (t_small_ms - t_ms * fraction) / (1 - fraction)))
+
+
+def _fixed_parts(cap, workload, module, half, batch_size, seed, dev, clock, repeats, fwd_ms, bwd_ms,
+                 tick) -> tuple[dict, str]:
+    """Per op, the (forward, backward) ms that do not shrink with the batch, from
+    ``repeats`` instrumented steps at ``half`` of the batch (module doc, step 5).
+
+    Returns ``({op: (fwd_fixed, bwd_fixed)}, note)``; a model that cannot run at
+    the smaller batch gets no fixed parts and a note saying why.
+    """
+    inputs, target = workload.make_batch(half, seed)
+    inputs = tuple(t.to(dev) for t in inputs)
+    target = None if target is None else target.to(dev)
+    fwd_runs, bwd_runs = defaultdict(list), defaultdict(list)
+    try:
+        for _ in range(repeats):
+            module.zero_grad(set_to_none=True)
+            timed = Recorder(cap, clock)
+            timed.run(inputs, lambda output: workload.loss(output, target))
+            for key in cap.op_ids:
+                fwd_runs[key].append(timed.fwd_s.get(key, 0.0))
+                bwd_runs[key].append(timed.bwd_s.get(key, 0.0))
+            tick(f"timing every op at batch {half}")
+    except Exception as exc:  # a model whose trace only runs at its profiled batch
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+        return {}, f"fixed parts not measured (batch {half} failed: {reason}); "
+    finally:
+        module.zero_grad(set_to_none=True)
+    f = half / batch_size
+    fixed = {op: tuple(fixed_part(full[op], statistics.median(runs[op]) * 1e3, f)
+                       for runs, full in ((fwd_runs, fwd_ms), (bwd_runs, bwd_ms)))
+             for op in cap.op_ids}
+    at_full = sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids)
+    share = sum(a + b for a, b in fixed.values()) / at_full if at_full > 0 else 0.0
+    return fixed, f"batch-independent part {share:.0%} of the per-op sum (from batch {half}); "
 
 
 def _machine(dev: torch.device) -> str:

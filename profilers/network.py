@@ -11,7 +11,10 @@ Method
     Then every rank runs AllReduce over the same sizes (the time of one is the
     slowest rank's), reported with its bus bandwidth ``2(N-1)/N * S / t``. On
     CPU each process also times an FP32 matmul, recorded as the device's
-    ``fp32_tflops`` override.
+    ``fp32_tflops`` override, and, all processes at once (as training workers
+    run), an in-place add over 64 MiB tensors (three passes: read two, write
+    one), recorded as its ``memory_bandwidth_gb_per_s`` override: the rate at
+    which optimizer steps, gradient buckets and gloo's sums move memory.
 
 Topology written
     Ranks are grouped by host name. On each host the processes are devices of
@@ -102,13 +105,15 @@ class NetworkReport:
     allreduce_s: list[float] = field(default_factory=list)
     fits: dict[str, dict[str, float]] = field(default_factory=dict)
     matmul_gflops: list[float] = field(default_factory=list)
+    memory_gb_per_s: list[float] = field(default_factory=list)
     memory_gib: dict[str, float] = field(default_factory=dict)
 
     def to_data(self) -> dict:
         return {"backend": self.backend, "world_size": self.world_size, "hosts": self.hosts,
                 "devices": self.devices, "sizes_bytes": self.sizes, "p2p_one_way_s": self.p2p_s,
                 "allreduce_s": self.allreduce_s, "fits": self.fits,
-                "matmul_gflops": self.matmul_gflops, "memory_gib": self.memory_gib}
+                "matmul_gflops": self.matmul_gflops, "memory_gb_per_s": self.memory_gb_per_s,
+                "memory_gib": self.memory_gib}
 
     def allreduce_bus_gbps(self, index: int = -1) -> float:
         n = self.world_size
@@ -207,15 +212,18 @@ def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | N
     tick("allreduce")
 
     gflops = _matmul_gflops(device) if device.type == "cpu" else 0.0
+    dist.barrier()
+    memory = _memory_gb_per_s(device) if device.type == "cpu" else 0.0
     gathered: list = [None] * world
-    dist.all_gather_object(gathered, {"p2p": p2p, "gflops": gflops,
+    dist.all_gather_object(gathered, {"p2p": p2p, "gflops": gflops, "memory": memory,
                                       "device": _device_label(device)})
     tick("gathering")
     if rank != 0:
         return None
     report = NetworkReport(backend=config.backend, world_size=world, hosts=names,
                            devices=[g["device"] for g in gathered], sizes=list(config.sizes),
-                           allreduce_s=allreduce, matmul_gflops=[g["gflops"] for g in gathered])
+                           allreduce_s=allreduce, matmul_gflops=[g["gflops"] for g in gathered],
+                           memory_gb_per_s=[g["memory"] for g in gathered])
     for g in gathered:
         report.p2p_s.update(g["p2p"])
     report.p2p_s = dict(sorted(report.p2p_s.items(), key=lambda kv: tuple(map(int, kv[0].split("-")))))
@@ -250,6 +258,21 @@ def _matmul_gflops(device, n: int = 512, budget_s: float = 0.3) -> float:
         a @ b
         count += 1
     return 2 * n**3 * count / (time.perf_counter() - t0) / 1e9
+
+
+def _memory_gb_per_s(device, nbytes: int = 64 * 2**20, budget_s: float = 0.5) -> float:
+    """GB/s moved by ``a += b`` over ``nbytes`` tensors (3 passes), median of repeated timings."""
+    import torch
+
+    a = torch.ones(nbytes // 4, device=device)
+    b = torch.ones(nbytes // 4, device=device)
+    a.add_(b)
+    samples, t0 = [], time.perf_counter()
+    while time.perf_counter() - t0 < budget_s or len(samples) < 3:
+        t = time.perf_counter()
+        a.add_(b)
+        samples.append(time.perf_counter() - t)
+    return 3 * nbytes / statistics.median(samples) / 1e9
 
 
 def _host_memory_gib() -> float:
@@ -330,6 +353,7 @@ def probe_network(nprocs: int = 2, *, sizes: Sequence[int] = DEFAULT_SIZES, repe
                            hosts=data["hosts"], devices=data["devices"], sizes=data["sizes_bytes"],
                            p2p_s=data["p2p_one_way_s"], allreduce_s=data["allreduce_s"],
                            fits=data["fits"], matmul_gflops=data["matmul_gflops"],
+                           memory_gb_per_s=data.get("memory_gb_per_s", []),
                            memory_gib=data["memory_gib"])
     return topology_from_report(report, name=name), report
 
@@ -431,6 +455,10 @@ def topology_from_report(report: NetworkReport, name: str | None = None) -> Topo
             gflops = [report.matmul_gflops[r] for r in ranks if report.matmul_gflops[r] > 0]
             if gflops:
                 spec["fp32_tflops"] = round(statistics.median(gflops) / 1e3, 4)
+            memory = [report.memory_gb_per_s[r] for r in ranks
+                      if r < len(report.memory_gb_per_s) and report.memory_gb_per_s[r] > 0]
+            if memory:
+                spec["memory_bandwidth_gb_per_s"] = round(statistics.median(memory), 2)
         doc: dict = {"name": host_names[h], "devices": [spec]}
         intra = median_fit([(a, b) for a in ranks for b in ranks if a < b])
         if intra is not None:

@@ -144,6 +144,9 @@ def test_network_probe_writes_a_topology_that_show_renders(tmp_path):
     data = json.loads(report.read_text())
     assert data["sizes_bytes"] == [1024, 4096, 16384, 65536, 262144]
     assert len(data["p2p_one_way_s"]["0-1"]) == 5 and len(data["allreduce_s"]) == 5
+    # every process measured its memory bandwidth; the devices carry the median
+    assert len(data["memory_gb_per_s"]) == 2 and min(data["memory_gb_per_s"]) > 0
+    assert topo.hosts[0].devices[0].memory_bandwidth_gb_per_s > 0
     shown = run("show", str(out))
     assert shown.exit_code == 0 and "loopback" in shown.output
 

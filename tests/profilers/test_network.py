@@ -38,7 +38,8 @@ def _report(hosts, fits, devices=None):
         p2p_s={k: _line(v[1], v[0]) for k, v in fits.items()},
         allreduce_s=[1e-3] * len(sizes),
         fits={k: {"bandwidth_gbps": v[0], "latency_us": v[1]} for k, v in fits.items()},
-        matmul_gflops=[50.0] * n, memory_gib={h: 24.0 for h in hosts})
+        matmul_gflops=[50.0] * n, memory_gb_per_s=[9.0, 11.0, 10.0, 10.0][:n],
+        memory_gib={h: 24.0 for h in hosts})
 
 
 def test_two_local_processes_make_one_loopback_host():
@@ -48,6 +49,8 @@ def test_two_local_processes_make_one_loopback_host():
     assert host.interconnect.kind.value == "loopback"
     spec = host.devices[0]
     assert spec.type == "cpu" and spec.memory_gib == 12.0 and spec.fp32_tflops == 0.05
+    assert spec.memory_bandwidth_gb_per_s == 10.0  # median of the processes' measurements
+    assert cluster_of(topo).device("box/cpu0").type.memory_bandwidth_gb_per_s == 10.0
     route = cluster_of(topo).route("box/cpu0", "box/cpu1")
     # The route takes the measured link, not the host bridge.
     assert route.bandwidth_gbps == 12.0 and route.latency_us == 40.0 and len(route.hops) == 1

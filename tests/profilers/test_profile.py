@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from dl_nfv.artifacts import BadInput, Granularity, OpKind, from_document, to_data
 from dl_nfv.profilers import profile_model, zoo
+from dl_nfv.profilers.model import fixed_part
 
 FAST = {"repeats": 1, "warmup": 0}
 
@@ -103,8 +104,8 @@ def test_profile_records_measurements_and_is_deterministic_except_times():
         data = to_data(graph)
         data.pop("profile")
         for op in data["ops"]:
-            op.pop("fwd_ms", None)
-            op.pop("bwd_ms", None)
+            for key in ("fwd_ms", "bwd_ms", "fwd_fixed_ms", "bwd_fixed_ms"):
+                op.pop(key, None)
         return data
 
     assert without_times(a) == without_times(b)
@@ -115,7 +116,32 @@ def test_profile_records_measurements_and_is_deterministic_except_times():
 def test_progress_is_reported_for_every_step():
     seen = []
     _profile("mlp-tiny", repeats=2, warmup=1, progress=lambda what, done, total: seen.append((done, total)))
-    assert seen == [(i, 6) for i in range(1, 7)]
+    # counting pass, 1 warm-up, 2 x (whole step + per-op step), 2 per-op steps at half batch
+    assert seen == [(i, 8) for i in range(1, 9)]
+
+
+def test_fixed_part_inverts_the_cost_models_batch_scaling():
+    # t(f) = fixed + (t - fixed) f with t = 10, fixed = 4: t(1/2) = 7, t(1/4) = 5.5
+    assert fixed_part(10.0, 7.0, 0.5) == pytest.approx(4.0)
+    assert fixed_part(10.0, 5.5, 0.25) == pytest.approx(4.0)
+    assert fixed_part(10.0, 5.0, 0.5) == 0.0  # linear in the batch
+    assert fixed_part(10.0, 12.0, 0.5) == 10.0  # slower at the smaller batch: all of it fixed
+    assert fixed_part(10.0, 4.0, 0.5) == 0.0  # faster than linear (noise): clipped
+
+
+def test_batch_scaling_records_fixed_parts_within_the_op_times():
+    graph = _profile("mlp-tiny", batch_size=8, repeats=2)
+    assert graph.profile.scaling_batch_size == 4
+    timed = [op for op in graph.ops if op.kind is not OpKind.INPUT]
+    for op in timed:
+        assert set(op.fwd_fixed_ms) == {"cpu"} and set(op.bwd_fixed_ms) == {"cpu"}
+        assert 0 <= op.fwd_fixed_ms["cpu"] <= op.fwd_ms["cpu"]
+        assert 0 <= op.bwd_fixed_ms["cpu"] <= op.bwd_ms["cpu"]
+    plain = _profile("mlp-tiny", batch_size=8, batch_scaling=False)
+    assert plain.profile.scaling_batch_size is None
+    assert all(not op.fwd_fixed_ms and not op.bwd_fixed_ms for op in plain.ops)
+    one = _profile("mlp-tiny", batch_size=1)  # nothing smaller to measure
+    assert one.profile.scaling_batch_size is None
 
 
 TEST_MODEL = """
