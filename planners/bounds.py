@@ -61,11 +61,8 @@ def work_bound_ms(cm: CostModel, devices: Sequence[str]) -> float:
 def critical_path_ms(cm: CostModel, devices: Sequence[str], min_batch_fraction: float = 1.0) -> float:
     """Longest forward+backward chain, each op at its fastest time and smallest batch fraction."""
     cols = _type_columns(cm, devices)
-    launch = cm.launch_ms_by_type[cols]
     per_op = np.zeros(len(cm.op_ids))
-    for table in (cm.fwd_ms_by_type, cm.bwd_ms_by_type):
-        t = table[:, cols]
-        scaled = np.where(t > launch, launch + (t - launch) * min_batch_fraction, t)
+    for scaled in cm.scaled_tables(cols, min_batch_fraction):
         per_op += scaled.min(axis=1)
     graph = cm.graph.to_networkx()
     longest: dict[str, float] = {}

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dl_nfv.artifacts import Group, SyncMethod
-from dl_nfv.simulator.costs import CostModel
+from dl_nfv.simulator.costs import CostModel, scale_table
 
 GIB = 2**30
 MAX_GAP_SCAN = 48  # idle intervals a task may look back through before it appends
@@ -144,12 +144,17 @@ class StepGraph:
         self.share = [h - l_ for l_, h in zip(lo, hi)]
 
         cols = [cm.device_type_index[d] for d in self.devices]
-        launch = cm.launch_ms_by_type[cols]
-        fwd_full = cm.fwd_ms_by_type[np.asarray(unit_op)][:, cols]
-        bwd_full = cm.bwd_ms_by_type[np.asarray(unit_op)][:, cols]
+        rows = np.asarray(unit_op)
         share = np.asarray(self.share)[:, None]
-        self.fwd = _scaled(fwd_full, launch, share).tolist()  # [U][D]
-        self.bwd = _scaled(bwd_full, launch, share).tolist()
+        # a unit's time at its share, and the part of it that does not shrink with the batch
+        self.fwd_fixed = np.minimum(cm.fwd_fixed_by_type[rows][:, cols],
+                                    cm.fwd_ms_by_type[rows][:, cols]).tolist()  # [U][D]
+        self.bwd_fixed = np.minimum(cm.bwd_fixed_by_type[rows][:, cols],
+                                    cm.bwd_ms_by_type[rows][:, cols]).tolist()
+        self.fwd = scale_table(cm.fwd_ms_by_type[rows][:, cols], cm.fwd_fixed_by_type[rows][:, cols],
+                               share).tolist()
+        self.bwd = scale_table(cm.bwd_ms_by_type[rows][:, cols], cm.bwd_fixed_by_type[rows][:, cols],
+                               share).tolist()
         # an op has a backward when it or an op it depends on has parameters (as simulated)
         needs = [False] * n
         preds_of: list[list[int]] = [[] for _ in range(n)]
@@ -228,11 +233,6 @@ class StepGraph:
         lat = sum(self.lat[a][b] for a, b in pairs) / len(pairs)
         per_byte = sum(self.per_byte[a][b] for a, b in pairs) / len(pairs)
         return w, lat, per_byte
-
-
-def _scaled(full: np.ndarray, launch: np.ndarray, share: np.ndarray) -> np.ndarray:
-    """``scale_by_batch`` over a [units, devices] table."""
-    return np.where(full > launch[None, :], launch[None, :] + (full - launch[None, :]) * share, full)
 
 
 # ----------------------------------------------------------------- priorities
@@ -626,7 +626,8 @@ def backward_pass(sched: Schedule, links: _Links | None = None,
     for d in range(sg.D):
         end = done[d]
         if params[d] > 0:
-            end += cm.update_ms(params[d], sg.devices[d], sg.state_factor)
+            end += (cm.update_ms(params[d], sg.devices[d], sg.state_factor)
+                    + cm.upkeep_ms(params[d], sg.devices[d]))
         makespan = max(makespan, end)
     sched.makespan_ms = makespan
 

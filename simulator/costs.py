@@ -10,7 +10,20 @@ Compute
     (the one with measurements): ``efficiency = roofline_ref / measured_ref``,
     clipped to [``MIN_EFFICIENCY``, 1]. Without any measurement a default
     efficiency is used. A replica that holds a fraction ``f`` of the batch takes
-    ``launch + (t - launch) * f``: launch overhead does not shrink with the batch.
+    ``fixed + (t - fixed) * f``: part of an op's time does not shrink with the
+    batch. ``fixed`` is the op's measured batch-independent part where the
+    profile measured one on that device type (``fwd_fixed_ms``: from a second
+    measurement at half the batch; on a CPU, reading and packing the weights of
+    a small-batch matmul is most of it), otherwise the launch overhead.
+
+Optimizer step and gradient buffers
+    Memory bound: per parameter byte an update reads the parameter and its
+    gradient and writes the parameter (``UPDATE_PASSES``), and reads each state
+    tensor twice and writes it once (``STATE_PASSES``). Gradients live in flat
+    buckets (as DDP's ``gradient_as_bucket_view``): every step zeroes them (two
+    passes: a write reads the line first) and every backward pass of a
+    microbatch adds into them (read two, write one: ``ACCUMULATE_PASSES``);
+    this upkeep is charged with the update.
 
 Communication
     A transfer over a route takes ``latency + bytes / bottleneck bandwidth``.
@@ -62,9 +75,14 @@ from dl_nfv.artifacts.devices import DeviceType
 MIN_EFFICIENCY = 0.05
 DEFAULT_COMPUTE_EFFICIENCY = 0.5
 DEFAULT_MEMORY_EFFICIENCY = 0.7
-# Bytes moved per parameter byte by an optimizer step: read param + grad, write param,
-# read and write each state tensor.
+# Bytes moved per parameter byte by an optimizer step: read param + grad, write param;
+# per state tensor: read it for its own update and for the parameter's, write it.
 UPDATE_PASSES = 3.0
+STATE_PASSES = 3.0
+# Gradient buckets: zeroed once per step (a pure write also reads each cache line first,
+# so it costs two passes), and each backward adds into them (read two, write one).
+ZERO_PASSES = 2.0
+ACCUMULATE_PASSES = 3.0
 # Bytes moved per reduced byte by a CPU collective's sum: read two operands, write one.
 REDUCE_PASSES = 3.0
 # Link media whose two directions share one capacity.
@@ -94,8 +112,10 @@ class CostModel:
         type with the most measured ops.
 
     Per-op times per device type are precomputed into numpy arrays
-    (``fwd_ms_by_type``, ``bwd_ms_by_type``, shape ``[ops, types]``) so that
-    planners can vectorise; ``op_ms`` reads from them. Construction is
+    (``fwd_ms_by_type``, ``bwd_ms_by_type``, shape ``[ops, types]``, at the
+    graph's batch, and their batch-independent parts ``fwd_fixed_by_type``,
+    ``bwd_fixed_by_type``) so that planners can vectorise; ``op_ms`` reads from
+    them, and ``scale_by_batch`` / ``scale_table`` scale them. Construction is
     O(ops x device types); every query after that is O(1) or O(route length).
     """
 
@@ -112,8 +132,9 @@ class CostModel:
         self.type_index = {t.name: i for i, t in enumerate(self.device_types)}
         self.device_type_index = {d.name: self.type_index[d.type.name] for d in self.cluster.devices}
         self.reference = reference or _reference_type(graph)
-        self.fwd_ms_by_type, self.bwd_ms_by_type = self._compute_tables()
         self.launch_ms_by_type = np.array([t.launch_overhead_us / 1e3 for t in self.device_types])
+        (self.fwd_ms_by_type, self.bwd_ms_by_type,
+         self.fwd_fixed_by_type, self.bwd_fixed_by_type) = self._compute_tables()
         self.param_bytes = np.array([op.param_bytes for op in graph.ops], dtype=np.float64)
         self.output_bytes = np.array([op.output_bytes for op in graph.ops], dtype=np.float64)
         self.input_bytes = np.zeros(len(graph.ops))
@@ -136,10 +157,12 @@ class CostModel:
         return self.graph.index
 
     # ---------------------------------------------------------------- compute
-    def _compute_tables(self) -> tuple[np.ndarray, np.ndarray]:
+    def _compute_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         n, k = len(self.graph.ops), len(self.device_types)
         fwd = np.zeros((n, k))
         bwd = np.zeros((n, k))
+        fwd_fixed = np.zeros((n, k))
+        bwd_fixed = np.zeros((n, k))
         for i, op in enumerate(self.graph.ops):
             bwd_flops = op.bwd_flops or (2 * op.flops if op.param_bytes else op.flops)
             eff_f = self._efficiency(op.fwd_ms.get(self.reference), op.flops, op.bytes_accessed)
@@ -150,7 +173,10 @@ class CostModel:
                 bwd[i, j] = _measured_or(op.bwd_ms, t, lambda t=t: _roofline_ms(
                     bwd_flops, 2 * op.bytes_accessed, t, eff_b, self.graph.model.dtype)
                     if (op.bwd_ms or op.flops or op.param_bytes) else 0.0)
-        return fwd, bwd
+                launch = self.launch_ms_by_type[j]
+                fwd_fixed[i, j] = min(op.fwd_fixed_ms.get(t.name, launch), fwd[i, j])
+                bwd_fixed[i, j] = min(op.bwd_fixed_ms.get(t.name, launch), bwd[i, j])
+        return fwd, bwd, fwd_fixed, bwd_fixed
 
     def _efficiency(self, measured_ms: float | None, flops: float, nbytes: float) -> float | None:
         """Roofline time over measured time on the reference type; None when unmeasured."""
@@ -169,16 +195,28 @@ class CostModel:
         """
         i = self.op_index[op_id]
         j = self.device_type_index[device]
-        table = self.fwd_ms_by_type if phase == "fwd" else self.bwd_ms_by_type
-        return scale_by_batch(float(table[i, j]), float(self.launch_ms_by_type[j]), batch_fraction)
+        if phase == "fwd":
+            return scale_by_batch(float(self.fwd_ms_by_type[i, j]),
+                                  float(self.fwd_fixed_by_type[i, j]), batch_fraction)
+        return scale_by_batch(float(self.bwd_ms_by_type[i, j]), float(self.bwd_fixed_by_type[i, j]),
+                              batch_fraction)
 
     def ops_ms(self, op_ids: Iterable[str], device: str, batch_fraction: float = 1.0) -> tuple[float, float]:
         """Summed (forward, backward) time of ``op_ids`` on ``device`` at ``batch_fraction``."""
         idx = [self.op_index[o] for o in op_ids]
         j = self.device_type_index[device]
-        launch = float(self.launch_ms_by_type[j])
-        return (_scaled_sum(self.fwd_ms_by_type[idx, j], launch, batch_fraction),
-                _scaled_sum(self.bwd_ms_by_type[idx, j], launch, batch_fraction))
+        return (float(scale_table(self.fwd_ms_by_type[idx, j], self.fwd_fixed_by_type[idx, j],
+                                  batch_fraction).sum()),
+                float(scale_table(self.bwd_ms_by_type[idx, j], self.bwd_fixed_by_type[idx, j],
+                                  batch_fraction).sum()))
+
+    def scaled_tables(self, cols, batch_fraction) -> tuple[np.ndarray, np.ndarray]:
+        """(forward, backward) ``[ops, len(cols)]`` tables of device-type columns ``cols`` at
+        ``batch_fraction`` (a scalar, or an array broadcasting against ``[ops, cols]``)."""
+        return (scale_table(self.fwd_ms_by_type[:, cols], self.fwd_fixed_by_type[:, cols],
+                            batch_fraction),
+                scale_table(self.bwd_ms_by_type[:, cols], self.bwd_fixed_by_type[:, cols],
+                            batch_fraction))
 
     def fused_ms(self, op_ids: Sequence[str], device: str, phase: str = "fwd",
                  batch_fraction: float = 1.0) -> float:
@@ -203,9 +241,27 @@ class CostModel:
         """Optimizer step over ``param_bytes`` of parameters on ``device`` (memory bound)."""
         if param_bytes <= 0:
             return 0.0
-        t = self.cluster.device(device).type
-        moved = param_bytes * (UPDATE_PASSES + 2 * state_factor)
-        return t.launch_overhead_us / 1e3 + moved / (t.memory_bandwidth_gb_per_s * 1e6)
+        return self.update_launch_ms(device) + param_bytes * self.update_ms_per_byte(
+            device, state_factor)
+
+    def update_ms_per_byte(self, device: str, state_factor: float = 1.0) -> float:
+        """The per-parameter-byte part of ``update_ms``."""
+        passes = UPDATE_PASSES + STATE_PASSES * state_factor
+        return passes / (self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6)
+
+    def update_launch_ms(self, device: str) -> float:
+        """The fixed part of ``update_ms``."""
+        return self.cluster.device(device).type.launch_overhead_us / 1e3
+
+    def upkeep_ms(self, grad_bytes: float, device: str, accumulations: int = 1) -> float:
+        """Per step, the upkeep of ``grad_bytes`` of gradient buckets on ``device``: zeroed
+        once, added into by ``accumulations`` backward passes (one per microbatch)."""
+        return grad_bytes * self.upkeep_ms_per_byte(device, accumulations)
+
+    def upkeep_ms_per_byte(self, device: str, accumulations: int = 1) -> float:
+        """The per-gradient-byte cost of ``upkeep_ms``."""
+        passes = ZERO_PASSES + ACCUMULATE_PASSES * accumulations
+        return passes / (self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6)
 
     # ---------------------------------------------------------- communication
     def transfer_ms(self, src: str, dst: str, nbytes: float) -> float:
@@ -369,6 +425,10 @@ class CostModel:
         result = self._phases[flows] = (latency_us / 1e3, per_byte_us / 1e3, dict(load))
         return result
 
+    def _busiest(self, links: dict) -> float:
+        """ms per byte of ``S`` on the busiest capacity, given bytes per byte of ``S`` per link."""
+        return max((w * 8 / (bw * 1e3) for w, bw in self._capacity_load(links)), default=0.0) / 1e3
+
     def _ring_phase(self, ring: Sequence[str], weight: float) -> tuple[float, float, dict]:
         return self._phase(tuple((a, b, weight) for a, b in zip(ring, [*ring[1:], ring[0]])))
 
@@ -398,9 +458,11 @@ class CostModel:
             worst = max(worst, per_byte)
             _add(links, load)
             _add(links, self._phase(tuple((b, a, w) for a, b, w in up))[2])
-        # each level's receivers sum the whole payload
+        # each level's receivers sum the whole payload; no link carries its bytes faster
+        # than its bandwidth (a NIC that several levels cross carries them all)
         reduce = math.ceil(math.log2(n)) * self.reduce_ms_per_byte(order)
-        return _Expression([[(2 * latency, 2 * worst + reduce)]], dict(links))
+        return _Expression([[(2 * latency, max(2 * worst, self._busiest(links)) + reduce)]],
+                           dict(links))
 
     def _hierarchical_expr(self, devices: tuple[str, ...]) -> _Expression:
         by_host: dict[str, list[str]] = defaultdict(list)
@@ -447,7 +509,7 @@ class CostModel:
             latency += lat
             worst = max(worst, per_byte)
             _add(links, load)
-        return _Expression([[(latency, worst)]], dict(links))
+        return _Expression([[(latency, max(worst, self._busiest(links)))]], dict(links))
 
     def _ps_expr(self, workers: tuple[str, ...], servers_key: str, *, push: bool) -> _Expression:
         servers = servers_key.split("\n")
@@ -566,20 +628,18 @@ class CostModel:
         return self.cluster.device(device).memory_bytes
 
 
-def scale_by_batch(ms: float, launch_ms: float, batch_fraction: float) -> float:
-    """An op time scaled to a fraction of the batch; launch overhead does not scale."""
-    if batch_fraction == 1.0:
+def scale_by_batch(ms: float, fixed_ms: float, batch_fraction: float) -> float:
+    """An op time at full batch scaled to a fraction of the batch: ``fixed`` does not scale."""
+    if batch_fraction == 1.0 or ms <= fixed_ms:
         return ms
-    if ms <= launch_ms:
-        return ms
-    return launch_ms + (ms - launch_ms) * batch_fraction
+    return fixed_ms + (ms - fixed_ms) * batch_fraction
 
 
-def _scaled_sum(times: np.ndarray, launch_ms: float, batch_fraction: float) -> float:
-    if batch_fraction == 1.0:
-        return float(times.sum())
-    return float(np.where(times > launch_ms, launch_ms + (times - launch_ms) * batch_fraction,
-                          times).sum())
+def scale_table(times: np.ndarray, fixed: np.ndarray, batch_fraction) -> np.ndarray:
+    """``scale_by_batch`` elementwise (``fixed`` and ``batch_fraction`` broadcast)."""
+    if np.isscalar(batch_fraction) and batch_fraction == 1.0:
+        return times
+    return np.where(times > fixed, fixed + (times - fixed) * batch_fraction, times)
 
 
 def _lookup_type(name: str, types: list[DeviceType]) -> DeviceType:

@@ -13,6 +13,11 @@ Model (docs/simulator.md states it with its limits):
   moment the task becomes ready (FIFO per resource, whole-route reservation):
   it starts when the last of its resources frees up. So a link carries one
   transfer at a time, at most at its bandwidth.
+* On a **host-driven** device (a CPU: the collective library copies and sums
+  on the worker's own cores) communication and compute share one stream: a
+  communication task that holds the device's stream also waits for the
+  compute task running there, and the device starts no compute task until the
+  stream is free again.
 * Time advances from event to event (task ends); tasks that become ready at
   the same instant are all queued before any idle device picks one, so the
   priority decides between them.
@@ -78,6 +83,14 @@ def run(tg: TaskGraph) -> Schedule:
     queues: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]
     res_free = [0.0] * n_res
     res_last = [-1] * n_res
+    # host-driven devices: stream resource -> device, and the compute task running on each
+    n_links = tg.n_links
+    res_dev = [-1] * n_res
+    for d, hosted in enumerate(tg.host_driven):
+        if hosted:
+            res_dev[n_links + d] = d
+    any_host = any(tg.host_driven)
+    running = [-1] * n_dev
     events: list[tuple[float, int]] = []
     done = 0
 
@@ -100,6 +113,11 @@ def run(tg: TaskGraph) -> Schedule:
                     if f > s:
                         s = f
                         blocker = res_last[r]
+                    if any_host:
+                        d = res_dev[r]
+                        if d >= 0 and busy[d] and end[running[d]] > s:
+                            s = end[running[d]]
+                            blocker = running[d]
                 e = s + dur[t]
                 for r in rs:
                     res_free[r] = e
@@ -113,9 +131,11 @@ def run(tg: TaskGraph) -> Schedule:
         for d in touched:
             if not busy[d]:
                 q = queues[d]
-                if q:
+                if q and not (any_host and res_dev[n_links + d] == d
+                              and res_free[n_links + d] > now):
                     t = heappop(q)[1]
                     busy[d] = True
+                    running[d] = t
                     start[t] = now
                     e = now + dur[t]
                     end[t] = e
@@ -137,6 +157,12 @@ def run(tg: TaskGraph) -> Schedule:
                 busy[d] = False
                 last_on[d] = t
                 touched.append(d)
+            elif any_host:
+                for r in res[t]:
+                    d = res_dev[r]
+                    if d >= 0:
+                        last_on[d] = t
+                        touched.append(d)
             for s in succ[t]:
                 remaining[s] -= 1
                 if remaining[s] == 0:

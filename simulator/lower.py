@@ -34,8 +34,6 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 
-import numpy as np
-
 from dl_nfv.artifacts import (
     BadInput,
     Compression,
@@ -237,7 +235,9 @@ class _Lowering:
                          for m in self.members]
         tg.replica_device = list(groups.rep_device)
         tg.group_ids = list(groups.ids)
+        tg.host_driven = [self.cluster.device(d).type.kind.value == "cpu" for d in self.device_names]
         self.tg = tg
+        self._stream_tasks: list[int] = []
 
         self._compute_tasks()
         self._data_edges()
@@ -298,13 +298,7 @@ class _Lowering:
         cache = self._time_cache
         tables = cache.get(key)
         if tables is None:
-            j = key[0]
-            launch = float(cm.launch_ms_by_type[j])
-            f = cm.fwd_ms_by_type[:, j]
-            b = cm.bwd_ms_by_type[:, j]
-            if frac != 1.0:
-                f = np.where(f > launch, launch + (f - launch) * frac, f)
-                b = np.where(b > launch, launch + (b - launch) * frac, b)
+            f, b = cm.scaled_tables(key[0], frac)
             tables = cache[key] = (f.tolist(), b.tolist())
         return tables
 
@@ -464,10 +458,13 @@ class _Lowering:
                             (B[ub][rb] if self.unit_rg[ub] else F[ub][rb]) for ub in consumers)
                     continue
                 fwd_ms = self.cm.transfer_ms(self.device_names[da], self.device_names[db], size)
-                res_f = self._route(da, db)
-                res_b = self._route(db, da) if rg else ()
+                hosts = tuple(-1 - d for d in (da, db) if tg.host_driven[d])
+                res_f = self._route(da, db) + hosts
+                res_b = self._route(db, da) + hosts if rg else ()
                 for m in range(M):
                     t = tg.add_comm(TaskKind.TRANSFER, res_f, fwd_ms, size, (ua, "F", m, size, da, db))
+                    if hosts:
+                        self._stream_tasks.append(t)
                     depend(fa + m, t)
                     for fb in fbs:
                         depend(t, fb + m)
@@ -478,6 +475,8 @@ class _Lowering:
                     if rg:
                         tb = tg.add_comm(TaskKind.TRANSFER, res_b, fwd_ms, size,
                                          (ua, "B", m, size, db, da))
+                        if hosts:
+                            self._stream_tasks.append(tb)
                         for bb in bbs:
                             depend(bb + m, tb)
                         depend(tb, ba + m)
@@ -493,10 +492,10 @@ class _Lowering:
                 if bucket:
                     buckets_of[self.op_group[bucket[0]]].append(list(bucket))
                     bucketed.update(bucket)
-        self._stream_tasks: list[int] = []
         # per device: the tasks its optimizer update waits for, and the parameter bytes it updates
         self.update_deps: dict[int, list[int]] = defaultdict(list)
         self.update_bytes: dict[int, float] = defaultdict(float)
+        self.grad_bytes: dict[int, float] = defaultdict(float)  # gradient buckets per device
         self.static: list[float] = [0.0] * len(self.device_names)
         self.server_updates: list[int] = []
         sf = plan.optimizer.state_factor
@@ -506,6 +505,8 @@ class _Lowering:
             param_ops = [op for op in g.ops if index[op].param_bytes > 0]
             total = float(sum(index[op].param_bytes for op in param_ops))
             devs = [groups.rep_device[r] for r in reps]
+            for d in devs:
+                self.grad_bytes[d] += total
 
             def b_tasks(ops, reps=reps):
                 units = sorted({self.unit_of[o] for o in ops})
@@ -688,7 +689,9 @@ class _Lowering:
             deps = self.update_deps.get(d)
             if nbytes <= 0 and not deps:
                 continue
-            ms = self.cm.update_ms(nbytes, self.device_names[d], plan.optimizer.state_factor)
+            name = self.device_names[d]
+            ms = (self.cm.update_ms(nbytes, name, plan.optimizer.state_factor)
+                  + self.cm.upkeep_ms(self.grad_bytes.get(d, 0.0), name, M))
             t = tg.add_compute(TaskKind.UPDATE, d, ms, 3 * U * M, ("",))
             self.updates[d] = t
             for dep in deps or ():

@@ -8,7 +8,10 @@ attribute access on per-task objects would dominate. A task is either
   a time per device, picked by ``priority[t]`` among the ready ones; or
 * **communication**: ``device[t] == -1``; it holds every resource in
   ``resources[t]`` (directed links of its route, and for collectives each
-  participant's collective stream) for its whole duration.
+  participant's collective stream) for its whole duration. On a
+  ``host_driven`` device (a CPU, whose collective library copies and sums on
+  the same cores) the device's stream resource also stands for its compute
+  stream: while such a task holds it, the device computes nothing.
 
 ``succ[t]`` lists the tasks that wait for ``t``; ``ndeps[t]`` counts the tasks
 ``t`` waits for. ``info[t]`` is a small tuple from which ``describe(t)``
@@ -59,7 +62,7 @@ class TaskGraph:
         "kind", "device", "resources", "duration_ms", "priority", "succ", "ndeps", "nbytes",
         "info", "device_names", "resource_names", "n_links", "unit_names", "replica_device",
         "group_ids", "buf_alloc", "buf_device", "buf_bytes", "buf_releasers", "static_bytes",
-        "capacity_bytes", "microbatches",
+        "capacity_bytes", "microbatches", "host_driven",
     )
 
     def __init__(self, device_names: list[str], resource_names: list, n_links: int):
@@ -87,6 +90,9 @@ class TaskGraph:
         self.static_bytes: list[float] = [0.0] * len(device_names)
         self.capacity_bytes: list[int] = [0] * len(device_names)
         self.microbatches = 1
+        # devices whose communication runs on their own compute cores (CPUs: gloo copies and
+        # sums on the worker's cores), so a collective or transfer there holds the device too
+        self.host_driven: list[bool] = [False] * len(device_names)
 
     def __len__(self) -> int:
         return len(self.kind)

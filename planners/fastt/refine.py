@@ -5,7 +5,7 @@ What a run report can refine, and how (everything else keeps its profiled cost):
 * **Per-op times** (``op_fwd_ms`` / ``op_bwd_ms``, by device type): they
   replace the graph's times for that device type. A time measured on a replica
   that held a share ``f`` of the batch is brought back to the full batch with
-  the cost model's own scaling (launch overhead fixed, the rest linear in
+  the cost model's own scaling (the op's fixed part, the rest linear in
   ``f``) when the report's plan can be read; otherwise it is taken as a
   full-batch time.
 * **Per-rank compute time** (``compute_ms``, always present): for each device
@@ -58,6 +58,9 @@ def refined_graph(graph: OpGraph, topology: Topology, report_path: str) -> tuple
 
     fwd = {op.id: dict(op.fwd_ms) for op in graph.ops}
     bwd = {op.id: dict(op.bwd_ms) for op in graph.ops}
+    # measured batch-independent parts: scaled with their op, never above its time
+    fwd_fixed = {op.id: dict(op.fwd_fixed_ms) for op in graph.ops}
+    bwd_fixed = {op.id: dict(op.bwd_fixed_ms) for op in graph.ops}
     measured: set[tuple[str, str]] = set()
     for table, target, phase in ((report.op_fwd_ms, fwd, "forward"), (report.op_bwd_ms, bwd, "backward")):
         for dtype, times in table.items():
@@ -66,7 +69,7 @@ def refined_graph(graph: OpGraph, topology: Topology, report_path: str) -> tuple
                 if op_id not in target:
                     continue
                 share = shares.get((dtype, op_id), 1.0)
-                target[op_id][dtype] = _full_batch(ms, share, _launch_ms(run_cm, dtype))
+                target[op_id][dtype] = _full_batch(ms, share, _fixed_ms(run_cm, dtype, op_id, phase))
                 measured.add((dtype, op_id))
                 count += 1
             if count:
@@ -92,8 +95,12 @@ def refined_graph(graph: OpGraph, topology: Topology, report_path: str) -> tuple
                 if (dtype, op.id) in measured:
                     continue
                 fwd[op.id][dtype] = float(run_cm.fwd_ms_by_type[i, j]) * factor
+                if dtype in fwd_fixed[op.id]:
+                    fwd_fixed[op.id][dtype] *= factor
                 if run_cm.bwd_ms_by_type[i, j] > 0:
                     bwd[op.id][dtype] = float(run_cm.bwd_ms_by_type[i, j]) * factor
+                    if dtype in bwd_fixed[op.id]:
+                        bwd_fixed[op.id][dtype] *= factor
                 scaled += 1
             notes.append(f"compute on {dtype} scaled by {factor:.3f} (measured / simulated compute "
                          f"time, median of {len(values)} ranks) for {scaled} ops")
@@ -102,7 +109,9 @@ def refined_graph(graph: OpGraph, topology: Topology, report_path: str) -> tuple
                        f"{report.plan_path or '(no plan_path)'!r} cannot be read, so there is "
                        f"nothing to refine the costs with")
     notes.append("transfer costs not refined (the run report holds no per-pair transfer times)")
-    ops = tuple(replace(op, fwd_ms=fwd[op.id], bwd_ms=bwd[op.id]) for op in graph.ops)
+    ops = tuple(replace(op, fwd_ms=fwd[op.id], bwd_ms=bwd[op.id],
+                        fwd_fixed_ms=_capped(fwd_fixed[op.id], fwd[op.id]),
+                        bwd_fixed_ms=_capped(bwd_fixed[op.id], bwd[op.id])) for op in graph.ops)
     return replace(graph, ops=ops), notes
 
 
@@ -141,14 +150,20 @@ def _shares_by_type(plan, topology) -> dict[tuple[str, str], float]:
     return out
 
 
-def _launch_ms(cm: CostModel | None, dtype: str) -> float:
-    if cm is None or dtype not in cm.type_index:
+def _fixed_ms(cm: CostModel | None, dtype: str, op_id: str, phase: str) -> float:
+    """The batch-independent part of an op's time in the cost model (0 when unknown)."""
+    if cm is None or dtype not in cm.type_index or op_id not in cm.op_index:
         return 0.0
-    return float(cm.launch_ms_by_type[cm.type_index[dtype]])
+    table = cm.fwd_fixed_by_type if phase == "forward" else cm.bwd_fixed_by_type
+    return float(table[cm.op_index[op_id], cm.type_index[dtype]])
 
 
-def _full_batch(ms: float, share: float, launch_ms: float) -> float:
+def _capped(fixed: dict[str, float], full: dict[str, float]) -> dict[str, float]:
+    return {k: min(v, full[k]) for k, v in fixed.items() if k in full}
+
+
+def _full_batch(ms: float, share: float, fixed_ms: float) -> float:
     """Invert the cost model's batch scaling: a time at ``share`` of the batch -> full batch."""
-    if share >= 1.0 or ms <= launch_ms:
+    if share >= 1.0 or ms <= fixed_ms:
         return ms
-    return launch_ms + (ms - launch_ms) / share
+    return fixed_ms + (ms - fixed_ms) / share

@@ -345,7 +345,6 @@ def promising_splits(ctx: Context, sched: Schedule, op_id: str, k_max: int,
     in_bytes = sum(b for _, b in sg.pred[unit])
     out_bytes = max((b for _, b in sg.succ[unit]), default=0.0)
     params = sg.param_bytes[unit]
-    launch = [float(cm.launch_ms_by_type[cm.device_type_index[d]]) for d in sg.devices]
     whole = sg.fwd[unit][home] + sg.bwd[unit][home]
     scored: list[tuple[float, int, Split]] = []
     for k in range(2, k_max + 1):
@@ -355,7 +354,8 @@ def promising_splits(ctx: Context, sched: Schedule, op_id: str, k_max: int,
         span = 0.0
         for name, share in zip(split.devices, split.shares):
             d = sg.devices.index(name)
-            work = sum(scale_by_batch(t[unit][d], launch[d], share) for t in (sg.fwd, sg.bwd))
+            work = sum(scale_by_batch(t[unit][d], fixed[unit][d], share)
+                       for t, fixed in ((sg.fwd, sg.fwd_fixed), (sg.bwd, sg.bwd_fixed)))
             move = 2 * (sg.comm_ms(home, d, in_bytes * share) + sg.comm_ms(d, home, out_bytes * share))
             span = max(span, work + move)
         if params > 0:

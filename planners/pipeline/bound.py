@@ -10,7 +10,7 @@ holds whatever the links are.
 For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
 
 * **busy**: its slowest replica works at least ``m x fix(R) + scal(R) / cap_k``
-  per iteration, where ``fix`` is the launch overhead that does not shrink
+  per iteration, where ``fix`` is the cost model's fixed part that does not shrink
   with the batch, ``scal`` the part that does (both at the fastest device
   type, op by op), and ``cap_k`` the largest sum of ``k`` device speeds
   (each device's best speed relative to the fastest type, ``sigma_d``) among
@@ -85,10 +85,9 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     devices = list(devices or p.devices)
     cols = sorted({int(p.type_of[p.device_index[d]]) for d in devices})
     n_ops = len(p.order)
-    launch = p.cm.launch_ms_by_type[cols][None, :]
     t = p.fwd_ms[:, cols] + p.bwd_ms[:, cols]  # full batch, per op and type (fwd + bwd)
-    fixed_f = np.where(p.fwd_ms[:, cols] > launch, launch, p.fwd_ms[:, cols])
-    fixed_b = np.where(p.bwd_ms[:, cols] > launch, launch, p.bwd_ms[:, cols])
+    fixed_f = p.fwd_fixed_ms[:, cols]
+    fixed_b = p.bwd_fixed_ms[:, cols]
     fixed = fixed_f + fixed_b
     scal = t - fixed
     scal_min = scal.min(axis=1)

@@ -108,7 +108,8 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
             sync = (_exposed_allreduce_ms(problem, stage, r, M) if _bucketed(layout, stage)
                     else cm.allreduce_ms(r.devices, params))
         if params > 0:
-            sync += max(cm.update_ms(params, d, problem.state_factor) for d in r.devices)
+            sync += max(cm.update_ms(params, d, problem.state_factor) + cm.upkeep_ms(params, d, M)
+                        for d in r.devices)
         sync_ms.append(sync)
         static = problem.static_bytes(stage.start, stage.stop)
         act = problem.activation_bytes(stage.start, stage.stop)

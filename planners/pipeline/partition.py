@@ -111,16 +111,24 @@ class OrderingTables:
         sync_a, sync_b = self._sync_coefficients(p, ordering, collective_cache)
         ar = np.min(sync_a[:, None, None, :, :] + sync_b[:, None, None, :, :]
                     * params[None, :, :, None, None], axis=0)
-        bw = np.array([p.cm.cluster.device(d).type.memory_bandwidth_gb_per_s for d in ordering])
-        launch = p.cm.launch_ms_by_type[types]
+        # optimizer step and gradient-bucket upkeep of the slowest replica (the cost model's)
+        # (zeroing its buckets once per step; adding into them once per microbatch)
+        upd = np.array([p.cm.update_ms_per_byte(d, p.state_factor) + p.cm.upkeep_ms_per_byte(d, 0)
+                        for d in ordering])
+        acc = np.array([p.cm.upkeep_ms_per_byte(d, 1) - p.cm.upkeep_ms_per_byte(d, 0)
+                        for d in ordering])
+        launch = np.array([p.cm.update_launch_ms(d) for d in ordering])
         per_byte = np.zeros((D + 1, D + 1))
+        acc_per_byte = np.zeros((D + 1, D + 1))
         upd_launch = np.zeros((D + 1, D + 1))
         for j0 in range(D):
-            per_byte[j0, j0 + 1:] = np.maximum.accumulate((3.0 + 2 * p.state_factor) / (bw[j0:] * 1e6))
+            per_byte[j0, j0 + 1:] = np.maximum.accumulate(upd[j0:])
+            acc_per_byte[j0, j0 + 1:] = np.maximum.accumulate(acc[j0:])
             upd_launch[j0, j0 + 1:] = np.maximum.accumulate(launch[j0:])
         has = params[:, :, None, None] > 0
         self.sync = np.where(has, ar + upd_launch[None, None] + per_byte[None, None]
                              * params[:, :, None, None], 0.0)
+        self.accumulate = np.where(has, acc_per_byte[None, None] * params[:, :, None, None], 0.0)
         self.route_lat_ms = np.zeros(D + 1)
         self.route_ms_per_byte = np.zeros(D + 1)
         for j0 in range(1, D):
@@ -176,7 +184,7 @@ class Tables:
         valid = base.shape_ok & (need_mem <= base.min_mem[None, None, :, :])
         valid &= (base.size <= p.batch_size // m)[None, None]
         valid &= np.isfinite(t)
-        load = m * t + base.sync
+        load = m * t + base.sync + m * base.accumulate
         comm = base.route_lat_ms[None, :] + (p.cut_bytes[:, None] / m) * base.route_ms_per_byte[None, :]
         comm[0, :] = 0.0
         comm[:, 0] = 0.0

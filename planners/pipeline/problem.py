@@ -6,7 +6,7 @@ the DAG: data only flows from a stage to a later one. Everything a planner
 asks about a range is O(1) from prefix sums:
 
 * compute: per device type, the forward and backward time of the range split
-  into a part that does not shrink with the batch (launch overhead) and a part
+  into a part that does not shrink with the batch (the cost model's fixed part) and a part
   that does (``fixed + scalable x fraction``, exactly ``CostModel.ops_ms``);
 * parameters and stashed activation bytes of the range;
 * ``cut_bytes[i]``: the bytes that cross the boundary before position ``i``,
@@ -64,20 +64,21 @@ class Problem:
         self.batch_size = graph.model.batch_size
         self.devices: tuple[str, ...] = cm.cluster.device_names
         idx = np.array([cm.op_index[o] for o in self.order], dtype=np.int64)
-        launch = cm.launch_ms_by_type[None, :]
         fwd = cm.fwd_ms_by_type[idx]
         needs = self._needs_grad()
         self.needs_grad = {op: bool(k) for op, k in zip(self.order, needs)}
         bwd = cm.bwd_ms_by_type[idx] * needs[:, None]
         self.fwd_ms = fwd  # [ops, types], in this order
         self.bwd_ms = bwd
+        # batch-independent parts (the cost model's), so t(f) = fixed + (t - fixed) f
+        self.fwd_fixed_ms = cm.fwd_fixed_by_type[idx]
+        self.bwd_fixed_ms = cm.bwd_fixed_by_type[idx] * needs[:, None]
 
-        def split(t):
-            fixed = np.where(t > launch, launch, t)
+        def split(t, fixed):
             return _prefix(fixed.T), _prefix((t - fixed).T)
 
-        self.f_fixed, self.f_scal = split(fwd)  # [types, n+1]
-        self.b_fixed, self.b_scal = split(bwd)
+        self.f_fixed, self.f_scal = split(fwd, self.fwd_fixed_ms)  # [types, n+1]
+        self.b_fixed, self.b_scal = split(bwd, self.bwd_fixed_ms)
         self.param_prefix = _prefix(cm.param_bytes[idx][None, :])[0]
         self.out_prefix = _prefix(cm.output_bytes[idx][None, :])[0]
         self.cut_bytes = self._cuts()

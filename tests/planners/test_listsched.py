@@ -114,7 +114,7 @@ def test_backward_runs_in_reverse_forward_order_then_the_update():
     sched = list_schedule(sg, upward_ranks(sg, [0]), allowed=[0], capacity_bytes=[2**34, 2**34])
     U = sg.U
     assert [sched.start[U + u] for u in range(U)][1:] == pytest.approx([12.0, 6.0])
-    update = cm.update_ms(8000, V100, 1.0)
+    update = cm.update_ms(8000, V100, 1.0) + cm.upkeep_ms(8000, V100)
     assert sched.makespan_ms == pytest.approx(16.0 + update)
 
 

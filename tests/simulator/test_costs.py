@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -125,8 +126,28 @@ def test_update_is_memory_bound():
     device = cm.cluster.device_names[0]
     t = CATALOG[GPU]
     p = 1e9
-    expected = t.launch_overhead_us / 1e3 + p * (3 + 2 * 2.0) / (t.memory_bandwidth_gb_per_s * 1e6)
+    bw = t.memory_bandwidth_gb_per_s * 1e6  # bytes per ms
+    # Adam: read param + grad, write param; two state tensors, each read twice and written once
+    expected = t.launch_overhead_us / 1e3 + p * (3 + 3 * 2) / bw
     assert cm.update_ms(p, device, state_factor=2.0) == pytest.approx(expected)
+    # gradient buckets: zeroed once (a write costs two passes), added into by each of 4
+    # microbatches (read two, write one)
+    assert cm.upkeep_ms(p, device, accumulations=4) == pytest.approx(p * (2 + 3 * 4) / bw)
+
+
+def test_measured_fixed_part_does_not_scale_with_the_batch():
+    g = graph([op("a", 10.0, 20.0)], [])
+    a = g.ops[0]
+    fixed = dataclasses.replace(a, fwd_fixed_ms={GPU: 4.0}, bwd_fixed_ms={GPU: 2.0})
+    cm = CostModel(dataclasses.replace(g, ops=(fixed,)), mesh(1))
+    device = cm.cluster.device_names[0]
+    assert cm.op_ms("a", device, "fwd", 0.25) == pytest.approx(4.0 + 6.0 * 0.25)
+    assert cm.op_ms("a", device, "bwd", 0.5) == pytest.approx(2.0 + 18.0 * 0.5)
+    assert cm.ops_ms(["a"], device, 0.25) == pytest.approx((5.5, 6.5))
+    # without a measured part, only the launch overhead stays fixed
+    plain = CostModel(g, mesh(1))
+    launch = CATALOG[GPU].launch_overhead_us / 1e3
+    assert plain.op_ms("a", device, "fwd", 0.25) == pytest.approx(launch + (10 - launch) * 0.25)
 
 
 def test_sufficient_factors_recover_the_layer_shape():
