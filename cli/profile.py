@@ -157,8 +157,8 @@ def _progress_bar(description: str):
 @click.option("--leaf", "leaf_modules", multiple=True,
               help="Module name or class traced as one opaque op (repeatable).")
 @click.option("--batch-scaling/--no-batch-scaling", default=True, show_default=True,
-              help="Also time every op at half the batch, to measure the part of its time "
-                   "that does not shrink with the batch (replicas, microbatches).")
+              help="Also time every op at an eighth of the batch, to measure the part of its "
+                   "time that does not shrink with the batch (replicas, microbatches).")
 @seed_option
 def model(model: str, output: Path | None, as_json: bool, batch_size, seq_len, granularity,
           input_shapes, input_dtypes, dtype, repeats, warmup, threads, device, device_type,
@@ -170,8 +170,8 @@ def model(model: str, output: Path | None, as_json: bool, batch_size, seq_len, g
     no arguments). Every op's forward and backward time is measured inside real
     training steps (median of --repeats), and the per-op sum is checked against
     the measured whole step (the ratio is in the graph's profile note). Steps at
-    half the batch measure the part of each op's time that does not shrink with
-    the batch. Without -o the graph is printed as JSON.
+    an eighth of the batch measure the part of each op's time that does not
+    shrink with the batch. Without -o the graph is printed as JSON.
 
     \b
     Example:

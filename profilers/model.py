@@ -14,7 +14,9 @@ Steps
        whole step, and ``ProfileInfo`` states the ratio of the per-op sum to
        the step.
     5. With ``batch_scaling`` (the default) and a batch of at least 2,
-       ``repeats`` more instrumented steps at half the batch (``b = B // 2``).
+       ``repeats`` more instrumented steps at an eighth of the batch
+       (``b = max(1, B // SCALING_DIVISOR)``: the size of a microbatch or of a
+       small replica's share, where the affine model below matters most).
        Each op's time is modelled as ``fixed + (t - fixed) x f`` at a fraction
        ``f`` of the batch (the cost model's scaling); the two medians give its
        batch-independent part ``fixed = (t_b - t f) / (1 - f)`` with
@@ -23,7 +25,7 @@ Steps
        matmuls; it decides how data-parallel replicas and microbatches scale.
 
 Costs scale with the model: the counting pass plus ``warmup + 2 * repeats``
-training steps (and ``repeats`` half-batch steps), and O(nodes) bookkeeping
+training steps (and ``repeats`` small-batch steps), and O(nodes) bookkeeping
 per step.
 """
 
@@ -54,6 +56,8 @@ from .graph import build_ops
 from .measure import LOSS, Recorder, make_clock
 
 Progress = Callable[[str, int, int], None]
+# the fixed parts of op times are measured at batch B // SCALING_DIVISOR (at least 1)
+SCALING_DIVISOR = 8
 GIB = 2**30
 
 
@@ -123,7 +127,7 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
     device_type : catalog name to record times under (default: ``cpu``, or the
         catalog type of the CUDA device).
     leaf_modules : module names or classes traced as opaque ops.
-    batch_scaling : also time every op at half the batch, to measure the part of
+    batch_scaling : also time every op at an eighth of the batch, to measure the part of
         its time that does not shrink with the batch (see the module doc).
     progress : called as ``progress(description, done, total)`` after each step.
 
@@ -156,8 +160,8 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
 
 def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, batch_scaling,
              progress):
-    half = model.batch_size // 2 if batch_scaling else 0
-    total = 1 + warmup + 2 * repeats + (repeats if half else 0)
+    small = max(1, model.batch_size // SCALING_DIVISOR) if batch_scaling and model.batch_size > 1 else 0
+    total = 1 + warmup + 2 * repeats + (repeats if small else 0)
     done = 0
 
     def tick(what: str) -> None:
@@ -222,8 +226,8 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     fwd_ms = {k: statistics.median(v) * 1e3 for k, v in fwd_runs.items()}
     bwd_ms = {k: statistics.median(v) * 1e3 for k, v in bwd_runs.items()}
     fixed, scaling_note = {}, ""
-    if half:
-        fixed, scaling_note = _fixed_parts(cap, workload, module, half, model.batch_size, seed,
+    if small:
+        fixed, scaling_note = _fixed_parts(cap, workload, module, small, model.batch_size, seed,
                                            dev, clock, repeats, fwd_ms, bwd_ms, tick)
     ops, edges = build_ops(cap, counter, recorder.value_meta, fwd_ms, bwd_ms, type_name,
                            model.batch_size, fixed)
@@ -238,7 +242,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     info = ProfileInfo(
         device_type=type_name, threads=torch.get_num_threads(), torch_version=torch.__version__,
         repeats=repeats, warmup=warmup, step_ms=round(step_ms, 4), op_sum_ms=round(op_sum_ms, 4),
-        peak_memory_bytes=int(peak_bytes), scaling_batch_size=half if fixed else None,
+        peak_memory_bytes=int(peak_bytes), scaling_batch_size=small if fixed else None,
         note=(f"op sum / step = {op_sum_ms / step_ms:.3f} (medians), "
               f"{min(round_sums) / min(steps):.3f} (fastest round of each); loss outside the "
               f"graph {loss_ms:.2f} ms; {scaling_note}seed {seed}; {_machine(dev)}"))
@@ -251,15 +255,15 @@ def fixed_part(t_ms: float, t_small_ms: float, fraction: float) -> float:
     return min(t_ms, max(0.0, (t_small_ms - t_ms * fraction) / (1 - fraction)))
 
 
-def _fixed_parts(cap, workload, module, half, batch_size, seed, dev, clock, repeats, fwd_ms, bwd_ms,
+def _fixed_parts(cap, workload, module, small, batch_size, seed, dev, clock, repeats, fwd_ms, bwd_ms,
                  tick) -> tuple[dict, str]:
     """Per op, the (forward, backward) ms that do not shrink with the batch, from
-    ``repeats`` instrumented steps at ``half`` of the batch (module doc, step 5).
+    ``repeats`` instrumented steps at batch ``small`` (module doc, step 5).
 
     Returns ``({op: (fwd_fixed, bwd_fixed)}, note)``; a model that cannot run at
     the smaller batch gets no fixed parts and a note saying why.
     """
-    inputs, target = workload.make_batch(half, seed)
+    inputs, target = workload.make_batch(small, seed)
     inputs = tuple(t.to(dev) for t in inputs)
     target = None if target is None else target.to(dev)
     fwd_runs, bwd_runs = defaultdict(list), defaultdict(list)
@@ -271,19 +275,19 @@ def _fixed_parts(cap, workload, module, half, batch_size, seed, dev, clock, repe
             for key in cap.op_ids:
                 fwd_runs[key].append(timed.fwd_s.get(key, 0.0))
                 bwd_runs[key].append(timed.bwd_s.get(key, 0.0))
-            tick(f"timing every op at batch {half}")
+            tick(f"timing every op at batch {small}")
     except Exception as exc:  # a model whose trace only runs at its profiled batch
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
-        return {}, f"fixed parts not measured (batch {half} failed: {reason}); "
+        return {}, f"fixed parts not measured (batch {small} failed: {reason}); "
     finally:
         module.zero_grad(set_to_none=True)
-    f = half / batch_size
+    f = small / batch_size
     fixed = {op: tuple(fixed_part(full[op], statistics.median(runs[op]) * 1e3, f)
                        for runs, full in ((fwd_runs, fwd_ms), (bwd_runs, bwd_ms)))
              for op in cap.op_ids}
     at_full = sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids)
     share = sum(a + b for a, b in fixed.values()) / at_full if at_full > 0 else 0.0
-    return fixed, f"batch-independent part {share:.0%} of the per-op sum (from batch {half}); "
+    return fixed, f"batch-independent part {share:.0%} of the per-op sum (from batch {small}); "
 
 
 def _machine(dev: torch.device) -> str:

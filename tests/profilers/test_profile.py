@@ -116,7 +116,7 @@ def test_profile_records_measurements_and_is_deterministic_except_times():
 def test_progress_is_reported_for_every_step():
     seen = []
     _profile("mlp-tiny", repeats=2, warmup=1, progress=lambda what, done, total: seen.append((done, total)))
-    # counting pass, 1 warm-up, 2 x (whole step + per-op step), 2 per-op steps at half batch
+    # counting pass, 1 warm-up, 2 x (whole step + per-op step), 2 per-op steps at B / 8
     assert seen == [(i, 8) for i in range(1, 9)]
 
 
@@ -131,7 +131,7 @@ def test_fixed_part_inverts_the_cost_models_batch_scaling():
 
 def test_batch_scaling_records_fixed_parts_within_the_op_times():
     graph = _profile("mlp-tiny", batch_size=8, repeats=2)
-    assert graph.profile.scaling_batch_size == 4
+    assert graph.profile.scaling_batch_size == 1  # an eighth of 8
     timed = [op for op in graph.ops if op.kind is not OpKind.INPUT]
     for op in timed:
         assert set(op.fwd_fixed_ms) == {"cpu"} and set(op.bwd_fixed_ms) == {"cpu"}
