@@ -6,13 +6,14 @@ Method
     every pair of ranks in turn (the others wait at a barrier) the lower rank
     sends a message of each size (1 KiB to 64 MiB by default, x4 steps) and the
     higher rank sends it back; the one-way time is half the median round trip.
-    A fit of ``t(s) = latency + s / bandwidth`` per pair (least squares on the
-    relative error, latency >= 0) gives ``latency_us`` and ``bandwidth_gbps``.
+    A fit of ``t(s) = latency + s / bandwidth`` per pair (the slope over the
+    larger half of the sizes, the latency from the smallest) gives
+    ``latency_us`` and ``bandwidth_gbps``.
     Then every rank runs AllReduce over the same sizes (the time of one is the
     slowest rank's), reported with its bus bandwidth ``2(N-1)/N * S / t``. On
     CPU each process also times an FP32 matmul, recorded as the device's
     ``fp32_tflops`` override, and, all processes at once (as training workers
-    run), an in-place add over 64 MiB tensors (three passes: read two, write
+    run), an in-place add over 256 MiB tensors (three passes: read two, write
     one), recorded as its ``memory_bandwidth_gb_per_s`` override: the rate at
     which optimizer steps, gradient buckets and gloo's sums move memory.
 
@@ -73,23 +74,26 @@ def message_sizes(min_bytes: int, max_bytes: int, factor: int = 4) -> list[int]:
 
 
 def fit_link(sizes: Sequence[int], seconds: Sequence[float]) -> LinkFit:
-    """Fit ``t = a + s * b`` minimising relative squared error, with ``a >= 0``.
+    """Fit ``t = a + s * b``: ``b`` by least squares over the larger half of the sizes, then
+    ``a`` (>= 0) from the smallest message.
 
-    Relative error weights small messages (which fix the latency) as much as
-    large ones (which fix the bandwidth). O(len(sizes)).
+    Large messages (gradients, activations) are where a link's time goes, so they fix
+    the bandwidth; the smallest fixes the latency. (A fit of relative error over all
+    sizes let mid-sized messages, which copy through the caches on loopback, overstate
+    the bandwidth of 64 MiB messages by a third.) O(len(sizes)).
     """
     s = np.asarray(sizes, dtype=float)
     t = np.asarray(seconds, dtype=float)
     if len(s) < 2 or np.any(t <= 0):
         raise ValueError("need at least two sizes with positive times to fit a link")
-    w = 1.0 / t
-    A = np.stack([np.ones_like(s), s], axis=1) * w[:, None]
-    a, b = np.linalg.lstsq(A, t * w, rcond=None)[0]
-    if a < 0:
-        a = 0.0
-        b = float(np.sum(w * w * s * t) / np.sum(w * w * s * s))
+    order = np.argsort(s)
+    s, t = s[order], t[order]
+    big = slice(len(s) // 2, None) if len(s) >= 4 else slice(None)
+    sb, tb = s[big], t[big]
+    b = float(np.sum((sb - sb.mean()) * (tb - tb.mean())) / np.sum((sb - sb.mean()) ** 2))
     b = max(b, 1e-15)
-    return LinkFit(latency_us=float(a) * 1e6, bandwidth_gbps=float(8.0 / (b * 1e9)))
+    a = max(0.0, float(t[0] - s[0] * b))
+    return LinkFit(latency_us=a * 1e6, bandwidth_gbps=float(8.0 / (b * 1e9)))
 
 
 @dataclass
@@ -260,7 +264,7 @@ def _matmul_gflops(device, n: int = 512, budget_s: float = 0.3) -> float:
     return 2 * n**3 * count / (time.perf_counter() - t0) / 1e9
 
 
-def _memory_gb_per_s(device, nbytes: int = 64 * 2**20, budget_s: float = 0.5) -> float:
+def _memory_gb_per_s(device, nbytes: int = 256 * 2**20, budget_s: float = 0.5) -> float:
     """GB/s moved by ``a += b`` over ``nbytes`` tensors (3 passes), median of repeated timings."""
     import torch
 

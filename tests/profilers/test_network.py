@@ -23,6 +23,16 @@ def test_fit_recovers_an_exact_line(latency_us, gbps):
     assert fit.time_s(4096) == pytest.approx(_line(latency_us, gbps, [4096])[0], rel=1e-6)
 
 
+def test_fit_follows_large_messages_when_mid_sized_ones_copy_faster():
+    # loopback: messages that fit the caches move at 40 Gbps, large ones at 25 Gbps
+    times = [40e-6 + s * 8 / ((40e9 if s <= 2**20 else 25e9)) for s in DEFAULT_SIZES]
+    fit = fit_link(DEFAULT_SIZES, times)
+    big = DEFAULT_SIZES[-1]
+    assert fit.time_s(big) == pytest.approx(times[-1], rel=0.02)
+    assert fit.bandwidth_gbps == pytest.approx(25.0, rel=0.05)
+    assert fit.latency_us >= 0
+
+
 def test_fit_clamps_a_negative_latency_to_zero():
     times = [s * 8 / 10e9 for s in DEFAULT_SIZES]
     times[0] *= 0.5  # small messages faster than the line predicts -> negative intercept
