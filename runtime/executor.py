@@ -8,9 +8,14 @@ The mode follows the plan:
   replicated over the group's devices with its batch shares; gradients are
   bucketed and all-reduced (overlapping the backward pass), or pushed to and
   pulled from the group's ``ps_servers``;
-* **op placement** (several groups, no pipeline): one unit per op; this device
-  runs the forward of its ops in ``plan.order`` (topological order when the
-  plan gives none), then their backward in the reverse order.
+* **op placement** (several groups, no pipeline): one unit per run of ops that
+  follow each other in the order of every device they run on, with the same
+  devices and shares (``placement_units``; a single op where neighbours
+  differ); this device runs the forward of its units in ``plan.order``
+  (topological order when the plan gives none), then their backward in the
+  reverse order. Running a run of ops as one fx submodule saves the per-unit
+  overhead (a separate autograd pass and boundary tensors per op) that the
+  simulator does not charge.
 
 Gradient synchronisation is derived from who holds each parameter: a
 parameter held by several devices (replicas of a group, or units on different
@@ -92,6 +97,7 @@ class PlanExecutor:
         leaves = tuple(graph.model.options.get("leaf_modules", ()))
         cap = capture(module, example, granularity=graph.granularity, leaf_modules=leaves)
         self.capture = cap
+        self._graph = graph
         inputs = set(cap.input_ops)
         unit_of_op, placements, group_of_unit = self._units(plan, inputs)
         known = set(cap.op_ids)
@@ -122,13 +128,12 @@ class PlanExecutor:
         placements: dict[str, Placement] = {}
         group_of_unit: dict[str, Any] = {}
         if self.mode is ExecutionMode.PLACEMENT:
-            for g in plan.groups:
-                for op in g.ops:
-                    if op in inputs:
-                        continue
-                    unit_of_op[op] = op
-                    placements[op] = Placement(g.devices, g.shares)
-                    group_of_unit[op] = g
+            group_of_op = {op: g for g in plan.groups for op in g.ops if op not in inputs}
+            unit_of_op = placement_units(plan, self._graph, group_of_op)
+            for op, uid in unit_of_op.items():
+                g = group_of_op[op]
+                placements[uid] = Placement(g.devices, g.shares)
+                group_of_unit[uid] = g
             return unit_of_op, placements, group_of_unit
         stages = plan.pipeline.stages if plan.pipeline is not None else (plan.groups[0].id,)
         for g in plan.groups:
@@ -157,11 +162,13 @@ class PlanExecutor:
             return [("F", uid, 0), ("B", uid, 0)] if me in plan.groups[0].devices else []
         mine = {u for u in units if me in self.runner.placements[u].devices}
         order = plan.order.get(me) or tuple(graph.topological_ids())
-        ops = [op for op in order if op in mine]
-        absent = sorted(mine - set(ops))
+        unit_of = {op: uid for uid in mine for op in units[uid].ops}
+        listed = [unit_of[op] for op in order if op in unit_of]
+        absent = sorted(op for uid in mine for op in units[uid].ops if op not in set(order))
         if absent:
             raise BadInput(f"plan.order of {me!r} lacks op {absent[0]!r}, which runs there")
-        return [("F", op, 0) for op in ops] + [("B", op, 0) for op in reversed(ops)]
+        seq = list(dict.fromkeys(listed))
+        return [("F", uid, 0) for uid in seq] + [("B", uid, 0) for uid in reversed(seq)]
 
     # ------------------------------------------------------------------ syncs
     def _syncs(self, plan: Plan, module: torch.nn.Module, placements: dict[str, Placement],
@@ -253,10 +260,90 @@ class PlanExecutor:
         if self.mode is not ExecutionMode.PLACEMENT:
             return {}
         out: dict[str, dict[str, list[float]]] = {"F": {}, "B": {}}
+        units = self.partition.units
         for (uid, phase), times in self.runner.unit_time_ms.items():
-            if len(self.runner.placements[uid].devices) == 1:
-                out[phase][uid] = list(times)
+            if len(self.runner.placements[uid].devices) == 1 and len(units[uid].ops) == 1:
+                out[phase][units[uid].ops[0]] = list(times)
         return out
+
+
+def placement_units(plan: Plan, graph: OpGraph, group_of_op: dict[str, Any]) -> dict[str, str]:
+    """Op -> unit id of an op-placement plan: runs of ops merged into one unit.
+
+    Op ``b`` joins the unit of ``a`` when both have the same devices and shares,
+    ``b`` comes right after ``a`` in the order of every one of those devices
+    (``plan.order``, else topological, restricted to the ops that run there),
+    and no op outside the unit lies on a path from the unit to ``b``. If the
+    units still depend on each other in a cycle, every op is its own unit. A
+    unit is named by its first op. O(ops^2 / 64) (descendant sets as bit masks).
+    """
+    topo = [op for op in graph.topological_ids() if op in group_of_op]
+    index = {op: i for i, op in enumerate(topo)}
+    preds: dict[str, list[str]] = defaultdict(list)
+    succs: dict[str, list[str]] = defaultdict(list)
+    for e in graph.edges:
+        if e.src in index and e.dst in index:
+            preds[e.dst].append(e.src)
+            succs[e.src].append(e.dst)
+    below: dict[str, int] = {}  # op -> bit mask of the op and its descendants
+    for op in reversed(topo):
+        mask = 1 << index[op]
+        for nxt in succs[op]:
+            mask |= below[nxt]
+        below[op] = mask
+    following: dict[str, set] = defaultdict(set)  # op -> the op after it on each of its devices
+    for device in plan.devices:
+        order = plan.order.get(device) or topo
+        ops = [op for op in order if op in index and device in group_of_op[op].devices]
+        for a, b in zip(ops, [*ops[1:], None]):
+            following[a].add(b)
+
+    def same(a: str, b: str) -> bool:
+        ga, gb = group_of_op[a], group_of_op[b]
+        return (ga.devices, ga.shares) == (gb.devices, gb.shares)
+
+    link = {a: next(iter(f)) for a, f in following.items()
+            if len(f) == 1 and None not in f and same(a, next(iter(f)))}
+    linked = set(link.values())
+    unit_of: dict[str, str] = {}
+    for head in topo:
+        if head in linked:
+            continue
+        op, uid, members, reach = head, head, 0, 0
+        while op is not None:
+            if members and not all(members >> index[p] & 1 or not reach >> index[p] & 1
+                                   for p in preds[op]):
+                uid, members, reach = op, 0, 0  # a path leaves the unit and comes back: cut
+            unit_of[op] = uid
+            members |= 1 << index[op]
+            reach |= below[op]
+            op = link.get(op)
+    for op in topo:  # ops on a cycle of links (an inconsistent order) stay alone
+        unit_of.setdefault(op, op)
+    if not _acyclic(unit_of, graph):
+        return {op: op for op in topo}
+    return unit_of
+
+
+def _acyclic(unit_of: dict[str, str], graph: OpGraph) -> bool:
+    """Whether the units, joined by the graph's edges between them, form a DAG (Kahn)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    indeg: dict[str, int] = {u: 0 for u in unit_of.values()}
+    for e in graph.edges:
+        a, b = unit_of.get(e.src), unit_of.get(e.dst)
+        if a is not None and b is not None and a != b and b not in out[a]:
+            out[a].add(b)
+            indeg[b] += 1
+    ready = [u for u, k in indeg.items() if k == 0]
+    seen = 0
+    while ready:
+        u = ready.pop()
+        seen += 1
+        for v in out[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                ready.append(v)
+    return seen == len(indeg)
 
 
 def _node_params(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.nn.Parameter]:
