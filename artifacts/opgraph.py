@@ -99,6 +99,8 @@ class Op:
     param_bytes: int = 0
     output_bytes: int = 0
     params: tuple[str, ...] = ()
+    # parameters this op uses that another op owns (tied weights): name -> bytes
+    shared_params: dict[str, int] = field(default_factory=dict)
     fwd_ms: dict[str, float] = field(default_factory=dict)
     bwd_ms: dict[str, float] = field(default_factory=dict)
     fwd_fixed_ms: dict[str, float] = field(default_factory=dict)

@@ -6,7 +6,9 @@ Per op:
     by ``CostCounter`` over the whole batch; ``params`` the parameter tensors
     the op owns (a tensor used by several ops, such as a tied embedding, is
     owned by the first op that uses it, so every parameter is owned exactly
-    once) and ``param_bytes`` their size; ``output_bytes`` the activation bytes
+    once) and ``param_bytes`` their size; ``shared_params`` the tensors it
+    uses that an earlier op owns, with their bytes (so a device running it holds
+    a copy to keep in sync); ``output_bytes`` the activation bytes
     the op keeps alive until its backward (inputs: the input tensor);
     ``splittable_dims`` the output dimensions the op can be cut along: the
     batch dimension when the output has one, plus the output channel (conv) or
@@ -119,14 +121,17 @@ def _op_kind_and_name(nodes: list[fx.Node], gm: fx.GraphModule,
     return kind, name
 
 
-def _owned_params(capture: Capture) -> dict[str, list[tuple[str, torch.Tensor]]]:
-    """Parameters each op owns: first op (graph order) to use a tensor owns it."""
+def _owned_params(capture: Capture) -> tuple[dict[str, list[tuple[str, torch.Tensor]]],
+                                             dict[str, dict[str, int]]]:
+    """Parameters each op owns (the first op, in graph order, to use a tensor owns it),
+    and per op the parameters it uses that another op owns (tied weights: name -> bytes)."""
     gm = capture.graph_module
     canonical: dict[int, str] = {}
     for name, p in gm.named_parameters(remove_duplicate=False):
         canonical.setdefault(id(p), name)
     owned: dict[str, list[tuple[str, torch.Tensor]]] = defaultdict(list)
-    seen: set[int] = set()
+    shared: dict[str, dict[str, int]] = defaultdict(dict)
+    owner: dict[int, str] = {}
     for op in capture.op_ids:
         for node in capture.nodes(op):
             if node.op == "call_module":
@@ -138,10 +143,13 @@ def _owned_params(capture: Capture) -> dict[str, list[tuple[str, torch.Tensor]]]
             else:
                 continue
             for p in tensors:
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    owned[op].append((canonical.get(id(p), str(node.target)), p))
-    return owned
+                name = canonical.get(id(p), str(node.target))
+                if id(p) not in owner:
+                    owner[id(p)] = op
+                    owned[op].append((name, p))
+                elif owner[id(p)] != op:
+                    shared[op][name] = p.numel() * p.element_size()
+    return owned, shared
 
 
 def _fetch_attr(gm: fx.GraphModule, target: str):
@@ -173,7 +181,7 @@ def build_ops(capture: Capture, counter, value_meta: dict, fwd_ms: dict, bwd_ms:
     """
     fixed_ms = fixed_ms or {}
     gm = capture.graph_module
-    owned = _owned_params(capture)
+    owned, shared = _owned_params(capture)
     ops = []
     for op_id in capture.op_ids:
         nodes = capture.nodes(op_id)
@@ -196,6 +204,7 @@ def build_ops(capture: Capture, counter, value_meta: dict, fwd_ms: dict, bwd_ms:
             param_bytes=sum(p.numel() * p.element_size() for _, p in params),
             output_bytes=activation,
             params=tuple(n for n, _ in params),
+            shared_params=dict(shared.get(op_id, {})),
             fwd_ms={device_type: round(fwd_ms.get(op_id, 0.0), 6)} if timed else {},
             bwd_ms={device_type: round(bwd_ms.get(op_id, 0.0), 6)} if timed else {},
             fwd_fixed_ms={device_type: round(min(fixed[0], fwd_ms.get(op_id, 0.0)), 6)} if fixed else {},

@@ -500,6 +500,7 @@ class _Lowering:
         self.server_updates: list[int] = []
         sf = plan.optimizer.state_factor
         U = len(self.members)
+        tied_out = self._tied(sf)  # owner op -> bytes synchronised by a tie's own AllReduce
         for gi, g in enumerate(plan.groups):
             reps = groups.replicas[gi]
             param_ops = [op for op in g.ops if index[op].param_bytes > 0]
@@ -537,7 +538,7 @@ class _Lowering:
             if rest:
                 buckets.append(rest)
             for k, bucket in enumerate(buckets):
-                nbytes = float(sum(index[op].param_bytes for op in bucket))
+                nbytes = float(sum(index[op].param_bytes - tied_out.get(op, 0) for op in bucket))
                 if nbytes <= 0:
                     continue
                 ms = cm.allreduce_ms(names, nbytes, g.collective)
@@ -550,6 +551,60 @@ class _Lowering:
                     tg.depend(dep, t)
                 for d in devs:
                     self.update_deps[d].append(t)
+
+    def _backward_tasks(self, gi: int, ops) -> list[int]:
+        """Backward tasks of ``ops`` (of group ``gi``) on every replica and microbatch."""
+        reps = self.groups.replicas[gi]
+        units = sorted({self.unit_of[o] for o in ops})
+        return [self.B[u][r] + m for u in units if self.unit_rg[u] for r in reps
+                for m in range(self.M)]
+
+    def _tied(self, sf: float) -> dict[str, float]:
+        """Tied weights held beyond their owner's group (an op of another group shares them).
+
+        Every device that runs the owner or a sharing op holds the parameter and
+        its gradient; they are summed over all of them by one AllReduce (after
+        every holder's backward of those ops), and each holder updates its copy.
+        Returns owner op -> bytes taken out of its group's own synchronisation.
+        """
+        tg, cm, groups = self.tg, self.cm, self.groups
+        owner_of = {name: op.id for op in self.graph.ops for name in op.params}
+        ties: dict[str, list] = {}
+        for op in self.graph.ops:
+            for name, nbytes in op.shared_params.items():
+                owner = owner_of.get(name)
+                if owner is None or self.op_group[owner] == self.op_group[op.id]:
+                    continue
+                tie = ties.setdefault(name, [owner, float(nbytes), []])
+                tie[2].append(op.id)
+        out: dict[str, float] = defaultdict(float)
+        for name, (owner, nbytes, sharers) in sorted(ties.items()):
+            go = self.op_group[owner]
+            own = [groups.rep_device[r] for r in groups.replicas[go]]
+            holders = list(dict.fromkeys(
+                own + [groups.rep_device[r] for s in sharers for r in groups.replicas[self.op_group[s]]]))
+            extra = [d for d in holders if d not in own]
+            if not extra or self.plan.groups[go].sync == SyncMethod.PS:
+                continue
+            for d in extra:
+                self.static[d] += nbytes * (2.0 + sf)
+                self.update_bytes[d] += nbytes
+                self.grad_bytes[d] += nbytes
+            out[owner] += nbytes
+            names = [self.device_names[d] for d in holders]
+            deps = self._backward_tasks(go, [owner])
+            for s in sharers:
+                deps += self._backward_tasks(self.op_group[s], [s])
+            ms = cm.allreduce_ms(names, nbytes)
+            links = cm.collective_link_bytes("allreduce", names, nbytes)
+            t = tg.add_comm(TaskKind.ALLREDUCE, self._held(links) + tuple(-1 - d for d in holders),
+                            ms, nbytes, (f"tied {name}", f"{len(names)} devices", links))
+            self._stream_tasks.append(t)
+            for dep in deps:
+                tg.depend(dep, t)
+            for d in holders:
+                self.update_deps[d].append(t)
+        return out
 
     def _held(self, link_bytes: dict) -> tuple[int, ...]:
         """Resource ids of the links a collective loads (it holds exactly those)."""

@@ -25,7 +25,7 @@ def test_fit_recovers_an_exact_line(latency_us, gbps):
 
 def test_fit_follows_large_messages_when_mid_sized_ones_copy_faster():
     # loopback: messages that fit the caches move at 40 Gbps, large ones at 25 Gbps
-    times = [40e-6 + s * 8 / ((40e9 if s <= 2**20 else 25e9)) for s in DEFAULT_SIZES]
+    times = [40e-6 + s * 8 / (40e9 if s <= 2**20 else 25e9) for s in DEFAULT_SIZES]
     fit = fit_link(DEFAULT_SIZES, times)
     big = DEFAULT_SIZES[-1]
     assert fit.time_s(big) == pytest.approx(times[-1], rel=0.02)

@@ -68,6 +68,14 @@ def test_every_parameter_is_owned_by_exactly_one_op(name):
     owned = [p for op in graph.ops for p in op.params]
     assert sorted(owned) == sorted(names)
     assert graph.total_param_bytes == sum(p.numel() * 4 for p in module.parameters())
+    # a tied weight is owned once and listed, with its bytes, by every other op using it
+    params = dict(module.named_parameters())
+    shared = {(op.id, n): b for op in graph.ops for n, b in op.shared_params.items()}
+    for (op_id, n), nbytes in shared.items():
+        assert n in owned and n not in graph.index[op_id].params
+        assert nbytes == params[n].numel() * 4
+    if name in ("gpt2-tiny", "bert-tiny"):  # decoders tied to the token embedding
+        assert any(n.endswith("wte.weight") or "word" in n for _, n in shared), shared
 
 
 def test_edges_carry_tensor_bytes_and_form_a_dag():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from dl_nfv.artifacts import (
@@ -208,3 +210,26 @@ def test_collectives_hold_a_cpu_but_overlap_a_gpus_compute(device_type):
     else:
         closed = 2 * f + b + max(ar, b) + ar + update
     assert result.iteration_ms == pytest.approx(closed, rel=1e-6)
+
+
+def test_a_tied_weight_is_held_summed_and_updated_on_every_device_that_uses_it():
+    # emb owns an 8 MB weight on device 0; head (device 1) uses it too (tied). Device 1
+    # holds a copy: the two gradients are summed by an AllReduce once both backwards are
+    # done, and each device updates its copy.
+    nbytes = 8 * 2**20
+    emb = dataclasses.replace(op("emb", 1.0, 2.0, param_bytes=nbytes), params=("w",))
+    head = dataclasses.replace(op("head", 3.0, 4.0), shared_params={"w": nbytes})
+    g = graph([emb, head], [("emb", "head", 0)])
+    t = mesh(2, bandwidth_gbps=10.0)
+    d0, d1 = t.device_names
+    p = plan(g, t, [Group(id="a", ops=("emb",), devices=(d0,)),
+                    Group(id="b", ops=("head",), devices=(d1,))])
+    result = simulate(p, g, t)
+    tg = result.tasks
+    (ar,) = [k for k, kind in enumerate(tg.kind) if kind == TaskKind.ALLREDUCE]
+    assert tg.nbytes[ar] == nbytes
+    cm = CostModel(g, t)
+    update = cm.update_ms(nbytes, d1) + cm.upkeep_ms(nbytes, d1)
+    closed = 1.0 + 3.0 + 4.0 + 2.0 + cm.allreduce_ms([d0, d1], nbytes) + update
+    assert result.iteration_ms == pytest.approx(closed, rel=1e-6)
+    assert tg.static_bytes[tg.device_names.index(d1)] == pytest.approx(nbytes * (2 + 1.0))
