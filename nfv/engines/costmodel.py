@@ -5,37 +5,57 @@ flows of a batch are sorted by load (bytes in the batch), ascending; the
 tensor ("GPU") path takes the first ``i`` and the CPU pool the rest, with
 
 * ``T_gpu(i) = waves(i) * steps(i) * r_step + bytes_gpu(i) * r_gpu_byte
-  + msgs_gpu(i) * r_gpu_msg + c_gpu`` where ``r_step`` is at least the step time measured once at start-up (a
-  kernel step on one row), ``steps(i)`` is the kernel steps of the
-  longest stream among the ``i`` flows (the padded length every row waits
-  for) and ``waves(i) = floor(i / threads) + 1`` (``threads`` = SMs x 256 on
-  CUDA, one wave on the CPU);
+  + msgs_gpu(i) * r_gpu_msg + c_gpu`` where ``r_step`` is at least the step
+  time measured once at start-up (a kernel step on one row), ``steps(i)`` is
+  the kernel steps of the longest stream among the ``i`` flows (the padded
+  length every row waits for) and ``waves(i) = floor(i / threads) + 1``
+  (``threads`` = SMs x 256 on CUDA, one wave on the CPU);
 * ``T_cpu(i) = msgs_cpu(i) * r_cpu_msg + bytes_cpu(i) * r_cpu_byte + c_cpu``
-  (the pool's time: its workers run in parallel; each side's constant counts
-  only when the side has work);
-* ``T_enq(i) = msgs_cpu(i) * r_enq_msg + bytes_cpu(i) * r_enq_byte`` the
-  main process's own work per batch besides the kernels (building the batch,
+  the CPU time of all workers together on the CPU share (including receiving
+  it and sending results back; each side's constant counts only when the side
+  has work);
+* ``T_enq(i) = msgs_cpu(i) * r_enq_msg + bytes_cpu(i) * r_enq_byte`` the main
+  process's own work per batch besides the kernels (building the batch,
   handing the CPU share over, merging its results; the paper's ``B * r_enq``),
-  serial with the GPU path, so the batch takes ``max(T_enq + T_gpu, T_cpu)``.
+  serial with the tensor path.
 
-The model balances busy time on both sides; what it does not see (the latency
-of handing batches between processes, other load on the machine) can make an
-extreme better than any split. So the engine also keeps the measured wall time
-per message of up to three policies: the model's split, everything on the GPU
-path, everything on the CPU pool (an extreme only when the model predicts it
-within 4x of the best split, so a skewed batch is never sent whole to the
-GPU path just to measure it), uses the fastest, and re-measures the others
-right after each re-profiling batch.
+The batch takes the longest of three bounds:
 
-Where the paper scans ``i`` downwards and stops at the first increase (it
-assumes a unimodal curve), this evaluates every ``i`` at once with prefix
-sums and takes the minimum. Rates are fitted by non-negative least squares
-over a sliding window of measured batches: the first ``calibration_batches``
-use preset splits of the flows (the smallest 50% on the GPU path as in the
-paper, plus 25% and 75% so the fit sees different mixes); afterwards every batch adds a sample and the model
-is refitted after every batch (a few small least-squares problems), and one
-batch every ``reprofile_every`` is run at a 50/50 split (re-profiling) so both
-sides keep being measured even when the model favours one.
+    T(i) = max(T_enq + T_gpu,  T_cpu / workers,  (T_enq + s * T_gpu + T_cpu) / P)
+
+the main thread, the pool (its workers in parallel), and all CPU work of the
+batch spread over the ``P`` cores the machine actually gives the engine. ``s``
+is 1 when the tensor path runs on the CPU (it then takes its cores from the
+same budget as the workers) and 0 on CUDA (separate hardware). ``P`` is
+calibrated: the most CPU seconds per wall second seen in a batch that ran
+both paths (window of recent batches), between 1 and the cores the process
+may use; so on a machine where the two paths do not really run in parallel,
+splitting is predicted to gain nothing and an extreme (all flows on one path)
+wins by its own rates.
+
+Every ``i`` is evaluated at once with prefix sums; ``i = 0`` (all on the CPU
+pool) and ``i = n`` (all on the tensor path) are candidates like any other
+(the paper scans ``i`` downwards and stops at the first increase). What the
+busy-time model does not see (the latency of handing batches between
+processes, other load) is learnt as a *correction* per policy class (cpu:
+``i = 0``, gpu: ``i = n``, model: a real split): the measured wall time of a
+batch over its predicted cost, averaged. The choice minimises the corrected
+cost; a class never measured is taken at its model cost (so it is tried only
+when the model believes it is the best), and at each re-profiling batch the
+corrections of the classes not in use are forgotten, so they are re-tried
+when the model predicts them faster.
+
+Rates are fitted by non-negative least squares over a sliding window of
+measured batches: the first ``calibration_batches`` (at least until two
+samples were fitted; with double buffering a batch is split before the one
+ahead of it is measured) put the smallest flows holding 50%, 25% and 75% of the messages
+on the GPU path (the paper's 50/50 plus two other mixes so the fit sees
+different mixes; with a stepped kernel, such as the IDS automaton, no more
+flows than keep the padded matrix within 4x the real steps); the engine runs
+them, and the re-profiling batch every ``reprofile_every`` (50% of the
+messages), on a fraction of the batch size so measuring costs little on short
+traces. The model is refitted after each of the first 8 batches and then
+every 4.
 """
 
 from __future__ import annotations
@@ -46,8 +66,12 @@ from dataclasses import dataclass
 import numpy as np
 
 CALIBRATION_SPLITS = (0.5, 0.25, 0.75)
-VIABLE = 4.0  # all-GPU is tried unless its padded steps alone cost this factor of the best split
-POLICIES = ("split", "gpu", "cpu")
+CLASSES = ("cpu", "model", "gpu")  # i = 0, 0 < i < n, i = n
+PROBE_MODES = ("calibrate", "reprofile")
+PROBE_PADDING = 4.0  # a probe's padded tensor matrix: at most this many times its real steps
+REFIT_EAGER = 8  # refit after each of the first batches, then every REFIT_EVERY batches
+REFIT_EVERY = 4
+CORRECTION_WEIGHT = 0.5  # weight of the newest batch in a class's wall-time correction
 
 
 def nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -63,6 +87,11 @@ def nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
             break
         cols = [c for c, v in zip(cols, sol) if v >= 0] if (sol >= 0).any() else []
     return coef / scale
+
+
+def policy_class(i: int, n: int) -> str:
+    """``cpu`` (no flow on the tensor path), ``gpu`` (every flow) or ``model`` (a split)."""
+    return "cpu" if i == 0 else ("gpu" if i == n else "model")
 
 
 @dataclass(slots=True)
@@ -94,80 +123,119 @@ def candidates(load_sorted: np.ndarray, msgs_sorted: np.ndarray, threads: int,
 
 
 class CostModel:
-    """Calibrated rates and the split decision. ``threads`` is the parallel width."""
+    """Calibrated rates, the machine's concurrency and the split decision.
+
+    ``threads`` is the tensor path's parallel width (rows per wave), ``workers``
+    the CPU pool's processes (0: no pool, everything on the tensor path),
+    ``cores`` the CPU cores this process may use, ``shares_cores`` whether the
+    tensor path runs on those cores (torch on the CPU) rather than on a device.
+    """
 
     def __init__(self, *, threads: int, calibration_batches: int = 3, reprofile_every: int = 32,
-                 window: int = 64, workers: int = 1):
+                 window: int = 64, workers: int = 1, cores: int = 1, shares_cores: bool = True):
         self.threads = threads
         self.calibration_batches = calibration_batches
         self.reprofile_every = reprofile_every
         self.workers = workers
+        self.cores = max(1, cores)
+        self.shares_cores = shares_cores
         self.gpu_samples: deque = deque(maxlen=window)
         self.cpu_samples: deque = deque(maxlen=window)
         self.enq_samples: deque = deque(maxlen=window)
+        self.parallel_samples: deque = deque(maxlen=window)
         self.gpu_coef = np.zeros(4)
         self.cpu_coef = np.zeros(3)
         self.enq_coef = np.zeros(2)
         self.batches = 0
         self.fits = 0
-        self.wall_per_msg: dict[str, float | None] = {p: None for p in POLICIES}
+        self.correction: dict[str, float | None] = {k: None for k in CLASSES}
+        self.chosen: dict[str, int] = {k: 0 for k in CLASSES}
+        self.last_class = ""
         self.step_floor_s = 0.0  # measured cost of one kernel step (set by the engine)
 
     def mode(self, batch_number: int) -> str:
+        """``calibrate``, ``reprofile`` (both: a preset split, measured) or ``model``."""
         if batch_number < self.calibration_batches or self.fits == 0:
             return "calibrate"
         if self.reprofile_every and batch_number % self.reprofile_every == 0:
             return "reprofile"
-        if self.reprofile_every and batch_number % self.reprofile_every in (1, 2):
-            return "explore"
         return "model"
 
-    def best_policy(self, viable: list[str]) -> str:
-        """The viable policy with the lowest measured wall time per message; an untried
-        one first (the model's split, then all-GPU, then all-CPU)."""
-        for p in viable:
-            if self.wall_per_msg[p] is None:
-                return p
-        return min(viable, key=lambda p: self.wall_per_msg[p])
+    def parallel(self) -> float:
+        """Cores the two paths actually get together: the most CPU seconds per wall second
+        of a recent batch that ran both, within [1, cores]; ``cores`` before any."""
+        if not self.parallel_samples:
+            return float(self.cores)
+        return float(min(self.cores, max(1.0, max(self.parallel_samples))))
 
     def split(self, batch_number: int, load: np.ndarray, msgs: np.ndarray,
-              steps: np.ndarray | None = None) -> tuple[int, str]:
-        """Number of smallest flows (of ``load`` sorted ascending) for the GPU path, and
-        the mode that chose it (calibrate, reprofile, model, gpu or cpu)."""
+              steps: np.ndarray | None = None, cands: Candidates | None = None
+              ) -> tuple[int, str, float]:
+        """Number of smallest flows (of ``load`` sorted ascending) for the GPU path, the
+        mode that chose it (calibrate, reprofile, model, gpu or cpu) and its predicted
+        cost in seconds (0 for calibrate and reprofile). ``cands``: the batch's
+        ``candidates`` if already computed.
+
+        O(n) after the sort, for n flows in the batch.
+        """
         n = len(load)
         mode = self.mode(batch_number)
-        if mode in ("calibrate", "reprofile"):
+        if mode in PROBE_MODES:
+            if mode == "reprofile":  # forget what the classes not in use cost
+                for k in CLASSES:
+                    if k != self.last_class:
+                        self.correction[k] = None
             frac = 0.5 if mode == "reprofile" else CALIBRATION_SPLITS[
                 batch_number % len(CALIBRATION_SPLITS)]
-            return int(round(n * frac)), mode  # that fraction of the flows, smallest first
-        c = candidates(load, msgs, self.threads, steps)
-        cost = self.predict(c)
-        best = int(np.argmin(cost))
-        # All-CPU is always worth measuring; all-GPU unless the padded steps alone (the
-        # longest flow on the GPU path) would already cost VIABLE times the best split.
-        step_cost = max(self.gpu_coef[0], self.step_floor_s) * c.waves[n] * c.steps[n]
-        viable = ["split"] + (["gpu"] if step_cost <= VIABLE * cost[best] else []) + ["cpu"]
-        policy = self.best_policy(viable)
-        if mode == "explore":  # re-measure another viable policy
-            others = [p for p in viable if p != policy]
-            if others:
-                policy = others[(batch_number % self.reprofile_every - 1) % len(others)]
-        if policy == "gpu":
-            return n, "gpu"
-        if policy == "cpu":
-            return 0, "cpu"
-        return best, "model"
+            return (self.probe_split(frac, load, msgs, steps) if self.workers else n), mode, 0.0
+        cost = self.predict(cands or candidates(load, msgs, self.threads, steps))
+        i = self.choose(cost)
+        self.last_class = policy_class(i, n)
+        self.chosen[self.last_class] += 1
+        return i, self.last_class, float(cost[i])
 
-    def observe_wall(self, mode: str, messages: int, wall_s: float) -> None:
-        """Wall time per message of a batch run under ``mode`` (EMA per policy)."""
-        policy = {"gpu": "gpu", "cpu": "cpu", "model": "split"}.get(mode)
-        if policy is None or messages == 0:
+    def probe_split(self, frac: float, load: np.ndarray, msgs: np.ndarray,
+                    steps: np.ndarray | None = None) -> int:
+        """The ``i`` of a measuring batch: the smallest flows holding the fraction ``frac``
+        of the messages (so both sides are measured on a fair share even when most flows
+        are tiny), but, for a stepped kernel, no more flows than keep the padded matrix at
+        most ``PROBE_PADDING`` times the steps really needed (a probe never waits for an
+        elephant flow on the tensor path)."""
+        n = len(load)
+        if n == 0:
+            return 0
+        cum = np.cumsum(msgs)
+        i = int(np.searchsorted(cum, frac * cum[-1], side="left")) + 1
+        if self.step_floor_s > 0:
+            per_flow = load if steps is None else steps
+            k = np.arange(1, n + 1)
+            fits = k * np.maximum.accumulate(per_flow) <= PROBE_PADDING * np.cumsum(per_flow)
+            i = min(i, int(np.flatnonzero(fits)[-1]) + 1 if fits.any() else 1)
+        return max(1, min(n - 1, i)) if n > 1 else i
+
+    def choose(self, cost: np.ndarray) -> int:
+        """The ``i`` of least corrected cost: per class (cpu, model, gpu) its cheapest ``i``
+        times the class's measured wall-time correction (1 if not measured)."""
+        n = len(cost) - 1
+        if self.workers == 0 or n == 0:
+            return n
+        best = {"cpu": 0, "gpu": n}
+        if n > 1:
+            best["model"] = 1 + int(np.argmin(cost[1:n]))
+        adjusted = {k: cost[i] * (self.correction[k] or 1.0) for k, i in best.items()}
+        return best[min(adjusted, key=adjusted.get)]
+
+    def observe_wall(self, policy: str, predicted_s: float, wall_s: float) -> None:
+        """A batch run under ``policy`` (a class) took ``wall_s`` against ``predicted_s``."""
+        if policy not in self.correction or predicted_s <= 0 or wall_s <= 0:
             return
-        value = wall_s / messages
-        old = self.wall_per_msg[policy]
-        self.wall_per_msg[policy] = value if old is None else 0.7 * old + 0.3 * value
+        ratio = wall_s / predicted_s
+        old = self.correction[policy]
+        self.correction[policy] = ratio if old is None else (
+            (1 - CORRECTION_WEIGHT) * old + CORRECTION_WEIGHT * ratio)
 
     def predict(self, c: Candidates) -> np.ndarray:
+        """Predicted seconds of the batch for every ``i`` (see the module docstring)."""
         g = self.gpu_coef
         r_step = max(g[0], self.step_floor_s)
         t_gpu = np.where(c.gpu_msgs > 0, r_step * c.waves * c.steps + g[1] * c.gpu_bytes
@@ -176,19 +244,28 @@ class CostModel:
         t_cpu = np.where(c.cpu_msgs > 0, p[0] * c.cpu_msgs + p[1] * c.cpu_bytes + p[2], 0.0)
         e = self.enq_coef
         t_enq = e[0] * c.cpu_msgs + e[1] * c.cpu_bytes
-        return np.maximum(t_enq + t_gpu, t_cpu)
+        busy = t_enq + t_cpu + (t_gpu if self.shares_cores else 0.0)
+        return np.maximum.reduce([t_enq + t_gpu, t_cpu / max(self.workers, 1),
+                                  busy / self.parallel()])
 
     def observe(self, *, steps: float, waves: float, gpu_bytes: float, gpu_msgs: float,
                 cpu_bytes: float, cpu_msgs: float, gpu_s: float, cpu_s: float,
-                enqueue_s: float) -> None:
-        """Add one batch's measurements; refit at the end of calibration and periodically."""
+                enqueue_s: float, wall_s: float = 0.0) -> None:
+        """Add one batch's measurements (``cpu_s``: all workers' CPU time; ``enqueue_s``:
+        the main process's CPU time besides the kernels; ``wall_s``: the batch's wall
+        time) and refit once two batches were seen: after every batch up to
+        ``REFIT_EAGER``, then every ``REFIT_EVERY`` (a fit costs about 0.3 ms, which
+        a short batch notices)."""
+        self.batches += 1
         if gpu_msgs > 0:
             self.gpu_samples.append((waves * steps, gpu_bytes, gpu_msgs, 1.0, gpu_s))
         if cpu_msgs > 0:
             self.cpu_samples.append((cpu_msgs, cpu_bytes, 1.0, cpu_s))
             self.enq_samples.append((cpu_msgs, cpu_bytes, enqueue_s))
-        self.batches += 1
-        if self.batches >= self.calibration_batches:
+        if gpu_msgs > 0 and cpu_msgs > 0 and wall_s > 0:
+            busy = cpu_s + enqueue_s + (gpu_s if self.shares_cores else 0.0)
+            self.parallel_samples.append(busy / wall_s)
+        if self.batches >= 2 and (self.batches <= REFIT_EAGER or self.batches % REFIT_EVERY == 0):
             self.fit()
 
     def fit(self) -> None:
@@ -204,18 +281,21 @@ class CostModel:
 
     def rates(self) -> dict[str, float]:
         g, p, e = self.gpu_coef, self.cpu_coef, self.enq_coef
-        walls = {f"wall_{p}_message_us": w * 1e6 for p, w in self.wall_per_msg.items()
-                 if w is not None}
-        return {**walls, "gpu_step_us": g[0] * 1e6, "gpu_byte_ns": g[1] * 1e9, "gpu_message_us": g[2] * 1e6,
-                "gpu_batch_us": g[3] * 1e6, "cpu_message_us": p[0] * 1e6,
-                "cpu_byte_ns": p[1] * 1e9, "cpu_batch_us": p[2] * 1e6,
-                "enqueue_message_us": e[0] * 1e6, "enqueue_byte_ns": e[1] * 1e9,
-                "fits": float(self.fits)}
+        corrections = {f"correction_{k}": v for k, v in self.correction.items() if v is not None}
+        chosen = {f"batches_{k}": float(v) for k, v in self.chosen.items()}
+        return {**corrections, **chosen, "parallel_cores": self.parallel(),
+                "gpu_step_us": g[0] * 1e6, "gpu_byte_ns": g[1] * 1e9,
+                "gpu_message_us": g[2] * 1e6, "gpu_batch_us": g[3] * 1e6,
+                "cpu_message_us": p[0] * 1e6, "cpu_byte_ns": p[1] * 1e9,
+                "cpu_batch_us": p[2] * 1e6, "enqueue_message_us": e[0] * 1e6,
+                "enqueue_byte_ns": e[1] * 1e9, "fits": float(self.fits)}
 
 
 class BatchSizer:
     """Hill-climbing batch size (FlowShader): every ``every`` batches compare messages/s
-    with the previous window; keep direction while it improves, reverse after two drops."""
+    with the previous window; keep direction while it improves, reverse after two drops.
+    The engine feeds it only batches run under one policy and resets it when the
+    policy changes, so a window never compares two policies."""
 
     def __init__(self, start: int, *, step: int = 256, minimum: int = 256, maximum: int = 65536,
                  every: int = 4, enabled: bool = True):
@@ -231,6 +311,11 @@ class BatchSizer:
         self.window_msgs = 0
         self.window_s = 0.0
         self.count = 0
+
+    def reset(self) -> None:
+        """Start a new comparison window (the policy changed: rates are not comparable)."""
+        self.window_msgs, self.window_s, self.count = 0, 0.0, 0
+        self.previous, self.drops = 0.0, 0
 
     def observe(self, messages: int, seconds: float) -> int:
         if not self.enabled:

@@ -26,7 +26,7 @@ from ..nfs.base import FlowTable, GpuBatch, Outputs, join_bytes
 from ..nfs.chain import Block, Chain
 from ..traffic.trace import Trace
 from . import EngineChoice
-from .costmodel import BatchSizer, CostModel, candidates
+from .costmodel import PROBE_MODES, BatchSizer, CostModel, candidates
 from .pool import WorkerPool
 
 UNTOUCHED, ON_GPU = -2, -1
@@ -73,6 +73,7 @@ class _Built:
     features: dict
     started: float
     enqueue_s: float
+    predicted_s: float = 0.0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -81,8 +82,15 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def default_workers(choice: EngineChoice, device: torch.device) -> int:
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     if choice.kind == "gpu":
         return 0
     if choice.kind == "cpu" or device.type == "cpu":
@@ -107,7 +115,8 @@ class Runner:
         else:
             threads = 1 << 30  # one "wave": cost grows with rows through the per-byte rate
         self.model = CostModel(threads=threads, calibration_batches=options.calibration_batches,
-                               reprofile_every=options.reprofile_every, workers=self.workers)
+                               reprofile_every=options.reprofile_every, workers=self.workers,
+                               cores=usable_cores(), shares_cores=self.device.type != "cuda")
         self.sizer = BatchSizer(options.batch_size, step=options.batch_step,
                                 enabled=options.adaptive_batch and choice.kind == "flowshader")
         self.loc = np.full(len(trace.flows), UNTOUCHED, dtype=np.int64)
@@ -118,22 +127,33 @@ class Runner:
 
     # batch building ------------------------------------------------------------
     def _split(self, number: int, flows: np.ndarray, load: np.ndarray, msgs: np.ndarray,
-               row: np.ndarray):
-        """Boolean per flow (sorted by load ascending): True = GPU path."""
+               row: np.ndarray, cands):
+        """Boolean per flow (sorted by load ascending): True = GPU path; the mode; the
+        number of flows on the GPU path; the cost model's prediction (flowshader)."""
         n = len(flows)
         kind = self.choice.kind
+        predicted = 0.0
         if kind == "cpu":
-            return np.zeros(n, dtype=bool), "cpu", 0
+            return np.zeros(n, dtype=bool), "cpu", 0, predicted
         if kind == "gpu":
-            return np.ones(n, dtype=bool), "gpu", n
+            return np.ones(n, dtype=bool), "gpu", n, predicted
         if kind == "fixed":
             i = n - int(np.ceil(self.choice.cpu_fraction * n))
             mode = "fixed"
         else:
-            i, mode = self.model.split(number, load, msgs, row / self.stride)
+            i, mode, predicted = self.model.split(number, load, msgs, row / self.stride, cands)
         on_gpu = np.zeros(n, dtype=bool)
         on_gpu[:i] = True
-        return on_gpu, mode, i
+        return on_gpu, mode, i, predicted
+
+    def batch_size(self, number: int) -> int:
+        """Messages in batch ``number``: the sizer's, or for a flowshader calibration or
+        re-profiling batch a fraction of it (those batches measure; on short traces a
+        full batch at a poor split would cost more than the measurement is worth)."""
+        size = self.sizer.size
+        if self.choice.kind == "flowshader" and self.model.mode(number) in PROBE_MODES:
+            size = min(size, max(64, size // (4 * max(1, self.options.calibration_batches))))
+        return size
 
     def build(self, number: int, start: int, size: int) -> _Built:
         began = time.perf_counter()
@@ -145,8 +165,9 @@ class Runner:
         down = np.bincount(inv, weights=t.msg_len[ids] * t.msg_dir[ids]).astype(np.int64)
         row = np.maximum(down, load - down)  # the longest of the flow's two streams
         order = np.argsort(load, kind="stable")
-        on_gpu_sorted, mode, i = self._split(number, flows[order], load[order], msgs[order],
-                                             row[order])
+        c = candidates(load[order], msgs[order], self.model.threads, row[order] / self.stride)
+        on_gpu_sorted, mode, i, predicted = self._split(number, flows[order], load[order],
+                                                        msgs[order], row[order], c)
         on_gpu = np.empty(len(flows), dtype=bool)
         on_gpu[order] = on_gpu_sorted
         gpu_msg = on_gpu[inv]
@@ -173,13 +194,12 @@ class Runner:
                                       blob=join_bytes(t.blob, t.msg_offset[sel],
                                                       t.msg_len[sel]))
         enqueue_s = time.thread_time() - enqueue_start
-        c = candidates(load[order], msgs[order], self.model.threads, row[order] / self.stride)
         features = {"steps": float(c.steps[i]), "waves": float(c.waves[i]),
                     "gpu_bytes": float(c.gpu_bytes[i]), "gpu_msgs": float(c.gpu_msgs[i]),
                     "cpu_bytes": float(c.cpu_bytes[i]), "cpu_msgs": float(c.cpu_msgs[i])}
         return _Built(number=number, mode=mode, ids=ids, flows=flows, gpu_flows=flows[on_gpu],
                       cpu_flows=flows[~on_gpu], gpu=gpu, blocks=blocks, features=features,
-                      started=began, enqueue_s=enqueue_s)
+                      started=began, enqueue_s=enqueue_s, predicted_s=predicted)
 
     # the loop -------------------------------------------------------------------
     def run(self) -> EngineResult:
@@ -196,6 +216,8 @@ class Runner:
     def _run(self) -> EngineResult:
         t0 = time.perf_counter()
         pool = WorkerPool(self.chain, self.workers) if self.workers else None
+        if pool is not None:
+            pool.warm_up(_empty_block())
         if self.choice.kind != "cpu":
             self.chain.warm_up(self.device)
             ids = self.chain.nf("ids")
@@ -208,29 +230,32 @@ class Runner:
         n = self.trace.n_messages
         try:
             begin = previous = time.perf_counter()
-            cur = self.build(0, 0, self.sizer.size) if n else None
+            cur = self.build(0, 0, self.batch_size(0)) if n else None
             pos = 0
+            steady = ""
             if cur is not None:
                 self._dispatch(pool, cur)
             while cur is not None:
+                iteration_cpu = time.process_time()  # this process, its sender threads too
                 g0, c0 = time.perf_counter(), time.thread_time()
-                iteration_cpu = c0
                 gpu_out = Outputs()
                 self.chain.gpu_run(cur.gpu, gpu_out)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                     gpu_s = time.perf_counter() - g0
-                else:  # CPU time of this thread: other load on the machine does not count
-                    gpu_s = time.thread_time() - c0
+                kernels_cpu_s = time.thread_time() - c0
+                if self.device.type != "cuda":  # CPU time: other load does not count
+                    gpu_s = kernels_cpu_s
                 gpu_s = gpu_s if cur.gpu.size else 0.0
                 pos += len(cur.ids)
                 # double buffering: batch k+1 is built and queued to the workers (behind
                 # batch k and any hand-back request) before batch k's CPU share is collected
-                nxt = self.build(cur.number + 1, pos, self.sizer.size) if pos < n else None
+                nxt = self.build(cur.number + 1, pos, self.batch_size(cur.number + 1)) \
+                    if pos < n else None
                 moving = self._request_exports(pool, nxt)
                 if nxt is not None:
                     self._dispatch(pool, nxt)
-                cpu_s = self._collect(pool, cur, merged)
+                cpu_s, cpu_total_s = self._collect(pool, cur, merged)
                 self._import(pool, moving)
                 _merge(merged, gpu_out)
                 done = time.perf_counter()
@@ -244,10 +269,16 @@ class Runner:
                     enqueue_ms=cur.enqueue_s * 1e3, wall_ms=(done - cur.started) * 1e3))
                 # this process's own work besides the kernels: building, handing the CPU
                 # share over and merging its results (serial with the tensor path)
-                main_s = max(0.0, time.thread_time() - iteration_cpu - gpu_s)
-                self.model.observe(gpu_s=gpu_s, cpu_s=cpu_s, enqueue_s=main_s, **f)
-                self.model.observe_wall(cur.mode, len(cur.ids), done - previous)
-                self.sizer.observe(len(cur.ids), done - previous)
+                main_s = max(0.0, time.process_time() - iteration_cpu - kernels_cpu_s)
+                wall_s = done - previous
+                self.model.observe(gpu_s=gpu_s, cpu_s=cpu_total_s, enqueue_s=main_s,
+                                   wall_s=wall_s, **f)
+                if cur.mode not in PROBE_MODES:  # steady batches only: one policy per window
+                    self.model.observe_wall(cur.mode, cur.predicted_s, wall_s)
+                    if cur.mode != steady:
+                        self.sizer.reset()
+                        steady = cur.mode
+                    self.sizer.observe(len(cur.ids), wall_s)
                 previous = done
                 cur = nxt
             elapsed = time.perf_counter() - begin
@@ -293,17 +324,20 @@ class Runner:
         self.loc[nxt.gpu_flows] = ON_GPU
         return moving
 
-    def _collect(self, pool: WorkerPool | None, cur: _Built, merged: Outputs) -> float:
-        longest = 0.0
+    def _collect(self, pool: WorkerPool | None, cur: _Built, merged: Outputs
+                 ) -> tuple[float, float]:
+        """Merge the workers' results of ``cur``; the longest and the total worker CPU time."""
+        longest = total = 0.0
         if pool is None:
-            return 0.0
+            return 0.0, 0.0
         for w in cur.blocks:
             _, seconds, packed = pool.receive(w)
             longest = max(longest, seconds)
+            total += seconds
             for name in ("http", "drops", "monitor"):
                 merged.add_chunk(name, packed[name])
             merged.alerts.extend(packed["alerts"])
-        return longest
+        return longest, total
 
     def _import(self, pool: WorkerPool | None, moving: dict) -> None:
         for w in moving:

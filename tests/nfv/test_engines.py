@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dl_nfv.nfv.engines import parse_engine
-from dl_nfv.nfv.engines.runner import EngineOptions, run_engine
+from dl_nfv.nfv.engines.runner import EngineOptions, run_engine, usable_cores
 from dl_nfv.nfv.nfs.http_lb import P
 from dl_nfv.nfv.nfs.snort import load_rules
 from dl_nfv.nfv.traffic import load_trace
@@ -69,6 +69,28 @@ def test_engines_agree(traces, name, firewall):
     assert mixed  # both sides ran in the same batches, so flows moved between them
     if firewall:
         assert len(ref.drops) > 0 or name == "real"
+
+
+def test_flowshader_probes_then_follows_its_model(traces):
+    """Calibration probes are a fraction of the batch; every later batch is a policy class
+    chosen by the cost model (or a re-profiling probe), and its prediction was learnt from."""
+    trace = traces["uniform"]
+    options = EngineOptions(batch_size=256, workers=2, calibration_batches=2, reprofile_every=4,
+                            adaptive_batch=False)
+    r = run_engine(trace, _chain(firewall=False), parse_engine("flowshader"), options)
+    modes = [b.mode for b in r.batches]
+    # two probes, and a third: with double buffering batch 2 is split when only batch 0
+    # was measured, and the fit needs two
+    assert modes[:3] == ["calibrate"] * 3 and "calibrate" not in modes[3:]
+    assert [b.messages for b in r.batches[:3]] == [64] * 3  # max(64, 256 // (4 x 2))
+    assert all(b.gpu_messages and b.cpu_messages for b in r.batches[:3])
+    steady = [b for b in r.batches[3:] if b.mode != "reprofile"]
+    assert steady and all(b.mode in ("cpu", "gpu", "model") for b in steady)
+    for b in steady:
+        assert (b.mode == "cpu") == (b.gpu_messages == 0)
+        assert (b.mode == "gpu") == (b.cpu_messages == 0)
+    assert sum(r.rates[f"batches_{k}"] for k in ("cpu", "gpu", "model")) == len(steady)
+    assert 1.0 <= r.rates["parallel_cores"] <= usable_cores()
 
 
 def _streams(trace):
