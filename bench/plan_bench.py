@@ -9,7 +9,8 @@ on the heterogeneous and ring clusters; within 1.2x of its lower bound on at lea
 cases; every plan under 30 s.
 
 A second table repeats the suite at 8x the batch (256 samples, 128 for GPT-2 XL): the measured graphs are
-scaled by the cost model's own batch law (every op time ``launch + (t - launch) x 8``,
+scaled by the cost model's own batch law (every op time ``fixed + (t - fixed) x 8``, with
+the op's measured fixed part, else the launch overhead;
 FLOPs, bytes moved, activations and edge bytes x 8, parameters unchanged), because
 profiling at batch 256 on two CPU cores takes hours. It shows the regime real training
 runs in (tens of samples per device) next to the measured one (2 to 4 per device).
@@ -76,21 +77,25 @@ def scaled(graph, factor: int):
     from dataclasses import replace
 
     from dl_nfv.artifacts import CATALOG
+    from dl_nfv.simulator import scale_by_batch
 
     if factor == 1:
         return graph
 
-    def times(measured: dict[str, float]) -> dict[str, float]:
-        out = {}
-        for name, ms in measured.items():
-            launch = CATALOG[name].launch_overhead_us / 1e3 if name in CATALOG else 0.0
-            out[name] = ms if ms <= launch else launch + (ms - launch) * factor
-        return out
+    def fixed_of(name: str, fixed: dict[str, float]) -> float:
+        if name in fixed:
+            return fixed[name]
+        return CATALOG[name].launch_overhead_us / 1e3 if name in CATALOG else 0.0
+
+    def times(measured: dict[str, float], fixed: dict[str, float]) -> dict[str, float]:
+        return {name: scale_by_batch(ms, fixed_of(name, fixed), factor)
+                for name, ms in measured.items()}
 
     ops = tuple(replace(op, flops=op.flops * factor, bwd_flops=op.bwd_flops * factor,
                         bytes_accessed=op.bytes_accessed * factor,
-                        output_bytes=op.output_bytes * factor, fwd_ms=times(op.fwd_ms),
-                        bwd_ms=times(op.bwd_ms)) for op in graph.ops)
+                        output_bytes=op.output_bytes * factor,
+                        fwd_ms=times(op.fwd_ms, op.fwd_fixed_ms),
+                        bwd_ms=times(op.bwd_ms, op.bwd_fixed_ms)) for op in graph.ops)
     edges = tuple(replace(e, bytes=e.bytes * factor) for e in graph.edges)
     model = replace(graph.model, batch_size=graph.model.batch_size * factor,
                     options={**graph.model.options, "scaled_from_batch": graph.model.batch_size})
