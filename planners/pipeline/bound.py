@@ -19,7 +19,10 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   share of the work); shares are whole samples, so ``1 / cap_k`` is in fact the
   least ``max_d c_d / sigma_d`` over integer splits ``c`` of a microbatch
   (over ``B``, times ``m``), which assigning samples one at a time to the
-  device that would finish first attains;
+  device that would finish first attains; plus the memory traffic every
+  replica does outside the ops: the upkeep of the stage's gradient buckets
+  (zeroed once, added into by each of the ``m`` backward passes) and at least a
+  ``1/k`` share of its optimizer update, at the best memory bandwidth;
 * **chain**: microbatch 0 cannot reach a stage before it passed the stages
   in front of it, and after a stage's last backward the last microbatch still
   has to pass them backwards: each earlier stage adds at least one replica's
@@ -136,11 +139,14 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     kk = np.arange(D + 1)
     ar_floor = params_r[:, :, None] * _host_limits(p, devices)[None, None, :]
     B = p.batch_size
+    update = min(p.cm.update_ms_per_byte(d, p.state_factor) for d in devices)
     cheap: dict[int, float] = {}  # per microbatch count: the bound letting every stage take
     for m in (d for d in range(1, B + 1) if B % d == 0):  # the fastest devices
         inv_cap = _slowest_share(holders, U, D, B, m)
+        upkeep = min(p.cm.upkeep_ms_per_byte(d, m) for d in devices)
         with np.errstate(divide="ignore", invalid="ignore"):
-            busy = m * fix_r[:, :, None] + scal_r[:, :, None] * inv_cap
+            busy = m * fix_r[:, :, None] + scal_r[:, :, None] * inv_cap + params_r[:, :, None] * (
+                upkeep + update / np.maximum(kk, 1)[None, None, :])
             # every replica runs its last forward before any gradient of the stage is final
             sync = np.where(kk[None, None, :] > 1,
                             m * fixf_r[:, :, None] + scalf_r[:, :, None] * inv_cap + ar_floor, 0.0)
@@ -160,7 +166,8 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     for m in sorted(cheap, key=cheap.__getitem__):
         if cheap[m] >= best:
             break
-        best = min(best, _class_bound(ranges, classes, floor, B, m))
+        upkeep = min(p.cm.upkeep_ms_per_byte(d, m) for d in devices)
+        best = min(best, _class_bound(ranges, classes, floor, B, m, upkeep, update))
     return best
 
 
@@ -299,7 +306,8 @@ def _classes(p: Problem, devices: list[str], sigma: np.ndarray,
     return sorted(((s, m, c) for (s, m), c in counts.items()), reverse=True)
 
 
-def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int) -> float:
+def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, upkeep: float = 0.0,
+                 update: float = 0.0) -> float:
     """The stage-balanced bound for ``m`` microbatches with devices counted per class.
 
     Like the cheap DP, but the state is how many devices of each class are left, so
@@ -337,7 +345,9 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int) -> floa
     fits = mem[None, None, :] >= r.static[:, :, None]  # [i, j, C]
     allowed = (~fits).astype(float) @ used.T.astype(float) == 0  # [i, j, K]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        busy = np.where(allowed, m * r.fix[:, :, None] + r.scal[:, :, None] * share[None, None], np.inf)
+        outside = r.params[:, :, None] * (upkeep + update / np.maximum(total, 1)[None, None])
+        busy = np.where(allowed, m * r.fix[:, :, None] + r.scal[:, :, None] * share[None, None]
+                        + outside, np.inf)
         single = total == 1
         chain = np.where(single[None, None],
                          r.fix[:, :, None] + r.scal[:, :, None] / (m * sig_max[None, None]),
