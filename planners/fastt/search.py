@@ -37,6 +37,8 @@ from ..listsched import (
 
 BUCKET_BYTES = 25 * 2**20
 MEMORY_RETRIES = 3
+# the favourite-child LP (PuLP/CBC) of the "sct" recipe is solved for graphs up to this size
+SCT_MAX_OPS = 800
 # candidates simulated: the best by the list schedulers' estimate, within WINDOW of it
 SIMULATED_CANDIDATES = 4
 SIMULATED_STARTS = 2
@@ -50,7 +52,7 @@ class Recipe:
     """How a schedule is (re)built: the list scheduler and the devices it may use."""
 
     name: str
-    kind: str  # "heft", "cpop" or "etf"
+    kind: str  # "heft", "cpop", "etf" or "sct" (etf with favourite children)
     allowed: tuple[int, ...]
     lookahead: bool = False
 
@@ -123,6 +125,12 @@ class Context:
         if recipe.kind == "etf":
             return etf_schedule(sg, allowed=recipe.allowed, capacity_bytes=capacity,
                                 algorithm=recipe.name)
+        if recipe.kind == "sct":
+            from ..baechi import favourite_children
+
+            favourite, _ = favourite_children(sg)
+            return etf_schedule(sg, allowed=recipe.allowed, capacity_bytes=capacity,
+                                favourite=favourite, algorithm=recipe.name)
         up = upward_ranks(sg, recipe.allowed)
         if recipe.kind == "cpop":
             down = downward_ranks(sg, recipe.allowed)
@@ -215,9 +223,18 @@ def best_candidates(ctx: Context, tries: Sequence[tuple[Recipe, Mapping[str, Spl
         scheduled.append((sched.makespan_ms, k, recipe, splits, sched))
     scheduled.sort(key=lambda item: item[:2])
     out: list[Candidate] = []
-    for rank, (estimate, _, recipe, splits, sched) in enumerate(scheduled):
+    seen: dict[tuple, str] = {}  # placement and order -> the recipe that made it first
+    rank = 0
+    for estimate, _, recipe, splits, sched in scheduled:
         text = f"{recipe.name}: estimated {estimate:.3f} ms"
-        if rank < simulate_top and estimate <= scheduled[0][0] * (1 + window):
+        key = (tuple(sorted(splits.items())), tuple(sched.device),
+               tuple(sorted(range(len(sched.start)), key=lambda t: (sched.start[t], t))))
+        if key in seen:  # several rules often build the same schedule: simulate it once
+            notes.append(text + f", the same plan as {seen[key]}")
+            continue
+        seen[key] = recipe.name
+        rank += 1
+        if rank <= simulate_top and estimate <= scheduled[0][0] * (1 + window):
             try:
                 cand = ctx.build(recipe, splits, data_parallel=data_parallel, schedule=sched)
                 out.append(cand)
@@ -232,14 +249,18 @@ def best_candidates(ctx: Context, tries: Sequence[tuple[Recipe, Mapping[str, Spl
 # ------------------------------------------------------------------ recipes
 def recipes(ctx: Context) -> list[Recipe]:
     """The list schedulers FastT tries: HEFT (with and without backward look-ahead), CPOP and
-    earliest-task-first on every device, and HEFT on the fastest devices only (1, 2, 4, ... of
-    them, and the fastest device's host) - spreading ops over slow devices or slow links does
-    not always pay. No one list-scheduling rule dominates the others on every graph, so the
-    simulator picks.
+    earliest-task-first on every device (on graphs of up to ``SCT_MAX_OPS`` ops also with
+    SCT's favourite children, which keep a child on its parent's device when the LP
+    relaxation says its transfer is on the critical path), and HEFT on the fastest devices
+    only (1, 2, 4, ... of them, and the fastest device's host) - spreading ops over slow
+    devices or slow links does not always pay. No one list-scheduling rule dominates the
+    others on every graph, so the simulator picks.
     """
     all_devices = tuple(range(ctx.D))
     out = [Recipe("heft", "heft", all_devices), Recipe("heft-lookahead", "heft", all_devices, True),
            Recipe("cpop", "cpop", all_devices), Recipe("etf", "etf", all_devices)]
+    if len(ctx.graph.ops) <= SCT_MAX_OPS:
+        out.append(Recipe("sct", "sct", all_devices))
     by_speed = sorted(all_devices, key=lambda j: (-ctx.speeds[j], j))
     subsets: list[tuple[int, ...]] = []
     size = 1

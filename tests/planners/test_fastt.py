@@ -215,3 +215,15 @@ def test_random_graphs_fastt_not_slower_than_baselines():
         for name in ("m-topo", "m-etf", "m-sct", "single", "dp"):
             other = run(name, graph, topology).prediction.iteration_ms
             assert fastt <= other * (1 + 1e-9), (name, fastt, other)
+
+
+def test_rules_that_build_the_same_schedule_are_simulated_once():
+    # a diamond on two devices: HEFT with and without look-ahead build one schedule
+    graph, topology = diamond(), from_document(PAIR)
+    plan = run("fastt", graph, topology, split_critical=False)
+    tried = plan.notes[1]
+    simulated = tried.count("simulated")
+    duplicates = tried.count("the same plan as")
+    assert duplicates >= 1
+    # every schedule is simulated at most once: simulations = distinct schedules kept
+    assert f"{simulated} candidate simulations" in plan.notes[-1]
