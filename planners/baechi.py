@@ -62,7 +62,7 @@ def plan_topo(graph: OpGraph, topology: Topology, *, seed: int = 0, memory_fract
 
     Raises ``InfeasiblePlan`` naming the op that fits nowhere and the shortfall.
     """
-    return _run("m-topo", graph, topology, seed, memory_fraction, _topo)
+    return _run("m-topo", graph, topology, seed, memory_fraction, topo_schedule)
 
 
 def plan_etf(graph: OpGraph, topology: Topology, *, seed: int = 0, memory_fraction: float = 1.0):
@@ -111,7 +111,8 @@ def _run(name: str, graph: OpGraph, topology: Topology, seed: int, memory_fracti
                   order=order, notes=notes, cost_model=cm)
 
 
-def _topo(sg: StepGraph, capacity: list[float]) -> tuple[Schedule, list[str]]:
+def topo_schedule(sg: StepGraph, capacity: list[float]) -> tuple[Schedule, list[str]]:
+    """m-TOPO: fill the devices in topological order up to an even cap, then schedule."""
     U = sg.U
     need = [sg.static_bytes[u] + sg.act_bytes[u] for u in range(U)]
     cap = sum(need) / sg.D + max(need)

@@ -166,6 +166,10 @@ class StepGraph:
         self.bwd = [row if g else [0.0] * D for row, g in zip(self.bwd, self.rg)]
         params = cm.param_bytes[np.asarray(unit_op)]
         self.param_bytes = params.tolist()
+        # tied weights: (owner op index, sharing op index, bytes) for every op sharing one
+        owner_of = {name: cm.op_index[op.id] for op in graph.ops for name in op.params}
+        self.ties = [(owner_of[name], cm.op_index[op.id], float(nbytes)) for op in graph.ops
+                     for name, nbytes in op.shared_params.items() if name in owner_of]
         self.static_bytes = (params * (2.0 + state_factor)).tolist()
         self.act_bytes = (cm.output_bytes[np.asarray(unit_op)] * share[:, 0]).tolist()
 
@@ -622,6 +626,20 @@ def backward_pass(sched: Schedule, links: _Links | None = None,
     params = [0.0] * sg.D
     for u in range(U):
         params[device[u]] += sg.param_bytes[u]
+    # tied weights used on another device than their owner's: a copy there, summed by an
+    # AllReduce after both backwards (as the simulator and the runtime do)
+    for owner, sharer, nbytes in sg.ties:
+        held = {device[u] for u in (*sg.units_of_op[owner], *sg.units_of_op[sharer])}
+        if len(held) < 2:
+            continue
+        ready = max(finish[U + u] for u in (*sg.units_of_op[owner], *sg.units_of_op[sharer]))
+        begin = max([ready, *(stream[d] for d in held)])
+        end = begin + cm.allreduce_ms([sg.devices[d] for d in sorted(held)], nbytes)
+        for d in held:
+            stream[d] = end
+            done[d] = max(done[d], end)
+            if d not in {device[u] for u in sg.units_of_op[owner]}:
+                params[d] += nbytes
     makespan = 0.0
     for d in range(sg.D):
         end = done[d]

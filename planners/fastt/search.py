@@ -52,7 +52,7 @@ class Recipe:
     """How a schedule is (re)built: the list scheduler and the devices it may use."""
 
     name: str
-    kind: str  # "heft", "cpop", "etf" or "sct" (etf with favourite children)
+    kind: str  # "heft", "cpop", "etf", "sct" (etf with favourite children) or "topo"
     allowed: tuple[int, ...]
     lookahead: bool = False
 
@@ -125,6 +125,10 @@ class Context:
         if recipe.kind == "etf":
             return etf_schedule(sg, allowed=recipe.allowed, capacity_bytes=capacity,
                                 algorithm=recipe.name)
+        if recipe.kind == "topo":
+            from ..baechi import topo_schedule
+
+            return topo_schedule(sg, capacity)[0]
         if recipe.kind == "sct":
             from ..baechi import favourite_children
 
@@ -261,6 +265,7 @@ def recipes(ctx: Context) -> list[Recipe]:
            Recipe("cpop", "cpop", all_devices), Recipe("etf", "etf", all_devices)]
     if len(ctx.graph.ops) <= SCT_MAX_OPS:
         out.append(Recipe("sct", "sct", all_devices))
+    out.append(Recipe("topo", "topo", all_devices))
     by_speed = sorted(all_devices, key=lambda j: (-ctx.speeds[j], j))
     subsets: list[tuple[int, ...]] = []
     size = 1
