@@ -197,3 +197,26 @@ def test_schedules_respect_dependencies_and_devices(seed, n, kind):
         for e in graph.edges:
             if e.src in position and e.dst in position:
                 assert position[e.src] < position[e.dst]
+
+
+def test_a_tied_weight_split_across_devices_costs_its_allreduce_and_a_copy():
+    # emb owns 8 MB that head shares; pinned apart, the step ends with their AllReduce and
+    # an update of the copy on head's device; pinned together, neither
+    emb = {**op("emb", 1, 2, params=8 * 2**20, bwd=(2, 4)), "params": ["w"]}
+    head = {**op("head", 1, 2, bwd=(2, 4)), "shared_params": {"w": 8 * 2**20}}
+    graph = graph_of([emb, head], [("emb", "head", 1000)])
+    cm, sg = _step(graph)
+    assert sg.ties == [(cm.op_index["emb"], cm.op_index["head"], 8 * 2**20)]
+    prio = upward_ranks(sg, [0, 1])
+    caps = [2**34, 2**34]
+    apart = list_schedule(sg, prio, allowed=[0, 1], capacity_bytes=caps, pins={0: 0, 1: 1})
+    together = list_schedule(sg, prio, allowed=[0, 1], capacity_bytes=caps, pins={0: 0, 1: 0})
+    nbytes = 8 * 2**20
+    last_backward = max(apart.finish)
+    def update(d):
+        return cm.update_ms(nbytes, d, 1.0) + cm.upkeep_ms(nbytes, d)
+
+    # both devices hold the weight; the T4 (less memory bandwidth) updates its copy last
+    expected = last_backward + cm.allreduce_ms([V100, T4], nbytes) + max(update(V100), update(T4))
+    assert apart.makespan_ms == pytest.approx(expected)
+    assert together.makespan_ms == pytest.approx(max(together.finish) + update(V100))
