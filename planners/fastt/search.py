@@ -37,8 +37,9 @@ from ..listsched import (
 
 BUCKET_BYTES = 25 * 2**20
 MEMORY_RETRIES = 3
-# the favourite-child LP (PuLP/CBC) of the "sct" recipe is solved for graphs up to this size
-SCT_MAX_OPS = 800
+# Baechi's rules ("sct": its favourite-child LP, solved by PuLP/CBC; "topo") are candidates
+# for graphs up to this size, where a candidate simulation is cheap
+BAECHI_MAX_OPS = 800
 # candidates simulated: the best by the list schedulers' estimate, within WINDOW of it
 SIMULATED_CANDIDATES = 4
 SIMULATED_STARTS = 2
@@ -253,9 +254,10 @@ def best_candidates(ctx: Context, tries: Sequence[tuple[Recipe, Mapping[str, Spl
 # ------------------------------------------------------------------ recipes
 def recipes(ctx: Context) -> list[Recipe]:
     """The list schedulers FastT tries: HEFT (with and without backward look-ahead), CPOP and
-    earliest-task-first on every device (on graphs of up to ``SCT_MAX_OPS`` ops also with
+    earliest-task-first on every device (on graphs of up to ``BAECHI_MAX_OPS`` ops also with
     SCT's favourite children, which keep a child on its parent's device when the LP
-    relaxation says its transfer is on the critical path), and HEFT on the fastest devices
+    relaxation says its transfer is on the critical path, and Baechi's topological fill),
+    and HEFT on the fastest devices
     only (1, 2, 4, ... of them, and the fastest device's host) - spreading ops over slow
     devices or slow links does not always pay. No one list-scheduling rule dominates the
     others on every graph, so the simulator picks.
@@ -263,9 +265,8 @@ def recipes(ctx: Context) -> list[Recipe]:
     all_devices = tuple(range(ctx.D))
     out = [Recipe("heft", "heft", all_devices), Recipe("heft-lookahead", "heft", all_devices, True),
            Recipe("cpop", "cpop", all_devices), Recipe("etf", "etf", all_devices)]
-    if len(ctx.graph.ops) <= SCT_MAX_OPS:
-        out.append(Recipe("sct", "sct", all_devices))
-    out.append(Recipe("topo", "topo", all_devices))
+    if len(ctx.graph.ops) <= BAECHI_MAX_OPS:  # one more simulation each; an LP for sct
+        out += [Recipe("sct", "sct", all_devices), Recipe("topo", "topo", all_devices)]
     by_speed = sorted(all_devices, key=lambda j: (-ctx.speeds[j], j))
     subsets: list[tuple[int, ...]] = []
     size = 1
