@@ -402,7 +402,8 @@ def split_search(ctx: Context, start: Candidate, *, max_split: int, rounds: int,
     ``promising_splits``), and keeps the best only if the *simulated*
     iteration time falls. Stops after
     ``rounds`` rounds, a round without improvement, or at ``deadline``
-    (``time.process_time()`` seconds). Never returns a slower candidate.
+    (``time.process_time()`` seconds; a try is not started when the previous one,
+    repeated, would end past it). Never returns a slower candidate.
     """
     current = start
     log: list[str] = []
@@ -412,6 +413,7 @@ def split_search(ctx: Context, start: Candidate, *, max_split: int, rounds: int,
     if k_max < 2:
         return current, log
     splittable = {op.id for op in ctx.graph.ops if op.splittable_dims}
+    last_try = 0.0  # CPU seconds of the latest try: none starts that would end past deadline
     for r in range(rounds):
         sg = current.schedule.sg
         ops = [o for o in critical_ops(current) if o in splittable and o not in current.splits]
@@ -420,7 +422,8 @@ def split_search(ctx: Context, start: Candidate, *, max_split: int, rounds: int,
         ops = sorted(ops, key=lambda o: (-work[o], o))[:ops_per_round]
         improved = False
         for op_id in ops:
-            if time.process_time() > deadline:
+            began = time.process_time()
+            if began + last_try > deadline:  # the next try would end past the time limit
                 log.append(f"split search stopped at its time limit in round {r + 1}")
                 return current, log
             best: tuple[Schedule, dict[str, Split]] | None = None
@@ -433,9 +436,11 @@ def split_search(ctx: Context, start: Candidate, *, max_split: int, rounds: int,
                 bar = best[0].makespan_ms if best else current.schedule.makespan_ms
                 if sched.makespan_ms < bar * (1 - 1e-9):
                     best = (sched, splits)
+            last_try = time.process_time() - began
             if best is None:
                 continue
             cand, result = ctx.score(current.recipe, best[1], best[0])
+            last_try = time.process_time() - began
             if result.feasible and cand.iteration_ms < current.iteration_ms * (1 - 1e-9):
                 k = len(best[1][op_id].devices)
                 log.append(f"round {r + 1}: split {op_id!r} {k}-way: {current.iteration_ms:.3f} -> "
@@ -472,8 +477,10 @@ def dereplicate_search(ctx: Context, start: Candidate, *, tries: int, deadline: 
         compute = max(sg.fwd[u][sg.pin[u]] + sg.bwd[u][sg.pin[u]] for u in units)
         ratio[op_id] = cm.allreduce_ms(list(split.devices), params) / max(compute, 1e-6)
     ranked = sorted((o for o in ratio if ratio[o] > 0.5), key=lambda o: (-ratio[o], o))[:tries]
+    last_try = 0.0
     for op_id in ranked:
-        if time.process_time() > deadline:
+        began = time.process_time()
+        if began + last_try > deadline:
             log.append("unreplication stopped at its time limit")
             break
         splits = {o: s for o, s in current.splits.items() if o != op_id}
@@ -487,6 +494,7 @@ def dereplicate_search(ctx: Context, start: Candidate, *, tries: int, deadline: 
             cand = ctx.build(current.recipe, splits, data_parallel=True, schedule=sched)
         except MemoryShortfall:
             continue
+        last_try = time.process_time() - began
         if cand.iteration_ms < current.iteration_ms * (1 - 1e-9):
             log.append(f"{op_id!r} runs unreplicated: {current.iteration_ms:.3f} -> "
                        f"{cand.iteration_ms:.3f} ms")
