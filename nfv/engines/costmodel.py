@@ -40,8 +40,9 @@ busy-time model does not see (the latency of handing batches between
 processes, other load) is learnt as a *correction* per policy class (cpu:
 ``i = 0``, gpu: ``i = n``, model: a real split): the measured wall time of a
 batch over its predicted cost, averaged. The choice minimises the corrected
-cost; a class never measured is taken at its model cost (so it is tried only
-when the model believes it is the best), and at each re-profiling batch the
+cost; a class never measured is taken at its model cost and tried once if
+that is within 1.5x of the least (a model fitted on other mixes may be
+pessimistic about it), and at each re-profiling batch the
 corrections of the classes not in use are forgotten, so they are re-tried
 when the model predicts them faster.
 
@@ -71,7 +72,8 @@ PROBE_MODES = ("calibrate", "reprofile")
 PROBE_PADDING = 4.0  # a probe's padded tensor matrix: at most this many times its real steps
 REFIT_EAGER = 8  # refit after each of the first batches, then every REFIT_EVERY batches
 REFIT_EVERY = 4
-CORRECTION_WEIGHT = 0.5  # weight of the newest batch in a class's wall-time correction
+CORRECTION_WEIGHT = 0.5
+TRY_WITHIN = 1.5  # a class never measured is tried once when its model cost is this close  # weight of the newest batch in a class's wall-time correction
 
 
 def nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -215,7 +217,8 @@ class CostModel:
 
     def choose(self, cost: np.ndarray) -> int:
         """The ``i`` of least corrected cost: per class (cpu, model, gpu) its cheapest ``i``
-        times the class's measured wall-time correction (1 if not measured)."""
+        times the class's measured wall-time correction (1 if not measured); a class not
+        measured yet whose cost is within ``TRY_WITHIN`` of the least is run first, once."""
         n = len(cost) - 1
         if self.workers == 0 or n == 0:
             return n
@@ -223,6 +226,11 @@ class CostModel:
         if n > 1:
             best["model"] = 1 + int(np.argmin(cost[1:n]))
         adjusted = {k: cost[i] * (self.correction[k] or 1.0) for k, i in best.items()}
+        least = min(adjusted.values())
+        untried = [k for k in best if self.correction[k] is None
+                   and adjusted[k] <= TRY_WITHIN * least]
+        if untried:  # measure it once: the model alone may be pessimistic about it
+            return best[min(untried, key=adjusted.get)]
         return best[min(adjusted, key=adjusted.get)]
 
     def observe_wall(self, policy: str, predicted_s: float, wall_s: float) -> None:

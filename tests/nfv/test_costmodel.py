@@ -129,6 +129,22 @@ def test_wall_time_corrections_steer_and_are_forgotten_at_reprofiling():
     assert model.split(11, load, msgs)[:2] == (99, "model")  # re-tried at its model cost
 
 
+def test_a_class_never_measured_is_tried_once_when_close():
+    model = _fitted(gpu=(0.0, 0.0, 1.2e-6, 0.0), cpu=(1e-6, 0.0, 0.0), workers=2, cores=1)
+    load, msgs = np.ones(10), np.ones(10)
+    model.observe_wall("cpu", 1e-5, 1e-5)
+    model.observe_wall("model", 1e-5, 1e-5)
+    # gpu: 1.2e-5 at its model cost, within 1.5x of cpu's 1e-5 and never measured: tried
+    assert model.split(1, load, msgs)[:2] == (10, "gpu")
+    model.observe_wall("gpu", 1.2e-5, 0.6e-5)  # faster than the model believed
+    assert model.split(2, load, msgs)[:2] == (10, "gpu")
+    model.observe_wall("gpu", 1.2e-5, 2.4e-5)  # 0.5 x 0.5 + 0.5 x 2 = 1.25: cpu again
+    assert model.split(3, load, msgs)[:2] == (0, "cpu")
+    model.gpu_coef = np.array([0.0, 0.0, 2e-6, 0.0])
+    model.correction["gpu"] = None  # 2e-5 is 2x cpu's cost: not worth a try
+    assert model.split(4, load, msgs)[:2] == (0, "cpu")
+
+
 def test_probe_split_takes_a_message_share_and_caps_the_padding():
     model = CostModel(threads=ONE_WAVE, workers=2)
     load = np.array([1, 1, 1, 1, 2, 2, 100], dtype=float)
