@@ -68,12 +68,22 @@ def render_plan(plan: Plan) -> Group:
                                  f"{plan.pipeline.microbatches} microbatches, "
                                  f"{plan.pipeline.schedule_kind.value}")
     groups = Table(title="groups", title_justify="left")
-    for col in ("group", "ops", "devices", "shares", "sync", "compression"):
+    noted = any(g.note for g in plan.groups)
+    for col in ("group", "ops", "devices", "shares", "sync", "compression", *(("note",) if noted else ())):
         groups.add_column(col)
     for g in plan.groups[:50]:
         groups.add_row(g.id, str(len(g.ops)), ", ".join(g.devices),
-                       " ".join(f"{s:.2f}" for s in g.shares), g.sync.value, g.compression.value)
+                       " ".join(f"{s:.2f}" for s in g.shares), g.sync.value, g.compression.value,
+                       *((g.note,) if noted else ()))
+    if len(plan.groups) > 50:
+        groups.caption = f"first 50 of {len(plan.groups)} groups"
     parts = [head, groups]
+    if plan.notes:
+        notes = Table(title="planner notes", title_justify="left", show_header=False)
+        notes.add_column()
+        for line in plan.notes:
+            notes.add_row(line)
+        parts.append(notes)
     if plan.pipeline is not None and plan.pipeline.schedule:
         sched = Table(title="schedule", title_justify="left")
         sched.add_column("device")

@@ -67,3 +67,17 @@ def test_show_renders_the_bandwidth_matrix():
     assert "bandwidth between devices" in result.output
     # 8 GPUs: 4 x V100 (15.7) ... total FP32 = 2*15.7 + 4*11.3 + 2*9.3 = 95.2
     assert "95.2" in result.output
+
+
+def test_show_plan_lists_the_planner_notes_and_group_notes(tmp_path):
+    from dl_nfv.artifacts import Group, save
+    from tests.simulator.helpers import chain, mesh, plan
+
+    g, t = chain(2), mesh(2)
+    group = Group(id="all", ops=("op0", "op1"), devices=t.device_names, note="replicated 2-way")
+    path = tmp_path / "plan.json"
+    save(plan(g, t, [group], notes=("kept: data parallel", "2 candidate simulations")), path)
+    result = CliRunner().invoke(cli, ["show", str(path), "--width", "160"])
+    assert result.exit_code == 0, result.output
+    assert "planner notes" in result.output and "kept: data parallel" in result.output
+    assert "2 candidate simulations" in result.output and "replicated 2-way" in result.output
