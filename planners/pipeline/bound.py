@@ -19,10 +19,12 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   share of the work); shares are whole samples, so ``1 / cap_k`` is in fact the
   least ``max_d c_d / sigma_d`` over integer splits ``c`` of a microbatch
   (over ``B``, times ``m``), which assigning samples one at a time to the
-  device that would finish first attains; plus the memory traffic every
-  replica does outside the ops: the upkeep of the stage's gradient buckets
-  (zeroed once, added into by each of the ``m`` backward passes) and at least a
-  ``1/k`` share of its optimizer update, at the best memory bandwidth;
+  device that would finish first attains;
+* **outside the ops**: a replica also does memory traffic outside the ops:
+  the upkeep of the stage's gradient buckets (zeroed once, added into by each
+  of the ``m`` backward passes) and at least a ``1/k`` share of its optimizer
+  update, at the best memory bandwidth: ``T >= busy + that``, with no chain
+  offset (the update may overlap the drain of earlier stages);
 * **chain**: microbatch 0 cannot reach a stage before it passed the stages
   in front of it, and after a stage's last backward the last microbatch still
   has to pass them backwards: each earlier stage adds at least one replica's
@@ -145,11 +147,14 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
         inv_cap = _slowest_share(holders, U, D, B, m)
         upkeep = min(p.cm.upkeep_ms_per_byte(d, m) for d in devices)
         with np.errstate(divide="ignore", invalid="ignore"):
-            busy = m * fix_r[:, :, None] + scal_r[:, :, None] * inv_cap + params_r[:, :, None] * (
-                upkeep + update / np.maximum(kk, 1)[None, None, :])
+            busy = m * fix_r[:, :, None] + scal_r[:, :, None] * inv_cap
             # every replica runs its last forward before any gradient of the stage is final
             sync = np.where(kk[None, None, :] > 1,
                             m * fixf_r[:, :, None] + scalf_r[:, :, None] * inv_cap + ar_floor, 0.0)
+            # and its compute plus the memory traffic outside the ops (no chain offset: the
+            # update may overlap the drain of the stages before it)
+            sync = np.maximum(sync, busy + params_r[:, :, None] * (
+                upkeep + update / np.maximum(kk, 1)[None, None, :]))
         busy[:, :, 0] = np.inf
         one = fix_r + scal_r / (m * sigma_max)  # not replicated: whole microbatch
         few = fix_r + scal_r / (B * sigma_max)  # replicated: some replica may hold one sample
@@ -346,8 +351,8 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, upkeep:
     allowed = (~fits).astype(float) @ used.T.astype(float) == 0  # [i, j, K]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         outside = r.params[:, :, None] * (upkeep + update / np.maximum(total, 1)[None, None])
-        busy = np.where(allowed, m * r.fix[:, :, None] + r.scal[:, :, None] * share[None, None]
-                        + outside, np.inf)
+        busy = np.where(allowed, m * r.fix[:, :, None] + r.scal[:, :, None] * share[None, None],
+                        np.inf)
         single = total == 1
         chain = np.where(single[None, None],
                          r.fix[:, :, None] + r.scal[:, :, None] / (m * sig_max[None, None]),
@@ -356,6 +361,7 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, upkeep:
                         m * r.fixf[:, :, None] + r.scalf[:, :, None] * share[None, None]
                         + r.params[:, :, None] * floor[np.minimum(total, len(floor) - 1)][None, None],
                         0.0)
+        sync = np.where(allowed, np.maximum(sync, busy + outside), sync)
     busy[:, :, 0] = np.inf
     # sub-vectors of every state and what they leave
     subs, rests = [], []

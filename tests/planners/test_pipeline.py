@@ -49,8 +49,8 @@ def test_four_equal_layers_on_two_devices_split_two_and_two():
     V100s: all four do not fit one device, so data parallelism is out; the balanced split
     is two layers per device, as many microbatches as samples, and the iteration is the
     closed form of a two-stage pipeline, (m + 1)(f + b), plus the optimizer update (and
-    sub-millisecond transfers); the stage-balanced bound is (m + 1)(f + b) plus the stage's
-    update and bucket upkeep. Layers are slow enough that adding each microbatch's gradients
+    sub-millisecond transfers); the stage-balanced bound is at least (m + 1)(f + b). Layers
+    are slow enough that adding each microbatch's gradients
     into the buckets (3 passes over 3 GiB per microbatch) does not outweigh the shorter fill
     and drain."""
     graph = chain(4, fwd_ms=100.0, bwd_ms=200.0, param_bytes=3 * GIB // 2)
@@ -70,9 +70,12 @@ def test_four_equal_layers_on_two_devices_split_two_and_two():
     update = cm.update_ms(3 * GIB, dev, 1.0) + cm.upkeep_ms(3 * GIB, dev, 8)
     closed = (8 + 1) * (f + b) + update
     assert closed <= plan.prediction.iteration_ms <= closed * 1.01
-    # the stage-balanced bound: fill and drain plus the stage's memory traffic outside the ops
+    # the stage-balanced bound: at least fill and drain; at most the larger of that and a
+    # stage's compute plus its memory traffic outside the ops (which may overlap the drain;
+    # the DP meets such terms on a grid of caps, so it may stop short of them)
     outside = 3 * GIB * (cm.update_ms_per_byte(dev, 1.0) + cm.upkeep_ms_per_byte(dev, 8))
-    assert plan.bound_ms == pytest.approx((8 + 1) * (f + b) + outside, rel=1e-6)
+    fill_drain = (8 + 1) * (f + b)
+    assert fill_drain * (1 - 1e-6) <= plan.bound_ms <= max(fill_drain, 8 * (f + b) + outside) * (1 + 1e-6)
     assert plan.bound_ms <= plan.prediction.iteration_ms
     validate_plan(plan, graph, topo)
 
