@@ -144,17 +144,13 @@ class StepGraph:
         self.share = [h - l_ for l_, h in zip(lo, hi)]
 
         cols = [cm.device_type_index[d] for d in self.devices]
-        rows = np.asarray(unit_op)
+        cells = np.ix_(np.asarray(unit_op), cols)
         share = np.asarray(self.share)[:, None]
         # a unit's time at its share, and the part of it that does not shrink with the batch
-        self.fwd_fixed = np.minimum(cm.fwd_fixed_by_type[rows][:, cols],
-                                    cm.fwd_ms_by_type[rows][:, cols]).tolist()  # [U][D]
-        self.bwd_fixed = np.minimum(cm.bwd_fixed_by_type[rows][:, cols],
-                                    cm.bwd_ms_by_type[rows][:, cols]).tolist()
-        self.fwd = scale_table(cm.fwd_ms_by_type[rows][:, cols], cm.fwd_fixed_by_type[rows][:, cols],
-                               share).tolist()
-        self.bwd = scale_table(cm.bwd_ms_by_type[rows][:, cols], cm.bwd_fixed_by_type[rows][:, cols],
-                               share).tolist()
+        fwd_fixed, bwd_fixed = cm.fwd_fixed_by_type[cells], cm.bwd_fixed_by_type[cells]
+        self.fwd_fixed, self.bwd_fixed = fwd_fixed.tolist(), bwd_fixed.tolist()  # [U][D]
+        self.fwd = scale_table(cm.fwd_ms_by_type[cells], fwd_fixed, share).tolist()
+        self.bwd = scale_table(cm.bwd_ms_by_type[cells], bwd_fixed, share).tolist()
         # an op has a backward when it or an op it depends on has parameters (as simulated)
         needs = [False] * n
         preds_of: list[list[int]] = [[] for _ in range(n)]
@@ -166,10 +162,9 @@ class StepGraph:
         self.bwd = [row if g else [0.0] * D for row, g in zip(self.bwd, self.rg)]
         params = cm.param_bytes[np.asarray(unit_op)]
         self.param_bytes = params.tolist()
-        # tied weights: (owner op index, sharing op index, bytes) for every op sharing one
-        owner_of = {name: cm.op_index[op.id] for op in graph.ops for name in op.params}
-        self.ties = [(owner_of[name], cm.op_index[op.id], float(nbytes)) for op in graph.ops
-                     for name, nbytes in op.shared_params.items() if name in owner_of]
+        # tied weights: (owner op index, sharing op index, bytes), from the cost model's
+        self.ties = [(cm.op_index[owner], cm.op_index[sharer], nbytes)
+                     for _, owner, sharer, nbytes in cm.ties]
         self.static_bytes = (params * (2.0 + state_factor)).tolist()
         self.act_bytes = (cm.output_bytes[np.asarray(unit_op)] * share[:, 0]).tolist()
 
@@ -629,16 +624,17 @@ def backward_pass(sched: Schedule, links: _Links | None = None,
     # tied weights used on another device than their owner's: a copy there, summed by an
     # AllReduce after both backwards (as the simulator and the runtime do)
     for owner, sharer, nbytes in sg.ties:
-        held = {device[u] for u in (*sg.units_of_op[owner], *sg.units_of_op[sharer])}
+        units = (*sg.units_of_op[owner], *sg.units_of_op[sharer])
+        held = {device[u] for u in units}
         if len(held) < 2:
             continue
-        ready = max(finish[U + u] for u in (*sg.units_of_op[owner], *sg.units_of_op[sharer]))
-        begin = max([ready, *(stream[d] for d in held)])
+        owners = {device[u] for u in sg.units_of_op[owner]}
+        begin = max([max(finish[U + u] for u in units), *(stream[d] for d in held)])
         end = begin + cm.allreduce_ms([sg.devices[d] for d in sorted(held)], nbytes)
         for d in held:
             stream[d] = end
             done[d] = max(done[d], end)
-            if d not in {device[u] for u in sg.units_of_op[owner]}:
+            if d not in owners:
                 params[d] += nbytes
     makespan = 0.0
     for d in range(sg.D):

@@ -177,7 +177,8 @@ def build_ops(capture: Capture, counter, value_meta: dict, fwd_ms: dict, bwd_ms:
               ) -> tuple[tuple[Op, ...], tuple[Edge, ...]]:
     """``Op`` records (graph order) and ``Edge`` records of a profiled capture.
 
-    ``fixed_ms`` maps op ids to their measured (forward, backward) batch-independent ms.
+    ``fixed_ms`` maps op ids to their measured (forward, backward) batch-independent ms,
+    each at most the op's time (rounding keeps that order).
     """
     fixed_ms = fixed_ms or {}
     gm = capture.graph_module
@@ -207,8 +208,8 @@ def build_ops(capture: Capture, counter, value_meta: dict, fwd_ms: dict, bwd_ms:
             shared_params=dict(shared.get(op_id, {})),
             fwd_ms={device_type: round(fwd_ms.get(op_id, 0.0), 6)} if timed else {},
             bwd_ms={device_type: round(bwd_ms.get(op_id, 0.0), 6)} if timed else {},
-            fwd_fixed_ms={device_type: round(min(fixed[0], fwd_ms.get(op_id, 0.0)), 6)} if fixed else {},
-            bwd_fixed_ms={device_type: round(min(fixed[1], bwd_ms.get(op_id, 0.0)), 6)} if fixed else {},
+            fwd_fixed_ms={device_type: round(fixed[0], 6)} if fixed else {},
+            bwd_fixed_ms={device_type: round(fixed[1], 6)} if fixed else {},
             splittable_dims=_splittable(nodes, gm, shape, batch_size, kind, capture.granularity),
             module=module,
         ))

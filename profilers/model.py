@@ -213,12 +213,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
             tick("timing the whole step")
             if dev.type == "cuda" and len(steps) == 1:
                 peak_bytes = torch.cuda.max_memory_allocated(dev)
-            module.zero_grad(set_to_none=True)
-            timed = Recorder(cap, clock)
-            timed.run(inputs, loss_fn)
-            for key in [*cap.op_ids, LOSS]:
-                fwd_runs[key].append(timed.fwd_s.get(key, 0.0))
-                bwd_runs[key].append(timed.bwd_s.get(key, 0.0))
+            _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, [*cap.op_ids, LOSS])
             round_sums.append(sum(fwd_runs[o][-1] + bwd_runs[o][-1] for o in cap.op_ids))
             tick("timing every op")
     module.zero_grad(set_to_none=True)
@@ -249,6 +244,17 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges)
 
 
+def _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, keys) -> None:
+    """One instrumented step (gradients reset first): appends each key's forward and
+    backward seconds to ``fwd_runs`` / ``bwd_runs``."""
+    module.zero_grad(set_to_none=True)
+    timed = Recorder(cap, clock)
+    timed.run(inputs, loss_fn)
+    for key in keys:
+        fwd_runs[key].append(timed.fwd_s.get(key, 0.0))
+        bwd_runs[key].append(timed.bwd_s.get(key, 0.0))
+
+
 def fixed_part(t_ms: float, t_small_ms: float, fraction: float) -> float:
     """The batch-independent part ``fixed`` of ``t(f) = fixed + (t - fixed) f``, given the
     time ``t_ms`` at the full batch and ``t_small_ms`` at ``fraction`` of it; in ``[0, t]``."""
@@ -269,12 +275,8 @@ def _fixed_parts(cap, workload, module, small, batch_size, seed, dev, clock, rep
     fwd_runs, bwd_runs = defaultdict(list), defaultdict(list)
     try:
         for _ in range(repeats):
-            module.zero_grad(set_to_none=True)
-            timed = Recorder(cap, clock)
-            timed.run(inputs, lambda output: workload.loss(output, target))
-            for key in cap.op_ids:
-                fwd_runs[key].append(timed.fwd_s.get(key, 0.0))
-                bwd_runs[key].append(timed.bwd_s.get(key, 0.0))
+            _timed_round(cap, clock, module, inputs, lambda output: workload.loss(output, target),
+                         fwd_runs, bwd_runs, cap.op_ids)
             tick(f"timing every op at batch {small}")
     except Exception as exc:  # a model whose trace only runs at its profiled batch
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]

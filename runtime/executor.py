@@ -164,7 +164,8 @@ class PlanExecutor:
         order = plan.order.get(me) or tuple(graph.topological_ids())
         unit_of = {op: uid for uid in mine for op in units[uid].ops}
         listed = [unit_of[op] for op in order if op in unit_of]
-        absent = sorted(op for uid in mine for op in units[uid].ops if op not in set(order))
+        ordered = set(order)
+        absent = sorted(op for uid in mine for op in units[uid].ops if op not in ordered)
         if absent:
             raise BadInput(f"plan.order of {me!r} lacks op {absent[0]!r}, which runs there")
         seq = list(dict.fromkeys(listed))

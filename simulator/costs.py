@@ -13,7 +13,7 @@ Compute
     ``fixed + (t - fixed) * f``: part of an op's time does not shrink with the
     batch. ``fixed`` is the op's measured batch-independent part where the
     profile measured one on that device type (``fwd_fixed_ms``: from a second
-    measurement at half the batch; on a CPU, reading and packing the weights of
+    measurement at an eighth of the batch; on a CPU, reading and packing the weights of
     a small-batch matmul is most of it), otherwise the launch overhead.
 
 Optimizer step and gradient buffers
@@ -150,6 +150,14 @@ class CostModel:
     def topological_ids(self) -> list[str]:
         """The graph's op ids in topological order (file order among independent ops), cached."""
         return self.graph.topological_ids()
+
+    @cached_property
+    def ties(self) -> list[tuple[str, str, str, float]]:
+        """Tied weights, cached: ``(parameter, owner op, sharing op, bytes)`` for every op
+        that uses a parameter another op owns (``Op.shared_params``)."""
+        owner_of = {name: op.id for op in self.graph.ops for name in op.params}
+        return [(name, owner_of[name], op.id, float(nbytes)) for op in self.graph.ops
+                for name, nbytes in op.shared_params.items() if name in owner_of]
 
     @cached_property
     def ops_by_id(self) -> dict:

@@ -483,7 +483,7 @@ class _Lowering:
 
     # ---------------------------------------------------------- gradients
     def _gradients(self) -> None:
-        plan, tg, cm, M, groups = self.plan, self.tg, self.cm, self.M, self.groups
+        plan, tg, cm, groups = self.plan, self.tg, self.cm, self.groups
         index = self.cm.ops_by_id
         buckets_of: dict[int, list[list[str]]] = defaultdict(list)
         bucketed: set[str] = set()
@@ -508,13 +508,8 @@ class _Lowering:
             devs = [groups.rep_device[r] for r in reps]
             for d in devs:
                 self.grad_bytes[d] += total
-
-            def b_tasks(ops, reps=reps):
-                units = sorted({self.unit_of[o] for o in ops})
-                return [self.B[u][r] + m for u in units for r in reps for m in range(M)]
-
             if g.sync == SyncMethod.PS:
-                self._ps(gi, g, param_ops, total, b_tasks, sf)
+                self._ps(gi, g, param_ops, total, sf)
                 continue
             for d in devs:
                 self.static[d] += total * (2.0 + sf)
@@ -523,15 +518,16 @@ class _Lowering:
                 continue
             if g.sync == SyncMethod.NONE or len(devs) == 1:
                 for r in reps:
-                    self.update_deps[groups.rep_device[r]].extend(b_tasks(param_ops, [r]))
+                    self.update_deps[groups.rep_device[r]].extend(
+                        self._backward_tasks(param_ops, [r]))
                 continue
             names = [self.device_names[d] for d in devs]
             streams = tuple(-1 - d for d in devs)
             plain_ops = [op for op in param_ops if op not in bucketed]
             if g.compression == Compression.SFB:
-                plain_ops = self._sfb(gi, g, plain_ops, names, streams, b_tasks, U)
+                plain_ops = self._sfb(gi, g, plain_ops, names, streams, U)
                 for bucket in buckets_of.get(gi, []):
-                    kept = set(self._sfb(gi, g, bucket, names, streams, b_tasks, U))
+                    kept = set(self._sfb(gi, g, bucket, names, streams, U))
                     bucket[:] = [op for op in bucket if op in kept]
             buckets = [b for b in buckets_of.get(gi, []) if b]
             rest = [op for op in plain_ops if op not in bucketed]
@@ -547,14 +543,13 @@ class _Lowering:
                 t = tg.add_comm(TaskKind.ALLREDUCE, self._held(links) + streams, ms, nbytes,
                                 (label, f"{len(names)} devices of {g.id}", links))
                 self._stream_tasks.append(t)
-                for dep in b_tasks(bucket):
+                for dep in self._backward_tasks(bucket, reps):
                     tg.depend(dep, t)
                 for d in devs:
                     self.update_deps[d].append(t)
 
-    def _backward_tasks(self, gi: int, ops) -> list[int]:
-        """Backward tasks of ``ops`` (of group ``gi``) on every replica and microbatch."""
-        reps = self.groups.replicas[gi]
+    def _backward_tasks(self, ops, reps) -> list[int]:
+        """Backward tasks of ``ops`` on replicas ``reps`` (of their group), every microbatch."""
         units = sorted({self.unit_of[o] for o in ops})
         return [self.B[u][r] + m for u in units if self.unit_rg[u] for r in reps
                 for m in range(self.M)]
@@ -568,15 +563,10 @@ class _Lowering:
         Returns owner op -> bytes taken out of its group's own synchronisation.
         """
         tg, cm, groups = self.tg, self.cm, self.groups
-        owner_of = {name: op.id for op in self.graph.ops for name in op.params}
         ties: dict[str, list] = {}
-        for op in self.graph.ops:
-            for name, nbytes in op.shared_params.items():
-                owner = owner_of.get(name)
-                if owner is None or self.op_group[owner] == self.op_group[op.id]:
-                    continue
-                tie = ties.setdefault(name, [owner, float(nbytes), []])
-                tie[2].append(op.id)
+        for name, owner, sharer, nbytes in cm.ties:
+            if self.op_group[owner] != self.op_group[sharer]:
+                ties.setdefault(name, [owner, nbytes, []])[2].append(sharer)
         out: dict[str, float] = defaultdict(float)
         for name, (owner, nbytes, sharers) in sorted(ties.items()):
             go = self.op_group[owner]
@@ -592,9 +582,9 @@ class _Lowering:
                 self.grad_bytes[d] += nbytes
             out[owner] += nbytes
             names = [self.device_names[d] for d in holders]
-            deps = self._backward_tasks(go, [owner])
+            deps = self._backward_tasks([owner], groups.replicas[go])
             for s in sharers:
-                deps += self._backward_tasks(self.op_group[s], [s])
+                deps += self._backward_tasks([s], groups.replicas[self.op_group[s]])
             ms = cm.allreduce_ms(names, nbytes)
             links = cm.collective_link_bytes("allreduce", names, nbytes)
             t = tg.add_comm(TaskKind.ALLREDUCE, self._held(links) + tuple(-1 - d for d in holders),
@@ -610,7 +600,7 @@ class _Lowering:
         """Resource ids of the links a collective loads (it holds exactly those)."""
         return tuple(sorted(self._link_id(h) for h, nbytes in link_bytes.items() if nbytes > 0))
 
-    def _ps(self, gi, g, param_ops, total, b_tasks, sf) -> None:
+    def _ps(self, gi, g, param_ops, total, sf) -> None:
         tg, cm, groups = self.tg, self.cm, self.groups
         reps = groups.replicas[gi]
         devs = [groups.rep_device[r] for r in reps]
@@ -634,7 +624,7 @@ class _Lowering:
         pull = tg.add_comm(TaskKind.PS_PULL, self._held(pull_links) + streams, pull_ms,
                            total * len(workers), (g.id, where, pull_links))
         self._stream_tasks.extend((push, pull))
-        for dep in b_tasks(param_ops):
+        for dep in self._backward_tasks(param_ops, reps):
             tg.depend(dep, push)
         for s in servers:
             ms = cm.update_ms(shard, self.device_names[s], sf)
@@ -645,7 +635,7 @@ class _Lowering:
         for d in devs:
             self.update_deps[d].append(pull)
 
-    def _sfb(self, gi, g, ops, names, streams, b_tasks, U) -> list[str]:
+    def _sfb(self, gi, g, ops, names, streams, U) -> list[str]:
         """Give each op whose sufficient factors beat its AllReduce an all-gather + recompute.
 
         The choice compares the factor all-gather plus the slowest replica's
@@ -672,7 +662,7 @@ class _Lowering:
             t = tg.add_comm(TaskKind.ALLGATHER, self._held(links) + streams, gather_ms, nbytes,
                             (f"{op} factors", f"{len(names)} devices of {g.id}", links))
             self._stream_tasks.append(t)
-            for dep in b_tasks([op]):
+            for dep in self._backward_tasks([op], reps):
                 tg.depend(dep, t)
             for r, ms in zip(reps, recompute):
                 d = groups.rep_device[r]

@@ -142,10 +142,11 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     ar_floor = params_r[:, :, None] * _host_limits(p, devices)[None, None, :]
     B = p.batch_size
     update = min(p.cm.update_ms_per_byte(d, p.state_factor) for d in devices)
+    upkeeps: dict[int, float] = {}  # per microbatch count: gradient-bucket upkeep per byte
     cheap: dict[int, float] = {}  # per microbatch count: the bound letting every stage take
     for m in (d for d in range(1, B + 1) if B % d == 0):  # the fastest devices
         inv_cap = _slowest_share(holders, U, D, B, m)
-        upkeep = min(p.cm.upkeep_ms_per_byte(d, m) for d in devices)
+        upkeep = upkeeps[m] = min(p.cm.upkeep_ms_per_byte(d, m) for d in devices)
         with np.errstate(divide="ignore", invalid="ignore"):
             busy = m * fix_r[:, :, None] + scal_r[:, :, None] * inv_cap
             # every replica runs its last forward before any gradient of the stage is final
@@ -171,8 +172,7 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     for m in sorted(cheap, key=cheap.__getitem__):
         if cheap[m] >= best:
             break
-        upkeep = min(p.cm.upkeep_ms_per_byte(d, m) for d in devices)
-        best = min(best, _class_bound(ranges, classes, floor, B, m, upkeep, update))
+        best = min(best, _class_bound(ranges, classes, floor, B, m, upkeeps[m], update))
     return best
 
 
