@@ -22,8 +22,11 @@ Optimizer step and gradient buffers
     tensor twice and writes it once (``STATE_PASSES``). Gradients live in flat
     buckets (as DDP's ``gradient_as_bucket_view``): every step zeroes them (two
     passes: a write reads the line first) and every backward pass of a
-    microbatch adds into them (read two, write one: ``ACCUMULATE_PASSES``);
-    this upkeep is charged with the update.
+    microbatch adds into them (read two, write one: ``ACCUMULATE_PASSES``).
+    The adding is part of each backward task (``accumulate_ms``: autograd adds
+    an op's weight gradient as soon as it is computed, on the same stream), the
+    zeroing part of the update; planners that reason per step take both
+    together (``upkeep_ms``).
 
 Communication
     A transfer over a route takes ``latency + bytes / bottleneck bandwidth``.
@@ -265,6 +268,10 @@ class CostModel:
         """Per step, the upkeep of ``grad_bytes`` of gradient buckets on ``device``: zeroed
         once, added into by ``accumulations`` backward passes (one per microbatch)."""
         return grad_bytes * self.upkeep_ms_per_byte(device, accumulations)
+
+    def accumulate_ms_per_byte(self, device: str) -> float:
+        """One backward pass adding a gradient byte into its bucket on ``device``."""
+        return ACCUMULATE_PASSES / (self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6)
 
     def upkeep_ms_per_byte(self, device: str, accumulations: int = 1) -> float:
         """The per-gradient-byte cost of ``upkeep_ms``."""

@@ -340,6 +340,11 @@ class _Lowering:
                     ftab, btab = self._unit_times(rep)
                     f_times.append(ftab[i])
                     b_times.append(btab[i])
+            # each backward adds the unit's weight gradients into their buckets
+            grads = self._grad_bytes(ops)
+            if grads > 0:
+                b_times = [ms + grads * self.cm.accumulate_ms_per_byte(self.device_names[
+                    groups.rep_device[rep]]) for ms, rep in zip(b_times, reps)]
             devs = [groups.rep_device[rep] for rep in reps]
             infos = [(u, rep, m) for rep in reps for m in mbs]
             base_f = len(kind)
@@ -384,6 +389,11 @@ class _Lowering:
                     prio.extend(range(U3 - n_units - pos, U3 - n_units - pos + U3 * M, U3))
             for k in range(n):
                 succ[base_f + k].append(base_b + k)
+
+    def _grad_bytes(self, ops) -> float:
+        """Weight-gradient bytes a backward of ``ops`` adds into buckets (tied weights too)."""
+        index = self.cm.ops_by_id
+        return float(sum(index[o].param_bytes + sum(index[o].shared_params.values()) for o in ops))
 
     # --------------------------------------------------------------- data
     def _data_edges(self) -> None:
@@ -735,8 +745,9 @@ class _Lowering:
             if nbytes <= 0 and not deps:
                 continue
             name = self.device_names[d]
+            # (the buckets are zeroed here; each backward added into them: _compute_tasks)
             ms = (self.cm.update_ms(nbytes, name, plan.optimizer.state_factor)
-                  + self.cm.upkeep_ms(self.grad_bytes.get(d, 0.0), name, M))
+                  + self.cm.upkeep_ms(self.grad_bytes.get(d, 0.0), name, 0))
             t = tg.add_compute(TaskKind.UPDATE, d, ms, 3 * U * M, ("",))
             self.updates[d] = t
             for dep in deps or ():

@@ -20,11 +20,13 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   least ``max_d c_d / sigma_d`` over integer splits ``c`` of a microbatch
   (over ``B``, times ``m``), which assigning samples one at a time to the
   device that would finish first attains;
-* **outside the ops**: a replica also does memory traffic outside the ops:
-  the upkeep of the stage's gradient buckets (zeroed once, added into by each
-  of the ``m`` backward passes) and at least a ``1/k`` share of its optimizer
-  update, at the best memory bandwidth: ``T >= busy + that``, with no chain
-  offset (the update may overlap the drain of earlier stages);
+  and each of its ``m`` backward passes adds the stage's weight gradients into
+  their buckets (a fixed part per microbatch, at the best memory bandwidth,
+  on every replica whatever its share: counted in ``fix``);
+* **outside the ops**: a replica also zeroes its gradient buckets and does at
+  least a ``1/k`` share of its optimizer update, at the best memory
+  bandwidth: ``T >= busy + that``, with no chain offset (the update may
+  overlap the drain of earlier stages);
 * **chain**: microbatch 0 cannot reach a stage before it passed the stages
   in front of it, and after a stage's last backward the last microbatch still
   has to pass them backwards: each earlier stage adds at least one replica's
@@ -125,6 +127,8 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     Scf = prefix(scal_f_min)
     order_ids = [p.cm.op_index[o] for o in p.order]
     Pp = prefix(p.cm.param_bytes[order_ids])
+    Gp = prefix(p.cm.param_bytes[order_ids] + np.array(
+        [float(sum(p.graph.index[o].shared_params.values())) for o in p.order]))
     fix_r = F[None, :] - F[:, None]  # [i, j] range of regions [i, j)
     scal_r = Sc[None, :] - Sc[:, None]
     fixf_r = Ff[None, :] - Ff[:, None]
@@ -142,11 +146,14 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     ar_floor = params_r[:, :, None] * _host_limits(p, devices)[None, None, :]
     B = p.batch_size
     update = min(p.cm.update_ms_per_byte(d, p.state_factor) for d in devices)
-    upkeeps: dict[int, float] = {}  # per microbatch count: gradient-bucket upkeep per byte
+    zero = min(p.cm.upkeep_ms_per_byte(d, 0) for d in devices)  # zeroing the buckets
+    # every backward of a microbatch adds the range's weight gradients into its buckets,
+    # on every replica whatever its share: a fixed part per microbatch
+    acc_r = (Gp[None, :] - Gp[:, None]) * min(p.cm.accumulate_ms_per_byte(d) for d in devices)
+    fix_r = fix_r + acc_r
     cheap: dict[int, float] = {}  # per microbatch count: the bound letting every stage take
     for m in (d for d in range(1, B + 1) if B % d == 0):  # the fastest devices
         inv_cap = _slowest_share(holders, U, D, B, m)
-        upkeep = upkeeps[m] = min(p.cm.upkeep_ms_per_byte(d, m) for d in devices)
         with np.errstate(divide="ignore", invalid="ignore"):
             busy = m * fix_r[:, :, None] + scal_r[:, :, None] * inv_cap
             # every replica runs its last forward before any gradient of the stage is final
@@ -155,7 +162,7 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
             # and its compute plus the memory traffic outside the ops (no chain offset: the
             # update may overlap the drain of the stages before it)
             sync = np.maximum(sync, busy + params_r[:, :, None] * (
-                upkeep + update / np.maximum(kk, 1)[None, None, :]))
+                zero + update / np.maximum(kk, 1)[None, None, :]))
         busy[:, :, 0] = np.inf
         one = fix_r + scal_r / (m * sigma_max)  # not replicated: whole microbatch
         few = fix_r + scal_r / (B * sigma_max)  # replicated: some replica may hold one sample
@@ -172,7 +179,7 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     for m in sorted(cheap, key=cheap.__getitem__):
         if cheap[m] >= best:
             break
-        best = min(best, _class_bound(ranges, classes, floor, B, m, upkeeps[m], update))
+        best = min(best, _class_bound(ranges, classes, floor, B, m, zero, update))
     return best
 
 
@@ -311,7 +318,7 @@ def _classes(p: Problem, devices: list[str], sigma: np.ndarray,
     return sorted(((s, m, c) for (s, m), c in counts.items()), reverse=True)
 
 
-def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, upkeep: float = 0.0,
+def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: float = 0.0,
                  update: float = 0.0) -> float:
     """The stage-balanced bound for ``m`` microbatches with devices counted per class.
 
@@ -350,7 +357,7 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, upkeep:
     fits = mem[None, None, :] >= r.static[:, :, None]  # [i, j, C]
     allowed = (~fits).astype(float) @ used.T.astype(float) == 0  # [i, j, K]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        outside = r.params[:, :, None] * (upkeep + update / np.maximum(total, 1)[None, None])
+        outside = r.params[:, :, None] * (zero + update / np.maximum(total, 1)[None, None])
         busy = np.where(allowed, m * r.fix[:, :, None] + r.scal[:, :, None] * share[None, None],
                         np.inf)
         single = total == 1

@@ -14,13 +14,15 @@
   AllReduce once after their last backward, see ``_bucketed``), and each
   stage's in-flight cap (the
   memory left after parameters, gradients and optimizer state, over one
-  microbatch of stashed activations).
+  microbatch of stashed activations). Tied weights shared by two stages are
+  held by both and summed by one AllReduce over both stages' devices (``_tied``).
 * ``groups_and_pipeline``: the plan's groups (one per stage), batch shares and
   the pipeline with every device's action list.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -98,20 +100,25 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
     M = layout.microbatches
     B = problem.batch_size
     f_ms, b_ms, sync_ms, caps = [], [], [], []
-    for stage, r in zip(layout.stages, reps):
+    tied = _tied(problem, layout, reps)
+    for s, (stage, r) in enumerate(zip(layout.stages, reps)):
         times = [problem.times(stage.start, stage.stop, d, c / B) for d, c in zip(r.devices, r.counts)]
+        grads = problem.grad_bytes(stage.start, stage.stop)  # added into buckets per backward
         f_ms.append(max(t[0] for t in times))
-        b_ms.append(max(t[1] for t in times))
-        params = problem.params(stage.start, stage.stop)
-        sync = 0.0
+        b_ms.append(max(t[1] + grads * cm.accumulate_ms_per_byte(d) for t, d in zip(times, r.devices)))
+        own = problem.params(stage.start, stage.stop)
+        params = own - tied.lent[s]
+        sync = tied.allreduce_ms[s]
         if len(r.devices) > 1 and params > 0:
-            sync = (_exposed_allreduce_ms(problem, stage, r, M) if _bucketed(layout, stage)
-                    else cm.allreduce_ms(r.devices, params))
-        if params > 0:
-            sync += max(cm.update_ms(params, d, problem.state_factor) + cm.upkeep_ms(params, d, M)
+            sync += (_exposed_allreduce_ms(problem, stage, r, M) if _bucketed(layout, stage)
+                     else cm.allreduce_ms(r.devices, params))
+        held = own + tied.borrowed[s]
+        if held > 0:
+            sync += max(cm.update_ms(held, d, problem.state_factor) + cm.upkeep_ms(held, d, 0)
                         for d in r.devices)
         sync_ms.append(sync)
-        static = problem.static_bytes(stage.start, stage.stop)
+        static = problem.static_bytes(stage.start, stage.stop) + \
+            tied.borrowed[s] * (2.0 + problem.state_factor)
         act = problem.activation_bytes(stage.start, stage.stop)
         cap = M
         for d, c in zip(r.devices, r.counts):
@@ -131,6 +138,42 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
         send_ms[(s, t)] = cm.concurrent_ms(flows)
     return StageCosts(f_ms=tuple(f_ms), b_ms=tuple(b_ms), send_ms=send_ms, sync_ms=tuple(sync_ms),
                       caps=tuple(caps), microbatches=M)
+
+
+@dataclass(frozen=True, slots=True)
+class _Tied:
+    """Per stage, what tied weights shared across stages add (as the simulator lowers them)."""
+
+    borrowed: tuple[float, ...]  # bytes of other stages' parameters held, summed and updated here
+    lent: tuple[float, ...]  # bytes of own parameters summed with the sharers instead
+    allreduce_ms: tuple[float, ...]  # the sharers' AllReduces, charged to the latest stage
+
+
+def _tied(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> _Tied:
+    """Tied weights across stages: every device of the owner's and the sharers' stages holds
+    the weight, and one AllReduce over all of them sums its gradient after the last of their
+    backwards (the stage nearest the front finishes its backward last: it carries the time)."""
+    S = len(layout.stages)
+    borrowed, lent, ar = [0.0] * S, [0.0] * S, [0.0] * S
+    if not problem.ties:
+        return _Tied(tuple(borrowed), tuple(lent), tuple(ar))
+    stops = [st.stop for st in layout.stages]
+    stage_of = lambda unit: bisect.bisect_right(stops, unit)  # noqa: E731
+    sharers: dict[tuple[str, int], tuple[float, set[int]]] = {}
+    for name, owner, sharer, nbytes in problem.ties:
+        so, ss = stage_of(owner), stage_of(sharer)
+        if so != ss:
+            sharers.setdefault((name, so), (nbytes, set()))[1].add(ss)
+    for (_, so), (nbytes, stages) in sorted(sharers.items()):
+        holders = list(dict.fromkeys(d for s in (so, *sorted(stages)) for d in reps[s].devices))
+        extra = [s for s in stages if set(reps[s].devices) - set(reps[so].devices)]
+        if not extra:
+            continue
+        lent[so] += nbytes
+        for s in extra:
+            borrowed[s] += nbytes
+        ar[min(so, *stages)] += problem.cm.allreduce_ms(holders, nbytes)
+    return _Tied(tuple(borrowed), tuple(lent), tuple(ar))
 
 
 def _exposed_allreduce_ms(problem: Problem, stage: StageSpec, reps: Replicas, m: int) -> float:

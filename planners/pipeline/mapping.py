@@ -13,6 +13,10 @@ the DP may leave them out. Candidates:
   unvisited device with the widest (then lowest-latency) route; the best of
   these by total per-byte transfer time along the path (on a ring of mixed
   links this walks the ring and cuts it at its slowest link);
+* with tied weights (an embedding shared by the first and last layers), each
+  of those also *folded*: rotated to start halfway through its first host, so
+  that the first and last stages, which sum the tied weight's gradient, share
+  a host's links;
 * ``neighbours``: host-block swaps and reversals of a given ordering, for a
   local search driven by the DP's bottleneck (``search.py``).
 
@@ -71,8 +75,10 @@ def greedy_path(cm: CostModel, devices: Sequence[str], start: str) -> list[str]:
     return path
 
 
-def candidate_orderings(cm: CostModel, devices: Sequence[str] | None = None) -> list[tuple[str, ...]]:
-    """The deterministic candidate orderings described in the module docstring (deduplicated)."""
+def candidate_orderings(cm: CostModel, devices: Sequence[str] | None = None,
+                        fold: bool = False) -> list[tuple[str, ...]]:
+    """The deterministic candidate orderings described in the module docstring (deduplicated);
+    with ``fold``, each also folded (``folded``)."""
     devices = list(devices or cm.cluster.device_names)
     out: list[tuple[str, ...]] = []
 
@@ -91,7 +97,18 @@ def candidate_orderings(cm: CostModel, devices: Sequence[str] | None = None) -> 
                    key=lambda p: (path_cost(cm, p), p))
     for p in paths[:2]:
         add(p)
+    if fold:
+        for seq in list(out):
+            add(folded(cm, seq))
     return out
+
+
+def folded(cm: CostModel, ordering: Sequence[str]) -> tuple[str, ...]:
+    """``ordering`` rotated to start halfway through its first host block, so that both of its
+    ends are on one host (the first and last stages then share that host's links)."""
+    first = host_blocks(cm, ordering)[0]
+    k = len(first) // 2 if len(first) > 1 else len(first)
+    return tuple(ordering[k:]) + tuple(ordering[:k])
 
 
 def neighbours(cm: CostModel, ordering: Sequence[str], rng: random.Random, count: int) -> list[tuple[str, ...]]:

@@ -9,7 +9,8 @@ unused, so a slow end of the ordering can be left out.
 
 For ``m`` microbatches the cost of a stage is estimated analytically:
 
-* ``t`` = its per-microbatch forward+backward time with balanced shares,
+* ``t`` = its per-microbatch forward+backward time with balanced shares, plus
+  adding the weight gradients into their buckets (each backward does),
 * ``load = m x t + allreduce(params over the group) + optimizer update``: the
   time the stage is busy per iteration,
 * ``c`` = the per-microbatch transfer of the activations crossing its left
@@ -112,11 +113,10 @@ class OrderingTables:
         ar = np.min(sync_a[:, None, None, :, :] + sync_b[:, None, None, :, :]
                     * params[None, :, :, None, None], axis=0)
         # optimizer step and gradient-bucket upkeep of the slowest replica (the cost model's)
-        # (zeroing its buckets once per step; adding into them once per microbatch)
+        # (zeroing its buckets once per step; adding into them in every microbatch's backward)
         upd = np.array([p.cm.update_ms_per_byte(d, p.state_factor) + p.cm.upkeep_ms_per_byte(d, 0)
                         for d in ordering])
-        acc = np.array([p.cm.upkeep_ms_per_byte(d, 1) - p.cm.upkeep_ms_per_byte(d, 0)
-                        for d in ordering])
+        acc = np.array([p.cm.accumulate_ms_per_byte(d) for d in ordering])
         launch = np.array([p.cm.update_launch_ms(d) for d in ordering])
         per_byte = np.zeros((D + 1, D + 1))
         acc_per_byte = np.zeros((D + 1, D + 1))
@@ -190,7 +190,7 @@ class Tables:
         comm[:, 0] = 0.0
         self.t = t
         self.need = np.where(valid, np.maximum(load, m * comm[:, None, :, None]), INF)
-        self.sumc = t + 2 * comm[:, None, :, None]
+        self.sumc = t + base.accumulate + 2 * comm[:, None, :, None]
 
     # ------------------------------------------------------------------- DPs
     def min_bottleneck(self) -> float:

@@ -18,6 +18,7 @@ memory wins. The plan's notes say which candidate won.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dl_nfv.artifacts import (
@@ -45,6 +46,7 @@ from .scheduler import Policy
 from .search import Evaluated, search
 
 SIMULATED_CANDIDATES = 6
+SEED_MICROBATCH_COUNTS = 2  # the baselines' layouts are also tried at the search's best counts
 SCHEDULES = {"auto": tuple(Policy), "gpipe": (Policy.GPIPE,), "1f1b": (Policy.ONE_F_ONE_B,),
              "custom": (Policy.LIST,)}
 
@@ -95,7 +97,11 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     outcome = search(problem, microbatches=microbatches, max_stages=max_stages,
                      policies=policies, seed=seed, time_limit=time_limit)
     drafts = [_draft_of(problem, ev) for ev in outcome.candidates[:SIMULATED_CANDIDATES]]
-    drafts.extend(_seed_drafts(graph, topology, problem, microbatches, max_stages, schedule))
+    # the baselines' layouts also at the microbatch counts the search liked best
+    liked = list(dict.fromkeys(ev.layout.microbatches for ev in outcome.candidates
+                               if ev.layout.microbatches > 1))[:SEED_MICROBATCH_COUNTS]
+    drafts.extend(_seed_drafts(graph, topology, problem, microbatches, max_stages, schedule,
+                               liked))
     for d in drafts:
         _simulate(problem, d)
     fitting = [d for d in drafts if d.feasible]
@@ -209,8 +215,9 @@ def _data_parallel_draft(problem: Problem, layout: Layout, reps: Replicas, origi
 
 
 def _seed_drafts(graph, topology, problem: Problem, microbatches: int, max_stages: int,
-                 schedule: str) -> list[_Draft]:
-    """The plans of the dp, gpipe, 1f1b and pipedream baselines (each in this search space)."""
+                 schedule: str, more_counts: Sequence[int] = ()) -> list[_Draft]:
+    """The plans of the dp, gpipe, 1f1b and pipedream baselines (each in this search space),
+    each also at the microbatch counts ``more_counts`` when the user fixed none."""
     from dl_nfv.planners import dp
     from dl_nfv.planners.gpipe import baseline_draft, default_microbatches, even_layout
     from dl_nfv.planners.pipedream import auto_microbatches, pipedream_layout
@@ -225,28 +232,42 @@ def _seed_drafts(graph, topology, problem: Problem, microbatches: int, max_stage
     count = min(len(problem.devices), problem.n)
     if max_stages:
         count = min(count, max_stages)
+
+    def counts(own: int) -> list[int]:
+        return [microbatches] if microbatches else list(dict.fromkeys((own, *more_counts)))
+
     for kind in ("gpipe", "1f1b"):
         if schedule not in ("auto", kind):
             continue
-        try:
-            m = microbatches or default_microbatches(problem.batch_size, count)
-            layout = even_layout(problem, count, m, "time", kind)
-            groups, pipeline = baseline_draft(problem, layout, kind)
-            out.append(_Draft(f"seed: {kind} baseline", groups, pipeline, None))
-        except BadInput:
-            pass
+        for m in counts(default_microbatches(problem.batch_size, count)):
+            try:
+                layout = even_layout(problem, count, m, "time", kind)
+                groups, pipeline = baseline_draft(problem, layout, kind)
+                out.append(_Draft(f"seed: {kind} baseline" + _at(m, microbatches), groups,
+                                  pipeline, None))
+            except BadInput:
+                pass
     if schedule in ("auto", "1f1b"):
         try:
-            layout = pipedream_layout(problem, microbatches or 1)
-            m = microbatches or auto_microbatches(problem, layout)
-            if m != layout.microbatches:
-                layout = pipedream_layout(problem, m)
-            if not max_stages or len(layout.stages) <= max_stages:
-                groups, pipeline = baseline_draft(problem, layout, "1f1b")
-                out.append(_Draft("seed: pipedream baseline", groups, pipeline, None))
+            first = pipedream_layout(problem, microbatches or 1)
+            own = microbatches or auto_microbatches(problem, first)
         except BadInput:
-            pass
+            return out
+        for m in counts(own):
+            try:
+                layout = first if m == first.microbatches else pipedream_layout(problem, m)
+                if not max_stages or len(layout.stages) <= max_stages:
+                    groups, pipeline = baseline_draft(problem, layout, "1f1b")
+                    out.append(_Draft("seed: pipedream baseline" + _at(m, microbatches), groups,
+                                      pipeline, None))
+            except BadInput:
+                pass
     return out
+
+
+def _at(m: int, fixed: int) -> str:
+    return "" if fixed else f" at {m} microbatches"
+
 
 
 def _simulate(problem: Problem, draft: _Draft) -> None:

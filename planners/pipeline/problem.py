@@ -11,7 +11,9 @@ asks about a range is O(1) from prefix sums:
 * parameters and stashed activation bytes of the range;
 * ``cut_bytes[i]``: the bytes that cross the boundary before position ``i``,
   counted as the simulator sends them (one tensor per producing op and
-  consuming stage, the largest edge).
+  consuming stage, the largest edge);
+* ``ties``: tied weights (an op using a parameter another op owns) as
+  ``(parameter, owner position, sharing position, bytes)``.
 
 Ops that need no gradient (nothing with parameters at or before them) get no
 backward time, as in the simulator.
@@ -80,6 +82,9 @@ class Problem:
         self.f_fixed, self.f_scal = split(fwd, self.fwd_fixed_ms)  # [types, n+1]
         self.b_fixed, self.b_scal = split(bwd, self.bwd_fixed_ms)
         self.param_prefix = _prefix(cm.param_bytes[idx][None, :])[0]
+        # weight-gradient bytes a backward adds into buckets (tied weights' uses too)
+        shared = np.array([float(sum(graph.index[o].shared_params.values())) for o in self.order])
+        self.grad_prefix = _prefix((cm.param_bytes[idx] + shared)[None, :])[0]
         self.out_prefix = _prefix(cm.output_bytes[idx][None, :])[0]
         self.cut_bytes = self._cuts()
         self.bounds = np.arange(n + 1)
@@ -89,9 +94,15 @@ class Problem:
             for name in ("f_fixed", "f_scal", "b_fixed", "b_scal"):
                 setattr(self, name, getattr(self, name)[:, cols])
             self.param_prefix = self.param_prefix[cols]
+            self.grad_prefix = self.grad_prefix[cols]
             self.out_prefix = self.out_prefix[cols]
             self.cut_bytes = self.cut_bytes[cols]
             self.n = len(cols) - 1
+        # tied weights as (owner unit, sharing unit, bytes), from the cost model's list
+        unit = np.searchsorted(self.bounds, np.arange(len(self.order)), side="right") - 1
+        self.ties: list[tuple[str, int, int, float]] = [
+            (name, int(unit[self.pos[owner]]), int(unit[self.pos[sharer]]), nbytes)
+            for name, owner, sharer, nbytes in cm.ties]
         self.type_of = np.array([cm.device_type_index[d] for d in self.devices], dtype=np.int64)
         self.memory_bytes = np.array([cm.memory_bytes(d) for d in self.devices], dtype=np.float64)
         self.device_index = {d: i for i, d in enumerate(self.devices)}
@@ -150,6 +161,10 @@ class Problem:
     # ---------------------------------------------------------------- queries
     def params(self, a: int, b: int) -> float:
         return float(self.param_prefix[b] - self.param_prefix[a])
+
+    def grad_bytes(self, a: int, b: int) -> float:
+        """Weight-gradient bytes one backward of range ``[a, b)`` adds into its buckets."""
+        return float(self.grad_prefix[b] - self.grad_prefix[a])
 
     def static_bytes(self, a: int, b: int) -> float:
         """Parameters, gradients and optimizer state of range ``[a, b)`` on one replica."""

@@ -145,7 +145,7 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
     t0 = time.process_time()
     cm = problem.cm
     options = microbatch_options(problem.batch_size, microbatches)
-    orderings = candidate_orderings(cm)
+    orderings = candidate_orderings(cm, fold=bool(problem.ties))
     cache: dict = {}
     screened: dict[tuple, Screened | None] = {}
     outcome = Outcome(candidates=[])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from dl_nfv.artifacts import (
@@ -48,7 +50,8 @@ def test_four_equal_layers_on_two_devices_split_two_and_two():
     """4 layers of 1.5 GiB parameters (4.5 GiB with gradients and momentum) on two 16 GiB
     V100s: all four do not fit one device, so data parallelism is out; the balanced split
     is two layers per device, as many microbatches as samples, and the iteration is the
-    closed form of a two-stage pipeline, (m + 1)(f + b), plus the optimizer update (and
+    closed form of a two-stage pipeline, (m + 1)(f + b) (b with adding the gradients into
+    their buckets), plus the optimizer update (and
     sub-millisecond transfers); the stage-balanced bound is at least (m + 1)(f + b). Layers
     are slow enough that adding each microbatch's gradients
     into the buckets (3 passes over 3 GiB per microbatch) does not outweigh the shorter fill
@@ -66,14 +69,16 @@ def test_four_equal_layers_on_two_devices_split_two_and_two():
     dev = groups[pipe.stages[0]].devices[0]
     f = 2 * cm.op_ms("l0", dev, "fwd", 1 / 8)
     b = 2 * cm.op_ms("l0", dev, "bwd", 1 / 8)
-    # 2 layers of parameters, SGD with momentum; their buckets zeroed and added into 8 times
-    update = cm.update_ms(3 * GIB, dev, 1.0) + cm.upkeep_ms(3 * GIB, dev, 8)
+    # each backward adds 2 layers of weight gradients into their buckets; the update (SGD
+    # with momentum) also zeroes the buckets
+    b += 3 * GIB * cm.accumulate_ms_per_byte(dev)
+    update = cm.update_ms(3 * GIB, dev, 1.0) + cm.upkeep_ms(3 * GIB, dev, 0)
     closed = (8 + 1) * (f + b) + update
     assert closed <= plan.prediction.iteration_ms <= closed * 1.01
     # the stage-balanced bound: at least fill and drain; at most the larger of that and a
     # stage's compute plus its memory traffic outside the ops (which may overlap the drain;
     # the DP meets such terms on a grid of caps, so it may stop short of them)
-    outside = 3 * GIB * (cm.update_ms_per_byte(dev, 1.0) + cm.upkeep_ms_per_byte(dev, 8))
+    outside = 3 * GIB * (cm.update_ms_per_byte(dev, 1.0) + cm.upkeep_ms_per_byte(dev, 0))
     fill_drain = (8 + 1) * (f + b)
     assert fill_drain * (1 - 1e-6) <= plan.bound_ms <= max(fill_drain, 8 * (f + b) + outside) * (1 + 1e-6)
     assert plan.bound_ms <= plan.prediction.iteration_ms
@@ -186,3 +191,37 @@ def test_cli_exit_code_and_message(tmp_path):
     result = CliRunner().invoke(cli, ["plan", "pipeline", "--graph", str(g), "--topology", str(t),
                                        "--microbatches", "3"])
     assert result.exit_code == 2 and "3 microbatches do not divide the batch of 8" in result.output
+
+
+def test_tied_first_and_last_layers_share_a_host():
+    """A weight tied between the first and the last layer (an embedding and its output head)
+    is held by both stages and summed by an AllReduce between them each step: on two hosts
+    joined by a slow link, the planner folds its device order so that the first and the last
+    stage sit on one host, and its own estimate still agrees with the simulator, which lowers
+    the tie the same way."""
+    tied = GIB // 2
+    base = chain(4, fwd_ms=40.0, bwd_ms=80.0, param_bytes=3 * GIB // 2)
+    head = dataclasses.replace(base.ops[-1], shared_params={"layers.0.weight": tied})
+    first = dataclasses.replace(base.ops[0], params=("layers.0.weight",))
+    graph = dataclasses.replace(base, ops=(first, *base.ops[1:-1], head))
+    topo = from_data(Topology, {
+        "kind": "topology", "schema_version": 1, "name": "two-hosts",
+        "hosts": [{"name": f"h{i}", "devices": [{"type": V100, "count": 2}],
+                   "interconnect": {"kind": "nvlink", "bandwidth_gbps": 200, "latency_us": 1},
+                   "nics": [{"switch": "sw", "bandwidth_gbps": 10, "latency_us": 5}]}
+                  for i in range(2)],
+        "switches": [{"name": "sw"}]})
+    cm = CostModel(graph, topo)
+    assert [(o, s, b) for _, o, s, b in cm.ties] == [("l0", "l3", tied)]
+    plan = run("pipeline", graph, topo, microbatches=8)
+    groups = {g.id: g for g in plan.groups}
+    stage_of = {op: g for g in plan.groups for op in g.ops}
+    hosts = {op: {cm.cluster.device(d).host for d in stage_of[op].devices} for op in ("l0", "l3")}
+    # one layer per device, both hosts used, the tied layers' stages on one host
+    assert len(plan.pipeline.stages) == len(groups) == 4
+    assert hosts["l0"] == hosts["l3"] and len(hosts["l0"]) == 1
+    sim = simulate(plan, graph, topo, check_fingerprints=False).iteration_ms
+    best_own = next(n for n in plan.notes if n.startswith("searched"))
+    estimate = float(best_own.rsplit("best own layout ", 1)[1].split(" ms")[0])
+    assert sim == pytest.approx(estimate, rel=0.03)
+    validate_plan(plan, graph, topo)

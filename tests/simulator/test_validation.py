@@ -42,12 +42,15 @@ def test_ring_allreduce_in_a_data_parallel_iteration(n):
     (start, end), = spans(result, TaskKind.ALLREDUCE)
     closed = 2 * (n - 1) / n * nbytes / (bw * 1e9 / 8) * 1e3 + 2 * (n - 1) * alpha_us / 1e3
     assert end - start == pytest.approx(closed, rel=0.01)
-    # the collective waits for every replica's backward, the updates wait for it
-    fwd = LAUNCH_MS + (1.0 - LAUNCH_MS) / n
-    assert start == pytest.approx(2 * fwd)
+    # the collective waits for every replica's backward (which adds the gradient into its
+    # bucket), the updates (which also zero the bucket) wait for it
     cm = CostModel(g, t)
-    update = cm.update_ms(nbytes, t.device_names[0]) + cm.upkeep_ms(nbytes, t.device_names[0])
-    assert result.iteration_ms == pytest.approx(2 * fwd + closed + update, rel=0.01)
+    d0 = t.device_names[0]
+    fwd = LAUNCH_MS + (1.0 - LAUNCH_MS) / n
+    add = nbytes * cm.accumulate_ms_per_byte(d0)
+    assert start == pytest.approx(2 * fwd + add)
+    update = cm.update_ms(nbytes, d0) + cm.upkeep_ms(nbytes, d0, 0)
+    assert result.iteration_ms == pytest.approx(2 * fwd + add + closed + update, rel=0.01)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -201,9 +204,9 @@ def test_collectives_hold_a_cpu_but_overlap_a_gpus_compute(device_type):
     cm = CostModel(g, t)
     dev = t.device_names[0]
     f = cm.op_ms("op0", dev, "fwd", 0.5)
-    b = cm.op_ms("op0", dev, "bwd", 0.5)
+    b = cm.op_ms("op0", dev, "bwd", 0.5) + nbytes * cm.accumulate_ms_per_byte(dev)  # + into bucket
     ar = cm.allreduce_ms(t.device_names, nbytes, Collective.RING)
-    update = cm.update_ms(2 * nbytes, dev) + cm.upkeep_ms(2 * nbytes, dev)
+    update = cm.update_ms(2 * nbytes, dev) + cm.upkeep_ms(2 * nbytes, dev, 0)
     assert ar > b  # the first collective outlasts the backward it could hide behind
     if device_type == "cpu":
         closed = 2 * f + b + ar + b + ar + update
@@ -229,7 +232,8 @@ def test_a_tied_weight_is_held_summed_and_updated_on_every_device_that_uses_it()
     (ar,) = [k for k, kind in enumerate(tg.kind) if kind == TaskKind.ALLREDUCE]
     assert tg.nbytes[ar] == nbytes
     cm = CostModel(g, t)
-    update = cm.update_ms(nbytes, d1) + cm.upkeep_ms(nbytes, d1)
-    closed = 1.0 + 3.0 + 4.0 + 2.0 + cm.allreduce_ms([d0, d1], nbytes) + update
+    update = cm.update_ms(nbytes, d1) + cm.upkeep_ms(nbytes, d1, 0)
+    add = 2 * nbytes * cm.accumulate_ms_per_byte(d1)  # both backwards add the weight's gradient
+    closed = 1.0 + 3.0 + 4.0 + 2.0 + add + cm.allreduce_ms([d0, d1], nbytes) + update
     assert result.iteration_ms == pytest.approx(closed, rel=1e-6)
     assert tg.static_bytes[tg.device_names.index(d1)] == pytest.approx(nbytes * (2 + 1.0))
