@@ -10,8 +10,9 @@ sequence) the benchmark
    pipelines (``gpipe`` and ``1f1b``), FastT's plan (``fastt``: whatever it
    finds fastest, often data parallelism on two CPUs) and an op placement over
    both devices (``m-topo``: Baechi's topological fill);
-3. runs every plan for real (``dl-nfv train --threads 1``) and simulates it
-   (``dl-nfv simulate``);
+3. simulates every plan (``dl-nfv simulate``) and runs it for real (``dl-nfv train
+   --threads 1``) ``--repeats`` times, in rounds over the model's plans so that a
+   slow spell of the shared machine touches every plan alike, keeping the median run;
 4. writes predicted vs measured iteration times, the relative errors, and
    whether the simulator ranks each model's plans in the measured order to
    ``docs/benchmarks.md`` (section ``fidelity``).
@@ -27,7 +28,7 @@ each try the benchmark waits for the load average to drop. The table shows the
 other jobs' share of each kept run.
 
 Usage: python bench/fidelity_bench.py [--models mlp,resnet50,gpt2-small] [--steps 8]
-       [--topology examples/topologies/local-cpu.yaml] [--work DIR] [--no-record]
+       [--repeats 3] [--topology examples/topologies/local-cpu.yaml] [--work DIR] [--no-record]
 """
 
 from __future__ import annotations
@@ -123,7 +124,10 @@ def devices_used(plan_path: Path) -> int:
 
 
 def run_model(model: str, topology: Path, work: Path, steps: int, *, max_others: float,
-              tries: int, max_load: float) -> list[dict]:
+              tries: int, max_load: float, repeats: int = 1) -> list[dict]:
+    """Plan and simulate every plan of ``model``, then run them all ``repeats`` times, in
+    rounds (each round runs every plan once, so drift on the machine touches all plans
+    alike); a plan's measured time is the median run's."""
     graph = work / f"{model}.json"
     if not graph.exists():
         t0 = time.perf_counter()
@@ -131,41 +135,58 @@ def run_model(model: str, topology: Path, work: Path, steps: int, *, max_others:
                           str(graph)], max_others=max_others, tries=tries, max_load=max_load)
         print(f"  profiled {model} in {time.perf_counter() - t0:.0f} s (other jobs: "
               f"{others:.2f} cores)", flush=True)
-    rows = []
+    rows: dict[str, dict] = {}
+    runs: dict[str, list[tuple[float, dict, float, float]]] = {}
     for label, planner in PLANS.items():
         stem = work / f"{model}-{planner[0]}"
-        plan = stem.with_suffix(".plan.json")
-        run = stem.with_suffix(".run.json")
-        sim = stem.with_suffix(".sim.json")
+        plan, sim = stem.with_suffix(".plan.json"), stem.with_suffix(".sim.json")
         try:
             dl_nfv("plan", *planner, "--graph", str(graph), "--topology", str(topology),
                    "-o", str(plan))
             dl_nfv("simulate", str(plan), "-o", str(sim))
-            t0 = time.perf_counter()
-            others = quietly(["train", str(plan), "--steps", str(steps), "--threads", "1", "-o",
-                              str(run)], max_others=max_others, tries=tries, max_load=max_load)
-            wall = time.perf_counter() - t0
         except RuntimeError as exc:
             print(f"  {model} / {label}: {exc}", flush=True)
-            rows.append({"model": model, "plan": label, "error": str(exc).splitlines()[0]})
+            rows[label] = {"model": model, "plan": label, "error": str(exc).splitlines()[0]}
             continue
-        report = json.loads(run.read_text())
-        simulated = json.loads(sim.read_text())
+        runs[label] = []
+    for r in range(repeats):
+        for label in runs:
+            stem = work / f"{model}-{PLANS[label][0]}"
+            run = stem.with_suffix(f".run{r}.json" if repeats > 1 else ".run.json")
+            t0 = time.perf_counter()
+            try:
+                others = quietly(["train", str(stem.with_suffix(".plan.json")), "--steps",
+                                  str(steps), "--threads", "1", "-o", str(run)],
+                                 max_others=max_others, tries=tries, max_load=max_load)
+            except RuntimeError as exc:
+                print(f"  {model} / {label}: {exc}", flush=True)
+                rows[label] = {"model": model, "plan": label, "error": str(exc).splitlines()[0]}
+                continue
+            report = json.loads(run.read_text())
+            runs[label].append((report["iteration_ms"], report, time.perf_counter() - t0, others))
+    for label, done in runs.items():
+        if label in rows or not done:
+            continue
+        stem = work / f"{model}-{PLANS[label][0]}"
+        done.sort(key=lambda x: x[0])
+        measured, report, wall, others = done[(len(done) - 1) // 2]  # the median run
+        simulated = json.loads(stem.with_suffix(".sim.json").read_text())
         predicted = simulated["iteration_ms"]
         busy = {d["device"]: d["busy_ms"] for d in simulated.get("devices", [])}
-        measured = report["iteration_ms"]
         row = {"model": model, "plan": label, "mode": report["mode"],
-               "devices": devices_used(plan), "predicted_ms": predicted, "measured_ms": measured,
+               "devices": devices_used(stem.with_suffix(".plan.json")), "predicted_ms": predicted,
+               "measured_ms": measured, "measured_runs": [x[0] for x in done],
                "rel_error": (predicted - measured) / measured,
                "wait_ms": [r["wait_ms"] for r in report["per_rank"]],
                "compute_ms": [r["compute_ms"] for r in report["per_rank"]],
                "cpu_ms": [r.get("cpu_ms") or 0.0 for r in report["per_rank"]],
                "busy_ms": [busy.get(r["device"], 0.0) for r in report["per_rank"]],
                "wall_s": wall, "others_cores": others}
-        rows.append(row)
+        rows[label] = row
         print(f"  {model:10s} {label:16s} predicted {predicted:9.1f} ms  measured {measured:9.1f} ms"
-              f"  error {row['rel_error']:+.1%}", flush=True)
-    return rows
+              f" (runs {', '.join(f'{x[0]:.0f}' for x in done)})  error {row['rel_error']:+.1%}",
+              flush=True)
+    return [rows[label] for label in PLANS if label in rows]
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
@@ -198,11 +219,14 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
     table = []
     for r in rows:
         if "error" in r:
-            table.append([r["model"], r["plan"], "-", "-", "-", "-", "-", "-", "-",
+            table.append([r["model"], r["plan"], "-", "-", "-", "-", "-", "-", "-", "-",
                           f"failed: {r['error'][:80]}"])
             continue
+        spread = r.get("measured_runs", [r["measured_ms"]])
         table.append([r["model"], r["plan"], r["mode"], r["devices"], f"{r['predicted_ms']:.1f}",
-                      f"{r['measured_ms']:.1f}", f"{r['rel_error']:+.1%}",
+                      f"{r['measured_ms']:.1f}",
+                      f"{min(spread):.0f}-{max(spread):.0f}" if len(spread) > 1 else "-",
+                      f"{r['rel_error']:+.1%}",
                       " / ".join(f"{w:.0f}" for w in r["wait_ms"]),
                       " / ".join(f"{c:.0f}" for c in r["cpu_ms"]),
                       f"{r.get('others_cores', float('nan')):.2f}"])
@@ -231,8 +255,8 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
     errors = [abs(r["rel_error"]) for r in ok]
     median = statistics.median(errors) if errors else float("nan")
     body = [
-        markdown_table(["model", "plan", "mode", "devices", "predicted ms", "measured ms",
-                        "error", "wait ms per rank", "CPU ms per rank",
+        markdown_table(["model", "plan", "mode", "devices", "predicted ms", "measured ms (median run)",
+                        "runs (min-max)", "error", "wait ms per rank", "CPU ms per rank",
                         "other jobs (cores)"], table),
         "",
         f"Median |relative error| over {len(ok)} plans: **{median:.1%}** (goal: <= 15%).",
@@ -268,6 +292,8 @@ def main() -> None:
     parser.add_argument("--max-others", type=float, default=0.25,
                         help="keep a measurement only if other jobs used fewer cores meanwhile")
     parser.add_argument("--tries", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of every plan (in rounds); the median run is kept")
     parser.add_argument("--summarise", action="store_true",
                         help="only re-summarise (and record) the results.json in --work")
     parser.add_argument("--max-load", type=float, default=1.0,
@@ -295,7 +321,7 @@ def main() -> None:
         for model in args.models.split(","):
             rows += run_model(model, args.topology.resolve(), work, args.steps,
                               max_others=args.max_others, tries=args.tries,
-                              max_load=args.max_load)
+                              max_load=args.max_load, repeats=args.repeats)
             (work / "results.json").write_text(json.dumps(
                 {"rows": rows, "load": [load_before, os.getloadavg()[0]]}, indent=1))
         load_after = os.getloadavg()[0]
@@ -304,8 +330,9 @@ def main() -> None:
     body, summary = summarise(rows)
     print(body)
     if not args.no_record:
-        note = (f"Each plan ran {args.steps} steps (medians after the warm-up) on 2 worker "
-                f"processes of 1 thread each (gloo), profiled with 1 thread; topology "
+        note = (f"Each plan ran {args.repeats} time(s), in rounds over the model's plans, "
+                f"{args.steps} steps each (medians after the warm-up); the median run is kept. "
+                f"Workers: 2 processes of 1 thread each (gloo), profiled with 1 thread; topology "
                 f"`{os.path.relpath(args.topology, ROOT)}` (from `dl-nfv profile network "
                 f"--nprocs 2`). Predicted: `dl-nfv simulate`; measured: `dl-nfv train`. "
                 f"Load average of the machine (2 cores) at start / end: {load_before:.1f} / "
