@@ -77,7 +77,7 @@ def test_m_sct_frees_a_favourite_child_when_its_parents_device_fills_up():
            op("w", 10, 10, out=1),
            op("b", 20, 30, params=2 * gib, out=1, bwd=(2, 3)),
            op("c", 1, 1.5, params=3 * gib, out=1, bwd=(2, 3))]
-    graph = graph_of(ops, [("a", "b", 0), ("a", "c", 10**8), ("w", "c", 1000)])
+    graph = graph_of(ops, [("a", "b", 0), ("a", "c", 3 * 10**8), ("w", "c", 1000)])
     cm = CostModel(graph, from_document(PAIR))
     sg = StepGraph(cm, cm.cluster.device_names)
     favourite, _ = favourite_children(sg)

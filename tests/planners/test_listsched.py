@@ -106,16 +106,18 @@ def test_cpop_pins_the_critical_path_to_the_device_with_least_total_cost():
 
 def test_backward_runs_in_reverse_forward_order_then_the_update():
     # x -> y -> z on one device, y and z have parameters; the step is
-    # forwards x, y, z (1 + 2 + 3 ms), backwards z, y (6 + 4 ms); x has none (no parameters
-    # at or above it); then one optimizer update of y and z's parameters.
+    # forwards x, y, z (1 + 2 + 3 ms), backwards z, y (6 + 4 ms, each adding its 4000 bytes of
+    # gradient into a bucket); x has none (no parameters at or above it); then one optimizer
+    # update of y and z's parameters, which also zeroes their buckets.
     ops = [op("x", 1, 2), op("y", 2, 4, params=4000, bwd=(4, 8)), op("z", 3, 6, params=4000, bwd=(6, 12))]
     graph = graph_of(ops, [("x", "y", 1000), ("y", "z", 1000)])
     cm, sg = _step(graph)
     sched = list_schedule(sg, upward_ranks(sg, [0]), allowed=[0], capacity_bytes=[2**34, 2**34])
     U = sg.U
-    assert [sched.start[U + u] for u in range(U)][1:] == pytest.approx([12.0, 6.0])
-    update = cm.update_ms(8000, V100, 1.0) + cm.upkeep_ms(8000, V100)
-    assert sched.makespan_ms == pytest.approx(16.0 + update)
+    add = 4000 * cm.accumulate_ms_per_byte(V100)
+    assert [sched.start[U + u] for u in range(U)][1:] == pytest.approx([12.0 + add, 6.0])
+    update = cm.update_ms(8000, V100, 1.0) + cm.upkeep_ms(8000, V100, 0)
+    assert sched.makespan_ms == pytest.approx(16.0 + 2 * add + update)
 
 
 def test_memory_moves_ops_and_names_the_op_that_fits_nowhere():
@@ -213,8 +215,8 @@ def test_a_tied_weight_split_across_devices_costs_its_allreduce_and_a_copy():
     together = list_schedule(sg, prio, allowed=[0, 1], capacity_bytes=caps, pins={0: 0, 1: 0})
     nbytes = 8 * 2**20
     last_backward = max(apart.finish)
-    def update(d):
-        return cm.update_ms(nbytes, d, 1.0) + cm.upkeep_ms(nbytes, d)
+    def update(d):  # (adding into the buckets is part of each backward: in the finish times)
+        return cm.update_ms(nbytes, d, 1.0) + cm.upkeep_ms(nbytes, d, 0)
 
     # both devices hold the weight; the T4 (less memory bandwidth) updates its copy last
     expected = last_backward + cm.allreduce_ms([V100, T4], nbytes) + max(update(V100), update(T4))
