@@ -168,6 +168,7 @@ def run_model(model: str, topology: Path, work: Path, steps: int, *, max_others:
         if label in rows or not done:
             continue
         stem = work / f"{model}-{PLANS[label][0]}"
+        rounds = [x[0] for x in done]  # in round order
         done.sort(key=lambda x: x[0])
         measured, report, wall, others = done[(len(done) - 1) // 2]  # the median run
         simulated = json.loads(stem.with_suffix(".sim.json").read_text())
@@ -175,7 +176,7 @@ def run_model(model: str, topology: Path, work: Path, steps: int, *, max_others:
         busy = {d["device"]: d["busy_ms"] for d in simulated.get("devices", [])}
         row = {"model": model, "plan": label, "mode": report["mode"],
                "devices": devices_used(stem.with_suffix(".plan.json")), "predicted_ms": predicted,
-               "measured_ms": measured, "measured_runs": [x[0] for x in done],
+               "measured_ms": measured, "measured_runs": rounds,
                "rel_error": (predicted - measured) / measured,
                "wait_ms": [r["wait_ms"] for r in report["per_rank"]],
                "compute_ms": [r["compute_ms"] for r in report["per_rank"]],
@@ -214,6 +215,18 @@ def separable_pairs(pred: list[float], meas: list[float], apart: float = SEPARAB
     return right, total
 
 
+def _between_rounds(rows: list[dict]) -> str:
+    """Mean Kendall tau of the plans' measured order in one round against another: how
+    well the measurements agree with themselves, the most a prediction can agree with them."""
+    rounds = [r.get("measured_runs", []) for r in rows]
+    n = min((len(x) for x in rounds), default=0)
+    if n < 2:
+        return "-"
+    taus = [kendall_tau([x[i] for x in rounds], [x[j] for x in rounds])
+            for i in range(n) for j in range(i + 1, n)]
+    return f"{statistics.mean(taus):+.2f} ({min(taus):+.2f} to {max(taus):+.2f})"
+
+
 def summarise(rows: list[dict]) -> tuple[str, dict]:
     ok = [r for r in rows if "error" not in r]
     table = []
@@ -242,7 +255,8 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
         order_p = " < ".join(r["plan"] for r in sorted(mine, key=lambda r: r["predicted_ms"]))
         order_m = " < ".join(r["plan"] for r in sorted(mine, key=lambda r: r["measured_ms"]))
         best_same = min(mine, key=lambda r: r["predicted_ms"]) is min(mine, key=lambda r: r["measured_ms"])
-        ranking.append([model, f"{tau:+.2f}", "yes" if order_p == order_m else "no",
+        ranking.append([model, f"{tau:+.2f}", _between_rounds(mine),
+                        "yes" if order_p == order_m else "no",
                         "yes" if best_same else "no", f"{right} / {total}", order_m, order_p])
     cpu_rows = []
     for r in ok:
@@ -261,15 +275,17 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
         "",
         f"Median |relative error| over {len(ok)} plans: **{median:.1%}** (goal: <= 15%).",
         "",
-        markdown_table(["model", "Kendall tau (predicted vs measured order)", "same order",
+        markdown_table(["model", "Kendall tau (predicted vs measured order)",
+                        "Kendall tau between runs (measured vs measured)", "same order",
                         "same best plan",
                         f"pairs > {SEPARABLE:.0%} apart ordered right",
                         "measured order (fastest first)", "predicted order"], ranking),
         "",
         f"Plans whose measured times lie within {SEPARABLE:.0%} of each other swap places from "
-        "run to run on this shared machine (separate runs of one plan differed by more: "
-        "ResNet-50 data parallel 729 and 1037 ms, MLP 1F1B 113 to 200 ms), so the pairs "
-        "further apart are the ones a ranking must get right.",
+        "run to run on this shared machine (see each plan's runs, min-max, and the Kendall tau "
+        "of one round's measured order against another's: the measurements rank the plans no "
+        "more consistently than that among themselves), so the pairs further apart are the "
+        "ones a ranking must get right.",
         "",
         "Per rank, the simulator's busy time of the device (compute it schedules there) beside "
         "the CPU time the worker process used per step (all its threads, so gloo's copies and "
