@@ -161,13 +161,10 @@ class StepGraph:
         self.rg = [needs[i] for i in unit_op]
         self.bwd = [row if g else [0.0] * D for row, g in zip(self.bwd, self.rg)]
         params = cm.param_bytes[np.asarray(unit_op)]
-        # a backward also adds the op's weight gradients into their buckets (tied uses too)
-        index = cm.ops_by_id
-        grads = [float(params[u]) + sum(index[cm.op_ids[i]].shared_params.values())
-                 for u, i in enumerate(unit_op)]
+        # a backward also adds the op's weight gradients into their buckets
         add = [cm.accumulate_ms_per_byte(d) for d in self.devices]
-        self.bwd = [[ms + g * a for ms, a in zip(row, add)] if g > 0 else row
-                    for row, g in zip(self.bwd, grads)]
+        self.bwd = [[ms + float(g) * a for ms, a in zip(row, add)] if g > 0 else row
+                    for row, g in zip(self.bwd, params)]
         self.param_bytes = params.tolist()
         # tied weights: (owner op index, sharing op index, bytes), from the cost model's
         self.ties = [(cm.op_index[owner], cm.op_index[sharer], nbytes)

@@ -341,10 +341,10 @@ class _Lowering:
                     f_times.append(ftab[i])
                     b_times.append(btab[i])
             # each backward adds the unit's weight gradients into their buckets
-            grads = self._grad_bytes(ops)
-            if grads > 0:
-                b_times = [ms + grads * self.cm.accumulate_ms_per_byte(self.device_names[
-                    groups.rep_device[rep]]) for ms, rep in zip(b_times, reps)]
+            added, unsummed = self._bucket_bytes(ops)
+            if added > 0 or unsummed > 0:
+                b_times = [max(0.0, ms + (added - unsummed) * self.cm.accumulate_ms_per_byte(
+                    self.device_names[groups.rep_device[rep]])) for ms, rep in zip(b_times, reps)]
             devs = [groups.rep_device[rep] for rep in reps]
             infos = [(u, rep, m) for rep in reps for m in mbs]
             base_f = len(kind)
@@ -390,10 +390,22 @@ class _Lowering:
             for k in range(n):
                 succ[base_f + k].append(base_b + k)
 
-    def _grad_bytes(self, ops) -> float:
-        """Weight-gradient bytes a backward of ``ops`` adds into buckets (tied weights too)."""
-        index = self.cm.ops_by_id
-        return float(sum(index[o].param_bytes + sum(index[o].shared_params.values()) for o in ops))
+    def _bucket_bytes(self, ops) -> tuple[float, float]:
+        """What a backward of ``ops`` does with weight gradients, in bytes: how much it adds
+        into its buckets (its own parameters; a tied weight's copy where its owner is in
+        another group), and how much of a tied weight it owns it no longer sums in the
+        graph: profiled in one process, autograd adds the sharer's gradient to the owner's
+        before accumulating (timed in the owner's backward); split across groups, the
+        AllReduce sums them instead."""
+        index, group = self.cm.ops_by_id, self.op_group
+        mine = set(ops)
+        added = float(sum(index[o].param_bytes for o in ops))
+        unsummed = 0.0
+        for _, owner, sharer, nbytes in self.cm.ties:
+            if group[owner] != group[sharer]:
+                added += nbytes if sharer in mine else 0.0
+                unsummed += nbytes if owner in mine else 0.0
+        return added, unsummed
 
     # --------------------------------------------------------------- data
     def _data_edges(self) -> None:

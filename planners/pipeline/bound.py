@@ -99,6 +99,12 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     scal = t - fixed
     scal_min = scal.min(axis=1)
     fix_min = fixed.min(axis=1)
+    # the owner of a tied weight no longer sums its sharer's gradient in the graph once a
+    # plan splits them (the simulator takes that time out of the owner's backward)
+    rate = min(p.cm.accumulate_ms_per_byte(d) for d in devices)
+    for _, owner, _, nbytes in p.cm.ties:
+        k = p.pos[owner]
+        fix_min[k] = max(0.0, fix_min[k] - nbytes * rate)
     fix_f_min = fixed_f.min(axis=1)
     scal_f_min = (p.fwd_ms[:, cols] - fixed_f).min(axis=1)
     # device speeds relative to the fastest type, op by op (best case for each device)
@@ -127,8 +133,6 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     Scf = prefix(scal_f_min)
     order_ids = [p.cm.op_index[o] for o in p.order]
     Pp = prefix(p.cm.param_bytes[order_ids])
-    Gp = prefix(p.cm.param_bytes[order_ids] + np.array(
-        [float(sum(p.graph.index[o].shared_params.values())) for o in p.order]))
     fix_r = F[None, :] - F[:, None]  # [i, j] range of regions [i, j)
     scal_r = Sc[None, :] - Sc[:, None]
     fixf_r = Ff[None, :] - Ff[:, None]
@@ -149,7 +153,7 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     zero = min(p.cm.upkeep_ms_per_byte(d, 0) for d in devices)  # zeroing the buckets
     # every backward of a microbatch adds the range's weight gradients into its buckets,
     # on every replica whatever its share: a fixed part per microbatch
-    acc_r = (Gp[None, :] - Gp[:, None]) * min(p.cm.accumulate_ms_per_byte(d) for d in devices)
+    acc_r = (Pp[None, :] - Pp[:, None]) * rate
     fix_r = fix_r + acc_r
     cheap: dict[int, float] = {}  # per microbatch count: the bound letting every stage take
     for m in (d for d in range(1, B + 1) if B % d == 0):  # the fastest devices

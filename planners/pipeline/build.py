@@ -103,10 +103,13 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
     tied = _tied(problem, layout, reps)
     for s, (stage, r) in enumerate(zip(layout.stages, reps)):
         times = [problem.times(stage.start, stage.stop, d, c / B) for d, c in zip(r.devices, r.counts)]
-        grads = problem.grad_bytes(stage.start, stage.stop)  # added into buckets per backward
-        f_ms.append(max(t[0] for t in times))
-        b_ms.append(max(t[1] + grads * cm.accumulate_ms_per_byte(d) for t, d in zip(times, r.devices)))
         own = problem.params(stage.start, stage.stop)
+        # each backward adds the stage's weight gradients (and tied copies) into their buckets;
+        # an owner of a tied weight split across stages no longer sums it in the graph
+        net = own + tied.borrowed[s] - tied.lent[s]
+        f_ms.append(max(t[0] for t in times))
+        b_ms.append(max(max(0.0, t[1] + net * cm.accumulate_ms_per_byte(d))
+                        for t, d in zip(times, r.devices)))
         params = own - tied.lent[s]
         sync = tied.allreduce_ms[s]
         if len(r.devices) > 1 and params > 0:

@@ -82,9 +82,6 @@ class Problem:
         self.f_fixed, self.f_scal = split(fwd, self.fwd_fixed_ms)  # [types, n+1]
         self.b_fixed, self.b_scal = split(bwd, self.bwd_fixed_ms)
         self.param_prefix = _prefix(cm.param_bytes[idx][None, :])[0]
-        # weight-gradient bytes a backward adds into buckets (tied weights' uses too)
-        shared = np.array([float(sum(graph.index[o].shared_params.values())) for o in self.order])
-        self.grad_prefix = _prefix((cm.param_bytes[idx] + shared)[None, :])[0]
         self.out_prefix = _prefix(cm.output_bytes[idx][None, :])[0]
         self.cut_bytes = self._cuts()
         self.bounds = np.arange(n + 1)
@@ -94,7 +91,6 @@ class Problem:
             for name in ("f_fixed", "f_scal", "b_fixed", "b_scal"):
                 setattr(self, name, getattr(self, name)[:, cols])
             self.param_prefix = self.param_prefix[cols]
-            self.grad_prefix = self.grad_prefix[cols]
             self.out_prefix = self.out_prefix[cols]
             self.cut_bytes = self.cut_bytes[cols]
             self.n = len(cols) - 1
@@ -161,10 +157,6 @@ class Problem:
     # ---------------------------------------------------------------- queries
     def params(self, a: int, b: int) -> float:
         return float(self.param_prefix[b] - self.param_prefix[a])
-
-    def grad_bytes(self, a: int, b: int) -> float:
-        """Weight-gradient bytes one backward of range ``[a, b)`` adds into its buckets."""
-        return float(self.grad_prefix[b] - self.grad_prefix[a])
 
     def static_bytes(self, a: int, b: int) -> float:
         """Parameters, gradients and optimizer state of range ``[a, b)`` on one replica."""
