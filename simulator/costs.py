@@ -23,7 +23,7 @@ Optimizer step and gradient buffers
     buckets (as DDP's ``gradient_as_bucket_view``): every step zeroes them (two
     passes: a write reads the line first) and every backward pass of a
     microbatch adds into them (read two, write one: ``ACCUMULATE_PASSES``).
-    The adding is part of each backward task (``accumulate_ms``: autograd adds
+    The adding is part of each backward task (``accumulate_ms_per_byte``: autograd adds
     an op's weight gradient as soon as it is computed, on the same stream), the
     zeroing part of the update; planners that reason per step take both
     together (``upkeep_ms``).

@@ -238,6 +238,7 @@ class _Lowering:
         tg.host_driven = [self.cluster.device(d).type.kind.value == "cpu" for d in self.device_names]
         self.tg = tg
         self._stream_tasks: list[int] = []
+        self._ties: list | None = None  # _split_ties, computed once
 
         self._compute_tasks()
         self._data_edges()
@@ -392,19 +393,17 @@ class _Lowering:
 
     def _bucket_bytes(self, ops) -> tuple[float, float]:
         """What a backward of ``ops`` does with weight gradients, in bytes: how much it adds
-        into its buckets (its own parameters; a tied weight's copy where its owner is in
-        another group), and how much of a tied weight it owns it no longer sums in the
+        into its buckets (its own parameters; the copy of a tied weight held beyond its
+        owner's group, ``_split_ties``), and how much of a tied weight it owns it no longer sums in the
         graph: profiled in one process, autograd adds the sharer's gradient to the owner's
         before accumulating (timed in the owner's backward); split across groups, the
         AllReduce sums them instead."""
-        index, group = self.cm.ops_by_id, self.op_group
-        mine = set(ops)
+        index, mine = self.cm.ops_by_id, set(ops)
         added = float(sum(index[o].param_bytes for o in ops))
         unsummed = 0.0
-        for _, owner, sharer, nbytes in self.cm.ties:
-            if group[owner] != group[sharer]:
-                added += nbytes if sharer in mine else 0.0
-                unsummed += nbytes if owner in mine else 0.0
+        for _, owner, nbytes, sharers, _, _ in self._split_ties():
+            added += nbytes * sum(s in mine for s in sharers)
+            unsummed += nbytes if owner in mine else 0.0
         return added, unsummed
 
     # --------------------------------------------------------------- data
@@ -576,8 +575,31 @@ class _Lowering:
         return [self.B[u][r] + m for u in units if self.unit_rg[u] for r in reps
                 for m in range(self.M)]
 
+    def _split_ties(self) -> list[tuple[str, str, float, list[str], list[int], list[int]]]:
+        """The tied weights lowered as held beyond their owner's group, computed once:
+        ``(parameter, owner op, bytes, sharing ops, holder devices, extra holders)`` for
+        every weight an op of another group shares, unless its owner's group synchronises
+        by PS or no sharer runs on a device the owner's group does not."""
+        if self._ties is not None:
+            return self._ties
+        groups, group_of = self.groups, self.op_group
+        shared: dict[str, list] = {}
+        for name, owner, sharer, nbytes in self.cm.ties:
+            if group_of[owner] != group_of[sharer]:
+                shared.setdefault(name, [owner, nbytes, []])[2].append(sharer)
+        self._ties = []
+        for name, (owner, nbytes, sharers) in sorted(shared.items()):
+            go = group_of[owner]
+            own = [groups.rep_device[r] for r in groups.replicas[go]]
+            holders = list(dict.fromkeys(
+                own + [groups.rep_device[r] for s in sharers for r in groups.replicas[group_of[s]]]))
+            extra = [d for d in holders if d not in own]
+            if extra and self.plan.groups[go].sync != SyncMethod.PS:
+                self._ties.append((name, owner, nbytes, sharers, holders, extra))
+        return self._ties
+
     def _tied(self, sf: float) -> dict[str, float]:
-        """Tied weights held beyond their owner's group (an op of another group shares them).
+        """Tied weights held beyond their owner's group (``_split_ties``).
 
         Every device that runs the owner or a sharing op holds the parameter and
         its gradient; they are summed over all of them by one AllReduce (after
@@ -585,26 +607,15 @@ class _Lowering:
         Returns owner op -> bytes taken out of its group's own synchronisation.
         """
         tg, cm, groups = self.tg, self.cm, self.groups
-        ties: dict[str, list] = {}
-        for name, owner, sharer, nbytes in cm.ties:
-            if self.op_group[owner] != self.op_group[sharer]:
-                ties.setdefault(name, [owner, nbytes, []])[2].append(sharer)
         out: dict[str, float] = defaultdict(float)
-        for name, (owner, nbytes, sharers) in sorted(ties.items()):
-            go = self.op_group[owner]
-            own = [groups.rep_device[r] for r in groups.replicas[go]]
-            holders = list(dict.fromkeys(
-                own + [groups.rep_device[r] for s in sharers for r in groups.replicas[self.op_group[s]]]))
-            extra = [d for d in holders if d not in own]
-            if not extra or self.plan.groups[go].sync == SyncMethod.PS:
-                continue
+        for name, owner, nbytes, sharers, holders, extra in self._split_ties():
             for d in extra:
                 self.static[d] += nbytes * (2.0 + sf)
                 self.update_bytes[d] += nbytes
                 self.grad_bytes[d] += nbytes
             out[owner] += nbytes
             names = [self.device_names[d] for d in holders]
-            deps = self._backward_tasks([owner], groups.replicas[go])
+            deps = self._backward_tasks([owner], groups.replicas[self.op_group[owner]])
             for s in sharers:
                 deps += self._backward_tasks([s], groups.replicas[self.op_group[s]])
             ms = cm.allreduce_ms(names, nbytes)

@@ -72,8 +72,8 @@ PROBE_MODES = ("calibrate", "reprofile")
 PROBE_PADDING = 4.0  # a probe's padded tensor matrix: at most this many times its real steps
 REFIT_EAGER = 8  # refit after each of the first batches, then every REFIT_EVERY batches
 REFIT_EVERY = 4
-CORRECTION_WEIGHT = 0.5
-TRY_WITHIN = 1.5  # a class never measured is tried once when its model cost is this close  # weight of the newest batch in a class's wall-time correction
+CORRECTION_WEIGHT = 0.5  # weight of the newest batch in a class's wall-time correction
+TRY_WITHIN = 1.5  # a class never measured is tried once when its model cost is this close
 
 
 def nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:

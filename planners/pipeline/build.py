@@ -161,10 +161,9 @@ def _tied(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> _Tied:
     if not problem.ties:
         return _Tied(tuple(borrowed), tuple(lent), tuple(ar))
     stops = [st.stop for st in layout.stages]
-    stage_of = lambda unit: bisect.bisect_right(stops, unit)  # noqa: E731
     sharers: dict[tuple[str, int], tuple[float, set[int]]] = {}
     for name, owner, sharer, nbytes in problem.ties:
-        so, ss = stage_of(owner), stage_of(sharer)
+        so, ss = bisect.bisect_right(stops, owner), bisect.bisect_right(stops, sharer)
         if so != ss:
             sharers.setdefault((name, so), (nbytes, set()))[1].add(ss)
     for (_, so), (nbytes, stages) in sorted(sharers.items()):

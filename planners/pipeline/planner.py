@@ -269,7 +269,6 @@ def _at(m: int, fixed: int) -> str:
     return "" if fixed else f" at {m} microbatches"
 
 
-
 def _simulate(problem: Problem, draft: _Draft) -> None:
     from dl_nfv.planners.base import describe_overflow
     from dl_nfv.simulator import simulate
