@@ -116,6 +116,10 @@ class Op:
         for name in ("fwd_ms", "bwd_ms", "fwd_fixed_ms", "bwd_fixed_ms"):
             for device_type, ms in getattr(self, name).items():
                 check(ms >= 0, f"op {self.id!r}: {name}[{device_type!r}] must be >= 0, got {ms}")
+        for name, nbytes in self.shared_params.items():
+            check(nbytes >= 0, f"op {self.id!r}: shared_params[{name!r}] must be >= 0, got {nbytes}")
+            check(name not in self.params,
+                  f"op {self.id!r}: shared_params names {name!r}, which the op owns (params)")
         for name in ("fwd", "bwd"):
             full, fixed = getattr(self, f"{name}_ms"), getattr(self, f"{name}_fixed_ms")
             for device_type, ms in fixed.items():
@@ -150,6 +154,11 @@ class OpGraph:
         unique((op.id for op in self.ops), "op id")
         ids = {op.id for op in self.ops}
         pairs = set()
+        owned = {name for op in self.ops for name in op.params}
+        for op in self.ops:
+            for name in op.shared_params:
+                check(name in owned, f"op {op.id!r}: shared_params names {name!r}, which no op "
+                                     f"owns (no op lists it in params)")
         for edge in self.edges:
             for end in (edge.src, edge.dst):
                 check(end in ids, f"edge {edge.src}->{edge.dst} names unknown op {end!r}")
