@@ -315,6 +315,8 @@ def main() -> None:
     parser.add_argument("--max-load", type=float, default=1.0,
                         help="before each try, wait (up to 2 min) for this 1-minute load average")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     work = args.work or Path(tempfile.mkdtemp(prefix="dl-nfv-fidelity-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"work files in {work}", flush=True)
