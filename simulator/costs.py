@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -306,16 +306,25 @@ class CostModel:
         return (latency + worst_us) / 1e3
 
     def _capacity_load(self, load: dict) -> list[tuple[float, float]]:
-        """(bytes, Gbps) per link capacity: a directed link, or both directions of a
-        shared-medium link together."""
+        """(bytes, Gbps) per link capacity (``capacity_key``)."""
         merged: dict = defaultdict(float)
         bandwidth: dict = {}
         for hop, nbytes in load.items():
-            link = self.cluster.link(*hop)
-            key = frozenset(hop) if link.get("medium") in SHARED_MEDIA else hop
+            key = self.capacity_key(hop)
             merged[key] += nbytes
-            bandwidth[key] = link["bandwidth_gbps"]
+            bandwidth[key] = self.cluster.link(*hop)["bandwidth_gbps"]
         return [(nbytes, bandwidth[key]) for key, nbytes in merged.items()]
+
+    def capacity_key(self, hop: tuple[str, str]) -> Hashable:
+        """What a directed hop's bandwidth is shared with: the hop itself, or both
+        directions of a shared-medium link together."""
+        return frozenset(hop) if self.cluster.link(*hop).get("medium") in SHARED_MEDIA else hop
+
+    def flow_links(self, flows: Iterable[Flow]) -> frozenset:
+        """The link capacities (``capacity_key``) a set of flows occupies."""
+        return frozenset(self.capacity_key(hop) for f in flows
+                         if f.src != f.dst and f.nbytes > 0
+                         for hop in self.cluster.route(f.src, f.dst).hops)
 
     def reduce_ms_per_byte(self, devices: Sequence[str]) -> float:
         """Time per byte a CPU device spends summing a collective's data (0 on GPUs): the

@@ -7,7 +7,8 @@
 * ``stage_costs``: the ``StageCosts`` the scheduler times: slowest replica's
   forward and backward time per microbatch, per stage pair the transfer of
   one microbatch between replicas whose batch intervals overlap (concurrent
-  flows on the real routes), the part of the stage's gradient AllReduce that
+  flows on the real routes) and the links each direction occupies, the part
+  of the stage's gradient AllReduce that
   outlasts its last backward plus the optimizer update (the first stage's
   gradients go in 25 MiB buckets, each AllReduced, one after the other, as
   soon as the last microbatch's backward has produced it; later stages
@@ -133,14 +134,16 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
                 cap = 0
         caps.append(cap)
     bounds = [s.start for s in layout.stages] + [layout.stages[-1].stop]
-    send_ms = {}
+    send_ms, links = {}, {}
     for (s, t), nbytes in problem.pair_bytes(bounds).items():
         flows = []
         for da, db, overlap in _overlaps(reps[s], reps[t]):
             flows.append(Flow(da, db, nbytes * overlap / M))
         send_ms[(s, t)] = cm.concurrent_ms(flows)
+        links[(s, t, "F")] = cm.flow_links(flows)
+        links[(s, t, "B")] = cm.flow_links(Flow(f.dst, f.src, f.nbytes) for f in flows)
     return StageCosts(f_ms=tuple(f_ms), b_ms=tuple(b_ms), send_ms=send_ms, sync_ms=tuple(sync_ms),
-                      caps=tuple(caps), microbatches=M)
+                      caps=tuple(caps), microbatches=M, links=links)
 
 
 @dataclass(frozen=True, slots=True)

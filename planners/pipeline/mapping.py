@@ -25,6 +25,7 @@ Complexity: O(D^2 x hosts) for the greedy paths (D devices).
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Sequence
 
@@ -97,10 +98,24 @@ def candidate_orderings(cm: CostModel, devices: Sequence[str] | None = None,
                    key=lambda p: (path_cost(cm, p), p))
     for p in paths[:2]:
         add(p)
+    for seq in by_kind(cm, blocks):
+        add(seq)
     if fold:
         for seq in list(out):
             add(folded(cm, seq))
     return out
+
+
+def by_kind(cm: CostModel, blocks: list[list[str]]) -> list[list[str]]:
+    """Host blocks grouped by their device types, the groups in every order (2-4 groups)."""
+    kinds: dict[tuple[str, ...], list[list[str]]] = {}
+    for b in blocks:
+        kind = tuple(sorted({cm.cluster.device(d).type.name for d in b}))
+        kinds.setdefault(kind, []).append(b)
+    if not 1 < len(kinds) <= 4:
+        return []
+    return [[d for k in perm for b in kinds[k] for d in b]
+            for perm in itertools.permutations(kinds)]
 
 
 def folded(cm: CostModel, ordering: Sequence[str]) -> tuple[str, ...]:

@@ -42,10 +42,11 @@ from .bound import stage_balanced_bound_ms
 from .build import BUCKET_BYTES, Replicas, groups_and_pipeline, stage_buckets
 from .partition import Layout
 from .problem import Problem
-from .scheduler import Policy
+from .scheduler import Policy, schedule_options
 from .search import Evaluated, search
 
 SIMULATED_CANDIDATES = 6
+SCHEDULES_SIMULATED = 4  # per candidate layout, its best schedules by the scheduler's estimate
 SEED_MICROBATCH_COUNTS = 2  # the baselines' layouts are also tried at the search's best counts
 SCHEDULES = {"auto": tuple(Policy), "gpipe": (Policy.GPIPE,), "1f1b": (Policy.ONE_F_ONE_B,),
              "custom": (Policy.LIST,)}
@@ -96,7 +97,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     policies = SCHEDULES[schedule]
     outcome = search(problem, microbatches=microbatches, max_stages=max_stages,
                      policies=policies, seed=seed, time_limit=time_limit)
-    drafts = [_draft_of(problem, ev) for ev in outcome.candidates[:SIMULATED_CANDIDATES]]
+    drafts = [d for ev in outcome.candidates[:SIMULATED_CANDIDATES]
+              for d in _drafts_of(problem, ev, policies)]
     # the baselines' layouts also at the microbatch counts the search liked best
     liked = list(dict.fromkeys(ev.layout.microbatches for ev in outcome.candidates
                                if ev.layout.microbatches > 1))[:SEED_MICROBATCH_COUNTS]
@@ -190,14 +192,19 @@ def _check_memory_floor(problem: Problem) -> None:
 
 
 # --------------------------------------------------------------------------- drafts
-def _draft_of(problem: Problem, ev: Evaluated) -> _Draft:
+def _drafts_of(problem: Problem, ev: Evaluated, policies) -> list[_Draft]:
+    """A draft of ``ev`` for each distinct schedule the scheduler offers for its layout: the
+    scheduler ranks them by its own estimate, the simulator decides."""
     layout, reps = ev.layout, ev.reps
     if len(layout.stages) == 1 and layout.microbatches == 1:
-        return _data_parallel_draft(problem, layout, reps[0], "search (one stage: data parallel)",
-                                    ev.makespan_ms)
-    groups, pipeline = groups_and_pipeline(problem, layout, reps, ev.timed.schedule)
-    return _Draft(f"search ({ev.timed.label})", groups, pipeline,
-                  stage_buckets(problem, layout, reps), ev.makespan_ms)
+        return [_data_parallel_draft(problem, layout, reps[0], "search (one stage: data parallel)",
+                                     ev.makespan_ms)]
+    buckets = stage_buckets(problem, layout, reps)
+    out = []
+    for timed in schedule_options(ev.costs, policies, wide=True)[:SCHEDULES_SIMULATED]:
+        groups, pipeline = groups_and_pipeline(problem, layout, reps, timed.schedule)
+        out.append(_Draft(f"search ({timed.label})", groups, pipeline, buckets, timed.makespan_ms))
+    return out
 
 
 def _data_parallel_draft(problem: Problem, layout: Layout, reps: Replicas, origin: str,

@@ -26,8 +26,9 @@ Complexity: O(stages^2 x microbatches) per run (each step scans the stages).
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from heapq import heappop, heappush
 
@@ -51,6 +52,13 @@ class StageCosts:
     sync_ms: tuple[float, ...]  # gradient sync + optimizer update after the stage's last B
     caps: tuple[int, ...]  # most microbatches in flight per stage (memory)
     microbatches: int
+    # (s, t, "F" | "B") -> the link capacities that transfer occupies (absent: its own channel)
+    links: dict[tuple[int, int, str], frozenset] = field(default_factory=dict)
+
+    def channels(self, s: int, t: int, direction: str) -> tuple:
+        """What the transfer ``s -> t`` (``F``) or ``t -> s`` (``B``) queues on: its links,
+        shared with every other transfer crossing them, or a channel of its own."""
+        return tuple(self.links.get((s, t, direction)) or ((s, t, direction),))
 
     @property
     def stages(self) -> int:
@@ -81,9 +89,10 @@ def run(costs: StageCosts, policy: Policy, *, caps: Sequence[int] | None = None,
 class _Sim:
     """Event bookkeeping shared by the fixed-order and list-scheduling passes.
 
-    Forwards on a stage run in microbatch order and so do backwards, so each
-    channel (stage pair, direction) carries microbatches in order and a
-    transfer's arrival is ``max(send end, previous arrival) + duration``.
+    Tasks start in global time order. A transfer queues FIFO on every link it
+    crosses (``StageCosts.channels``), shared with the other stage pairs' transfers
+    over those links, as in the simulator: its arrival is ``max(send end, the
+    links' last arrival) + duration``.
     """
 
     def __init__(self, costs: StageCosts):
@@ -100,8 +109,23 @@ class _Sim:
         self.wait_b = [[len(self.sinks[s]) + 1] * M for s in range(S)]
         self.arrive_f = [[0.0] * M for _ in range(S)]
         self.arrive_b = [[0.0] * M for _ in range(S)]
-        self.chan: dict[tuple[int, int, str], float] = {}
+        self.chan: dict = {}  # channel -> when its last transfer arrives
+        self.chan_f = [{t: costs.channels(s, t, "F") for t in self.sinks[s]} for s in range(S)]
+        self.chan_b = [{u: costs.channels(u, s, "B") for u in self.sources[s]} for s in range(S)]
         self.free = [0.0] * S
+
+    def send(self, channels: tuple, ready: float, duration: float) -> float:
+        """A transfer ready at ``ready`` waits for every channel it needs (FIFO); its arrival."""
+        chan = self.chan
+        start = ready
+        for k in channels:
+            busy = chan.get(k, 0.0)
+            if busy > start:
+                start = busy
+        arrive = start + duration
+        for k in channels:
+            chan[k] = arrive
+        return arrive
 
     def complete(self, s: int, op: str, m: int, start: float) -> list[int]:
         """Record ``op`` of microbatch ``m`` on stage ``s``; return the stages it made ready."""
@@ -110,9 +134,7 @@ class _Sim:
         if op == "F":
             end = start + c.f_ms[s]
             for t in self.sinks[s]:
-                key = (s, t, "F")
-                arrive = max(end, self.chan.get(key, 0.0)) + c.send_ms[(s, t)]
-                self.chan[key] = arrive
+                arrive = self.send(self.chan_f[s][t], end, c.send_ms[(s, t)])
                 if arrive > self.arrive_f[t][m]:
                     self.arrive_f[t][m] = arrive
                 self.wait_f[t][m] -= 1
@@ -127,9 +149,7 @@ class _Sim:
         else:
             end = start + c.b_ms[s]
             for u in self.sources[s]:
-                key = (u, s, "B")
-                arrive = max(end, self.chan.get(key, 0.0)) + c.send_ms[(u, s)]
-                self.chan[key] = arrive
+                arrive = self.send(self.chan_b[s][u], end, c.send_ms[(u, s)])
                 if arrive > self.arrive_b[u][m]:
                     self.arrive_b[u][m] = arrive
                 self.wait_b[u][m] -= 1
@@ -143,23 +163,37 @@ class _Sim:
         return max(f + sync for f, sync in zip(self.free, self.costs.sync_ms))
 
     def fixed(self, schedule: Schedule, label: str) -> Timed:
-        """Time a fixed per-stage order by a work list (no global clock needed)."""
+        """Time a fixed per-stage order, tasks started in global time order (transfers
+        queue on shared links in the order they are sent)."""
         S = self.S
         pos = [0] * S
         orders = schedule.orders
-        todo = list(range(S))
-        done = 0
-        while todo:
-            s = todo.pop()
-            order = orders[s]
-            while pos[s] < len(order):
-                a = order[pos[s]]
+        version = [0] * S
+        heap: list[tuple] = []
+
+        def push(s: int) -> None:
+            version[s] += 1
+            if pos[s] < len(orders[s]):
+                a = orders[s][pos[s]]
                 r = (self.ready_f if a.op == "F" else self.ready_b)[s][a.microbatch]
-                if r < 0:
-                    break
-                todo.extend(self.complete(s, a.op, a.microbatch, max(self.free[s], r)))
-                pos[s] += 1
-                done += 1
+                if r >= 0:
+                    heappush(heap, (max(self.free[s], r), s, version[s]))
+
+        for s in range(S):
+            push(s)
+        done = 0
+        while heap:
+            start, s, v = heappop(heap)
+            if v != version[s]:
+                continue
+            a = orders[s][pos[s]]
+            touched = self.complete(s, a.op, a.microbatch, start)
+            pos[s] += 1
+            done += 1
+            push(s)
+            for t in touched:
+                if t != s:
+                    push(t)
         if done < 2 * S * self.M:
             raise ValueError("the schedule deadlocks")
         return Timed(self.makespan(), schedule, label)
@@ -224,13 +258,19 @@ def flush_estimate_ms(costs: StageCosts) -> float:
     """Closed-form estimate of a flushed pipeline, for screening layouts (O(stages)).
 
     ``sum over stages (f + b + 2 c) + (m - 1) x bottleneck + the largest sync``, where the
-    bottleneck is the slowest stage or link per microbatch: exact for equal stages
-    and free links, close for the layouts the DP produces.
+    bottleneck is the slowest stage or link per microbatch (a link's time summed over
+    every transfer crossing it): exact for equal stages and free links, close for the
+    layouts the DP produces.
     """
     S, M = costs.stages, costs.microbatches
     chain = sum(costs.f_ms) + sum(costs.b_ms) + 2 * sum(costs.send_ms.values())
+    busy: dict = defaultdict(float)  # per microbatch, on every channel
+    for (s, t), ms in costs.send_ms.items():
+        for direction in "FB":
+            for k in costs.channels(s, t, direction):
+                busy[k] += ms
     bottleneck = max(max(f + b for f, b in zip(costs.f_ms, costs.b_ms)),
-                     max(costs.send_ms.values(), default=0.0))
+                     max(busy.values(), default=0.0))
     return chain + (M - 1) * bottleneck + max(costs.sync_ms, default=0.0) if S else 0.0
 
 
@@ -253,6 +293,18 @@ def auto_schedule(costs: StageCosts, allowed: Sequence[Policy] = tuple(Policy)) 
 
     Ties go to the schedule with fewer microbatches in flight. Deterministic.
     """
+    return schedule_options(costs, allowed)[0]
+
+
+def schedule_options(costs: StageCosts, allowed: Sequence[Policy] = tuple(Policy), *,
+                     wide: bool = False) -> list[Timed]:
+    """GPipe, 1F1B and the list-scheduled variants that fit the memory caps, fastest first
+    (ties: fewer microbatches in flight), distinct schedules only.
+
+    ``wide`` also builds the list variants as if every stage pair had links of its own
+    (the orders differ where pairs share a link), each then timed on the shared links:
+    more candidates for a caller that compares them on the simulator.
+    """
     options: list[Timed] = []
     fits_all = all(c >= costs.microbatches for c in costs.caps)
     fits_1f1b = all(c >= min(costs.stages - s, costs.microbatches) for s, c in enumerate(costs.caps))
@@ -270,6 +322,16 @@ def auto_schedule(costs: StageCosts, allowed: Sequence[Policy] = tuple(Policy)) 
                     continue
                 seen.add(key)
                 options.append(run(costs, Policy.LIST, caps=caps, backward_first=bf))
+                if wide and costs.links:
+                    built = run(replace(costs, links={}), Policy.LIST, caps=caps, backward_first=bf)
+                    options.append(_Sim(costs).fixed(built.schedule, built.label))
     if not options:
         raise ValueError("no schedule fits the memory of every stage")
-    return min(options, key=lambda t: (round(t.makespan_ms, 9), sum(t.schedule.max_in_flight())))
+    options.sort(key=lambda t: (round(t.makespan_ms, 9), sum(t.schedule.max_in_flight())))
+    seen_orders: set = set()
+    distinct = []
+    for t in options:
+        if t.schedule.orders not in seen_orders:
+            seen_orders.add(t.schedule.orders)
+            distinct.append(t)
+    return distinct

@@ -5,15 +5,18 @@
 2. For every pair, the partition DP (``partition.OrderingTables``) finds the smallest
    feasible bottleneck and one layout per cap of the grid above it.
 3. Every distinct layout gets integer replica shares and the scheduler's inputs,
-   and is screened by a closed-form flush estimate (``flush_estimate_ms``); the
-   32 best are timed by the list scheduler with round-trip caps.
+   and is screened by a closed-form flush estimate (``flush_estimate_ms``); an
+   (ordering, microbatch count) is scored by the list-scheduled time of its
+   ``TOP_PER_EXPLORE`` best layouts by estimate (two list variants, skipping
+   layouts estimated ``ESTIMATE_SLACK`` above the best time so far).
 4. **Local search over orderings**: host-block moves of the best ordering
    (seeded ``random.Random(seed)``, a fixed number of rounds), re-running 2–3
-   for the microbatch counts that did best; a move is kept when its best
-   layout is faster.
-5. The 12 best layouts are scheduled by ``auto_schedule`` (GPipe, 1F1B and list
-   variants) and returned fastest first; the caller simulates the top few on
-   the shared simulator and keeps the winner.
+   for the microbatch counts that did best; a move is kept when its score is
+   better.
+5. The layouts scheduled so far and the 32 best others by estimate are ranked by
+   their list-scheduled time; the 12 best are scheduled by ``auto_schedule``
+   (GPipe, 1F1B and list variants) and returned fastest first; the caller
+   simulates the top few on the shared simulator and keeps the winner.
 
 The work done is fixed by the inputs and the seed, so a run is deterministic;
 ``time_limit`` (CPU seconds of this process, so that a busy machine does not
@@ -49,6 +52,8 @@ MAX_MICROBATCH_OPTIONS = 7
 LOCAL_SEARCH_ROUNDS = 6
 NEIGHBOURS_PER_ROUND = 6
 TOP_FOR_LIST = 32
+TOP_PER_EXPLORE = 3  # layouts per (ordering, microbatch count) list-scheduled to score it
+ESTIMATE_SLACK = 1.25  # ... unless their estimate is this much above the best time so far
 TOP_FOR_SCHEDULING = 12
 
 
@@ -129,8 +134,10 @@ def evaluate(problem: Problem, layout: Layout, *, full: bool = False,
     try:
         if full:
             timed = auto_schedule(costs, policies)
-        elif Policy.LIST in policies:
-            timed = run(costs, Policy.LIST, caps=round_trip_caps(costs))
+        elif Policy.LIST in policies:  # the two list variants that win most often
+            timed = min(run(costs, Policy.LIST, caps=round_trip_caps(costs)),
+                        run(costs, Policy.LIST, backward_first=True),
+                        key=lambda t: t.makespan_ms)
         else:
             timed = auto_schedule(costs, policies)
     except ValueError:
@@ -148,10 +155,19 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
     orderings = candidate_orderings(cm, fold=bool(problem.ties))
     cache: dict = {}
     screened: dict[tuple, Screened | None] = {}
+    quick: dict[tuple, Evaluated | None] = {}
+    best = [float("inf")]  # the best list-scheduled time so far
     outcome = Outcome(candidates=[])
 
+    def timed(sc: Screened) -> Evaluated | None:
+        key = sc.layout.key
+        if key not in quick:
+            quick[key] = evaluate(problem, sc.layout, policies=policies, screened=sc)
+        return quick[key]
+
     def consider(layouts: Sequence[Layout]) -> float:
-        best = float("inf")
+        """Screen ``layouts``; the best list-scheduled time of the few estimated best."""
+        fresh = []
         for lay in layouts:
             key = lay.key
             if key not in screened:
@@ -159,8 +175,13 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
                 outcome.layouts_timed += 1
             sc = screened[key]
             if sc is not None:
-                best = min(best, sc.estimate_ms)
-        return best
+                fresh.append(sc)
+        fresh.sort(key=lambda sc: (sc.estimate_ms, len(sc.layout.stages), sc.layout.key))
+        times = [ev.makespan_ms for sc in fresh[:TOP_PER_EXPLORE]
+                 if sc.estimate_ms <= ESTIMATE_SLACK * best[0] and (ev := timed(sc))]
+        score = min(times, default=float("inf"))
+        best[0] = min(best[0], score)
+        return min(score, ESTIMATE_SLACK * fresh[0].estimate_ms if fresh else score)
 
     def explore(ordering: Sequence[str], ms: Sequence[int]) -> dict[int, float]:
         scores = {}
@@ -198,11 +219,9 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
                 break
     pool = sorted((sc for sc in screened.values() if sc is not None),
                   key=lambda sc: (sc.estimate_ms, len(sc.layout.stages), sc.layout.key))
-    ranked = []
     for sc in _distinct(problem, pool, lambda sc: sc.estimate_ms)[:TOP_FOR_LIST]:
-        ev = evaluate(problem, sc.layout, policies=policies, screened=sc)
-        if ev is not None:
-            ranked.append(ev)
+        timed(sc)
+    ranked = [ev for ev in quick.values() if ev is not None]
     ranked.sort(key=lambda ev: (ev.makespan_ms, len(ev.layout.stages), ev.layout.key))
     distinct = _distinct(problem, ranked, lambda ev: ev.makespan_ms)
     final = []
