@@ -53,7 +53,7 @@ LOCAL_SEARCH_ROUNDS = 6
 NEIGHBOURS_PER_ROUND = 6
 TOP_FOR_LIST = 32
 TOP_PER_EXPLORE = 3  # layouts per (ordering, microbatch count) list-scheduled to score it
-ESTIMATE_SLACK = 1.25  # ... unless their estimate is this much above the best time so far
+ESTIMATE_SLACK = 1.5  # ... unless their estimate is this much above the best time so far
 TOP_FOR_SCHEDULING = 12
 
 
