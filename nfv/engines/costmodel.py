@@ -130,12 +130,17 @@ class CostModel:
     ``threads`` is the tensor path's parallel width (rows per wave), ``workers``
     the CPU pool's processes (0: no pool, everything on the tensor path),
     ``cores`` the CPU cores this process may use, ``shares_cores`` whether the
-    tensor path runs on those cores (torch on the CPU) rather than on a device.
+    tensor path runs on those cores (torch on the CPU) rather than on a device,
+    ``stepped`` whether the tensor path has a kernel stepped over the padded
+    streams (the IDS automaton); without one ``r_step`` is 0, not fitted (a
+    free fit turns the longest stream into a cost that no kernel pays).
     """
 
     def __init__(self, *, threads: int, calibration_batches: int = 3, reprofile_every: int = 32,
-                 window: int = 64, workers: int = 1, cores: int = 1, shares_cores: bool = True):
+                 window: int = 64, workers: int = 1, cores: int = 1, shares_cores: bool = True,
+                 stepped: bool = True):
         self.threads = threads
+        self.stepped = stepped  # the tensor path steps over the padded streams (the IDS)
         self.calibration_batches = calibration_batches
         self.reprofile_every = reprofile_every
         self.workers = workers
@@ -153,6 +158,7 @@ class CostModel:
         self.correction: dict[str, float | None] = {k: None for k in CLASSES}
         self.chosen: dict[str, int] = {k: 0 for k in CLASSES}
         self.last_class = ""
+        self.pending: set[str] = set()  # classes chosen untried, their batch not yet measured
         self.step_floor_s = 0.0  # measured cost of one kernel step (set by the engine)
 
     def mode(self, batch_number: int) -> str:
@@ -218,7 +224,9 @@ class CostModel:
     def choose(self, cost: np.ndarray) -> int:
         """The ``i`` of least corrected cost: per class (cpu, model, gpu) its cheapest ``i``
         times the class's measured wall-time correction (1 if not measured); a class not
-        measured yet whose cost is within ``TRY_WITHIN`` of the least is run first, once."""
+        measured yet (nor chosen for a batch still running: with double buffering the
+        next batch is split before this one is measured) whose cost is within
+        ``TRY_WITHIN`` of the least is run first, once."""
         n = len(cost) - 1
         if self.workers == 0 or n == 0:
             return n
@@ -227,14 +235,17 @@ class CostModel:
             best["model"] = 1 + int(np.argmin(cost[1:n]))
         adjusted = {k: cost[i] * (self.correction[k] or 1.0) for k, i in best.items()}
         least = min(adjusted.values())
-        untried = [k for k in best if self.correction[k] is None
+        untried = [k for k in best if self.correction[k] is None and k not in self.pending
                    and adjusted[k] <= TRY_WITHIN * least]
-        if untried:  # measure it once: the model alone may be pessimistic about it
-            return best[min(untried, key=adjusted.get)]
-        return best[min(adjusted, key=adjusted.get)]
+        # measure an untried class once: the model alone may be pessimistic about it
+        pick = min(untried or adjusted, key=adjusted.get)
+        if self.correction[pick] is None:
+            self.pending.add(pick)
+        return best[pick]
 
     def observe_wall(self, policy: str, predicted_s: float, wall_s: float) -> None:
         """A batch run under ``policy`` (a class) took ``wall_s`` against ``predicted_s``."""
+        self.pending.discard(policy)
         if policy not in self.correction or predicted_s <= 0 or wall_s <= 0:
             return
         ratio = wall_s / predicted_s
@@ -279,7 +290,10 @@ class CostModel:
     def fit(self) -> None:
         if len(self.gpu_samples) >= 2:
             a = np.array(self.gpu_samples)
-            self.gpu_coef = nnls(a[:, :4], a[:, 4])
+            if self.stepped:
+                self.gpu_coef = nnls(a[:, :4], a[:, 4])
+            else:  # no kernel waits for the longest stream: no step rate to fit
+                self.gpu_coef = np.concatenate([[0.0], nnls(a[:, 1:4], a[:, 4])])
         if len(self.cpu_samples) >= 2:
             a = np.array(self.cpu_samples)
             self.cpu_coef = nnls(a[:, :3], a[:, 3])

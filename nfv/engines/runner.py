@@ -74,6 +74,7 @@ class _Built:
     started: float
     enqueue_s: float
     predicted_s: float = 0.0
+    build_s: float = 0.0  # wall time this process took to build it
 
 
 def resolve_device(name: str) -> torch.device:
@@ -114,14 +115,15 @@ class Runner:
             threads = props.multi_processor_count * 256
         else:
             threads = 1 << 30  # one "wave": cost grows with rows through the per-byte rate
+        ids = chain.nf("ids")
         self.model = CostModel(threads=threads, calibration_batches=options.calibration_batches,
                                reprofile_every=options.reprofile_every, workers=self.workers,
-                               cores=usable_cores(), shares_cores=self.device.type != "cuda")
+                               cores=usable_cores(), shares_cores=self.device.type != "cuda",
+                               stepped=ids is not None and bool(ids.sides))
         self.sizer = BatchSizer(options.batch_size, step=options.batch_step,
                                 enabled=options.adaptive_batch and choice.kind == "flowshader")
         self.loc = np.full(len(trace.flows), UNTOUCHED, dtype=np.int64)
         self.stride = 1
-        ids = chain.nf("ids")
         if ids is not None and ids.sides:
             self.stride = ids.stride()
 
@@ -199,7 +201,8 @@ class Runner:
                     "cpu_bytes": float(c.cpu_bytes[i]), "cpu_msgs": float(c.cpu_msgs[i])}
         return _Built(number=number, mode=mode, ids=ids, flows=flows, gpu_flows=flows[on_gpu],
                       cpu_flows=flows[~on_gpu], gpu=gpu, blocks=blocks, features=features,
-                      started=began, enqueue_s=enqueue_s, predicted_s=predicted)
+                      started=began, enqueue_s=enqueue_s, predicted_s=predicted,
+                      build_s=time.perf_counter() - began)
 
     # the loop -------------------------------------------------------------------
     def run(self) -> EngineResult:
@@ -273,12 +276,16 @@ class Runner:
                 wall_s = done - previous
                 self.model.observe(gpu_s=gpu_s, cpu_s=cpu_total_s, enqueue_s=main_s,
                                    wall_s=wall_s, **f)
+                # the batch's own wall time: this interval built the next batch, the previous
+                # one built this (a small batch must not pay for building a full one)
+                own_s = max(1e-9, wall_s - (nxt.build_s if nxt is not None else 0.0)
+                            + cur.build_s)
                 if cur.mode not in PROBE_MODES:  # steady batches only: one policy per window
-                    self.model.observe_wall(cur.mode, cur.predicted_s, wall_s)
+                    self.model.observe_wall(cur.mode, cur.predicted_s, own_s)
                     if cur.mode != steady:
                         self.sizer.reset()
                         steady = cur.mode
-                    self.sizer.observe(len(cur.ids), wall_s)
+                    self.sizer.observe(len(cur.ids), own_s)
                 previous = done
                 cur = nxt
             elapsed = time.perf_counter() - begin

@@ -71,6 +71,7 @@ def test_separate_hardware_balances_both_paths():
     3 us per message share 4000 equal messages 3:1, T = 3 ms on both sides."""
     model = _fitted(gpu=(0.0, 0.0, 1e-6, 0.0), cpu=(3e-6, 0.0, 0.0), workers=1, cores=2,
                     shares_cores=False)
+    model.correction = {k: 1.0 for k in model.correction}  # every class measured as modelled
     load, msgs = np.ones(4000), np.ones(4000)
     i, mode, predicted = model.split(5, load, msgs)
     assert (i, mode) == (3000, "model") and predicted == pytest.approx(3e-3)
@@ -143,6 +144,32 @@ def test_a_class_never_measured_is_tried_once_when_close():
     model.gpu_coef = np.array([0.0, 0.0, 2e-6, 0.0])
     model.correction["gpu"] = None  # 2e-5 is 2x cpu's cost: not worth a try
     assert model.split(4, load, msgs)[:2] == (0, "cpu")
+
+
+def test_untried_classes_are_explored_one_batch_each_even_before_measured():
+    """With double buffering a batch is split before the one ahead is measured: a class
+    chosen to be tried and not measured yet is not tried again meanwhile."""
+    model = _fitted(gpu=(0.0, 0.0, 1.2e-6, 0.0), cpu=(1e-6, 0.0, 0.0), workers=2, cores=1)
+    load, msgs = np.ones(10), np.ones(10)
+    tried = [model.split(b, load, msgs)[1] for b in (1, 2, 3)]
+    assert tried == ["cpu", "model", "gpu"]  # cheapest first: 1e-5, 1.02e-5, 1.2e-5
+    for mode in tried:
+        model.observe_wall(mode, 1e-5, 1e-5)
+    assert model.split(4, load, msgs)[1] == "cpu"
+
+
+def test_without_a_stepped_kernel_no_step_rate_is_fitted():
+    """The HTTP chain's kernels do not wait for the longest stream: batches whose longest
+    stream grows with their messages must not teach the model a per-step cost."""
+    model = CostModel(threads=ONE_WAVE, calibration_batches=1, reprofile_every=0,
+                      workers=2, stepped=False)
+    for msgs in (100.0, 200.0, 400.0, 300.0):
+        model.observe(steps=10 * msgs + (50 if msgs == 300 else 0), waves=1.0,
+                      gpu_bytes=1000 * msgs + (7e3 if msgs == 200 else 0), gpu_msgs=msgs,
+                      cpu_bytes=0.0, cpu_msgs=0.0, gpu_s=2e-6 * msgs + 1e-4, cpu_s=0.0,
+                      enqueue_s=0.0)
+    assert model.gpu_coef[0] == 0.0
+    assert model.gpu_coef[1:].tolist() == pytest.approx([0.0, 2e-6, 1e-4], abs=1e-12)
 
 
 def test_probe_split_takes_a_message_share_and_caps_the_padding():
