@@ -27,6 +27,11 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   least a ``1/k`` share of its optimizer update, at the best memory
   bandwidth: ``T >= busy + that``, with no chain offset (the update may
   overlap the drain of earlier stages);
+* **tied weights**: a stage holding the later user of a tied weight but not the
+  earlier one splits the tie, whose gradient is then AllReduced over at least two
+  devices after the earlier user's last backward, which the last microbatch reaches
+  only after passing back from this stage: its chain-offset term gains that
+  AllReduce's floor (less the chain of the ops before the earlier user);
 * **chain**: microbatch 0 cannot reach a stage before it passed the stages
   in front of it, and after a stage's last backward the last microbatch still
   has to pass them backwards: each earlier stage adds at least one replica's
@@ -155,6 +160,7 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     # on every replica whatever its share: a fixed part per microbatch
     acc_r = (Pp[None, :] - Pp[:, None]) * rate
     fix_r = fix_r + acc_r
+    tie_r = _tie_terms(p, bounds, fix_r + scal_r / (B * sigma_max), _host_limits(p, devices))
     cheap: dict[int, float] = {}  # per microbatch count: the bound letting every stage take
     for m in (d for d in range(1, B + 1) if B % d == 0):  # the fastest devices
         inv_cap = _slowest_share(holders, U, D, B, m)
@@ -171,13 +177,13 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
         one = fix_r + scal_r / (m * sigma_max)  # not replicated: whole microbatch
         few = fix_r + scal_r / (B * sigma_max)  # replicated: some replica may hold one sample
         chain = np.where(kk[None, None, :] <= 1, one[:, :, None], few[:, :, None])
-        cheap[m] = _capped_dp(busy, chain, sync, multi, U, D)
+        cheap[m] = _capped_dp(busy + tie_r[:, :, None], chain, sync, multi, U, D)
     classes = _classes(p, devices, sigma, memory)
     if len(classes) == 1:
         return min(cheap.values())
     # mixed devices: the exact class-count DP, for the microbatch counts the cheap bound
     # (a relaxation of it) does not already rule out
-    ranges = _Ranges(fix_r, scal_r, fixf_r, scalf_r, params_r, static_r, multi, U)
+    ranges = _Ranges(fix_r, scal_r, fixf_r, scalf_r, params_r, static_r, multi, U, tie_r)
     floor = _host_limits(p, devices)
     best = np.inf
     for m in sorted(cheap, key=cheap.__getitem__):
@@ -185,6 +191,33 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
             break
         best = min(best, _class_bound(ranges, classes, floor, B, m, zero, update))
     return best
+
+
+def _tie_terms(p: Problem, bounds: list[int], chain_r: np.ndarray, floor: np.ndarray
+               ) -> np.ndarray:
+    """``[i, j]``: what tied weights add after the busy time of a stage of regions ``[i, j)``.
+
+    A stage that holds the later user of a tied weight and not the earlier one splits the
+    tie: the weight's gradient is summed over both users' devices (at least two) after the
+    earlier user's last backward, and that comes only after this stage's last backward
+    has passed back through the stages in front of it. So the stage's chain-offset term
+    gains the AllReduce floor of a two-device group (``floor[2]`` per byte), less the
+    chain of the regions before the earlier user (their backward may overlap it). Ties
+    within one region that may be split are left out (the region counts for neither).
+    """
+    U = len(bounds) - 1
+    out = np.zeros((U + 1, U + 1))
+    if len(floor) < 3 or not p.cm.ties:
+        return out
+    region = np.searchsorted(np.asarray(bounds), np.arange(len(p.order)), side="right") - 1
+    for _, owner, sharer, nbytes in p.cm.ties:
+        a, b = sorted((int(region[p.pos[owner]]), int(region[p.pos[sharer]])))
+        if a == b:
+            continue
+        term = max(0.0, nbytes * float(floor[2]) - float(chain_r[0, a]))
+        # stages [i, j) with a < i <= b < j
+        out[a + 1:b + 1, b + 1:] += term
+    return out
 
 
 def _slowest_share(holders: dict, U: int, D: int, B: int, m: int) -> np.ndarray:
@@ -308,9 +341,10 @@ def _host_limits(p: Problem, devices: list[str]) -> np.ndarray:
 class _Ranges:
     """Per region range ``[i, j)``: fastest-type fixed and scalable times, parameters, state."""
 
-    def __init__(self, fix_r, scal_r, fixf_r, scalf_r, params_r, static_r, multi, U):
+    def __init__(self, fix_r, scal_r, fixf_r, scalf_r, params_r, static_r, multi, U, tie_r):
         self.fix, self.scal, self.fixf, self.scalf = fix_r, scal_r, fixf_r, scalf_r
         self.params, self.static, self.multi, self.U = params_r, static_r, multi, U
+        self.tie = tie_r
 
 
 def _classes(p: Problem, devices: list[str], sigma: np.ndarray,
@@ -373,6 +407,7 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
                         + r.params[:, :, None] * floor[np.minimum(total, len(floor) - 1)][None, None],
                         0.0)
         sync = np.where(allowed, np.maximum(sync, busy + outside), sync)
+        busy = busy + r.tie[:, :, None]  # after sync: the update may overlap the tie's AllReduce
     busy[:, :, 0] = np.inf
     # sub-vectors of every state and what they leave
     subs, rests = [], []

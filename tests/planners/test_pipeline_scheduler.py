@@ -137,8 +137,13 @@ def _topology(types):
        gib=st.sampled_from([0.05, 1.0, 2.0]), batch=st.sampled_from([4, 8, 12]),
        slow=st.floats(1.0, 3.0))
 def test_bound_never_above_a_simulated_plan(layers, types, gib, batch, slow):
-    graph = chain(layers, param_bytes=int(gib * GIB), batch=batch, slower={"P100": slow})
-    topo = _topology(types)
+    _assert_bound_holds(chain(layers, param_bytes=int(gib * GIB), batch=batch,
+                              slower={"P100": slow}), _topology(types))
+
+
+def _assert_bound_holds(graph, topo):
+    """Each pipeline-family planner's bound (dp's: the pipeline planner's) is at most the
+    simulated time of its plan."""
     for planner in ("pipeline", "gpipe", "1f1b", "pipedream", "dp"):
         try:
             plan = run(planner, graph, topo)
@@ -147,6 +152,38 @@ def test_bound_never_above_a_simulated_plan(layers, types, gib, batch, slow):
             continue
         bound = run("pipeline", graph, topo).bound_ms if planner == "dp" else plan.bound_ms
         assert bound <= plan.prediction.iteration_ms * (1 + 1e-9), planner
+
+
+def _tied(graph, nbytes: int):
+    """``graph`` with its last op using the first op's weight (an embedding and its head)."""
+    import dataclasses
+
+    first = dataclasses.replace(graph.ops[0], params=("layers.0.weight",))
+    head = dataclasses.replace(graph.ops[-1], shared_params={"layers.0.weight": nbytes})
+    return dataclasses.replace(graph, ops=(first, *graph.ops[1:-1], head))
+
+
+def test_a_split_tie_adds_its_allreduce_floor_to_the_bound():
+    """Four layers that fit one per device, so every plan splits the tie between the first
+    and the last: its 1 GiB gradient must be summed over two devices behind 25 Gbps NICs
+    after the first layer's last backward, at least 1 GiB x 8 / 25 Gbps = 344 ms."""
+    graph = chain(4, param_bytes=4 * GIB)
+    topo = _topology([V100] * 4)
+    untied = run("pipeline", graph, topo)
+    tied_graph = _tied(graph, GIB)
+    tied = run("pipeline", tied_graph, topo)
+    floor_ms = GIB * 8 / 25e9 * 1e3
+    assert untied.bound_ms < floor_ms <= tied.bound_ms <= tied.prediction.iteration_ms
+    assert tied.bound_ms >= untied.bound_ms
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.integers(3, 6), types=st.lists(st.sampled_from([V100, "P100"]), min_size=2, max_size=4),
+       gib=st.sampled_from([0.05, 1.0, 3.0]), tie=st.sampled_from([0.01, 0.3, 1.0]),
+       batch=st.sampled_from([4, 8]))
+def test_bound_with_tied_weights_never_above_a_simulated_plan(layers, types, gib, tie, batch):
+    _assert_bound_holds(_tied(chain(layers, param_bytes=int(gib * GIB), batch=batch),
+                              int(tie * GIB)), _topology(types))
 
 
 def _diamond(width: int, *, gib: float = 1.0, batch: int = 8):
