@@ -179,9 +179,10 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
         fresh.sort(key=lambda sc: (sc.estimate_ms, len(sc.layout.stages), sc.layout.key))
         times = [ev.makespan_ms for sc in fresh[:TOP_PER_EXPLORE]
                  if sc.estimate_ms <= ESTIMATE_SLACK * best[0] and (ev := timed(sc))]
-        score = min(times, default=float("inf"))
-        best[0] = min(best[0], score)
-        return min(score, ESTIMATE_SLACK * fresh[0].estimate_ms if fresh else score)
+        if not times:  # none worth scheduling: a score no better than the best so far
+            return ESTIMATE_SLACK * fresh[0].estimate_ms if fresh else float("inf")
+        best[0] = min(best[0], *times)
+        return min(times)
 
     def explore(ordering: Sequence[str], ms: Sequence[int]) -> dict[int, float]:
         scores = {}
