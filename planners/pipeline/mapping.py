@@ -13,6 +13,10 @@ the DP may leave them out. Candidates:
   unvisited device with the widest (then lowest-latency) route; the best of
   these by total per-byte transfer time along the path (on a ring of mixed
   links this walks the ring and cuts it at its slowest link);
+* hosts grouped by device type, the groups in every order (2-4 types), so that
+  the DP, which may leave either end of an ordering unused, can keep one or two
+  types together (on the TAG cluster: the V100 and P100 hosts without the
+  1080Tis between them);
 * with tied weights (an embedding shared by the first and last layers), each
   of those also *folded*: rotated to start halfway through its first host, so
   that the first and last stages, which sum the tied weight's gradient, share
