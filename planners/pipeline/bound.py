@@ -152,7 +152,8 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
             holders[(i, j)] = tuple(sorted(sigma[memory >= static_r[i, j]].tolist(), reverse=True))
     # AllReduce floor of a stage on k devices (see _host_limits)
     kk = np.arange(D + 1)
-    ar_floor = params_r[:, :, None] * _host_limits(p, devices)[None, None, :]
+    limits = _host_limits(p, devices)
+    ar_floor = params_r[:, :, None] * limits[None, None, :]
     B = p.batch_size
     update = min(p.cm.update_ms_per_byte(d, p.state_factor) for d in devices)
     zero = min(p.cm.upkeep_ms_per_byte(d, 0) for d in devices)  # zeroing the buckets
@@ -160,7 +161,7 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     # on every replica whatever its share: a fixed part per microbatch
     acc_r = (Pp[None, :] - Pp[:, None]) * rate
     fix_r = fix_r + acc_r
-    tie_r = _tie_terms(p, bounds, fix_r + scal_r / (B * sigma_max), _host_limits(p, devices))
+    tie_r = _tie_terms(p, bounds, fix_r + scal_r / (B * sigma_max), limits)
     cheap: dict[int, float] = {}  # per microbatch count: the bound letting every stage take
     for m in (d for d in range(1, B + 1) if B % d == 0):  # the fastest devices
         inv_cap = _slowest_share(holders, U, D, B, m)
@@ -184,12 +185,11 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     # mixed devices: the exact class-count DP, for the microbatch counts the cheap bound
     # (a relaxation of it) does not already rule out
     ranges = _Ranges(fix_r, scal_r, fixf_r, scalf_r, params_r, static_r, multi, U, tie_r)
-    floor = _host_limits(p, devices)
     best = np.inf
     for m in sorted(cheap, key=cheap.__getitem__):
         if cheap[m] >= best:
             break
-        best = min(best, _class_bound(ranges, classes, floor, B, m, zero, update))
+        best = min(best, _class_bound(ranges, classes, limits, B, m, zero, update))
     return best
 
 

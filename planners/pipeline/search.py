@@ -156,7 +156,7 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
     cache: dict = {}
     screened: dict[tuple, Screened | None] = {}
     quick: dict[tuple, Evaluated | None] = {}
-    best = [float("inf")]  # the best list-scheduled time so far
+    best_ms = float("inf")  # the best list-scheduled time so far
     outcome = Outcome(candidates=[])
 
     def timed(sc: Screened) -> Evaluated | None:
@@ -167,6 +167,7 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
 
     def consider(layouts: Sequence[Layout]) -> float:
         """Screen ``layouts``; the best list-scheduled time of the few estimated best."""
+        nonlocal best_ms
         fresh = []
         for lay in layouts:
             key = lay.key
@@ -178,10 +179,10 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
                 fresh.append(sc)
         fresh.sort(key=lambda sc: (sc.estimate_ms, len(sc.layout.stages), sc.layout.key))
         times = [ev.makespan_ms for sc in fresh[:TOP_PER_EXPLORE]
-                 if sc.estimate_ms <= ESTIMATE_SLACK * best[0] and (ev := timed(sc))]
+                 if sc.estimate_ms <= ESTIMATE_SLACK * best_ms and (ev := timed(sc))]
         if not times:  # none worth scheduling: a score no better than the best so far
             return ESTIMATE_SLACK * fresh[0].estimate_ms if fresh else float("inf")
-        best[0] = min(best[0], *times)
+        best_ms = min(best_ms, *times)
         return min(times)
 
     def explore(ordering: Sequence[str], ms: Sequence[int]) -> dict[int, float]:
