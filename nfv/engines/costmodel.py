@@ -38,18 +38,23 @@ pool) and ``i = n`` (all on the tensor path) are candidates like any other
 (the paper scans ``i`` downwards and stops at the first increase). What the
 busy-time model does not see (the latency of handing batches between
 processes, other load) is learnt as a *correction* per policy class (cpu:
-``i = 0``, gpu: ``i = n``, model: a real split): the measured wall time of a
-batch over its predicted cost, averaged. The choice minimises the corrected
-cost; a class never measured is taken at its model cost and tried once if
-that is within 1.5x of the least (a model fitted on other mixes may be
-pessimistic about it), and at each re-profiling batch the
+``i = 0``, gpu: ``i = n``, model: a real split): the median, over the class's
+last ``CORRECTION_WINDOW`` batches, of the measured wall time over the cost the
+*current* fit predicts for that batch's features (so a refit does not leave
+ratios to predictions made by an outdated fit, and one batch that paid a
+one-time cost does not decide alone). The choice minimises the corrected
+cost; a class measured on fewer than ``TRY_TIMES`` batches is taken at its
+(corrected) model cost and tried if that is within 1.5x of the least (a model
+fitted on other mixes may be pessimistic about it, and a class's first batch
+may pay one-time costs), and at each re-profiling batch the
 corrections of the classes not in use are forgotten, so they are re-tried
 when the model predicts them faster.
 
 Rates are fitted by non-negative least squares over a sliding window of
 measured batches: the first ``calibration_batches`` (at least until two
 samples were fitted; with double buffering a batch is split before the one
-ahead of it is measured) put the smallest flows holding 50%, 25% and 75% of the messages
+ahead of it is measured, and the run's first batch, which pays one-time costs,
+is not sampled) put the smallest flows holding 50%, 25% and 75% of the messages
 on the GPU path (the paper's 50/50 plus two other mixes so the fit sees
 different mixes; with a stepped kernel, such as the IDS automaton, no more
 flows than keep the padded matrix within 4x the real steps); the engine runs
@@ -70,10 +75,12 @@ CALIBRATION_SPLITS = (0.5, 0.25, 0.75)
 CLASSES = ("cpu", "model", "gpu")  # i = 0, 0 < i < n, i = n
 PROBE_MODES = ("calibrate", "reprofile")
 PROBE_PADDING = 4.0  # a probe's padded tensor matrix: at most this many times its real steps
+WARM_BATCHES = 1  # the first batches pay one-time costs: measured, not fitted
 REFIT_EAGER = 8  # refit after each of the first batches, then every REFIT_EVERY batches
 REFIT_EVERY = 4
-CORRECTION_WEIGHT = 0.5  # weight of the newest batch in a class's wall-time correction
-TRY_WITHIN = 1.5  # a class never measured is tried once when its model cost is this close
+CORRECTION_WINDOW = 3  # a class's wall-time correction: median over its last batches
+TRY_WITHIN = 1.5  # a class measured fewer than TRY_TIMES batches is tried when this close
+TRY_TIMES = 2
 
 
 def nnls(features: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -155,7 +162,8 @@ class CostModel:
         self.enq_coef = np.zeros(2)
         self.batches = 0
         self.fits = 0
-        self.correction: dict[str, float | None] = {k: None for k in CLASSES}
+        # per class, its last steady batches: (features as ``Candidates`` fields, wall s)
+        self.walls: dict[str, deque] = {k: deque(maxlen=CORRECTION_WINDOW) for k in CLASSES}
         self.chosen: dict[str, int] = {k: 0 for k in CLASSES}
         self.last_class = ""
         self.pending: set[str] = set()  # classes chosen untried, their batch not yet measured
@@ -192,7 +200,7 @@ class CostModel:
             if mode == "reprofile":  # forget what the classes not in use cost
                 for k in CLASSES:
                     if k != self.last_class:
-                        self.correction[k] = None
+                        self.walls[k].clear()
             frac = 0.5 if mode == "reprofile" else CALIBRATION_SPLITS[
                 batch_number % len(CALIBRATION_SPLITS)]
             return (self.probe_split(frac, load, msgs, steps) if self.workers else n), mode, 0.0
@@ -233,25 +241,40 @@ class CostModel:
         best = {"cpu": 0, "gpu": n}
         if n > 1:
             best["model"] = 1 + int(np.argmin(cost[1:n]))
-        adjusted = {k: cost[i] * (self.correction[k] or 1.0) for k, i in best.items()}
+        correction = self.corrections()
+        adjusted = {k: cost[i] * correction.get(k, 1.0) for k, i in best.items()}
         least = min(adjusted.values())
-        untried = [k for k in best if self.correction[k] is None and k not in self.pending
+        untried = [k for k in best if len(self.walls[k]) < TRY_TIMES and k not in self.pending
                    and adjusted[k] <= TRY_WITHIN * least]
-        # measure an untried class once: the model alone may be pessimistic about it
+        # measure an untried class: the model alone may be pessimistic about it, and its
+        # first batch may have paid a one-time cost (growing buffers, moving flow state)
         pick = min(untried or adjusted, key=adjusted.get)
-        if self.correction[pick] is None:
+        if len(self.walls[pick]) < TRY_TIMES:
             self.pending.add(pick)
         return best[pick]
 
-    def observe_wall(self, policy: str, predicted_s: float, wall_s: float) -> None:
-        """A batch run under ``policy`` (a class) took ``wall_s`` against ``predicted_s``."""
+    def observe_wall(self, policy: str, features: dict[str, float], wall_s: float) -> None:
+        """A batch run under ``policy`` (a class) with ``features`` (one value per
+        ``Candidates`` field: the split it ran) took ``wall_s``."""
         self.pending.discard(policy)
-        if policy not in self.correction or predicted_s <= 0 or wall_s <= 0:
-            return
-        ratio = wall_s / predicted_s
-        old = self.correction[policy]
-        self.correction[policy] = ratio if old is None else (
-            (1 - CORRECTION_WEIGHT) * old + CORRECTION_WEIGHT * ratio)
+        if policy in self.walls and wall_s > 0:
+            self.walls[policy].append((features, wall_s))
+
+    def corrections(self) -> dict[str, float]:
+        """Per class measured: the median of its recent batches' wall time over what the
+        current fit predicts for them (classes without a batch are absent)."""
+        out = {}
+        for k, batches in self.walls.items():
+            if not batches:
+                continue
+            c = Candidates(**{f: np.array([b[0][f] for b in batches], dtype=float)
+                              for f in Candidates.__slots__})
+            predicted = self.predict(c)
+            walls = np.array([b[1] for b in batches])
+            ratios = walls[predicted > 0] / predicted[predicted > 0]
+            if len(ratios):
+                out[k] = float(np.median(ratios))
+        return out
 
     def predict(self, c: Candidates) -> np.ndarray:
         """Predicted seconds of the batch for every ``i`` (see the module docstring)."""
@@ -272,10 +295,13 @@ class CostModel:
                 enqueue_s: float, wall_s: float = 0.0) -> None:
         """Add one batch's measurements (``cpu_s``: all workers' CPU time; ``enqueue_s``:
         the main process's CPU time besides the kernels; ``wall_s``: the batch's wall
-        time) and refit once two batches were seen: after every batch up to
-        ``REFIT_EAGER``, then every ``REFIT_EVERY`` (a fit costs about 0.3 ms, which
-        a short batch notices)."""
+        time) and refit: after every batch up to ``REFIT_EAGER``, then every
+        ``REFIT_EVERY`` (a fit costs about 0.3 ms, which a short batch notices). The
+        first ``WARM_BATCHES`` are not sampled: they pay the first calls of the
+        kernels and the pipes, several times a later batch's cost per message."""
         self.batches += 1
+        if self.batches <= WARM_BATCHES:  # one-time costs (first calls, allocations, pipes)
+            return
         if gpu_msgs > 0:
             self.gpu_samples.append((waves * steps, gpu_bytes, gpu_msgs, 1.0, gpu_s))
         if cpu_msgs > 0:
@@ -284,10 +310,14 @@ class CostModel:
         if gpu_msgs > 0 and cpu_msgs > 0 and wall_s > 0:
             busy = cpu_s + enqueue_s + (gpu_s if self.shares_cores else 0.0)
             self.parallel_samples.append(busy / wall_s)
-        if self.batches >= 2 and (self.batches <= REFIT_EAGER or self.batches % REFIT_EVERY == 0):
+        if self.batches <= REFIT_EAGER or self.batches % REFIT_EVERY == 0:
             self.fit()
 
     def fit(self) -> None:
+        """Refit the rates of each side with two samples or more (the model counts as
+        fitted once a side was)."""
+        if len(self.gpu_samples) < 2 and len(self.cpu_samples) < 2:
+            return
         if len(self.gpu_samples) >= 2:
             a = np.array(self.gpu_samples)
             if self.stepped:
@@ -303,7 +333,7 @@ class CostModel:
 
     def rates(self) -> dict[str, float]:
         g, p, e = self.gpu_coef, self.cpu_coef, self.enq_coef
-        corrections = {f"correction_{k}": v for k, v in self.correction.items() if v is not None}
+        corrections = {f"correction_{k}": v for k, v in self.corrections().items()}
         chosen = {f"batches_{k}": float(v) for k, v in self.chosen.items()}
         return {**corrections, **chosen, "parallel_cores": self.parallel(),
                 "gpu_step_us": g[0] * 1e6, "gpu_byte_ns": g[1] * 1e9,

@@ -73,7 +73,6 @@ class _Built:
     features: dict
     started: float
     enqueue_s: float
-    predicted_s: float = 0.0
     build_s: float = 0.0  # wall time this process took to build it
 
 
@@ -131,22 +130,21 @@ class Runner:
     def _split(self, number: int, flows: np.ndarray, load: np.ndarray, msgs: np.ndarray,
                row: np.ndarray, cands):
         """Boolean per flow (sorted by load ascending): True = GPU path; the mode; the
-        number of flows on the GPU path; the cost model's prediction (flowshader)."""
+        number of flows on the GPU path."""
         n = len(flows)
         kind = self.choice.kind
-        predicted = 0.0
         if kind == "cpu":
-            return np.zeros(n, dtype=bool), "cpu", 0, predicted
+            return np.zeros(n, dtype=bool), "cpu", 0
         if kind == "gpu":
-            return np.ones(n, dtype=bool), "gpu", n, predicted
+            return np.ones(n, dtype=bool), "gpu", n
         if kind == "fixed":
             i = n - int(np.ceil(self.choice.cpu_fraction * n))
             mode = "fixed"
         else:
-            i, mode, predicted = self.model.split(number, load, msgs, row / self.stride, cands)
+            i, mode, _ = self.model.split(number, load, msgs, row / self.stride, cands)
         on_gpu = np.zeros(n, dtype=bool)
         on_gpu[:i] = True
-        return on_gpu, mode, i, predicted
+        return on_gpu, mode, i
 
     def batch_size(self, number: int) -> int:
         """Messages in batch ``number``: the sizer's, or for a flowshader calibration or
@@ -168,8 +166,8 @@ class Runner:
         row = np.maximum(down, load - down)  # the longest of the flow's two streams
         order = np.argsort(load, kind="stable")
         c = candidates(load[order], msgs[order], self.model.threads, row[order] / self.stride)
-        on_gpu_sorted, mode, i, predicted = self._split(number, flows[order], load[order],
-                                                        msgs[order], row[order], c)
+        on_gpu_sorted, mode, i = self._split(number, flows[order], load[order], msgs[order],
+                                             row[order], c)
         on_gpu = np.empty(len(flows), dtype=bool)
         on_gpu[order] = on_gpu_sorted
         gpu_msg = on_gpu[inv]
@@ -201,7 +199,7 @@ class Runner:
                     "cpu_bytes": float(c.cpu_bytes[i]), "cpu_msgs": float(c.cpu_msgs[i])}
         return _Built(number=number, mode=mode, ids=ids, flows=flows, gpu_flows=flows[on_gpu],
                       cpu_flows=flows[~on_gpu], gpu=gpu, blocks=blocks, features=features,
-                      started=began, enqueue_s=enqueue_s, predicted_s=predicted,
+                      started=began, enqueue_s=enqueue_s,
                       build_s=time.perf_counter() - began)
 
     # the loop -------------------------------------------------------------------
@@ -281,7 +279,7 @@ class Runner:
                 own_s = max(1e-9, wall_s - (nxt.build_s if nxt is not None else 0.0)
                             + cur.build_s)
                 if cur.mode not in PROBE_MODES:  # steady batches only: one policy per window
-                    self.model.observe_wall(cur.mode, cur.predicted_s, own_s)
+                    self.model.observe_wall(cur.mode, cur.features, own_s)
                     if cur.mode != steady:
                         self.sizer.reset()
                         steady = cur.mode

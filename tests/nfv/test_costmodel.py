@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from dl_nfv.nfv.engines.costmodel import (
+    TRY_TIMES,
     BatchSizer,
+    Candidates,
     CostModel,
     candidates,
     nnls,
@@ -22,6 +24,18 @@ def _fitted(*, gpu=(0.0, 0.0, 0.0, 0.0), cpu=(0.0, 0.0, 0.0), enq=(0.0, 0.0), **
                                                       np.array(enq))
     model.fits = 1
     return model
+
+
+def _at(c: Candidates, i: int) -> dict[str, float]:
+    """The features of split ``i`` of a batch, as the engine reports them."""
+    return {f: float(getattr(c, f)[i]) for f in Candidates.__slots__}
+
+
+def _measured(model: CostModel, policy: str, c: Candidates, i: int, factor: float,
+              times: int = 1) -> None:
+    """``times`` batches of split ``i`` under ``policy`` took ``factor`` x the model."""
+    for _ in range(times):
+        model.observe_wall(policy, _at(c, i), factor * float(model.predict(c)[i]))
 
 
 def test_nnls_recovers_rates_and_clips_negative():
@@ -71,8 +85,10 @@ def test_separate_hardware_balances_both_paths():
     3 us per message share 4000 equal messages 3:1, T = 3 ms on both sides."""
     model = _fitted(gpu=(0.0, 0.0, 1e-6, 0.0), cpu=(3e-6, 0.0, 0.0), workers=1, cores=2,
                     shares_cores=False)
-    model.correction = {k: 1.0 for k in model.correction}  # every class measured as modelled
     load, msgs = np.ones(4000), np.ones(4000)
+    c = candidates(load, msgs, ONE_WAVE)
+    for policy, i in (("cpu", 0), ("model", 1000), ("gpu", 4000)):  # measured as modelled
+        _measured(model, policy, c, i, 1.0, TRY_TIMES)
     i, mode, predicted = model.split(5, load, msgs)
     assert (i, mode) == (3000, "model") and predicted == pytest.approx(3e-3)
     # the same rates with the tensor path on the CPU, and 1.5 cores measured for both:
@@ -98,6 +114,9 @@ def test_big_flows_go_to_the_cpu_when_padding_makes_them_expensive():
 def test_measured_parallelism_is_the_busiest_batch_within_the_cores():
     model = CostModel(threads=ONE_WAVE, workers=2, cores=2, shares_cores=True)
     assert model.parallel() == 2.0  # before any sample: the cores
+    kw0 = {"steps": 1.0, "waves": 1.0, "gpu_bytes": 1.0, "cpu_bytes": 1.0, "cpu_msgs": 1.0}
+    model.observe(gpu_msgs=1, gpu_s=0.1, cpu_s=0.1, enqueue_s=0.0, wall_s=0.1, **kw0)
+    assert model.parallel() == 2.0 and model.fits == 0  # the first batch is not sampled
     kw = {"steps": 1.0, "waves": 1.0, "gpu_bytes": 1.0, "cpu_bytes": 1.0, "cpu_msgs": 1.0}
     model.observe(gpu_msgs=1, gpu_s=0.004, cpu_s=0.004, enqueue_s=0.002, wall_s=0.008, **kw)
     model.observe(gpu_msgs=1, gpu_s=0.002, cpu_s=0.004, enqueue_s=0.0, wall_s=0.005, **kw)
@@ -112,37 +131,55 @@ def test_wall_time_corrections_steer_and_are_forgotten_at_reprofiling():
     model = _fitted(gpu=(0.0, 0.0, 1e-6, 0.0), cpu=(2e-6, 0.0, 0.0), workers=2, cores=1)
     model.reprofile_every = 10
     load, msgs = np.ones(100), np.ones(100)
+    c = candidates(load, msgs, ONE_WAVE)
     i, mode, predicted = model.split(1, load, msgs)
     assert (i, mode) == (100, "gpu") and predicted == pytest.approx(1e-4)
-    model.observe_wall("gpu", predicted, 3e-4)  # measured 3x the model: cpu (2x) is better
-    assert model.correction["gpu"] == pytest.approx(3.0)
+    _measured(model, "gpu", c, 100, 3.0, TRY_TIMES)  # 3x the model: cpu (2x) is better
+    assert model.corrections() == {"gpu": pytest.approx(3.0)}
     i, mode, predicted = model.split(2, load, msgs)  # next at its model cost: one flow off
     assert (i, mode) == (99, "model") and predicted == pytest.approx(1.01e-4)
-    model.observe_wall("model", predicted, 3.03e-4)  # as slow: cpu is tried
+    _measured(model, "model", c, 99, 3.0, TRY_TIMES)  # as slow: cpu is tried
     i, mode, predicted = model.split(2, load, msgs)
     assert (i, mode) == (0, "cpu") and predicted == pytest.approx(2e-4)
-    model.observe_wall("cpu", predicted, 2e-4)
-    model.observe_wall("gpu", 1e-4, 0.6e-4)  # a later gpu batch: 0.5 * 3 + 0.5 * 0.6
-    assert model.correction["gpu"] == pytest.approx(1.8)
-    assert model.split(3, load, msgs)[:2] == (100, "gpu")  # 1.8e-4 beats cpu's 2e-4
+    _measured(model, "cpu", c, 0, 1.0, TRY_TIMES)
+    _measured(model, "gpu", c, 100, 1.2, 2)  # two later gpu batches: median of 3, 1.2, 1.2
+    assert model.corrections()["gpu"] == pytest.approx(1.2)
+    assert model.split(3, load, msgs)[:2] == (100, "gpu")  # 1.2e-4 beats cpu's 2e-4
     assert model.split(10, load, msgs)[1] == "reprofile"
-    assert model.correction == {"cpu": None, "model": None, "gpu": pytest.approx(1.8)}
+    assert model.corrections() == {"gpu": pytest.approx(1.2)}  # the others forgotten
     assert model.split(11, load, msgs)[:2] == (99, "model")  # re-tried at its model cost
 
 
-def test_a_class_never_measured_is_tried_once_when_close():
+def test_corrections_are_ratios_to_the_current_fit():
+    """A refit re-prices the batches a class ran: the correction is the median of their
+    wall times over what the current rates predict for them, not over stale predictions."""
+    model = _fitted(gpu=(0.0, 0.0, 1e-6, 0.0), cpu=(2e-6, 0.0, 0.0), workers=2, cores=1)
+    c = candidates(np.ones(100), np.ones(100), ONE_WAVE)
+    for wall in (2e-4, 1e-4, 9e-4):  # 2x, 1x and 9x the model's 1e-4: the median is 2x
+        model.observe_wall("gpu", _at(c, 100), wall)
+    assert model.corrections()["gpu"] == pytest.approx(2.0)
+    model.gpu_coef = np.array([0.0, 0.0, 2e-6, 0.0])  # refitted: twice the cost per message
+    assert model.corrections()["gpu"] == pytest.approx(1.0)
+    model.observe_wall("gpu", _at(c, 100), 6e-4)  # the last 3 of 2e-4: 0.5x, 4.5x, 3x
+    assert model.corrections()["gpu"] == pytest.approx(3.0)
+
+
+def test_a_class_is_tried_until_measured_twice_when_close():
+    """An untried class within 1.5x of the least corrected cost is run, and run again
+    after one batch: a class's first batch may pay one-time costs."""
     model = _fitted(gpu=(0.0, 0.0, 1.2e-6, 0.0), cpu=(1e-6, 0.0, 0.0), workers=2, cores=1)
     load, msgs = np.ones(10), np.ones(10)
-    model.observe_wall("cpu", 1e-5, 1e-5)
-    model.observe_wall("model", 1e-5, 1e-5)
+    c = candidates(load, msgs, ONE_WAVE)
+    _measured(model, "cpu", c, 0, 1.0, TRY_TIMES)
+    _measured(model, "model", c, 1, 1.0, TRY_TIMES)
     # gpu: 1.2e-5 at its model cost, within 1.5x of cpu's 1e-5 and never measured: tried
     assert model.split(1, load, msgs)[:2] == (10, "gpu")
-    model.observe_wall("gpu", 1.2e-5, 0.6e-5)  # faster than the model believed
+    _measured(model, "gpu", c, 10, 1.2)  # a slow first batch (1.44e-5): tried once more
     assert model.split(2, load, msgs)[:2] == (10, "gpu")
-    model.observe_wall("gpu", 1.2e-5, 2.4e-5)  # 0.5 x 0.5 + 0.5 x 2 = 1.25: cpu again
+    _measured(model, "gpu", c, 10, 0.5)  # median of 1.2 and 0.5: 0.85 x 1.2e-5 > 1e-5
     assert model.split(3, load, msgs)[:2] == (0, "cpu")
-    model.gpu_coef = np.array([0.0, 0.0, 2e-6, 0.0])
-    model.correction["gpu"] = None  # 2e-5 is 2x cpu's cost: not worth a try
+    model.walls["gpu"].clear()
+    model.gpu_coef = np.array([0.0, 0.0, 2e-6, 0.0])  # 2e-5 is 2x cpu's cost: not worth a try
     assert model.split(4, load, msgs)[:2] == (0, "cpu")
 
 
@@ -151,10 +188,11 @@ def test_untried_classes_are_explored_one_batch_each_even_before_measured():
     chosen to be tried and not measured yet is not tried again meanwhile."""
     model = _fitted(gpu=(0.0, 0.0, 1.2e-6, 0.0), cpu=(1e-6, 0.0, 0.0), workers=2, cores=1)
     load, msgs = np.ones(10), np.ones(10)
+    c = candidates(load, msgs, ONE_WAVE)
     tried = [model.split(b, load, msgs)[1] for b in (1, 2, 3)]
     assert tried == ["cpu", "model", "gpu"]  # cheapest first: 1e-5, 1.02e-5, 1.2e-5
-    for mode in tried:
-        model.observe_wall(mode, 1e-5, 1e-5)
+    for mode, i in zip(tried, (0, 1, 10)):
+        _measured(model, mode, c, i, 1.0, TRY_TIMES)
     assert model.split(4, load, msgs)[1] == "cpu"
 
 
@@ -202,9 +240,10 @@ def test_calibration_then_model_then_reprofiling():
                           cpu_msgs=c.cpu_msgs[j], gpu_s=1e-5 * c.steps[j] + 2e-5 * c.gpu_msgs[j],
                           cpu_s=1e-6 * c.cpu_bytes[j], enqueue_s=0.0, wall_s=1.0)
         seen = i
-    # three preset probes; batch 3 is split when batches 0 and 1 were measured and fitted
-    assert modes[:3] == ["calibrate"] * 3 and modes[8] == modes[16] == "reprofile"
-    assert set(modes[3:8]) <= {"cpu", "model", "gpu"}
+    # three preset probes and a fourth: batch 3 is split when batches 0 and 1 were
+    # measured, and batch 0 (one-time costs) is not sampled; batch 4 after the first fit
+    assert modes[:4] == ["calibrate"] * 4 and modes[8] == modes[16] == "reprofile"
+    assert set(modes[4:8]) <= {"cpu", "model", "gpu"}
     t_gpu = np.where(c.gpu_msgs > 0, 1e-5 * c.steps + 2e-5 * c.gpu_msgs, 0)
     assert np.allclose(model.gpu_coef[[0, 2]], [1e-5, 2e-5], rtol=1e-6)
     assert np.allclose(model.cpu_coef, [0.0, 1e-6, 0.0], atol=1e-12)

@@ -79,12 +79,12 @@ def test_flowshader_probes_then_follows_its_model(traces):
                             adaptive_batch=False)
     r = run_engine(trace, _chain(firewall=False), parse_engine("flowshader"), options)
     modes = [b.mode for b in r.batches]
-    # two probes, and a third: with double buffering batch 2 is split when only batch 0
-    # was measured, and the fit needs two
-    assert modes[:3] == ["calibrate"] * 3 and "calibrate" not in modes[3:]
-    assert [b.messages for b in r.batches[:3]] == [64] * 3  # max(64, 256 // (4 x 2))
-    assert all(b.gpu_messages and b.cpu_messages for b in r.batches[:3])
-    steady = [b for b in r.batches[3:] if b.mode != "reprofile"]
+    # two probes, and two more: with double buffering batch k + 1 is split when batch
+    # k - 1 was measured, batch 0 (one-time costs) is not sampled, and the fit needs two
+    assert modes[:4] == ["calibrate"] * 4 and "calibrate" not in modes[4:]
+    assert [b.messages for b in r.batches[:4]] == [64] * 4  # max(64, 256 // (4 x 2))
+    assert all(b.gpu_messages and b.cpu_messages for b in r.batches[:4])
+    steady = [b for b in r.batches[4:] if b.mode != "reprofile"]
     assert steady and all(b.mode in ("cpu", "gpu", "model") for b in steady)
     for b in steady:
         assert (b.mode == "cpu") == (b.gpu_messages == 0)
