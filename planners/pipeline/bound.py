@@ -1,11 +1,13 @@
-"""The stage-balanced lower bound: the best any synchronous pipeline could do, with free links.
+"""The stage-balanced lower bound: the best any synchronous pipeline could do, links all but free.
 
 Family bounded: plans whose stages are sets of ops run by one group of
-devices each (replicas with any batch shares), every device in at most one
-stage, stages ordered so data flows forward, ``m`` microbatches with a flush
-(pure data parallelism is the one-stage case). Communication, gradient
-synchronisation and memory for activations are taken as free, so the bound
-holds whatever the links are.
+devices each (replicas with any batch shares, gradients AllReduced), every
+device in at most one stage, stages ordered so data flows forward, ``m``
+microbatches with a flush (pure data parallelism is the one-stage case).
+Activation transfers and the memory for activations are taken as free, and a
+gradient AllReduce costs only its floor (``_host_limits``: the bytes no
+algorithm of the cost model can avoid, over the widest routes), so the bound
+holds however busy the links are.
 
 For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
 
@@ -34,9 +36,13 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   AllReduce's floor (less the chain of the ops before the earlier user);
 * **chain**: microbatch 0 cannot reach a stage before it passed the stages
   in front of it, and after a stage's last backward the last microbatch still
-  has to pass them backwards: each earlier stage adds at least one replica's
-  time for one sample (``fix + scal / (batch x sigma_max)``), or the whole
-  microbatch when the stage is not replicated.
+  has to pass them backwards: each earlier stage adds at least its first
+  replica's time, the smallest share ``c`` of a microbatch on the fastest device
+  (``fix + scal x c / (batch x sigma_max)``), or the whole microbatch when the
+  stage is not replicated. A small first share leaves more to the other
+  replicas, so the cheap DP takes each replicated stage in one of a few
+  *options* (ranges of ``c``: 1, 2-3, 4-7, ...), each with the chain at the
+  range's least ``c`` and the busy time at its largest (``_share_options``).
 
 So ``T >= max_k (sum_{s<k} chain_s + busy_k)``, and the bound is the minimum
 of that over partitions, device counts and every ``m`` dividing the batch,
@@ -163,22 +169,27 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     fix_r = fix_r + acc_r
     tie_r = _tie_terms(p, bounds, fix_r + scal_r / (B * sigma_max), limits)
     cheap: dict[int, float] = {}  # per microbatch count: the bound letting every stage take
+    outside = params_r[:, :, None] * (zero + update / np.maximum(kk, 1)[None, None, :])
     for m in (d for d in range(1, B + 1) if B % d == 0):  # the fastest devices
-        inv_cap = _slowest_share(holders, U, D, B, m)
+        inv_cap, first = _share_options(holders, U, D, B, m)  # [i, j, k, o], [k, o]
         with np.errstate(divide="ignore", invalid="ignore"):
-            busy = m * fix_r[:, :, None] + scal_r[:, :, None] * inv_cap
+            busy = np.where(np.isfinite(inv_cap),
+                            m * fix_r[:, :, None, None] + scal_r[:, :, None, None] * inv_cap,
+                            np.inf)
             # every replica runs its last forward before any gradient of the stage is final
-            sync = np.where(kk[None, None, :] > 1,
-                            m * fixf_r[:, :, None] + scalf_r[:, :, None] * inv_cap + ar_floor, 0.0)
+            sync = np.where(kk[None, None, :, None] > 1,
+                            m * fixf_r[:, :, None, None] + scalf_r[:, :, None, None] * inv_cap
+                            + ar_floor[..., None], 0.0)
             # and its compute plus the memory traffic outside the ops (no chain offset: the
             # update may overlap the drain of the stages before it)
-            sync = np.maximum(sync, busy + params_r[:, :, None] * (
-                zero + update / np.maximum(kk, 1)[None, None, :]))
+            sync = np.maximum(sync, busy + outside[..., None])
         busy[:, :, 0] = np.inf
-        one = fix_r + scal_r / (m * sigma_max)  # not replicated: whole microbatch
-        few = fix_r + scal_r / (B * sigma_max)  # replicated: some replica may hold one sample
-        chain = np.where(kk[None, None, :] <= 1, one[:, :, None], few[:, :, None])
-        cheap[m] = _capped_dp(busy + tie_r[:, :, None], chain, sync, multi, U, D)
+        # microbatch 0 leaves a stage when its first replica is done: the whole microbatch
+        # on one device, else the smallest share (``first`` samples) on the fastest
+        with np.errstate(invalid="ignore"):
+            chain = np.where(np.isfinite(first), fix_r[:, :, None, None]
+                             + scal_r[:, :, None, None] * first / (B * sigma_max), np.inf)
+        cheap[m] = _capped_dp(busy + tie_r[:, :, None, None], chain, sync, multi, U, D)
     classes = _classes(p, devices, sigma, memory)
     if len(classes) == 1:
         return min(cheap.values())
@@ -189,7 +200,9 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     for m in sorted(cheap, key=cheap.__getitem__):
         if cheap[m] >= best:
             break
-        best = min(best, _class_bound(ranges, classes, limits, B, m, zero, update))
+        # both bound every plan of m microbatches (the cheap one sees replicas' shares)
+        best = min(best, max(cheap[m], _class_bound(ranges, classes, limits, B, m, zero,
+                                                     update)))
     return best
 
 
@@ -220,41 +233,88 @@ def _tie_terms(p: Problem, bounds: list[int], chain_r: np.ndarray, floor: np.nda
     return out
 
 
-def _slowest_share(holders: dict, U: int, D: int, B: int, m: int) -> np.ndarray:
-    """``[i, j, k]``: the least ``m x max_d c_d / (B sigma_d)`` over whole-sample shares.
+def _slowest_samples(speeds, samples: int) -> float:
+    """The least ``max_d c_d / speeds_d`` over whole-sample splits ``c`` of ``samples``
+    (inf with no device and samples left): giving samples one at a time to the device
+    that would finish first attains it."""
+    if not speeds:
+        return np.inf if samples > 0 else 0.0
+    counts = [0] * len(speeds)
+    heap = [(1.0 / v, d) for d, v in enumerate(speeds)]
+    heapify(heap)
+    for _ in range(samples):
+        _, d = heappop(heap)
+        counts[d] += 1
+        heappush(heap, ((counts[d] + 1) / speeds[d], d))
+    return max(c / v for c, v in zip(counts, speeds))
 
-    A microbatch of ``B / m`` samples split over ``k`` of the devices that can hold
-    range ``[i, j)`` (the fastest ``k``: any other ``k`` is slower device by device), with
-    ``c_d`` samples on device ``d``: the slowest replica's share of the batch, in units
-    of the fastest device's time. Assigning samples one at a time to the device that
-    would finish first is optimal for this min-max. inf for ``k = 0`` or no holder.
+
+def _share_buckets(samples: int, k: int) -> list[tuple[int, int]]:
+    """Ranges ``(lo, hi)`` of the smallest replica share (samples of a microbatch) that
+    cover every split of ``samples`` over ``k >= 2`` replicas: 1, 2-3, 4-7, ... up to
+    ``samples // k`` (at least 1: with fewer samples than replicas some replica holds one)."""
+    top = max(1, samples // k)
+    out, lo = [], 1
+    while lo <= top:
+        hi = min(top, 2 * lo - 1)
+        out.append((lo, hi))
+        lo = hi + 1
+    return out
+
+
+def _share_options(holders: dict, U: int, D: int, B: int, m: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Per range, device count and *option*: the slowest replica's share and the first one's.
+
+    A microbatch of ``S = B / m`` samples split over ``k`` of the devices that can hold
+    range ``[i, j)``, ``c_d`` samples on device ``d``: the stage's busy time scales with
+    ``m x max_d c_d / (B sigma_d)`` and microbatch 0 leaves the stage when its first
+    replica is done, which takes at least the smallest share ``c`` on the fastest device.
+    A small ``c`` leaves more to the other ``k - 1``, so each option is a bucket
+    ``lo <= c <= hi`` (``_share_buckets``) taken at its best for both: the chain at
+    ``lo`` samples, the busy share at least the whole-sample optimum over ``k`` devices
+    and over the fastest ``k - 1`` with ``S - hi`` samples (assigning samples one at a
+    time to the device that would finish first is optimal for this min-max). Without
+    replicas (``k = 1``) one option: the whole microbatch.
+
+    Returns ``share[i, j, k, o]`` (inf for ``k = 0``, no holder or no such option) and
+    ``first[k, o]``: the chain's samples (``S`` for ``k = 1``; inf for no option).
     """
     samples = B // m
+    buckets = {k: _share_buckets(samples, k) for k in range(2, D + 1)}
+    options = max([1, *(len(b) for b in buckets.values())])
+    first = np.full((D + 1, options), np.inf)
+    first[1, 0] = samples
+    for k, bucket in buckets.items():
+        first[k, :len(bucket)] = [lo for lo, _ in bucket]
+
+    def slowest(use, n):
+        return m * _slowest_samples(use, n) / B
+
     memo: dict[tuple, np.ndarray] = {}
-    out = np.full((U + 1, U + 1, D + 1), np.inf)
+    out = np.full((U + 1, U + 1, D + 1, options), np.inf)
     for (i, j), speeds in holders.items():
         row = memo.get(speeds)
         if row is None:
-            row = np.full(D + 1, np.inf)
-            for k in range(1, D + 1):
-                use = speeds[:k]
-                if not use:
-                    break
-                counts = [0] * len(use)
-                heap = [(1.0 / v, d) for d, v in enumerate(use)]
-                heapify(heap)
-                for _ in range(samples):
-                    _, d = heappop(heap)
-                    counts[d] += 1
-                    heappush(heap, ((counts[d] + 1) / use[d], d))
-                row[k] = m * max(c / v for c, v in zip(counts, use)) / B
+            row = np.full((D + 1, options), np.inf)
+            for k in range(1, min(D, len(speeds)) + 1):
+                balanced = slowest(speeds[:k], samples)
+                if k == 1:
+                    row[k, 0] = balanced
+                    continue
+                for o, (_, hi) in enumerate(buckets[k]):
+                    row[k, o] = max(balanced, slowest(speeds[:k - 1], samples - hi))
             memo[speeds] = row
         out[i, j] = row
-    return out
+    return out, first
 
 
 def _capped_dp(busy, chain, sync, multi, U: int, D: int) -> float:
     """``min over partitions of max(max_k (chain before k + busy_k), max_k sync_k)``.
+
+    ``busy``, ``chain`` and ``sync`` are ``[i, j, k, o]``: a stage of regions
+    ``[i, j)`` on ``k`` devices, in option ``o`` (``_share_options``); a stage takes any
+    one option.
 
     The sync terms carry no chain offset, so they are handled by caps: for each cap
     ``c_g`` of a grid (0, a geometric grid over the positive values, infinity), stages
@@ -274,7 +334,7 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int) -> float:
     else:
         caps, below = np.array([np.inf]), np.array([0.0])
     G = len(caps)
-    masked = np.where(sync[None] <= caps[:, None, None, None], busy[None], np.inf)  # [G, i, j, k]
+    masked = np.where(sync[None] <= caps[:, None, None, None, None], busy[None], np.inf)
     g = np.full((G, U + 2, D + 1), np.inf)
     g[:, U, :] = 0.0
     g[:, U + 1, :] = 0.0
@@ -285,10 +345,10 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int) -> float:
         js = np.arange(i + 1, U + 1)
         for r in range(1, D + 1):
             ks = np.arange(1, r + 1)
-            busy_ijk = masked[:, i, js][:, :, ks]  # [G, j, k]
+            busy_ijk = masked[:, i, js][:, :, ks]  # [G, j, k, o]
             chain_ijk = chain[i, js][:, ks]
-            rest = cont[:, js][:, :, r - ks]
-            val = np.maximum(busy_ijk, chain_ijk[None] + rest)
+            rest = cont[:, js][:, :, r - ks]  # [G, j, k]
+            val = np.maximum(busy_ijk, chain_ijk[None] + rest[..., None])
             g[:, i, r] = np.minimum(g[:, i, r - 1], val.reshape(G, -1).min(axis=1))
         if multi[i]:
             g[:, i] = np.minimum(g[:, i], g[:, i + 1])
@@ -298,13 +358,23 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int) -> float:
 def _host_limits(p: Problem, devices: list[str]) -> np.ndarray:
     """Per group size k: the least ms per parameter byte an AllReduce of k devices can take.
 
-    Every collective of the cost model (ring, tree, hierarchical) makes each member
-    send at least the parameters, and routes are fixed, so a member sends at most at
-    the summed bottleneck bandwidth of its routes to the others: the best member with
-    its ``k - 1`` best partners. And a group no single host holds spans hosts, where
-    each of its hosts must receive at least the parameters through its inbound links:
-    the best such group takes hosts by decreasing inbound bandwidth until they hold
-    ``k`` devices, and the last host taken limits it. The larger of the two.
+    The cost model's AllReduce is the fastest of ring, tree and hierarchical (the only
+    gradient synchronisation of the family), and each takes at least
+    ``2 (k - 1) / k`` bytes per parameter byte over one route at a time:
+
+    * ring: ``2 (k - 1)`` steps, each moving ``1 / k`` of the bytes over every ring edge,
+      timed by its busiest link;
+    * tree: every level moves the whole payload over an edge, up and then down: 2;
+    * hierarchical, ``m`` hosts of at most ``l`` members: the largest host's ring,
+      ``2 (l - 1) / l``, then rings over hosts each carrying ``1 / l`` of the bytes,
+      ``2 (m - 1) / (m l)``; the sum is ``2 (1 - 1 / (m l))`` with ``m l >= k``.
+
+    No route is faster than the widest between two of the devices, so ``2 (k - 1) / k``
+    over that bandwidth is a floor of all three. And a group no single host holds spans
+    hosts, where each of its hosts must receive at least the parameters through its
+    inbound links: the best such group takes hosts by decreasing inbound bandwidth
+    until they hold ``k`` devices, and the last host taken limits it. The larger of the
+    two.
     """
     cluster = p.cm.cluster
     sizes: dict[str, int] = {}
@@ -327,14 +397,12 @@ def _host_limits(p: Problem, devices: list[str]) -> np.ndarray:
                 gbps = inbound[h]
                 break
         out[k] = 8.0 / (gbps * 1e6) if gbps > 0 else 0.0
-    # any group: every member sends at least the parameters, at most at the summed
-    # bottleneck bandwidth of its routes to the k - 1 others (best member, best partners)
-    routes = {d: sorted((cluster.route(d, e).bandwidth_gbps for e in devices if e != d),
-                        reverse=True) for d in devices}
-    for k in range(2, len(devices) + 1):
-        gbps = max(sum(bws[:k - 1]) for bws in routes.values())
-        if gbps > 0:
-            out[k] = max(out[k], 8.0 / (gbps * 1e6))
+    # any group: 2 (k - 1) / k bytes per byte over routes no wider than the widest
+    widest_gbps = max((cluster.route(d, e).bandwidth_gbps for d in devices for e in devices
+                       if e != d), default=0.0)
+    if widest_gbps > 0:
+        for k in range(2, len(devices) + 1):
+            out[k] = max(out[k], 2.0 * (k - 1) / k * 8.0 / (widest_gbps * 1e6))
     return out
 
 
@@ -381,16 +449,8 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     share = np.full(K, np.inf)  # m x max_d c_d / (B sigma_d), whole samples
     for n, kv in enumerate(kvecs):
         speeds = [sig[c] for c, k in enumerate(kv) for _ in range(k)]
-        if not speeds:
-            continue
-        load = [0] * len(speeds)
-        heap = [(1.0 / v, d) for d, v in enumerate(speeds)]
-        heapify(heap)
-        for _ in range(samples):
-            _, d = heappop(heap)
-            load[d] += 1
-            heappush(heap, ((load[d] + 1) / speeds[d], d))
-        share[n] = m * max(c / v for c, v in zip(load, speeds)) / B
+        if speeds:
+            share[n] = m * _slowest_samples(speeds, samples) / B
     sig_max = np.array([sig[u].max() if u.any() else np.inf for u in used])
     fits = mem[None, None, :] >= r.static[:, :, None]  # [i, j, C]
     allowed = (~fits).astype(float) @ used.T.astype(float) == 0  # [i, j, K]

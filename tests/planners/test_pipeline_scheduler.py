@@ -241,3 +241,24 @@ def test_allreduce_floor_across_hosts():
     # with 1 MiB of parameters splitting the batch pays: 15 ms, the floor is 0.04 ms
     small = chain(1, param_bytes=2**20)
     assert stage_balanced_bound_ms(Problem(small, nvlink(2))) == pytest.approx(15.0, rel=0.01)
+
+
+def test_share_options_trade_the_first_replica_against_the_slowest():
+    """Two equal devices, 8 samples in one microbatch: a first replica of 1 sample leaves 7
+    to the other (busy 7/8 of the batch time), of 2-3 leaves at most 6-5 (taken at 5), of 4
+    the even split; devices of speeds 2 and 1 with 6 samples split 4:2 (1/3 each)."""
+    from dl_nfv.planners.pipeline.bound import _share_buckets, _share_options
+
+    assert _share_buckets(8, 2) == [(1, 1), (2, 3), (4, 4)]
+    assert _share_buckets(8, 3) == [(1, 1), (2, 2)]
+    assert _share_buckets(2, 4) == [(1, 1)]  # fewer samples than replicas: some hold one
+    share, first = _share_options({(0, 1): (1.0, 1.0)}, U=1, D=2, B=8, m=1)
+    assert share[0, 1, 1, 0] == pytest.approx(1.0)  # one device: the whole microbatch
+    assert share[0, 1, 2].tolist() == pytest.approx([7 / 8, 5 / 8, 4 / 8])
+    assert first[1, 0] == 8 and first[2].tolist() == [1, 2, 4]
+    share, first = _share_options({(0, 1): (2.0, 1.0)}, U=1, D=2, B=6, m=1)
+    # 5 samples on the fast device alone take 2.5 / 6; 3 take 1.5 / 6 < the even 2 / 6
+    assert share[0, 1, 2].tolist() == pytest.approx([2.5 / 6, 2 / 6])
+    assert first[2].tolist() == [1, 2]
+    share, _ = _share_options({(0, 1): (1.0, 1.0)}, U=1, D=2, B=8, m=2)  # 4 per microbatch
+    assert share[0, 1, 2].tolist() == pytest.approx([2 * 3 / 8, 2 * 2 / 8])
