@@ -40,9 +40,9 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   replica's time, the smallest share ``c`` of a microbatch on the fastest device
   (``fix + scal x c / (batch x sigma_max)``), or the whole microbatch when the
   stage is not replicated. A small first share leaves more to the other
-  replicas, so the cheap DP takes each replicated stage in one of a few
-  *options* (ranges of ``c``: 1, 2-3, 4-7, ...), each with the chain at the
-  range's least ``c`` and the busy time at its largest (``_share_options``).
+  replicas, so both DPs take each replicated stage in one of a few *options*
+  (ranges of ``c``: 1, 2-3, 4-7, ...), each with the chain at the range's least
+  ``c`` and the busy time at its largest (``_share_options``).
 
 So ``T >= max_k (sum_{s<k} chain_s + busy_k)``, and the bound is the minimum
 of that over partitions, device counts and every ``m`` dividing the batch,
@@ -55,9 +55,11 @@ positions every topological order shares (each op before them is an ancestor
 of each op after), a region of several ops may be split between stages in
 any way, and such a region is then counted for neither stage (only
 under-counting work, so the bound stays valid). For a chain graph every
-region is one op and the bound is exact for the free-link model.
+region is one op, and this relaxation costs nothing.
 
-Complexity: O(U^2 x D^2 x divisors) for U regions and D devices, vectorised.
+Complexity: O(U^2 x D^2 x O x divisors) for U regions, D devices and O share options
+(at most log2 of the samples per microbatch), vectorised; the class DP for mixed
+clusters is O(U^2 x S x K x O) per microbatch count (S states, K class vectors).
 """
 
 from __future__ import annotations
@@ -309,6 +311,38 @@ def _share_options(holders: dict, U: int, D: int, B: int, m: int
     return out, first
 
 
+def _class_share_options(kvecs, sig, samples: int, m: int, B: int
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """``_share_options`` for replicas given as class-count vectors: per vector and
+    option, the slowest replica's share and the first one's samples (inf: no option).
+
+    The first replica (smallest share ``c`` in the option's range) is on some class
+    present in the vector; the others are the vector less one device of that class,
+    whichever leaves the least busy share.
+    """
+    K = len(kvecs)
+    totals = [sum(kv) for kv in kvecs]
+    buckets = {k: _share_buckets(samples, k) for k in set(totals) if k >= 2}
+    options = max([1, *(len(b) for b in buckets.values())])
+    share = np.full((K, options), np.inf)
+    first = np.full((K, options), np.inf)
+    for n, kv in enumerate(kvecs):
+        speeds = [sig[c] for c, k in enumerate(kv) for _ in range(k)]
+        if not speeds:
+            continue
+        balanced = m * _slowest_samples(speeds, samples) / B
+        if len(speeds) == 1:
+            share[n, 0], first[n, 0] = balanced, samples
+            continue
+        for o, (lo, hi) in enumerate(buckets[len(speeds)]):
+            rest = min(_slowest_samples([sig[c2] for c2, k in enumerate(kv)
+                                         for _ in range(k - (c2 == c))], samples - hi)
+                       for c, k in enumerate(kv) if k)
+            share[n, o] = max(balanced, m * rest / B)
+            first[n, o] = lo
+    return share, first
+
+
 def _capped_dp(busy, chain, sync, multi, U: int, D: int) -> float:
     """``min over partitions of max(max_k (chain before k + busy_k), max_k sync_k)``.
 
@@ -430,7 +464,8 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
 
     Like the cheap DP, but the state is how many devices of each class are left, so
     no two stages can both use the fastest devices; a stage's replicas are a vector
-    of class counts, its share split by whole samples over exactly those devices.
+    of class counts, its share split by whole samples over exactly those devices, in
+    one of the share options (``_class_share_options``).
     The AllReduce terms (no chain offset) are handled by caps ``c``: every partition is
     at least ``min(A(c), c)``, ``A(c)`` the DP over stages whose term is at most ``c``.
     """
@@ -446,28 +481,23 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     used = np.array([[k > 0 for k in kv] for kv in kvecs])  # [K, C]
     total = np.array([sum(kv) for kv in kvecs])
     samples = B // m
-    share = np.full(K, np.inf)  # m x max_d c_d / (B sigma_d), whole samples
-    for n, kv in enumerate(kvecs):
-        speeds = [sig[c] for c, k in enumerate(kv) for _ in range(k)]
-        if speeds:
-            share[n] = m * _slowest_samples(speeds, samples) / B
+    share, first = _class_share_options(kvecs, sig, samples, m, B)  # [K, o] each
     sig_max = np.array([sig[u].max() if u.any() else np.inf for u in used])
     fits = mem[None, None, :] >= r.static[:, :, None]  # [i, j, C]
-    allowed = (~fits).astype(float) @ used.T.astype(float) == 0  # [i, j, K]
+    allowed = ((~fits).astype(float) @ used.T.astype(float) == 0)[..., None]  # [i, j, K, 1]
+    fix, scal = r.fix[:, :, None, None], r.scal[:, :, None, None]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        outside = r.params[:, :, None] * (zero + update / np.maximum(total, 1)[None, None])
-        busy = np.where(allowed, m * r.fix[:, :, None] + r.scal[:, :, None] * share[None, None],
-                        np.inf)
-        single = total == 1
-        chain = np.where(single[None, None],
-                         r.fix[:, :, None] + r.scal[:, :, None] / (m * sig_max[None, None]),
-                         r.fix[:, :, None] + r.scal[:, :, None] / (B * sig_max[None, None]))
-        sync = np.where((total >= 2)[None, None],
-                        m * r.fixf[:, :, None] + r.scalf[:, :, None] * share[None, None]
-                        + r.params[:, :, None] * floor[np.minimum(total, len(floor) - 1)][None, None],
-                        0.0)
-        sync = np.where(allowed, np.maximum(sync, busy + outside), sync)
-        busy = busy + r.tie[:, :, None]  # after sync: the update may overlap the tie's AllReduce
+        outside = (r.params[:, :, None] * (zero + update / np.maximum(total, 1)[None, None]))
+        busy = np.where(allowed & np.isfinite(share), m * fix + scal * share, np.inf)
+        # microbatch 0 leaves a stage when its first replica is done (see _share_options)
+        chain = np.where(np.isfinite(first), fix + scal * first / (B * sig_max[:, None]), np.inf)
+        sync = np.where((total >= 2)[:, None] & np.isfinite(share),
+                        m * r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * share
+                        + (r.params[:, :, None] * floor[np.minimum(total, len(floor) - 1)])[
+                            ..., None], 0.0)
+        sync = np.where(allowed, np.maximum(sync, busy + outside[..., None]), sync)
+        # after sync: the update may overlap the tie's AllReduce
+        busy = busy + r.tie[:, :, None, None]
     busy[:, :, 0] = np.inf
     # sub-vectors of every state and what they leave
     subs, rests = [], []
@@ -487,12 +517,12 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
             cont = g[:U + 1].copy()
             cont[:U] = np.where(r.multi[:, None], np.minimum(g[:U], g[1:U + 1]), g[:U])
             js = np.arange(i + 1, U + 1)
-            bi, ci, conti = b[i, js], chain[i, js], cont[js]  # [j, K]
+            bi, ci, conti = b[i, js], chain[i, js], cont[js]  # [j, K, o], [j, K, o], [j, K]
             for n in range(K):
                 ks = subs[n]
                 if ks.size == 0:
                     continue
-                val = np.maximum(bi[:, ks], ci[:, ks] + conti[:, rests[n]])
+                val = np.maximum(bi[:, ks], ci[:, ks] + conti[:, rests[n], None])
                 g[i, n] = val.min()
             if r.multi[i]:
                 g[i] = np.minimum(g[i], g[i + 1])

@@ -262,3 +262,19 @@ def test_share_options_trade_the_first_replica_against_the_slowest():
     assert first[2].tolist() == [1, 2]
     share, _ = _share_options({(0, 1): (1.0, 1.0)}, U=1, D=2, B=8, m=2)  # 4 per microbatch
     assert share[0, 1, 2].tolist() == pytest.approx([2 * 3 / 8, 2 * 2 / 8])
+
+
+def test_class_share_options_remove_the_first_replica_from_the_best_class():
+    """Speeds 2 and 1, one device each, 6 samples: a first replica of 1 sample leaves 5,
+    best on the fast device (2.5 / 6); of 2-3 leaves 3 (1.5 / 6), below the even 2 / 6."""
+    import numpy as np
+
+    from dl_nfv.planners.pipeline.bound import _class_share_options
+
+    share, first = _class_share_options([(0, 0), (1, 0), (0, 1), (1, 1)], np.array([2.0, 1.0]),
+                                        samples=6, m=1, B=6)
+    assert np.isinf(share[0]).all() and np.isinf(first[0]).all()  # no device
+    assert share[1, 0] == pytest.approx(3 / 6) and first[1, 0] == 6  # the fast one alone
+    assert share[2, 0] == pytest.approx(6 / 6) and np.isinf(share[2, 1])
+    assert share[3].tolist() == pytest.approx([2.5 / 6, 2 / 6])
+    assert first[3].tolist() == [1, 2]
