@@ -41,7 +41,7 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   (``fix + scal x c / (batch x sigma_max)``), or the whole microbatch when the
   stage is not replicated. A small first share leaves more to the other
   replicas, so both DPs take each replicated stage in one of a few *options*
-  (ranges of ``c``: 1, 2-3, 4-7, ...), each with the chain at the range's least
+  (ranges of ``c``: 1, 2-3, 4-7, the rest), each with the chain at the range's least
   ``c`` and the busy time at its largest (``_share_options``).
 
 So ``T >= max_k (sum_{s<k} chain_s + busy_k)``, and the bound is the minimum
@@ -57,18 +57,19 @@ any way, and such a region is then counted for neither stage (only
 under-counting work, so the bound stays valid). For a chain graph every
 region is one op, and this relaxation costs nothing.
 
-Complexity: O(U^2 x D^2 x O x divisors) for U regions, D devices and O share options
-(at most log2 of the samples per microbatch), vectorised; the class DP for mixed
-clusters is O(U^2 x S x K x O) per microbatch count (S states, K class vectors).
+Complexity: O(U^2 x D^2 x O x divisors) for U regions, D devices and O <= 4 share
+options, vectorised; the class DP for mixed clusters is O(U^2 x S x K x O) per
+microbatch count (S states, K class vectors), run without its AllReduce caps for the
+counts the cheap DP leaves open and with them from the least up.
 """
 
 from __future__ import annotations
 
-from heapq import heapify, heappop, heappush
-
 import numpy as np
 
 from .problem import Problem
+
+SHARE_OPTIONS = 4  # ranges of a replicated stage's smallest share the DPs tell apart
 
 
 def forced_cuts(problem: Problem) -> list[int]:
@@ -198,13 +199,20 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     # mixed devices: the exact class-count DP, for the microbatch counts the cheap bound
     # (a relaxation of it) does not already rule out
     ranges = _Ranges(fix_r, scal_r, fixf_r, scalf_r, params_r, static_r, multi, U, tie_r)
-    best = np.inf
+    # both bound every plan of m microbatches (the cheap one sees replicas' shares); the
+    # class DP without its AllReduce caps first, then refined from the least up
+    first = {}
     for m in sorted(cheap, key=cheap.__getitem__):
-        if cheap[m] >= best:
+        if cheap[m] >= min(first.values(), default=np.inf):
             break
-        # both bound every plan of m microbatches (the cheap one sees replicas' shares)
+        first[m] = max(cheap[m], _class_bound(ranges, classes, limits, B, m, zero, update,
+                                              enough=0.0))
+    best = np.inf
+    for m in sorted(first, key=first.__getitem__):
+        if first[m] >= best:
+            break
         best = min(best, max(cheap[m], _class_bound(ranges, classes, limits, B, m, zero,
-                                                     update)))
+                                                     update, enough=best)))
     return best
 
 
@@ -237,28 +245,26 @@ def _tie_terms(p: Problem, bounds: list[int], chain_r: np.ndarray, floor: np.nda
 
 def _slowest_samples(speeds, samples: int) -> float:
     """The least ``max_d c_d / speeds_d`` over whole-sample splits ``c`` of ``samples``
-    (inf with no device and samples left): giving samples one at a time to the device
-    that would finish first attains it."""
-    if not speeds:
-        return np.inf if samples > 0 else 0.0
-    counts = [0] * len(speeds)
-    heap = [(1.0 / v, d) for d, v in enumerate(speeds)]
-    heapify(heap)
-    for _ in range(samples):
-        _, d = heappop(heap)
-        counts[d] += 1
-        heappush(heap, ((counts[d] + 1) / speeds[d], d))
-    return max(c / v for c, v in zip(counts, speeds))
+    (inf with no device and samples left). Giving samples one at a time to the device
+    that would finish first attains it, and that takes the values ``j / speeds_d``
+    (``j >= 1``) in increasing order: the answer is the ``samples``-th smallest."""
+    if samples <= 0:
+        return 0.0
+    if not len(speeds):
+        return np.inf
+    values = np.arange(1, samples + 1)[None, :] / np.asarray(speeds, dtype=float)[:, None]
+    return float(np.partition(values.ravel(), samples - 1)[samples - 1])
 
 
 def _share_buckets(samples: int, k: int) -> list[tuple[int, int]]:
     """Ranges ``(lo, hi)`` of the smallest replica share (samples of a microbatch) that
-    cover every split of ``samples`` over ``k >= 2`` replicas: 1, 2-3, 4-7, ... up to
-    ``samples // k`` (at least 1: with fewer samples than replicas some replica holds one)."""
+    cover every split of ``samples`` over ``k >= 2`` replicas: 1, 2-3, 4-7, then the rest
+    up to ``samples // k`` (at least 1: with fewer samples than replicas some replica
+    holds one); at most ``SHARE_OPTIONS`` ranges, which bounds the DPs' work."""
     top = max(1, samples // k)
     out, lo = [], 1
     while lo <= top:
-        hi = min(top, 2 * lo - 1)
+        hi = top if len(out) == SHARE_OPTIONS - 1 else min(top, 2 * lo - 1)
         out.append((lo, hi))
         lo = hi + 1
     return out
@@ -459,7 +465,7 @@ def _classes(p: Problem, devices: list[str], sigma: np.ndarray,
 
 
 def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: float = 0.0,
-                 update: float = 0.0) -> float:
+                 update: float = 0.0, enough: float = np.inf) -> float:
     """The stage-balanced bound for ``m`` microbatches with devices counted per class.
 
     Like the cheap DP, but the state is how many devices of each class are left, so
@@ -467,7 +473,9 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     of class counts, its share split by whole samples over exactly those devices, in
     one of the share options (``_class_share_options``).
     The AllReduce terms (no chain offset) are handled by caps ``c``: every partition is
-    at least ``min(A(c), c)``, ``A(c)`` the DP over stages whose term is at most ``c``.
+    at least ``min(A(c), c)``, ``A(c)`` the DP over stages whose term is at most ``c``;
+    the caps stop refining once the bound reaches ``enough`` (a caller that keeps the
+    least bound over ``m`` needs no more).
     """
     import itertools
 
@@ -532,5 +540,7 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     finite = sync[np.isfinite(busy) & (sync > best)]
     if finite.size:
         for cap in np.geomspace(best, float(finite.max()), 4)[:-1]:
+            if best >= enough:
+                break
             best = max(best, min(solve(cap), cap))
     return best

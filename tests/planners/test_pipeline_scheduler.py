@@ -252,6 +252,7 @@ def test_share_options_trade_the_first_replica_against_the_slowest():
     assert _share_buckets(8, 2) == [(1, 1), (2, 3), (4, 4)]
     assert _share_buckets(8, 3) == [(1, 1), (2, 2)]
     assert _share_buckets(2, 4) == [(1, 1)]  # fewer samples than replicas: some hold one
+    assert _share_buckets(64, 2) == [(1, 1), (2, 3), (4, 7), (8, 32)]  # at most 4 ranges
     share, first = _share_options({(0, 1): (1.0, 1.0)}, U=1, D=2, B=8, m=1)
     assert share[0, 1, 1, 0] == pytest.approx(1.0)  # one device: the whole microbatch
     assert share[0, 1, 2].tolist() == pytest.approx([7 / 8, 5 / 8, 4 / 8])
