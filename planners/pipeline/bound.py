@@ -201,15 +201,16 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     ranges = _Ranges(fix_r, scal_r, fixf_r, scalf_r, params_r, static_r, multi, U, tie_r)
     # both bound every plan of m microbatches (the cheap one sees replicas' shares); the
     # class DP without its AllReduce caps first, then refined from the least up
-    first = {}
+    # (the refined DP is rebuilt: keeping every count's arrays would take 60 MB each on TAG)
+    unrefined = {}
     for m in sorted(cheap, key=cheap.__getitem__):
-        if cheap[m] >= min(first.values(), default=np.inf):
+        if cheap[m] >= min(unrefined.values(), default=np.inf):
             break
-        first[m] = max(cheap[m], _class_bound(ranges, classes, limits, B, m, zero, update,
-                                              enough=0.0))
+        unrefined[m] = max(cheap[m], _class_bound(ranges, classes, limits, B, m, zero, update,
+                                                  enough=0.0))
     best = np.inf
-    for m in sorted(first, key=first.__getitem__):
-        if first[m] >= best:
+    for m in sorted(unrefined, key=unrefined.__getitem__):
+        if unrefined[m] >= best:
             break
         best = min(best, max(cheap[m], _class_bound(ranges, classes, limits, B, m, zero,
                                                      update, enough=best)))
@@ -296,9 +297,6 @@ def _share_options(holders: dict, U: int, D: int, B: int, m: int
     for k, bucket in buckets.items():
         first[k, :len(bucket)] = [lo for lo, _ in bucket]
 
-    def slowest(use, n):
-        return m * _slowest_samples(use, n) / B
-
     memo: dict[tuple, np.ndarray] = {}
     out = np.full((U + 1, U + 1, D + 1, options), np.inf)
     for (i, j), speeds in holders.items():
@@ -306,15 +304,24 @@ def _share_options(holders: dict, U: int, D: int, B: int, m: int
         if row is None:
             row = np.full((D + 1, options), np.inf)
             for k in range(1, min(D, len(speeds)) + 1):
-                balanced = slowest(speeds[:k], samples)
-                if k == 1:
-                    row[k, 0] = balanced
-                    continue
-                for o, (_, hi) in enumerate(buckets[k]):
-                    row[k, o] = max(balanced, slowest(speeds[:k - 1], samples - hi))
+                shares = _option_shares(speeds[:k], [speeds[:k - 1]], buckets.get(k, ()),
+                                        samples, m, B)
+                row[k, :len(shares)] = shares
             memo[speeds] = row
         out[i, j] = row
     return out, first
+
+
+def _option_shares(speeds, others, buckets, samples: int, m: int, B: int) -> list[float]:
+    """Per option (``buckets``) of replicas of ``speeds``: the slowest one's share,
+    ``m x max_d c_d / (B sigma_d)``, at least the whole-sample optimum over all of them
+    and over the best of ``others`` (the replicas left beside the first) holding the
+    samples less the option's largest first share. One device: the whole microbatch."""
+    balanced = m * _slowest_samples(speeds, samples) / B
+    if len(speeds) == 1:
+        return [balanced]
+    return [max(balanced, m * min(_slowest_samples(rest, samples - hi) for rest in others) / B)
+            for _, hi in buckets]
 
 
 def _class_share_options(kvecs, sig, samples: int, m: int, B: int
@@ -336,16 +343,12 @@ def _class_share_options(kvecs, sig, samples: int, m: int, B: int
         speeds = [sig[c] for c, k in enumerate(kv) for _ in range(k)]
         if not speeds:
             continue
-        balanced = m * _slowest_samples(speeds, samples) / B
-        if len(speeds) == 1:
-            share[n, 0], first[n, 0] = balanced, samples
-            continue
-        for o, (lo, hi) in enumerate(buckets[len(speeds)]):
-            rest = min(_slowest_samples([sig[c2] for c2, k in enumerate(kv)
-                                         for _ in range(k - (c2 == c))], samples - hi)
-                       for c, k in enumerate(kv) if k)
-            share[n, o] = max(balanced, m * rest / B)
-            first[n, o] = lo
+        bucket = buckets.get(len(speeds), ())
+        others = [[sig[c2] for c2, k2 in enumerate(kv) for _ in range(k2 - (c2 == c))]
+                  for c, k in enumerate(kv) if k]
+        shares = _option_shares(speeds, others, bucket, samples, m, B)
+        share[n, :len(shares)] = shares
+        first[n, :len(shares)] = [lo for lo, _ in bucket] if bucket else [samples]
     return share, first
 
 
