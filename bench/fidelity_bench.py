@@ -4,8 +4,11 @@ For each model (MLP, ResNet-50 at a small batch, GPT-2 small at a short
 sequence) the benchmark
 
 1. profiles the model with one thread (``dl-nfv profile model --threads 1``),
-   the thread count every worker runs with;
-2. plans it for the ``local-cpu`` topology (2 worker processes) with data
+   the thread count every worker runs with, and the links between two such
+   workers (``dl-nfv profile network --nprocs 2 --threads 1``), right before
+   the model's plans run, so that both calibrations see the machine as the
+   runs do (a shared machine's speed drifts over minutes);
+2. plans it for that 2-process topology (or ``--topology FILE``) with data
    parallelism (``dp``: AllReduce; ``dp-ps``: parameter server), 2-stage
    pipelines (``gpipe`` and ``1f1b``), FastT's plan (``fastt``: whatever it
    finds fastest, often data parallelism on two CPUs) and an op placement over
@@ -28,7 +31,7 @@ each try the benchmark waits for the load average to drop. The table shows the
 other jobs' share of each kept run.
 
 Usage: python bench/fidelity_bench.py [--models mlp,resnet50,gpt2-small] [--steps 8]
-       [--repeats 3] [--topology examples/topologies/local-cpu.yaml] [--work DIR] [--no-record]
+       [--repeats 3] [--topology FILE (default: measured per model)] [--work DIR] [--no-record]
 """
 
 from __future__ import annotations
@@ -49,7 +52,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _record import markdown_table, record_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TOPOLOGY = ROOT / "examples" / "topologies" / "local-cpu.yaml"
 SEPARABLE = 0.10  # plans closer than this in measured time are within run-to-run noise
 
 # model -> profile options (small batches / short sequences: a 2-core CPU runs them)
@@ -123,11 +125,12 @@ def devices_used(plan_path: Path) -> int:
     return len(used)
 
 
-def run_model(model: str, topology: Path, work: Path, steps: int, *, max_others: float,
+def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_others: float,
               tries: int, max_load: float, repeats: int = 1) -> list[dict]:
     """Plan and simulate every plan of ``model``, then run them all ``repeats`` times, in
     rounds (each round runs every plan once, so drift on the machine touches all plans
-    alike); a plan's measured time is the median run's."""
+    alike); a plan's measured time is the median run's. Without ``topology`` the links
+    are measured (``profile network``) right after the model is profiled."""
     graph = work / f"{model}.json"
     if not graph.exists():
         t0 = time.perf_counter()
@@ -135,6 +138,14 @@ def run_model(model: str, topology: Path, work: Path, steps: int, *, max_others:
                           str(graph)], max_others=max_others, tries=tries, max_load=max_load)
         print(f"  profiled {model} in {time.perf_counter() - t0:.0f} s (other jobs: "
               f"{others:.2f} cores)", flush=True)
+    if topology is None:
+        topology = work / f"{model}-network.yaml"
+        if not topology.exists():
+            others = quietly(["profile", "network", "--nprocs", "2", "--threads", "1", "-o",
+                              str(topology)], max_others=max_others, tries=tries,
+                             max_load=max_load)
+            print(f"  measured the links of 2 workers (other jobs: {others:.2f} cores)",
+                  flush=True)
     rows: dict[str, dict] = {}
     runs: dict[str, list[tuple[float, dict, float, float]]] = {}
     for label, planner in PLANS.items():
@@ -302,7 +313,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--topology", type=Path, default=DEFAULT_TOPOLOGY)
+    parser.add_argument("--topology", type=Path, default=None,
+                        help="topology of the 2 workers (default: measured before each model)")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument("--max-others", type=float, default=0.25,
@@ -337,7 +349,8 @@ def main() -> None:
         rows = []
         load_before = os.getloadavg()[0]
         for model in args.models.split(","):
-            rows += run_model(model, args.topology.resolve(), work, args.steps,
+            rows += run_model(model, args.topology.resolve() if args.topology else None,
+                              work, args.steps,
                               max_others=args.max_others, tries=args.tries,
                               max_load=args.max_load, repeats=args.repeats)
             (work / "results.json").write_text(json.dumps(
@@ -351,8 +364,10 @@ def main() -> None:
         note = (f"Each plan ran {args.repeats} time(s), in rounds over the model's plans, "
                 f"{args.steps} steps each (medians after the warm-up); the median run is kept. "
                 f"Workers: 2 processes of 1 thread each (gloo), profiled with 1 thread; topology "
-                f"`{os.path.relpath(args.topology, ROOT)}` (from `dl-nfv profile network "
-                f"--nprocs 2`). Predicted: `dl-nfv simulate`; measured: `dl-nfv train`. "
+                + (f"`{os.path.relpath(args.topology, ROOT)}`" if args.topology else
+                   "measured right after each model's profile (`dl-nfv profile network "
+                   "--nprocs 2 --threads 1`)")
+                + ". Predicted: `dl-nfv simulate`; measured: `dl-nfv train`. "
                 f"Load average of the machine (2 cores) at start / end: {load_before:.1f} / "
                 f"{load_after:.1f}: above 2, other jobs shared the cores with the workers.\n\n")
         argv = [a for a in sys.argv[1:] if a != "--summarise"]
