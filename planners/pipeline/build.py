@@ -112,7 +112,7 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
         b_ms.append(max(max(0.0, t[1] + net * cm.accumulate_ms_per_byte(d))
                         for t, d in zip(times, r.devices)))
         params = own - tied.lent[s]
-        sync = tied.allreduce_ms[s]
+        sync = 0.0
         if len(r.devices) > 1 and params > 0:
             sync += (_exposed_allreduce_ms(problem, stage, r, M) if _bucketed(layout, stage)
                      else cm.allreduce_ms(r.devices, params))
@@ -143,7 +143,7 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
         links[(s, t, "F")] = cm.flow_links(flows)
         links[(s, t, "B")] = cm.flow_links(Flow(f.dst, f.src, f.nbytes) for f in flows)
     return StageCosts(f_ms=tuple(f_ms), b_ms=tuple(b_ms), send_ms=send_ms, sync_ms=tuple(sync_ms),
-                      caps=tuple(caps), microbatches=M, links=links)
+                      caps=tuple(caps), microbatches=M, links=links, ties=tied.allreduces)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,17 +152,19 @@ class _Tied:
 
     borrowed: tuple[float, ...]  # bytes of other stages' parameters held, summed and updated here
     lent: tuple[float, ...]  # bytes of own parameters summed with the sharers instead
-    allreduce_ms: tuple[float, ...]  # the sharers' AllReduces, charged to the latest stage
+    # per tie, the stages holding it and its AllReduce: it starts after the last of their
+    # backwards, and every one of them updates after it
+    allreduces: tuple[tuple[tuple[int, ...], float], ...]
 
 
 def _tied(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> _Tied:
     """Tied weights across stages: every device of the owner's and the sharers' stages holds
     the weight, and one AllReduce over all of them sums its gradient after the last of their
-    backwards (the stage nearest the front finishes its backward last: it carries the time)."""
+    backwards, before any of them updates."""
     S = len(layout.stages)
-    borrowed, lent, ar = [0.0] * S, [0.0] * S, [0.0] * S
+    borrowed, lent, ar = [0.0] * S, [0.0] * S, []
     if not problem.ties:
-        return _Tied(tuple(borrowed), tuple(lent), tuple(ar))
+        return _Tied(tuple(borrowed), tuple(lent), ())
     stops = [st.stop for st in layout.stages]
     sharers: dict[tuple[str, int], tuple[float, set[int]]] = {}
     for name, owner, sharer, nbytes in problem.ties:
@@ -177,7 +179,7 @@ def _tied(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> _Tied:
         lent[so] += nbytes
         for s in extra:
             borrowed[s] += nbytes
-        ar[min(so, *stages)] += problem.cm.allreduce_ms(holders, nbytes)
+        ar.append(((so, *sorted(extra)), problem.cm.allreduce_ms(holders, nbytes)))
     return _Tied(tuple(borrowed), tuple(lent), tuple(ar))
 
 

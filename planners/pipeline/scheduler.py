@@ -5,7 +5,9 @@ slowest replica's), the time of each stage-to-stage transfer of one
 microbatch (activations forward, their gradients backward, FIFO on a channel
 per stage pair and direction, as links are in the simulator), the time of the
 stage's gradient synchronisation and optimizer update after its last
-backward, and how many microbatches each stage may hold in flight (memory).
+backward, the AllReduce of each weight tied across stages (after the last
+backward of the stages holding it, before any of them updates), and how many
+microbatches each stage may hold in flight (memory).
 
 ``run`` times a schedule event by event and, for ``Policy.LIST``, builds it:
 non-delay list scheduling in which every stage, whenever it is free, starts
@@ -54,6 +56,9 @@ class StageCosts:
     microbatches: int
     # (s, t, "F" | "B") -> the link capacities that transfer occupies (absent: its own channel)
     links: dict[tuple[int, int, str], frozenset] = field(default_factory=dict)
+    # tied weights across stages: (the stages holding one, its AllReduce ms); it starts when
+    # the last of their backwards ends, and their syncs start after it
+    ties: tuple[tuple[tuple[int, ...], float], ...] = ()
 
     def channels(self, s: int, t: int, direction: str) -> tuple:
         """What the transfer ``s -> t`` (``F``) or ``t -> s`` (``B``) queues on: its links,
@@ -160,7 +165,12 @@ class _Sim:
         return touched
 
     def makespan(self) -> float:
-        return max(f + sync for f, sync in zip(self.free, self.costs.sync_ms))
+        ready = list(self.free)
+        for stages, ms in self.costs.ties:
+            end = max(self.free[s] for s in stages) + ms
+            for s in stages:
+                ready[s] = max(ready[s], end)
+        return max(r + sync for r, sync in zip(ready, self.costs.sync_ms))
 
     def fixed(self, schedule: Schedule, label: str) -> Timed:
         """Time a fixed per-stage order, tasks started in global time order (transfers
@@ -271,7 +281,11 @@ def flush_estimate_ms(costs: StageCosts) -> float:
                 busy[k] += ms
     bottleneck = max(max(f + b for f, b in zip(costs.f_ms, costs.b_ms)),
                      max(busy.values(), default=0.0))
-    return chain + (M - 1) * bottleneck + max(costs.sync_ms, default=0.0) if S else 0.0
+    tail = list(costs.sync_ms)
+    for stages, ms in costs.ties:
+        for s in stages:
+            tail[s] += ms
+    return chain + (M - 1) * bottleneck + max(tail, default=0.0) if S else 0.0
 
 
 def round_trip_caps(costs: StageCosts) -> list[int]:

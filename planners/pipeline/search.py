@@ -32,7 +32,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .build import Replicas, all_replicas, stage_costs
 from .mapping import candidate_orderings, neighbours
@@ -55,6 +55,10 @@ TOP_FOR_LIST = 32
 TOP_PER_EXPLORE = 3  # layouts per (ordering, microbatch count) list-scheduled to score it
 ESTIMATE_SLACK = 1.5  # ... unless their estimate is this much above the best time so far
 TOP_FOR_SCHEDULING = 12
+REFINED_CANDIDATES = 3  # the fastest candidates whose stage boundaries are hill-climbed
+REFINE_ROUNDS = 8
+REFINE_STEPS = (1,)  # units a boundary moves by in one neighbour
+REFINE_BUDGET = 128  # scheduled neighbours, over all the candidates refined
 
 
 @dataclass(slots=True)
@@ -234,8 +238,56 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
             full.layout = ev.layout
             final.append(full)
     final.sort(key=lambda ev: (ev.makespan_ms, len(ev.layout.stages), ev.layout.key))
+    known = {ev.layout.key for ev in final}
+    budget = [REFINE_BUDGET]
+    for ev in final[:REFINED_CANDIDATES]:
+        better = refine(problem, ev, policies, budget)
+        if better.layout.key not in known:
+            known.add(better.layout.key)
+            final.append(better)
+    final.sort(key=lambda ev: (ev.makespan_ms, len(ev.layout.stages), ev.layout.key))
     outcome.candidates = final
     return outcome
+
+
+def boundary_moves(layout: Layout, steps: Sequence[int] = REFINE_STEPS) -> list[Layout]:
+    """Layouts with one boundary between neighbouring stages moved by one of ``steps``
+    units either way (devices and microbatches kept; no stage left empty)."""
+    out = []
+    stages = layout.stages
+    for i in range(len(stages) - 1):
+        left, right = stages[i], stages[i + 1]
+        for step in steps:
+            for cut in (left.stop - step, left.stop + step):
+                if left.start < cut < right.stop:
+                    moved = (*stages[:i], replace(left, stop=cut), replace(right, start=cut),
+                             *stages[i + 2:])
+                    out.append(Layout(moved, layout.microbatches, layout.origin))
+    return out
+
+
+def refine(problem: Problem, ev: Evaluated, policies: Sequence[Policy],
+           budget: list[int]) -> Evaluated:
+    """Hill-climb ``ev``'s stage boundaries on the scheduled time (best move per round).
+
+    The DP places boundaries by its closed-form stage costs; the scheduler sees fill,
+    drain and links queueing, so moving a boundary by a unit often helps. Every
+    scheduled neighbour takes one from ``budget[0]`` (shared by the candidates refined,
+    so the work is bounded and deterministic): O(min(rounds x stages, budget)) schedulings.
+    """
+    best = ev
+    for _ in range(REFINE_ROUNDS):
+        moves = boundary_moves(best.layout)
+        if len(moves) > budget[0]:
+            break
+        budget[0] -= len(moves)
+        timed = [x for lay in moves
+                 if (x := evaluate(problem, lay, full=True, policies=policies)) is not None]
+        top = min(timed, key=lambda x: (x.makespan_ms, x.layout.key), default=None)
+        if top is None or top.makespan_ms >= best.makespan_ms - 1e-9:
+            break
+        best = top
+    return best
 
 
 def _distinct(problem: Problem, items: list, score) -> list:

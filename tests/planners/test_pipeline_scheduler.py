@@ -186,6 +186,72 @@ def test_bound_with_tied_weights_never_above_a_simulated_plan(layers, types, gib
                               int(tie * GIB)), _topology(types))
 
 
+def test_a_tie_holds_back_every_holder_s_update():
+    """Two stages holding a tied weight: its AllReduce starts when the later of their last
+    backwards ends, and both update after it; the other stage's sync is not held back."""
+    m = 4
+    base = costs([1.0] * 3, [2.0] * 3, sync=[1.0, 5.0, 1.5], m=m)
+    tied = replace(base, ties=(((0, 2), 10.0),))
+    free = schedule_run(base, Policy.GPIPE)
+    held = schedule_run(tied, Policy.GPIPE)
+    # GPipe, equal stages: the last forward ends at m + 2, stage 0's last backward 4 m + 4 later
+    last_b0 = (m + 2) * 3.0
+    assert free.makespan_ms == pytest.approx(last_b0 - 2.0 + 5.0)  # stage 1: its sync
+    assert held.makespan_ms == pytest.approx(last_b0 + 10.0 + 1.5)
+    assert flush_estimate_ms(tied) == pytest.approx(flush_estimate_ms(base) - 5.0 + 11.5)
+
+
+@pytest.mark.parametrize("nics,policy", [(True, Policy.GPIPE), (True, Policy.LIST),
+                                         (False, Policy.GPIPE), (False, Policy.ONE_F_ONE_B),
+                                         (False, Policy.LIST)])
+def test_scheduler_matches_the_simulator_with_a_tie_across_stages(nics, policy):
+    """An embedding tied to the head, one stage per GPU (behind 25 Gbps NICs, or on
+    NVLink): the tie's AllReduce ends the iteration on both holders, in the scheduler as
+    in the simulator."""
+    graph = _tied(chain(4, param_bytes=GIB // 4), GIB // 4)
+    topo = _topology([V100] * 4) if nics else nvlink(4)
+    problem = Problem(graph, topo)
+    layout = Layout(tuple(StageSpec(i, i + 1, (d,)) for i, d in enumerate(problem.devices[:4])), 8)
+    reps = all_replicas(problem, layout)
+    c = stage_costs(problem, layout, reps)
+    assert [stages for stages, _ in c.ties] == [(0, 3)]
+    timed = schedule_run(c, policy)
+    groups, pipeline = groups_and_pipeline(problem, layout, reps, timed.schedule)
+    plan = Plan(planner="pipeline", graph_sha256=fingerprint(graph),
+                topology_sha256=fingerprint(topo), batch_size=graph.model.batch_size,
+                groups=tuple(groups), pipeline=pipeline,
+                fusion=stage_buckets(problem, layout, reps))
+    sim = simulate(plan, graph, topo, check_fingerprints=False).iteration_ms
+    assert sim == pytest.approx(timed.makespan_ms, rel=1e-3)
+
+
+def test_boundary_refinement_keeps_the_ops_and_never_loses():
+    """Every neighbour moves one boundary by one unit and keeps all ops in non-empty
+    stages; refining never returns a slower layout than it started from."""
+    from dl_nfv.planners.pipeline.scheduler import Policy as P
+    from dl_nfv.planners.pipeline.search import boundary_moves, evaluate, refine
+
+    graph = chain(8, param_bytes=GIB // 8, slower={"P100": 2.0})
+    topo = _topology([V100, "P100", V100])
+    problem = Problem(graph, topo)
+    layout = Layout((StageSpec(0, 2, ("h0/gpu0",)), StageSpec(2, 6, ("h1/gpu0",)),
+                     StageSpec(6, 8, ("h2/gpu0",))), 4)
+    moves = boundary_moves(layout)
+    assert len(moves) == 4
+    for lay in moves:
+        assert lay.stages[0].start == 0 and lay.stages[-1].stop == 8
+        assert all(a.stop == b.start for a, b in zip(lay.stages, lay.stages[1:]))
+        assert all(st.stop > st.start for st in lay.stages)
+        assert sum(abs(a.stop - b.stop) for a, b in zip(lay.stages, layout.stages)) == 1
+    start = evaluate(problem, layout, full=True, policies=tuple(P))
+    budget = [100]
+    better = refine(problem, start, tuple(P), budget)
+    assert better.makespan_ms <= start.makespan_ms
+    # the slow middle stage sheds ops to the fast ends
+    assert better.layout.stages[1].stop - better.layout.stages[1].start < 4
+    assert better.makespan_ms < start.makespan_ms and budget[0] < 100
+
+
 def _diamond(width: int, *, gib: float = 1.0, batch: int = 8):
     """a -> (b0 .. b{width-1}) -> d, every op measured on a V100 (10 ms fwd, 20 ms bwd)."""
     from dl_nfv.artifacts import Edge, ModelRef, Op, OpGraph, OpKind
