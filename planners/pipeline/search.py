@@ -15,8 +15,10 @@
    better.
 5. The layouts scheduled so far and the 32 best others by estimate are ranked by
    their list-scheduled time; the 12 best are scheduled by ``auto_schedule``
-   (GPipe, 1F1B and list variants) and returned fastest first; the caller
-   simulates the top few on the shared simulator and keeps the winner.
+   (GPipe, 1F1B and list variants); the ``REFINED_CANDIDATES`` fastest get their
+   stage boundaries hill-climbed on the scheduled time (``refine``), and all are
+   returned fastest first; the caller simulates the top few on the shared
+   simulator and keeps the winner.
 
 The work done is fixed by the inputs and the seed, so a run is deterministic;
 ``time_limit`` (CPU seconds of this process, so that a busy machine does not
@@ -24,7 +26,7 @@ change the result) only stops the local search early on a slow machine, and
 the result then records that it did.
 
 Complexity: O(orderings x microbatch counts x DP) + O(rounds x DP) +
-O(layouts x stages^2 x microbatches).
+O((layouts + REFINE_BUDGET) x stages^2 x microbatches).
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ TOP_FOR_SCHEDULING = 12
 REFINED_CANDIDATES = 3  # the fastest candidates whose stage boundaries are hill-climbed
 REFINE_ROUNDS = 8
 REFINE_STEPS = (1,)  # units a boundary moves by in one neighbour
-REFINE_BUDGET = 128  # scheduled neighbours, over all the candidates refined
+# work of the climbs over all the candidates refined: a neighbour costs its stages x
+# microbatches (a scheduling's events); 32768 is 64 neighbours of 16 stages x 32 microbatches
+REFINE_BUDGET = 32768
 
 
 @dataclass(slots=True)
@@ -272,15 +276,17 @@ def refine(problem: Problem, ev: Evaluated, policies: Sequence[Policy],
 
     The DP places boundaries by its closed-form stage costs; the scheduler sees fill,
     drain and links queueing, so moving a boundary by a unit often helps. Every
-    scheduled neighbour takes one from ``budget[0]`` (shared by the candidates refined,
-    so the work is bounded and deterministic): O(min(rounds x stages, budget)) schedulings.
+    scheduled neighbour takes its stages x microbatches from ``budget[0]`` (shared by the
+    candidates refined, so the work is bounded and deterministic): O(rounds x stages)
+    schedulings, at most ``budget / (stages x microbatches)``.
     """
     best = ev
     for _ in range(REFINE_ROUNDS):
         moves = boundary_moves(best.layout)
-        if len(moves) > budget[0]:
+        cost = len(moves) * len(ev.layout.stages) * ev.layout.microbatches
+        if cost > budget[0]:
             break
-        budget[0] -= len(moves)
+        budget[0] -= cost
         timed = [x for lay in moves
                  if (x := evaluate(problem, lay, full=True, policies=policies)) is not None]
         top = min(timed, key=lambda x: (x.makespan_ms, x.layout.key), default=None)
