@@ -226,6 +226,28 @@ def separable_pairs(pred: list[float], meas: list[float], apart: float = SEPARAB
     return right, total
 
 
+def _same(a: float, b: float) -> bool:
+    """Predicted times this close are the same plan or a tie (no order to get right)."""
+    return abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1.0)
+
+
+def discordant_pairs(pred: list[float], meas: list[float]) -> list[tuple[int, int]]:
+    """Pairs the prediction orders strictly one way and the measurement the other (pairs
+    predicted equal, such as two planners that made the same plan, are ties: any measured
+    order agrees with them)."""
+    return [(i, j) for i in range(len(pred)) for j in range(i + 1, len(pred))
+            if not _same(pred[i], pred[j]) and (pred[i] - pred[j]) * (meas[i] - meas[j]) < 0]
+
+
+def _order(rows: list[dict], key: str) -> str:
+    """Plans fastest first by ``key``, ties (equal values) joined by ``=``."""
+    ranked = sorted(rows, key=lambda r: r[key])
+    out = ranked[0]["plan"] if ranked else ""
+    for a, b in zip(ranked, ranked[1:]):
+        out += (" = " if _same(a[key], b[key]) else " < ") + b["plan"]
+    return out
+
+
 def _between_rounds(rows: list[dict]) -> str:
     """Mean Kendall tau of the plans' measured order in one round against another: how
     well the measurements agree with themselves, the most a prediction can agree with them."""
@@ -263,11 +285,13 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
         tau = kendall_tau(pred, meas)
         taus[model] = tau
         right, total = separable_pairs(pred, meas)
-        order_p = " < ".join(r["plan"] for r in sorted(mine, key=lambda r: r["predicted_ms"]))
-        order_m = " < ".join(r["plan"] for r in sorted(mine, key=lambda r: r["measured_ms"]))
-        best_same = min(mine, key=lambda r: r["predicted_ms"]) is min(mine, key=lambda r: r["measured_ms"])
+        order_p = _order(mine, "predicted_ms")
+        order_m = _order(mine, "measured_ms")
+        swapped = discordant_pairs(pred, meas)
+        fastest = min(meas)
+        best_same = any(m == fastest for p, m in zip(pred, meas) if _same(p, min(pred)))
         ranking.append([model, f"{tau:+.2f}", _between_rounds(mine),
-                        "yes" if order_p == order_m else "no",
+                        "yes" if not swapped else f"no ({len(swapped)} pair(s) swapped)",
                         "yes" if best_same else "no", f"{right} / {total}", order_m, order_p])
     cpu_rows = []
     for r in ok:
@@ -291,6 +315,10 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
                         "same best plan",
                         f"pairs > {SEPARABLE:.0%} apart ordered right",
                         "measured order (fastest first)", "predicted order"], ranking),
+        "",
+        "Same order: no pair of plans that the simulator predicts strictly one way was "
+        "measured the other way (plans predicted equal, `=` in the predicted order, are ties: "
+        "different planners sometimes make the same plan).",
         "",
         f"Plans whose measured times lie within {SEPARABLE:.0%} of each other swap places from "
         "run to run on this shared machine (see each plan's runs, min-max, and the Kendall tau "
