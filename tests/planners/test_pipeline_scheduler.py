@@ -207,7 +207,9 @@ def test_a_tie_holds_back_every_holder_s_update():
 def test_scheduler_matches_the_simulator_with_a_tie_across_stages(nics, policy):
     """An embedding tied to the head, one stage per GPU (behind 25 Gbps NICs, or on
     NVLink): the tie's AllReduce ends the iteration on both holders, in the scheduler as
-    in the simulator."""
+    in the simulator. (1F1B behind NICs is left out: the scheduler hands a link to
+    transfers in the order their senders start, the simulator in the order they become
+    ready, and here that puts 1F1B 2% apart.)"""
     graph = _tied(chain(4, param_bytes=GIB // 4), GIB // 4)
     topo = _topology([V100] * 4) if nics else nvlink(4)
     problem = Problem(graph, topo)
@@ -222,7 +224,7 @@ def test_scheduler_matches_the_simulator_with_a_tie_across_stages(nics, policy):
                 groups=tuple(groups), pipeline=pipeline,
                 fusion=stage_buckets(problem, layout, reps))
     sim = simulate(plan, graph, topo, check_fingerprints=False).iteration_ms
-    assert sim == pytest.approx(timed.makespan_ms, rel=1e-3)
+    assert sim == pytest.approx(timed.makespan_ms, rel=1e-6)
 
 
 def test_boundary_refinement_keeps_the_ops_and_never_loses():
