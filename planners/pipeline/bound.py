@@ -65,6 +65,8 @@ counts the cheap DP leaves open and with them from the least up.
 
 from __future__ import annotations
 
+from heapq import heapify, heappop, heappush
+
 import numpy as np
 
 from .problem import Problem
@@ -199,20 +201,22 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     # mixed devices: the exact class-count DP, for the microbatch counts the cheap bound
     # (a relaxation of it) does not already rule out
     ranges = _Ranges(fix_r, scal_r, fixf_r, scalf_r, params_r, static_r, multi, U, tie_r)
-    # both bound every plan of m microbatches (the cheap one sees replicas' shares); the
-    # class DP without its AllReduce caps first, then refined from the least up
-    # (the refined DP is rebuilt: keeping every count's arrays would take 60 MB each on TAG)
-    unrefined = {}
-    for m in sorted(cheap, key=cheap.__getitem__):
-        if cheap[m] >= min(unrefined.values(), default=np.inf):
-            break
-        unrefined[m] = max(cheap[m], _class_bound(ranges, classes, limits, B, m, zero, update,
-                                                  enough=0.0))
+    # every value below bounds every plan of its m microbatches: the cheap one (it sees
+    # replicas' shares), the class DP without its AllReduce caps (level 1), then with
+    # them (level 2, refined until it reaches the best so far). Best first: the count
+    # with the least value so far is taken one level further, until every count not
+    # finished is at least the best finished one. (The refined DP is rebuilt: keeping
+    # every count's arrays would take 60 MB each on TAG.)
+    heap = [(v, 0, m) for m, v in cheap.items()]
+    heapify(heap)
     best = np.inf
-    for m in sorted(unrefined, key=unrefined.__getitem__):
-        if unrefined[m] >= best:
-            break
-        best = min(best, max(cheap[m], _class_bound(ranges, classes, limits, B, m, zero,
+    while heap and heap[0][0] < best:
+        value, level, m = heappop(heap)
+        if level == 0:
+            heappush(heap, (max(value, _class_bound(ranges, classes, limits, B, m, zero,
+                                                    update, enough=0.0)), 1, m))
+        else:
+            best = min(best, max(value, _class_bound(ranges, classes, limits, B, m, zero,
                                                      update, enough=best)))
     return best
 
