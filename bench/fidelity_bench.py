@@ -288,8 +288,8 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
         order_p = _order(mine, "predicted_ms")
         order_m = _order(mine, "measured_ms")
         swapped = discordant_pairs(pred, meas)
-        fastest = min(meas)
-        best_same = any(m == fastest for p, m in zip(pred, meas) if _same(p, min(pred)))
+        fastest, best_predicted = min(meas), min(pred)
+        best_same = any(m == fastest for p, m in zip(pred, meas) if _same(p, best_predicted))
         ranking.append([model, f"{tau:+.2f}", _between_rounds(mine),
                         "yes" if not swapped else f"no ({len(swapped)} pair(s) swapped)",
                         "yes" if best_same else "no", f"{right} / {total}", order_m, order_p])

@@ -232,7 +232,7 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
     for sc in _distinct(problem, pool, lambda sc: sc.estimate_ms)[:TOP_FOR_LIST]:
         timed(sc)
     ranked = [ev for ev in quick.values() if ev is not None]
-    ranked.sort(key=lambda ev: (ev.makespan_ms, len(ev.layout.stages), ev.layout.key))
+    ranked.sort(key=_fastest_first)
     distinct = _distinct(problem, ranked, lambda ev: ev.makespan_ms)
     final = []
     for ev in distinct[:TOP_FOR_SCHEDULING]:
@@ -241,7 +241,7 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
         if full is not None:
             full.layout = ev.layout
             final.append(full)
-    final.sort(key=lambda ev: (ev.makespan_ms, len(ev.layout.stages), ev.layout.key))
+    final.sort(key=_fastest_first)
     known = {ev.layout.key for ev in final}
     budget = [REFINE_BUDGET]
     for ev in final[:REFINED_CANDIDATES]:
@@ -249,9 +249,14 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
         if better.layout.key not in known:
             known.add(better.layout.key)
             final.append(better)
-    final.sort(key=lambda ev: (ev.makespan_ms, len(ev.layout.stages), ev.layout.key))
+    final.sort(key=_fastest_first)
     outcome.candidates = final
     return outcome
+
+
+def _fastest_first(ev: Evaluated) -> tuple:
+    """Sort key of timed layouts: fastest, then fewer stages, then the layout (deterministic)."""
+    return ev.makespan_ms, len(ev.layout.stages), ev.layout.key
 
 
 def boundary_moves(layout: Layout, steps: Sequence[int] = REFINE_STEPS) -> list[Layout]:
@@ -289,7 +294,7 @@ def refine(problem: Problem, ev: Evaluated, policies: Sequence[Policy],
         budget[0] -= cost
         timed = [x for lay in moves
                  if (x := evaluate(problem, lay, full=True, policies=policies)) is not None]
-        top = min(timed, key=lambda x: (x.makespan_ms, x.layout.key), default=None)
+        top = min(timed, key=_fastest_first, default=None)
         if top is None or top.makespan_ms >= best.makespan_ms - 1e-9:
             break
         best = top
