@@ -16,7 +16,8 @@
 5. The layouts scheduled so far and the 32 best others by estimate are ranked by
    their list-scheduled time; the 12 best are scheduled by ``auto_schedule``
    (GPipe, 1F1B and list variants); the ``REFINED_CANDIDATES`` fastest get their
-   stage boundaries hill-climbed on the scheduled time (``refine``), and all are
+   stage boundaries hill-climbed on the scheduled time (``refine``: one boundary
+   moved by a unit, else one unit passed between two stages further apart), and all are
    returned fastest first; the caller simulates the top few on the shared
    simulator and keeps the winner.
 
@@ -57,7 +58,7 @@ TOP_FOR_LIST = 32
 TOP_PER_EXPLORE = 3  # layouts per (ordering, microbatch count) list-scheduled to score it
 ESTIMATE_SLACK = 1.5  # ... unless their estimate is this much above the best time so far
 TOP_FOR_SCHEDULING = 12
-REFINED_CANDIDATES = 3  # the fastest candidates whose stage boundaries are hill-climbed
+REFINED_CANDIDATES = 6  # the fastest candidates whose stage boundaries are hill-climbed
 REFINE_ROUNDS = 8
 REFINE_STEPS = (1,)  # units a boundary moves by in one neighbour
 # work of the climbs over all the candidates refined: a neighbour costs its stages x
@@ -275,29 +276,55 @@ def boundary_moves(layout: Layout, steps: Sequence[int] = REFINE_STEPS) -> list[
     return out
 
 
+def shift_moves(layout: Layout) -> list[Layout]:
+    """Layouts with one unit passed between two stages that are not neighbours: every
+    boundary between them moves by one, so the stages in between keep their sizes."""
+    stages = layout.stages
+    cuts = [st.start for st in stages] + [stages[-1].stop]
+    out = []
+    for i in range(len(stages)):
+        for j in range(len(stages)):
+            if abs(i - j) < 2:
+                continue
+            lo, hi, step = (i + 1, j, 1) if j > i else (j + 1, i, -1)  # cuts lo..hi move
+            moved = cuts[:lo] + [c + step for c in cuts[lo:hi + 1]] + cuts[hi + 1:]
+            if all(a < b for a, b in zip(moved, moved[1:])):
+                out.append(Layout(tuple(replace(st, start=moved[k], stop=moved[k + 1])
+                                        for k, st in enumerate(stages)),
+                                  layout.microbatches, layout.origin))
+    return out
+
+
 def refine(problem: Problem, ev: Evaluated, policies: Sequence[Policy],
            budget: list[int]) -> Evaluated:
     """Hill-climb ``ev``'s stage boundaries on the scheduled time (best move per round).
 
     The DP places boundaries by its closed-form stage costs; the scheduler sees fill,
-    drain and links queueing, so moving a boundary by a unit often helps. Every
-    scheduled neighbour takes its stages x microbatches from ``budget[0]`` (shared by the
-    candidates refined, so the work is bounded and deterministic): O(rounds x stages)
-    schedulings, at most ``budget / (stages x microbatches)``.
+    drain and links queueing, so moving a boundary by a unit often helps. A round
+    schedules the ``boundary_moves`` and keeps the best if it is faster; when none is,
+    the ``shift_moves`` (a unit passed between stages further apart, which no single
+    boundary move reaches without first making things worse). Every scheduled neighbour
+    takes its stages x microbatches from ``budget[0]`` (shared by the candidates refined,
+    so the work is bounded and deterministic): O(rounds x stages^2) schedulings, at most
+    ``budget / (stages x microbatches)``; a neighbourhood that does not fit what is left
+    of the budget is skipped.
     """
     best = ev
     for _ in range(REFINE_ROUNDS):
-        moves = boundary_moves(best.layout)
-        cost = len(moves) * len(ev.layout.stages) * ev.layout.microbatches
-        if cost > budget[0]:
-            break
-        budget[0] -= cost
-        timed = [x for lay in moves
-                 if (x := evaluate(problem, lay, full=True, policies=policies)) is not None]
-        top = min(timed, key=_fastest_first, default=None)
-        if top is None or top.makespan_ms >= best.makespan_ms - 1e-9:
-            break
-        best = top
+        for neighbourhood in (boundary_moves, shift_moves):
+            moves = neighbourhood(best.layout)
+            cost = len(moves) * len(ev.layout.stages) * ev.layout.microbatches
+            if not moves or cost > budget[0]:
+                continue
+            budget[0] -= cost
+            timed = [x for lay in moves
+                     if (x := evaluate(problem, lay, full=True, policies=policies)) is not None]
+            top = min(timed, key=_fastest_first, default=None)
+            if top is not None and top.makespan_ms < best.makespan_ms - 1e-9:
+                best = top
+                break
+        else:
+            return best
     return best
 
 

@@ -257,6 +257,30 @@ def test_boundary_refinement_keeps_the_ops_and_never_loses():
     assert better.makespan_ms < start.makespan_ms and budget[0] < 10_000
 
 
+def test_shift_moves_pass_one_unit_between_stages_apart():
+    """Each shift passes one unit from one stage to another at least two apart; the
+    stages in between keep their sizes and the ops stay covered in order."""
+    from dl_nfv.planners.pipeline.search import shift_moves
+
+    sizes = (1, 3, 2, 2)
+    cuts = [0, 1, 4, 6, 8]
+    layout = Layout(tuple(StageSpec(a, b, (f"h{k}/gpu0",))
+                          for k, (a, b) in enumerate(zip(cuts, cuts[1:]))), 4)
+    moves = shift_moves(layout)
+    changes = set()
+    for lay in moves:
+        assert lay.stages[0].start == 0 and lay.stages[-1].stop == 8
+        assert all(a.stop == b.start for a, b in zip(lay.stages, lay.stages[1:]))
+        assert [st.devices for st in lay.stages] == [st.devices for st in layout.stages]
+        new = tuple(st.stop - st.start for st in lay.stages)
+        delta = [n - o for n, o in zip(new, sizes)]
+        gain, loss = delta.index(1), delta.index(-1)
+        assert abs(gain - loss) >= 2 and sorted(delta) == [-1, 0, 0, 1]
+        changes.add((loss, gain))
+    # every ordered pair two or more apart, except taking from the one-unit first stage
+    assert changes == {(0, 2), (2, 0), (0, 3), (3, 0), (1, 3), (3, 1)} - {(0, 2), (0, 3)}
+
+
 def _diamond(width: int, *, gib: float = 1.0, batch: int = 8):
     """a -> (b0 .. b{width-1}) -> d, every op measured on a V100 (10 ms fwd, 20 ms bwd)."""
     from dl_nfv.artifacts import Edge, ModelRef, Op, OpGraph, OpKind
