@@ -41,6 +41,21 @@ class SyncMethod(StrEnum):
     NONE = "none"
 
 
+class TieSync(StrEnum):
+    """How a tied weight held on several devices has its gradient summed.
+
+    ``allreduce``: one AllReduce over every holder after their last backward.
+    ``exchange``: for a weight whose owner is a lookup (an embedding, whose gradient
+    only has rows for the batch's tokens) held by two single-device groups: the
+    sharer sends its dense gradient to the owner as soon as its last backward is done,
+    and the owner sends back only its non-zero rows after its own; each adds what it
+    receives. Ties that do not qualify are AllReduced.
+    """
+
+    ALLREDUCE = "allreduce"
+    EXCHANGE = "exchange"
+
+
 class Collective(StrEnum):
     AUTO = "auto"
     RING = "ring"
@@ -208,6 +223,7 @@ class Plan:
     pipeline: Pipeline | None = None
     order: dict[str, tuple[str, ...]] = field(default_factory=dict)
     fusion: Fusion | None = None
+    tie_sync: TieSync = TieSync.ALLREDUCE
     prediction: Prediction | None = None
     bound_ms: float | None = None
     notes: tuple[str, ...] = ()

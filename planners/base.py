@@ -24,6 +24,7 @@ from dl_nfv.artifacts import (
     Plan,
     PlanStatus,
     Prediction,
+    TieSync,
     Topology,
     fingerprint,
 )
@@ -44,7 +45,8 @@ def finish(*, planner: str, graph: OpGraph, topology: Topology, groups: Sequence
            status: PlanStatus = PlanStatus.HEURISTIC, pipeline: Pipeline | None = None,
            order: dict[str, tuple[str, ...]] | None = None, fusion: Fusion | None = None,
            optimizer: Optimizer = Optimizer.SGD, notes: Sequence[str] = (),
-           cost_model: CostModel | None = None, require_fit: bool = True) -> Plan:
+           cost_model: CostModel | None = None, require_fit: bool = True,
+           tie_sync: TieSync = TieSync.ALLREDUCE) -> Plan:
     """Build, simulate and stamp a plan.
 
     Raises ``InfeasiblePlan`` when ``require_fit`` and the simulated memory of
@@ -56,7 +58,7 @@ def finish(*, planner: str, graph: OpGraph, topology: Topology, groups: Sequence
                  graph_sha256=fingerprint(graph), topology_sha256=fingerprint(topology),
                  batch_size=graph.model.batch_size, optimizer=optimizer, groups=tuple(groups),
                  pipeline=pipeline, order=dict(order or {}), fusion=fusion, status=status,
-                 notes=tuple(notes))
+                 notes=tuple(notes), tie_sync=tie_sync)
     result = simulate(draft, graph, topology, cost_model=cost_model, check_fingerprints=False)
     if require_fit and not result.feasible:
         raise InfeasiblePlan(f"{planner}: {describe_overflow(result, cost_model or CostModel(graph, topology))}")

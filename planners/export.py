@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dl_nfv.artifacts import BadInput, OpGraph, Plan, load
+from dl_nfv.artifacts import BadInput, OpGraph, Plan, TieSync, load
 
 FORMATS = ("torch-pipelining",)
 
@@ -93,6 +93,16 @@ def torch_pipelining(plan: Plan, graph: OpGraph, source: str = "plan") -> dict[s
         if uneven:
             caveats.append(f"stages {uneven} give their replicas uneven batch shares "
                            f"(heterogeneous devices); torch's DataParallel split is even")
+    stage_of = {op: s for s, sid in enumerate(pipe.stages) for op in groups[sid].ops}
+    owner_of = {name: op.id for op in graph.ops for name in op.params}
+    split_ties = sorted({name for op in graph.ops for name in op.shared_params
+                         if name in owner_of and stage_of.get(op.id) != stage_of.get(owner_of[name])})
+    if split_ties:
+        how = ("by exchange (the head's dense gradient one way, the embedding's non-zero rows "
+               "the other)" if plan.tie_sync is TieSync.EXCHANGE else "by AllReduce")
+        caveats.append(f"tied weights {split_ties} are used by two stages; the plan sums their "
+                       f"gradients {how} after each step's backward, which "
+                       f"torch.distributed.pipelining leaves to the caller")
     shared = len(ranks) < len(pipe.stages)
     manifest = {
         "format": "torch-pipelining",

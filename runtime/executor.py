@@ -32,13 +32,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dl_nfv.artifacts import BadInput, OpGraph, Optimizer, Plan, SyncMethod
+from dl_nfv.artifacts import BadInput, OpGraph, Optimizer, Plan, SyncMethod, TieSync
 from dl_nfv.artifacts.runreport import ExecutionMode
+from dl_nfv.simulator.costs import lookup_rows
 
 from .comm import Comm
 from .model import Workload, to_device
 from .partition import probe, split
-from .sync import GradientSync
+from .sync import GradientSync, TieExchange
 from .units import Placement, UnitRunner, accumulations
 
 DEFAULT_LR = {Optimizer.SGD: 0.01, Optimizer.ADAM: 1e-3}
@@ -173,7 +174,7 @@ class PlanExecutor:
 
     # ------------------------------------------------------------------ syncs
     def _syncs(self, plan: Plan, module: torch.nn.Module, placements: dict[str, Placement],
-               group_of_unit: dict[str, Any]) -> list[GradientSync]:
+               group_of_unit: dict[str, Any]) -> list[GradientSync | TieExchange]:
         holders: dict[int, set[str]] = defaultdict(set)
         groups_of: dict[int, list] = defaultdict(list)
         for uid, unit in self.partition.units.items():
@@ -182,9 +183,18 @@ class PlanExecutor:
                 groups_of[id(p)].append(group_of_unit[uid])
         bucket_of = self._bucket_of(plan)
         rank_of = self.ctx.rank_of
+        exchanged = self._exchanged(plan, holders, groups_of)
         keyed: dict[tuple, list[torch.nn.Parameter]] = {}
-        for _, p in module.named_parameters():
+        syncs: list = []
+        for name, p in module.named_parameters():
             if id(p) not in holders or not p.requires_grad:
+                continue
+            if name in exchanged:
+                owner, sharer = exchanged[name]
+                if self.ctx.rank in (owner, sharer):
+                    syncs.append(TieExchange(p, owner=owner, sharer=sharer, rank=self.ctx.rank,
+                                             comm=self.ctx.comm,
+                                             index=sorted(exchanged).index(name)))
                 continue
             groups = groups_of[id(p)]
             ps = all(g.sync is SyncMethod.PS for g in groups) and len(
@@ -194,7 +204,6 @@ class PlanExecutor:
             method = SyncMethod.PS if ps else SyncMethod.ALLREDUCE
             keyed.setdefault((ranks, method, servers), []).append(p)
         everyone = tuple(range(self.ctx.world_size))
-        syncs = []
         for key in sorted(keyed, key=lambda k: (k[0], k[1].value, k[2])):
             ranks, method, servers = key
             # every rank creates every subgroup, in the same order (torch.distributed's rule)
@@ -212,6 +221,33 @@ class PlanExecutor:
                                       method=method, servers=servers, group=group,
                                       accumulations=accumulations(self.runner, self.actions)))
         return syncs
+
+    def _exchanged(self, plan: Plan, holders: dict[int, set[str]], groups_of: dict[int, list]
+                   ) -> dict[str, tuple[int, int]]:
+        """Tied weights summed by exchange (``TieSync.EXCHANGE``): parameter name ->
+        (owner rank, sharer rank), for the ties the cost model lets exchange (its owner
+        a lookup, two single-device groups holding it); every other tie is AllReduced."""
+        if plan.tie_sync is not TieSync.EXCHANGE:
+            return {}
+        graph = self._graph
+        lookups = lookup_rows(graph)
+        owner_of = {name: op.id for op in graph.ops for name in op.params}
+        group_of_op = {op: g for g in plan.groups for op in g.ops}
+        params = dict(self.workload.module.named_parameters())
+        out = {}
+        for op in graph.ops:
+            for name in op.shared_params:
+                owner = owner_of.get(name)
+                p = params.get(name)
+                if owner not in lookups or p is None or id(p) not in holders:
+                    continue
+                devices = holders[id(p)]
+                owner_devices = group_of_op[owner].devices
+                if (len(devices) == 2 and len(owner_devices) == 1
+                        and all(len(g.devices) == 1 for g in groups_of[id(p)])):
+                    (sharer,) = devices - set(owner_devices)
+                    out[name] = (self.ctx.rank_of[owner_devices[0]], self.ctx.rank_of[sharer])
+        return out
 
     def _bucket_of(self, plan: Plan) -> dict[int, int]:
         """Parameter id -> index of the plan's gradient bucket that holds its op."""

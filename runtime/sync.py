@@ -227,3 +227,76 @@ def _shard(buckets: Sequence[Sequence[torch.nn.Parameter]], servers: Sequence[in
             owner[id(p)] = server
             load[server] += p.numel() * p.element_size()
     return owner
+
+
+TIE_TAG = 3 << 29  # tags of tie exchanges (4 per tie), apart from transfers and PS pushes
+
+
+class TieExchange:
+    """A tied weight summed by exchange (``TieSync.EXCHANGE``) between two ranks.
+
+    The owner's op is a lookup, so its gradient of the weight is non-zero only in the
+    rows of the ids it read; the sharer's is dense. When its step's tasks are done the
+    sharer sends its whole gradient to the owner, which has had the receive posted since
+    the step began; when the owner's are done, it sends the indices and values of its
+    non-zero rows and adds the sharer's gradient into its own, and the sharer adds the
+    rows it receives. Both end with the same sum, bitwise (each element is one sum of two
+    addends, and adding a zero row changes nothing).
+    """
+
+    def __init__(self, param: torch.nn.Parameter, *, owner: int, sharer: int, rank: int,
+                 comm: Comm, index: int = 0):
+        self.param, self.owner, self.sharer, self.rank = param, owner, sharer, rank
+        self.comm = comm
+        self.tag = TIE_TAG + 4 * index
+        param.grad = torch.zeros_like(param)
+        self._dense = torch.empty_like(param) if rank == owner else None
+        self._works: list = []
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        return [self.param]
+
+    def owned_params(self) -> list[torch.nn.Parameter]:
+        return [self.param]
+
+    def close(self) -> None:
+        """Nothing to release (no hooks)."""
+
+    def zero_grad(self) -> None:
+        self.param.grad.zero_()
+        self._works = []
+        if self.rank == self.owner:
+            self._works.append(dist.irecv(self._dense, self.sharer, tag=self.tag))
+
+    def reduce(self) -> None:
+        """Exchange this step's gradients; blocks until this rank has the sum."""
+        grad = self.param.grad
+        if self.rank == self.owner:
+            rows = grad.reshape(grad.shape[0], -1).ne(0).any(dim=1).nonzero().flatten()
+            count = torch.tensor([rows.numel()], dtype=torch.int64, device=grad.device)
+            values = grad.index_select(0, rows)
+            payload = (count, rows, values) if rows.numel() else (count,)
+            sends = [dist.isend(t, self.sharer, tag=self.tag + k)
+                     for k, t in enumerate(payload, start=1)]
+            for work in self._works:
+                self.comm.wait(work)
+            grad.add_(self._dense)
+            for work in sends:
+                self.comm.wait(work)
+        else:
+            send = dist.isend(grad, self.owner, tag=self.tag)
+            count = torch.empty(1, dtype=torch.int64, device=grad.device)
+            self.comm.wait(dist.irecv(count, self.owner, tag=self.tag + 1))
+            n = int(count.item())
+            rows = torch.empty(n, dtype=torch.int64, device=grad.device)
+            values = torch.empty((n, *grad.shape[1:]), dtype=grad.dtype, device=grad.device)
+            if n:
+                self.comm.wait(dist.irecv(rows, self.owner, tag=self.tag + 2))
+                self.comm.wait(dist.irecv(values, self.owner, tag=self.tag + 3))
+            self.comm.wait(send)  # the dense gradient has left before the rows are added
+            grad.index_add_(0, rows, values)
+        self._works = []
+
+    def pull(self) -> None:
+        """Nothing to pull: both ranks update their own copy from the same sum."""

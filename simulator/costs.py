@@ -72,7 +72,7 @@ from functools import cached_property
 
 import numpy as np
 
-from dl_nfv.artifacts import Cluster, Collective, OpGraph, Topology, cluster_of
+from dl_nfv.artifacts import Cluster, Collective, OpGraph, OpKind, Topology, cluster_of
 from dl_nfv.artifacts.devices import DeviceType
 
 MIN_EFFICIENCY = 0.05
@@ -99,6 +99,32 @@ class Flow:
     src: str
     dst: str
     nbytes: float
+
+
+def lookup_rows(graph: OpGraph) -> dict[str, float]:
+    """Owner op -> bytes of the rows of its tied weight's gradient that it can make
+    non-zero, for owners that are lookups: an op that reads only graph inputs (token
+    ids) and owns a tied weight updates one row per id at most, and each row is one
+    position of its output. So at most its output's bytes of the gradient (plus the
+    ids, which say which rows) are non-zero, whatever the vocabulary. Owners that read
+    anything else are absent (their gradient is dense)."""
+    index = graph.index
+    owner_of = {name: op.id for op in graph.ops for name in op.params}
+    owners = {owner_of[name] for op in graph.ops for name in op.shared_params if name in owner_of}
+    into: dict[str, list] = defaultdict(list)
+    sent: dict[str, int] = defaultdict(int)  # largest output edge (an op may not record output_bytes)
+    for e in graph.edges:
+        into[e.dst].append(e)
+        sent[e.src] = max(sent[e.src], e.bytes)
+    out = {}
+    for owner in sorted(owners):
+        edges = into.get(owner, [])
+        if edges and all(index[e.src].kind == OpKind.INPUT for e in edges):
+            tied = max(nbytes for op in graph.ops for name, nbytes in op.shared_params.items()
+                       if owner_of.get(name) == owner)
+            rows = max(index[owner].output_bytes, sent[owner])
+            out[owner] = float(min(tied, rows) + sum(e.bytes for e in edges))
+    return out
 
 
 class CostModel:
@@ -161,6 +187,26 @@ class CostModel:
         owner_of = {name: op.id for op in self.graph.ops for name in op.params}
         return [(name, owner_of[name], op.id, float(nbytes)) for op in self.graph.ops
                 for name, nbytes in op.shared_params.items() if name in owner_of]
+
+    @cached_property
+    def tie_rows(self) -> dict[str, float]:
+        """``lookup_rows`` of the graph, cached."""
+        return lookup_rows(self.graph)
+
+    def exchangeable(self, owner: str, owner_devices: Sequence[str],
+                     sharer_devices: Sequence[Sequence[str]]) -> bool:
+        """Whether a tie can be summed by exchange (``TieSync.EXCHANGE``): its owner is a
+        lookup (``tie_rows``), the owner's group and every sharer's group run on one device
+        each, and one other device than the owner's holds it."""
+        holders = {*owner_devices, *(d for devs in sharer_devices for d in devs)}
+        return (owner in self.tie_rows and len(owner_devices) == 1 and len(holders) == 2
+                and all(len(devs) == 1 for devs in sharer_devices))
+
+    def exchange_add_ms(self, device: str, nbytes: float) -> float:
+        """A tie exchange's sum on ``device``: scan ``nbytes`` of gradient for non-zero
+        rows (one pass) and add what was received into it (a backward's accumulation)."""
+        bandwidth = self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6
+        return nbytes * (1.0 + ACCUMULATE_PASSES) / bandwidth
 
     @cached_property
     def ops_by_id(self) -> dict:

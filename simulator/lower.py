@@ -40,6 +40,7 @@ from dl_nfv.artifacts import (
     OpGraph,
     Plan,
     SyncMethod,
+    TieSync,
     Topology,
 )
 
@@ -516,6 +517,7 @@ class _Lowering:
         # per device: the tasks its optimizer update waits for, and the parameter bytes it updates
         self.update_deps: dict[int, list[int]] = defaultdict(list)
         self.update_bytes: dict[int, float] = defaultdict(float)
+        self.update_extra_ms: dict[int, float] = defaultdict(float)  # tie exchanges' sums
         self.grad_bytes: dict[int, float] = defaultdict(float)  # gradient buckets per device
         self.static: list[float] = [0.0] * len(self.device_names)
         self.server_updates: list[int] = []
@@ -615,9 +617,23 @@ class _Lowering:
                 self.grad_bytes[d] += nbytes
             out[owner] += nbytes
             names = [self.device_names[d] for d in holders]
-            deps = self._backward_tasks([owner], groups.replicas[self.op_group[owner]])
-            for s in sharers:
-                deps += self._backward_tasks([s], groups.replicas[self.op_group[s]])
+            owner_reps = groups.replicas[self.op_group[owner]]
+            deps = self._backward_tasks([owner], owner_reps)
+            sharer_reps = [groups.replicas[self.op_group[s]] for s in sharers]
+            if self.plan.tie_sync == TieSync.EXCHANGE and cm.exchangeable(
+                    owner, [names[0]] if len(owner_reps) == 1 else names,
+                    [[self.device_names[groups.rep_device[r]] for r in reps]
+                     for reps in sharer_reps]):
+                # each sends when its group's last backward is done (as the runtime does,
+                # after its step's tasks)
+                owner_group = self.plan.groups[self.op_group[owner]]
+                sharer_group = self.plan.groups[self.op_group[sharers[0]]]
+                self._exchange(name, nbytes, cm.tie_rows[owner], holders[0], extra[0],
+                               self._backward_tasks(owner_group.ops, owner_reps),
+                               self._backward_tasks(sharer_group.ops, sharer_reps[0]))
+                continue
+            for s, reps in zip(sharers, sharer_reps):
+                deps += self._backward_tasks([s], reps)
             ms = cm.allreduce_ms(names, nbytes)
             links = cm.collective_link_bytes("allreduce", names, nbytes)
             t = tg.add_comm(TaskKind.ALLREDUCE, self._held(links) + tuple(-1 - d for d in holders),
@@ -628,6 +644,25 @@ class _Lowering:
             for d in holders:
                 self.update_deps[d].append(t)
         return out
+
+    def _exchange(self, name: str, nbytes: float, rows: float, owner: int, sharer: int,
+                  owner_deps: list[int], sharer_deps: list[int]) -> None:
+        """A tie summed by exchange (``TieSync.EXCHANGE``): the sharer's dense gradient goes
+        to the owner after the sharer's last backward, the owner's non-zero rows go back
+        after the owner's; each device adds what it receives before its update."""
+        tg, cm = self.tg, self.cm
+        for src, dst, size, deps, what in ((sharer, owner, nbytes, sharer_deps, "dense"),
+                                           (owner, sharer, rows, owner_deps, "rows")):
+            hosts = tuple(-1 - d for d in (src, dst) if tg.host_driven[d])
+            ms = cm.transfer_ms(self.device_names[src], self.device_names[dst], size)
+            t = tg.add_comm(TaskKind.TRANSFER, self._route(src, dst) + hosts, ms, size,
+                            (f"tied {name} {what}", "F", 0, size, src, dst))
+            if hosts:
+                self._stream_tasks.append(t)
+            for dep in deps:
+                tg.depend(dep, t)
+            self.update_deps[dst].append(t)
+            self.update_extra_ms[dst] += cm.exchange_add_ms(self.device_names[dst], size)
 
     def _held(self, link_bytes: dict) -> tuple[int, ...]:
         """Resource ids of the links a collective loads (it holds exactly those)."""
@@ -770,7 +805,8 @@ class _Lowering:
             name = self.device_names[d]
             # (the buckets are zeroed here; each backward added into them: _compute_tasks)
             ms = (self.cm.update_ms(nbytes, name, plan.optimizer.state_factor)
-                  + self.cm.upkeep_ms(self.grad_bytes.get(d, 0.0), name, 0))
+                  + self.cm.upkeep_ms(self.grad_bytes.get(d, 0.0), name, 0)
+                  + self.update_extra_ms.get(d, 0.0))
             t = tg.add_compute(TaskKind.UPDATE, d, ms, 3 * U * M, ("",))
             self.updates[d] = t
             for dep in deps or ():

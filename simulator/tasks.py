@@ -172,6 +172,8 @@ class TaskGraph:
             return f"recompute gradient {info[0]}"
         if kind == TaskKind.TRANSFER:
             unit, direction, mb, nbytes, _, _ = info
+            if isinstance(unit, str):  # not a unit's output: a tie exchange's gradient
+                return unit
             what = "activation" if direction == "F" else "gradient"
             return f"{what} {self.unit_names[unit]}" + (
                 f" mb{mb}" if self.microbatches > 1 else "")

@@ -33,7 +33,9 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   earlier one splits the tie, whose gradient is then AllReduced over at least two
   devices after the earlier user's last backward, which the last microbatch reaches
   only after passing back from this stage: its chain-offset term gains that
-  AllReduce's floor (less the chain of the ops before the earlier user);
+  AllReduce's floor (less the chain of the ops before the earlier user); where the
+  plans may exchange the tie (``TieSync.EXCHANGE``), the floor of sending the earlier
+  user's rows instead;
 * **chain**: microbatch 0 cannot reach a stage before it passed the stages
   in front of it, and after a stage's last backward the last microbatch still
   has to pass them backwards: each earlier stage adds at least its first
@@ -68,6 +70,8 @@ from __future__ import annotations
 from heapq import heapify, heappop, heappush
 
 import numpy as np
+
+from dl_nfv.artifacts import TieSync
 
 from .problem import Problem
 
@@ -230,18 +234,24 @@ def _tie_terms(p: Problem, bounds: list[int], chain_r: np.ndarray, floor: np.nda
     earlier user's last backward, and that comes only after this stage's last backward
     has passed back through the stages in front of it. So the stage's chain-offset term
     gains the AllReduce floor of a two-device group (``floor[2]`` per byte), less the
-    chain of the regions before the earlier user (their backward may overlap it). Ties
-    within one region that may be split are left out (the region counts for neither).
+    chain of the regions before the earlier user (their backward may overlap it). Where
+    the problem's plans may exchange the tie (``TieSync.EXCHANGE``, an owner that is a
+    lookup), the later user needs only the owner's rows, one way, at the same floor per
+    byte (``2 (k - 1) / k`` is 1 for two devices). Ties within one region that may be
+    split are left out (the region counts for neither).
     """
     U = len(bounds) - 1
     out = np.zeros((U + 1, U + 1))
     if len(floor) < 3 or not p.cm.ties:
         return out
     region = np.searchsorted(np.asarray(bounds), np.arange(len(p.order)), side="right") - 1
+    exchange = p.tie_sync is TieSync.EXCHANGE
     for _, owner, sharer, nbytes in p.cm.ties:
         a, b = sorted((int(region[p.pos[owner]]), int(region[p.pos[sharer]])))
         if a == b:
             continue
+        if exchange and owner in p.cm.tie_rows:  # only the owner's rows need come back
+            nbytes = min(nbytes, p.cm.tie_rows[owner])
         term = max(0.0, nbytes * float(floor[2]) - float(chain_r[0, a]))
         # stages [i, j) with a < i <= b < j
         out[a + 1:b + 1, b + 1:] += term

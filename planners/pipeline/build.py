@@ -28,7 +28,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dl_nfv.artifacts import Fusion, Group, Pipeline, ScheduleKind, SyncMethod
+from dl_nfv.artifacts import Fusion, Group, Pipeline, ScheduleKind, SyncMethod, TieSync
 from dl_nfv.planners.base import gradient_buckets, integer_shares
 from dl_nfv.planners.schedules import Schedule, schedule_kind_of
 from dl_nfv.simulator.costs import Flow
@@ -120,7 +120,7 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
         if held > 0:
             sync += max(cm.update_ms(held, d, problem.state_factor) + cm.upkeep_ms(held, d, 0)
                         for d in r.devices)
-        sync_ms.append(sync)
+        sync_ms.append(sync + tied.add_ms[s])
         static = problem.static_bytes(stage.start, stage.stop) + \
             tied.borrowed[s] * (2.0 + problem.state_factor)
         act = problem.activation_bytes(stage.start, stage.stop)
@@ -143,7 +143,8 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
         links[(s, t, "F")] = cm.flow_links(flows)
         links[(s, t, "B")] = cm.flow_links(Flow(f.dst, f.src, f.nbytes) for f in flows)
     return StageCosts(f_ms=tuple(f_ms), b_ms=tuple(b_ms), send_ms=send_ms, sync_ms=tuple(sync_ms),
-                      caps=tuple(caps), microbatches=M, links=links, ties=tied.allreduces)
+                      caps=tuple(caps), microbatches=M, links=links, ties=tied.allreduces,
+                      exchanges=tied.exchanges)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,23 +156,30 @@ class _Tied:
     # per tie, the stages holding it and its AllReduce: it starts after the last of their
     # backwards, and every one of them updates after it
     allreduces: tuple[tuple[tuple[int, ...], float], ...]
+    # ties summed by exchange (StageCosts.exchanges), and per stage the time of its sums
+    exchanges: tuple[tuple[int, int, float, frozenset, float, frozenset], ...] = ()
+    add_ms: tuple[float, ...] = ()
 
 
 def _tied(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> _Tied:
     """Tied weights across stages: every device of the owner's and the sharers' stages holds
     the weight, and one AllReduce over all of them sums its gradient after the last of their
-    backwards, before any of them updates."""
+    backwards, before any of them updates; or, when the problem's plans exchange ties and
+    this one qualifies (``CostModel.exchangeable``), the sharer's dense gradient goes to
+    the owner and the owner's rows come back (``StageCosts.exchanges``), and each adds
+    what it receives before its update (``add_ms``), as the simulator lowers it."""
     S = len(layout.stages)
-    borrowed, lent, ar = [0.0] * S, [0.0] * S, []
+    borrowed, lent, ar, ex, add = [0.0] * S, [0.0] * S, [], [], [0.0] * S
     if not problem.ties:
-        return _Tied(tuple(borrowed), tuple(lent), ())
+        return _Tied(tuple(borrowed), tuple(lent), (), (), tuple(add))
+    cm = problem.cm
     stops = [st.stop for st in layout.stages]
-    sharers: dict[tuple[str, int], tuple[float, set[int]]] = {}
+    sharers: dict[tuple[str, int], tuple[float, set[int], str]] = {}
     for name, owner, sharer, nbytes in problem.ties:
         so, ss = bisect.bisect_right(stops, owner), bisect.bisect_right(stops, sharer)
         if so != ss:
-            sharers.setdefault((name, so), (nbytes, set()))[1].add(ss)
-    for (_, so), (nbytes, stages) in sorted(sharers.items()):
+            sharers.setdefault((name, so), (nbytes, set(), problem.tie_owner[name]))[1].add(ss)
+    for (_, so), (nbytes, stages, owner) in sorted(sharers.items()):
         holders = list(dict.fromkeys(d for s in (so, *sorted(stages)) for d in reps[s].devices))
         extra = [s for s in stages if set(reps[s].devices) - set(reps[so].devices)]
         if not extra:
@@ -179,8 +187,18 @@ def _tied(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> _Tied:
         lent[so] += nbytes
         for s in extra:
             borrowed[s] += nbytes
-        ar.append(((so, *sorted(extra)), problem.cm.allreduce_ms(holders, nbytes)))
-    return _Tied(tuple(borrowed), tuple(lent), tuple(ar))
+        if problem.tie_sync is TieSync.EXCHANGE and len(extra) == 1 and cm.exchangeable(
+                owner, reps[so].devices, [reps[s].devices for s in stages]):
+            (st,) = extra
+            (a,), (b,) = reps[so].devices, reps[st].devices
+            rows = cm.tie_rows[owner]
+            ex.append((so, st, cm.transfer_ms(b, a, nbytes), cm.flow_links([Flow(b, a, nbytes)]),
+                       cm.transfer_ms(a, b, rows), cm.flow_links([Flow(a, b, rows)])))
+            add[so] += cm.exchange_add_ms(a, nbytes)
+            add[st] += cm.exchange_add_ms(b, rows)
+            continue
+        ar.append(((so, *sorted(extra)), cm.allreduce_ms(holders, nbytes)))
+    return _Tied(tuple(borrowed), tuple(lent), tuple(ar), tuple(ex), tuple(add))
 
 
 def _exposed_allreduce_ms(problem: Problem, stage: StageSpec, reps: Replicas, m: int) -> float:

@@ -32,6 +32,7 @@ from dl_nfv.artifacts import (
     Plan,
     PlanStatus,
     SyncMethod,
+    TieSync,
     Topology,
     fingerprint,
 )
@@ -91,7 +92,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     devices), O(layouts x stages^2 x microbatches) for scheduling, plus ~10 simulations.
     """
     t0 = started()
-    problem = Problem(graph, topology)
+    problem = Problem(graph, topology, tie_sync=TieSync.EXCHANGE)
     _check_options(problem, microbatches, max_stages, schedule, time_limit)
     _check_memory_floor(problem)
     policies = SCHEDULES[schedule]
@@ -126,7 +127,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
                   options={"microbatches": microbatches, "max_stages": max_stages,
                            "schedule": schedule, "time_limit": time_limit},
                   started_at=t0, bound=bound, status=status, pipeline=best.pipeline,
-                  fusion=best.fusion, cost_model=problem.cm, notes=notes)
+                  fusion=best.fusion, cost_model=problem.cm, notes=notes,
+                  tie_sync=problem.tie_sync)
 
 
 def pipeline_bound(problem: Problem) -> Bound:
@@ -283,7 +285,8 @@ def _simulate(problem: Problem, draft: _Draft) -> None:
     graph, topology = problem.graph, problem.topology
     plan = Plan(planner="pipeline", graph_sha256=fingerprint(graph),
                 topology_sha256=fingerprint(topology), batch_size=graph.model.batch_size,
-                groups=tuple(draft.groups), pipeline=draft.pipeline, fusion=draft.fusion)
+                groups=tuple(draft.groups), pipeline=draft.pipeline, fusion=draft.fusion,
+                tie_sync=problem.tie_sync)
     result = simulate(plan, graph, topology, cost_model=problem.cm, check_fingerprints=False)
     draft.iteration_ms = result.iteration_ms
     draft.feasible = result.feasible

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dl_nfv.artifacts import OpGraph, Optimizer, Topology
+from dl_nfv.artifacts import OpGraph, Optimizer, TieSync, Topology
 from dl_nfv.simulator.costs import CostModel
 
 MAX_UNITS = 96
@@ -49,13 +49,18 @@ class Problem:
         Shared with the simulator calls of the same planner run.
     optimizer : Optimizer
         Decides the optimizer-state bytes per parameter byte.
+    tie_sync : TieSync
+        How the plans made on it sum tied weights split across stages (the pipeline
+        planner exchanges them where it can; the baselines AllReduce them).
 
     Construction is O(ops x device types + edges x ops).
     """
 
     def __init__(self, graph: OpGraph, topology: Topology, cost_model: CostModel | None = None,
-                 optimizer: Optimizer = Optimizer.SGD, max_units: int = MAX_UNITS):
+                 optimizer: Optimizer = Optimizer.SGD, max_units: int = MAX_UNITS,
+                 tie_sync: TieSync = TieSync.ALLREDUCE):
         self.graph = graph
+        self.tie_sync = tie_sync
         self.topology = topology
         self.cm = cm = cost_model or CostModel(graph, topology)
         self.optimizer = optimizer
@@ -99,6 +104,7 @@ class Problem:
         self.ties: list[tuple[str, int, int, float]] = [
             (name, int(unit[self.pos[owner]]), int(unit[self.pos[sharer]]), nbytes)
             for name, owner, sharer, nbytes in cm.ties]
+        self.tie_owner = {name: owner for name, owner, _, _ in cm.ties}  # parameter -> op
         self.type_of = np.array([cm.device_type_index[d] for d in self.devices], dtype=np.int64)
         self.memory_bytes = np.array([cm.memory_bytes(d) for d in self.devices], dtype=np.float64)
         self.device_index = {d: i for i, d in enumerate(self.devices)}

@@ -59,6 +59,11 @@ class StageCosts:
     # tied weights across stages: (the stages holding one, its AllReduce ms); it starts when
     # the last of their backwards ends, and their syncs start after it
     ties: tuple[tuple[tuple[int, ...], float], ...] = ()
+    # tied weights summed by exchange: (owner stage, sharer stage, ms of the sharer's dense
+    # gradient to the owner, sent when the sharer's last task ends, and the link capacities
+    # it occupies; the same for the owner's rows back); each one's sync starts once what it
+    # receives has arrived
+    exchanges: tuple[tuple[int, int, float, frozenset, float, frozenset], ...] = ()
 
     def channels(self, s: int, t: int, direction: str) -> tuple:
         """What the transfer ``s -> t`` (``F``) or ``t -> s`` (``B``) queues on: its links,
@@ -118,6 +123,15 @@ class _Sim:
         self.chan_f = [{t: costs.channels(s, t, "F") for t in self.sinks[s]} for s in range(S)]
         self.chan_b = [{u: costs.channels(u, s, "B") for u in self.sources[s]} for s in range(S)]
         self.free = [0.0] * S
+        # tie exchanges: what each stage sends when its last task ends, and their arrivals
+        self.done = [0] * S
+        self.exchange_sends: dict[int, list[tuple[int, tuple, float]]] = {}
+        for k, (owner, sharer, dense, dense_links, rows, rows_links) in enumerate(costs.exchanges):
+            self.exchange_sends.setdefault(sharer, []).append(
+                (owner, tuple(dense_links) or (("tie", k, "dense"),), dense))
+            self.exchange_sends.setdefault(owner, []).append(
+                (sharer, tuple(rows_links) or (("tie", k, "rows"),), rows))
+        self.received = [0.0] * S
 
     def send(self, channels: tuple, ready: float, duration: float) -> float:
         """A transfer ready at ``ready`` waits for every channel it needs (FIFO); its arrival."""
@@ -162,6 +176,10 @@ class _Sim:
                     self.ready_b[u][m] = self.arrive_b[u][m]
                     touched.append(u)
         self.free[s] = end
+        self.done[s] += 1
+        if self.done[s] == 2 * self.M:
+            for dst, channels, ms in self.exchange_sends.get(s, ()):
+                self.received[dst] = max(self.received[dst], self.send(channels, end, ms))
         return touched
 
     def makespan(self) -> float:
@@ -170,6 +188,8 @@ class _Sim:
             end = max(self.free[s] for s in stages) + ms
             for s in stages:
                 ready[s] = max(ready[s], end)
+        for s in self.exchange_sends:
+            ready[s] = max(ready[s], self.received[s])
         return max(r + sync for r, sync in zip(ready, self.costs.sync_ms))
 
     def fixed(self, schedule: Schedule, label: str) -> Timed:
@@ -285,6 +305,8 @@ def flush_estimate_ms(costs: StageCosts) -> float:
     for stages, ms in costs.ties:
         for s in stages:
             tail[s] += ms
+    for _, sharer, _, _, rows, _ in costs.exchanges:  # (the dense one goes during the drain)
+        tail[sharer] += rows
     return chain + (M - 1) * bottleneck + max(tail, default=0.0) if S else 0.0
 
 

@@ -65,6 +65,19 @@ def test_unequal_replication_is_stated():
     assert any("uneven batch shares" in c for c in caveats)
 
 
+def test_a_split_tie_is_stated_with_how_the_plan_sums_it():
+    from tests.planners.test_pipeline_scheduler import _looked_up, _tied
+
+    graph = _looked_up(_tied(chain(4, param_bytes=GIB), GIB // 4))
+    plan = run("pipeline", graph, nvlink(4), max_stages=4, microbatches=2)
+    assert plan.tie_sync.value == "exchange" and len(plan.pipeline.stages) >= 2
+    caveats = json.loads(torch_pipelining(plan, graph)["split_points.json"])["caveats"]
+    assert any("tied weights ['layers.0.weight']" in c and "by exchange" in c for c in caveats)
+    gpipe = run("gpipe", graph, nvlink(4), microbatches=2)
+    caveats = json.loads(torch_pipelining(gpipe, graph)["split_points.json"])["caveats"]
+    assert any("by AllReduce" in c for c in caveats)
+
+
 def test_a_plan_without_pipeline_is_refused():
     graph = chain(4, param_bytes=2**20)
     plan = run("dp", graph, nvlink(2))

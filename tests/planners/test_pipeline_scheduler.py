@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dl_nfv.artifacts import Plan, fingerprint, from_data
+from dl_nfv.artifacts import Plan, TieSync, fingerprint, from_data
 from dl_nfv.artifacts.topology import Topology
 from dl_nfv.planners import run
 from dl_nfv.planners.pipeline.build import (
@@ -183,10 +183,12 @@ def test_a_split_tie_adds_its_allreduce_floor_to_the_bound():
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layers=st.integers(3, 6), types=st.lists(st.sampled_from([V100, "P100"]), min_size=2, max_size=4),
        gib=st.sampled_from([0.05, 1.0, 3.0]), tie=st.sampled_from([0.01, 0.3, 1.0]),
-       batch=st.sampled_from([4, 8]))
-def test_bound_with_tied_weights_never_above_a_simulated_plan(layers, types, gib, tie, batch):
-    _assert_bound_holds(_tied(chain(layers, param_bytes=int(gib * GIB), batch=batch),
-                              int(tie * GIB)), _topology(types))
+       batch=st.sampled_from([4, 8]), lookup=st.booleans())
+def test_bound_with_tied_weights_never_above_a_simulated_plan(layers, types, gib, tie, batch,
+                                                              lookup):
+    # (with a lookup owner the pipeline planner's plans exchange the tie)
+    graph = _tied(chain(layers, param_bytes=int(gib * GIB), batch=batch), int(tie * GIB))
+    _assert_bound_holds(_looked_up(graph) if lookup else graph, _topology(types))
 
 
 def test_a_tie_holds_back_every_holder_s_update():
@@ -228,6 +230,51 @@ def test_scheduler_matches_the_simulator_with_a_tie_across_stages(nics, policy):
                 fusion=stage_buckets(problem, layout, reps))
     sim = simulate(plan, graph, topo, check_fingerprints=False).iteration_ms
     assert sim == pytest.approx(timed.makespan_ms, rel=1e-6)
+
+
+def _looked_up(graph, ids_bytes: int = 4096):
+    """``graph`` with its first op reading token ids from an input (a lookup)."""
+    from dl_nfv.artifacts import Edge, Op, OpKind
+
+    ids = Op(id="ids", name="ids", kind=OpKind.INPUT, output_bytes=ids_bytes)
+    return replace(graph, ops=(ids, *graph.ops),
+                   edges=(Edge(src="ids", dst=graph.ops[0].id, bytes=ids_bytes), *graph.edges))
+
+
+@pytest.mark.parametrize("nics,policy", [(True, Policy.GPIPE), (True, Policy.LIST),
+                                         (False, Policy.GPIPE), (False, Policy.ONE_F_ONE_B),
+                                         (False, Policy.LIST)])
+def test_scheduler_matches_the_simulator_with_a_tie_exchanged(nics, policy):
+    """The embedding is a lookup, so the tie is summed by exchange: the head's 256 MiB
+    dense gradient goes to stage 0 when stage 3's tasks are done, and the embedding's rows
+    (one per output position: 4 MiB, plus the ids) come back after stage 0's. The
+    scheduler times it as the simulator does, and the iteration is shorter than with the
+    AllReduce."""
+    graph = _looked_up(_tied(chain(4, param_bytes=GIB // 4), GIB // 4))
+    topo = _topology([V100] * 4) if nics else nvlink(4)
+    times = {}
+    for sync in TieSync:
+        problem = Problem(graph, topo, tie_sync=sync)
+        assert problem.cm.tie_rows == {"l0": 4 * 2**20 + 4096}
+        # the input rides with the first layer
+        cuts = [0, 2, 3, 4, 5]
+        layout = Layout(tuple(StageSpec(a, b, (d,)) for a, b, d in
+                              zip(cuts, cuts[1:], problem.devices[:4])), 8)
+        reps = all_replicas(problem, layout)
+        c = stage_costs(problem, layout, reps)
+        exchanged = sync is TieSync.EXCHANGE
+        assert [(e[0], e[1]) for e in c.exchanges] == ([(0, 3)] if exchanged else [])
+        assert [stages for stages, _ in c.ties] == ([] if exchanged else [(0, 3)])
+        timed = schedule_run(c, policy)
+        groups, pipeline = groups_and_pipeline(problem, layout, reps, timed.schedule)
+        plan = Plan(planner="pipeline", graph_sha256=fingerprint(graph),
+                    topology_sha256=fingerprint(topo), batch_size=graph.model.batch_size,
+                    groups=tuple(groups), pipeline=pipeline,
+                    fusion=stage_buckets(problem, layout, reps), tie_sync=sync)
+        times[sync] = simulate(plan, graph, topo, check_fingerprints=False).iteration_ms
+        if exchanged or not nics:
+            assert times[sync] == pytest.approx(timed.makespan_ms, rel=1e-6)
+    assert times[TieSync.EXCHANGE] < times[TieSync.ALLREDUCE]
 
 
 def test_boundary_refinement_keeps_the_ops_and_never_loses():

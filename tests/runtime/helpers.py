@@ -68,6 +68,25 @@ def graph_of(name: str, batch_size: int | None = None, **ref_options) -> OpGraph
     return OpGraph(model=ref, ops=ops, edges=tuple(edges.values()))
 
 
+def with_parameters(graph: OpGraph) -> OpGraph:
+    """``graph`` with every op's owned and shared (tied) parameters, as the profiler
+    records them, so that ties are visible in the graph."""
+    import dataclasses
+
+    from dl_nfv.profilers.capture import capture
+    from dl_nfv.profilers.graph import _owned_params
+    from dl_nfv.profilers.zoo import instantiate
+
+    workload = instantiate(graph.model, seed=0)
+    owned, shared = _owned_params(capture(workload.module,
+                                          workload.make_batch(graph.model.batch_size, 0)[0]))
+    ops = tuple(dataclasses.replace(
+        op, params=tuple(n for n, _ in owned.get(op.id, ())),
+        param_bytes=sum(p.numel() * p.element_size() for _, p in owned.get(op.id, ())),
+        shared_params=dict(shared.get(op.id, {}))) for op in graph.ops)
+    return dataclasses.replace(graph, ops=ops)
+
+
 def compute_ops(graph: OpGraph) -> list[str]:
     return [op.id for op in graph.ops if op.kind is not OpKind.INPUT]
 

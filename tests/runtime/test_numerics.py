@@ -15,14 +15,16 @@ looser parameter bound for it).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
 
-from dl_nfv.artifacts import Optimizer, SyncMethod
+from dl_nfv.artifacts import Optimizer, SyncMethod, TieSync
 from dl_nfv.runtime.launcher import train
 from dl_nfv.runtime.reference import reference_run
 from dl_nfv.runtime.worker import WorkerOptions
+from dl_nfv.simulator.costs import lookup_rows
 
 from .helpers import (
     MODELS,
@@ -33,6 +35,7 @@ from .helpers import (
     pipeline_plan,
     placement_plan,
     topology,
+    with_parameters,
     write,
 )
 
@@ -97,6 +100,19 @@ def test_pipeline_1f1b_with_tied_weights(tmp_path):
     d = devices(2)
     plan = pipeline_plan(graph, topo, [[d[0]], [d[1]]], microbatches=2, kind="1f1b")
     _check(tmp_path, graph, topo, plan)
+
+
+def test_pipeline_with_a_tie_summed_by_exchange(tmp_path):
+    # the embedding is a lookup of the ids (its gradient has rows only for the 32 ids of a
+    # batch, of 96), so the head's dense gradient goes to stage 0 and those rows come back
+    graph = with_parameters(graph_of(f"{MODELS}:gpt2_tiny_without_dropout",
+                                     input_shapes=[(4, 8)], input_dtypes=["int64"]))
+    (owner,) = lookup_rows(graph)
+    assert lookup_rows(graph)[owner] < graph.index[owner].param_bytes
+    topo = topology(2)
+    d = devices(2)
+    plan = pipeline_plan(graph, topo, [[d[0]], [d[1]]], microbatches=2, kind="1f1b")
+    _check(tmp_path, graph, topo, dataclasses.replace(plan, tie_sync=TieSync.EXCHANGE))
 
 
 def test_pipeline_custom_order_two_stages_per_device(tmp_path):
