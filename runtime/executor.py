@@ -186,15 +186,12 @@ class PlanExecutor:
         exchanged = self._exchanged(plan, holders, groups_of)
         keyed: dict[tuple, list[torch.nn.Parameter]] = {}
         syncs: list = []
+        tied: dict[str, torch.nn.Parameter] = {}
         for name, p in module.named_parameters():
             if id(p) not in holders or not p.requires_grad:
                 continue
             if name in exchanged:
-                owner, sharer = exchanged[name]
-                if self.ctx.rank in (owner, sharer):
-                    syncs.append(TieExchange(p, owner=owner, sharer=sharer, rank=self.ctx.rank,
-                                             comm=self.ctx.comm,
-                                             index=sorted(exchanged).index(name)))
+                tied[name] = p
                 continue
             groups = groups_of[id(p)]
             ps = all(g.sync is SyncMethod.PS for g in groups) and len(
@@ -203,6 +200,16 @@ class PlanExecutor:
             ranks = tuple(sorted({rank_of[d] for d in holders[id(p)]} | set(servers)))
             method = SyncMethod.PS if ps else SyncMethod.ALLREDUCE
             keyed.setdefault((ranks, method, servers), []).append(p)
+        # each exchange gets a communicator of its own, so that its receive, posted when a
+        # step begins, cannot be matched with the pipeline's transfers (NCCL matches
+        # point-to-point calls between two ranks in the order they are issued)
+        for index, name in enumerate(sorted(tied)):
+            owner, sharer = exchanged[name]
+            group = dist.new_group(sorted((owner, sharer)))  # every rank, in the same order
+            if self.ctx.rank in (owner, sharer):
+                syncs.append(TieExchange(tied[name], owner=owner, sharer=sharer,
+                                         rank=self.ctx.rank, comm=self.ctx.comm, group=group,
+                                         index=index))
         everyone = tuple(range(self.ctx.world_size))
         for key in sorted(keyed, key=lambda k: (k[0], k[1].value, k[2])):
             ranks, method, servers = key

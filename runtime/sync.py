@@ -241,13 +241,15 @@ class TieExchange:
     the step began; when the owner's are done, it sends the indices and values of its
     non-zero rows and adds the sharer's gradient into its own, and the sharer adds the
     rows it receives. Both end with the same sum, bitwise (each element is one sum of two
-    addends, and adding a zero row changes nothing).
+    addends, and adding a zero row changes nothing). On its own communicator (``group``),
+    the calls pair up in the order each side issues them: the owner receives the dense
+    gradient, then sends the count, rows and values; the sharer the other way round.
     """
 
     def __init__(self, param: torch.nn.Parameter, *, owner: int, sharer: int, rank: int,
-                 comm: Comm, index: int = 0):
+                 comm: Comm, group=None, index: int = 0):
         self.param, self.owner, self.sharer, self.rank = param, owner, sharer, rank
-        self.comm = comm
+        self.comm, self.group = comm, group
         self.tag = TIE_TAG + 4 * index
         param.grad = torch.zeros_like(param)
         self._dense = torch.empty_like(param) if rank == owner else None
@@ -267,7 +269,8 @@ class TieExchange:
         self.param.grad.zero_()
         self._works = []
         if self.rank == self.owner:
-            self._works.append(dist.irecv(self._dense, self.sharer, tag=self.tag))
+            self._works.append(dist.irecv(self._dense, self.sharer, group=self.group,
+                                          tag=self.tag))
 
     def reduce(self) -> None:
         """Exchange this step's gradients; blocks until this rank has the sum."""
@@ -277,7 +280,7 @@ class TieExchange:
             count = torch.tensor([rows.numel()], dtype=torch.int64, device=grad.device)
             values = grad.index_select(0, rows)
             payload = (count, rows, values) if rows.numel() else (count,)
-            sends = [dist.isend(t, self.sharer, tag=self.tag + k)
+            sends = [dist.isend(t, self.sharer, group=self.group, tag=self.tag + k)
                      for k, t in enumerate(payload, start=1)]
             for work in self._works:
                 self.comm.wait(work)
@@ -285,15 +288,16 @@ class TieExchange:
             for work in sends:
                 self.comm.wait(work)
         else:
-            send = dist.isend(grad, self.owner, tag=self.tag)
+            send = dist.isend(grad, self.owner, group=self.group, tag=self.tag)
             count = torch.empty(1, dtype=torch.int64, device=grad.device)
-            self.comm.wait(dist.irecv(count, self.owner, tag=self.tag + 1))
+            self.comm.wait(dist.irecv(count, self.owner, group=self.group, tag=self.tag + 1))
             n = int(count.item())
             rows = torch.empty(n, dtype=torch.int64, device=grad.device)
             values = torch.empty((n, *grad.shape[1:]), dtype=grad.dtype, device=grad.device)
             if n:
-                self.comm.wait(dist.irecv(rows, self.owner, tag=self.tag + 2))
-                self.comm.wait(dist.irecv(values, self.owner, tag=self.tag + 3))
+                self.comm.wait(dist.irecv(rows, self.owner, group=self.group, tag=self.tag + 2))
+                self.comm.wait(dist.irecv(values, self.owner, group=self.group,
+                                          tag=self.tag + 3))
             self.comm.wait(send)  # the dense gradient has left before the rows are added
             grad.index_add_(0, rows, values)
         self._works = []
