@@ -620,10 +620,10 @@ class _Lowering:
             owner_reps = groups.replicas[self.op_group[owner]]
             deps = self._backward_tasks([owner], owner_reps)
             sharer_reps = [groups.replicas[self.op_group[s]] for s in sharers]
+            devices_of = [[self.device_names[groups.rep_device[r]] for r in reps]
+                          for reps in (owner_reps, *sharer_reps)]
             if self.plan.tie_sync == TieSync.EXCHANGE and cm.exchangeable(
-                    owner, [names[0]] if len(owner_reps) == 1 else names,
-                    [[self.device_names[groups.rep_device[r]] for r in reps]
-                     for reps in sharer_reps]):
+                    owner, devices_of[0], devices_of[1:]):
                 # each sends when its group's last backward is done (as the runtime does,
                 # after its step's tasks)
                 owner_group = self.plan.groups[self.op_group[owner]]
