@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from dl_nfv.artifacts import BadInput, OpGraph, Optimizer, Plan, SyncMethod, TieSync
 from dl_nfv.artifacts.runreport import ExecutionMode
-from dl_nfv.simulator.costs import lookup_rows
+from dl_nfv.simulator.costs import exchangeable, lookup_rows
 
 from .comm import Comm
 from .model import Workload, to_device
@@ -248,11 +248,10 @@ class PlanExecutor:
                 p = params.get(name)
                 if owner not in lookups or p is None or id(p) not in holders:
                     continue
-                devices = holders[id(p)]
                 owner_devices = group_of_op[owner].devices
-                if (len(devices) == 2 and len(owner_devices) == 1
-                        and all(len(g.devices) == 1 for g in groups_of[id(p)])):
-                    (sharer,) = devices - set(owner_devices)
+                if exchangeable(lookups, owner, owner_devices,
+                                [g.devices for g in groups_of[id(p)]]):
+                    (sharer,) = holders[id(p)] - set(owner_devices)
                     out[name] = (self.ctx.rank_of[owner_devices[0]], self.ctx.rank_of[sharer])
         return out
 

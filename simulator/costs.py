@@ -110,21 +110,33 @@ def lookup_rows(graph: OpGraph) -> dict[str, float]:
     anything else are absent (their gradient is dense)."""
     index = graph.index
     owner_of = {name: op.id for op in graph.ops for name in op.params}
-    owners = {owner_of[name] for op in graph.ops for name in op.shared_params if name in owner_of}
+    tied: dict[str, int] = defaultdict(int)  # owner -> bytes of the largest weight it lends
+    for op in graph.ops:
+        for name, nbytes in op.shared_params.items():
+            if name in owner_of:
+                tied[owner_of[name]] = max(tied[owner_of[name]], nbytes)
     into: dict[str, list] = defaultdict(list)
     sent: dict[str, int] = defaultdict(int)  # largest output edge (an op may not record output_bytes)
     for e in graph.edges:
         into[e.dst].append(e)
         sent[e.src] = max(sent[e.src], e.bytes)
     out = {}
-    for owner in sorted(owners):
+    for owner in sorted(tied):
         edges = into.get(owner, [])
         if edges and all(index[e.src].kind == OpKind.INPUT for e in edges):
-            tied = max(nbytes for op in graph.ops for name, nbytes in op.shared_params.items()
-                       if owner_of.get(name) == owner)
             rows = max(index[owner].output_bytes, sent[owner])
-            out[owner] = float(min(tied, rows) + sum(e.bytes for e in edges))
+            out[owner] = float(min(tied[owner], rows) + sum(e.bytes for e in edges))
     return out
+
+
+def exchangeable(lookups: dict[str, float], owner: str, owner_devices: Sequence[str],
+                 sharer_devices: Sequence[Sequence[str]]) -> bool:
+    """Whether a tie can be summed by exchange (``TieSync.EXCHANGE``): its owner is a
+    lookup (in ``lookups``, from ``lookup_rows``), the owner's group and every sharer's
+    group run on one device each, and one other device than the owner's holds it."""
+    holders = {*owner_devices, *(d for devs in sharer_devices for d in devs)}
+    return (owner in lookups and len(owner_devices) == 1 and len(holders) == 2
+            and all(len(devs) == 1 for devs in sharer_devices))
 
 
 class CostModel:
@@ -195,12 +207,8 @@ class CostModel:
 
     def exchangeable(self, owner: str, owner_devices: Sequence[str],
                      sharer_devices: Sequence[Sequence[str]]) -> bool:
-        """Whether a tie can be summed by exchange (``TieSync.EXCHANGE``): its owner is a
-        lookup (``tie_rows``), the owner's group and every sharer's group run on one device
-        each, and one other device than the owner's holds it."""
-        holders = {*owner_devices, *(d for devs in sharer_devices for d in devs)}
-        return (owner in self.tie_rows and len(owner_devices) == 1 and len(holders) == 2
-                and all(len(devs) == 1 for devs in sharer_devices))
+        """``exchangeable`` on this graph's lookups (``tie_rows``)."""
+        return exchangeable(self.tie_rows, owner, owner_devices, sharer_devices)
 
     def exchange_add_ms(self, device: str, nbytes: float) -> float:
         """A tie exchange's sum on ``device``: scan ``nbytes`` of gradient for non-zero

@@ -616,9 +616,7 @@ class _Lowering:
                 self.update_bytes[d] += nbytes
                 self.grad_bytes[d] += nbytes
             out[owner] += nbytes
-            names = [self.device_names[d] for d in holders]
             owner_reps = groups.replicas[self.op_group[owner]]
-            deps = self._backward_tasks([owner], owner_reps)
             sharer_reps = [groups.replicas[self.op_group[s]] for s in sharers]
             devices_of = [[self.device_names[groups.rep_device[r]] for r in reps]
                           for reps in (owner_reps, *sharer_reps)]
@@ -632,6 +630,8 @@ class _Lowering:
                                self._backward_tasks(owner_group.ops, owner_reps),
                                self._backward_tasks(sharer_group.ops, sharer_reps[0]))
                 continue
+            names = [self.device_names[d] for d in holders]
+            deps = self._backward_tasks([owner], owner_reps)
             for s, reps in zip(sharers, sharer_reps):
                 deps += self._backward_tasks([s], reps)
             ms = cm.allreduce_ms(names, nbytes)

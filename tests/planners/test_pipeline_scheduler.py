@@ -241,6 +241,21 @@ def _looked_up(graph, ids_bytes: int = 4096):
                    edges=(Edge(src="ids", dst=graph.ops[0].id, bytes=ids_bytes), *graph.edges))
 
 
+def test_only_a_lookup_tie_between_two_single_devices_is_exchanged():
+    """The rule the simulator, the planner and the runtime share (``exchangeable``)."""
+    from dl_nfv.simulator.costs import exchangeable, lookup_rows
+
+    lookups = lookup_rows(_looked_up(_tied(chain(4), GIB // 4)))
+    assert set(lookups) == {"l0"} and lookup_rows(_tied(chain(4), GIB // 4)) == {}
+    assert exchangeable(lookups, "l0", ["a"], [["b"]])
+    assert exchangeable(lookups, "l0", ["a"], [["b"], ["b"]])  # two sharers on one device
+    assert not exchangeable(lookups, "l1", ["a"], [["b"]])  # not a lookup
+    assert not exchangeable(lookups, "l0", ["a", "c"], [["b"]])  # replicated owner
+    assert not exchangeable(lookups, "l0", ["a"], [["b", "c"]])  # replicated sharer
+    assert not exchangeable(lookups, "l0", ["a"], [["b"], ["c"]])  # three holders
+    assert not exchangeable(lookups, "l0", ["a"], [["a"]])  # one holder: nothing to sum
+
+
 @pytest.mark.parametrize("nics,policy", [(True, Policy.GPIPE), (True, Policy.LIST),
                                          (False, Policy.GPIPE), (False, Policy.ONE_F_ONE_B),
                                          (False, Policy.LIST)])
