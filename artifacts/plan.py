@@ -47,9 +47,9 @@ class TieSync(StrEnum):
     ``allreduce``: one AllReduce over every holder after their last backward.
     ``exchange``: for a weight whose owner is a lookup (an embedding, whose gradient
     only has rows for the batch's tokens) held by two single-device groups: the
-    sharer sends its dense gradient to the owner as soon as its last backward is done,
-    and the owner sends back only its non-zero rows after its own; each adds what it
-    receives. Ties that do not qualify are AllReduced.
+    sharer sends its dense gradient to the owner when its group's last backward is
+    done, and the owner sends back only its non-zero rows after its own; each adds what
+    it receives. Ties that do not qualify are AllReduced.
     """
 
     ALLREDUCE = "allreduce"
