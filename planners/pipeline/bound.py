@@ -46,6 +46,14 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   (ranges of ``c``: 1, 2-3, 4-7, the rest), each with the chain at the range's least
   ``c`` and the busy time at its largest (``_share_options``).
 
+* **around** (the cheap DP): a replica's first backward waits for a microbatch it
+  forwarded to pass every later stage forward and back, and the microbatch of its last
+  forward must do the same before its backward there; so with ``F``/``B`` the forward
+  and backward parts, ``T >= sum_{s<k} chain_s + max(F_first + B_busy, F_busy +
+  B_first)_k + sum_{s>k} chain_s``. The chain after ``k`` is taken at its least over
+  every partition of the rest on the devices left (a DP of its own), which keeps the
+  min-max one DP; this term stops a partition from making its last stages light.
+
 So ``T >= max_k (sum_{s<k} chain_s + busy_k)``, and the bound is the minimum
 of that over partitions, device counts and every ``m`` dividing the batch,
 computed exactly by dynamic programming over the suffix of a topological
@@ -76,6 +84,9 @@ from dl_nfv.artifacts import TieSync
 from .problem import Problem
 
 SHARE_OPTIONS = 4  # ranges of a replicated stage's smallest share the DPs tell apart
+CAPS_PER_PASS = 12  # caps one vectorised pass of the capped DP solves at once
+CAP_PRECISION = 0.01  # the class DP's caps stop within this of the exact min-max
+MAX_CAP_SOLVES = 6  # or after this many capped solves (each is a whole class DP)
 
 
 def forced_cuts(problem: Problem) -> list[int]:
@@ -122,11 +133,14 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     # the owner of a tied weight no longer sums its sharer's gradient in the graph once a
     # plan splits them (the simulator takes that time out of the owner's backward)
     rate = min(p.cm.accumulate_ms_per_byte(d) for d in devices)
+    fix_b_min = fixed_b.min(axis=1)
     for _, owner, _, nbytes in p.cm.ties:
         k = p.pos[owner]
         fix_min[k] = max(0.0, fix_min[k] - nbytes * rate)
+        fix_b_min[k] = max(0.0, fix_b_min[k] - nbytes * rate)
     fix_f_min = fixed_f.min(axis=1)
     scal_f_min = (p.fwd_ms[:, cols] - fixed_f).min(axis=1)
+    scal_b_min = (p.bwd_ms[:, cols] - fixed_b).min(axis=1)
     # device speeds relative to the fastest type, op by op (best case for each device)
     sigma_type = {}
     mask = scal_min > 0
@@ -151,12 +165,16 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     Sc = prefix(scal_min)
     Ff = prefix(fix_f_min)
     Scf = prefix(scal_f_min)
+    Fb = prefix(fix_b_min)
+    Scb = prefix(scal_b_min)
     order_ids = [p.cm.op_index[o] for o in p.order]
     Pp = prefix(p.cm.param_bytes[order_ids])
     fix_r = F[None, :] - F[:, None]  # [i, j] range of regions [i, j)
     scal_r = Sc[None, :] - Sc[:, None]
     fixf_r = Ff[None, :] - Ff[:, None]
     scalf_r = Scf[None, :] - Scf[:, None]
+    fixb_r = Fb[None, :] - Fb[:, None]
+    scalb_r = Scb[None, :] - Scb[:, None]
     params_r = Pp[None, :] - Pp[:, None]
     static_r = params_r * (2.0 + p.state_factor)
     D = len(devices)
@@ -176,6 +194,7 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     # on every replica whatever its share: a fixed part per microbatch
     acc_r = (Pp[None, :] - Pp[:, None]) * rate
     fix_r = fix_r + acc_r
+    fixb_r = fixb_r + acc_r
     tie_r = _tie_terms(p, bounds, fix_r + scal_r / (B * sigma_max), limits)
     cheap: dict[int, float] = {}  # per microbatch count: the bound letting every stage take
     outside = params_r[:, :, None] * (zero + update / np.maximum(kk, 1)[None, None, :])
@@ -198,7 +217,19 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
         with np.errstate(invalid="ignore"):
             chain = np.where(np.isfinite(first), fix_r[:, :, None, None]
                              + scal_r[:, :, None, None] * first / (B * sigma_max), np.inf)
-        cheap[m] = _capped_dp(busy + tie_r[:, :, None, None], chain, sync, multi, U, D)
+            # a replica's first backward waits for a microbatch to pass the stages after
+            # it both ways, and its last forward is of a microbatch that must still do so
+            # and come back: (first forward + all its backwards) or (all its forwards +
+            # one backward), each plus the chain of the stages after it
+            first_ms = first / (B * sigma_max)
+            around = np.maximum(
+                fixf_r[:, :, None, None] + scalf_r[:, :, None, None] * first_ms
+                + m * fixb_r[:, :, None, None] + scalb_r[:, :, None, None] * inv_cap,
+                m * fixf_r[:, :, None, None] + scalf_r[:, :, None, None] * inv_cap
+                + fixb_r[:, :, None, None] + scalb_r[:, :, None, None] * first_ms)
+            around = np.where(np.isfinite(around), around, np.inf)  # no such option
+        cheap[m] = _capped_dp(busy + tie_r[:, :, None, None], chain, sync, multi, U, D,
+                              around)
     classes = _classes(p, devices, sigma, memory)
     if len(classes) == 1:
         return min(cheap.values())
@@ -214,14 +245,16 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     heap = [(v, 0, m) for m, v in cheap.items()]
     heapify(heap)
     best = np.inf
+    uncapped: dict[int, float] = {}  # per count: the class DP without caps
     while heap and heap[0][0] < best:
         value, level, m = heappop(heap)
         if level == 0:
-            heappush(heap, (max(value, _class_bound(ranges, classes, limits, B, m, zero,
-                                                    update, enough=0.0)), 1, m))
+            uncapped[m] = _class_bound(ranges, classes, limits, B, m, zero, update, enough=0.0)
+            heappush(heap, (max(value, uncapped[m]), 1, m))
         else:
             best = min(best, max(value, _class_bound(ranges, classes, limits, B, m, zero,
-                                                     update, enough=best)))
+                                                     update, enough=best,
+                                                     uncapped=uncapped[m])))
     return best
 
 
@@ -366,50 +399,89 @@ def _class_share_options(kvecs, sig, samples: int, m: int, B: int
     return share, first
 
 
-def _capped_dp(busy, chain, sync, multi, U: int, D: int) -> float:
-    """``min over partitions of max(max_k (chain before k + busy_k), max_k sync_k)``.
+def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None) -> float:
+    """``min over partitions of max(max_k (chain before k + busy_k),
+    max_k (chain before k + around_k + least chain after k), max_k sync_k)``.
 
-    ``busy``, ``chain`` and ``sync`` are ``[i, j, k, o]``: a stage of regions
+    ``busy``, ``chain``, ``sync`` and ``around`` are ``[i, j, k, o]``: a stage of regions
     ``[i, j)`` on ``k`` devices, in option ``o`` (``_share_options``); a stage takes any
-    one option.
+    one option. The chain after a stage is taken at its least over every partition of
+    the regions after it on the devices left (``after``, a DP of its own), which keeps
+    the min-max one DP.
 
-    The sync terms carry no chain offset, so they are handled by caps: for each cap
-    ``c_g`` of a grid (0, a geometric grid over the positive values, infinity), stages
-    with ``sync > c_g`` are forbidden and the DP gives ``A_g``; a partition whose
-    largest sync lies in ``(c_{g-1}, c_g]`` is then at least ``max(c_{g-1}, A_g)``
-    (``lo``, the smallest positive sync, for the first positive cap), and the bound is
-    the smallest of these.
+    The sync terms carry no chain offset, so they are handled by caps. With ``A(c)``
+    the DP over stages whose sync is at most ``c`` (non-increasing in ``c``), and
+    caps at some of the distinct positive sync values ``v``, a partition whose
+    largest sync lies in ``(c', c]`` (consecutive caps) is at least
+    ``max(next v above c', A(c))``; the partitions with no positive sync at least
+    ``A(0)``. The least of these bounds them all. The caps start spread over the
+    values' ranks, and the interval that gives the least is split again
+    (``CAPS_PER_PASS`` new caps in one vectorised pass) until it holds one value:
+    then the bound is exact, the optimum of the min-max.
     """
-    finite = sync[np.isfinite(busy) & (sync > 0)]
-    if finite.size:
-        lo, hi = float(finite.min()), float(finite.max())
-        points = np.geomspace(lo, hi, 12) if hi > lo else np.array([lo])
-        caps = np.concatenate([[0.0], points, [np.inf]])
-        # the smallest sync a partition of each cap's interval can have: 0 for the first,
-        # lo for (0, lo] (no positive sync is below lo), the previous cap after that
-        below = np.concatenate([[0.0, lo], points])
-    else:
-        caps, below = np.array([np.inf]), np.array([0.0])
-    G = len(caps)
-    masked = np.where(sync[None] <= caps[:, None, None, None, None], busy[None], np.inf)
-    g = np.full((G, U + 2, D + 1), np.inf)
-    g[:, U, :] = 0.0
-    g[:, U + 1, :] = 0.0
+    values = np.unique(sync[np.isfinite(busy) & (sync > 0)])
+    N = len(values)
+    if around is None:
+        around = np.zeros_like(busy)
+    # after[j, r]: the least chain of the stages of regions j.. on at most r devices
+    after = np.full((U + 2, D + 1), np.inf)
+    after[U:] = 0.0
+    fits = np.where(np.isfinite(busy), chain, np.inf)
     for i in range(U - 1, -1, -1):
-        # continuation after [i, j): g(j) or, when region j may be split, g(j + 1)
-        cont = g[:, :U + 1].copy()
-        cont[:, :U] = np.where(multi[None, :, None], np.minimum(g[:, :U], g[:, 1:U + 1]), g[:, :U])
         js = np.arange(i + 1, U + 1)
+        split = np.append(multi[i + 1:], False)[:, None]  # region j may be split: or j + 1
+        cont = np.where(split, np.minimum(after[js], after[js + 1]), after[js])
         for r in range(1, D + 1):
             ks = np.arange(1, r + 1)
-            busy_ijk = masked[:, i, js][:, :, ks]  # [G, j, k, o]
-            chain_ijk = chain[i, js][:, ks]
-            rest = cont[:, js][:, :, r - ks]  # [G, j, k]
-            val = np.maximum(busy_ijk, chain_ijk[None] + rest[..., None])
-            g[:, i, r] = np.minimum(g[:, i, r - 1], val.reshape(G, -1).min(axis=1))
+            val = fits[i, i + 1:U + 1][:, ks] + cont[:, r - ks][..., None]  # [j, k, o]
+            after[i, r] = min(after[i, r - 1], float(val.min()))
         if multi[i]:
-            g[:, i] = np.minimum(g[:, i], g[:, i + 1])
-    return float(np.min(np.maximum(below, g[:, 0, D])))
+            after[i] = np.minimum(after[i], after[i + 1])
+    after_cont = after[:U + 1].copy()
+    after_cont[:U] = np.where(multi[:, None], np.minimum(after[:U], after[1:U + 1]), after[:U])
+
+    def solve(caps: np.ndarray) -> np.ndarray:
+        G = len(caps)
+        masked = np.where(sync[None] <= caps[:, None, None, None, None], busy[None], np.inf)
+        g = np.full((G, U + 2, D + 1), np.inf)
+        g[:, U, :] = 0.0
+        g[:, U + 1, :] = 0.0
+        for i in range(U - 1, -1, -1):
+            # continuation after [i, j): g(j) or, when region j may be split, g(j + 1)
+            cont = g[:, :U + 1].copy()
+            cont[:, :U] = np.where(multi[None, :, None], np.minimum(g[:, :U], g[:, 1:U + 1]),
+                                   g[:, :U])
+            js = np.arange(i + 1, U + 1)
+            for r in range(1, D + 1):
+                ks = np.arange(1, r + 1)
+                busy_ijk = masked[:, i, js][:, :, ks]  # [G, j, k, o]
+                chain_ijk = chain[i, js][:, ks]
+                rest = cont[:, js][:, :, r - ks]  # [G, j, k]
+                beside = around[i, js][:, ks] + after_cont[js][:, r - ks][..., None]
+                val = np.maximum(np.maximum(busy_ijk, beside[None]),
+                                 chain_ijk[None] + rest[..., None])
+                g[:, i, r] = np.minimum(g[:, i, r - 1], val.reshape(G, -1).min(axis=1))
+            if multi[i]:
+                g[:, i] = np.minimum(g[:, i], g[:, i + 1])
+        return g[:, 0, D]
+
+    if N == 0:
+        return float(solve(np.array([np.inf]))[0])
+    # A at caps 0 and at ranks spread over the values (the largest always among them)
+    ranks = np.unique(np.linspace(0, N - 1, CAPS_PER_PASS).round().astype(int))
+    first = solve(np.concatenate([[0.0], values[ranks]]))
+    zero = float(first[0])
+    A = dict(zip(ranks.tolist(), first[1:].tolist()))
+    while True:
+        held = sorted(A)
+        lows = [0, *(q + 1 for q in held[:-1])]  # the lowest rank each cap's interval holds
+        bounds = [max(values[lo], A[q]) for lo, q in zip(lows, held)]
+        n = int(np.argmin(bounds))
+        lo, q = lows[n], held[n]
+        if lo == q or bounds[n] >= zero:  # exact, or the no-sync partitions are lower
+            return min(zero, bounds[n])
+        new = np.unique(np.linspace(lo, q - 1, min(CAPS_PER_PASS, q - lo)).round().astype(int))
+        A.update(zip(new.tolist(), solve(values[new]).tolist()))
 
 
 def _host_limits(p: Problem, devices: list[str]) -> np.ndarray:
@@ -482,7 +554,8 @@ def _classes(p: Problem, devices: list[str], sigma: np.ndarray,
 
 
 def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: float = 0.0,
-                 update: float = 0.0, enough: float = np.inf) -> float:
+                 update: float = 0.0, enough: float = np.inf,
+                 uncapped: float | None = None) -> float:
     """The stage-balanced bound for ``m`` microbatches with devices counted per class.
 
     Like the cheap DP, but the state is how many devices of each class are left, so
@@ -490,9 +563,10 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     of class counts, its share split by whole samples over exactly those devices, in
     one of the share options (``_class_share_options``).
     The AllReduce terms (no chain offset) are handled by caps ``c``: every partition is
-    at least ``min(A(c), c)``, ``A(c)`` the DP over stages whose term is at most ``c``;
-    the caps stop refining once the bound reaches ``enough`` (a caller that keeps the
-    least bound over ``m`` needs no more).
+    at least ``min(A(c), next sync value above c)``, ``A(c)`` the DP over stages whose
+    term is at most ``c``; the caps are searched for the largest such bound (see below)
+    and stop once it reaches ``enough`` (a caller that keeps the least bound over ``m``
+    needs no more). ``uncapped`` is ``A(inf)`` where the caller has it already.
     """
     import itertools
 
@@ -553,11 +627,33 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
                 g[i] = np.minimum(g[i], g[i + 1])
         return float(g[0, full])
 
-    best = solve(np.inf)
-    finite = sync[np.isfinite(busy) & (sync > best)]
-    if finite.size:
-        for cap in np.geomspace(best, float(finite.max()), 4)[:-1]:
-            if best >= enough:
-                break
-            best = max(best, min(solve(cap), cap))
+    best = solve(np.inf) if uncapped is None else uncapped  # A(inf)
+    # caps at the distinct sync values above A(inf), v_0 < v_1 < ...: a partition whose
+    # largest sync is at most v_q is at least A(v_q), any other at least v_{q+1}, so
+    # f(q) = min(v_{q+1}, A(v_q)) bounds all; the first term grows with q and the second
+    # shrinks, so the largest f is where they cross (the exact min-max). The search
+    # first tries the cap a caller needs (``enough``), then gallops up from A(inf) (the
+    # crossing is usually a few per cent above it) and bisects once it is bracketed,
+    # until the bound is within ``CAP_PRECISION`` of the min-max.
+    values = np.unique(sync[np.isfinite(busy) & (sync > best)])
+    lo, hi = -1, len(values) - 1  # A(v_lo) > v_lo+1 (lo = -1: none known), A(v_hi) <= v_hi+1
+    top = max(float(values[hi]), best) if len(values) else best  # some partition's value
+    step, bracketed, solves = CAP_PRECISION, False, 0
+    while (hi - lo > 1 and best < enough and best * (1.0 + CAP_PRECISION) < top
+           and solves < MAX_CAP_SOLVES):
+        below = float(values[lo + 1]) if lo >= 0 else best
+        if enough < top:
+            target = enough
+        elif bracketed:
+            target = float(np.sqrt(below * top))
+        else:
+            target, step = below * (1.0 + step), 2.0 * step
+        q = int(np.searchsorted(values, target, side="left")) - 1  # the largest value below
+        q = min(max(q, lo + 1), hi - 1)
+        a, solves = solve(float(values[q])), solves + 1
+        best = max(best, min(float(values[q + 1]), a))
+        if a > values[q + 1]:
+            lo = q
+        else:
+            hi, top, bracketed = q, min(top, max(float(values[q]), a)), True
     return best

@@ -436,3 +436,62 @@ def test_class_share_options_remove_the_first_replica_from_the_best_class():
     assert share[2, 0] == pytest.approx(6 / 6) and np.isinf(share[2, 1])
     assert share[3].tolist() == pytest.approx([2.5 / 6, 2 / 6])
     assert first[3].tolist() == [1, 2]
+
+
+def _min_max_by_enumeration(busy, chain, sync, around, U: int, D: int) -> float:
+    """``min over partitions of max(max_k (chain before k + busy_k), max_k (chain before k
+    + around_k + least chain after k), max_k sync_k)``, every partition of regions
+    ``0..U`` into ranges, device counts and options enumerated (the least chain after a
+    stage as well, over every partition of the regions after it on the devices left)."""
+    def stages(i, left):
+        for j in range(i + 1, U + 1):
+            for k in range(1, left + 1):
+                for o in range(busy.shape[3]):
+                    if busy[i, j, k, o] < float("inf"):
+                        yield j, k, o
+
+    def least_chain(i, left):
+        if i == U:
+            return 0.0
+        return min((chain[i, j, k, o] + least_chain(j, left - k) for j, k, o in stages(i, left)),
+                   default=float("inf"))
+
+    best = float("inf")
+
+    def walk(i, left, before, value, top):
+        nonlocal best
+        if i == U:
+            best = min(best, max(value, top))
+            return
+        for j, k, o in stages(i, left):
+            beside = before + around[i, j, k, o] + least_chain(j, left - k)
+            walk(j, left - k, before + chain[i, j, k, o],
+                 max(value, before + busy[i, j, k, o], beside), max(top, sync[i, j, k, o]))
+
+    walk(0, D, 0.0, 0.0, 0.0)
+    return best
+
+
+@settings(max_examples=40, deadline=None)
+@given(U=st.integers(1, 4), D=st.integers(1, 3), options=st.integers(1, 2), seed=st.integers(0, 2**31),
+       zeros=st.floats(0.0, 0.6))
+def test_capped_dp_is_the_exact_min_max(U, D, options, seed, zeros):
+    """The capped DP of the cheap bound gives exactly the min-max an enumeration of every
+    partition finds, sync terms (some zero, some large) and the terms around each stage
+    (with the least chain after it) included."""
+    import numpy as np
+
+    from dl_nfv.planners.pipeline.bound import _capped_dp
+
+    rng = np.random.default_rng(seed)
+    shape = (U + 1, U + 1, D + 1, options)
+    busy = rng.uniform(1.0, 10.0, shape)
+    busy[:, :, 0] = np.inf
+    busy[rng.random(shape) < 0.1] = np.inf  # some stages do not fit
+    # one microbatch through a stage never takes longer than its busy time
+    chain = np.where(np.isfinite(busy), busy * rng.uniform(0.0, 0.5, shape), 1.0)
+    around = np.where(np.isfinite(busy), busy * rng.uniform(0.3, 1.0, shape), np.inf)
+    sync = np.where(rng.random(shape) < zeros, 0.0, rng.uniform(0.0, 25.0, shape))
+    expected = _min_max_by_enumeration(busy, chain, sync, around, U, D)
+    got = _capped_dp(busy, chain, sync, np.zeros(U, dtype=bool), U, D, around)
+    assert got == pytest.approx(expected, rel=1e-12)
