@@ -29,6 +29,12 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   least a ``1/k`` share of its optimizer update, at the best memory
   bandwidth: ``T >= busy + that``, with no chain offset (the update may
   overlap the drain of earlier stages);
+* **sync**: a replicated stage's gradients are final only after its last
+  microbatch's backward (replicas sum them once per flush), so its AllReduce floor
+  comes after every forward and all but the last backward of its slowest replica,
+  and after the first forward of a microbatch that must then pass the stages after
+  it both ways (their least chain on the devices left, as in *around*); no chain
+  offset;
 * **tied weights**: a stage holding the later user of a tied weight but not the
   earlier one splits the tie, whose gradient is then AllReduced over at least two
   devices after the earlier user's last backward, which the last microbatch reaches
@@ -204,10 +210,14 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
             busy = np.where(np.isfinite(inv_cap),
                             m * fix_r[:, :, None, None] + scal_r[:, :, None, None] * inv_cap,
                             np.inf)
-            # every replica runs its last forward before any gradient of the stage is final
+            # a stage's gradients are final only after the last microbatch's backward (the
+            # replicas sum them once per flush): its AllReduce starts after every forward
+            # and all but the last backward of its slowest replica
+            backs = ((m - 1) * fixb_r[:, :, None, None]
+                     + scalb_r[:, :, None, None] * inv_cap * ((m - 1) / m))
             sync = np.where(kk[None, None, :, None] > 1,
                             m * fixf_r[:, :, None, None] + scalf_r[:, :, None, None] * inv_cap
-                            + ar_floor[..., None], 0.0)
+                            + backs + ar_floor[..., None], 0.0)
             # and its compute plus the memory traffic outside the ops (no chain offset: the
             # update may overlap the drain of the stages before it)
             sync = np.maximum(sync, busy + outside[..., None])
@@ -228,14 +238,22 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
                 m * fixf_r[:, :, None, None] + scalf_r[:, :, None, None] * inv_cap
                 + fixb_r[:, :, None, None] + scalb_r[:, :, None, None] * first_ms)
             around = np.where(np.isfinite(around), around, np.inf)  # no such option
+            after = _chain_after(busy, chain, multi, U, D)
+            # and its first backward waits for a microbatch to pass the stages after it
+            # both ways (on at most the devices the stage leaves)
+            lead = (fixf_r[:, :, None, None] + scalf_r[:, :, None, None] * first_ms + backs
+                    + ar_floor[..., None] + after[None, :, ::-1, None])
+            sync = np.where((kk[None, None, :, None] > 1) & np.isfinite(lead),
+                            np.maximum(sync, lead), sync)
         cheap[m] = _capped_dp(busy + tie_r[:, :, None, None], chain, sync, multi, U, D,
-                              around)
+                              around, after)
     classes = _classes(p, devices, sigma, memory)
     if len(classes) == 1:
         return min(cheap.values())
     # mixed devices: the exact class-count DP, for the microbatch counts the cheap bound
     # (a relaxation of it) does not already rule out
-    ranges = _Ranges(fix_r, scal_r, fixf_r, scalf_r, params_r, static_r, multi, U, tie_r)
+    ranges = _Ranges(fix_r, scal_r, fixf_r, scalf_r, fixb_r, scalb_r, params_r, static_r,
+                     multi, U, tie_r)
     # every value below bounds every plan of its m microbatches: the cheap one (it sees
     # replicas' shares), the class DP without its AllReduce caps (level 1), then with
     # them (level 2, refined until it reaches the best so far). Best first: the count
@@ -399,15 +417,38 @@ def _class_share_options(kvecs, sig, samples: int, m: int, B: int
     return share, first
 
 
-def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None) -> float:
+def _chain_after(busy, chain, multi, U: int, D: int) -> np.ndarray:
+    """``[j, r]``: the least chain of the stages of regions ``j..`` on at most ``r`` devices,
+    over every partition of them into stages that fit (``busy`` finite); where region
+    ``j`` may be split, the stages may also start at ``j + 1``. ``busy`` and ``chain`` are
+    ``[i, j, k, o]`` as in ``_capped_dp``."""
+    after = np.full((U + 2, D + 1), np.inf)
+    after[U:] = 0.0
+    fits = np.where(np.isfinite(busy), chain, np.inf)
+    for i in range(U - 1, -1, -1):
+        js = np.arange(i + 1, U + 1)
+        split = np.append(multi[i + 1:], False)[:, None]  # region j may be split: or j + 1
+        cont = np.where(split, np.minimum(after[js], after[js + 1]), after[js])
+        for r in range(1, D + 1):
+            ks = np.arange(1, r + 1)
+            val = fits[i, i + 1:U + 1][:, ks] + cont[:, r - ks][..., None]  # [j, k, o]
+            after[i, r] = min(after[i, r - 1], float(val.min()))
+        if multi[i]:
+            after[i] = np.minimum(after[i], after[i + 1])
+    out = after[:U + 1].copy()
+    out[:U] = np.where(multi[:, None], np.minimum(after[:U], after[1:U + 1]), after[:U])
+    return out
+
+
+def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None) -> float:
     """``min over partitions of max(max_k (chain before k + busy_k),
     max_k (chain before k + around_k + least chain after k), max_k sync_k)``.
 
     ``busy``, ``chain``, ``sync`` and ``around`` are ``[i, j, k, o]``: a stage of regions
     ``[i, j)`` on ``k`` devices, in option ``o`` (``_share_options``); a stage takes any
     one option. The chain after a stage is taken at its least over every partition of
-    the regions after it on the devices left (``after``, a DP of its own), which keeps
-    the min-max one DP.
+    the regions after it on the devices left (``after``, from ``_chain_after``), which
+    keeps the min-max one DP.
 
     The sync terms carry no chain offset, so they are handled by caps. With ``A(c)``
     the DP over stages whose sync is at most ``c`` (non-increasing in ``c``), and
@@ -422,23 +463,7 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None) -> float:
     values = np.unique(sync[np.isfinite(busy) & (sync > 0)])
     N = len(values)
     if around is None:
-        around = np.zeros_like(busy)
-    # after[j, r]: the least chain of the stages of regions j.. on at most r devices
-    after = np.full((U + 2, D + 1), np.inf)
-    after[U:] = 0.0
-    fits = np.where(np.isfinite(busy), chain, np.inf)
-    for i in range(U - 1, -1, -1):
-        js = np.arange(i + 1, U + 1)
-        split = np.append(multi[i + 1:], False)[:, None]  # region j may be split: or j + 1
-        cont = np.where(split, np.minimum(after[js], after[js + 1]), after[js])
-        for r in range(1, D + 1):
-            ks = np.arange(1, r + 1)
-            val = fits[i, i + 1:U + 1][:, ks] + cont[:, r - ks][..., None]  # [j, k, o]
-            after[i, r] = min(after[i, r - 1], float(val.min()))
-        if multi[i]:
-            after[i] = np.minimum(after[i], after[i + 1])
-    after_cont = after[:U + 1].copy()
-    after_cont[:U] = np.where(multi[:, None], np.minimum(after[:U], after[1:U + 1]), after[:U])
+        around, after = np.zeros_like(busy), np.zeros((U + 1, D + 1))
 
     def solve(caps: np.ndarray) -> np.ndarray:
         G = len(caps)
@@ -457,7 +482,7 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None) -> float:
                 busy_ijk = masked[:, i, js][:, :, ks]  # [G, j, k, o]
                 chain_ijk = chain[i, js][:, ks]
                 rest = cont[:, js][:, :, r - ks]  # [G, j, k]
-                beside = around[i, js][:, ks] + after_cont[js][:, r - ks][..., None]
+                beside = around[i, js][:, ks] + after[js][:, r - ks][..., None]
                 val = np.maximum(np.maximum(busy_ijk, beside[None]),
                                  chain_ijk[None] + rest[..., None])
                 g[:, i, r] = np.minimum(g[:, i, r - 1], val.reshape(G, -1).min(axis=1))
@@ -538,8 +563,10 @@ def _host_limits(p: Problem, devices: list[str]) -> np.ndarray:
 class _Ranges:
     """Per region range ``[i, j)``: fastest-type fixed and scalable times, parameters, state."""
 
-    def __init__(self, fix_r, scal_r, fixf_r, scalf_r, params_r, static_r, multi, U, tie_r):
+    def __init__(self, fix_r, scal_r, fixf_r, scalf_r, fixb_r, scalb_r, params_r, static_r,
+                 multi, U, tie_r):
         self.fix, self.scal, self.fixf, self.scalf = fix_r, scal_r, fixf_r, scalf_r
+        self.fixb, self.scalb = fixb_r, scalb_r
         self.params, self.static, self.multi, self.U = params_r, static_r, multi, U
         self.tie = tie_r
 
@@ -590,8 +617,11 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
         busy = np.where(allowed & np.isfinite(share), m * fix + scal * share, np.inf)
         # microbatch 0 leaves a stage when its first replica is done (see _share_options)
         chain = np.where(np.isfinite(first), fix + scal * first / (B * sig_max[:, None]), np.inf)
+        # the AllReduce after every forward and all but the last backward (as above)
         sync = np.where((total >= 2)[:, None] & np.isfinite(share),
                         m * r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * share
+                        + (m - 1) * r.fixb[:, :, None, None]
+                        + r.scalb[:, :, None, None] * share * ((m - 1) / m)
                         + (r.params[:, :, None] * floor[np.minimum(total, len(floor) - 1)])[
                             ..., None], 0.0)
         sync = np.where(allowed, np.maximum(sync, busy + outside[..., None]), sync)

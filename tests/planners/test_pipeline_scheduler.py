@@ -481,7 +481,7 @@ def test_capped_dp_is_the_exact_min_max(U, D, options, seed, zeros):
     (with the least chain after it) included."""
     import numpy as np
 
-    from dl_nfv.planners.pipeline.bound import _capped_dp
+    from dl_nfv.planners.pipeline.bound import _capped_dp, _chain_after
 
     rng = np.random.default_rng(seed)
     shape = (U + 1, U + 1, D + 1, options)
@@ -493,5 +493,6 @@ def test_capped_dp_is_the_exact_min_max(U, D, options, seed, zeros):
     around = np.where(np.isfinite(busy), busy * rng.uniform(0.3, 1.0, shape), np.inf)
     sync = np.where(rng.random(shape) < zeros, 0.0, rng.uniform(0.0, 25.0, shape))
     expected = _min_max_by_enumeration(busy, chain, sync, around, U, D)
-    got = _capped_dp(busy, chain, sync, np.zeros(U, dtype=bool), U, D, around)
+    multi = np.zeros(U, dtype=bool)
+    got = _capped_dp(busy, chain, sync, multi, U, D, around, _chain_after(busy, chain, multi, U, D))
     assert got == pytest.approx(expected, rel=1e-12)
