@@ -81,6 +81,7 @@ level at a time (cheap DP, class DP without its AllReduce caps, with them).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from heapq import heapify, heappop, heappush
 
 import numpy as np
@@ -202,9 +203,11 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     fix_r = fix_r + acc_r
     fixb_r = fixb_r + acc_r
     tie_r = _tie_terms(p, bounds, fix_r + scal_r / (B * sigma_max), limits)
-    cheap: dict[int, float] = {}  # per microbatch count: the bound letting every stage take
     outside = params_r[:, :, None] * (zero + update / np.maximum(kk, 1)[None, None, :])
-    for m in (d for d in range(1, B + 1) if B % d == 0):  # the fastest devices
+
+    def cheap(m: int, enough: float) -> float:
+        """The bound letting every stage take the fastest devices, for ``m`` microbatches
+        (refined only until it reaches ``enough``)."""
         inv_cap, first = _share_options(holders, U, D, B, m)  # [i, j, k, o], [k, o]
         with np.errstate(divide="ignore", invalid="ignore"):
             busy = np.where(np.isfinite(inv_cap),
@@ -245,34 +248,38 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
                     + ar_floor[..., None] + after[None, :, ::-1, None])
             sync = np.where((kk[None, None, :, None] > 1) & np.isfinite(lead),
                             np.maximum(sync, lead), sync)
-        cheap[m] = _capped_dp(busy + tie_r[:, :, None, None], chain, sync, multi, U, D,
-                              around, after)
+        return _capped_dp(busy + tie_r[:, :, None, None], chain, sync, multi, U, D,
+                          around, after, enough=enough)
+
     classes = _classes(p, devices, sigma, memory)
-    if len(classes) == 1:
-        return min(cheap.values())
-    # mixed devices: the exact class-count DP, for the microbatch counts the cheap bound
-    # (a relaxation of it) does not already rule out
     ranges = _Ranges(fix_r, scal_r, fixf_r, scalf_r, fixb_r, scalb_r, params_r, static_r,
                      multi, U, tie_r)
-    # every value below bounds every plan of its m microbatches: the cheap one (it sees
-    # replicas' shares), the class DP without its AllReduce caps (level 1), then with
-    # them (level 2, refined until it reaches the best so far). Best first: the count
-    # with the least value so far is taken one level further, until every count not
-    # finished is at least the best finished one. (The refined DP is rebuilt: keeping
-    # every count's arrays would take 60 MB each on TAG.)
-    heap = [(v, 0, m) for m, v in cheap.items()]
+    # Every value below bounds every plan of its m microbatches, each level at least the
+    # one before: the cheap bound after its first caps (level 0), refined (level 1; final
+    # where all devices are alike); on mixed devices, the exact class-count DP without its
+    # AllReduce caps (level 2), then with them (level 3, refined until it reaches the best
+    # so far). Best first: the count with the least value so far is taken one level
+    # further, until every count not finished is at least the best finished one. (Each
+    # level rebuilds its arrays: keeping every count's would take 60 MB each on TAG.)
+    last = 1 if len(classes) == 1 else 3
+    heap = [(cheap(m, enough=0.0), 0, m) for m in range(1, B + 1) if B % m == 0]
     heapify(heap)
     best = np.inf
     uncapped: dict[int, float] = {}  # per count: the class DP without caps
     while heap and heap[0][0] < best:
         value, level, m = heappop(heap)
         if level == 0:
+            value = max(value, cheap(m, enough=best))
+        elif level == 1:
             uncapped[m] = _class_bound(ranges, classes, limits, B, m, zero, update, enough=0.0)
-            heappush(heap, (max(value, uncapped[m]), 1, m))
+            value = max(value, uncapped[m])
         else:
-            best = min(best, max(value, _class_bound(ranges, classes, limits, B, m, zero,
-                                                     update, enough=best,
-                                                     uncapped=uncapped[m])))
+            value = max(value, _class_bound(ranges, classes, limits, B, m, zero, update,
+                                            enough=best, uncapped=uncapped[m]))
+        if level + 1 == last:
+            best = min(best, value)
+        else:
+            heappush(heap, (value, level + 1, m))
     return best
 
 
@@ -440,7 +447,8 @@ def _chain_after(busy, chain, multi, U: int, D: int) -> np.ndarray:
     return out
 
 
-def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None) -> float:
+def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None,
+               enough: float = np.inf) -> float:
     """``min over partitions of max(max_k (chain before k + busy_k),
     max_k (chain before k + around_k + least chain after k), max_k sync_k)``.
 
@@ -455,10 +463,12 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None
     caps at some of the distinct positive sync values ``v``, a partition whose
     largest sync lies in ``(c', c]`` (consecutive caps) is at least
     ``max(next v above c', A(c))``; the partitions with no positive sync at least
-    ``A(0)``. The least of these bounds them all. The caps start spread over the
-    values' ranks, and the interval that gives the least is split again
-    (``CAPS_PER_PASS`` new caps in one vectorised pass) until it holds one value:
-    then the bound is exact, the optimum of the min-max.
+    ``A(0)``. The least of these bounds them all. The caps start at a few ranks of the
+    values, and the interval that gives the least is split again (``CAPS_PER_PASS`` new
+    caps in one vectorised pass: half just above its bound, where ``A`` usually meets
+    the caps, half spread over its ranks) until it holds one value: then the bound is
+    exact, the optimum of the min-max. A caller that needs no more than ``enough`` gets
+    the first bound that reaches it (``enough = 0``: the one of the first caps).
     """
     values = np.unique(sync[np.isfinite(busy) & (sync > 0)])
     N = len(values)
@@ -492,8 +502,8 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None
 
     if N == 0:
         return float(solve(np.array([np.inf]))[0])
-    # A at caps 0 and at ranks spread over the values (the largest always among them)
-    ranks = np.unique(np.linspace(0, N - 1, CAPS_PER_PASS).round().astype(int))
+    # A at cap 0, at the largest value (every stage allowed) and at a few ranks between
+    ranks = np.unique(np.linspace(0, N - 1, 4).round().astype(int))
     first = solve(np.concatenate([[0.0], values[ranks]]))
     zero = float(first[0])
     A = dict(zip(ranks.tolist(), first[1:].tolist()))
@@ -503,9 +513,15 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None
         bounds = [max(values[lo], A[q]) for lo, q in zip(lows, held)]
         n = int(np.argmin(bounds))
         lo, q = lows[n], held[n]
-        if lo == q or bounds[n] >= zero:  # exact, or the no-sync partitions are lower
-            return min(zero, bounds[n])
-        new = np.unique(np.linspace(lo, q - 1, min(CAPS_PER_PASS, q - lo)).round().astype(int))
+        if lo == q or bounds[n] >= min(zero, enough):  # exact, or enough, or the no-sync
+            return min(zero, bounds[n])  # partitions are lower
+        # the crossing is usually just above the interval's bound: half the new caps at
+        # values a little above it (0.5%, 1%, 2%, ...), half spread over the ranks
+        near = bounds[n] * (1.0 + 0.005 * 2.0 ** np.arange(CAPS_PER_PASS // 2))
+        new = np.concatenate([np.searchsorted(values, near, side="right") - 1,
+                              np.linspace(lo, q - 1, CAPS_PER_PASS // 2).round()])
+        new = np.unique(np.clip(new, lo, q - 1).astype(int))
+        new = new[[r not in A for r in new.tolist()]]
         A.update(zip(new.tolist(), solve(values[new]).tolist()))
 
 
@@ -580,6 +596,23 @@ def _classes(p: Problem, devices: list[str], sigma: np.ndarray,
     return sorted(((s, m, c) for (s, m), c in counts.items()), reverse=True)
 
 
+@lru_cache(maxsize=8)
+def _sub_vectors(counts: tuple[int, ...]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per class-count vector (in ``itertools.product`` order up to ``counts``): the
+    indices of its non-zero sub-vectors, and of what each leaves of it."""
+    import itertools
+
+    kvecs = list(itertools.product(*(range(n + 1) for n in counts)))
+    index = {kv: n for n, kv in enumerate(kvecs)}
+    subs, rests = [], []
+    for kv in kvecs:
+        ks = [n for n, k2 in enumerate(kvecs) if any(k2) and all(a <= b for a, b in zip(k2, kv))]
+        subs.append(np.array(ks, dtype=np.int64))
+        rests.append(np.array([index[tuple(b - a for a, b in zip(kvecs[n], kv))] for n in ks],
+                              dtype=np.int64))
+    return subs, rests
+
+
 def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: float = 0.0,
                  update: float = 0.0, enough: float = np.inf,
                  uncapped: float | None = None) -> float:
@@ -628,13 +661,7 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
         # after sync: the update may overlap the tie's AllReduce
         busy = busy + r.tie[:, :, None, None]
     busy[:, :, 0] = np.inf
-    # sub-vectors of every state and what they leave
-    subs, rests = [], []
-    for kv in kvecs:
-        ks = [n for n, k2 in enumerate(kvecs) if any(k2) and all(a <= b for a, b in zip(k2, kv))]
-        subs.append(np.array(ks, dtype=np.int64))
-        rests.append(np.array([index[tuple(b - a for a, b in zip(kvecs[n], kv))] for n in ks],
-                              dtype=np.int64))
+    subs, rests = _sub_vectors(tuple(counts))
     full = index[tuple(counts)]
 
     def solve(cap: float) -> float:
