@@ -76,7 +76,8 @@ region is one op, and this relaxation costs nothing.
 Complexity: O(U^2 x D^2 x O x divisors) for U regions, D devices and O <= 4 share
 options, vectorised; the class DP for mixed clusters is O(U^2 x S x K x O) per
 microbatch count (S states, K class vectors); the counts are taken best first, one
-level at a time (cheap DP, class DP without its AllReduce caps, with them).
+level at a time (cheap DP at its first caps, refined, class DP without its AllReduce
+caps, with them).
 """
 
 from __future__ import annotations
