@@ -32,9 +32,10 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
 * **sync**: a replicated stage's gradients are final only after its last
   microbatch's backward (replicas sum them once per flush), so its AllReduce floor
   comes after every forward and all but the last backward of its slowest replica,
-  and after the first forward of a microbatch that must then pass the stages after
-  it both ways (their least chain on the devices left, as in *around*); no chain
-  offset;
+  after the first forward of a microbatch that must then pass the stages after it
+  both ways (their least chain on the devices left, as in *around*) and all but one
+  backward, and after the slowest replica's every forward and that round trip of the
+  microbatch of its last forward; no chain offset;
 * **tied weights**: a stage holding the later user of a tied weight but not the
   earlier one splits the tie, whose gradient is then AllReduced over at least two
   devices after the earlier user's last backward, which the last microbatch reaches
@@ -245,8 +246,11 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
             after = _chain_after(busy, chain, multi, U, D)
             # and its first backward waits for a microbatch to pass the stages after it
             # both ways (on at most the devices the stage leaves)
-            lead = (fixf_r[:, :, None, None] + scalf_r[:, :, None, None] * first_ms + backs
-                    + ar_floor[..., None] + after[None, :, ::-1, None])
+            f_busy = m * fixf_r[:, :, None, None] + scalf_r[:, :, None, None] * inv_cap
+            rest = after[None, :, ::-1, None]
+            lead = ar_floor[..., None] + np.maximum(
+                fixf_r[:, :, None, None] + scalf_r[:, :, None, None] * first_ms + backs + rest,
+                f_busy + rest)  # after its own last forward, that microbatch goes round
             sync = np.where((kk[None, None, :, None] > 1) & np.isfinite(lead),
                             np.maximum(sync, lead), sync)
         return _capped_dp(busy + tie_r[:, :, None, None], chain, sync, multi, U, D,
