@@ -126,8 +126,12 @@ def forced_cuts(problem: Problem) -> list[int]:
     return cuts
 
 
-def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) -> float:
-    """The bound described in the module docstring (ms); inf when nothing fits in memory."""
+def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
+                            tie_sync: TieSync | None = None) -> float:
+    """The bound described in the module docstring (ms); inf when nothing fits in memory.
+
+    ``tie_sync`` says how the bounded plans may sum tied weights (default: as the
+    problem's plans do); ``EXCHANGE`` bounds plans that AllReduce them too."""
     p = problem
     devices = list(devices or p.devices)
     cols = sorted({int(p.type_of[p.device_index[d]]) for d in devices})
@@ -204,7 +208,8 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     acc_r = (Pp[None, :] - Pp[:, None]) * rate
     fix_r = fix_r + acc_r
     fixb_r = fixb_r + acc_r
-    tie_r = _tie_terms(p, bounds, fix_r + scal_r / (B * sigma_max), limits)
+    tie_r = _tie_terms(p, bounds, fix_r + scal_r / (B * sigma_max), limits,
+                       (tie_sync or p.tie_sync) is TieSync.EXCHANGE)
     outside = params_r[:, :, None] * (zero + update / np.maximum(kk, 1)[None, None, :])
 
     def cheap(m: int, enough: float) -> float:
@@ -288,8 +293,8 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None) 
     return best
 
 
-def _tie_terms(p: Problem, bounds: list[int], chain_r: np.ndarray, floor: np.ndarray
-               ) -> np.ndarray:
+def _tie_terms(p: Problem, bounds: list[int], chain_r: np.ndarray, floor: np.ndarray,
+               exchange: bool) -> np.ndarray:
     """``[i, j]``: what tied weights add after the busy time of a stage of regions ``[i, j)``.
 
     A stage that holds the later user of a tied weight and not the earlier one splits the
@@ -298,9 +303,9 @@ def _tie_terms(p: Problem, bounds: list[int], chain_r: np.ndarray, floor: np.nda
     has passed back through the stages in front of it. So the stage's chain-offset term
     gains the AllReduce floor of a two-device group (``floor[2]`` per byte), less the
     chain of the regions before the earlier user (their backward may overlap it). Where
-    the problem's plans may exchange the tie (``TieSync.EXCHANGE``, an owner that is a
-    lookup), the later user needs only the owner's rows, one way, at the same floor per
-    byte (``2 (k - 1) / k`` is 1 for two devices). Ties within one region that may be
+    the plans may exchange the tie (``exchange``, an owner that is a lookup), the later
+    user needs only the owner's rows, one way, at the same floor per byte
+    (``2 (k - 1) / k`` is 1 for two devices). Ties within one region that may be
     split are left out (the region counts for neither).
     """
     U = len(bounds) - 1
@@ -308,7 +313,6 @@ def _tie_terms(p: Problem, bounds: list[int], chain_r: np.ndarray, floor: np.nda
     if len(floor) < 3 or not p.cm.ties:
         return out
     region = np.searchsorted(np.asarray(bounds), np.arange(len(p.order)), side="right") - 1
-    exchange = p.tie_sync is TieSync.EXCHANGE
     for _, owner, sharer, nbytes in p.cm.ties:
         a, b = sorted((int(region[p.pos[owner]]), int(region[p.pos[sharer]])))
         if a == b:

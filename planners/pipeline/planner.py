@@ -136,12 +136,15 @@ def pipeline_bound(problem: Problem) -> Bound:
 
     The work bound, the critical path at the smallest batch fraction a replica
     can hold (one sample), and the stage-balanced bound. (An op's full-batch
-    time is no bound here: replicated stages split every op by the batch.)
+    time is no bound here: replicated stages split every op by the batch.) The
+    family's plans may sum a tied embedding by exchange or by AllReduce, so every
+    planner of the family (this one, gpipe, 1f1b, pipedream) reports the same bound
+    and their ratios to it compare like with like.
     """
     cm, devices = problem.cm, list(problem.devices)
     parts = {"work": work_bound_ms(cm, devices),
              "critical_path": critical_path_ms(cm, devices, 1.0 / problem.batch_size)}
-    balanced = stage_balanced_bound_ms(problem)
+    balanced = stage_balanced_bound_ms(problem, tie_sync=TieSync.EXCHANGE)
     if balanced != float("inf"):
         parts["stage_balanced"] = balanced
     return Bound(max(parts.values()), parts)

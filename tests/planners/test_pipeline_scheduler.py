@@ -191,6 +191,24 @@ def test_bound_with_tied_weights_never_above_a_simulated_plan(layers, types, gib
     _assert_bound_holds(_looked_up(graph) if lookup else graph, _topology(types))
 
 
+def test_the_pipeline_family_reports_one_bound_for_an_exchangeable_tie():
+    """A looked-up embedding tied to the last layer: the pipeline planner's plans exchange it,
+    the baselines' AllReduce it, and all report the family's bound (which takes the rows'
+    floor), so their ratios to it compare like with like; it is at most every plan's time
+    and below the bound of AllReduced ties alone."""
+    from dl_nfv.planners.pipeline.bound import stage_balanced_bound_ms
+    from dl_nfv.planners.pipeline.problem import Problem
+
+    graph = _looked_up(_tied(chain(4, param_bytes=4 * GIB), GIB))
+    topo = _topology([V100] * 4)
+    plans = {name: run(name, graph, topo) for name in ("pipeline", "gpipe", "1f1b", "pipedream")}
+    bounds = {name: plan.bound_ms for name, plan in plans.items()}
+    assert len(set(bounds.values())) == 1, bounds
+    assert all(b <= plans[n].prediction.iteration_ms * (1 + 1e-9) for n, b in bounds.items())
+    allreduced = stage_balanced_bound_ms(Problem(graph, topo))  # AllReduced ties only
+    assert bounds["gpipe"] < allreduced
+
+
 def test_a_tie_holds_back_every_holder_s_update():
     """Two stages holding a tied weight: its AllReduce starts when the later of their last
     backwards ends, and both update after it; the other stage's sync is not held back."""
