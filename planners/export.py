@@ -27,6 +27,7 @@ import json
 from pathlib import Path
 
 from dl_nfv.artifacts import BadInput, OpGraph, Plan, TieSync, load
+from dl_nfv.simulator.costs import tied_weights
 
 FORMATS = ("torch-pipelining",)
 
@@ -94,9 +95,8 @@ def torch_pipelining(plan: Plan, graph: OpGraph, source: str = "plan") -> dict[s
             caveats.append(f"stages {uneven} give their replicas uneven batch shares "
                            f"(heterogeneous devices); torch's DataParallel split is even")
     stage_of = {op: s for s, sid in enumerate(pipe.stages) for op in groups[sid].ops}
-    owner_of = {name: op.id for op in graph.ops for name in op.params}
-    split_ties = sorted({name for op in graph.ops for name in op.shared_params
-                         if name in owner_of and stage_of.get(op.id) != stage_of.get(owner_of[name])})
+    split_ties = sorted({name for name, owner, sharer, _ in tied_weights(graph)
+                         if stage_of.get(sharer) != stage_of.get(owner)})
     if split_ties:
         how = ("by exchange (the head's dense gradient one way, the embedding's non-zero rows "
                "the other)" if plan.tie_sync is TieSync.EXCHANGE else "by AllReduce")

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from dl_nfv.artifacts import BadInput, OpGraph, Optimizer, Plan, SyncMethod, TieSync
 from dl_nfv.artifacts.runreport import ExecutionMode
-from dl_nfv.simulator.costs import exchangeable, lookup_rows
+from dl_nfv.simulator.costs import exchangeable, lookup_rows, tied_weights
 
 from .comm import Comm
 from .model import Workload, to_device
@@ -238,21 +238,17 @@ class PlanExecutor:
             return {}
         graph = self._graph
         lookups = lookup_rows(graph)
-        owner_of = {name: op.id for op in graph.ops for name in op.params}
         group_of_op = {op: g for g in plan.groups for op in g.ops}
         params = dict(self.workload.module.named_parameters())
         out = {}
-        for op in graph.ops:
-            for name in op.shared_params:
-                owner = owner_of.get(name)
-                p = params.get(name)
-                if owner not in lookups or p is None or id(p) not in holders:
-                    continue
-                owner_devices = group_of_op[owner].devices
-                if exchangeable(lookups, owner, owner_devices,
-                                [g.devices for g in groups_of[id(p)]]):
-                    (sharer,) = holders[id(p)] - set(owner_devices)
-                    out[name] = (self.ctx.rank_of[owner_devices[0]], self.ctx.rank_of[sharer])
+        for name, owner, _, _ in tied_weights(graph):
+            p = params.get(name)
+            if owner not in lookups or p is None or id(p) not in holders:
+                continue
+            owner_devices = group_of_op[owner].devices
+            if exchangeable(lookups, owner, owner_devices, [g.devices for g in groups_of[id(p)]]):
+                (sharer,) = holders[id(p)] - set(owner_devices)
+                out[name] = (self.ctx.rank_of[owner_devices[0]], self.ctx.rank_of[sharer])
         return out
 
     def _bucket_of(self, plan: Plan) -> dict[int, int]:

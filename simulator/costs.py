@@ -101,6 +101,14 @@ class Flow:
     nbytes: float
 
 
+def tied_weights(graph: OpGraph) -> list[tuple[str, str, str, float]]:
+    """Tied weights: ``(parameter, owner op, sharing op, bytes)`` for every op that uses a
+    parameter another op owns (``Op.shared_params``), in graph order."""
+    owner_of = {name: op.id for op in graph.ops for name in op.params}
+    return [(name, owner_of[name], op.id, float(nbytes)) for op in graph.ops
+            for name, nbytes in op.shared_params.items() if name in owner_of]
+
+
 def lookup_rows(graph: OpGraph) -> dict[str, float]:
     """Owner op -> bytes of the rows of its tied weight's gradient that it can make
     non-zero, for owners that are lookups: an op that reads only graph inputs (token
@@ -109,12 +117,9 @@ def lookup_rows(graph: OpGraph) -> dict[str, float]:
     ids, which say which rows) are non-zero, whatever the vocabulary. Owners that read
     anything else are absent (their gradient is dense)."""
     index = graph.index
-    owner_of = {name: op.id for op in graph.ops for name in op.params}
-    tied: dict[str, int] = defaultdict(int)  # owner -> bytes of the largest weight it lends
-    for op in graph.ops:
-        for name, nbytes in op.shared_params.items():
-            if name in owner_of:
-                tied[owner_of[name]] = max(tied[owner_of[name]], nbytes)
+    tied: dict[str, float] = defaultdict(float)  # owner -> bytes of the largest weight it lends
+    for _, owner, _, nbytes in tied_weights(graph):
+        tied[owner] = max(tied[owner], nbytes)
     into: dict[str, list] = defaultdict(list)
     sent: dict[str, int] = defaultdict(int)  # largest output edge (an op may not record output_bytes)
     for e in graph.edges:
@@ -194,11 +199,8 @@ class CostModel:
 
     @cached_property
     def ties(self) -> list[tuple[str, str, str, float]]:
-        """Tied weights, cached: ``(parameter, owner op, sharing op, bytes)`` for every op
-        that uses a parameter another op owns (``Op.shared_params``)."""
-        owner_of = {name: op.id for op in self.graph.ops for name in op.params}
-        return [(name, owner_of[name], op.id, float(nbytes)) for op in self.graph.ops
-                for name, nbytes in op.shared_params.items() if name in owner_of]
+        """``tied_weights`` of the graph, cached."""
+        return tied_weights(self.graph)
 
     @cached_property
     def tie_rows(self) -> dict[str, float]:

@@ -216,18 +216,23 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
         """The bound letting every stage take the fastest devices, for ``m`` microbatches
         (refined only until it reaches ``enough``)."""
         inv_cap, first = _share_options(holders, U, D, B, m)  # [i, j, k, o], [k, o]
+        first_ms = first / (B * sigma_max)
+        fixf, scalf = fixf_r[:, :, None, None], scalf_r[:, :, None, None]
+        fixb, scalb = fixb_r[:, :, None, None], scalb_r[:, :, None, None]
         with np.errstate(divide="ignore", invalid="ignore"):
             busy = np.where(np.isfinite(inv_cap),
                             m * fix_r[:, :, None, None] + scal_r[:, :, None, None] * inv_cap,
                             np.inf)
+            # the slowest replica's forwards and backwards, and the first replica's share
+            # of one microbatch (the chain's), each way
+            f_busy, b_busy = m * fixf + scalf * inv_cap, m * fixb + scalb * inv_cap
+            f_first, b_first = fixf + scalf * first_ms, fixb + scalb * first_ms
             # a stage's gradients are final only after the last microbatch's backward (the
             # replicas sum them once per flush): its AllReduce starts after every forward
             # and all but the last backward of its slowest replica
-            backs = ((m - 1) * fixb_r[:, :, None, None]
-                     + scalb_r[:, :, None, None] * inv_cap * ((m - 1) / m))
-            sync = np.where(kk[None, None, :, None] > 1,
-                            m * fixf_r[:, :, None, None] + scalf_r[:, :, None, None] * inv_cap
-                            + backs + ar_floor[..., None], 0.0)
+            backs = (m - 1) * fixb + scalb * inv_cap * ((m - 1) / m)
+            sync = np.where(kk[None, None, :, None] > 1, f_busy + backs + ar_floor[..., None],
+                            0.0)
             # and its compute plus the memory traffic outside the ops (no chain offset: the
             # update may overlap the drain of the stages before it)
             sync = np.maximum(sync, busy + outside[..., None])
@@ -236,26 +241,19 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
         # on one device, else the smallest share (``first`` samples) on the fastest
         with np.errstate(invalid="ignore"):
             chain = np.where(np.isfinite(first), fix_r[:, :, None, None]
-                             + scal_r[:, :, None, None] * first / (B * sigma_max), np.inf)
+                             + scal_r[:, :, None, None] * first_ms, np.inf)
             # a replica's first backward waits for a microbatch to pass the stages after
             # it both ways, and its last forward is of a microbatch that must still do so
             # and come back: (first forward + all its backwards) or (all its forwards +
             # one backward), each plus the chain of the stages after it
-            first_ms = first / (B * sigma_max)
-            around = np.maximum(
-                fixf_r[:, :, None, None] + scalf_r[:, :, None, None] * first_ms
-                + m * fixb_r[:, :, None, None] + scalb_r[:, :, None, None] * inv_cap,
-                m * fixf_r[:, :, None, None] + scalf_r[:, :, None, None] * inv_cap
-                + fixb_r[:, :, None, None] + scalb_r[:, :, None, None] * first_ms)
+            around = np.maximum(f_first + b_busy, f_busy + b_first)
             around = np.where(np.isfinite(around), around, np.inf)  # no such option
             after = _chain_after(busy, chain, multi, U, D)
             # and its first backward waits for a microbatch to pass the stages after it
-            # both ways (on at most the devices the stage leaves)
-            f_busy = m * fixf_r[:, :, None, None] + scalf_r[:, :, None, None] * inv_cap
+            # both ways (on at most the devices the stage leaves), as does the microbatch
+            # of its own last forward
             rest = after[None, :, ::-1, None]
-            lead = ar_floor[..., None] + np.maximum(
-                fixf_r[:, :, None, None] + scalf_r[:, :, None, None] * first_ms + backs + rest,
-                f_busy + rest)  # after its own last forward, that microbatch goes round
+            lead = ar_floor[..., None] + np.maximum(f_first + backs + rest, f_busy + rest)
             sync = np.where((kk[None, None, :, None] > 1) & np.isfinite(lead),
                             np.maximum(sync, lead), sync)
         return _capped_dp(busy + tie_r[:, :, None, None], chain, sync, multi, U, D,
@@ -606,9 +604,11 @@ def _classes(p: Problem, devices: list[str], sigma: np.ndarray,
 
 
 @lru_cache(maxsize=8)
-def _sub_vectors(counts: tuple[int, ...]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per class-count vector (in ``itertools.product`` order up to ``counts``): the
-    indices of its non-zero sub-vectors, and of what each leaves of it."""
+def _class_states(counts: tuple[int, ...]) -> tuple[list[tuple[int, ...]], list[np.ndarray],
+                                                    list[np.ndarray]]:
+    """Every class-count vector up to ``counts`` (``itertools.product`` order, so
+    ``counts`` itself is the last), and per vector the indices of its non-zero
+    sub-vectors and of what each leaves of it."""
     import itertools
 
     kvecs = list(itertools.product(*(range(n + 1) for n in counts)))
@@ -619,7 +619,7 @@ def _sub_vectors(counts: tuple[int, ...]) -> tuple[list[np.ndarray], list[np.nda
         subs.append(np.array(ks, dtype=np.int64))
         rests.append(np.array([index[tuple(b - a for a, b in zip(kvecs[n], kv))] for n in ks],
                               dtype=np.int64))
-    return subs, rests
+    return kvecs, subs, rests
 
 
 def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: float = 0.0,
@@ -637,14 +637,10 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     and stop once it reaches ``enough`` (a caller that keeps the least bound over ``m``
     needs no more). ``uncapped`` is ``A(inf)`` where the caller has it already.
     """
-    import itertools
-
     U = r.U
     sig = np.array([c[0] for c in classes])
     mem = np.array([c[1] for c in classes])
-    counts = [c[2] for c in classes]
-    kvecs = list(itertools.product(*(range(n + 1) for n in counts)))
-    index = {kv: n for n, kv in enumerate(kvecs)}
+    kvecs, subs, rests = _class_states(tuple(c[2] for c in classes))
     K = len(kvecs)
     used = np.array([[k > 0 for k in kv] for kv in kvecs])  # [K, C]
     total = np.array([sum(kv) for kv in kvecs])
@@ -670,8 +666,7 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
         # after sync: the update may overlap the tie's AllReduce
         busy = busy + r.tie[:, :, None, None]
     busy[:, :, 0] = np.inf
-    subs, rests = _sub_vectors(tuple(counts))
-    full = index[tuple(counts)]
+    full = K - 1  # every device left
 
     def solve(cap: float) -> float:
         b = np.where(sync <= cap, busy, np.inf)
