@@ -426,6 +426,20 @@ class CostModel:
             raise ValueError(f"unknown collective {algorithm!r}")
         return self._expression(Collective(algorithm).value, devices).ms(nbytes)
 
+    def allreduce_ms_per_byte(self, devices: Sequence[str]) -> float:
+        """The least ms per byte any AllReduce over ``devices`` takes, whatever its size.
+
+        Each phase of an algorithm is ``latency + b x bytes`` with ``latency >= 0``, so
+        ``allreduce_ms(devices, S) >= S x`` this for every ``S`` and algorithm, and a
+        payload split into buckets costs at least as much as sent whole.
+        """
+        devices = tuple(dict.fromkeys(devices))
+        if len(devices) <= 1:
+            return 0.0
+        return min(sum(max(b for _, b in term)
+                       for term in self._expression(Collective(a).value, devices).terms)
+                   for a in (Collective.RING, Collective.TREE, Collective.HIERARCHICAL))
+
     def allreduce_algorithm(self, devices: Sequence[str], nbytes: float,
                             algorithm: Collective = Collective.AUTO) -> Collective:
         """The algorithm ``allreduce_ms`` uses: ``algorithm``, or for ``AUTO`` the fastest."""

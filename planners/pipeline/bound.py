@@ -4,10 +4,13 @@ Family bounded: plans whose stages are sets of ops run by one group of
 devices each (replicas with any batch shares, gradients AllReduced), every
 device in at most one stage, stages ordered so data flows forward, ``m``
 microbatches with a flush (pure data parallelism is the one-stage case).
-Activation transfers and the memory for activations are taken as free, and a
-gradient AllReduce costs only its floor (``_host_limits``: the bytes no
-algorithm of the cost model can avoid, over the widest routes), so the bound
-holds however busy the links are.
+Links are taken as free of other traffic: a gradient AllReduce costs only its
+floor (the bytes no algorithm of the cost model can avoid, over the widest
+routes and the narrowest cuts, ``_host_limits``; on clusters of at most
+``EXACT_GROUPS_UP_TO`` devices the cost model's own per-byte cost of its best group of
+that size, or of that mix of device classes, ``_group_floors``), an activation costs
+only the least time one sample of it takes to cross a boundary (``_Hops``), and the
+memory for activations is free, so the bound holds however busy the links are.
 
 For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
 
@@ -59,7 +62,19 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   and backward parts, ``T >= sum_{s<k} chain_s + max(F_first + B_busy, F_busy +
   B_first)_k + sum_{s>k} chain_s``. The chain after ``k`` is taken at its least over
   every partition of the rest on the devices left (a DP of its own), which keeps the
-  min-max one DP; this term stops a partition from making its last stages light.
+  min-max one DP; this term stops a partition from making its last stages light. (The
+  class DP takes it too where it has at most ``SMALL_CLASS_STATES`` states, with its own
+  least chain after, ``_class_chain_after``.)
+* **boundaries**: where a cut between two single-op regions is certain to send the edge
+  between them, a stage's replica receives at least its share of it before its first
+  forward and sends the gradient back after its last backward (``_Hops``): its busy,
+  chain and around terms gain both.
+* **waiting for the stages after**: a replicated stage's AllReduce waits for the last
+  gradient to come back, which comes only after every later stage is done; so its first
+  forward, the crossing into the next stage, the least the later stages take on the
+  devices it leaves (the uncapped DP of the rest without tied weights, which bounds
+  when that gradient arrives) and its AllReduce floor add up to one more sync term
+  (``wait``; no chain offset, as the drain of the stages before it may overlap it).
 
 So ``T >= max_k (sum_{s<k} chain_s + busy_k)``, and the bound is the minimum
 of that over partitions, device counts and every ``m`` dividing the batch,
@@ -85,7 +100,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 from heapq import heapify, heappop, heappush
+from itertools import combinations
 
+import networkx as nx
 import numpy as np
 
 from dl_nfv.artifacts import TieSync
@@ -96,6 +113,11 @@ SHARE_OPTIONS = 4  # ranges of a replicated stage's smallest share the DPs tell 
 CAPS_PER_PASS = 12  # caps one vectorised pass of the capped DP solves at once
 CAP_PRECISION = 0.01  # the class DP's caps stop within this of the exact min-max
 MAX_CAP_SOLVES = 6  # or after this many capped solves (each is a whole class DP)
+# clusters of at most this many class-count states (the HeteroG testbed's 45, not TAG's
+# 225) also take the round trip term in the class DP and its caps 10x finer (0.1%, up
+# to 14 solves): a few per cent more bound for about twice the time
+SMALL_CLASS_STATES = 64
+EXACT_GROUPS_UP_TO = 12  # clusters this small take the AllReduce floor over every group
 
 
 def forced_cuts(problem: Problem) -> list[int]:
@@ -196,9 +218,24 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
     for i in range(U + 1):
         for j in range(i + 1, U + 1):
             holders[(i, j)] = tuple(sorted(sigma[memory >= static_r[i, j]].tolist(), reverse=True))
-    # AllReduce floor of a stage on k devices (see _host_limits)
+    # AllReduce floor of a stage on k devices (see _host_limits), and on small clusters the
+    # exact least over every group of k, and of each class-count vector (``vector_floor``)
     kk = np.arange(D + 1)
     limits = _host_limits(p, devices)
+    classes = _classes(p, devices, sigma, memory)
+    kvecs = _class_states(tuple(c[2] for c in classes))[0]
+    vector_floor = limits[np.array([sum(kv) for kv in kvecs])]
+    if D <= EXACT_GROUPS_UP_TO:
+        index = {(c[0], c[1]): n for n, c in enumerate(classes)}
+        floors = _group_floors(p, devices, [index[(s, m)] for s, m in
+                                            zip(sigma.tolist(), memory.tolist())], len(classes))
+        exact: dict[int, float] = {}
+        for kv, value in floors.items():
+            exact[sum(kv)] = min(exact.get(sum(kv), np.inf), value)
+        for k, value in exact.items():
+            limits[k] = max(limits[k], value)
+        vector_floor = np.array([max(float(limits[sum(kv)]), floors.get(kv, 0.0))
+                                 for kv in kvecs])
     ar_floor = params_r[:, :, None] * limits[None, None, :]
     B = p.batch_size
     update = min(p.cm.update_ms_per_byte(d, p.state_factor) for d in devices)
@@ -208,8 +245,12 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
     acc_r = (Pp[None, :] - Pp[:, None]) * rate
     fix_r = fix_r + acc_r
     fixb_r = fixb_r + acc_r
-    tie_r = _tie_terms(p, bounds, fix_r + scal_r / (B * sigma_max), limits,
-                       (tie_sync or p.tie_sync) is TieSync.EXCHANGE)
+    # what crossing the boundary before each region adds to microbatch 0's way forward
+    # and the last one's way back, per sample it carries
+    hops = _Hops(p, bounds, multi, devices)
+    tie_r = _tie_terms(p, bounds, fix_r[0] + scal_r[0] / (B * sigma_max)
+                       + np.cumsum(hops.ms(np.ones(1))[:, 0]),
+                       limits, (tie_sync or p.tie_sync) is TieSync.EXCHANGE)
     outside = params_r[:, :, None] * (zero + update / np.maximum(kk, 1)[None, None, :])
 
     def cheap(m: int, enough: float) -> float:
@@ -240,13 +281,17 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
         # microbatch 0 leaves a stage when its first replica is done: the whole microbatch
         # on one device, else the smallest share (``first`` samples) on the fastest
         with np.errstate(invalid="ignore"):
+            # and reaches the next after crossing the boundary there, at least the next
+            # stage's first share, which the stage's gradient crosses back: a stage's
+            # terms gain the boundary before it, at its own first share
+            hop = hops.ms(first)[:, None]  # [i, 1, k, o]
             chain = np.where(np.isfinite(first), fix_r[:, :, None, None]
-                             + scal_r[:, :, None, None] * first_ms, np.inf)
+                             + scal_r[:, :, None, None] * first_ms + hop, np.inf)
             # a replica's first backward waits for a microbatch to pass the stages after
             # it both ways, and its last forward is of a microbatch that must still do so
             # and come back: (first forward + all its backwards) or (all its forwards +
             # one backward), each plus the chain of the stages after it
-            around = np.maximum(f_first + b_busy, f_busy + b_first)
+            around = np.maximum(f_first + b_busy, f_busy + b_first) + hop
             around = np.where(np.isfinite(around), around, np.inf)  # no such option
             after = _chain_after(busy, chain, multi, U, D)
             # and its first backward waits for a microbatch to pass the stages after it
@@ -256,12 +301,15 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
             lead = ar_floor[..., None] + np.maximum(f_first + backs + rest, f_busy + rest)
             sync = np.where((kk[None, None, :, None] > 1) & np.isfinite(lead),
                             np.maximum(sync, lead), sync)
-        return _capped_dp(busy + tie_r[:, :, None, None], chain, sync, multi, U, D,
-                          around, after, enough=enough)
+            # a replicated stage's AllReduce also waits for the last gradient to come back:
+            # after microbatch 0 went through it, every stage after it must finish
+            wait = np.where(kk[None, None, :, None] > 1, f_first + hops.ms(first, True)[:, None]
+                            + ar_floor[..., None], -np.inf)
+        return _capped_dp(busy + hop + tie_r[:, :, None, None], chain, sync, multi, U, D,
+                          around, after, enough=enough, wait=wait, untied=busy + hop)
 
-    classes = _classes(p, devices, sigma, memory)
     ranges = _Ranges(fix_r, scal_r, fixf_r, scalf_r, fixb_r, scalb_r, params_r, static_r,
-                     multi, U, tie_r)
+                     multi, U, tie_r, hops)
     # Every value below bounds every plan of its m microbatches, each level at least the
     # one before: the cheap bound after its first caps (level 0), refined (level 1; final
     # where all devices are alike); on mixed devices, the exact class-count DP without its
@@ -279,10 +327,11 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
         if level == 0:
             value = max(value, cheap(m, enough=best))
         elif level == 1:
-            uncapped[m] = _class_bound(ranges, classes, limits, B, m, zero, update, enough=0.0)
+            uncapped[m] = _class_bound(ranges, classes, vector_floor, B, m, zero, update,
+                                       enough=0.0)
             value = max(value, uncapped[m])
         else:
-            value = max(value, _class_bound(ranges, classes, limits, B, m, zero, update,
+            value = max(value, _class_bound(ranges, classes, vector_floor, B, m, zero, update,
                                             enough=best, uncapped=uncapped[m]))
         if level + 1 == last:
             best = min(best, value)
@@ -291,7 +340,60 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
     return best
 
 
-def _tie_terms(p: Problem, bounds: list[int], chain_r: np.ndarray, floor: np.ndarray,
+class _Hops:
+    """The least time crossing the boundary before each region adds to a microbatch.
+
+    Where regions ``i - 1`` and ``i`` are single ops, every plan that cuts there sends
+    the edge between the two (the op before is an ancestor of every op after) from other
+    devices (every device is in at most one stage) to each replica after it, before its
+    first forward: its share, ``c`` samples, perhaps in parts from several replicas, and
+    the gradient back after its last backward when that op needs one. A transfer takes
+    its route's latency plus its bytes over the route's bandwidth, and the parts share
+    the links into the device: at least one sample over the best route, and at least
+    the least latency plus ``c`` samples over the most bandwidth any device has into
+    it. Where a region may be split the cut may fall inside it: nothing.
+    """
+
+    def __init__(self, p: Problem, bounds: list[int], multi: np.ndarray, devices: list[str]):
+        U = len(bounds) - 1
+        self.one = np.zeros(U + 1)  # one sample over the best route (ms)
+        self.per_sample = np.zeros(U + 1)  # ms per sample through the widest way in
+        self.ways = np.zeros(U + 1)
+        graph = p.cm.cluster.graph
+        routes = [p.cm.cluster.route(a, b) for a in devices for b in devices if a != b]
+        if not routes:
+            return
+        self.latency = min(r.latency_us for r in routes) / 1e3
+        inbound = max(sum(attrs["bandwidth_gbps"] for attrs in graph[d].values())
+                      for d in devices)
+        largest: dict[tuple[str, str], float] = {}
+        for e in p.graph.edges:
+            largest[(e.src, e.dst)] = max(largest.get((e.src, e.dst), 0.0), float(e.bytes))
+        for i in range(1, U):
+            if multi[i - 1] or multi[i]:
+                continue
+            u, v = p.order[bounds[i] - 1], p.order[bounds[i]]
+            nbytes = largest.get((u, v), 0.0) / p.batch_size
+            if nbytes > 0:
+                self.one[i] = min(r.transfer_us(nbytes) for r in routes) / 1e3
+                self.per_sample[i] = nbytes * 8.0 / (inbound * 1e6)
+                self.ways[i] = 2 if p.needs_grad[u] else 1
+
+    def ms(self, samples: np.ndarray, one_way: bool = False) -> np.ndarray:
+        """``[i, *samples.shape]``: the boundary before region ``i`` for a replica of
+        ``samples``, both ways (or the way in only); 0 where there is nothing to count or
+        ``samples`` is not finite."""
+        samples = np.where(np.isfinite(samples), samples, 0.0)
+        shape = (-1, *[1] * samples.ndim)
+        one, per_sample, ways = (x.reshape(shape) for x in (
+            self.one, self.per_sample, np.minimum(self.ways, 1) if one_way else self.ways))
+        with np.errstate(invalid="ignore"):
+            out = ways * np.maximum(one, getattr(self, "latency", 0.0)
+                                    + per_sample * samples[None])
+        return np.where((samples[None] > 0) & (one > 0), out, 0.0)
+
+
+def _tie_terms(p: Problem, bounds: list[int], before: np.ndarray, floor: np.ndarray,
                exchange: bool) -> np.ndarray:
     """``[i, j]``: what tied weights add after the busy time of a stage of regions ``[i, j)``.
 
@@ -317,7 +419,7 @@ def _tie_terms(p: Problem, bounds: list[int], chain_r: np.ndarray, floor: np.nda
             continue
         if exchange and owner in p.cm.tie_rows:  # only the owner's rows need come back
             nbytes = min(nbytes, p.cm.tie_rows[owner])
-        term = max(0.0, nbytes * float(floor[2]) - float(chain_r[0, a]))
+        term = max(0.0, nbytes * float(floor[2]) - float(before[a]))
         # stages [i, j) with a < i <= b < j
         out[a + 1:b + 1, b + 1:] += term
     return out
@@ -455,7 +557,7 @@ def _chain_after(busy, chain, multi, U: int, D: int) -> np.ndarray:
 
 
 def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None,
-               enough: float = np.inf) -> float:
+               enough: float = np.inf, wait=None, untied=None) -> float:
     """``min over partitions of max(max_k (chain before k + busy_k),
     max_k (chain before k + around_k + least chain after k), max_k sync_k)``.
 
@@ -476,13 +578,16 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None
     the caps, half spread over its ranks) until it holds one value: then the bound is
     exact, the optimum of the min-max. A caller that needs no more than ``enough`` gets
     the first bound that reaches it (``enough = 0``: the one of the first caps).
+
+    ``wait`` (``[i, j, k, o]``, with ``untied``, the busy terms without tied weights'
+    AllReduces) adds a sync term for what a stage's AllReduce waits on after its first
+    forward: ``wait + `` the least the stages after it take on the devices it leaves
+    (the uncapped DP without ties, which bounds when the last gradient comes back).
     """
-    values = np.unique(sync[np.isfinite(busy) & (sync > 0)])
-    N = len(values)
     if around is None:
         around, after = np.zeros_like(busy), np.zeros((U + 1, D + 1))
 
-    def solve(caps: np.ndarray) -> np.ndarray:
+    def solve(caps: np.ndarray, busy=busy, table: bool = False) -> np.ndarray:
         G = len(caps)
         masked = np.where(sync[None] <= caps[:, None, None, None, None], busy[None], np.inf)
         g = np.full((G, U + 2, D + 1), np.inf)
@@ -505,8 +610,17 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None
                 g[:, i, r] = np.minimum(g[:, i, r - 1], val.reshape(G, -1).min(axis=1))
             if multi[i]:
                 g[:, i] = np.minimum(g[:, i], g[:, i + 1])
-        return g[:, 0, D]
+        return g if table else g[:, 0, D]
 
+    if wait is not None:
+        g = solve(np.array([np.inf]), busy=untied, table=True)[0]
+        cont = g[:U + 1].copy()
+        cont[:U] = np.where(multi[:, None], np.minimum(g[:U], g[1:U + 1]), g[:U])
+        later = cont[:, D - np.arange(D + 1)]  # [j, k]: the rest on the D - k devices left
+        with np.errstate(invalid="ignore"):
+            sync = np.maximum(sync, wait + later[None, :, :, None])
+    values = np.unique(sync[np.isfinite(busy) & (sync > 0)])
+    N = len(values)
     if N == 0:
         return float(solve(np.array([np.inf]))[0])
     # A at cap 0, at the largest value (every stage allowed) and at a few ranks between
@@ -550,8 +664,8 @@ def _host_limits(p: Problem, devices: list[str]) -> np.ndarray:
     over that bandwidth is a floor of all three. And a group no single host holds spans
     hosts, where each of its hosts must receive at least the parameters through its
     inbound links: the best such group takes hosts by decreasing inbound bandwidth
-    until they hold ``k`` devices, and the last host taken limits it. The larger of the
-    two.
+    until they hold ``k`` devices, and the last host taken limits it. The largest of
+    these two and the narrowest cut a group of ``k`` can have (``_cut_limits``).
     """
     cluster = p.cm.cluster
     sizes: dict[str, int] = {}
@@ -580,6 +694,62 @@ def _host_limits(p: Problem, devices: list[str]) -> np.ndarray:
     if widest_gbps > 0:
         for k in range(2, len(devices) + 1):
             out[k] = max(out[k], 2.0 * (k - 1) / k * 8.0 / (widest_gbps * 1e6))
+    return np.maximum(out, _cut_limits(cluster.graph, devices))
+
+
+def _group_floors(p: Problem, devices: list[str], klass: list[int],
+                  classes: int) -> dict[tuple[int, ...], float]:
+    """Per class-count vector: the least ms per byte of the cost model's own AllReduce (the
+    fastest of its algorithms, ``allreduce_ms_per_byte``) over every group of at least two
+    ``devices`` with those counts of each class (``klass[d]`` the class of device ``d``)."""
+    out: dict[tuple[int, ...], float] = {}
+    for k in range(2, len(devices) + 1):
+        for group in combinations(range(len(devices)), k):
+            counts = [0] * classes
+            for d in group:
+                counts[klass[d]] += 1
+            key = tuple(counts)
+            value = p.cm.allreduce_ms_per_byte([devices[d] for d in group])
+            if value < out.get(key, np.inf):
+                out[key] = value
+    return out
+
+
+def _cut_limits(graph, devices: list[str]) -> np.ndarray:
+    """Per group size k: the least ms per byte over the best-connected cut of any k devices.
+
+    Whichever of the three algorithms runs, a cut of the network with members of the
+    group on both sides is crossed by at least the whole payload each way (a ring
+    crosses it once a step with ``1 / k`` of the bytes over ``2 (k - 1)`` steps; a
+    tree's edges up and down; a hierarchical AllReduce's host ring, or the ring of
+    the host the cut splits), and a phase takes at least the bytes it puts over the
+    cut's links divided by their summed bandwidth. So ``1 / mincut(G)`` is a floor
+    for a group ``G``, and the least over groups of ``k`` devices is the largest
+    ``lambda`` at which some component of the Gomory-Hu tree, cut at the edges
+    narrower than ``lambda``, holds ``k`` of the devices.
+    """
+    out = np.zeros(len(devices) + 1)
+    if len(devices) < 2 or not nx.is_connected(graph):
+        return out
+    tree = nx.gomory_hu_tree(graph, capacity="bandwidth_gbps")
+    count = {v: int(v in devices) for v in tree}
+    parent = {v: v for v in tree}
+
+    def root(v):
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    largest = max(count.values())
+    for a, b, w in sorted(tree.edges(data="weight"), key=lambda e: -e[2]):
+        ra, rb = root(a), root(b)
+        parent[ra] = rb
+        count[rb] += count[ra]
+        # groups of up to count[rb] devices have a min cut of at least w
+        for k in range(largest + 1, count[rb] + 1):
+            out[k] = 8.0 / (w * 1e6)
+        largest = max(largest, count[rb])
     return out
 
 
@@ -587,11 +757,11 @@ class _Ranges:
     """Per region range ``[i, j)``: fastest-type fixed and scalable times, parameters, state."""
 
     def __init__(self, fix_r, scal_r, fixf_r, scalf_r, fixb_r, scalb_r, params_r, static_r,
-                 multi, U, tie_r):
+                 multi, U, tie_r, hops):
         self.fix, self.scal, self.fixf, self.scalf = fix_r, scal_r, fixf_r, scalf_r
         self.fixb, self.scalb = fixb_r, scalb_r
         self.params, self.static, self.multi, self.U = params_r, static_r, multi, U
-        self.tie = tie_r
+        self.tie, self.hops = tie_r, hops
 
 
 def _classes(p: Problem, devices: list[str], sigma: np.ndarray,
@@ -622,6 +792,26 @@ def _class_states(counts: tuple[int, ...]) -> tuple[list[tuple[int, ...]], list[
     return kvecs, subs, rests
 
 
+def _class_chain_after(chain, multi, U: int, K: int, subs, rests) -> np.ndarray:
+    """``[j, n]``: the least chain of the stages of regions ``j..`` on devices of class
+    vector ``n`` (``_chain_after`` with devices counted per class)."""
+    after = np.full((U + 2, K), np.inf)
+    after[U:] = 0.0
+    for i in range(U - 1, -1, -1):
+        cont = after[:U + 1].copy()
+        cont[:U] = np.where(multi[:, None], np.minimum(after[:U], after[1:U + 1]), after[:U])
+        js = np.arange(i + 1, U + 1)
+        ci, conti = chain[i, js], cont[js]
+        for n in range(K):
+            ks = subs[n]
+            after[i, n] = (ci[:, ks] + conti[:, rests[n], None]).min() if ks.size else np.inf
+        if multi[i]:
+            after[i] = np.minimum(after[i], after[i + 1])
+    out = after[:U + 1].copy()
+    out[:U] = np.where(multi[:, None], np.minimum(after[:U], after[1:U + 1]), after[:U])
+    return out
+
+
 def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: float = 0.0,
                  update: float = 0.0, enough: float = np.inf,
                  uncapped: float | None = None) -> float:
@@ -630,7 +820,8 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     Like the cheap DP, but the state is how many devices of each class are left, so
     no two stages can both use the fastest devices; a stage's replicas are a vector
     of class counts, its share split by whole samples over exactly those devices, in
-    one of the share options (``_class_share_options``).
+    one of the share options (``_class_share_options``), and its AllReduce floor that
+    vector's (``floor[n]`` ms per byte for vector ``n`` of ``_class_states``).
     The AllReduce terms (no chain offset) are handled by caps ``c``: every partition is
     at least ``min(A(c), next sync value above c)``, ``A(c)`` the DP over stages whose
     term is at most ``c``; the caps are searched for the largest such bound (see below)
@@ -642,6 +833,7 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     mem = np.array([c[1] for c in classes])
     kvecs, subs, rests = _class_states(tuple(c[2] for c in classes))
     K = len(kvecs)
+    small = K <= SMALL_CLASS_STATES
     used = np.array([[k > 0 for k in kv] for kv in kvecs])  # [K, C]
     total = np.array([sum(kv) for kv in kvecs])
     samples = B // m
@@ -654,21 +846,42 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
         outside = (r.params[:, :, None] * (zero + update / np.maximum(total, 1)[None, None]))
         busy = np.where(allowed & np.isfinite(share), m * fix + scal * share, np.inf)
         # microbatch 0 leaves a stage when its first replica is done (see _share_options)
-        chain = np.where(np.isfinite(first), fix + scal * first / (B * sig_max[:, None]), np.inf)
+        hop = r.hops.ms(first)[:, None]  # [i, 1, K, o]: the boundary before (as above)
+        chain = np.where(np.isfinite(first), fix + scal * first / (B * sig_max[:, None]) + hop,
+                         np.inf)
         # the AllReduce after every forward and all but the last backward (as above)
         sync = np.where((total >= 2)[:, None] & np.isfinite(share),
                         m * r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * share
                         + (m - 1) * r.fixb[:, :, None, None]
                         + r.scalb[:, :, None, None] * share * ((m - 1) / m)
-                        + (r.params[:, :, None] * floor[np.minimum(total, len(floor) - 1)])[
-                            ..., None], 0.0)
+                        + (r.params[:, :, None] * floor[None, None, :])[..., None], 0.0)
         sync = np.where(allowed, np.maximum(sync, busy + outside[..., None]), sync)
+        # a replica's first backward and its last forward's microbatch wait for the
+        # round trip through the stages after it (the cheap DP's around term; small
+        # clusters only, see SMALL_CLASS_STATES)
+        f_first = r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * first / (
+            B * sig_max[:, None])
+        b_first = r.fixb[:, :, None, None] + r.scalb[:, :, None, None] * first / (
+            B * sig_max[:, None])
+        f_busy = m * r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * share
+        b_busy = m * r.fixb[:, :, None, None] + r.scalb[:, :, None, None] * share
+        around = np.where(np.isfinite(busy), np.maximum(f_first + b_busy, f_busy + b_first)
+                          + hop, np.inf)
+        # what a replicated stage's AllReduce waits on after its first forward (as in the
+        # cheap DP, ``_capped_dp``'s ``wait``): plus the stages after it, below
+        wait = np.where((total >= 2)[:, None], f_first + r.hops.ms(first, True)[:, None]
+                        + (r.params[:, :, None] * floor[None, None, :])[..., None], -np.inf)
         # after sync: the update may overlap the tie's AllReduce
-        busy = busy + r.tie[:, :, None, None]
+        untied = busy + hop
+        busy = untied + r.tie[:, :, None, None]
     busy[:, :, 0] = np.inf
+    untied[:, :, 0] = np.inf
     full = K - 1  # every device left
+    if small:
+        after = _class_chain_after(np.where(np.isfinite(busy), chain, np.inf), r.multi, U, K,
+                                   subs, rests)
 
-    def solve(cap: float) -> float:
+    def solve(cap: float, busy=busy, table: bool = False):
         b = np.where(sync <= cap, busy, np.inf)
         g = np.full((U + 2, K), np.inf)
         g[U] = 0.0
@@ -678,30 +891,45 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
             cont[:U] = np.where(r.multi[:, None], np.minimum(g[:U], g[1:U + 1]), g[:U])
             js = np.arange(i + 1, U + 1)
             bi, ci, conti = b[i, js], chain[i, js], cont[js]  # [j, K, o], [j, K, o], [j, K]
+            if small:
+                ai, afteri = around[i, js], after[js]
             for n in range(K):
                 ks = subs[n]
                 if ks.size == 0:
                     continue
                 val = np.maximum(bi[:, ks], ci[:, ks] + conti[:, rests[n], None])
+                if small:
+                    val = np.maximum(val, ai[:, ks] + afteri[:, rests[n], None])
                 g[i, n] = val.min()
             if r.multi[i]:
                 g[i] = np.minimum(g[i], g[i + 1])
-        return float(g[0, full])
+        return g if table else float(g[0, full])
 
     best = solve(np.inf) if uncapped is None else uncapped  # A(inf)
+    if best >= enough:
+        return best
+    # the stages after a replicated one, on the devices it leaves, before its AllReduce
+    g = solve(np.inf, busy=untied, table=True)
+    cont = g[:U + 1].copy()
+    cont[:U] = np.where(r.multi[:, None], np.minimum(g[:U], g[1:U + 1]), g[:U])
+    left = np.full(K, full)
+    left[subs[full]] = rests[full]
+    with np.errstate(invalid="ignore"):
+        sync = np.maximum(sync, wait + cont[None, :, left, None])
     # caps at the distinct sync values above A(inf), v_0 < v_1 < ...: a partition whose
     # largest sync is at most v_q is at least A(v_q), any other at least v_{q+1}, so
     # f(q) = min(v_{q+1}, A(v_q)) bounds all; the first term grows with q and the second
     # shrinks, so the largest f is where they cross (the exact min-max). The search
     # first tries the cap a caller needs (``enough``), then gallops up from A(inf) (the
     # crossing is usually a few per cent above it) and bisects once it is bracketed,
-    # until the bound is within ``CAP_PRECISION`` of the min-max.
+    # until the bound is within ``precision`` of the min-max.
     values = np.unique(sync[np.isfinite(busy) & (sync > best)])
     lo, hi = -1, len(values) - 1  # A(v_lo) > v_lo+1 (lo = -1: none known), A(v_hi) <= v_hi+1
     top = max(float(values[hi]), best) if len(values) else best  # some partition's value
-    step, bracketed, solves = CAP_PRECISION, False, 0
-    while (hi - lo > 1 and best < enough and best * (1.0 + CAP_PRECISION) < top
-           and solves < MAX_CAP_SOLVES):
+    precision, most = (CAP_PRECISION / 10, 14) if small else (CAP_PRECISION, MAX_CAP_SOLVES)
+    step, bracketed, solves = precision, False, 0
+    while (hi - lo > 1 and best < enough and best * (1.0 + precision) < top
+           and solves < most):
         below = float(values[lo + 1]) if lo >= 0 else best
         if enough < top:
             target = enough

@@ -75,11 +75,14 @@ def test_four_equal_layers_on_two_devices_split_two_and_two():
     update = cm.update_ms(3 * GIB, dev, 1.0) + cm.upkeep_ms(3 * GIB, dev, 0)
     closed = (8 + 1) * (f + b) + update
     assert closed <= plan.prediction.iteration_ms <= closed * 1.01
-    # the stage-balanced bound: at least fill and drain; at most the larger of that and a
-    # stage's compute plus its memory traffic outside the ops (which may overlap the drain;
-    # the DP meets such terms on a grid of caps, so it may stop short of them)
+    # the stage-balanced bound: at least fill and drain (with one sample's activations over
+    # the link and its gradient back); at most the larger of that and a stage's compute plus
+    # its memory traffic outside the ops (which may overlap the drain; the DP meets such
+    # terms on a grid of caps, so it may stop short of them)
     outside = 3 * GIB * (cm.update_ms_per_byte(dev, 1.0) + cm.upkeep_ms_per_byte(dev, 0))
-    fill_drain = (8 + 1) * (f + b)
+    devices = cm.cluster.device_names
+    hop = 2 * cm.transfer_ms(devices[0], devices[1], 4 * 2**20 / 8)
+    fill_drain = (8 + 1) * (f + b) + hop
     assert fill_drain * (1 - 1e-6) <= plan.bound_ms <= max(fill_drain, 8 * (f + b) + outside) * (1 + 1e-6)
     assert plan.bound_ms <= plan.prediction.iteration_ms
     validate_plan(plan, graph, topo)

@@ -514,3 +514,126 @@ def test_capped_dp_is_the_exact_min_max(U, D, options, seed, zeros):
     multi = np.zeros(U, dtype=bool)
     got = _capped_dp(busy, chain, sync, multi, U, D, around, _chain_after(busy, chain, multi, U, D))
     assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_replicated_stage_s_allreduce_waits_for_the_stages_after_it():
+    """Two regions on three devices: the first on two replicas (busy 10, chain 1, its
+    AllReduce term 5), the second on the third (busy 20), or both on all three (50). The
+    chain alone gives 1 + 20 = 21; but the first stage's AllReduce can start only after the
+    last gradient comes back, after the second stage's 20, so with 2 before that (its first
+    forward and the AllReduce floor) the bound is 22."""
+    import numpy as np
+
+    from dl_nfv.planners.pipeline.bound import _capped_dp
+
+    U, D = 2, 3
+    busy = np.full((U + 1, U + 1, D + 1, 1), np.inf)
+    chain, sync, wait = np.ones_like(busy), np.zeros_like(busy), np.full_like(busy, -np.inf)
+    busy[0, 1, 2], sync[0, 1, 2], wait[0, 1, 2] = 10.0, 5.0, 2.0
+    busy[1, 2, 1] = 20.0
+    busy[0, 2, 3], sync[0, 2, 3] = 40.0, 50.0
+    multi = np.zeros(U, dtype=bool)
+    assert _capped_dp(busy, chain, sync, multi, U, D) == pytest.approx(21.0)
+    assert _capped_dp(busy, chain, sync, multi, U, D, wait=wait,
+                      untied=busy) == pytest.approx(22.0)
+
+
+def _ring(bandwidths, types):
+    """Single-GPU hosts cabled in a ring of direct links of ``bandwidths`` Gbps (no switch)."""
+    n = len(types)
+    return from_data(Topology, {
+        "kind": "topology", "schema_version": 1, "name": "ring",
+        "hosts": [{"name": f"r{i}", "devices": [{"type": t}]} for i, t in enumerate(types)],
+        "links": [{"endpoints": [f"r{i}/gpu0", f"r{(i + 1) % n}/gpu0"],
+                   "bandwidth_gbps": bw, "latency_us": 5} for i, bw in enumerate(bandwidths)]})
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), layers=st.integers(2, 6), hosts=st.integers(3, 6),
+       gib=st.sampled_from([0.01, 0.3, 4.0]), out_mib=st.sampled_from([4, 256, 1024]),
+       batch=st.sampled_from([4, 8]), fwd=st.sampled_from([0.2, 10.0]),
+       policy=st.sampled_from(list(Policy)))
+def test_bound_never_above_any_simulated_layout_on_a_ring(data, layers, hosts, gib, out_mib,
+                                                          batch, fwd, policy):
+    """Any layout (stages, replicas, microbatches) on a ring of uneven direct links, where
+    activations and AllReduces cross other GPUs' links, simulates at or above the bound:
+    its AllReduce floors (over every group's own cost) and the boundaries' transfers
+    hold for plans no planner would make."""
+    from dl_nfv.planners.pipeline.bound import stage_balanced_bound_ms
+
+    types = data.draw(st.lists(st.sampled_from([V100, "P100"]), min_size=hosts, max_size=hosts))
+    bws = data.draw(st.lists(st.sampled_from([10, 25, 100]), min_size=hosts, max_size=hosts))
+    graph = chain(layers, fwd_ms=fwd, bwd_ms=2 * fwd, param_bytes=int(gib * GIB),
+                  out_bytes=out_mib * 2**20, batch=batch, slower={"P100": 1.5})
+    topo = _ring(bws, types)
+    problem = Problem(graph, topo)
+    devices = data.draw(st.permutations(problem.devices))
+    stages = data.draw(st.integers(1, min(layers, hosts)))
+    cuts = sorted(data.draw(st.lists(st.integers(1, layers - 1), min_size=stages - 1,
+                                     max_size=stages - 1, unique=True)))
+    counts = data.draw(st.lists(st.integers(1, 2), min_size=stages, max_size=stages))
+    while sum(counts) > hosts:
+        counts[counts.index(max(counts))] -= 1
+    bounds = [0, *cuts, layers]
+    specs, used = [], 0
+    for s in range(stages):
+        specs.append(StageSpec(bounds[s], bounds[s + 1], tuple(devices[used:used + counts[s]])))
+        used += counts[s]
+    m = data.draw(st.sampled_from([d for d in (1, 2, 4, 8) if batch % d == 0]))
+    layout = Layout(tuple(specs), m)
+    reps = all_replicas(problem, layout)
+    try:
+        timed = schedule_run(stage_costs(problem, layout, reps), policy)
+    except ValueError:  # a stage that cannot hold a microbatch
+        return
+    groups, pipeline = groups_and_pipeline(problem, layout, reps, timed.schedule)
+    plan = Plan(planner="pipeline", graph_sha256=fingerprint(graph),
+                topology_sha256=fingerprint(topo), batch_size=batch, groups=tuple(groups),
+                pipeline=pipeline, fusion=stage_buckets(problem, layout, reps))
+    result = simulate(plan, graph, topo, check_fingerprints=False)
+    if result.feasible:
+        assert stage_balanced_bound_ms(problem) <= result.iteration_ms * (1 + 1e-9)
+
+
+def test_the_bound_counts_the_boundary_transfer_both_ways():
+    """Two 4 GiB layers that do not fit one 16 GiB GPU together, on two hosts joined by one
+    25 Gbps link, with 1 GiB of activations per sample: every plan sends at least one
+    sample's activations over the link and its gradient back, 2 x (5 us + 1 GiB / 25 Gbps)
+    = 687 ms that the bound adds to the same graph's with small activations (all but the
+    optimizer step's memory traffic, under a millisecond, which a term without the
+    transfers bounds on its own)."""
+    from dl_nfv.planners.pipeline.bound import stage_balanced_bound_ms
+
+    topo = from_data(Topology, {
+        "kind": "topology", "schema_version": 1, "name": "pair",
+        "hosts": [{"name": f"h{i}", "devices": [{"type": V100}]} for i in range(2)],
+        "links": [{"endpoints": ["h0/gpu0", "h1/gpu0"], "bandwidth_gbps": 25,
+                   "latency_us": 5}]})
+    big = chain(2, param_bytes=4 * GIB, out_bytes=2 * GIB, batch=2)
+    small = chain(2, param_bytes=4 * GIB, out_bytes=2**10, batch=2)
+    hop_ms = 2 * (5e-3 + GIB * 8 / 25e9 * 1e3)
+    bound = stage_balanced_bound_ms(Problem(big, topo))
+    assert bound - stage_balanced_bound_ms(Problem(small, topo)) >= hop_ms - 1.0
+    assert bound <= run("pipeline", big, topo).prediction.iteration_ms
+
+
+def test_allreduce_floors_of_a_ring_of_uneven_links():
+    """The ring example (100, 25, 100, 10, 100, 25, 100, 40 Gbps): two GPUs are at best
+    joined by a cut of 110 Gbps (their 100 Gbps link and the 10), all eight by 35 (the 10
+    and a 25); the cost model's own AllReduce of all eight is slower still, and every
+    group size's floor is the least over its groups."""
+    from itertools import combinations
+
+    from dl_nfv.artifacts import load
+    from dl_nfv.planners.pipeline.bound import _cut_limits, _group_floors, _host_limits
+
+    problem = Problem(chain(2), load("examples/topologies/ring8-mixed.yaml"))
+    devices = list(problem.devices)
+    cut = _cut_limits(problem.cm.cluster.graph, devices)
+    assert cut[2] == pytest.approx(8 / 110e6) and cut[8] == pytest.approx(8 / 35e6)
+    groups = _group_floors(problem, devices, [0] * 8, 1)  # one class: per group size
+    assert groups[(8,)] == pytest.approx(problem.cm.allreduce_ms_per_byte(devices))
+    assert groups[(8,)] > cut[8]
+    assert groups[(3,)] == pytest.approx(min(problem.cm.allreduce_ms_per_byte(g)
+                                             for g in combinations(devices, 3)))
+    assert (_host_limits(problem, devices) >= cut - 1e-18).all()

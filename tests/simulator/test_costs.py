@@ -30,6 +30,20 @@ def test_ring_allreduce_closed_form(n, nbytes):
     assert cm.allreduce_ms(devices, nbytes) <= got + 1e-12  # AUTO is never slower
 
 
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_allreduce_ms_per_byte_is_the_cheapest_algorithm_s_slope(n):
+    """On uniform links the ring's bandwidth term, 2 (n - 1) / n bytes per byte, is the least
+    of the three; every size costs at least that much per byte (latencies only add)."""
+    bw = 100.0
+    cm = CostModel(chain(1), mesh(n, bandwidth_gbps=bw, latency_us=3.0))
+    devices = cm.cluster.device_names
+    slope = cm.allreduce_ms_per_byte(devices)
+    assert slope == pytest.approx(2 * (n - 1) / n / bytes_per_ms(bw), rel=1e-12)
+    for nbytes in (1.0, 1e6, 1e12):
+        assert cm.allreduce_ms(devices, nbytes) >= nbytes * slope * (1 - 1e-12)
+    assert cm.allreduce_ms_per_byte(devices[:1]) == 0.0
+
+
 def test_tree_allreduce_closed_form():
     # 4 devices, binary tree: 2 levels, each pays latency; payload crosses each edge up and down
     bw, alpha_us, nbytes = 50.0, 2.0, 8e6
