@@ -248,7 +248,7 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
     for sc in _distinct(problem, pool, lambda sc: sc.estimate_ms)[:TOP_FOR_LIST]:
         timed(sc)
     ranked = [ev for ev in quick.values() if ev is not None]
-    ranked.sort(key=_fastest_first)
+    ranked.sort(key=fastest_first)
     distinct = _distinct(problem, ranked, lambda ev: ev.makespan_ms)
     final = []
     for ev in distinct[:TOP_FOR_SCHEDULING]:
@@ -257,7 +257,7 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
         if full is not None:
             full.layout = ev.layout
             final.append(full)
-    final.sort(key=_fastest_first)
+    final.sort(key=fastest_first)
     known = {ev.layout.key for ev in final}
     budget = [REFINE_BUDGET]
     for ev in final[:REFINED_CANDIDATES]:
@@ -265,12 +265,12 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
         if better.layout.key not in known:
             known.add(better.layout.key)
             final.append(better)
-    final.sort(key=_fastest_first)
+    final.sort(key=fastest_first)
     outcome.candidates = final
     return outcome
 
 
-def _fastest_first(ev: Evaluated) -> tuple:
+def fastest_first(ev: Evaluated) -> tuple:
     """Sort key of timed layouts: fastest, then fewer stages, then the layout (deterministic)."""
     return ev.makespan_ms, len(ev.layout.stages), ev.layout.key
 
@@ -310,6 +310,23 @@ def shift_moves(layout: Layout) -> list[Layout]:
     return out
 
 
+def device_swaps(problem: Problem, layout: Layout) -> list[Layout]:
+    """Layouts with two devices of different stages swapped, or a device of a stage swapped
+    for one the layout leaves idle (stages, shares' order and microbatches kept)."""
+    stage_of = {d: s for s, st in enumerate(layout.stages) for d in st.devices}
+    idle = [d for d in problem.devices if d not in stage_of]
+    used = [d for st in layout.stages for d in st.devices]
+    out = []
+    for n, a in enumerate(used):
+        for b in [*used[n + 1:], *idle]:
+            if stage_of[a] == stage_of.get(b):
+                continue
+            swap = {a: b, b: a}
+            out.append(Layout(tuple(replace(st, devices=tuple(swap.get(d, d) for d in st.devices))
+                                    for st in layout.stages), layout.microbatches, layout.origin))
+    return out
+
+
 def refine(problem: Problem, ev: Evaluated, policies: Sequence[Policy],
            budget: list[int]) -> Evaluated:
     """Hill-climb ``ev``'s stage boundaries on the scheduled time (best move per round).
@@ -334,7 +351,7 @@ def refine(problem: Problem, ev: Evaluated, policies: Sequence[Policy],
             budget[0] -= cost
             timed = [x for lay in moves
                      if (x := evaluate(problem, lay, full=True, policies=policies)) is not None]
-            top = min(timed, key=_fastest_first, default=None)
+            top = min(timed, key=fastest_first, default=None)
             if top is not None and top.makespan_ms < best.makespan_ms - 1e-9:
                 best = top
                 break
