@@ -321,15 +321,15 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
     heap = [(cheap(m, enough=0.0), 0, m) for m in range(1, B + 1) if B % m == 0]
     heapify(heap)
     best = np.inf
-    uncapped: dict[int, float] = {}  # per count: the class DP without caps
+    uncapped: dict[int, np.ndarray] = {}  # per count: the class DP's table without caps
     while heap and heap[0][0] < best:
         value, level, m = heappop(heap)
         if level == 0:
             value = max(value, cheap(m, enough=best))
         elif level == 1:
             uncapped[m] = _class_bound(ranges, classes, vector_floor, B, m, zero, update,
-                                       enough=0.0)
-            value = max(value, uncapped[m])
+                                       enough=None)
+            value = max(value, float(uncapped[m][0, -1]))
         else:
             value = max(value, _class_bound(ranges, classes, vector_floor, B, m, zero, update,
                                             enough=best, uncapped=uncapped[m]))
@@ -598,13 +598,12 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None
             cont = g[:, :U + 1].copy()
             cont[:, :U] = np.where(multi[None, :, None], np.minimum(g[:, :U], g[:, 1:U + 1]),
                                    g[:, :U])
-            js = np.arange(i + 1, U + 1)
             for r in range(1, D + 1):
-                ks = np.arange(1, r + 1)
-                busy_ijk = masked[:, i, js][:, :, ks]  # [G, j, k, o]
-                chain_ijk = chain[i, js][:, ks]
-                rest = cont[:, js][:, :, r - ks]  # [G, j, k]
-                beside = around[i, js][:, ks] + after[js][:, r - ks][..., None]
+                # stages [i, j) for j > i on k = 1..r devices, r - k left (slices, no copies)
+                busy_ijk = masked[:, i, i + 1:, 1:r + 1]  # [G, j, k, o]
+                chain_ijk = chain[i, i + 1:, 1:r + 1]
+                rest = cont[:, i + 1:, r - 1::-1]  # [G, j, k]
+                beside = around[i, i + 1:, 1:r + 1] + after[i + 1:, r - 1::-1][..., None]
                 val = np.maximum(np.maximum(busy_ijk, beside[None]),
                                  chain_ijk[None] + rest[..., None])
                 g[:, i, r] = np.minimum(g[:, i, r - 1], val.reshape(G, -1).min(axis=1))
@@ -813,8 +812,8 @@ def _class_chain_after(chain, multi, U: int, K: int, subs, rests) -> np.ndarray:
 
 
 def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: float = 0.0,
-                 update: float = 0.0, enough: float = np.inf,
-                 uncapped: float | None = None) -> float:
+                 update: float = 0.0, enough: float | None = np.inf,
+                 uncapped: np.ndarray | None = None):
     """The stage-balanced bound for ``m`` microbatches with devices counted per class.
 
     Like the cheap DP, but the state is how many devices of each class are left, so
@@ -826,7 +825,8 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     at least ``min(A(c), next sync value above c)``, ``A(c)`` the DP over stages whose
     term is at most ``c``; the caps are searched for the largest such bound (see below)
     and stop once it reaches ``enough`` (a caller that keeps the least bound over ``m``
-    needs no more). ``uncapped`` is ``A(inf)`` where the caller has it already.
+    needs no more). ``enough = None`` returns the table of ``A(inf)`` (``[region, state]``)
+    instead, which a later call takes as ``uncapped``.
     """
     U = r.U
     sig = np.array([c[0] for c in classes])
@@ -849,28 +849,18 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
         hop = r.hops.ms(first)[:, None]  # [i, 1, K, o]: the boundary before (as above)
         chain = np.where(np.isfinite(first), fix + scal * first / (B * sig_max[:, None]) + hop,
                          np.inf)
-        # the AllReduce after every forward and all but the last backward (as above)
-        sync = np.where((total >= 2)[:, None] & np.isfinite(share),
-                        m * r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * share
-                        + (m - 1) * r.fixb[:, :, None, None]
-                        + r.scalb[:, :, None, None] * share * ((m - 1) / m)
-                        + (r.params[:, :, None] * floor[None, None, :])[..., None], 0.0)
-        sync = np.where(allowed, np.maximum(sync, busy + outside[..., None]), sync)
-        # a replica's first backward and its last forward's microbatch wait for the
-        # round trip through the stages after it (the cheap DP's around term; small
-        # clusters only, see SMALL_CLASS_STATES)
         f_first = r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * first / (
             B * sig_max[:, None])
-        b_first = r.fixb[:, :, None, None] + r.scalb[:, :, None, None] * first / (
-            B * sig_max[:, None])
-        f_busy = m * r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * share
-        b_busy = m * r.fixb[:, :, None, None] + r.scalb[:, :, None, None] * share
-        around = np.where(np.isfinite(busy), np.maximum(f_first + b_busy, f_busy + b_first)
-                          + hop, np.inf)
-        # what a replicated stage's AllReduce waits on after its first forward (as in the
-        # cheap DP, ``_capped_dp``'s ``wait``): plus the stages after it, below
-        wait = np.where((total >= 2)[:, None], f_first + r.hops.ms(first, True)[:, None]
-                        + (r.params[:, :, None] * floor[None, None, :])[..., None], -np.inf)
+        if small:
+            # a replica's first backward and its last forward's microbatch wait for the
+            # round trip through the stages after it (the cheap DP's around term; small
+            # clusters only, see SMALL_CLASS_STATES)
+            b_first = r.fixb[:, :, None, None] + r.scalb[:, :, None, None] * first / (
+                B * sig_max[:, None])
+            f_busy = m * r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * share
+            b_busy = m * r.fixb[:, :, None, None] + r.scalb[:, :, None, None] * share
+            around = np.where(np.isfinite(busy), np.maximum(f_first + b_busy, f_busy + b_first)
+                              + hop, np.inf)
         # after sync: the update may overlap the tie's AllReduce
         untied = busy + hop
         busy = untied + r.tie[:, :, None, None]
@@ -882,40 +872,56 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
                                    subs, rests)
 
     def solve(cap: float, busy=busy, table: bool = False):
-        b = np.where(sync <= cap, busy, np.inf)
+        b = busy if cap == np.inf else np.where(sync <= cap, busy, np.inf)
         g = np.full((U + 2, K), np.inf)
         g[U] = 0.0
         g[U + 1] = 0.0
         for i in range(U - 1, -1, -1):
             cont = g[:U + 1].copy()
             cont[:U] = np.where(r.multi[:, None], np.minimum(g[:U], g[1:U + 1]), g[:U])
-            js = np.arange(i + 1, U + 1)
-            bi, ci, conti = b[i, js], chain[i, js], cont[js]  # [j, K, o], [j, K, o], [j, K]
+            # per class vector first ([K, j, o], [K, j]): each state gathers whole rows
+            bi = np.ascontiguousarray(b[i, i + 1:].transpose(1, 0, 2))
+            ci = np.ascontiguousarray(chain[i, i + 1:].transpose(1, 0, 2))
+            conti = np.ascontiguousarray(cont[i + 1:].T)
             if small:
-                ai, afteri = around[i, js], after[js]
+                ai = np.ascontiguousarray(around[i, i + 1:].transpose(1, 0, 2))
+                afteri = np.ascontiguousarray(after[i + 1:].T)
             for n in range(K):
                 ks = subs[n]
                 if ks.size == 0:
                     continue
-                val = np.maximum(bi[:, ks], ci[:, ks] + conti[:, rests[n], None])
+                val = np.maximum(bi[ks], ci[ks] + conti[rests[n], :, None])
                 if small:
-                    val = np.maximum(val, ai[:, ks] + afteri[:, rests[n], None])
+                    val = np.maximum(val, ai[ks] + afteri[rests[n], :, None])
                 g[i, n] = val.min()
             if r.multi[i]:
                 g[i] = np.minimum(g[i], g[i + 1])
         return g if table else float(g[0, full])
 
-    best = solve(np.inf) if uncapped is None else uncapped  # A(inf)
+    table = solve(np.inf, table=True) if uncapped is None else uncapped  # A(inf)
+    if enough is None:
+        return table
+    best = float(table[0, full])
     if best >= enough:
         return best
-    # the stages after a replicated one, on the devices it leaves, before its AllReduce
-    g = solve(np.inf, busy=untied, table=True)
-    cont = g[:U + 1].copy()
-    cont[:U] = np.where(r.multi[:, None], np.minimum(g[:U], g[1:U + 1]), g[:U])
-    left = np.full(K, full)
-    left[subs[full]] = rests[full]
-    with np.errstate(invalid="ignore"):
-        sync = np.maximum(sync, wait + cont[None, :, left, None])
+    floor_r = (r.params[:, :, None] * floor[None, None, :])[..., None]
+    with np.errstate(invalid="ignore", over="ignore"):
+        # the AllReduce after every forward and all but the last backward (as above)
+        sync = np.where((total >= 2)[:, None] & np.isfinite(share),
+                        m * r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * share
+                        + (m - 1) * r.fixb[:, :, None, None]
+                        + r.scalb[:, :, None, None] * share * ((m - 1) / m) + floor_r, 0.0)
+        sync = np.where(allowed, np.maximum(sync, untied - hop + outside[..., None]), sync)
+        # and after its first forward and the stages after it on the devices it leaves
+        # (as in the cheap DP, ``_capped_dp``'s ``wait``)
+        g = solve(np.inf, busy=untied, table=True) if r.tie.any() else table
+        cont = g[:U + 1].copy()
+        cont[:U] = np.where(r.multi[:, None], np.minimum(g[:U], g[1:U + 1]), g[:U])
+        left = np.full(K, full)
+        left[subs[full]] = rests[full]
+        wait = np.where((total >= 2)[:, None], f_first + r.hops.ms(first, True)[:, None]
+                        + floor_r + cont[None, :, left, None], -np.inf)
+        sync = np.maximum(sync, wait)
     # caps at the distinct sync values above A(inf), v_0 < v_1 < ...: a partition whose
     # largest sync is at most v_q is at least A(v_q), any other at least v_{q+1}, so
     # f(q) = min(v_{q+1}, A(v_q)) bounds all; the first term grows with q and the second

@@ -50,8 +50,8 @@ SIMULATED_CANDIDATES = 6
 POLISH_ROUNDS = 4  # rounds of device swaps of the winner, judged by the simulator
 POLISH_SIMULATED = 6  # per round: the swaps the scheduler times fastest, each simulated
 # work of the swaps' schedulings (stages x microbatches each, as the search's climbs): on
-# 16 devices and 16 stages, 120 swaps take 61440, and the winner stays as it is
-POLISH_BUDGET = 32768
+# 16 devices and 8 stages of 32 microbatches, 120 swaps take 30720: the winner stays
+POLISH_BUDGET = 16384
 SCHEDULES_SIMULATED = 4  # per candidate layout, its best schedules by the scheduler's estimate
 SEED_MICROBATCH_COUNTS = 2  # the baselines' layouts are also tried at the search's best counts
 SCHEDULES = {"auto": tuple(Policy), "gpipe": (Policy.GPIPE,), "1f1b": (Policy.ONE_F_ONE_B,),

@@ -637,3 +637,18 @@ def test_allreduce_floors_of_a_ring_of_uneven_links():
     assert groups[(3,)] == pytest.approx(min(problem.cm.allreduce_ms_per_byte(g)
                                              for g in combinations(devices, 3)))
     assert (_host_limits(problem, devices) >= cut - 1e-18).all()
+
+
+def test_device_swaps_trade_devices_between_stages_and_with_idle_ones():
+    """Stages on (a, b) and (c) with d idle: every pair from different stages, or a stage's
+    device with the idle one, and nothing inside one stage (that changes no plan)."""
+    from dl_nfv.planners.pipeline.search import device_swaps
+
+    problem = Problem(chain(4), nvlink(4))
+    a, b, c, d = problem.devices
+    layout = Layout((StageSpec(0, 2, (a, b)), StageSpec(2, 4, (c,))), 4)
+    got = {tuple(st.devices for st in lay.stages) for lay in device_swaps(problem, layout)}
+    assert got == {((c, b), (a,)), ((a, c), (b,)), ((d, b), (c,)), ((a, d), (c,)),
+                   ((a, b), (d,))}
+    assert all(lay.microbatches == 4 and [(st.start, st.stop) for st in lay.stages]
+               == [(0, 2), (2, 4)] for lay in device_swaps(problem, layout))
