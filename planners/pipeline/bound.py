@@ -64,7 +64,7 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   every partition of the rest on the devices left (a DP of its own), which keeps the
   min-max one DP; this term stops a partition from making its last stages light. (The
   class DP takes it too where it has at most ``SMALL_CLASS_STATES`` states, with its own
-  least chain after, ``_class_chain_after``.)
+  least chain after.)
 * **boundaries**: where a cut between two single-op regions is certain to send the edge
   between them, a stage's replica receives at least its share of it before its first
   forward and sends the gradient back after its last backward (``_Hops``): its busy,
@@ -359,6 +359,7 @@ class _Hops:
         self.one = np.zeros(U + 1)  # one sample over the best route (ms)
         self.per_sample = np.zeros(U + 1)  # ms per sample through the widest way in
         self.ways = np.zeros(U + 1)
+        self.latency = 0.0  # the least route latency (ms)
         graph = p.cm.cluster.graph
         routes = [p.cm.cluster.route(a, b) for a in devices for b in devices if a != b]
         if not routes:
@@ -388,8 +389,7 @@ class _Hops:
         one, per_sample, ways = (x.reshape(shape) for x in (
             self.one, self.per_sample, np.minimum(self.ways, 1) if one_way else self.ways))
         with np.errstate(invalid="ignore"):
-            out = ways * np.maximum(one, getattr(self, "latency", 0.0)
-                                    + per_sample * samples[None])
+            out = ways * np.maximum(one, self.latency + per_sample * samples[None])
         return np.where((samples[None] > 0) & (one > 0), out, 0.0)
 
 
@@ -533,6 +533,17 @@ def _class_share_options(kvecs, sig, samples: int, m: int, B: int
     return share, first
 
 
+def _then(g: np.ndarray, multi: np.ndarray) -> np.ndarray:
+    """``[..., j, :]`` for a DP table ``g`` over regions ``0..U+1`` (second-last axis): what
+    follows a stage that ends before region ``j``, ``g(j)``, or where region ``j`` may be
+    split (the next stage may start inside it), the lesser of ``g(j)`` and ``g(j + 1)``."""
+    U = len(multi)
+    out = g[..., :U + 1, :].copy()
+    out[..., :U, :] = np.where(multi[:, None], np.minimum(g[..., :U, :], g[..., 1:U + 1, :]),
+                               g[..., :U, :])
+    return out
+
+
 def _chain_after(busy, chain, multi, U: int, D: int) -> np.ndarray:
     """``[j, r]``: the least chain of the stages of regions ``j..`` on at most ``r`` devices,
     over every partition of them into stages that fit (``busy`` finite); where region
@@ -551,9 +562,7 @@ def _chain_after(busy, chain, multi, U: int, D: int) -> np.ndarray:
             after[i, r] = min(after[i, r - 1], float(val.min()))
         if multi[i]:
             after[i] = np.minimum(after[i], after[i + 1])
-    out = after[:U + 1].copy()
-    out[:U] = np.where(multi[:, None], np.minimum(after[:U], after[1:U + 1]), after[:U])
-    return out
+    return _then(after, multi)
 
 
 def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None,
@@ -594,10 +603,7 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None
         g[:, U, :] = 0.0
         g[:, U + 1, :] = 0.0
         for i in range(U - 1, -1, -1):
-            # continuation after [i, j): g(j) or, when region j may be split, g(j + 1)
-            cont = g[:, :U + 1].copy()
-            cont[:, :U] = np.where(multi[None, :, None], np.minimum(g[:, :U], g[:, 1:U + 1]),
-                                   g[:, :U])
+            cont = _then(g, multi)  # continuation after [i, j)
             for r in range(1, D + 1):
                 # stages [i, j) for j > i on k = 1..r devices, r - k left (slices, no copies)
                 busy_ijk = masked[:, i, i + 1:, 1:r + 1]  # [G, j, k, o]
@@ -613,9 +619,7 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None
 
     if wait is not None:
         g = solve(np.array([np.inf]), busy=untied, table=True)[0]
-        cont = g[:U + 1].copy()
-        cont[:U] = np.where(multi[:, None], np.minimum(g[:U], g[1:U + 1]), g[:U])
-        later = cont[:, D - np.arange(D + 1)]  # [j, k]: the rest on the D - k devices left
+        later = _then(g, multi)[:, D - np.arange(D + 1)]  # [j, k]: the rest on the D - k devices left
         with np.errstate(invalid="ignore"):
             sync = np.maximum(sync, wait + later[None, :, :, None])
     values = np.unique(sync[np.isfinite(busy) & (sync > 0)])
@@ -791,26 +795,6 @@ def _class_states(counts: tuple[int, ...]) -> tuple[list[tuple[int, ...]], list[
     return kvecs, subs, rests
 
 
-def _class_chain_after(chain, multi, U: int, K: int, subs, rests) -> np.ndarray:
-    """``[j, n]``: the least chain of the stages of regions ``j..`` on devices of class
-    vector ``n`` (``_chain_after`` with devices counted per class)."""
-    after = np.full((U + 2, K), np.inf)
-    after[U:] = 0.0
-    for i in range(U - 1, -1, -1):
-        cont = after[:U + 1].copy()
-        cont[:U] = np.where(multi[:, None], np.minimum(after[:U], after[1:U + 1]), after[:U])
-        js = np.arange(i + 1, U + 1)
-        ci, conti = chain[i, js], cont[js]
-        for n in range(K):
-            ks = subs[n]
-            after[i, n] = (ci[:, ks] + conti[:, rests[n], None]).min() if ks.size else np.inf
-        if multi[i]:
-            after[i] = np.minimum(after[i], after[i + 1])
-    out = after[:U + 1].copy()
-    out[:U] = np.where(multi[:, None], np.minimum(after[:U], after[1:U + 1]), after[:U])
-    return out
-
-
 def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: float = 0.0,
                  update: float = 0.0, enough: float | None = np.inf,
                  uncapped: np.ndarray | None = None):
@@ -862,28 +846,27 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
             around = np.where(np.isfinite(busy), np.maximum(f_first + b_busy, f_busy + b_first)
                               + hop, np.inf)
         # after sync: the update may overlap the tie's AllReduce
-        untied = busy + hop
+        compute = busy
+        untied = compute + hop
         busy = untied + r.tie[:, :, None, None]
     busy[:, :, 0] = np.inf
     untied[:, :, 0] = np.inf
     full = K - 1  # every device left
-    if small:
-        after = _class_chain_after(np.where(np.isfinite(busy), chain, np.inf), r.multi, U, K,
-                                   subs, rests)
 
-    def solve(cap: float, busy=busy, table: bool = False):
+    def solve(cap: float, busy=busy, table: bool = False, beside: bool = small):
+        """``A(cap)`` (``table``: per region and state); ``beside``: with the round trip
+        term, which needs ``after``."""
         b = busy if cap == np.inf else np.where(sync <= cap, busy, np.inf)
         g = np.full((U + 2, K), np.inf)
         g[U] = 0.0
         g[U + 1] = 0.0
         for i in range(U - 1, -1, -1):
-            cont = g[:U + 1].copy()
-            cont[:U] = np.where(r.multi[:, None], np.minimum(g[:U], g[1:U + 1]), g[:U])
+            cont = _then(g, r.multi)
             # per class vector first ([K, j, o], [K, j]): each state gathers whole rows
             bi = np.ascontiguousarray(b[i, i + 1:].transpose(1, 0, 2))
             ci = np.ascontiguousarray(chain[i, i + 1:].transpose(1, 0, 2))
             conti = np.ascontiguousarray(cont[i + 1:].T)
-            if small:
+            if beside:
                 ai = np.ascontiguousarray(around[i, i + 1:].transpose(1, 0, 2))
                 afteri = np.ascontiguousarray(after[i + 1:].T)
             for n in range(K):
@@ -891,12 +874,18 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
                 if ks.size == 0:
                     continue
                 val = np.maximum(bi[ks], ci[ks] + conti[rests[n], :, None])
-                if small:
+                if beside:
                     val = np.maximum(val, ai[ks] + afteri[rests[n], :, None])
                 g[i, n] = val.min()
             if r.multi[i]:
                 g[i] = np.minimum(g[i], g[i + 1])
         return g if table else float(g[0, full])
+
+    if small:
+        # the least chain of the stages after each region on each state's devices: the
+        # same DP with every stage that fits worth nothing but its chain
+        after = _then(solve(np.inf, busy=np.where(np.isfinite(busy), -np.inf, np.inf),
+                            table=True, beside=False), r.multi)
 
     table = solve(np.inf, table=True) if uncapped is None else uncapped  # A(inf)
     if enough is None:
@@ -911,12 +900,11 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
                         m * r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * share
                         + (m - 1) * r.fixb[:, :, None, None]
                         + r.scalb[:, :, None, None] * share * ((m - 1) / m) + floor_r, 0.0)
-        sync = np.where(allowed, np.maximum(sync, untied - hop + outside[..., None]), sync)
+        sync = np.where(allowed, np.maximum(sync, compute + outside[..., None]), sync)
         # and after its first forward and the stages after it on the devices it leaves
         # (as in the cheap DP, ``_capped_dp``'s ``wait``)
         g = solve(np.inf, busy=untied, table=True) if r.tie.any() else table
-        cont = g[:U + 1].copy()
-        cont[:U] = np.where(r.multi[:, None], np.minimum(g[:U], g[1:U + 1]), g[:U])
+        cont = _then(g, r.multi)
         left = np.full(K, full)
         left[subs[full]] = rests[full]
         wait = np.where((total >= 2)[:, None], f_first + r.hops.ms(first, True)[:, None]
