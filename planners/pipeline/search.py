@@ -29,7 +29,8 @@ TAG cluster: 74.5 instead of 70.0 ms simulated).
 
 The work done is fixed by the inputs and the seed, so a run is deterministic;
 ``time_limit`` (CPU seconds of this process, so that a busy machine does not
-change the result) only stops the local search early on a slow machine, and
+change the result; the planner passes what its bound left of the plan's limit)
+only stops the local search early on a slow machine, between two orderings, and
 the result then records that it did.
 
 Complexity: O(orderings x microbatch counts x DP) + O(rounds x DP) +
@@ -232,16 +233,16 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
         good_ms = sorted(scores, key=scores.__getitem__)[:3]
         rng = random.Random(seed)
         for _ in range(LOCAL_SEARCH_ROUNDS):
-            if time.process_time() - t0 > time_limit * 0.6:
-                outcome.timed_out = True
-                break
             improved = False
             for cand in neighbours(cm, incumbent, rng, NEIGHBOURS_PER_ROUND):
+                if time.process_time() - t0 > time_limit * 0.6:
+                    outcome.timed_out = True
+                    break
                 s = explore(cand, good_ms)
                 score = min(s.values(), default=float("inf"))
                 if score < best_score - 1e-9:
                     best_score, incumbent, improved = score, cand, True
-            if not improved:
+            if not improved or outcome.timed_out:
                 break
     pool = sorted((sc for sc in screened.values() if sc is not None),
                   key=lambda sc: (sc.estimate_ms, len(sc.layout.stages), sc.layout.key))

@@ -143,6 +143,45 @@ def test_deterministic_for_a_seed():
     assert a.groups == b.groups and a.pipeline == b.pipeline
 
 
+def test_time_limit_cuts_the_local_search_and_says_so():
+    """A limit the bound alone uses up leaves no time for the ordering search's local moves:
+    the plan still comes (valid, from the first orderings and the baselines' layouts), and
+    its status says the limit cut it short; with the default limit it is not cut."""
+    from dl_nfv.artifacts import PlanStatus
+
+    graph = chain(8, param_bytes=GIB)
+    topo = nvlink(4)
+    cut = run("pipeline", graph, topo, time_limit=1e-9)
+    assert cut.status is PlanStatus.TIME_LIMIT
+    validate_plan(cut, graph, topo)
+    assert cut.bound_ms <= cut.prediction.iteration_ms
+    assert run("pipeline", graph, topo).status is PlanStatus.HEURISTIC
+
+
+def test_the_search_gets_what_the_bound_left_of_the_time_limit(monkeypatch):
+    """The bound is computed first and its CPU time comes off the search's limit."""
+    import time
+
+    from dl_nfv.planners.pipeline import planner
+
+    real_bound, real_search, given = planner.pipeline_bound, planner.search, []
+
+    def slow_bound(problem):
+        spin = time.process_time() + 0.2
+        while time.process_time() < spin:
+            pass
+        return real_bound(problem)
+
+    def search(*args, time_limit, **kwargs):
+        given.append(time_limit)
+        return real_search(*args, time_limit=time_limit, **kwargs)
+
+    monkeypatch.setattr(planner, "pipeline_bound", slow_bound)
+    monkeypatch.setattr(planner, "search", search)
+    run("pipeline", chain(8, param_bytes=GIB), nvlink(4), time_limit=5.0)
+    assert len(given) == 1 and given[0] <= 5.0 - 0.2
+
+
 def test_fixed_options_are_obeyed():
     graph = chain(8, param_bytes=GIB)
     topo = nvlink(4)
