@@ -2,7 +2,7 @@
 five clusters, on the shared cost model and simulator; writes its table to docs/benchmarks.md.
 
 Models are profiled for real on this machine (`dl-nfv profile model ... --granularity layer`,
-CPU, batch 32, one timed round) and cached in ``--cache``; the GPU times the planners use
+CPU, batch 32, the profiler's default three timed rounds, medians) and cached in ``--cache``; the GPU times the planners use
 are the cost model's roofline estimates calibrated by those measurements. Goals
 (issue 5): `pipeline` never slower than a baseline; >= 1.5x the best of gpipe/1f1b/pipedream
 on the heterogeneous and ring clusters; within 1.2x of its lower bound on at least half the
@@ -52,6 +52,9 @@ TOPOLOGIES = {
     "ring8-mixed": "ring",
 }
 BASELINES = ("gpipe", "1f1b", "pipedream")
+# timed rounds per profile (medians): one round let a single slow step of the shared machine
+# make one of BERT-large's 24 identical layers twice as slow as the rest
+PROFILE_REPEATS = 3
 PLANNERS = ("pipeline", *BASELINES, "dp")
 
 
@@ -61,12 +64,12 @@ def graph_for(model: str, cache: Path):
     from dl_nfv.profilers.zoo import model_ref
 
     name, batch, seq = MODELS[model]
-    path = cache / f"{model}-b{batch}{f'-s{seq}' if seq else ''}.json"
+    path = cache / f"{model}-b{batch}{f'-s{seq}' if seq else ''}-r{PROFILE_REPEATS}.json"
     if path.exists():
         return load(path, expect="op-graph")
     print(f"profiling {model} (batch {batch}{f', seq {seq}' if seq else ''}) ...", file=sys.stderr)
     ref = model_ref(name, batch_size=batch, **({"seq_len": seq} if seq else {}))
-    graph = profile_model(ref, granularity="layer", repeats=1, warmup=0)
+    graph = profile_model(ref, granularity="layer", repeats=PROFILE_REPEATS)
     cache.mkdir(parents=True, exist_ok=True)
     save(graph, path)
     return graph
@@ -206,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 NOTE = ("Models profiled on this machine's CPU at layer granularity, batch 32 (BERT-large with "
         "sequence 64; GPT-2 XL batch 16 with sequence 16, since profiling it at 32 x 32 needs more "
         "than the 18 GB this shared machine could give it; full sequences are too slow on two "
-        "cores), one timed round; GPU times are the cost model's roofline estimates calibrated "
+        "cores), the median of three timed rounds per op; GPU times are the cost model's roofline estimates calibrated "
         "by those measurements, and every iteration time is the shared simulator's. `vs best "
         "pipe baseline`: the best of gpipe/1f1b/pipedream over `pipeline`; `most possible`: "
         "that baseline over the lower bound (no plan can beat the bound, so no planner can reach "
