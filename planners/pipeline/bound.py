@@ -548,21 +548,35 @@ def _chain_after(busy, chain, multi, U: int, D: int) -> np.ndarray:
     """``[j, r]``: the least chain of the stages of regions ``j..`` on at most ``r`` devices,
     over every partition of them into stages that fit (``busy`` finite); where region
     ``j`` may be split, the stages may also start at ``j + 1``. ``busy`` and ``chain`` are
-    ``[i, j, k, o]`` as in ``_capped_dp``."""
-    after = np.full((U + 2, D + 1), np.inf)
-    after[U:] = 0.0
-    fits = np.where(np.isfinite(busy), chain, np.inf)
+    ``[i, j, k, o]`` as in ``_capped_dp``: its DP with every stage that fits worth nothing
+    but its chain."""
+    fits = np.where(np.isfinite(busy), -np.inf, np.inf)
+    return _then(_table(fits[None], chain, multi, U, D)[0], multi)
+
+
+def _table(busy, chain, multi, U: int, D: int, around=None, after=None) -> np.ndarray:
+    """``[G, i, r]``: the min-max DP of ``_capped_dp`` over regions ``i..`` on at most ``r``
+    devices, for each of the ``G`` stage costs ``busy`` (``[G, i, j, k, o]``); ``around``
+    and ``after``, when given, add the round trip term."""
+    G = len(busy)
+    g = np.full((G, U + 2, D + 1), np.inf)
+    g[:, U, :] = 0.0
+    g[:, U + 1, :] = 0.0
     for i in range(U - 1, -1, -1):
-        js = np.arange(i + 1, U + 1)
-        split = np.append(multi[i + 1:], False)[:, None]  # region j may be split: or j + 1
-        cont = np.where(split, np.minimum(after[js], after[js + 1]), after[js])
+        cont = _then(g, multi)  # continuation after [i, j)
         for r in range(1, D + 1):
-            ks = np.arange(1, r + 1)
-            val = fits[i, i + 1:U + 1][:, ks] + cont[:, r - ks][..., None]  # [j, k, o]
-            after[i, r] = min(after[i, r - 1], float(val.min()))
+            # stages [i, j) for j > i on k = 1..r devices, r - k left (slices, no copies)
+            busy_ijk = busy[:, i, i + 1:, 1:r + 1]  # [G, j, k, o]
+            chain_ijk = chain[i, i + 1:, 1:r + 1]
+            rest = cont[:, i + 1:, r - 1::-1]  # [G, j, k]
+            val = np.maximum(busy_ijk, chain_ijk[None] + rest[..., None])
+            if around is not None:
+                beside = around[i, i + 1:, 1:r + 1] + after[i + 1:, r - 1::-1][..., None]
+                val = np.maximum(val, beside[None])
+            g[:, i, r] = np.minimum(g[:, i, r - 1], val.reshape(G, -1).min(axis=1))
         if multi[i]:
-            after[i] = np.minimum(after[i], after[i + 1])
-    return _then(after, multi)
+            g[:, i] = np.minimum(g[:, i], g[:, i + 1])
+    return g
 
 
 def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None,
@@ -593,28 +607,9 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None
     forward: ``wait + `` the least the stages after it take on the devices it leaves
     (the uncapped DP without ties, which bounds when the last gradient comes back).
     """
-    if around is None:
-        around, after = np.zeros_like(busy), np.zeros((U + 1, D + 1))
-
     def solve(caps: np.ndarray, busy=busy, table: bool = False) -> np.ndarray:
-        G = len(caps)
         masked = np.where(sync[None] <= caps[:, None, None, None, None], busy[None], np.inf)
-        g = np.full((G, U + 2, D + 1), np.inf)
-        g[:, U, :] = 0.0
-        g[:, U + 1, :] = 0.0
-        for i in range(U - 1, -1, -1):
-            cont = _then(g, multi)  # continuation after [i, j)
-            for r in range(1, D + 1):
-                # stages [i, j) for j > i on k = 1..r devices, r - k left (slices, no copies)
-                busy_ijk = masked[:, i, i + 1:, 1:r + 1]  # [G, j, k, o]
-                chain_ijk = chain[i, i + 1:, 1:r + 1]
-                rest = cont[:, i + 1:, r - 1::-1]  # [G, j, k]
-                beside = around[i, i + 1:, 1:r + 1] + after[i + 1:, r - 1::-1][..., None]
-                val = np.maximum(np.maximum(busy_ijk, beside[None]),
-                                 chain_ijk[None] + rest[..., None])
-                g[:, i, r] = np.minimum(g[:, i, r - 1], val.reshape(G, -1).min(axis=1))
-            if multi[i]:
-                g[:, i] = np.minimum(g[:, i], g[:, i + 1])
+        g = _table(masked, chain, multi, U, D, around, after)
         return g if table else g[:, 0, D]
 
     if wait is not None:
