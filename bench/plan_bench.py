@@ -2,8 +2,9 @@
 five clusters, on the shared cost model and simulator; writes its table to docs/benchmarks.md.
 
 Models are profiled for real on this machine (`dl-nfv profile model ... --granularity layer`,
-CPU, batch 32, the profiler's default three timed rounds, medians) and cached in ``--cache``; the GPU times the planners use
-are the cost model's roofline estimates calibrated by those measurements. Goals
+CPU, batch 32, the profiler's default three timed rounds, medians) and cached in
+``--cache``; the GPU times the planners use are the cost model's roofline estimates
+calibrated by those measurements. Goals
 (issue 5): `pipeline` never slower than a baseline; >= 1.5x the best of gpipe/1f1b/pipedream
 on the heterogeneous and ring clusters; within 1.2x of its lower bound on at least half the
 cases; every plan under 30 s.
@@ -209,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
 NOTE = ("Models profiled on this machine's CPU at layer granularity, batch 32 (BERT-large with "
         "sequence 64; GPT-2 XL batch 16 with sequence 16, since profiling it at 32 x 32 needs more "
         "than the 18 GB this shared machine could give it; full sequences are too slow on two "
-        "cores), the median of three timed rounds per op; GPU times are the cost model's roofline estimates calibrated "
-        "by those measurements, and every iteration time is the shared simulator's. `vs best "
+        "cores), the median of three timed rounds per op; GPU times are the cost model's "
+        "roofline estimates calibrated by those measurements, and every iteration time is the shared simulator's. `vs best "
         "pipe baseline`: the best of gpipe/1f1b/pipedream over `pipeline`; `most possible`: "
         "that baseline over the lower bound (no plan can beat the bound, so no planner can reach "
         "1.5x where this is below 1.5x); `devices per stage` lists each stage's replicas; "

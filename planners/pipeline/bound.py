@@ -614,7 +614,8 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None
 
     if wait is not None:
         g = solve(np.array([np.inf]), busy=untied, table=True)[0]
-        later = _then(g, multi)[:, D - np.arange(D + 1)]  # [j, k]: the rest on the D - k devices left
+        # [j, k]: the rest on the D - k devices left
+        later = _then(g, multi)[:, D - np.arange(D + 1)]
         with np.errstate(invalid="ignore"):
             sync = np.maximum(sync, wait + later[None, :, :, None])
     values = np.unique(sync[np.isfinite(busy) & (sync > 0)])
