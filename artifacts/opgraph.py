@@ -105,6 +105,9 @@ class Op:
     bwd_ms: dict[str, float] = field(default_factory=dict)
     fwd_fixed_ms: dict[str, float] = field(default_factory=dict)
     bwd_fixed_ms: dict[str, float] = field(default_factory=dict)
+    # of bwd_ms, the time autograd spends summing the gradients of the tied weights the op
+    # owns from their uses (batch-independent; gone where a plan splits the uses)
+    tie_sum_ms: dict[str, float] = field(default_factory=dict)
     splittable_dims: tuple[int, ...] = ()
     module: str = ""
 
@@ -113,9 +116,13 @@ class Op:
         for name in ("flops", "bwd_flops", "bytes_accessed", "param_bytes", "output_bytes"):
             value = getattr(self, name)
             check(value >= 0, f"op {self.id!r}: {name} must be >= 0, got {value}")
-        for name in ("fwd_ms", "bwd_ms", "fwd_fixed_ms", "bwd_fixed_ms"):
+        for name in ("fwd_ms", "bwd_ms", "fwd_fixed_ms", "bwd_fixed_ms", "tie_sum_ms"):
             for device_type, ms in getattr(self, name).items():
                 check(ms >= 0, f"op {self.id!r}: {name}[{device_type!r}] must be >= 0, got {ms}")
+        for device_type, ms in self.tie_sum_ms.items():
+            check(device_type in self.bwd_ms and ms <= self.bwd_ms[device_type] + 1e-9,
+                  f"op {self.id!r}: tie_sum_ms[{device_type!r}] = {ms} must not exceed "
+                  f"bwd_ms[{device_type!r}] = {self.bwd_ms.get(device_type)}")
         for name, nbytes in self.shared_params.items():
             check(nbytes >= 0, f"op {self.id!r}: shared_params[{name!r}] must be >= 0, got {nbytes}")
             check(name not in self.params,

@@ -72,6 +72,29 @@ class Capture:
         by_name = {n.name: n for n in self.graph_module.graph.nodes}
         return [by_name[name] for name in self.nodes_of[op_id]]
 
+    def tied_parameter_ids(self) -> set[int]:
+        """``id()`` of every parameter tensor that more than one op uses (a tied weight)."""
+        users: dict[int, set[str]] = {}
+        for node in self.graph_module.graph.nodes:
+            op = self.op_of.get(node.name)
+            for p in node_parameters(self.graph_module, node):
+                users.setdefault(id(p), set()).add(op)
+        return {key for key, ops in users.items() if len(ops) > 1}
+
+
+def node_parameters(gm: fx.GraphModule, node: fx.Node) -> list[nn.Parameter]:
+    """The parameter tensors ``node`` uses: every one of the module it calls (shared ones
+    included), or the parameter it reads (``get_attr``); none for other nodes."""
+    if node.op == "call_module":
+        return [p for _, p in gm.get_submodule(str(node.target)).named_parameters(
+            remove_duplicate=False)]
+    if node.op == "get_attr":
+        obj = gm
+        for part in str(node.target).split("."):
+            obj = getattr(obj, part)
+        return [obj] if isinstance(obj, nn.Parameter) else []
+    return []
+
 
 def capture(module: nn.Module, example_inputs: Sequence[torch.Tensor] | None = None, *,
             granularity: Granularity | str = Granularity.OP, leaf_modules: Iterable[str] = (),

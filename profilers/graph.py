@@ -27,7 +27,7 @@ from torch import fx, nn
 
 from dl_nfv.artifacts import Edge, Granularity, Op, OpKind
 
-from .capture import Capture
+from .capture import Capture, node_parameters
 
 _MODULE_KINDS: tuple[tuple[type, OpKind], ...] = (
     (nn.modules.conv._ConvNd, OpKind.CONV),
@@ -134,15 +134,7 @@ def _owned_params(capture: Capture) -> tuple[dict[str, list[tuple[str, torch.Ten
     owner: dict[int, str] = {}
     for op in capture.op_ids:
         for node in capture.nodes(op):
-            if node.op == "call_module":
-                sub = gm.get_submodule(str(node.target))
-                tensors = [p for _, p in sub.named_parameters(remove_duplicate=False)]
-            elif node.op == "get_attr":
-                attr = _fetch_attr(gm, str(node.target))
-                tensors = [attr] if isinstance(attr, nn.Parameter) else []
-            else:
-                continue
-            for p in tensors:
+            for p in node_parameters(gm, node):
                 name = canonical.get(id(p), str(node.target))
                 if id(p) not in owner:
                     owner[id(p)] = op
@@ -150,13 +142,6 @@ def _owned_params(capture: Capture) -> tuple[dict[str, list[tuple[str, torch.Ten
                 elif owner[id(p)] != op:
                     shared[op][name] = p.numel() * p.element_size()
     return owned, shared
-
-
-def _fetch_attr(gm: fx.GraphModule, target: str):
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _splittable(nodes: list[fx.Node], gm: fx.GraphModule, shape: tuple[int, ...] | None,
@@ -174,13 +159,15 @@ def _splittable(nodes: list[fx.Node], gm: fx.GraphModule, shape: tuple[int, ...]
 
 def build_ops(capture: Capture, counter, value_meta: dict, fwd_ms: dict, bwd_ms: dict,
               device_type: str, batch_size: int, fixed_ms: dict | None = None,
-              ) -> tuple[tuple[Op, ...], tuple[Edge, ...]]:
+              tie_ms: dict | None = None) -> tuple[tuple[Op, ...], tuple[Edge, ...]]:
     """``Op`` records (graph order) and ``Edge`` records of a profiled capture.
 
     ``fixed_ms`` maps op ids to their measured (forward, backward) batch-independent ms,
-    each at most the op's time (rounding keeps that order).
+    each at most the op's time (rounding keeps that order); ``tie_ms`` the owners of tied
+    weights to the ms of their backward that sums the weights' gradients.
     """
     fixed_ms = fixed_ms or {}
+    tie_ms = tie_ms or {}
     gm = capture.graph_module
     owned, shared = _owned_params(capture)
     ops = []
@@ -210,6 +197,8 @@ def build_ops(capture: Capture, counter, value_meta: dict, fwd_ms: dict, bwd_ms:
             bwd_ms={device_type: round(bwd_ms.get(op_id, 0.0), 6)} if timed else {},
             fwd_fixed_ms={device_type: round(fixed[0], 6)} if fixed else {},
             bwd_fixed_ms={device_type: round(fixed[1], 6)} if fixed else {},
+            tie_sum_ms=({device_type: round(min(tie_ms[op_id], bwd_ms.get(op_id, 0.0)), 6)}
+                        if timed and op_id in tie_ms else {}),
             splittable_dims=_splittable(nodes, gm, shape, batch_size, kind, capture.granularity),
             module=module,
         ))

@@ -16,6 +16,14 @@ Method
     backward pass the engine's wind-down to the op that ran last, so the
     per-op sum covers the whole step except the loss and the instrumentation.
 
+    A tied weight (a parameter several ops use) gets one gradient per use, and
+    autograd sums them before its accumulation node runs, in the gap before that
+    node's pre-hook. That gap is charged to the op that owns the weight (its
+    first user, which claims the node) like any other, and recorded on its own as
+    well (``summed_s``): a plan that puts the uses on different devices sums them
+    by communication instead, so the owner's backward there is shorter by that
+    much.
+
     On CUDA every clock reading synchronises the device first, so kernel time
     lands on the op that launched it.
 
@@ -78,6 +86,8 @@ class Recorder:
         self.counter = counter
         self.fwd_s: dict[str | None, float] = defaultdict(float)
         self.bwd_s: dict[str | None, float] = defaultdict(float)
+        self.summed_s: dict[str | None, float] = defaultdict(float)  # tied weights' sums
+        self._tied = capture.tied_parameter_ids()
         # fx node name -> (bytes of its output, shape of its first output tensor or None)
         self.value_meta: dict[str, tuple[int, tuple[int, ...] | None]] = {}
         self._claimed: dict = {}
@@ -119,7 +129,10 @@ class Recorder:
             self._hook(fn, op)
 
     def _hook(self, fn, op: str | None) -> None:
-        self._handles.append(fn.register_prehook(lambda grads, op=op: self._pre(op)))
+        pre = self._pre
+        if id(getattr(fn, "variable", None)) in self._tied:  # a tied weight's AccumulateGrad
+            pre = self._pre_summed
+        self._handles.append(fn.register_prehook(lambda grads, op=op: pre(op)))
         self._handles.append(fn.register_hook(lambda grad_in, grad_out, op=op: self._post(op)))
 
     def _mark(self, op) -> None:
@@ -132,6 +145,11 @@ class Recorder:
         self._mark(op)
         if self.counter is not None:
             self.counter.current = op
+
+    def _pre_summed(self, op) -> None:
+        start = self._last
+        self._pre(op)
+        self.summed_s[op] += self._last - start
 
     def _post(self, op) -> None:
         self._mark(op)

@@ -12,7 +12,9 @@ Steps
     4. ``repeats`` rounds of one plain step (timed whole) and one instrumented
        step (timed per op); the graph records per-op medians and the median
        whole step, and ``ProfileInfo`` states the ratio of the per-op sum to
-       the step.
+       the step. An op that owns a tied weight also records the part of its
+       backward that sums the weight's gradients from its uses (``tie_sum_ms``,
+       the median of the same rounds; ``measure`` says how it is cut out).
     5. With ``batch_scaling`` (the default) and a batch of at least 2,
        ``repeats`` more instrumented steps at an eighth of the batch
        (``b = max(1, B // SCALING_DIVISOR)``: the size of a microbatch or of a
@@ -208,24 +210,27 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         steps, round_sums, fwd_runs, bwd_runs = [], [], defaultdict(list), defaultdict(list)
+        tie_runs = defaultdict(list)
         for _ in range(repeats):
             steps.append(plain_step())
             tick("timing the whole step")
             if dev.type == "cuda" and len(steps) == 1:
                 peak_bytes = torch.cuda.max_memory_allocated(dev)
-            _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, [*cap.op_ids, LOSS])
+            _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, [*cap.op_ids, LOSS],
+                         tie_runs)
             round_sums.append(sum(fwd_runs[o][-1] + bwd_runs[o][-1] for o in cap.op_ids))
             tick("timing every op")
     module.zero_grad(set_to_none=True)
 
     fwd_ms = {k: statistics.median(v) * 1e3 for k, v in fwd_runs.items()}
     bwd_ms = {k: statistics.median(v) * 1e3 for k, v in bwd_runs.items()}
+    tie_ms = {k: min(statistics.median(v) * 1e3, bwd_ms[k]) for k, v in tie_runs.items()}
     fixed, scaling_note = {}, ""
     if small:
         fixed, scaling_note = _fixed_parts(cap, workload, module, small, model.batch_size, seed,
                                            dev, clock, repeats, fwd_ms, bwd_ms, tick)
     ops, edges = build_ops(cap, counter, recorder.value_meta, fwd_ms, bwd_ms, type_name,
-                           model.batch_size, fixed)
+                           model.batch_size, fixed, tie_ms)
     step_ms = statistics.median(steps) * 1e3
     op_sum_ms = sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids)
     loss_ms = fwd_ms[LOSS] + bwd_ms[LOSS]
@@ -244,15 +249,20 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges)
 
 
-def _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, keys) -> None:
+def _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, keys,
+                 tie_runs=None) -> None:
     """One instrumented step (gradients reset first): appends each key's forward and
-    backward seconds to ``fwd_runs`` / ``bwd_runs``."""
+    backward seconds to ``fwd_runs`` / ``bwd_runs``, and each tied weight's owner's
+    seconds of summing to ``tie_runs``."""
     module.zero_grad(set_to_none=True)
     timed = Recorder(cap, clock)
     timed.run(inputs, loss_fn)
     for key in keys:
         fwd_runs[key].append(timed.fwd_s.get(key, 0.0))
         bwd_runs[key].append(timed.bwd_s.get(key, 0.0))
+    if tie_runs is not None:
+        for key, seconds in timed.summed_s.items():
+            tie_runs[key].append(seconds)
 
 
 def fixed_part(t_ms: float, t_small_ms: float, fraction: float) -> float:

@@ -160,8 +160,10 @@ class CostModel:
     Per-op times per device type are precomputed into numpy arrays
     (``fwd_ms_by_type``, ``bwd_ms_by_type``, shape ``[ops, types]``, at the
     graph's batch, and their batch-independent parts ``fwd_fixed_by_type``,
-    ``bwd_fixed_by_type``) so that planners can vectorise; ``op_ms`` reads from
-    them, and ``scale_by_batch`` / ``scale_table`` scale them. Construction is
+    ``bwd_fixed_by_type``; ``tie_sum_by_type``, the part of a tied weight's owner's
+    backward that sums the weight's gradients, lies within the fixed part) so that planners
+    can vectorise; ``op_ms`` reads from them, and ``scale_by_batch`` / ``scale_table``
+    scale them. Construction is
     O(ops x device types); every query after that is O(1) or O(route length).
     """
 
@@ -179,8 +181,8 @@ class CostModel:
         self.device_type_index = {d.name: self.type_index[d.type.name] for d in self.cluster.devices}
         self.reference = reference or _reference_type(graph)
         self.launch_ms_by_type = np.array([t.launch_overhead_us / 1e3 for t in self.device_types])
-        (self.fwd_ms_by_type, self.bwd_ms_by_type,
-         self.fwd_fixed_by_type, self.bwd_fixed_by_type) = self._compute_tables()
+        (self.fwd_ms_by_type, self.bwd_ms_by_type, self.fwd_fixed_by_type,
+         self.bwd_fixed_by_type, self.tie_sum_by_type) = self._compute_tables()
         self.param_bytes = np.array([op.param_bytes for op in graph.ops], dtype=np.float64)
         self.output_bytes = np.array([op.output_bytes for op in graph.ops], dtype=np.float64)
         self.input_bytes = np.zeros(len(graph.ops))
@@ -224,26 +226,53 @@ class CostModel:
         return self.graph.index
 
     # ---------------------------------------------------------------- compute
-    def _compute_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _compute_tables(self) -> tuple[np.ndarray, ...]:
         n, k = len(self.graph.ops), len(self.device_types)
         fwd = np.zeros((n, k))
         bwd = np.zeros((n, k))
         fwd_fixed = np.zeros((n, k))
         bwd_fixed = np.zeros((n, k))
+        tie_sum = np.zeros((n, k))
+        lent: dict[str, dict[str, float]] = defaultdict(dict)  # owner -> tied weight -> bytes
+        for name, owner, _, nbytes in tied_weights(self.graph):
+            lent[owner][name] = nbytes
+        ref = (_lookup_type(self.reference, self.device_types)
+               if self.reference and any(op.tie_sum_ms for op in self.graph.ops) else None)
         for i, op in enumerate(self.graph.ops):
             bwd_flops = op.bwd_flops or (2 * op.flops if op.param_bytes else op.flops)
+            # a measured tie sum is memory-bound work apart from the op's own backward
+            tie_ref = op.tie_sum_ms.get(self.reference) if op.id in lent else None
+            bwd_ref = op.bwd_ms.get(self.reference)
             eff_f = self._efficiency(op.fwd_ms.get(self.reference), op.flops, op.bytes_accessed)
-            eff_b = self._efficiency(op.bwd_ms.get(self.reference), bwd_flops, 2 * op.bytes_accessed)
+            eff_b = self._efficiency(None if bwd_ref is None else bwd_ref - (tie_ref or 0.0),
+                                     bwd_flops, 2 * op.bytes_accessed)
             for j, t in enumerate(self.device_types):
+                tie = self._tie_sum_ms(op, t, lent.get(op.id), tie_ref, ref)
+                extra = tie if tie_ref is not None else 0.0
                 fwd[i, j] = _measured_or(op.fwd_ms, t, lambda t=t: _roofline_ms(
                     op.flops, op.bytes_accessed, t, eff_f, self.graph.model.dtype))
-                bwd[i, j] = _measured_or(op.bwd_ms, t, lambda t=t: _roofline_ms(
-                    bwd_flops, 2 * op.bytes_accessed, t, eff_b, self.graph.model.dtype)
+                bwd[i, j] = _measured_or(op.bwd_ms, t, lambda t=t, extra=extra: _roofline_ms(
+                    bwd_flops, 2 * op.bytes_accessed, t, eff_b, self.graph.model.dtype) + extra
                     if (op.bwd_ms or op.flops or op.param_bytes) else 0.0)
                 launch = self.launch_ms_by_type[j]
                 fwd_fixed[i, j] = min(op.fwd_fixed_ms.get(t.name, launch), fwd[i, j])
-                bwd_fixed[i, j] = min(op.bwd_fixed_ms.get(t.name, launch), bwd[i, j])
-        return fwd, bwd, fwd_fixed, bwd_fixed
+                bwd_fixed[i, j] = min(op.bwd_fixed_ms.get(t.name, launch + tie), bwd[i, j])
+                tie_sum[i, j] = min(tie, bwd_fixed[i, j])
+        return fwd, bwd, fwd_fixed, bwd_fixed, tie_sum
+
+    @staticmethod
+    def _tie_sum_ms(op, t: DeviceType, lent: dict[str, float] | None, tie_ref: float | None,
+                    ref: DeviceType | None) -> float:
+        """How long ``op``'s backward on type ``t`` sums the gradients of the tied weights it
+        owns (``lent``: name -> bytes): measured on ``t``; else the reference type's
+        measurement scaled by memory bandwidth; else ``ACCUMULATE_PASSES`` over their bytes."""
+        if not lent:
+            return 0.0
+        if t.name in op.tie_sum_ms:
+            return float(op.tie_sum_ms[t.name])
+        if tie_ref is not None and ref is not None:
+            return tie_ref * ref.memory_bandwidth_gb_per_s / t.memory_bandwidth_gb_per_s
+        return sum(lent.values()) * ACCUMULATE_PASSES / (t.memory_bandwidth_gb_per_s * 1e6)
 
     def _efficiency(self, measured_ms: float | None, flops: float, nbytes: float) -> float | None:
         """Roofline time over measured time on the reference type; None when unmeasured."""
@@ -267,6 +296,12 @@ class CostModel:
                                   float(self.fwd_fixed_by_type[i, j]), batch_fraction)
         return scale_by_batch(float(self.bwd_ms_by_type[i, j]), float(self.bwd_fixed_by_type[i, j]),
                               batch_fraction)
+
+    def tie_sum_ms(self, op_id: str, device: str) -> float:
+        """Of ``op_id``'s backward on ``device``, the batch-independent time spent summing the
+        gradients of the tied weights it owns from their uses: a plan that puts a use on
+        another device sums there by communication instead (0 for ops that own none)."""
+        return float(self.tie_sum_by_type[self.op_index[op_id], self.device_type_index[device]])
 
     def ops_ms(self, op_ids: Iterable[str], device: str, batch_fraction: float = 1.0) -> tuple[float, float]:
         """Summed (forward, backward) time of ``op_ids`` on ``device`` at ``batch_fraction``."""

@@ -344,9 +344,12 @@ class _Lowering:
                     b_times.append(btab[i])
             # each backward adds the unit's weight gradients into their buckets
             added, unsummed = self._bucket_bytes(ops)
-            if added > 0 or unsummed > 0:
-                b_times = [max(0.0, ms + (added - unsummed) * self.cm.accumulate_ms_per_byte(
-                    self.device_names[groups.rep_device[rep]])) for ms, rep in zip(b_times, reps)]
+            if added > 0 or unsummed:
+                cm = self.cm
+                names = [self.device_names[groups.rep_device[rep]] for rep in reps]
+                b_times = [max(0.0, ms + added * cm.accumulate_ms_per_byte(d)
+                               - sum(cm.tie_sum_ms(o, d) for o in unsummed))
+                           for ms, d in zip(b_times, names)]
             devs = [groups.rep_device[rep] for rep in reps]
             infos = [(u, rep, m) for rep in reps for m in mbs]
             base_f = len(kind)
@@ -392,19 +395,20 @@ class _Lowering:
             for k in range(n):
                 succ[base_f + k].append(base_b + k)
 
-    def _bucket_bytes(self, ops) -> tuple[float, float]:
-        """What a backward of ``ops`` does with weight gradients, in bytes: how much it adds
+    def _bucket_bytes(self, ops) -> tuple[float, set[str]]:
+        """What a backward of ``ops`` does with weight gradients: how many bytes it adds
         into its buckets (its own parameters; the copy of a tied weight held beyond its
-        owner's group, ``_split_ties``), and how much of a tied weight it owns it no longer sums in the
-        graph: profiled in one process, autograd adds the sharer's gradient to the owner's
-        before accumulating (timed in the owner's backward); split across groups, the
-        AllReduce sums them instead."""
+        owner's group, ``_split_ties``), and which of its ops own a tied weight they no
+        longer sum in the graph: profiled in one process, autograd sums the uses'
+        gradients before accumulating (``CostModel.tie_sum_ms``, timed in the owner's
+        backward); split across groups, the AllReduce or the exchange sums them instead."""
         index, mine = self.cm.ops_by_id, set(ops)
         added = float(sum(index[o].param_bytes for o in ops))
-        unsummed = 0.0
+        unsummed: set[str] = set()
         for _, owner, nbytes, sharers, _, _ in self._split_ties():
             added += nbytes * sum(s in mine for s in sharers)
-            unsummed += nbytes if owner in mine else 0.0
+            if owner in mine:
+                unsummed.add(owner)
         return added, unsummed
 
     # --------------------------------------------------------------- data

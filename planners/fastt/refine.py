@@ -111,7 +111,8 @@ def refined_graph(graph: OpGraph, topology: Topology, report_path: str) -> tuple
     notes.append("transfer costs not refined (the run report holds no per-pair transfer times)")
     ops = tuple(replace(op, fwd_ms=fwd[op.id], bwd_ms=bwd[op.id],
                         fwd_fixed_ms=_capped(fwd_fixed[op.id], fwd[op.id]),
-                        bwd_fixed_ms=_capped(bwd_fixed[op.id], bwd[op.id])) for op in graph.ops)
+                        bwd_fixed_ms=_capped(bwd_fixed[op.id], bwd[op.id]),
+                        tie_sum_ms=_capped(dict(op.tie_sum_ms), bwd[op.id])) for op in graph.ops)
     return replace(graph, ops=ops), notes
 
 

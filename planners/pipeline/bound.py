@@ -164,15 +164,12 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
     fixed = fixed_f + fixed_b
     scal = t - fixed
     scal_min = scal.min(axis=1)
-    fix_min = fixed.min(axis=1)
     # the owner of a tied weight no longer sums its sharer's gradient in the graph once a
     # plan splits them (the simulator takes that time out of the owner's backward)
+    untie = p.tie_sum_ms[:, cols]
+    fix_min = (fixed - untie).min(axis=1)
+    fix_b_min = (fixed_b - untie).min(axis=1)
     rate = min(p.cm.accumulate_ms_per_byte(d) for d in devices)
-    fix_b_min = fixed_b.min(axis=1)
-    for _, owner, _, nbytes in p.cm.ties:
-        k = p.pos[owner]
-        fix_min[k] = max(0.0, fix_min[k] - nbytes * rate)
-        fix_b_min[k] = max(0.0, fix_b_min[k] - nbytes * rate)
     fix_f_min = fixed_f.min(axis=1)
     scal_f_min = (p.fwd_ms[:, cols] - fixed_f).min(axis=1)
     scal_b_min = (p.bwd_ms[:, cols] - fixed_b).min(axis=1)

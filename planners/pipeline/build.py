@@ -107,9 +107,10 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
         own = problem.params(stage.start, stage.stop)
         # each backward adds the stage's weight gradients (and tied copies) into their buckets;
         # an owner of a tied weight split across stages no longer sums it in the graph
-        net = own + tied.borrowed[s] - tied.lent[s]
+        added = own + tied.borrowed[s]
         f_ms.append(max(t[0] for t in times))
-        b_ms.append(max(max(0.0, t[1] + net * cm.accumulate_ms_per_byte(d))
+        b_ms.append(max(max(0.0, t[1] + added * cm.accumulate_ms_per_byte(d)
+                            - sum(cm.tie_sum_ms(o, d) for o in tied.unsummed[s]))
                         for t, d in zip(times, r.devices)))
         params = own - tied.lent[s]
         sync = 0.0
@@ -153,6 +154,7 @@ class _Tied:
 
     borrowed: tuple[float, ...]  # bytes of other stages' parameters held, summed and updated here
     lent: tuple[float, ...]  # bytes of own parameters summed with the sharers instead
+    unsummed: tuple[tuple[str, ...], ...]  # the owner ops of those (CostModel.tie_sum_ms)
     # per tie, the stages holding it and its AllReduce: it starts after the last of their
     # backwards, and every one of them updates after it
     allreduces: tuple[tuple[tuple[int, ...], float], ...]
@@ -170,8 +172,9 @@ def _tied(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> _Tied:
     what it receives before its update (``add_ms``), as the simulator lowers it."""
     S = len(layout.stages)
     borrowed, lent, ar, ex, add = [0.0] * S, [0.0] * S, [], [], [0.0] * S
+    unsummed: list[list[str]] = [[] for _ in range(S)]
     if not problem.ties:
-        return _Tied(tuple(borrowed), tuple(lent), (), (), tuple(add))
+        return _Tied(tuple(borrowed), tuple(lent), tuple(map(tuple, unsummed)), (), (), tuple(add))
     cm = problem.cm
     stops = [st.stop for st in layout.stages]
     sharers: dict[tuple[str, int], tuple[float, set[int], str]] = {}
@@ -185,6 +188,8 @@ def _tied(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> _Tied:
         if not extra:
             continue
         lent[so] += nbytes
+        if owner not in unsummed[so]:
+            unsummed[so].append(owner)
         for s in extra:
             borrowed[s] += nbytes
         if problem.tie_sync is TieSync.EXCHANGE and len(extra) == 1 and cm.exchangeable(
@@ -198,7 +203,8 @@ def _tied(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> _Tied:
             add[st] += cm.exchange_add_ms(b, rows)
             continue
         ar.append(((so, *sorted(extra)), cm.allreduce_ms(holders, nbytes)))
-    return _Tied(tuple(borrowed), tuple(lent), tuple(ar), tuple(ex), tuple(add))
+    return _Tied(tuple(borrowed), tuple(lent), tuple(map(tuple, unsummed)), tuple(ar), tuple(ex),
+                 tuple(add))
 
 
 def _exposed_allreduce_ms(problem: Problem, stage: StageSpec, reps: Replicas, m: int) -> float:

@@ -80,6 +80,8 @@ class Problem:
         # batch-independent parts (the cost model's), so t(f) = fixed + (t - fixed) f
         self.fwd_fixed_ms = cm.fwd_fixed_by_type[idx]
         self.bwd_fixed_ms = cm.bwd_fixed_by_type[idx] * needs[:, None]
+        # of that, a tied weight's owner's summing of the weight's gradients
+        self.tie_sum_ms = cm.tie_sum_by_type[idx] * needs[:, None]
 
         def split(t, fixed):
             return _prefix(fixed.T), _prefix((t - fixed).T)

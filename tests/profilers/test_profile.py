@@ -112,11 +112,14 @@ def test_profile_records_measurements_and_is_deterministic_except_times():
         data = to_data(graph)
         data.pop("profile")
         for op in data["ops"]:
-            for key in ("fwd_ms", "bwd_ms", "fwd_fixed_ms", "bwd_fixed_ms"):
+            for key in ("fwd_ms", "bwd_ms", "fwd_fixed_ms", "bwd_fixed_ms", "tie_sum_ms"):
                 op.pop(key, None)
         return data
 
     assert without_times(a) == without_times(b)
+    # the tied head's gradient is summed into the embedding's, within its backward
+    (owner,) = [op for op in a.ops if op.tie_sum_ms]
+    assert owner.id == "wte" and 0 < owner.tie_sum_ms["cpu"] <= owner.bwd_ms["cpu"]
     # The artifact round-trips.
     assert from_document(to_data(a)) == a
 
@@ -254,3 +257,34 @@ def test_models_too_big_for_the_free_memory_stop_with_a_clear_error(monkeypatch)
     with pytest.raises(BadInput, match=r"does not fit in memory \(live tensors reached .* GiB, "
                                        r"more than the .* GiB available\); try a smaller"):
         _profile("vgg19-tiny", batch_size=32)
+
+
+class _TiedLM(torch.nn.Module):
+    def __init__(self, tied: bool):
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, 4)
+        self.head = torch.nn.Linear(4, 16, bias=False)
+        if tied:
+            self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.emb(ids)))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_sum_of_a_tied_weight_s_gradients_is_charged_to_its_owner_and_recorded_apart(tied):
+    from itertools import count
+
+    from dl_nfv.profilers.capture import capture
+    from dl_nfv.profilers.measure import Recorder
+
+    model = _TiedLM(tied)
+    ids = torch.tensor([[1, 2, 3]])
+    cap = capture(model, (ids,), granularity="op")
+    assert cap.tied_parameter_ids() == ({id(model.emb.weight)} if tied else set())
+    # a clock that ticks once per reading: every gap between two hook events is one tick
+    recorder = Recorder(cap, count().__next__)
+    recorder.run((ids,), lambda out: out.sum())
+    # the tie's sum is the one gap before the weight's accumulation, which emb claimed
+    assert dict(recorder.summed_s) == ({"emb": 1} if tied else {})
+    assert recorder.bwd_s["emb"] >= 1 + tied

@@ -164,6 +164,53 @@ def test_measured_fixed_part_does_not_scale_with_the_batch():
     assert plain.op_ms("a", device, "fwd", 0.25) == pytest.approx(launch + (10 - launch) * 0.25)
 
 
+def _tied_pair(tie_sum_ms: dict[str, float], device_type: str = "cpu"):
+    """emb (owner of a 64 MB weight, measured on ``device_type``) and head, which uses it."""
+    nbytes = 64 * 2**20
+    emb = dataclasses.replace(op("emb", 10.0, 100.0, param_bytes=nbytes, device_type=device_type),
+                              params=("w",), flops=1e9, bwd_flops=2e9, bytes_accessed=1e8,
+                              tie_sum_ms=tie_sum_ms)
+    head = dataclasses.replace(op("head", 5.0, 8.0, device_type=device_type),
+                               shared_params={"w": nbytes})
+    return graph([emb, head], [("emb", "head", 0)]), nbytes
+
+
+def test_a_measured_tie_sum_is_memory_bound_work_apart_from_the_owner_s_backward():
+    tied, _ = _tied_pair({"cpu": 40.0})
+    untied = dataclasses.replace(tied, ops=(dataclasses.replace(
+        tied.ops[0], bwd_ms={"cpu": 60.0}, tie_sum_ms={}), tied.ops[1]))
+    cpu, gpu = CATALOG["cpu"], CATALOG[GPU]
+    on_cpu = CostModel(tied, mesh(1, device_type="cpu"))
+    assert on_cpu.tie_sum_ms("emb", on_cpu.cluster.device_names[0]) == 40.0
+    assert on_cpu.tie_sum_ms("head", on_cpu.cluster.device_names[0]) == 0.0
+    # on an unmeasured type: the sum scaled by memory bandwidth, on top of the rest of the
+    # backward, calibrated on the measurement without the sum
+    a = CostModel(tied, mesh(1), reference="cpu")
+    b = CostModel(untied, mesh(1), reference="cpu")
+    device = a.cluster.device_names[0]
+    tie = 40.0 * cpu.memory_bandwidth_gb_per_s / gpu.memory_bandwidth_gb_per_s
+    assert a.tie_sum_ms("emb", device) == pytest.approx(tie)
+    assert a.op_ms("emb", device, "bwd") == pytest.approx(b.op_ms("emb", device, "bwd") + tie)
+    # the sum does not shrink with the batch
+    launch = gpu.launch_overhead_us / 1e3
+    assert a.op_ms("emb", device, "bwd", 0.25) - a.op_ms("emb", device, "bwd") * 0.25 == \
+        pytest.approx((launch + tie) * 0.75)
+
+
+def test_an_unmeasured_tie_sum_is_three_passes_over_the_weight_and_within_the_fixed_part():
+    g, nbytes = _tied_pair({}, device_type=GPU)
+    cm = CostModel(g, mesh(1))
+    device = cm.cluster.device_names[0]
+    launch = CATALOG[GPU].launch_overhead_us / 1e3
+    tie = nbytes * 3 / (CATALOG[GPU].memory_bandwidth_gb_per_s * 1e6)
+    assert cm.tie_sum_ms("emb", device) == pytest.approx(tie)
+    assert cm.bwd_fixed_by_type[0, 0] == pytest.approx(launch + tie)
+    # a measured fixed part bounds it
+    fixed = dataclasses.replace(g.ops[0], bwd_fixed_ms={GPU: tie / 2})
+    capped = CostModel(dataclasses.replace(g, ops=(fixed, g.ops[1])), mesh(1))
+    assert capped.tie_sum_ms("emb", device) == pytest.approx(tie / 2)
+
+
 def test_sufficient_factors_recover_the_layer_shape():
     rows, fin, fout = 64, 300, 500
     g = graph([op("x", output_bytes=rows * fin * 4),

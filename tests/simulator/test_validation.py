@@ -215,12 +215,14 @@ def test_collectives_hold_a_cpu_but_overlap_a_gpus_compute(device_type):
     assert result.iteration_ms == pytest.approx(closed, rel=1e-6)
 
 
-def test_a_tied_weight_is_held_summed_and_updated_on_every_device_that_uses_it():
+@pytest.mark.parametrize("tie_sum_ms", [None, 1.5])
+def test_a_tied_weight_is_held_summed_and_updated_on_every_device_that_uses_it(tie_sum_ms):
     # emb owns an 8 MB weight on device 0; head (device 1) uses it too (tied). Device 1
     # holds a copy: the two gradients are summed by an AllReduce once both backwards are
     # done, and each device updates its copy.
     nbytes = 8 * 2**20
-    emb = dataclasses.replace(op("emb", 1.0, 2.0, param_bytes=nbytes), params=("w",))
+    emb = dataclasses.replace(op("emb", 1.0, 2.0, param_bytes=nbytes), params=("w",),
+                              tie_sum_ms={GPU: tie_sum_ms} if tie_sum_ms else {})
     head = dataclasses.replace(op("head", 3.0, 4.0), shared_params={"w": nbytes})
     g = graph([emb, head], [("emb", "head", 0)])
     t = mesh(2, bandwidth_gbps=10.0)
@@ -234,8 +236,10 @@ def test_a_tied_weight_is_held_summed_and_updated_on_every_device_that_uses_it()
     cm = CostModel(g, t)
     update = cm.update_ms(nbytes, d1) + cm.upkeep_ms(nbytes, d1, 0)
     # head's backward adds its gradient into its copy's bucket; emb's adds its own but no longer
-    # sums head's into it in the graph (the AllReduce does): the two cancel on emb's device
+    # sums head's into it in the graph (the AllReduce does): measured, or as three passes
+    # over the weight, as many as adding it into the bucket
     add = nbytes * cm.accumulate_ms_per_byte(d1)
-    closed = 1.0 + 3.0 + 4.0 + 2.0 + add + cm.allreduce_ms([d0, d1], nbytes) + update
+    emb_bwd = 2.0 + add - (tie_sum_ms or add)
+    closed = 1.0 + 3.0 + 4.0 + add + emb_bwd + cm.allreduce_ms([d0, d1], nbytes) + update
     assert result.iteration_ms == pytest.approx(closed, rel=1e-6)
     assert tg.static_bytes[tg.device_names.index(d1)] == pytest.approx(nbytes * (2 + 1.0))
