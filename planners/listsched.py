@@ -584,6 +584,14 @@ def backward_pass(sched: Schedule, links: _Links | None = None,
     keyed = sorted(range(U), key=lambda u: op_key[sg.unit_op[u]])  # the plan's order
     for u in keyed:
         free[device[u]] = max(free[device[u]], finish[u])
+    # the owner of a tied weight whose sharer runs on another device no longer sums the two
+    # gradients in its backward (the AllReduce below does), as the simulator lowers it
+    untie = [0.0] * U
+    for owner, sharer, _ in sg.ties:
+        own = {device[u] for u in sg.units_of_op[owner]}
+        if {device[u] for u in sg.units_of_op[sharer]} - own:
+            for u in sg.units_of_op[owner]:
+                untie[u] = max(untie[u], cm.tie_sum_ms(sg.op_ids[owner], sg.devices[device[u]]))
     for u in reversed(keyed):
         if not rg[u]:
             continue
@@ -602,7 +610,7 @@ def backward_pass(sched: Schedule, links: _Links | None = None,
             ready = max(ready, links.send(sg, src, d, at, nbytes))
         t = U + u
         begin = max(ready, free[d])
-        start[t], finish[t] = begin, begin + bwd[u][d]
+        start[t], finish[t] = begin, begin + max(0.0, bwd[u][d] - untie[u])
         free[d] = finish[t]
     # gradient synchronisation of split ops, then one update per device
     done = list(free)

@@ -71,6 +71,28 @@ class Layout:
         return (tuple((s.start, s.stop, s.devices) for s in self.stages), self.microbatches)
 
 
+def _untied(p: Problem) -> np.ndarray:
+    """``[T, a, b]``: the tie sums a stage of units ``[a, b)`` does not do, as the scheduler's
+    stage costs charge them: a stage holding a tied weight's owner and none of its sharers
+    leaves the sum of their gradients to the AllReduce (``CostModel.tie_sum_ms``)."""
+    if "untied" in p.cache:
+        return p.cache["untied"]
+    n = p.n
+    out = np.zeros((p.f_fixed.shape[0], n + 1, n + 1))
+    sharers: dict[tuple[str, int], list[int]] = {}
+    for name, owner, sharer, _ in p.ties:
+        sharers.setdefault((p.tie_owner[name], owner), []).append(sharer)
+    a = np.arange(n + 1)[:, None]
+    b = np.arange(n + 1)[None, :]
+    for (op, unit), units in sorted(sharers.items()):
+        alone = (a <= unit) & (unit < b)
+        for s in units:
+            alone &= ~((a <= s) & (s < b))
+        out += p.tie_sum_ms[p.pos[op]][:, None, None] * alone[None]
+    p.cache["untied"] = out
+    return out
+
+
 class OrderingTables:
     """What the stage costs of one ordering share across microbatch counts.
 
@@ -98,6 +120,7 @@ class OrderingTables:
         fixed = (p.f_fixed + p.b_fixed)
         scal = (p.f_scal + p.b_scal)
         fix_ab = fixed[:, None, :] - fixed[:, :, None]  # [T, a, b]
+        fix_ab -= _untied(p)
         scal_ab = np.maximum(scal[:, None, :] - scal[:, :, None], 1e-9)
         self.inv = np.einsum("tab,jkt->abjk", 1.0 / scal_ab, counts)
         self.fx = np.einsum("tab,jkt->abjk", fix_ab / scal_ab, counts)

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dl_nfv.artifacts import from_document
+from dl_nfv.artifacts.devices import CATALOG
 from dl_nfv.planners.listsched import (
     MemoryShortfall,
     Split,
@@ -201,10 +202,13 @@ def test_schedules_respect_dependencies_and_devices(seed, n, kind):
                 assert position[e.src] < position[e.dst]
 
 
-def test_a_tied_weight_split_across_devices_costs_its_allreduce_and_a_copy():
+@pytest.mark.parametrize("tie_sum_ms", [None, 1.5])
+def test_a_tied_weight_split_across_devices_costs_its_allreduce_and_a_copy(tie_sum_ms):
     # emb owns 8 MB that head shares; pinned apart, the step ends with their AllReduce and
     # an update of the copy on head's device; pinned together, neither
     emb = {**op("emb", 1, 2, params=8 * 2**20, bwd=(2, 4)), "params": ["w"]}
+    if tie_sum_ms:
+        emb["tie_sum_ms"] = {"V100-16GB": tie_sum_ms}
     head = {**op("head", 1, 2, bwd=(2, 4)), "shared_params": {"w": 8 * 2**20}}
     graph = graph_of([emb, head], [("emb", "head", 1000)])
     cm, sg = _step(graph)
@@ -222,3 +226,12 @@ def test_a_tied_weight_split_across_devices_costs_its_allreduce_and_a_copy():
     expected = last_backward + cm.allreduce_ms([V100, T4], nbytes) + max(update(V100), update(T4))
     assert apart.makespan_ms == pytest.approx(expected)
     assert together.makespan_ms == pytest.approx(max(together.finish) + update(V100))
+    # apart, emb's backward no longer sums head's gradient into its own (measured, or three
+    # passes over the weight)
+    t = sg.U + 0
+
+    def emb_backward(s):
+        return s.finish[t] - s.start[t]
+    untie = tie_sum_ms or nbytes * 3 / (CATALOG["V100-16GB"].memory_bandwidth_gb_per_s * 1e6)
+    assert cm.tie_sum_ms("emb", V100) == pytest.approx(untie)
+    assert emb_backward(together) - emb_backward(apart) == pytest.approx(untie)

@@ -267,3 +267,19 @@ def test_tied_first_and_last_layers_share_a_host():
     estimate = float(best_own.rsplit("best own layout ", 1)[1].split(" ms")[0])
     assert sim == pytest.approx(estimate, rel=0.03)
     validate_plan(plan, graph, topo)
+
+
+def test_the_partition_leaves_a_tie_s_sum_out_of_a_stage_that_holds_only_its_owner():
+    from dl_nfv.planners.pipeline.partition import _untied
+    from dl_nfv.planners.pipeline.problem import Problem
+
+    tied = GIB // 2
+    base = chain(4, fwd_ms=40.0, bwd_ms=80.0, param_bytes=3 * GIB // 2)
+    head = dataclasses.replace(base.ops[-1], shared_params={"layers.0.weight": tied})
+    first = dataclasses.replace(base.ops[0], params=("layers.0.weight",), tie_sum_ms={V100: 30.0})
+    graph = dataclasses.replace(base, ops=(first, *base.ops[1:-1], head))
+    untied = _untied(Problem(graph, nvlink(2)))
+    # stages [a, b) of the four layers: those holding l0 and not l3 leave its 30 ms out
+    expected = {(a, b): 30.0 if a == 0 and 0 < b < 4 else 0.0
+                for a in range(5) for b in range(a + 1, 5)}
+    assert {ab: float(untied[0][ab]) for ab in expected} == expected
