@@ -88,10 +88,10 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
         auto (the fastest of gpipe, 1f1b and the list scheduler), gpipe, 1f1b or custom
         (the list scheduler only).
     time_limit : float
-        CPU seconds for the plan: the bound is computed first, and the ordering search
-        stops early once it has used 60% of what the bound left (it normally ends sooner),
-        which leaves the rest for the bounded work after it (that work and the first
-        orderings are never cut, so a limit of a few seconds can be exceeded).
+        CPU seconds for the plan: the bound is computed first, the ordering search stops
+        early once it has used 60% of what the bound left and the boundary climbs once they
+        reach 90% (both normally end sooner); the first orderings, the final scheduling and
+        the simulations are never cut, so a limit of a few seconds can be exceeded.
 
     Returns a ``Plan`` with ``bound_ms`` (work, critical path and the stage-balanced
     bound, see ``pipeline_bound``). Raises ``BadInput`` for a bad option (a microbatch count

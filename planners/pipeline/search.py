@@ -30,8 +30,9 @@ TAG cluster: 74.5 instead of 70.0 ms simulated).
 The work done is fixed by the inputs and the seed, so a run is deterministic;
 ``time_limit`` (CPU seconds of this process, so that a busy machine does not
 change the result; the planner passes what its bound left of the plan's limit)
-only stops the local search early on a slow machine, between two orderings, and
-the result then records that it did.
+only stops the local search early on a slow machine, between two orderings (once 60%
+of it is used), and the boundary climbs, between two neighbourhoods (once 90% is used),
+and the result then records that it did.
 
 Complexity: O(orderings x microbatch counts x DP) + O(rounds x DP) +
 O((layouts + REFINE_BUDGET) x stages^2 x microbatches).
@@ -62,18 +63,18 @@ from .scheduler import (
 )
 
 MAX_MICROBATCH_OPTIONS = 7
-LOCAL_SEARCH_ROUNDS = 6
-NEIGHBOURS_PER_ROUND = 6
+LOCAL_SEARCH_ROUNDS = 12
+NEIGHBOURS_PER_ROUND = 12
 TOP_FOR_LIST = 32
 TOP_PER_EXPLORE = 3  # layouts per (ordering, microbatch count) list-scheduled to score it
 ESTIMATE_SLACK = 1.5  # ... unless their estimate is this much above the best time so far
 TOP_FOR_SCHEDULING = 12
-REFINED_CANDIDATES = 6  # the fastest candidates whose stage boundaries are hill-climbed
+REFINED_CANDIDATES = 12  # the fastest candidates whose stage boundaries are hill-climbed
 REFINE_ROUNDS = 8
 REFINE_STEPS = (1,)  # units a boundary moves by in one neighbour
 # work of the climbs over all the candidates refined: a neighbour costs its stages x
-# microbatches (a scheduling's events); 32768 is 64 neighbours of 16 stages x 32 microbatches
-REFINE_BUDGET = 32768
+# microbatches (a scheduling's events); 131072 is 256 neighbours of 16 stages x 32 microbatches
+REFINE_BUDGET = 131072
 
 
 @dataclass(slots=True)
@@ -261,8 +262,10 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
     final.sort(key=fastest_first)
     known = {ev.layout.key for ev in final}
     budget = [REFINE_BUDGET]
+    deadline = t0 + time_limit * 0.9
     for ev in final[:REFINED_CANDIDATES]:
-        better = refine(final_problem, ev, policies, budget)
+        better, cut = refine(final_problem, ev, policies, budget, deadline)
+        outcome.timed_out |= cut
         if better.layout.key not in known:
             known.add(better.layout.key)
             final.append(better)
@@ -329,7 +332,7 @@ def device_swaps(problem: Problem, layout: Layout) -> list[Layout]:
 
 
 def refine(problem: Problem, ev: Evaluated, policies: Sequence[Policy],
-           budget: list[int]) -> Evaluated:
+           budget: list[int], deadline: float = float("inf")) -> tuple[Evaluated, bool]:
     """Hill-climb ``ev``'s stage boundaries on the scheduled time (best move per round).
 
     The DP places boundaries by its closed-form stage costs; the scheduler sees fill,
@@ -340,13 +343,16 @@ def refine(problem: Problem, ev: Evaluated, policies: Sequence[Policy],
     takes its stages x microbatches from ``budget[0]`` (shared by the candidates refined,
     so the work is bounded and deterministic): O(rounds x stages^2) schedulings, at most
     ``budget / (stages x microbatches)``; a neighbourhood that does not fit what is left
-    of the budget is skipped.
+    of the budget is skipped, and none is scheduled once ``time.process_time()`` has passed
+    ``deadline``. Returns the best layout found and whether the deadline cut the climb.
     """
     best = ev
     for _ in range(REFINE_ROUNDS):
         for neighbourhood in (boundary_moves, shift_moves):
             moves = neighbourhood(best.layout)
             cost = len(moves) * len(ev.layout.stages) * ev.layout.microbatches
+            if time.process_time() > deadline:
+                return best, True
             if not moves or cost > budget[0]:
                 continue
             budget[0] -= cost
@@ -357,8 +363,8 @@ def refine(problem: Problem, ev: Evaluated, policies: Sequence[Policy],
                 best = top
                 break
         else:
-            return best
-    return best
+            return best, False
+    return best, False
 
 
 def _distinct(problem: Problem, items: list, score) -> list:

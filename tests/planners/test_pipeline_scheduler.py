@@ -330,11 +330,15 @@ def test_boundary_refinement_keeps_the_ops_and_never_loses():
         assert sum(abs(a.stop - b.stop) for a, b in zip(lay.stages, layout.stages)) == 1
     start = evaluate(problem, layout, full=True, policies=tuple(P))
     budget = [10_000]
-    better = refine(problem, start, tuple(P), budget)
-    assert better.makespan_ms <= start.makespan_ms
+    better, cut = refine(problem, start, tuple(P), budget)
+    assert not cut and better.makespan_ms <= start.makespan_ms
     # the slow middle stage sheds ops to the fast ends
     assert better.layout.stages[1].stop - better.layout.stages[1].start < 4
     assert better.makespan_ms < start.makespan_ms and budget[0] < 10_000
+    # past its deadline a climb schedules nothing more and says it was cut
+    left = [10_000]
+    assert refine(problem, start, tuple(P), left, deadline=0.0) == (start, True)
+    assert left == [10_000]
 
 
 def test_shift_moves_pass_one_unit_between_stages_apart():
