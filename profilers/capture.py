@@ -37,6 +37,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import fx, nn
@@ -72,14 +73,16 @@ class Capture:
         by_name = {n.name: n for n in self.graph_module.graph.nodes}
         return [by_name[name] for name in self.nodes_of[op_id]]
 
-    def tied_parameter_ids(self) -> set[int]:
-        """``id()`` of every parameter tensor that more than one op uses (a tied weight)."""
+    @cached_property
+    def tied_parameter_ids(self) -> frozenset[int]:
+        """``id()`` of every parameter tensor that more than one op uses (a tied weight);
+        found once per capture, though every instrumented step asks."""
         users: dict[int, set[str]] = {}
         for node in self.graph_module.graph.nodes:
             op = self.op_of.get(node.name)
             for p in node_parameters(self.graph_module, node):
                 users.setdefault(id(p), set()).add(op)
-        return {key for key, ops in users.items() if len(ops) > 1}
+        return frozenset(key for key, ops in users.items() if len(ops) > 1)
 
 
 def node_parameters(gm: fx.GraphModule, node: fx.Node) -> list[nn.Parameter]:

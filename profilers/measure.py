@@ -87,7 +87,7 @@ class Recorder:
         self.fwd_s: dict[str | None, float] = defaultdict(float)
         self.bwd_s: dict[str | None, float] = defaultdict(float)
         self.summed_s: dict[str | None, float] = defaultdict(float)  # tied weights' sums
-        self._tied = capture.tied_parameter_ids()
+        self._tied = capture.tied_parameter_ids
         # fx node name -> (bytes of its output, shape of its first output tensor or None)
         self.value_meta: dict[str, tuple[int, tuple[int, ...] | None]] = {}
         self._claimed: dict = {}

@@ -281,7 +281,7 @@ def test_the_sum_of_a_tied_weight_s_gradients_is_charged_to_its_owner_and_record
     model = _TiedLM(tied)
     ids = torch.tensor([[1, 2, 3]])
     cap = capture(model, (ids,), granularity="op")
-    assert cap.tied_parameter_ids() == ({id(model.emb.weight)} if tied else set())
+    assert cap.tied_parameter_ids == ({id(model.emb.weight)} if tied else set())
     # a clock that ticks once per reading: every gap between two hook events is one tick
     recorder = Recorder(cap, count().__next__)
     recorder.run((ids,), lambda out: out.sum())
