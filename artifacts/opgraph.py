@@ -120,9 +120,12 @@ class Op:
             for device_type, ms in getattr(self, name).items():
                 check(ms >= 0, f"op {self.id!r}: {name}[{device_type!r}] must be >= 0, got {ms}")
         for device_type, ms in self.tie_sum_ms.items():
-            check(device_type in self.bwd_ms and ms <= self.bwd_ms[device_type] + 1e-9,
+            check(device_type in self.bwd_ms,
+                  f"op {self.id!r}: tie_sum_ms[{device_type!r}] is part of a backward time, but "
+                  f"bwd_ms has no {device_type!r}")
+            check(ms <= self.bwd_ms[device_type] + 1e-9,
                   f"op {self.id!r}: tie_sum_ms[{device_type!r}] = {ms} must not exceed "
-                  f"bwd_ms[{device_type!r}] = {self.bwd_ms.get(device_type)}")
+                  f"bwd_ms[{device_type!r}] = {self.bwd_ms[device_type]}")
         for name, nbytes in self.shared_params.items():
             check(nbytes >= 0, f"op {self.id!r}: shared_params[{name!r}] must be >= 0, got {nbytes}")
             check(name not in self.params,
