@@ -24,6 +24,7 @@ import csv
 import io
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from dl_nfv.artifacts import Action, Group, Pipeline, format_schedule, parse_schedule
 
@@ -172,14 +173,25 @@ class Schedule:
         return tuple(out)
 
 
+@lru_cache(maxsize=64)
+def actions(stages: int, microbatches: int) -> tuple[tuple[tuple[Action, ...], ...], ...]:
+    """``[op][stage][microbatch]``: every ``Action`` of a pipeline (op 0 = F, 1 = B), built
+    once per shape; actions are immutable, so schedules share them (the pipeline planner
+    builds hundreds of thousands of orders, and creating an action costs as much as
+    scheduling it)."""
+    _check(stages, microbatches)
+    return tuple(tuple(tuple(Action(s, op, k) for k in range(microbatches))
+                       for s in range(stages)) for op in "FB")
+
+
+@lru_cache(maxsize=64)
 def gpipe(stages: int, microbatches: int) -> Schedule:
     """Fill-drain: every stage runs F0..F(m-1), then B0..B(m-1)."""
-    _check(stages, microbatches)
-    return Schedule(microbatches=microbatches, orders=tuple(
-        tuple(Action(s, "F", k) for k in range(microbatches))
-        + tuple(Action(s, "B", k) for k in range(microbatches)) for s in range(stages)))
+    f, b = actions(stages, microbatches)
+    return Schedule(microbatches=microbatches, orders=tuple(f[s] + b[s] for s in range(stages)))
 
 
+@lru_cache(maxsize=64)
 def one_f_one_b(stages: int, microbatches: int) -> Schedule:
     """One-forward-one-backward with a flush (PipeDream-Flush / DAPPLE order).
 
@@ -187,18 +199,18 @@ def one_f_one_b(stages: int, microbatches: int) -> Schedule:
     alternates one forward and one backward, then drains the remaining
     backwards; at most ``stages - s`` microbatches are in flight on it.
     """
-    _check(stages, microbatches)
+    fs, bs = actions(stages, microbatches)
     orders = []
     for s in range(stages):
         warmup = min(stages - s - 1, microbatches)
-        order = [Action(s, "F", k) for k in range(warmup)]
+        order = list(fs[s][:warmup])
         f, b = warmup, 0
         while f < microbatches:
-            order.append(Action(s, "F", f))
+            order.append(fs[s][f])
             f += 1
-            order.append(Action(s, "B", b))
+            order.append(bs[s][b])
             b += 1
-        order.extend(Action(s, "B", k) for k in range(b, microbatches))
+        order.extend(bs[s][b:])
         orders.append(tuple(order))
     return Schedule(microbatches=microbatches, orders=tuple(orders))
 

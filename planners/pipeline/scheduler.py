@@ -35,7 +35,7 @@ from enum import StrEnum
 from heapq import heappop, heappush
 
 from dl_nfv.artifacts import Action
-from dl_nfv.planners.schedules import Schedule, gpipe, one_f_one_b
+from dl_nfv.planners.schedules import Schedule, actions, gpipe, one_f_one_b
 
 
 class Policy(StrEnum):
@@ -102,45 +102,55 @@ class _Sim:
     Tasks start in global time order. A transfer queues FIFO on every link it
     crosses (``StageCosts.channels``), shared with the other stage pairs' transfers
     over those links, as in the simulator: its arrival is ``max(send end, the
-    links' last arrival) + duration``.
+    links' last arrival) + duration``. Channels are numbered once and each stage's
+    sends listed with theirs, so that a transfer costs a few list lookups (this loop
+    is most of a plan's time).
     """
 
     def __init__(self, costs: StageCosts):
         S, M = costs.stages, costs.microbatches
         self.costs, self.S, self.M = costs, S, M
-        self.sources: list[list[int]] = [[] for _ in range(S)]
-        self.sinks: list[list[int]] = [[] for _ in range(S)]
+        sources: list[list[int]] = [[] for _ in range(S)]
+        sinks: list[list[int]] = [[] for _ in range(S)]
         for (s, t) in sorted(costs.send_ms):
-            self.sources[t].append(s)
-            self.sinks[s].append(t)
-        self.ready_f = [[0.0 if not self.sources[s] else -1.0] * M for s in range(S)]
-        self.wait_f = [[len(self.sources[s])] * M for s in range(S)]
+            sources[t].append(s)
+            sinks[s].append(t)
+        ids: dict = {}
+
+        def numbered(channels) -> tuple[int, ...]:
+            return tuple(ids.setdefault(k, len(ids)) for k in channels)
+
+        # per stage: (stage, channels, ms) of each activation it sends forward and of each
+        # gradient it sends back
+        self.out_f = [[(t, numbered(costs.channels(s, t, "F")), costs.send_ms[(s, t)])
+                       for t in sinks[s]] for s in range(S)]
+        self.out_b = [[(u, numbered(costs.channels(u, s, "B")), costs.send_ms[(u, s)])
+                       for u in sources[s]] for s in range(S)]
+        self.ready_f = [[0.0 if not sources[s] else -1.0] * M for s in range(S)]
+        self.wait_f = [[len(sources[s])] * M for s in range(S)]
         self.ready_b = [[-1.0] * M for _ in range(S)]
-        self.wait_b = [[len(self.sinks[s]) + 1] * M for s in range(S)]
+        self.wait_b = [[len(sinks[s]) + 1] * M for s in range(S)]
         self.arrive_f = [[0.0] * M for _ in range(S)]
         self.arrive_b = [[0.0] * M for _ in range(S)]
-        self.chan: dict = {}  # channel -> when its last transfer arrives
-        self.chan_f = [{t: costs.channels(s, t, "F") for t in self.sinks[s]} for s in range(S)]
-        self.chan_b = [{u: costs.channels(u, s, "B") for u in self.sources[s]} for s in range(S)]
         self.free = [0.0] * S
         # tie exchanges: what each stage sends when its last task ends, and their arrivals
         self.done = [0] * S
         self.exchange_sends: dict[int, list[tuple[int, tuple, float]]] = {}
         for k, (owner, sharer, dense, dense_links, rows, rows_links) in enumerate(costs.exchanges):
             self.exchange_sends.setdefault(sharer, []).append(
-                (owner, tuple(dense_links) or (("tie", k, "dense"),), dense))
+                (owner, numbered(tuple(dense_links) or (("tie", k, "dense"),)), dense))
             self.exchange_sends.setdefault(owner, []).append(
-                (sharer, tuple(rows_links) or (("tie", k, "rows"),), rows))
+                (sharer, numbered(tuple(rows_links) or (("tie", k, "rows"),)), rows))
         self.received = [0.0] * S
+        self.chan = [0.0] * len(ids)  # per channel: when its last transfer arrives
 
-    def send(self, channels: tuple, ready: float, duration: float) -> float:
+    def send(self, channels: tuple[int, ...], ready: float, duration: float) -> float:
         """A transfer ready at ``ready`` waits for every channel it needs (FIFO); its arrival."""
         chan = self.chan
         start = ready
         for k in channels:
-            busy = chan.get(k, 0.0)
-            if busy > start:
-                start = busy
+            if chan[k] > start:
+                start = chan[k]
         arrive = start + duration
         for k in channels:
             chan[k] = arrive
@@ -148,33 +158,38 @@ class _Sim:
 
     def complete(self, s: int, op: str, m: int, start: float) -> list[int]:
         """Record ``op`` of microbatch ``m`` on stage ``s``; return the stages it made ready."""
-        c = self.costs
+        chan = self.chan
         touched = []
-        if op == "F":
-            end = start + c.f_ms[s]
-            for t in self.sinks[s]:
-                arrive = self.send(self.chan_f[s][t], end, c.send_ms[(s, t)])
-                if arrive > self.arrive_f[t][m]:
-                    self.arrive_f[t][m] = arrive
-                self.wait_f[t][m] -= 1
-                if self.wait_f[t][m] == 0:
-                    self.ready_f[t][m] = self.arrive_f[t][m]
-                    touched.append(t)
-            if end > self.arrive_b[s][m]:
-                self.arrive_b[s][m] = end
-            self.wait_b[s][m] -= 1
-            if self.wait_b[s][m] == 0:
-                self.ready_b[s][m] = self.arrive_b[s][m]
+        if op == "F":  # activations go to the stages after, gradients to the ones before
+            end = start + self.costs.f_ms[s]
+            sends, arrived, waiting, ready = self.out_f[s], self.arrive_f, self.wait_f, self.ready_f
         else:
-            end = start + c.b_ms[s]
-            for u in self.sources[s]:
-                arrive = self.send(self.chan_b[s][u], end, c.send_ms[(u, s)])
-                if arrive > self.arrive_b[u][m]:
-                    self.arrive_b[u][m] = arrive
-                self.wait_b[u][m] -= 1
-                if self.wait_b[u][m] == 0:
-                    self.ready_b[u][m] = self.arrive_b[u][m]
-                    touched.append(u)
+            end = start + self.costs.b_ms[s]
+            sends, arrived, waiting, ready = self.out_b[s], self.arrive_b, self.wait_b, self.ready_b
+        for t, channels, ms in sends:
+            begin = end
+            for k in channels:  # ``send``, inlined
+                if chan[k] > begin:
+                    begin = chan[k]
+            arrive = begin + ms
+            for k in channels:
+                chan[k] = arrive
+            row = arrived[t]
+            if arrive > row[m]:
+                row[m] = arrive
+            waits = waiting[t]
+            waits[m] -= 1
+            if waits[m] == 0:
+                ready[t][m] = row[m]
+                touched.append(t)
+        if op == "F":  # and the stage's own backward of ``m`` waits for this forward
+            row = self.arrive_b[s]
+            if end > row[m]:
+                row[m] = end
+            waits = self.wait_b[s]
+            waits[m] -= 1
+            if waits[m] == 0:
+                self.ready_b[s][m] = row[m]
         self.free[s] = end
         self.done[s] += 1
         if self.done[s] == 2 * self.M:
@@ -201,13 +216,15 @@ class _Sim:
         version = [0] * S
         heap: list[tuple] = []
 
+        ready_f, ready_b, free = self.ready_f, self.ready_b, self.free
+
         def push(s: int) -> None:
             version[s] += 1
             if pos[s] < len(orders[s]):
                 a = orders[s][pos[s]]
-                r = (self.ready_f if a.op == "F" else self.ready_b)[s][a.microbatch]
+                r = (ready_f if a.op == "F" else ready_b)[s][a.microbatch]
                 if r >= 0:
-                    heappush(heap, (max(self.free[s], r), s, version[s]))
+                    heappush(heap, (r if r > free[s] else free[s], s, version[s]))
 
         for s in range(S):
             push(s)
@@ -241,22 +258,25 @@ class _Sim:
         heap: list[tuple] = []
         ready_f, ready_b, free = self.ready_f, self.ready_b, self.free
         f_rank, b_rank = (1, 0) if backward_first else (0, 1)
+        acts = {"F": actions(S, M)[0], "B": actions(S, M)[1]}
 
         def push(s: int) -> None:
             version[s] += 1
-            best = None
-            if nf[s] < M and nf[s] - nb[s] < cap[s]:
-                r = ready_f[s][nf[s]]
+            at = free[s]
+            f, b = nf[s], nb[s]
+            start = -1.0  # none yet (every start is >= 0)
+            if f < M and f - b < cap[s]:
+                r = ready_f[s][f]
                 if r >= 0:
-                    best = (r if r > free[s] else free[s], f_rank, s, "F")
-            if nb[s] < nf[s]:
-                r = ready_b[s][nb[s]]
+                    start, rank, op = (r if r > at else at), f_rank, "F"
+            if b < f:
+                r = ready_b[s][b]
                 if r >= 0:
-                    cand = (r if r > free[s] else free[s], b_rank, s, "B")
-                    if best is None or cand < best:
-                        best = cand
-            if best is not None:
-                heappush(heap, (best[0], s, best[1], best[3], version[s]))
+                    t = r if r > at else at
+                    if start < 0 or t < start or (t == start and b_rank < rank):
+                        start, rank, op = t, b_rank, "B"
+            if start >= 0:
+                heappush(heap, (start, s, rank, op, version[s]))
 
         for s in range(S):
             push(s)
@@ -274,7 +294,7 @@ class _Sim:
                 m = nb[s]
                 nb[s] += 1
             touched = self.complete(s, op, m, start)
-            orders[s].append(Action(s, op, m))
+            orders[s].append(acts[op][s][m])
             done += 1
             push(s)
             for t in touched:
