@@ -1,8 +1,10 @@
 """The ``dl-nfv`` entry point: the root group, its subcommands, and error mapping.
 
 Every ``DlNfvError`` becomes one line on stderr and its exit code (2 for bad
-input, 1 for a failed job); any other exception is reported as an internal
-error (exit 1). ``--debug`` (or ``DL_NFV_DEBUG=1``) shows the traceback instead.
+input, 1 for a failed job), and so does a usage error (an unknown option or
+command, a value out of range: exit 2, naming the command whose ``--help``
+tells more); any other exception is reported as an internal error (exit 1).
+``--debug`` (or ``DL_NFV_DEBUG=1``) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -25,13 +27,30 @@ class CliError(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=True)
 
 
+def _usage_line(exc: click.UsageError) -> click.UsageError:
+    """Click's usage error (usage, hint and message on four lines) as one line; a group
+    called without a command still shows its help."""
+    if type(exc).__name__ == "NoArgsIsHelpError":  # click >= 8.2
+        return exc
+    where = f"see '{exc.ctx.command_path} --help'" if exc.ctx is not None else "see --help"
+    return CliError(f"{exc.format_message()} ({where})", exc.exit_code)
+
+
 class RootGroup(click.Group):
-    """Maps library errors to one-line messages and exit codes."""
+    """Maps library and usage errors to one-line messages and exit codes."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:  # an option of ``dl-nfv`` itself
+            raise _usage_line(exc) from None
 
     def invoke(self, ctx: click.Context):
         debug = bool(ctx.params.get("debug")) or os.environ.get("DL_NFV_DEBUG") == "1"
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # a subcommand's
+            raise _usage_line(exc) from None
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
         except DlNfvError as exc:

@@ -47,6 +47,20 @@ def test_unknown_command_is_a_usage_error():
     assert result.exit_code == 2 and "No such command" in result.output
 
 
+@pytest.mark.parametrize("args, words, where", [
+    (["--bogus"], "No such option '--bogus'", "dl-nfv"),
+    (["plan", "nosuch"], "No such command 'nosuch'", "dl-nfv plan"),
+    (["plan", "pipeline", "--graph", "g.json"], "Missing option '--topology'", "dl-nfv plan pipeline"),
+    (["train", "plan.json", "--steps", "0"], "0 is not in the range x>=1", "dl-nfv train"),
+])
+def test_usage_errors_are_one_line_naming_the_command(args, words, where):
+    result = CliRunner().invoke(cli, args, prog_name="dl-nfv")
+    assert result.exit_code == 2
+    assert result.output.splitlines() == [result.output.strip()], result.output
+    assert result.output.startswith("error: ") and words in result.output
+    assert f"(see '{where} --help')" in result.output
+
+
 def test_show_json_prints_the_normalised_document(tmp_path):
     import json
 
