@@ -55,13 +55,14 @@ def git_revision() -> str:
 
 
 def record_section(name: str, title: str, body: str, command: str | None = None,
-                   doc: Path = DOC) -> None:
-    """Replace (or append) section ``name`` of ``doc`` with ``title`` and ``body`` (markdown)."""
+                   doc: Path = DOC, revision: str | None = None) -> None:
+    """Replace (or append) section ``name`` of ``doc`` with ``title`` and ``body`` (markdown);
+    ``revision``: the code the figures came from (default: the checkout's)."""
     command = command or " ".join(["python", *sys.argv])
     text = doc.read_text() if doc.exists() else "# Benchmarks\n"
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     section = (f"{start}\n## {title}\n\nMachine: {machine()}  \nCommand: `{command}`  \n"
-               f"Revision: {git_revision()}\n\n{body.strip()}\n{end}")
+               f"Revision: {revision or git_revision()}\n\n{body.strip()}\n{end}")
     if start in text and end in text:
         before, rest = text.split(start, 1)
         _, after = rest.split(end, 1)

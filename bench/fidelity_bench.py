@@ -49,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _record import markdown_table, record_section  # noqa: E402
+from _record import git_revision, markdown_table, record_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SEPARABLE = 0.10  # plans closer than this in measured time are within run-to-run noise
@@ -184,7 +184,7 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
         measured, report, wall, others = done[(len(done) - 1) // 2]  # the median run
         simulated = json.loads(stem.with_suffix(".sim.json").read_text())
         predicted = simulated["iteration_ms"]
-        busy = {d["device"]: d["busy_ms"] for d in simulated.get("devices", [])}
+        busy, host = _device_times(simulated)
         row = {"model": model, "plan": label, "mode": report["mode"],
                "devices": devices_used(stem.with_suffix(".plan.json")), "predicted_ms": predicted,
                "measured_ms": measured, "measured_runs": rounds,
@@ -193,12 +193,23 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
                "compute_ms": [r["compute_ms"] for r in report["per_rank"]],
                "cpu_ms": [r.get("cpu_ms") or 0.0 for r in report["per_rank"]],
                "busy_ms": [busy.get(r["device"], 0.0) for r in report["per_rank"]],
+               "host_comm_ms": [host.get(r["device"], 0.0) for r in report["per_rank"]],
                "wall_s": wall, "others_cores": others}
         rows[label] = row
         print(f"  {model:10s} {label:16s} predicted {predicted:9.1f} ms  measured {measured:9.1f} ms"
               f" (runs {', '.join(f'{x[0]:.0f}' for x in done)})  error {row['rel_error']:+.1%}",
               flush=True)
     return [rows[label] for label in PLANS if label in rows]
+
+
+def _device_times(simulated: dict) -> tuple[dict[str, float], dict[str, float]]:
+    """Per device of a simulation report: its compute (busy) time, and the time its
+    transfers and collectives hold it where the device's own cores move and sum the bytes
+    (a CPU: the simulator lets it compute nothing meanwhile), 0 elsewhere."""
+    devices = simulated.get("devices", [])
+    return ({d["device"]: d["busy_ms"] for d in devices},
+            {d["device"]: d.get("comm_ms", 0.0) if d.get("type") == "cpu" else 0.0
+             for d in devices})
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
@@ -296,11 +307,13 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
     cpu_rows = []
     for r in ok:
         busy = r.get("busy_ms", [])
-        ratios = [c / b for c, b in zip(r["cpu_ms"], busy) if b > 0]
+        host = r.get("host_comm_ms", [0.0] * len(busy))
+        held = [b + h for b, h in zip(busy, host)]
         cpu_rows.append([r["model"], r["plan"],
                          " / ".join(f"{b:.0f}" for b in busy),
+                         " / ".join(f"{h:.0f}" for h in host),
                          " / ".join(f"{c:.0f}" for c in r["cpu_ms"]),
-                         " / ".join(f"{x:.2f}" for x in ratios)])
+                         " / ".join(f"{c / x:.2f}" for c, x in zip(r["cpu_ms"], held) if x > 0)])
     errors = [abs(r["rel_error"]) for r in ok]
     median = statistics.median(errors) if errors else float("nan")
     body = [
@@ -326,13 +339,16 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
         "more consistently than that among themselves), so the pairs further apart are the "
         "ones a ranking must get right.",
         "",
-        "Per rank, the simulator's busy time of the device (compute it schedules there) beside "
-        "the CPU time the worker process used per step (all its threads, so gloo's copies and "
-        "sums too). CPU time does not grow when other jobs share the cores, so this ratio "
-        "isolates the cost model's compute and host-communication terms from contention.",
+        "Per rank, the time the simulator has the device's core occupied (the compute it "
+        "schedules there, and the transfers and collectives it holds the core for: gloo copies "
+        "and sums with the worker's own CPU) beside the CPU time the worker process used per "
+        "step (all its threads, so gloo's too). CPU time does not grow when other jobs share "
+        "the cores, so this ratio isolates the cost model's compute and host-communication "
+        "terms from contention.",
         "",
-        markdown_table(["model", "plan", "simulated busy ms per device", "measured CPU ms per rank",
-                        "CPU / busy"], cpu_rows),
+        markdown_table(["model", "plan", "simulated compute ms per device",
+                        "simulated transfers and collectives ms", "measured CPU ms per rank",
+                        "CPU / simulated (both)"], cpu_rows),
     ]
     return "\n".join(body), {"median_abs_error": median, "kendall_tau": taus}
 
@@ -352,6 +368,9 @@ def main() -> None:
                         help="runs of every plan (in rounds); the median run is kept")
     parser.add_argument("--summarise", action="store_true",
                         help="only re-summarise (and record) the results.json in --work")
+    parser.add_argument("--revision", default=None,
+                        help="with --summarise: the revision the runs were made at, for results "
+                             "that do not record it")
     parser.add_argument("--max-load", type=float, default=1.0,
                         help="before each try, wait (up to 2 min) for this 1-minute load average")
     args = parser.parse_args()
@@ -365,16 +384,21 @@ def main() -> None:
         if isinstance(saved, list):  # results of an older version: no load figures
             saved = {"rows": saved, "load": [float("nan"), float("nan")]}
         rows, (load_before, load_after) = saved["rows"], saved["load"]
+        revision = args.revision or saved.get("revision")
         for r in rows:  # fill in what older results lack from the work files
             stem = work / f"{r['model']}-{PLANS[r['plan']][0]}"
-            if "error" in r or "busy_ms" in r:
+            if "error" in r or ("busy_ms" in r and "host_comm_ms" in r):
                 continue
             sim = json.loads(stem.with_suffix(".sim.json").read_text())
-            run = json.loads(stem.with_suffix(".run.json").read_text())
-            busy = {d["device"]: d["busy_ms"] for d in sim.get("devices", [])}
-            r["busy_ms"] = [busy.get(x["device"], 0.0) for x in run["per_rank"]]
+            run_file = next(f for f in (stem.with_suffix(".run.json"),
+                                        stem.with_suffix(".run0.json")) if f.exists())
+            ranks = json.loads(run_file.read_text())["per_rank"]
+            busy, host = _device_times(sim)
+            r["busy_ms"] = [busy.get(x["device"], 0.0) for x in ranks]
+            r["host_comm_ms"] = [host.get(x["device"], 0.0) for x in ranks]
     else:
         rows = []
+        revision = git_revision()
         load_before = os.getloadavg()[0]
         for model in args.models.split(","):
             rows += run_model(model, args.topology.resolve() if args.topology else None,
@@ -382,10 +406,11 @@ def main() -> None:
                               max_others=args.max_others, tries=args.tries,
                               max_load=args.max_load, repeats=args.repeats)
             (work / "results.json").write_text(json.dumps(
-                {"rows": rows, "load": [load_before, os.getloadavg()[0]]}, indent=1))
+                {"rows": rows, "load": [load_before, os.getloadavg()[0]], "revision": revision},
+                indent=1))
         load_after = os.getloadavg()[0]
         (work / "results.json").write_text(json.dumps(
-            {"rows": rows, "load": [load_before, load_after]}, indent=1))
+            {"rows": rows, "load": [load_before, load_after], "revision": revision}, indent=1))
     body, summary = summarise(rows)
     print(body)
     if not args.no_record:
@@ -398,9 +423,14 @@ def main() -> None:
                 + ". Predicted: `dl-nfv simulate`; measured: `dl-nfv train`. "
                 f"Load average of the machine (2 cores) at start / end: {load_before:.1f} / "
                 f"{load_after:.1f}: above 2, other jobs shared the cores with the workers.\n\n")
-        argv = [a for a in sys.argv[1:] if a != "--summarise"]
+        argv = list(sys.argv[1:])
+        for flag, takes in (("--summarise", 0), ("--revision", 1)):
+            if flag in argv:
+                i = argv.index(flag)
+                del argv[i:i + 1 + takes]
         record_section("fidelity", "Simulator fidelity: predicted vs measured (local-cpu)",
-                       note + body, command=" ".join(["python", "bench/fidelity_bench.py", *argv]))
+                       note + body, command=" ".join(["python", "bench/fidelity_bench.py", *argv]),
+                       revision=revision)
 
 
 if __name__ == "__main__":
