@@ -19,7 +19,11 @@ SCHEMA_VERSION = 1
 
 @record
 class DeviceUsage:
-    """One device over one simulated iteration."""
+    """One device over one simulated iteration.
+
+    ``comm_ms``: the time transfers and collectives hold it; ``host_driven``: its own cores
+    do that work (a CPU: gloo copies and sums there), so it computes nothing meanwhile.
+    """
 
     device: str
     type: str
@@ -31,6 +35,7 @@ class DeviceUsage:
     static_bytes: int = 0
     peak_memory_bytes: int
     memory_bytes: int
+    host_driven: bool = False
 
     def __post_init__(self) -> None:
         check(self.busy_ms >= 0, f"{self.device}: busy_ms must be >= 0, got {self.busy_ms}")
@@ -90,7 +95,15 @@ class CriticalStep:
 
 @record
 class Comparison:
-    """A measured run (``run-report``) beside the prediction."""
+    """A measured run (``run-report``) beside the prediction.
+
+    Per device (the rank that ran it): its median step (``measured_ms_by_device``), the
+    median time it computed and the time it was blocked in communication
+    (``measured_compute_ms_by_device``, ``measured_wait_ms_by_device``), and where the run
+    recorded it the CPU time its process used per step (``measured_cpu_ms_by_device``),
+    beside the simulated compute time (``predicted_busy_ms_by_device``); the report's
+    ``devices`` hold the rest of the prediction.
+    """
 
     run_report: str = ""
     measured_iteration_ms: float
@@ -99,6 +112,9 @@ class Comparison:
     steps: int = 0
     measured_ms_by_device: dict[str, float] = field(default_factory=dict)
     predicted_busy_ms_by_device: dict[str, float] = field(default_factory=dict)
+    measured_compute_ms_by_device: dict[str, float] = field(default_factory=dict)
+    measured_wait_ms_by_device: dict[str, float] = field(default_factory=dict)
+    measured_cpu_ms_by_device: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check(self.measured_iteration_ms >= 0, "measured_iteration_ms must be >= 0")

@@ -208,7 +208,8 @@ def _device_times(simulated: dict) -> tuple[dict[str, float], dict[str, float]]:
     (a CPU: the simulator lets it compute nothing meanwhile), 0 elsewhere."""
     devices = simulated.get("devices", [])
     return ({d["device"]: d["busy_ms"] for d in devices},
-            {d["device"]: d.get("comm_ms", 0.0) if d.get("type") == "cpu" else 0.0
+            {d["device"]: d.get("comm_ms", 0.0)
+             if d.get("host_driven", d.get("type") == "cpu") else 0.0  # (older reports: type)
              for d in devices})
 
 

@@ -42,6 +42,7 @@ def render(report: SimReport) -> Group:
         cmp_table.add_row("predicted iteration", f"{c.predicted_iteration_ms:.3f} ms")
         cmp_table.add_row("prediction error", f"{100 * c.error_fraction:+.1f}%")
         parts.append(cmp_table)
+        parts.append(_per_device(report))
     devices = Table(title="devices", title_justify="left")
     for col in ("device", "type", "busy ms", "busy", "idle", "comm ms", "hidden", "peak memory",
                 "capacity"):
@@ -82,3 +83,34 @@ def render(report: SimReport) -> Group:
                          f"{c.tasks}  {c.name}")
         parts.append(path)
     return Group(*parts)
+
+
+def _pair(predicted: float | None, measured: float | None) -> str:
+    """``predicted / measured (error)`` in ms; ``-`` for a side that is missing."""
+    if measured is None:
+        return "-" if predicted is None else f"{predicted:.1f} / -"
+    if predicted is None:
+        return f"- / {measured:.1f}"
+    error = f" ({100 * (predicted / measured - 1):+.0f}%)" if measured > 0 else ""
+    return f"{predicted:.1f} / {measured:.1f}{error}"
+
+
+def _per_device(report: SimReport) -> Table:
+    """Per device, predicted beside measured: the step, the compute, the time not computing
+    (the run's time blocked in communication), and the CPU time of a CPU's worker (compute
+    plus the transfers and collectives its cores do)."""
+    c = report.comparison
+    table = Table(title="per device: predicted / measured ms (prediction error)",
+                  title_justify="left")
+    for col in ("device", "step", "compute", "not computing (waiting)", "CPU time"):
+        table.add_column(col, justify="left" if col == "device" else "right")
+    it = report.iteration_ms
+    for d in report.devices:
+        if d.device not in c.measured_ms_by_device:
+            continue
+        cpu = d.busy_ms + d.comm_ms if d.host_driven else None
+        table.add_row(d.device, _pair(it, c.measured_ms_by_device.get(d.device)),
+                      _pair(d.busy_ms, c.measured_compute_ms_by_device.get(d.device)),
+                      _pair(it - d.busy_ms, c.measured_wait_ms_by_device.get(d.device)),
+                      _pair(cpu, c.measured_cpu_ms_by_device.get(d.device)))
+    return table

@@ -78,7 +78,8 @@ def compare_with_run(report: SimReport, result: SimResult, run_path: str | Path)
 
     The measured figure is the run's ``iteration_ms`` (median over measured
     steps of the slowest rank); per device, the median of that rank's measured
-    steps. Raises ``ArtifactMismatch`` when the run executed another plan.
+    steps, and its compute, wait and CPU time as the run recorded them. Raises
+    ``ArtifactMismatch`` when the run executed another plan.
     """
     run = load(run_path, expect="run-report")
     if run.plan_sha256 != report.plan_sha256:
@@ -94,5 +95,9 @@ def compare_with_run(report: SimReport, result: SimResult, run_path: str | Path)
         run_report=str(run_path), measured_iteration_ms=run.iteration_ms,
         predicted_iteration_ms=predicted, error_fraction=round(error, 6),
         steps=run.steps - run.warmup, measured_ms_by_device=measured,
-        predicted_busy_ms_by_device={d: round(b, 6) for d, b in result.busy_ms.items()})
+        predicted_busy_ms_by_device={d: round(b, 6) for d, b in result.busy_ms.items()},
+        measured_compute_ms_by_device={r.device: r.compute_ms for r in run.per_rank},
+        measured_wait_ms_by_device={r.device: r.wait_ms for r in run.per_rank},
+        measured_cpu_ms_by_device={r.device: r.cpu_ms for r in run.per_rank
+                                   if r.cpu_ms is not None})
     return replace(report, comparison=comparison)

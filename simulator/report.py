@@ -41,7 +41,8 @@ def build_report(result) -> SimReport:
             busy_fraction=round(busy / it, ROUND) if it > 0 else 0.0,
             compute_tasks=counts[d], comm_ms=round(comm, ROUND),
             hidden_comm_ms=round(hidden, ROUND), static_bytes=int(round(tg.static_bytes[d])),
-            peak_memory_bytes=result.peak_memory_bytes[name], memory_bytes=tg.capacity_bytes[d]))
+            peak_memory_bytes=result.peak_memory_bytes[name], memory_bytes=tg.capacity_bytes[d],
+            host_driven=bool(tg.host_driven[d])))
     busy_link: dict[int, float] = defaultdict(float)
     tasks_link: dict[int, int] = defaultdict(int)
     transfer_bytes: dict[tuple[str, str], float] = defaultdict(float)

@@ -121,14 +121,15 @@ def test_deadlocking_schedule_exits_2(files):
     assert "cyclic" in one_line_error(run("simulate", folder / "dead.json"))
 
 
-def _run_report(p, iteration_ms=(5.0, 4.0, 4.2, 4.4)):
+def _run_report(p, iteration_ms=(5.0, 4.0, 4.2, 4.4), cpu_ms=None):
     devices = sorted({d for g in p.groups for d in g.devices})
     return RunReport(
         plan_sha256=fingerprint(p), planner=p.planner, mode=ExecutionMode.DATA_PARALLEL,
         batch_size=p.batch_size, world_size=len(devices), ranks={d: i for i, d in enumerate(devices)},
         backend="gloo", steps=len(iteration_ms), warmup=1, iteration_ms=4.2,
-        per_rank=tuple(RankRun(rank=i, device=d, iteration_ms=iteration_ms, compute_ms=3.0,
-                               wait_ms=1.0) for i, d in enumerate(devices)))
+        per_rank=tuple(RankRun(rank=i, device=d, iteration_ms=iteration_ms, compute_ms=3.0 + i,
+                               wait_ms=1.0, cpu_ms=cpu_ms if i == 0 else None)
+                       for i, d in enumerate(devices)))
 
 
 def test_compare_sets_the_measured_run_beside_the_prediction(files):
@@ -142,6 +143,31 @@ def test_compare_sets_the_measured_run_beside_the_prediction(files):
     assert c["predicted_iteration_ms"] == pytest.approx(predicted, abs=1e-6)
     assert c["error_fraction"] == pytest.approx(predicted / 4.2 - 1, abs=1e-5)
     assert c["measured_ms_by_device"] == {d: 4.2 for d in t.device_names}
+    first, second = sorted(t.device_names)
+    assert c["measured_compute_ms_by_device"] == {first: 3.0, second: 4.0}
+    assert c["measured_wait_ms_by_device"] == {first: 1.0, second: 1.0}
+    assert c.get("measured_cpu_ms_by_device", {}) == {}  # the run recorded none
+
+
+def test_compare_prints_each_device_predicted_beside_measured(files):
+    folder, g, t, p = files
+    save(_run_report(p, cpu_ms=2.5), folder / "run.json")
+    result = CliRunner().invoke(cli, ["simulate", str(folder / "plan.json"), "--compare",
+                                      str(folder / "run.json")], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    report = simulate(p, g, t).to_report()
+    it = report.iteration_ms
+    table = result.output.split("per device: predicted / measured")[1].split("└")[0]
+    lines = {ln.split("│")[1].strip(): [c.strip() for c in ln.split("│")[2:-1]]
+             for ln in table.splitlines() if ln.startswith("│")}
+    first, second = sorted(t.device_names)
+    busy = {d.device: d.busy_ms for d in report.devices}
+    step, compute, waiting, cpu = lines[first]
+    assert step == f"{it:.1f} / 4.2 ({100 * (it / 4.2 - 1):+.0f}%)"
+    assert compute == f"{busy[first]:.1f} / 3.0 ({100 * (busy[first] / 3.0 - 1):+.0f}%)"
+    assert waiting.startswith(f"{it - busy[first]:.1f} / 1.0")
+    assert cpu == "- / 2.5"  # a simulated GPU: its cores do not carry the communication
+    assert lines[second][1].startswith(f"{busy[second]:.1f} / 4.0") and lines[second][3] == "-"
 
 
 def test_compare_with_another_plans_run_exits_2(files):
@@ -150,3 +176,32 @@ def test_compare_with_another_plans_run_exits_2(files):
     save(_run_report(other), folder / "run.json")
     line = one_line_error(run("simulate", folder / "plan.json", "--compare", folder / "run.json"))
     assert "run.json" in line and "plan sha256" in line
+
+
+def test_compare_on_cpus_charges_their_communication_to_their_cores(tmp_path):
+    g = chain(3, param_bytes=1 << 20, edge_bytes=1024)
+    t = mesh(2, device_type="cpu", bandwidth_gbps=1.0)
+    save(g, tmp_path / "g.json")
+    save(t, tmp_path / "t.yaml")
+    p = plan(g, t, [one_group(g, t.device_names)], graph_path="g.json", topology_path="t.yaml")
+    save(p, tmp_path / "plan.json")
+    save(_run_report(p, cpu_ms=2.5), tmp_path / "run.json")
+    report = simulate(p, g, t).to_report()
+    first = min(t.device_names)
+    (usage,) = [d for d in report.devices if d.device == first]
+    assert usage.host_driven and usage.comm_ms > 0  # the AllReduce of 3 MiB, on the cores
+    gpus = simulate(*_files_on_gpus(tmp_path)).to_report()
+    assert not any(d.host_driven for d in gpus.devices)
+    result = CliRunner().invoke(cli, ["simulate", str(tmp_path / "plan.json"), "--compare",
+                                      str(tmp_path / "run.json")], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    table = result.output.split("per device: predicted / measured")[1].split("└")[0]
+    row = next(ln for ln in table.splitlines() if ln.startswith(f"│ {first} "))
+    cpu = row.split("│")[-2].strip()
+    assert cpu.startswith(f"{usage.busy_ms + usage.comm_ms:.1f} / 2.5")
+
+
+def _files_on_gpus(tmp_path):
+    g = chain(3, param_bytes=1 << 20, edge_bytes=1024)
+    t = mesh(2, bandwidth_gbps=1.0)
+    return plan(g, t, [one_group(g, t.device_names)]), g, t
