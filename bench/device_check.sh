@@ -4,6 +4,7 @@
 #   bash bench/device_check.sh prepare          # where PyPI is reachable: the wheels a GPU image with
 #                                               # PyTorch usually lacks (pulp, dpkt, ahocorasick-rs),
 #                                               # for its Python (PY_VERSION, default 3.12), in .whl/
+#                                               # (.whl/ is ignored by git: send it along with the tree)
 #   bash bench/device_check.sh run [OUT]        # on the GPU machine (no network needed): install them
 #                                               # and dl-nfv, then
 #     1. the GPU tests (`pytest -m gpu`: NCCL data parallelism against a single process, a CUDA
