@@ -30,8 +30,14 @@ Memory: every replica holds its stage's parameters, gradients and optimizer
 state plus one microbatch of stashed activations (the scheduler then caps the
 microbatches in flight by what is left).
 
-Complexity: O(n^2 x D^2 x T) to build the tables (n ops, D devices, T device
-types) and O(n^2 x D^2 x K) for the DP over K caps, vectorised with numpy.
+Device runs start and end anywhere on an ordering of at most ``MAX_DEVICE_SLOTS`` (32)
+devices; on a longer one only every ``ceil(D / 32)`` devices (``device_slots``: 64 devices
+in runs of 2, 128 in runs of 4), which keeps the tables' size and time independent of the
+cluster's beyond that (GPT-2 XL on 128 V100s: 6 GB and four minutes of tables before, 0.5 GB
+and seconds now).
+
+Complexity: O(n^2 x J^2 x T) to build the tables (n ops, J = min(D, 32) + 1 run boundaries, T
+device types) and O(n^2 x J^2 x K) for the DP over K caps, vectorised with numpy.
 """
 
 from __future__ import annotations
@@ -47,6 +53,16 @@ from .problem import Problem
 
 INF = np.inf
 TAU_GRID = (1.0, 1.02, 1.05, 1.1, 1.17, 1.25, 1.35, 1.5, 1.7, 2.0, 2.5, 3.5)
+# the tables hold every pair of device-run boundaries: on a longer ordering, runs start and end
+# only every ``ceil(devices / MAX_DEVICE_SLOTS)`` devices (``device_slots``)
+MAX_DEVICE_SLOTS = 32
+
+
+def device_slots(devices: int, most: int = MAX_DEVICE_SLOTS) -> tuple[int, ...]:
+    """Where the device runs of an ordering of ``devices`` may start and end: every position
+    up to ``most`` devices, else every ``ceil(devices / most)``-th (and the end)."""
+    step = -(-devices // most) if devices > most else 1
+    return tuple(range(0, devices, step)) + (devices,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +123,9 @@ class OrderingTables:
         self.problem = p
         self.ordering = tuple(ordering)
         n, D = p.n, len(ordering)
+        # runs [j0, j1) are between slot boundaries: the tables are [J, J] over them
+        self.cuts = cuts = device_slots(D)
+        J = len(cuts)
         dev_idx = np.array([p.device_index[d] for d in ordering])
         types = p.type_of[dev_idx]
         T = p.f_fixed.shape[0]
@@ -114,6 +133,7 @@ class OrderingTables:
         onehot[np.arange(D), types] = 1.0
         cum = np.zeros((D + 1, T))
         cum[1:] = np.cumsum(onehot, axis=0)
+        cum = cum[list(cuts)]
         counts = cum[None, :, :] - cum[:, None, :]  # [j0, j1, T]
         counts[counts < 0] = 0.0
         self.size = counts.sum(axis=2)  # [j0, j1]
@@ -129,10 +149,8 @@ class OrderingTables:
         self.act = p.out_prefix[None, :] - p.out_prefix[:, None] + p.cut_bytes[:, None] * (
             np.arange(n + 1)[:, None] > 0)
         mem = p.memory_bytes[dev_idx]
-        self.min_mem = np.full((D + 1, D + 1), INF)
-        for j0 in range(D):
-            self.min_mem[j0, j0 + 1:] = np.minimum.accumulate(mem[j0:])
-        sync_a, sync_b = self._sync_coefficients(p, ordering, collective_cache)
+        self.min_mem = _over_runs(mem, cuts, np.minimum, INF)
+        sync_a, sync_b = self._sync_coefficients(p, ordering, cuts, collective_cache)
         ar = np.min(sync_a[:, None, None, :, :] + sync_b[:, None, None, :, :]
                     * params[None, :, :, None, None], axis=0)
         # optimizer step and gradient-bucket upkeep of the slowest replica (the cost model's)
@@ -141,42 +159,45 @@ class OrderingTables:
                         for d in ordering])
         acc = np.array([p.cm.accumulate_ms_per_byte(d) for d in ordering])
         launch = np.array([p.cm.update_launch_ms(d) for d in ordering])
-        per_byte = np.zeros((D + 1, D + 1))
-        acc_per_byte = np.zeros((D + 1, D + 1))
-        upd_launch = np.zeros((D + 1, D + 1))
-        for j0 in range(D):
-            per_byte[j0, j0 + 1:] = np.maximum.accumulate(upd[j0:])
-            acc_per_byte[j0, j0 + 1:] = np.maximum.accumulate(acc[j0:])
-            upd_launch[j0, j0 + 1:] = np.maximum.accumulate(launch[j0:])
+        per_byte = _over_runs(upd, cuts, np.maximum, 0.0)
+        acc_per_byte = _over_runs(acc, cuts, np.maximum, 0.0)
+        upd_launch = _over_runs(launch, cuts, np.maximum, 0.0)
         has = params[:, :, None, None] > 0
         self.sync = np.where(has, ar + upd_launch[None, None] + per_byte[None, None]
                              * params[:, :, None, None], 0.0)
         self.accumulate = np.where(has, acc_per_byte[None, None] * params[:, :, None, None], 0.0)
-        self.route_lat_ms = np.zeros(D + 1)
-        self.route_ms_per_byte = np.zeros(D + 1)
-        for j0 in range(1, D):
-            route = p.cm.cluster.route(ordering[j0 - 1], ordering[j0])
+        self.route_lat_ms = np.zeros(J)
+        self.route_ms_per_byte = np.zeros(J)
+        for j0 in range(1, J - 1):  # a stage starting at slot boundary j0 > 0 receives there
+            route = p.cm.cluster.route(ordering[cuts[j0] - 1], ordering[cuts[j0]])
             self.route_lat_ms[j0] = route.latency_us / 1e3
             self.route_ms_per_byte[j0] = 8 / (route.bandwidth_gbps * 1e6)
         ab = np.triu(np.ones((n + 1, n + 1), dtype=bool), 1)
-        jj = np.triu(np.ones((D + 1, D + 1), dtype=bool), 1)
+        jj = np.triu(np.ones((J, J), dtype=bool), 1)
         self.shape_ok = ab[:, :, None, None] & jj[None, None]
 
     def for_microbatches(self, m: int) -> Tables:
         return Tables(self, m)
 
+    def devices(self, j0: int, j1: int) -> tuple[str, ...]:
+        """The devices of the run between slot boundaries ``j0`` and ``j1``."""
+        return self.ordering[self.cuts[j0]:self.cuts[j1]]
+
     @staticmethod
-    def _sync_coefficients(p: Problem, ordering: Sequence[str], cache: dict | None):
+    def _sync_coefficients(p: Problem, ordering: Sequence[str], cuts: Sequence[int],
+                           cache: dict | None):
         """AllReduce time of every device run as ``min over algorithms of a + b x bytes``."""
-        D = len(ordering)
+        J = len(cuts)
         algos = (Collective.RING, Collective.TREE, Collective.HIERARCHICAL)
-        a = np.zeros((len(algos), D + 1, D + 1))
-        b = np.zeros((len(algos), D + 1, D + 1))
+        a = np.zeros((len(algos), J, J))
+        b = np.zeros((len(algos), J, J))
         cache = cache if cache is not None else {}
         big = 1e9
-        for j0 in range(D):
-            for j1 in range(j0 + 2, D + 1):
-                group = tuple(ordering[j0:j1])
+        for j0 in range(J - 1):
+            for j1 in range(j0 + 1, J):
+                group = tuple(ordering[cuts[j0]:cuts[j1]])
+                if len(group) < 2:
+                    continue
                 key = frozenset(group)
                 coeffs = cache.get(key)
                 if coeffs is None:
@@ -192,12 +213,24 @@ class OrderingTables:
         return a, b
 
 
+def _over_runs(values: np.ndarray, cuts: Sequence[int], ufunc, empty: float) -> np.ndarray:
+    """``[j0, j1]``: ``ufunc`` (``np.minimum`` or ``np.maximum``) of ``values`` over the devices
+    from slot boundary ``j0`` to ``j1`` (``empty`` where ``j1 <= j0``)."""
+    J = len(cuts)
+    out = np.full((J, J), empty)
+    for j0 in range(J - 1):
+        run = ufunc.accumulate(values[cuts[j0]:])  # over the first k devices of the run
+        out[j0, j0 + 1:] = run[np.asarray(cuts[j0 + 1:]) - cuts[j0] - 1]
+    return out
+
+
 class Tables:
     """Stage costs of every (op range, device run) of one ordering at ``m`` microbatches."""
 
     def __init__(self, base: OrderingTables, m: int):
         p = base.problem
         self.problem = p
+        self.base = base
         self.ordering = base.ordering
         self.m = m
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -218,8 +251,8 @@ class Tables:
     # ------------------------------------------------------------------- DPs
     def min_bottleneck(self) -> float:
         """The smallest cap ``tau`` any layout of this ordering meets (inf if none fits)."""
-        n, D = self.problem.n, len(self.ordering)
-        best = np.full((n + 1, D + 1), INF)
+        n, J = self.problem.n, len(self.base.cuts)
+        best = np.full((n + 1, J), INF)
         best[0, :] = 0.0
         for i in range(1, n + 1):
             cand = np.maximum(best[:i, :, None], self.need[:i, i, :, :])  # [a, j0, j1]
@@ -228,20 +261,20 @@ class Tables:
 
     def layouts(self, taus: Sequence[float], max_stages: int = 0, origin: str = "dp") -> list[Layout]:
         """For each cap in ``taus``, the layout minimising the fill/drain sum (None-free list)."""
-        n, D = self.problem.n, len(self.ordering)
+        n, J = self.problem.n, len(self.base.cuts)
         K = len(taus)
         tau = np.asarray(taus, dtype=np.float64)
-        S = max_stages if 0 < max_stages < min(D, n) else 0
+        S = max_stages if 0 < max_stages < min(J - 1, n) else 0
         if S:
             return self._layouts_limited(tau, S, origin)
-        best = np.full((K, n + 1, D + 1), INF)
+        best = np.full((K, n + 1, J), INF)
         best[:, 0, :] = 0.0
-        arg = np.zeros((K, n + 1, D + 1), dtype=np.int64)
+        arg = np.zeros((K, n + 1, J), dtype=np.int64)
         for i in range(1, n + 1):
             cost = np.where(self.need[None, :i, i, :, :] <= tau[:, None, None, None],
                             self.sumc[None, :i, i, :, :], INF)  # [K, a, j0, j1]
             cand = best[:, :i, :, None] + cost
-            flat = cand.reshape(K, i * (D + 1), D + 1)
+            flat = cand.reshape(K, i * J, J)
             k = flat.argmin(axis=1)
             arg[:, i] = k
             best[:, i] = np.take_along_axis(flat, k[:, None, :], axis=1)[:, 0]
@@ -253,24 +286,24 @@ class Tables:
             stages = []
             i = n
             while i > 0:
-                a, j0 = divmod(int(arg[kk, i, j1]), D + 1)
-                stages.append(StageSpec(a, i, self.ordering[j0:j1]))
+                a, j0 = divmod(int(arg[kk, i, j1]), J)
+                stages.append(StageSpec(a, i, self.base.devices(j0, j1)))
                 i, j1 = a, j0
             out.append(Layout(tuple(reversed(stages)), self.m, origin))
         return out
 
     def _layouts_limited(self, tau: np.ndarray, S: int, origin: str) -> list[Layout]:
         """As ``layouts`` with at most ``S`` stages (an extra DP dimension)."""
-        n, D = self.problem.n, len(self.ordering)
+        n, J = self.problem.n, len(self.base.cuts)
         K = len(tau)
-        best = np.full((K, S + 1, n + 1, D + 1), INF)
+        best = np.full((K, S + 1, n + 1, J), INF)
         best[:, 0, 0, :] = 0.0
-        arg = np.zeros((K, S + 1, n + 1, D + 1), dtype=np.int64)
+        arg = np.zeros((K, S + 1, n + 1, J), dtype=np.int64)
         for i in range(1, n + 1):
             cost = np.where(self.need[None, :i, i, :, :] <= tau[:, None, None, None],
                             self.sumc[None, :i, i, :, :], INF)  # [K, a, j0, j1]
             cand = best[:, :S, :i, :, None] + cost[:, None]  # [K, s-1, a, j0, j1]
-            flat = cand.reshape(K, S, i * (D + 1), D + 1)
+            flat = cand.reshape(K, S, i * J, J)
             k = flat.argmin(axis=2)
             arg[:, 1:, i] = k
             best[:, 1:, i] = np.take_along_axis(flat, k[:, :, None, :], axis=2)[:, :, 0]
@@ -283,8 +316,8 @@ class Tables:
             stages = []
             i = n
             while i > 0:
-                a, j0 = divmod(int(arg[kk, s, i, j1]), D + 1)
-                stages.append(StageSpec(a, i, self.ordering[j0:j1]))
+                a, j0 = divmod(int(arg[kk, s, i, j1]), J)
+                stages.append(StageSpec(a, i, self.base.devices(j0, j1)))
                 i, j1, s = a, j0, s - 1
             out.append(Layout(tuple(reversed(stages)), self.m, origin))
         return out

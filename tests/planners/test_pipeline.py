@@ -283,3 +283,44 @@ def test_the_partition_leaves_a_tie_s_sum_out_of_a_stage_that_holds_only_its_own
     expected = {(a, b): 30.0 if a == 0 and 0 < b < 4 else 0.0
                 for a in range(5) for b in range(a + 1, 5)}
     assert {ab: float(untied[0][ab]) for ab in expected} == expected
+
+
+def test_device_runs_start_every_device_up_to_32_and_on_a_grid_beyond():
+    from dl_nfv.planners.pipeline.partition import device_slots
+
+    assert device_slots(16) == tuple(range(17))
+    assert device_slots(32) == tuple(range(33))
+    assert device_slots(64) == tuple(range(0, 65, 2))
+    assert device_slots(100) == (*range(0, 100, 4), 100)  # 25 slots of 4
+    assert len(device_slots(1000)) - 1 <= 32
+
+
+def test_a_large_cluster_is_partitioned_on_device_slots():
+    """64 devices: the DP's tables are over 33 slot boundaries (runs of 2 devices), as a
+    direct computation of one stage's cost on the devices of a slot run gives them."""
+    from dl_nfv.planners.pipeline.partition import OrderingTables
+    from dl_nfv.planners.pipeline.problem import Problem
+
+    graph, topo = chain(8, batch=64), nvlink(64)
+    problem = Problem(graph, topo)
+    ordering = tuple(topo.device_names)
+    base = OrderingTables(problem, ordering)
+    assert base.cuts == tuple(range(0, 65, 2)) and base.size.shape == (33, 33)
+    assert base.devices(3, 5) == ordering[6:10]
+    assert base.size[3, 5] == 4 and base.size[0, 32] == 64
+    tables = base.for_microbatches(4)
+    least = tables.min_bottleneck()
+    layouts = tables.layouts([least, 1.5 * least, 3 * least])
+    assert layouts
+    for layout in layouts:
+        end = 0
+        for stage in layout.stages:  # runs of whole slots, in the ordering's order
+            start = ordering.index(stage.devices[0])
+            assert stage.devices == ordering[start:start + len(stage.devices)]
+            assert start % 2 == 0 and len(stage.devices) % 2 == 0 and start >= end
+            end = start + len(stage.devices)
+    # a plan of it is valid and no slower than data parallelism over all 64 devices
+    plan = run("pipeline", graph, topo, time_limit=20)
+    validate_plan(plan, graph, topo)
+    dp = run("dp", graph, topo)
+    assert simulate(plan, graph, topo).iteration_ms <= simulate(dp, graph, topo).iteration_ms + 1e-6
