@@ -35,3 +35,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def topology_path():
     return EXAMPLES / "topologies" / "heterog-testbed8.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_pipeline_bounds():
+    """Each test bounds its pipelines afresh (``pipeline_bound`` keeps the bounds of a
+    process's graphs and topologies, which a test that changes the cost model would see)."""
+    from dl_nfv.planners.pipeline import planner
+
+    planner._BOUNDS.clear()
+    yield

@@ -154,8 +154,26 @@ def pipeline_bound(problem: Problem) -> Bound:
     time is no bound here: replicated stages split every op by the batch.) The
     family's plans may sum a tied embedding by exchange or by AllReduce, so every
     planner of the family (this one, gpipe, 1f1b, pipedream) reports the same bound
-    and their ratios to it compare like with like.
+    and their ratios to it compare like with like; it is computed once per graph,
+    topology and optimizer in a process (``plan compare`` runs them all).
     """
+    if not problem.default_cost_model:
+        return _pipeline_bound(problem)
+    key = (fingerprint(problem.graph), fingerprint(problem.topology), problem.optimizer,
+           tuple(int(b) for b in problem.bounds))
+    if key not in _BOUNDS:
+        if len(_BOUNDS) >= BOUNDS_KEPT:
+            _BOUNDS.pop(next(iter(_BOUNDS)))
+        _BOUNDS[key] = _pipeline_bound(problem)
+    kept = _BOUNDS[key]
+    return Bound(kept.ms, dict(kept.parts))
+
+
+BOUNDS_KEPT = 8
+_BOUNDS: dict[tuple, Bound] = {}  # pipeline_bound's, oldest first
+
+
+def _pipeline_bound(problem: Problem) -> Bound:
     cm, devices = problem.cm, list(problem.devices)
     parts = {"work": work_bound_ms(cm, devices),
              "critical_path": critical_path_ms(cm, devices, 1.0 / problem.batch_size)}

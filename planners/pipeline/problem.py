@@ -63,6 +63,7 @@ class Problem:
         self.tie_sync = tie_sync
         self.topology = topology
         self.cm = cm = cost_model or CostModel(graph, topology)
+        self.default_cost_model = cost_model is None  # the graph and topology decide it
         self.optimizer = optimizer
         self.state_factor = optimizer.state_factor
         self.order: list[str] = graph.topological_ids()

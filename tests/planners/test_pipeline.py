@@ -324,3 +324,28 @@ def test_a_large_cluster_is_partitioned_on_device_slots():
     validate_plan(plan, graph, topo)
     dp = run("dp", graph, topo)
     assert simulate(plan, graph, topo).iteration_ms <= simulate(dp, graph, topo).iteration_ms + 1e-6
+
+
+def test_the_family_s_bound_is_computed_once_per_graph_and_topology(monkeypatch):
+    from dl_nfv.planners.pipeline import planner as pipeline_planner
+    from dl_nfv.planners.pipeline.problem import Problem
+
+    calls = []
+    real = pipeline_planner._pipeline_bound
+    monkeypatch.setattr(pipeline_planner, "_pipeline_bound",
+                        lambda problem: calls.append(1) or real(problem))
+    monkeypatch.setattr(pipeline_planner, "_BOUNDS", {})
+    graph, topo = chain(4, fwd_ms=100.0, bwd_ms=200.0, param_bytes=3 * GIB // 2), nvlink(2)
+    plans = [run(name, graph, topo) for name in ("pipeline", "gpipe", "1f1b", "pipedream")]
+    assert len(calls) == 1
+    assert len({p.bound_ms for p in plans}) == 1
+    first = pipeline_planner.pipeline_bound(Problem(graph, topo))
+    first.parts.clear()  # a caller's copy: the one kept is untouched
+    assert pipeline_planner.pipeline_bound(Problem(graph, topo)).parts
+    assert len(calls) == 1
+    # another topology, or a cost model of the caller's, is bounded afresh
+    pipeline_planner.pipeline_bound(Problem(graph, nvlink(4)))
+    assert len(calls) == 2
+    custom = Problem(graph, topo, cost_model=CostModel(graph, topo))
+    pipeline_planner.pipeline_bound(custom)
+    assert len(calls) == 3
