@@ -31,13 +31,14 @@ state plus one microbatch of stashed activations (the scheduler then caps the
 microbatches in flight by what is left).
 
 Device runs start and end anywhere on an ordering of at most ``MAX_DEVICE_SLOTS`` (32)
-devices; on a longer one only every ``ceil(D / 32)`` devices (``device_slots``: 64 devices
-in runs of 2, 128 in runs of 4), which keeps the tables' size and time independent of the
-cluster's beyond that (GPT-2 XL on 128 V100s: 6 GB and four minutes of tables before, 0.5 GB
-and seconds now).
+devices; on a longer one every ``g = ceil(D / 32)`` devices, and anywhere within the first and
+the last ``g`` (``device_slots``: 64 devices in pairs, 128 in fours, with single devices at
+both ends, where a model's embedding, head and tied weights are), which keeps the tables'
+size and time nearly independent of the cluster's beyond that (GPT-2 XL on 128 V100s: 6 GB
+and four minutes of tables with every run, 0.7 GB and seconds now).
 
-Complexity: O(n^2 x J^2 x T) to build the tables (n ops, J = min(D, 32) + 1 run boundaries, T
-device types) and O(n^2 x J^2 x K) for the DP over K caps, vectorised with numpy.
+Complexity: O(n^2 x J^2 x T) to build the tables (n ops, J <= min(D, 32 + 2g) + 1 run
+boundaries, T device types) and O(n^2 x J^2 x K) for the DP over K caps, vectorised with numpy.
 """
 
 from __future__ import annotations
@@ -60,9 +61,14 @@ MAX_DEVICE_SLOTS = 32
 
 def device_slots(devices: int, most: int = MAX_DEVICE_SLOTS) -> tuple[int, ...]:
     """Where the device runs of an ordering of ``devices`` may start and end: every position
-    up to ``most`` devices, else every ``ceil(devices / most)``-th (and the end)."""
-    step = -(-devices // most) if devices > most else 1
-    return tuple(range(0, devices, step)) + (devices,)
+    up to ``most`` devices, else every ``ceil(devices / most)``-th, and every position of the
+    first and the last such slot (the first and the last stage, which hold a model's
+    embedding and head and often a tied weight, can then be a single device)."""
+    if devices <= most:
+        return tuple(range(devices + 1))
+    step = -(-devices // most)
+    edges = set(range(0, step + 1)) | set(range(max(devices - step, 0), devices + 1))
+    return tuple(sorted(set(range(0, devices, step)) | edges | {devices}))
 
 
 @dataclass(frozen=True, slots=True)

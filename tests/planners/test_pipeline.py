@@ -290,14 +290,15 @@ def test_device_runs_start_every_device_up_to_32_and_on_a_grid_beyond():
 
     assert device_slots(16) == tuple(range(17))
     assert device_slots(32) == tuple(range(33))
-    assert device_slots(64) == tuple(range(0, 65, 2))
-    assert device_slots(100) == (*range(0, 100, 4), 100)  # 25 slots of 4
-    assert len(device_slots(1000)) - 1 <= 32
+    # pairs, and single devices at both ends (where embeddings, heads and ties are)
+    assert device_slots(64) == (0, 1, *range(2, 63, 2), 63, 64)
+    assert device_slots(100) == (0, 1, 2, 3, *range(4, 97, 4), 97, 98, 99, 100)
+    assert len(device_slots(1000)) - 1 <= 32 + 2 * 31
 
 
 def test_a_large_cluster_is_partitioned_on_device_slots():
-    """64 devices: the DP's tables are over 33 slot boundaries (runs of 2 devices), as a
-    direct computation of one stage's cost on the devices of a slot run gives them."""
+    """64 devices: the DP's tables are over 35 run boundaries (pairs of devices, and single
+    devices at both ends of the ordering)."""
     from dl_nfv.planners.pipeline.partition import OrderingTables
     from dl_nfv.planners.pipeline.problem import Problem
 
@@ -305,20 +306,21 @@ def test_a_large_cluster_is_partitioned_on_device_slots():
     problem = Problem(graph, topo)
     ordering = tuple(topo.device_names)
     base = OrderingTables(problem, ordering)
-    assert base.cuts == tuple(range(0, 65, 2)) and base.size.shape == (33, 33)
-    assert base.devices(3, 5) == ordering[6:10]
-    assert base.size[3, 5] == 4 and base.size[0, 32] == 64
+    assert base.cuts == (0, 1, *range(2, 63, 2), 63, 64) and base.size.shape == (35, 35)
+    assert base.devices(3, 5) == ordering[4:8] and base.devices(0, 1) == ordering[:1]
+    assert base.size[3, 5] == 4 and base.size[0, 34] == 64 and base.size[33, 34] == 1
     tables = base.for_microbatches(4)
     least = tables.min_bottleneck()
     layouts = tables.layouts([least, 1.5 * least, 3 * least])
     assert layouts
     for layout in layouts:
         end = 0
-        for stage in layout.stages:  # runs of whole slots, in the ordering's order
+        for stage in layout.stages:  # runs between boundaries, in the ordering's order
             start = ordering.index(stage.devices[0])
-            assert stage.devices == ordering[start:start + len(stage.devices)]
-            assert start % 2 == 0 and len(stage.devices) % 2 == 0 and start >= end
-            end = start + len(stage.devices)
+            stop = start + len(stage.devices)
+            assert stage.devices == ordering[start:stop]
+            assert start in base.cuts and stop in base.cuts and start >= end
+            end = stop
     # a plan of it is valid and no slower than data parallelism over all 64 devices
     plan = run("pipeline", graph, topo, time_limit=20)
     validate_plan(plan, graph, topo)
