@@ -89,11 +89,14 @@ any way, and such a region is then counted for neither stage (only
 under-counting work, so the bound stays valid). For a chain graph every
 region is one op, and this relaxation costs nothing.
 
-Complexity: O(U^2 x D^2 x O x divisors) for U regions, D devices and O <= 4 share
-options, vectorised; the class DP for mixed clusters is O(U^2 x S x K x O) per
-microbatch count (S states, K class vectors); the counts are taken best first, one
-level at a time (cheap DP at its first caps, refined, class DP without its AllReduce
-caps, with them).
+On clusters of more than ``EXACT_COUNTS_UP_TO`` (32) devices the cheap DP takes the device
+counts on a grid (``_Counts``), a relaxation of the same DP.
+
+Complexity: O(U^2 x D x C x O x divisors) for U regions, D devices, C <= D device counts
+(at most 40 beyond 32 devices) and O <= 4 share options, vectorised; the class DP for mixed
+clusters is O(U^2 x S x K x O) per microbatch count (S states, K class vectors); the counts
+are taken best first, one level at a time (cheap DP at its first caps, refined, class DP
+without its AllReduce caps, with them).
 """
 
 from __future__ import annotations
@@ -118,6 +121,9 @@ MAX_CAP_SOLVES = 6  # or after this many capped solves (each is a whole class DP
 # to 14 solves): a few per cent more bound for about twice the time
 SMALL_CLASS_STATES = 64
 EXACT_GROUPS_UP_TO = 12  # clusters this small take the AllReduce floor over every group
+# the cheap DP takes every device count on clusters of at most this many devices; on larger
+# ones, counts on a grid (``_Counts``): a relaxation of the same bound
+EXACT_COUNTS_UP_TO = 32
 
 
 def forced_cuts(problem: Problem) -> list[int]:
@@ -250,6 +256,8 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
                        limits, (tie_sync or p.tie_sync) is TieSync.EXCHANGE)
     outside = params_r[:, :, None] * (zero + update / np.maximum(kk, 1)[None, None, :])
 
+    counts = _Counts(D) if D > EXACT_COUNTS_UP_TO else None
+
     def cheap(m: int, enough: float) -> float:
         """The bound letting every stage take the fastest devices, for ``m`` microbatches
         (refined only until it reaches ``enough``)."""
@@ -290,7 +298,12 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
             # one backward), each plus the chain of the stages after it
             around = np.maximum(f_first + b_busy, f_busy + b_first) + hop
             around = np.where(np.isfinite(around), around, np.inf)  # no such option
-            after = _chain_after(busy, chain, multi, U, D)
+            if counts is None:
+                after = _chain_after(busy, chain, multi, U, D)
+            else:  # on the grid; per count, at the grid value at or above it
+                after_grid = _chain_after(counts.reduce(busy, 2), counts.reduce(chain, 2),
+                                          multi, U, D, counts)
+                after = after_grid[:, counts.up]
             # and its first backward waits for a microbatch to pass the stages after it
             # both ways (on at most the devices the stage leaves), as does the microbatch
             # of its own last forward
@@ -302,8 +315,14 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
             # after microbatch 0 went through it, every stage after it must finish
             wait = np.where(kk[None, None, :, None] > 1, f_first + hops.ms(first, True)[:, None]
                             + ar_floor[..., None], -np.inf)
-        return _capped_dp(busy + hop + tie_r[:, :, None, None], chain, sync, multi, U, D,
-                          around, after, enough=enough, wait=wait, untied=busy + hop)
+        staged = busy + hop + tie_r[:, :, None, None]
+        if counts is None:
+            return _capped_dp(staged, chain, sync, multi, U, D, around, after, enough=enough,
+                              wait=wait, untied=busy + hop)
+        def r(x):
+            return counts.reduce(x, 2)
+        return _capped_dp(r(staged), r(chain), r(sync), multi, U, D, r(around), after_grid,
+                          enough=enough, wait=r(wait), untied=r(busy + hop), counts=counts)
 
     ranges = _Ranges(fix_r, scal_r, fixf_r, scalf_r, fixb_r, scalb_r, params_r, static_r,
                      multi, U, tie_r, hops)
@@ -335,6 +354,37 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
         else:
             heappush(heap, (value, level + 1, m))
     return best
+
+
+class _Counts:
+    """Device counts on a grid, for the cheap DP on a large cluster.
+
+    A stage's count ``k`` falls in the bucket of the grid value ``lo <= k`` below it; the
+    bucket's terms are the least of its counts' (each term of a stage on ``k`` devices is
+    at least that) and it takes only ``lo`` devices from what is left; what is left is
+    looked up at the grid value at or above it (a DP over more devices is no larger). Every
+    plan's stages map to buckets whose value is at most the plan's, so the DP on the grid
+    bounds every plan too; with every count on the grid it is the exact DP.
+
+    ``lo``: the grid (0, 1, ..., 16, then about 24 geometric steps to ``D``); ``up[r]``: the
+    position of the least grid value ``>= r``; ``ks[q]``: the buckets (``>= 1``) a stage may
+    take with ``lo[q]`` devices left; ``at[q][b]``: the position of what is left after it.
+    """
+
+    def __init__(self, D: int, dense: int = 16, steps: int = 24):
+        grid = set(range(min(dense, D) + 1)) | {D}
+        if D > dense:
+            grid |= {int(round(x)) for x in np.geomspace(dense, D, steps)}
+        self.lo = np.array(sorted(grid))
+        self.D = D
+        self.up = np.searchsorted(self.lo, np.arange(D + 1))  # lo[up[r]] >= r, the least
+        self.ks = [np.nonzero((self.lo >= 1) & (self.lo <= r))[0] for r in self.lo]
+        self.at = [self.up[np.maximum(r - self.lo, 0)] for r in self.lo]
+        self.left = self.up[D - self.lo]  # after a stage of bucket b on the whole cluster
+
+    def reduce(self, x: np.ndarray, axis: int) -> np.ndarray:
+        """``x`` over counts ``0..D`` on ``axis`` as buckets: the least over each."""
+        return np.minimum.reduceat(x, self.lo, axis=axis)
 
 
 class _Hops:
@@ -541,20 +591,24 @@ def _then(g: np.ndarray, multi: np.ndarray) -> np.ndarray:
     return out
 
 
-def _chain_after(busy, chain, multi, U: int, D: int) -> np.ndarray:
+def _chain_after(busy, chain, multi, U: int, D: int, counts: _Counts | None = None) -> np.ndarray:
     """``[j, r]``: the least chain of the stages of regions ``j..`` on at most ``r`` devices,
     over every partition of them into stages that fit (``busy`` finite); where region
     ``j`` may be split, the stages may also start at ``j + 1``. ``busy`` and ``chain`` are
     ``[i, j, k, o]`` as in ``_capped_dp``: its DP with every stage that fits worth nothing
-    but its chain."""
+    but its chain. (With ``counts``: over its buckets, and ``r`` its grid positions.)"""
     fits = np.where(np.isfinite(busy), -np.inf, np.inf)
-    return _then(_table(fits[None], chain, multi, U, D)[0], multi)
+    return _then(_table(fits[None], chain, multi, U, D, counts=counts)[0], multi)
 
 
-def _table(busy, chain, multi, U: int, D: int, around=None, after=None) -> np.ndarray:
+def _table(busy, chain, multi, U: int, D: int, around=None, after=None,
+           counts: _Counts | None = None) -> np.ndarray:
     """``[G, i, r]``: the min-max DP of ``_capped_dp`` over regions ``i..`` on at most ``r``
     devices, for each of the ``G`` stage costs ``busy`` (``[G, i, j, k, o]``); ``around``
-    and ``after``, when given, add the round trip term."""
+    and ``after``, when given, add the round trip term. With ``counts``, ``k`` are its
+    buckets and ``r`` its grid positions (``_Counts``)."""
+    if counts is not None:
+        return _table_on_grid(busy, chain, multi, U, counts, around, after)
     G = len(busy)
     g = np.full((G, U + 2, D + 1), np.inf)
     g[:, U, :] = 0.0
@@ -576,8 +630,32 @@ def _table(busy, chain, multi, U: int, D: int, around=None, after=None) -> np.nd
     return g
 
 
+def _table_on_grid(busy, chain, multi, U: int, c: _Counts, around=None, after=None) -> np.ndarray:
+    """``_table`` over device-count buckets and what is left on the grid (``_Counts``)."""
+    G, R = len(busy), len(c.lo)
+    g = np.full((G, U + 2, R), np.inf)
+    g[:, U, :] = 0.0
+    g[:, U + 1, :] = 0.0
+    for i in range(U - 1, -1, -1):
+        cont = _then(g, multi)
+        for q in range(1, R):
+            ks, at = c.ks[q], c.at[q][c.ks[q]]
+            rest = cont[:, i + 1:, at]  # [G, j, b]: the rest on what the stage leaves
+            # (index ``i`` first: an integer beside an index array would move their axes)
+            val = np.maximum(busy[:, i][:, i + 1:][:, :, ks],
+                             chain[i][i + 1:][:, ks][None] + rest[..., None])
+            if around is not None:
+                beside = around[i][i + 1:][:, ks] + after[i + 1:, at][..., None]
+                val = np.maximum(val, beside[None])
+            g[:, i, q] = np.minimum(g[:, i, q - 1], val.reshape(G, -1).min(axis=1))
+        if multi[i]:
+            g[:, i] = np.minimum(g[:, i], g[:, i + 1])
+    return g
+
+
 def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None,
-               enough: float = np.inf, wait=None, untied=None) -> float:
+               enough: float = np.inf, wait=None, untied=None,
+               counts: _Counts | None = None) -> float:
     """``min over partitions of max(max_k (chain before k + busy_k),
     max_k (chain before k + around_k + least chain after k), max_k sync_k)``.
 
@@ -606,13 +684,13 @@ def _capped_dp(busy, chain, sync, multi, U: int, D: int, around=None, after=None
     """
     def solve(caps: np.ndarray, busy=busy, table: bool = False) -> np.ndarray:
         masked = np.where(sync[None] <= caps[:, None, None, None, None], busy[None], np.inf)
-        g = _table(masked, chain, multi, U, D, around, after)
-        return g if table else g[:, 0, D]
+        g = _table(masked, chain, multi, U, D, around, after, counts)
+        return g if table else g[:, 0, -1]
 
     if wait is not None:
         g = solve(np.array([np.inf]), busy=untied, table=True)[0]
         # [j, k]: the rest on the D - k devices left
-        later = _then(g, multi)[:, D - np.arange(D + 1)]
+        later = _then(g, multi)[:, D - np.arange(D + 1) if counts is None else counts.left]
         with np.errstate(invalid="ignore"):
             sync = np.maximum(sync, wait + later[None, :, :, None])
     values = np.unique(sync[np.isfinite(busy) & (sync > 0)])
