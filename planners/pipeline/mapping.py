@@ -33,6 +33,8 @@ import itertools
 import random
 from collections.abc import Sequence
 
+import numpy as np
+
 from dl_nfv.simulator.costs import CostModel
 
 
@@ -63,21 +65,38 @@ def path_cost(cm: CostModel, ordering: Sequence[str]) -> float:
     return total
 
 
-def greedy_path(cm: CostModel, devices: Sequence[str], start: str) -> list[str]:
-    """Walk from ``start`` to the widest, then nearest, unvisited device each step."""
-    left = [d for d in devices if d != start]
-    path = [start]
-    while left:
-        here = path[-1]
+def greedy_path(cm: CostModel, devices: Sequence[str], start: str,
+                ranks: np.ndarray | None = None) -> list[str]:
+    """Walk from ``start`` to the widest, then nearest, unvisited device each step (then the
+    one with fewer hops, then the one first in ``devices``). ``ranks`` (``route_ranks``) may
+    be passed when walking from many starts."""
+    ranks = route_ranks(cm, devices) if ranks is None else ranks
+    here = list(devices).index(start)
+    visited = np.zeros(len(devices), dtype=bool)
+    path = [here]
+    visited[here] = True
+    for _ in range(len(devices) - 1):
+        here = int(np.argmin(np.where(visited, len(devices), ranks[here])))
+        path.append(here)
+        visited[here] = True
+    return [devices[i] for i in path]
 
-        def key(d, here=here):
-            r = cm.cluster.route(here, d)
-            return (-r.bandwidth_gbps, r.latency_us, len(r.hops), devices.index(d))
 
-        nxt = min(left, key=key)
-        path.append(nxt)
-        left.remove(nxt)
-    return path
+def route_ranks(cm: CostModel, devices: Sequence[str]) -> np.ndarray:
+    """``[a, b]``: the rank of ``b`` among the devices seen from ``a``, by the widest route,
+    then the lowest latency, then the fewest hops, then the order of ``devices``
+    (O(D^2 log D), once for all the greedy walks)."""
+    D = len(devices)
+    ranks = np.zeros((D, D), dtype=np.int64)
+    for a, here in enumerate(devices):
+        keys = []
+        for b, d in enumerate(devices):
+            r = cm.cluster.route(here, d) if b != a else None
+            keys.append((-r.bandwidth_gbps, r.latency_us, len(r.hops), b) if r else
+                        (float("inf"), 0.0, 0, b))
+        for rank, (*_, b) in enumerate(sorted(keys)):
+            ranks[a, b] = rank
+    return ranks
 
 
 def candidate_orderings(cm: CostModel, devices: Sequence[str] | None = None,
@@ -98,7 +117,8 @@ def candidate_orderings(cm: CostModel, devices: Sequence[str] | None = None,
     by_speed = sorted(blocks, key=lambda b: (-speed[tuple(b)], blocks.index(b)))
     add([d for b in by_speed for d in b])
     add([d for b in reversed(by_speed) for d in b])
-    paths = sorted((greedy_path(cm, devices, s) for s in devices),
+    ranks = route_ranks(cm, devices)
+    paths = sorted((greedy_path(cm, devices, s, ranks) for s in devices),
                    key=lambda p: (path_cost(cm, p), p))
     for p in paths[:2]:
         add(p)

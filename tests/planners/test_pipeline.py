@@ -405,3 +405,27 @@ def test_device_count_grid():
     assert all(c.lo[c.at[q][b]] >= 40 - c.lo[b] for b in c.ks[q])  # grid at or above it
     x = np.arange(129.0)[None, :] * np.ones((2, 1))
     assert np.array_equal(c.reduce(x, 1)[0], c.lo.astype(float))  # the least of a bucket
+
+
+@pytest.mark.parametrize("topology", ["ring8-mixed.yaml", "tag-hetero16.yaml",
+                                      "heterog-testbed8.yaml"])
+def test_greedy_paths_step_to_the_widest_then_nearest_unvisited_device(topology):
+    from dl_nfv.artifacts import load
+    from dl_nfv.planners.pipeline.mapping import greedy_path, route_ranks
+    from tests.conftest import EXAMPLES
+
+    topo = load(EXAMPLES / "topologies" / topology, expect="topology")
+    graph = chain(4)
+    cm = CostModel(graph, topo)
+    devices = list(topo.device_names)
+    ranks = route_ranks(cm, devices)
+    for start in devices:
+        path, left = [start], [d for d in devices if d != start]
+        while left:  # the walk, step by step, by the key itself
+            here = path[-1]
+            nxt = min(left, key=lambda d: (-cm.cluster.route(here, d).bandwidth_gbps,
+                                           cm.cluster.route(here, d).latency_us,
+                                           len(cm.cluster.route(here, d).hops), devices.index(d)))
+            path.append(nxt)
+            left.remove(nxt)
+        assert greedy_path(cm, devices, start, ranks) == path == greedy_path(cm, devices, start)
