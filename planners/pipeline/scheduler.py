@@ -158,7 +158,6 @@ class _Sim:
 
     def complete(self, s: int, op: str, m: int, start: float) -> list[int]:
         """Record ``op`` of microbatch ``m`` on stage ``s``; return the stages it made ready."""
-        chan = self.chan
         touched = []
         if op == "F":  # activations go to the stages after, gradients to the ones before
             end = start + self.costs.f_ms[s]
@@ -167,13 +166,7 @@ class _Sim:
             end = start + self.costs.b_ms[s]
             sends, arrived, waiting, ready = self.out_b[s], self.arrive_b, self.wait_b, self.ready_b
         for t, channels, ms in sends:
-            begin = end
-            for k in channels:  # ``send``, inlined
-                if chan[k] > begin:
-                    begin = chan[k]
-            arrive = begin + ms
-            for k in channels:
-                chan[k] = arrive
+            arrive = self.send(channels, end, ms)
             row = arrived[t]
             if arrive > row[m]:
                 row[m] = arrive
