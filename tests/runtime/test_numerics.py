@@ -51,7 +51,12 @@ def _check(tmp_path: Path, graph, topo, plan, *, optimizer=Optimizer.SGD):
     report = train(WorkerOptions(plan=str(path), steps=STEPS, warmup=0, threads=1,
                                  save_params=str(params_dir), timeout_s=60),
                    start_method="forkserver")
-    ref = reference_run(graph.model, steps=STEPS, batch_size=plan.batch_size, optimizer=optimizer)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each worker
+    try:
+        ref = reference_run(graph.model, steps=STEPS, batch_size=plan.batch_size, optimizer=optimizer)
+    finally:
+        torch.set_num_threads(threads)
     torch.testing.assert_close(torch.tensor(report.losses, dtype=torch.float64),
                                torch.tensor(ref.losses, dtype=torch.float64), **LOSS_TOL)
     seen = set()
