@@ -144,232 +144,21 @@ def exchangeable(lookups: dict[str, float], owner: str, owner_devices: Sequence[
             and all(len(devs) == 1 for devs in sharer_devices))
 
 
-class CostModel:
-    """Costs of one op graph on one cluster.
+class NetworkCosts:
+    """Costs of moving data on one cluster: transfers, concurrent flows and collectives.
 
-    Parameters
-    ----------
-    graph : OpGraph
-        The profiled model.
-    topology : Topology or Cluster
-        The cluster.
-    reference : str, optional
-        Device type whose measurements calibrate the roofline; by default the
-        type with the most measured ops.
-
-    Per-op times per device type are precomputed into numpy arrays
-    (``fwd_ms_by_type``, ``bwd_ms_by_type``, shape ``[ops, types]``, at the
-    graph's batch, and their batch-independent parts ``fwd_fixed_by_type``,
-    ``bwd_fixed_by_type``; ``tie_sum_by_type``, the part of a tied weight's owner's
-    backward that sums the weight's gradients, lies within the fixed part) so that planners
-    can vectorise; ``op_ms`` reads from them, and ``scale_by_batch`` / ``scale_table``
-    scale them. Construction is
-    O(ops x device types); every query after that is O(1) or O(route length).
+    Needs only the cluster (no op graph), so a network probe can ask what the
+    model says of the collectives it measured; ``CostModel`` adds the graph.
+    Collective costs are built once per (algorithm, device set) into cached
+    expressions (see ``_Expression``).
     """
 
-    def __init__(self, graph: OpGraph, topology: Topology | Cluster, *,
-                 reference: str | None = None):
-        self.graph = graph
+    def __init__(self, topology: Topology | Cluster):
         self.cluster = topology if isinstance(topology, Cluster) else cluster_of(topology)
-        self.op_ids: list[str] = [op.id for op in graph.ops]
-        self.op_index: dict[str, int] = {op_id: i for i, op_id in enumerate(self.op_ids)}
-        types: dict[str, DeviceType] = {}
-        for d in self.cluster.devices:
-            types.setdefault(d.type.name, d.type)
-        self.device_types: list[DeviceType] = list(types.values())
-        self.type_index = {t.name: i for i, t in enumerate(self.device_types)}
-        self.device_type_index = {d.name: self.type_index[d.type.name] for d in self.cluster.devices}
-        self.reference = reference or _reference_type(graph)
-        self.launch_ms_by_type = np.array([t.launch_overhead_us / 1e3 for t in self.device_types])
-        (self.fwd_ms_by_type, self.bwd_ms_by_type, self.fwd_fixed_by_type,
-         self.bwd_fixed_by_type, self.tie_sum_by_type) = self._compute_tables()
-        self.param_bytes = np.array([op.param_bytes for op in graph.ops], dtype=np.float64)
-        self.output_bytes = np.array([op.output_bytes for op in graph.ops], dtype=np.float64)
-        self.input_bytes = np.zeros(len(graph.ops))
-        self._out_edges: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        for e in graph.edges:
-            self.input_bytes[self.op_index[e.dst]] += e.bytes
-            self._out_edges[e.src].append((e.dst, e.bytes))
         # collective cost expressions per (algorithm, device tuple): see _Expression
         self._expressions: dict[tuple, _Expression] = {}
         self._phases: dict[tuple, tuple[float, float, dict]] = {}
 
-    @cached_property
-    def topological_ids(self) -> list[str]:
-        """The graph's op ids in topological order (file order among independent ops), cached."""
-        return self.graph.topological_ids()
-
-    @cached_property
-    def ties(self) -> list[tuple[str, str, str, float]]:
-        """``tied_weights`` of the graph, cached."""
-        return tied_weights(self.graph)
-
-    @cached_property
-    def tie_rows(self) -> dict[str, float]:
-        """``lookup_rows`` of the graph, cached."""
-        return lookup_rows(self.graph)
-
-    def exchangeable(self, owner: str, owner_devices: Sequence[str],
-                     sharer_devices: Sequence[Sequence[str]]) -> bool:
-        """``exchangeable`` on this graph's lookups (``tie_rows``)."""
-        return exchangeable(self.tie_rows, owner, owner_devices, sharer_devices)
-
-    def exchange_add_ms(self, device: str, nbytes: float) -> float:
-        """A tie exchange's sum on ``device``: scan ``nbytes`` of gradient for non-zero
-        rows (one pass) and add what was received into it (a backward's accumulation)."""
-        bandwidth = self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6
-        return nbytes * (1.0 + ACCUMULATE_PASSES) / bandwidth
-
-    @cached_property
-    def ops_by_id(self) -> dict:
-        """Op id -> Op of the graph, cached."""
-        return self.graph.index
-
-    # ---------------------------------------------------------------- compute
-    def _compute_tables(self) -> tuple[np.ndarray, ...]:
-        n, k = len(self.graph.ops), len(self.device_types)
-        fwd = np.zeros((n, k))
-        bwd = np.zeros((n, k))
-        fwd_fixed = np.zeros((n, k))
-        bwd_fixed = np.zeros((n, k))
-        tie_sum = np.zeros((n, k))
-        lent: dict[str, dict[str, float]] = defaultdict(dict)  # owner -> tied weight -> bytes
-        for name, owner, _, nbytes in tied_weights(self.graph):
-            lent[owner][name] = nbytes
-        ref = (_lookup_type(self.reference, self.device_types)
-               if self.reference and any(op.tie_sum_ms for op in self.graph.ops) else None)
-        for i, op in enumerate(self.graph.ops):
-            bwd_flops = op.bwd_flops or (2 * op.flops if op.param_bytes else op.flops)
-            # a measured tie sum is memory-bound work apart from the op's own backward
-            tie_ref = op.tie_sum_ms.get(self.reference) if op.id in lent else None
-            bwd_ref = op.bwd_ms.get(self.reference)
-            eff_f = self._efficiency(op.fwd_ms.get(self.reference), op.flops, op.bytes_accessed)
-            eff_b = self._efficiency(None if bwd_ref is None else bwd_ref - (tie_ref or 0.0),
-                                     bwd_flops, 2 * op.bytes_accessed)
-            for j, t in enumerate(self.device_types):
-                tie = self._tie_sum_ms(op, t, lent.get(op.id), tie_ref, ref)
-                extra = tie if tie_ref is not None else 0.0
-                fwd[i, j] = _measured_or(op.fwd_ms, t, lambda t=t: _roofline_ms(
-                    op.flops, op.bytes_accessed, t, eff_f, self.graph.model.dtype))
-                bwd[i, j] = _measured_or(op.bwd_ms, t, lambda t=t, extra=extra: _roofline_ms(
-                    bwd_flops, 2 * op.bytes_accessed, t, eff_b, self.graph.model.dtype) + extra
-                    if (op.bwd_ms or op.flops or op.param_bytes) else 0.0)
-                launch = self.launch_ms_by_type[j]
-                fwd_fixed[i, j] = min(op.fwd_fixed_ms.get(t.name, launch), fwd[i, j])
-                bwd_fixed[i, j] = min(op.bwd_fixed_ms.get(t.name, launch + tie), bwd[i, j])
-                tie_sum[i, j] = min(tie, bwd_fixed[i, j])
-        return fwd, bwd, fwd_fixed, bwd_fixed, tie_sum
-
-    @staticmethod
-    def _tie_sum_ms(op, t: DeviceType, lent: dict[str, float] | None, tie_ref: float | None,
-                    ref: DeviceType | None) -> float:
-        """How long ``op``'s backward on type ``t`` sums the gradients of the tied weights it
-        owns (``lent``: name -> bytes): measured on ``t``; else the reference type's
-        measurement scaled by memory bandwidth; else ``ACCUMULATE_PASSES`` over their bytes."""
-        if not lent:
-            return 0.0
-        if t.name in op.tie_sum_ms:
-            return float(op.tie_sum_ms[t.name])
-        if tie_ref is not None and ref is not None:
-            return tie_ref * ref.memory_bandwidth_gb_per_s / t.memory_bandwidth_gb_per_s
-        return sum(lent.values()) * ACCUMULATE_PASSES / (t.memory_bandwidth_gb_per_s * 1e6)
-
-    def _efficiency(self, measured_ms: float | None, flops: float, nbytes: float) -> float | None:
-        """Roofline time over measured time on the reference type; None when unmeasured."""
-        if measured_ms is None or measured_ms <= 0 or self.reference is None:
-            return None
-        ref = _lookup_type(self.reference, self.device_types)
-        ideal = _roofline_ms(flops, nbytes, ref, 1.0, self.graph.model.dtype, launch=False)
-        launch = ref.launch_overhead_us / 1e3
-        return min(1.0, max(MIN_EFFICIENCY, ideal / max(measured_ms - launch, 1e-6)))
-
-    def op_ms(self, op_id: str, device: str, phase: str = "fwd", batch_fraction: float = 1.0) -> float:
-        """Time of one op's forward (``phase="fwd"``) or backward on ``device``.
-
-        ``batch_fraction`` is the share of the graph's batch this device
-        processes (a replica's share times a microbatch's fraction).
-        """
-        i = self.op_index[op_id]
-        j = self.device_type_index[device]
-        if phase == "fwd":
-            return scale_by_batch(float(self.fwd_ms_by_type[i, j]),
-                                  float(self.fwd_fixed_by_type[i, j]), batch_fraction)
-        return scale_by_batch(float(self.bwd_ms_by_type[i, j]), float(self.bwd_fixed_by_type[i, j]),
-                              batch_fraction)
-
-    def tie_sum_ms(self, op_id: str, device: str) -> float:
-        """Of ``op_id``'s backward on ``device``, the batch-independent time spent summing the
-        gradients of the tied weights it owns from their uses: a plan that puts a use on
-        another device sums there by communication instead (0 for ops that own none)."""
-        return float(self.tie_sum_by_type[self.op_index[op_id], self.device_type_index[device]])
-
-    def ops_ms(self, op_ids: Iterable[str], device: str, batch_fraction: float = 1.0) -> tuple[float, float]:
-        """Summed (forward, backward) time of ``op_ids`` on ``device`` at ``batch_fraction``."""
-        idx = [self.op_index[o] for o in op_ids]
-        j = self.device_type_index[device]
-        return (float(scale_table(self.fwd_ms_by_type[idx, j], self.fwd_fixed_by_type[idx, j],
-                                  batch_fraction).sum()),
-                float(scale_table(self.bwd_ms_by_type[idx, j], self.bwd_fixed_by_type[idx, j],
-                                  batch_fraction).sum()))
-
-    def scaled_tables(self, cols, batch_fraction) -> tuple[np.ndarray, np.ndarray]:
-        """(forward, backward) ``[ops, len(cols)]`` tables of device-type columns ``cols`` at
-        ``batch_fraction`` (a scalar, or an array broadcasting against ``[ops, cols]``)."""
-        return (scale_table(self.fwd_ms_by_type[:, cols], self.fwd_fixed_by_type[:, cols],
-                            batch_fraction),
-                scale_table(self.bwd_ms_by_type[:, cols], self.bwd_fixed_by_type[:, cols],
-                            batch_fraction))
-
-    def fused_ms(self, op_ids: Sequence[str], device: str, phase: str = "fwd",
-                 batch_fraction: float = 1.0) -> float:
-        """Time of ``op_ids`` fused into one kernel on ``device``.
-
-        Fusion saves all launches but one, and the memory round trip (write
-        then read) of every tensor that stays inside the fused kernel; it never
-        takes less than the slowest member.
-        """
-        times = [self.op_ms(o, device, phase, batch_fraction) for o in op_ids]
-        if len(times) <= 1:
-            return sum(times)
-        t = self.device_types[self.device_type_index[device]]
-        inside = set(op_ids)
-        internal_bytes = sum(nbytes for src in inside for dst, nbytes in self._out_edges.get(src, ())
-                             if dst in inside)
-        saved = (len(times) - 1) * t.launch_overhead_us / 1e3
-        saved += 2 * internal_bytes * batch_fraction / (t.memory_bandwidth_gb_per_s * 1e6)
-        return max(sum(times) - saved, max(times))
-
-    def update_ms(self, param_bytes: float, device: str, state_factor: float = 1.0) -> float:
-        """Optimizer step over ``param_bytes`` of parameters on ``device`` (memory bound)."""
-        if param_bytes <= 0:
-            return 0.0
-        return self.update_launch_ms(device) + param_bytes * self.update_ms_per_byte(
-            device, state_factor)
-
-    def update_ms_per_byte(self, device: str, state_factor: float = 1.0) -> float:
-        """The per-parameter-byte part of ``update_ms``."""
-        passes = UPDATE_PASSES + STATE_PASSES * state_factor
-        return passes / (self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6)
-
-    def update_launch_ms(self, device: str) -> float:
-        """The fixed part of ``update_ms``."""
-        return self.cluster.device(device).type.launch_overhead_us / 1e3
-
-    def upkeep_ms(self, grad_bytes: float, device: str, accumulations: int = 1) -> float:
-        """Per step, the upkeep of ``grad_bytes`` of gradient buckets on ``device``: zeroed
-        once, added into by ``accumulations`` backward passes (one per microbatch)."""
-        return grad_bytes * self.upkeep_ms_per_byte(device, accumulations)
-
-    def accumulate_ms_per_byte(self, device: str) -> float:
-        """One backward pass adding a gradient byte into its bucket on ``device``."""
-        return ACCUMULATE_PASSES / (self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6)
-
-    def upkeep_ms_per_byte(self, device: str, accumulations: int = 1) -> float:
-        """The per-gradient-byte cost of ``upkeep_ms``."""
-        passes = ZERO_PASSES + ACCUMULATE_PASSES * accumulations
-        return passes / (self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6)
-
-    # ---------------------------------------------------------- communication
     def transfer_ms(self, src: str, dst: str, nbytes: float) -> float:
         """Point-to-point transfer of ``nbytes`` from ``src`` to ``dst`` (0 when equal)."""
         if src == dst or nbytes <= 0:
@@ -700,6 +489,229 @@ class CostModel:
         n = len(devices)
         per_device = batch_size / n * (in_features + out_features) * elem_bytes
         return self.allgather_ms(devices, per_device)
+
+
+class CostModel(NetworkCosts):
+    """Costs of one op graph on one cluster.
+
+    Parameters
+    ----------
+    graph : OpGraph
+        The profiled model.
+    topology : Topology or Cluster
+        The cluster.
+    reference : str, optional
+        Device type whose measurements calibrate the roofline; by default the
+        type with the most measured ops.
+
+    Per-op times per device type are precomputed into numpy arrays
+    (``fwd_ms_by_type``, ``bwd_ms_by_type``, shape ``[ops, types]``, at the
+    graph's batch, and their batch-independent parts ``fwd_fixed_by_type``,
+    ``bwd_fixed_by_type``; ``tie_sum_by_type``, the part of a tied weight's owner's
+    backward that sums the weight's gradients, lies within the fixed part) so that planners
+    can vectorise; ``op_ms`` reads from them, and ``scale_by_batch`` / ``scale_table``
+    scale them. Construction is
+    O(ops x device types); every query after that is O(1) or O(route length).
+    """
+
+    def __init__(self, graph: OpGraph, topology: Topology | Cluster, *,
+                 reference: str | None = None):
+        super().__init__(topology)
+        self.graph = graph
+        self.op_ids: list[str] = [op.id for op in graph.ops]
+        self.op_index: dict[str, int] = {op_id: i for i, op_id in enumerate(self.op_ids)}
+        types: dict[str, DeviceType] = {}
+        for d in self.cluster.devices:
+            types.setdefault(d.type.name, d.type)
+        self.device_types: list[DeviceType] = list(types.values())
+        self.type_index = {t.name: i for i, t in enumerate(self.device_types)}
+        self.device_type_index = {d.name: self.type_index[d.type.name] for d in self.cluster.devices}
+        self.reference = reference or _reference_type(graph)
+        self.launch_ms_by_type = np.array([t.launch_overhead_us / 1e3 for t in self.device_types])
+        (self.fwd_ms_by_type, self.bwd_ms_by_type, self.fwd_fixed_by_type,
+         self.bwd_fixed_by_type, self.tie_sum_by_type) = self._compute_tables()
+        self.param_bytes = np.array([op.param_bytes for op in graph.ops], dtype=np.float64)
+        self.output_bytes = np.array([op.output_bytes for op in graph.ops], dtype=np.float64)
+        self.input_bytes = np.zeros(len(graph.ops))
+        self._out_edges: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for e in graph.edges:
+            self.input_bytes[self.op_index[e.dst]] += e.bytes
+            self._out_edges[e.src].append((e.dst, e.bytes))
+
+    @cached_property
+    def topological_ids(self) -> list[str]:
+        """The graph's op ids in topological order (file order among independent ops), cached."""
+        return self.graph.topological_ids()
+
+    @cached_property
+    def ties(self) -> list[tuple[str, str, str, float]]:
+        """``tied_weights`` of the graph, cached."""
+        return tied_weights(self.graph)
+
+    @cached_property
+    def tie_rows(self) -> dict[str, float]:
+        """``lookup_rows`` of the graph, cached."""
+        return lookup_rows(self.graph)
+
+    def exchangeable(self, owner: str, owner_devices: Sequence[str],
+                     sharer_devices: Sequence[Sequence[str]]) -> bool:
+        """``exchangeable`` on this graph's lookups (``tie_rows``)."""
+        return exchangeable(self.tie_rows, owner, owner_devices, sharer_devices)
+
+    def exchange_add_ms(self, device: str, nbytes: float) -> float:
+        """A tie exchange's sum on ``device``: scan ``nbytes`` of gradient for non-zero
+        rows (one pass) and add what was received into it (a backward's accumulation)."""
+        bandwidth = self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6
+        return nbytes * (1.0 + ACCUMULATE_PASSES) / bandwidth
+
+    @cached_property
+    def ops_by_id(self) -> dict:
+        """Op id -> Op of the graph, cached."""
+        return self.graph.index
+
+    # ---------------------------------------------------------------- compute
+    def _compute_tables(self) -> tuple[np.ndarray, ...]:
+        n, k = len(self.graph.ops), len(self.device_types)
+        fwd = np.zeros((n, k))
+        bwd = np.zeros((n, k))
+        fwd_fixed = np.zeros((n, k))
+        bwd_fixed = np.zeros((n, k))
+        tie_sum = np.zeros((n, k))
+        lent: dict[str, dict[str, float]] = defaultdict(dict)  # owner -> tied weight -> bytes
+        for name, owner, _, nbytes in tied_weights(self.graph):
+            lent[owner][name] = nbytes
+        ref = (_lookup_type(self.reference, self.device_types)
+               if self.reference and any(op.tie_sum_ms for op in self.graph.ops) else None)
+        for i, op in enumerate(self.graph.ops):
+            bwd_flops = op.bwd_flops or (2 * op.flops if op.param_bytes else op.flops)
+            # a measured tie sum is memory-bound work apart from the op's own backward
+            tie_ref = op.tie_sum_ms.get(self.reference) if op.id in lent else None
+            bwd_ref = op.bwd_ms.get(self.reference)
+            eff_f = self._efficiency(op.fwd_ms.get(self.reference), op.flops, op.bytes_accessed)
+            eff_b = self._efficiency(None if bwd_ref is None else bwd_ref - (tie_ref or 0.0),
+                                     bwd_flops, 2 * op.bytes_accessed)
+            for j, t in enumerate(self.device_types):
+                tie = self._tie_sum_ms(op, t, lent.get(op.id), tie_ref, ref)
+                extra = tie if tie_ref is not None else 0.0
+                fwd[i, j] = _measured_or(op.fwd_ms, t, lambda t=t: _roofline_ms(
+                    op.flops, op.bytes_accessed, t, eff_f, self.graph.model.dtype))
+                bwd[i, j] = _measured_or(op.bwd_ms, t, lambda t=t, extra=extra: _roofline_ms(
+                    bwd_flops, 2 * op.bytes_accessed, t, eff_b, self.graph.model.dtype) + extra
+                    if (op.bwd_ms or op.flops or op.param_bytes) else 0.0)
+                launch = self.launch_ms_by_type[j]
+                fwd_fixed[i, j] = min(op.fwd_fixed_ms.get(t.name, launch), fwd[i, j])
+                bwd_fixed[i, j] = min(op.bwd_fixed_ms.get(t.name, launch + tie), bwd[i, j])
+                tie_sum[i, j] = min(tie, bwd_fixed[i, j])
+        return fwd, bwd, fwd_fixed, bwd_fixed, tie_sum
+
+    @staticmethod
+    def _tie_sum_ms(op, t: DeviceType, lent: dict[str, float] | None, tie_ref: float | None,
+                    ref: DeviceType | None) -> float:
+        """How long ``op``'s backward on type ``t`` sums the gradients of the tied weights it
+        owns (``lent``: name -> bytes): measured on ``t``; else the reference type's
+        measurement scaled by memory bandwidth; else ``ACCUMULATE_PASSES`` over their bytes."""
+        if not lent:
+            return 0.0
+        if t.name in op.tie_sum_ms:
+            return float(op.tie_sum_ms[t.name])
+        if tie_ref is not None and ref is not None:
+            return tie_ref * ref.memory_bandwidth_gb_per_s / t.memory_bandwidth_gb_per_s
+        return sum(lent.values()) * ACCUMULATE_PASSES / (t.memory_bandwidth_gb_per_s * 1e6)
+
+    def _efficiency(self, measured_ms: float | None, flops: float, nbytes: float) -> float | None:
+        """Roofline time over measured time on the reference type; None when unmeasured."""
+        if measured_ms is None or measured_ms <= 0 or self.reference is None:
+            return None
+        ref = _lookup_type(self.reference, self.device_types)
+        ideal = _roofline_ms(flops, nbytes, ref, 1.0, self.graph.model.dtype, launch=False)
+        launch = ref.launch_overhead_us / 1e3
+        return min(1.0, max(MIN_EFFICIENCY, ideal / max(measured_ms - launch, 1e-6)))
+
+    def op_ms(self, op_id: str, device: str, phase: str = "fwd", batch_fraction: float = 1.0) -> float:
+        """Time of one op's forward (``phase="fwd"``) or backward on ``device``.
+
+        ``batch_fraction`` is the share of the graph's batch this device
+        processes (a replica's share times a microbatch's fraction).
+        """
+        i = self.op_index[op_id]
+        j = self.device_type_index[device]
+        if phase == "fwd":
+            return scale_by_batch(float(self.fwd_ms_by_type[i, j]),
+                                  float(self.fwd_fixed_by_type[i, j]), batch_fraction)
+        return scale_by_batch(float(self.bwd_ms_by_type[i, j]), float(self.bwd_fixed_by_type[i, j]),
+                              batch_fraction)
+
+    def tie_sum_ms(self, op_id: str, device: str) -> float:
+        """Of ``op_id``'s backward on ``device``, the batch-independent time spent summing the
+        gradients of the tied weights it owns from their uses: a plan that puts a use on
+        another device sums there by communication instead (0 for ops that own none)."""
+        return float(self.tie_sum_by_type[self.op_index[op_id], self.device_type_index[device]])
+
+    def ops_ms(self, op_ids: Iterable[str], device: str, batch_fraction: float = 1.0) -> tuple[float, float]:
+        """Summed (forward, backward) time of ``op_ids`` on ``device`` at ``batch_fraction``."""
+        idx = [self.op_index[o] for o in op_ids]
+        j = self.device_type_index[device]
+        return (float(scale_table(self.fwd_ms_by_type[idx, j], self.fwd_fixed_by_type[idx, j],
+                                  batch_fraction).sum()),
+                float(scale_table(self.bwd_ms_by_type[idx, j], self.bwd_fixed_by_type[idx, j],
+                                  batch_fraction).sum()))
+
+    def scaled_tables(self, cols, batch_fraction) -> tuple[np.ndarray, np.ndarray]:
+        """(forward, backward) ``[ops, len(cols)]`` tables of device-type columns ``cols`` at
+        ``batch_fraction`` (a scalar, or an array broadcasting against ``[ops, cols]``)."""
+        return (scale_table(self.fwd_ms_by_type[:, cols], self.fwd_fixed_by_type[:, cols],
+                            batch_fraction),
+                scale_table(self.bwd_ms_by_type[:, cols], self.bwd_fixed_by_type[:, cols],
+                            batch_fraction))
+
+    def fused_ms(self, op_ids: Sequence[str], device: str, phase: str = "fwd",
+                 batch_fraction: float = 1.0) -> float:
+        """Time of ``op_ids`` fused into one kernel on ``device``.
+
+        Fusion saves all launches but one, and the memory round trip (write
+        then read) of every tensor that stays inside the fused kernel; it never
+        takes less than the slowest member.
+        """
+        times = [self.op_ms(o, device, phase, batch_fraction) for o in op_ids]
+        if len(times) <= 1:
+            return sum(times)
+        t = self.device_types[self.device_type_index[device]]
+        inside = set(op_ids)
+        internal_bytes = sum(nbytes for src in inside for dst, nbytes in self._out_edges.get(src, ())
+                             if dst in inside)
+        saved = (len(times) - 1) * t.launch_overhead_us / 1e3
+        saved += 2 * internal_bytes * batch_fraction / (t.memory_bandwidth_gb_per_s * 1e6)
+        return max(sum(times) - saved, max(times))
+
+    def update_ms(self, param_bytes: float, device: str, state_factor: float = 1.0) -> float:
+        """Optimizer step over ``param_bytes`` of parameters on ``device`` (memory bound)."""
+        if param_bytes <= 0:
+            return 0.0
+        return self.update_launch_ms(device) + param_bytes * self.update_ms_per_byte(
+            device, state_factor)
+
+    def update_ms_per_byte(self, device: str, state_factor: float = 1.0) -> float:
+        """The per-parameter-byte part of ``update_ms``."""
+        passes = UPDATE_PASSES + STATE_PASSES * state_factor
+        return passes / (self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6)
+
+    def update_launch_ms(self, device: str) -> float:
+        """The fixed part of ``update_ms``."""
+        return self.cluster.device(device).type.launch_overhead_us / 1e3
+
+    def upkeep_ms(self, grad_bytes: float, device: str, accumulations: int = 1) -> float:
+        """Per step, the upkeep of ``grad_bytes`` of gradient buckets on ``device``: zeroed
+        once, added into by ``accumulations`` backward passes (one per microbatch)."""
+        return grad_bytes * self.upkeep_ms_per_byte(device, accumulations)
+
+    def accumulate_ms_per_byte(self, device: str) -> float:
+        """One backward pass adding a gradient byte into its bucket on ``device``."""
+        return ACCUMULATE_PASSES / (self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6)
+
+    def upkeep_ms_per_byte(self, device: str, accumulations: int = 1) -> float:
+        """The per-gradient-byte cost of ``upkeep_ms``."""
+        passes = ZERO_PASSES + ACCUMULATE_PASSES * accumulations
+        return passes / (self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6)
 
     def sfb_factors(self, op_id: str, elem_bytes: int = 4) -> tuple[float, float, float] | None:
         """``(rows, in_features, out_features)`` of a matmul op with parameters, or None.
