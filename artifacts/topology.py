@@ -17,6 +17,13 @@ machine) the host links take the interconnect's figures too, so traffic
 between processes always takes the direct, measured path. Links are full duplex: each direction carries
 ``bandwidth_gbps`` on its own.
 
+An interconnect may also say what its links give a collective
+(``collective_latency_us``, ``collective_bandwidth_gbps``): the figures with
+which the cost model's AllReduce phases cross them, where a collective library
+gets less from a link than one transfer does (its own synchronisation per step,
+chunking). ``dl-nfv profile network`` fits them to the AllReduce it measures;
+without them a collective sees the link's point-to-point figures.
+
 ``cluster_of(topology)`` compiles the record into a ``Cluster``: a networkx
 graph plus routes between any two devices, chosen by lowest total latency and
 then widest bottleneck.
@@ -79,9 +86,21 @@ class Interconnect:
     kind: InterconnectKind
     bandwidth_gbps: float
     latency_us: float = 1.0
+    collective_latency_us: float | None = None
+    collective_bandwidth_gbps: float | None = None
 
     def __post_init__(self) -> None:
         _check_link_figures(self.bandwidth_gbps, self.latency_us)
+        if self.collective_bandwidth_gbps is not None or self.collective_latency_us is not None:
+            _check_link_figures(self.collective_figures[1], self.collective_figures[0],
+                                "collective_")
+
+    @property
+    def collective_figures(self) -> tuple[float, float]:
+        """``(latency_us, bandwidth_gbps)`` a collective sees on this interconnect's links."""
+        return (self.latency_us if self.collective_latency_us is None else self.collective_latency_us,
+                self.bandwidth_gbps if self.collective_bandwidth_gbps is None
+                else self.collective_bandwidth_gbps)
 
 
 @record
@@ -134,9 +153,9 @@ class Link:
         _check_link_figures(self.bandwidth_gbps, self.latency_us)
 
 
-def _check_link_figures(bandwidth_gbps: float, latency_us: float) -> None:
-    check(bandwidth_gbps > 0, f"bandwidth_gbps must be > 0, got {bandwidth_gbps}")
-    check(latency_us >= 0, f"latency_us must be >= 0, got {latency_us}")
+def _check_link_figures(bandwidth_gbps: float, latency_us: float, prefix: str = "") -> None:
+    check(bandwidth_gbps > 0, f"{prefix}bandwidth_gbps must be > 0, got {bandwidth_gbps}")
+    check(latency_us >= 0, f"{prefix}latency_us must be >= 0, got {latency_us}")
 
 
 @record
@@ -223,12 +242,17 @@ def _build_graph(topology: Topology) -> nx.Graph:
             host_bw, host_lat = ic.bandwidth_gbps, ic.latency_us
         else:
             host_bw, host_lat = host.host_link_gbps, host.host_link_latency_us
+        # the links device-device traffic inside the host crosses carry the collective figures
+        mesh = ic is not None and ic.kind in (InterconnectKind.NVLINK, InterconnectKind.LOOPBACK)
+        bridged = ic is not None and ic.kind is InterconnectKind.PCIE
         for d in devices:
-            _add_link(graph, d, host.name, host_bw, host_lat, "host-link")
-        if ic is not None and ic.kind in (InterconnectKind.NVLINK, InterconnectKind.LOOPBACK):
+            _add_link(graph, d, host.name, host_bw, host_lat, "host-link",
+                      ic.collective_figures if bridged else None)
+        if mesh:
             for i, a in enumerate(devices):
                 for b in devices[i + 1:]:
-                    _add_link(graph, a, b, ic.bandwidth_gbps, ic.latency_us, ic.kind.value)
+                    _add_link(graph, a, b, ic.bandwidth_gbps, ic.latency_us, ic.kind.value,
+                              ic.collective_figures)
         for nic in host.nics:
             _add_link(graph, host.name, nic.switch, nic.bandwidth_gbps, nic.latency_us, "nic")
     for link in topology.links:
@@ -238,9 +262,15 @@ def _build_graph(topology: Topology) -> nx.Graph:
 
 
 def _add_link(graph: nx.Graph, a: str, b: str, bandwidth_gbps: float, latency_us: float,
-              medium: str) -> None:
+              medium: str, collective: tuple[float, float] | None = None) -> None:
     # An explicit link between two nodes already joined replaces the implicit one.
     graph.add_edge(a, b, bandwidth_gbps=bandwidth_gbps, latency_us=latency_us, medium=medium)
+    attrs = graph.edges[a, b]
+    if collective is None:
+        attrs.pop("collective_latency_us", None)
+        attrs.pop("collective_bandwidth_gbps", None)
+    else:
+        attrs["collective_latency_us"], attrs["collective_bandwidth_gbps"] = collective
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +341,8 @@ class Cluster:
         return [[0.0 if a == b else self.route(a, b).bandwidth_gbps for b in names] for a in names]
 
     def link(self, a: str, b: str) -> dict:
-        """Attributes (bandwidth_gbps, latency_us, medium) of the link between nodes a and b."""
+        """Attributes (bandwidth_gbps, latency_us, medium, and where the topology gives them
+        collective_latency_us and collective_bandwidth_gbps) of the link between nodes a and b."""
         return self.graph.edges[a, b]
 
 

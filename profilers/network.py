@@ -27,10 +27,20 @@ Topology written
     link gets the same figures, so routes take the measured path. Hosts
     connect through NICs to one switch; a NIC gets the measured cross-host
     bandwidth and half of the latency that the host links do not account for.
+    On one host the interconnect also gets the figures a collective sees
+    (``collective_latency_us``, ``collective_bandwidth_gbps``): the measured
+    AllReduce is fitted like a pair (``fit_link``), and the cost model's AllReduce
+    over every probed device, affine in size, is scaled to that line, its latency
+    by the ratio of the two latencies and its link term (what is left after the
+    CPU's sums) by the ratio of the two slopes. A collective library pays more per
+    step than one transfer (with gloo on loopback, 2-4x the latency and 1.2-1.35x
+    the time per byte of a 2-process ring built from the pair's figures).
 
 Limits: one message in flight per pair (no concurrency between pairs), the
-fit is a single latency/bandwidth line (no protocol switching), and a
-multi-host fabric is summarised as one switch.
+fit is a single latency/bandwidth line (no protocol switching), a
+multi-host fabric is summarised as one switch, and collectives across hosts
+keep the links' point-to-point figures (the AllReduce measured there mixes
+both kinds of link).
 """
 
 from __future__ import annotations
@@ -503,4 +513,50 @@ def topology_from_report(report: NetworkReport, name: str | None = None) -> Topo
         doc["switches"] = [{"name": "net"}]
     if link_docs:
         doc["links"] = link_docs
+    topology = from_data(Topology, doc)
+    figures = collective_figures(topology, report) if len(hosts) == 1 else None
+    if figures is None:
+        return topology
+    doc["hosts"][0]["interconnect"].update(collective_latency_us=round(figures[0], 3),
+                                           collective_bandwidth_gbps=round(figures[1], 4))
+    doc["description"] += (f" Collectives: latency {figures[0]:.1f} us and bandwidth "
+                           f"{figures[1]:.2f} Gbps per link, fitted to the measured AllReduce.")
     return from_data(Topology, doc)
+
+
+def collective_figures(topology: Topology, report: NetworkReport) -> tuple[float, float] | None:
+    """``(latency_us, bandwidth_gbps)`` of a one-host topology's interconnect for collectives:
+    those with which the cost model's AllReduce over every device fits the measured one.
+
+    The model's AllReduce time is ``A + S x (B + R)``: ``A`` scales with the links'
+    latency, ``B`` with their time per byte, ``R`` (the CPU's sums) with neither.
+    Each part is read off the model (the slope over the two largest sizes; ``R`` with
+    links of unbounded bandwidth) and scaled to the measured fit ``a + S x b``.
+    None without an interconnect or AllReduce times, or when the measured time per
+    byte is not above the sums' (nothing left for the links). O(sizes).
+    """
+    from dataclasses import replace
+
+    from dl_nfv.simulator.costs import NetworkCosts
+
+    host = topology.hosts[0]
+    ic = host.interconnect
+    if ic is None or report.world_size < 2 or len(report.allreduce_s) < 2:
+        return None
+    measured = fit_link(report.sizes, report.allreduce_s)
+    a = measured.latency_us / 1e3
+    b = 8 / (measured.bandwidth_gbps * 1e6)  # ms per byte
+    big = float(max(report.sizes))
+
+    def affine(bandwidth_gbps: float) -> tuple[float, float]:
+        link = replace(ic, collective_latency_us=None, collective_bandwidth_gbps=bandwidth_gbps)
+        costs = NetworkCosts(replace(topology, hosts=(replace(host, interconnect=link),)))
+        names = costs.cluster.device_names
+        top = costs.allreduce_ms(names, big)
+        return costs.allreduce_ms(names, 1.0), (top - costs.allreduce_ms(names, big / 2)) / (big / 2)
+
+    latency, slope = affine(ic.bandwidth_gbps)
+    _, sums = affine(ic.bandwidth_gbps * 1e9)
+    if latency <= 0 or slope <= sums or b <= sums:
+        return None
+    return ic.latency_us * a / latency, ic.bandwidth_gbps * (slope - sums) / (b - sums)

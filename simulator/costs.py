@@ -185,15 +185,25 @@ class NetworkCosts:
         worst_us = max(nbytes * 8 / (bw * 1e3) for nbytes, bw in self._capacity_load(load))
         return (latency + worst_us) / 1e3
 
-    def _capacity_load(self, load: dict) -> list[tuple[float, float]]:
-        """(bytes, Gbps) per link capacity (``capacity_key``)."""
+    def _capacity_load(self, load: dict, collective: bool = False) -> list[tuple[float, float]]:
+        """(bytes, Gbps) per link capacity (``capacity_key``); with ``collective``, the
+        bandwidth a collective sees on the link (``link_figures``)."""
         merged: dict = defaultdict(float)
         bandwidth: dict = {}
         for hop, nbytes in load.items():
             key = self.capacity_key(hop)
             merged[key] += nbytes
-            bandwidth[key] = self.cluster.link(*hop)["bandwidth_gbps"]
+            bandwidth[key] = self.link_figures(hop, collective)[1]
         return [(nbytes, bandwidth[key]) for key, nbytes in merged.items()]
+
+    def link_figures(self, hop: tuple[str, str], collective: bool = False) -> tuple[float, float]:
+        """``(latency_us, bandwidth_gbps)`` of a hop: for a collective's phase, the figures
+        the topology gives collectives there (``collective_*``), else the link's own."""
+        link = self.cluster.link(*hop)
+        if collective:
+            return (link.get("collective_latency_us", link["latency_us"]),
+                    link.get("collective_bandwidth_gbps", link["bandwidth_gbps"]))
+        return link["latency_us"], link["bandwidth_gbps"]
 
     def capacity_key(self, hop: tuple[str, str]) -> Hashable:
         """What a directed hop's bandwidth is shared with: the hop itself, or both
@@ -318,15 +328,19 @@ class NetworkCosts:
             expr = self._expressions[key] = build(devices)
         return expr
 
-    def _phase(self, flows: tuple[tuple[str, str, float], ...]) -> tuple[float, float, dict]:
+    def _phase(self, flows: tuple[tuple[str, str, float], ...],
+               collective: bool = False) -> tuple[float, float, dict]:
         """``(latency_ms, ms_per_byte, load)`` of concurrent flows ``(src, dst, weight)``.
 
         Flow ``i`` carries ``weight_i x S`` bytes; the phase takes the largest
         route latency plus, over every directed link, the bytes all flows put on
         it over its bandwidth: ``latency + S x max_link(sum weights / bandwidth)``.
-        ``load`` maps each directed link to its bytes per byte of ``S``.
+        ``load`` maps each directed link to its bytes per byte of ``S``. A phase of
+        an AllReduce (``collective``) takes the links' collective figures
+        (``link_figures``); the routes stay those of point-to-point transfers.
         """
-        cached = self._phases.get(flows)
+        key = (flows, collective)
+        cached = self._phases.get(key)
         if cached is not None:
             return cached
         load: dict[tuple[str, str], float] = defaultdict(float)
@@ -335,25 +349,29 @@ class NetworkCosts:
             if src == dst or weight <= 0:
                 continue
             route = self.cluster.route(src, dst)
-            latency_us = max(latency_us, route.latency_us)
+            latency_us = max(latency_us, route.latency_us if not collective else
+                             sum(self.link_figures(hop, True)[0] for hop in route.hops))
             for hop in route.hops:
                 load[hop] += weight
-        per_byte_us = max((w * 8 / (bw * 1e3) for w, bw in self._capacity_load(load)),
+        per_byte_us = max((w * 8 / (bw * 1e3) for w, bw in self._capacity_load(load, collective)),
                           default=0.0)
-        result = self._phases[flows] = (latency_us / 1e3, per_byte_us / 1e3, dict(load))
+        result = self._phases[key] = (latency_us / 1e3, per_byte_us / 1e3, dict(load))
         return result
 
-    def _busiest(self, links: dict) -> float:
+    def _busiest(self, links: dict, collective: bool = False) -> float:
         """ms per byte of ``S`` on the busiest capacity, given bytes per byte of ``S`` per link."""
-        return max((w * 8 / (bw * 1e3) for w, bw in self._capacity_load(links)), default=0.0) / 1e3
+        return max((w * 8 / (bw * 1e3) for w, bw in self._capacity_load(links, collective)),
+                   default=0.0) / 1e3
 
-    def _ring_phase(self, ring: Sequence[str], weight: float) -> tuple[float, float, dict]:
-        return self._phase(tuple((a, b, weight) for a, b in zip(ring, [*ring[1:], ring[0]])))
+    def _ring_phase(self, ring: Sequence[str], weight: float,
+                    collective: bool = False) -> tuple[float, float, dict]:
+        return self._phase(tuple((a, b, weight) for a, b in zip(ring, [*ring[1:], ring[0]])),
+                           collective)
 
     def _ring_expr(self, devices: tuple[str, ...]) -> _Expression:
         ring = self.ring_order(devices)
         n = len(ring)
-        lat, per_byte, load = self._ring_phase(ring, 1.0 / n)
+        lat, per_byte, load = self._ring_phase(ring, 1.0 / n, collective=True)
         # reduce-scatter: each device sums (n-1)/n of the data
         reduce = (n - 1) / n * self.reduce_ms_per_byte(ring)
         return _Expression([[(2 * (n - 1) * lat, 2 * (n - 1) * per_byte + reduce)]],
@@ -371,15 +389,15 @@ class NetworkCosts:
         for level in range(math.ceil(math.log2(n))):
             stride = 2 ** level
             up = tuple((order[i + stride], order[i], 1.0) for i in range(0, n - stride, 2 * stride))
-            lat, per_byte, load = self._phase(up)
+            lat, per_byte, load = self._phase(up, collective=True)
             latency += lat
             worst = max(worst, per_byte)
             _add(links, load)
-            _add(links, self._phase(tuple((b, a, w) for a, b, w in up))[2])
+            _add(links, self._phase(tuple((b, a, w) for a, b, w in up), collective=True)[2])
         # each level's receivers sum the whole payload; no link carries its bytes faster
         # than its bandwidth (a NIC that several levels cross carries them all)
         reduce = math.ceil(math.log2(n)) * self.reduce_ms_per_byte(order)
-        return _Expression([[(2 * latency, max(2 * worst, self._busiest(links)) + reduce)]],
+        return _Expression([[(2 * latency, max(2 * worst, self._busiest(links, True)) + reduce)]],
                            dict(links))
 
     def _hierarchical_expr(self, devices: tuple[str, ...]) -> _Expression:
@@ -403,7 +421,8 @@ class NetworkCosts:
             rings = [[h[i % len(h)] for h in hosts] for i in range(local)]
             m = len(hosts)
             lat, per_byte, load = self._phase(tuple((a, b, 1.0 / local / m) for ring in rings
-                                                    for a, b in zip(ring, [*ring[1:], ring[0]])))
+                                                    for a, b in zip(ring, [*ring[1:], ring[0]])),
+                                              collective=True)
             reduce = (m - 1) / m / local * self.reduce_ms_per_byte([d for h in hosts for d in h])
             terms.append([(2 * (m - 1) * lat, 2 * (m - 1) * per_byte + reduce)])
             _add(links, _scaled(load, 2 * (m - 1)))
