@@ -7,7 +7,7 @@ Method
     sends a message of each size (1 KiB to 64 MiB by default, x4 steps) and the
     higher rank sends it back; the one-way time is half the median round trip.
     A fit of ``t(s) = latency + s / bandwidth`` per pair (the slope over the
-    larger half of the sizes, the latency from the smallest) gives
+    larger half of the sizes, the latency the median left over the smaller half) gives
     ``latency_us`` and ``bandwidth_gbps``.
     Then every rank runs AllReduce over the same sizes (the time of one is the
     slowest rank's), reported with its bus bandwidth ``2(N-1)/N * S / t``. On
@@ -27,8 +27,8 @@ Topology written
     link gets the same figures, so routes take the measured path. Hosts
     connect through NICs to one switch; a NIC gets the measured cross-host
     bandwidth and half of the latency that the host links do not account for.
-    On one host the interconnect also gets the figures a collective sees
-    (``collective_latency_us``, ``collective_bandwidth_gbps``): the measured
+    On one host without per-pair links the interconnect also gets the figures
+    a collective sees (``collective_latency_us``, ``collective_bandwidth_gbps``): the measured
     AllReduce is fitted like a pair (``fit_link``), and the cost model's AllReduce
     over every probed device, affine in size, is scaled to that line, its latency
     by the ratio of the two latencies and its link term (what is left after the
@@ -85,7 +85,8 @@ def message_sizes(min_bytes: int, max_bytes: int, factor: int = 4) -> list[int]:
 
 def fit_link(sizes: Sequence[int], seconds: Sequence[float]) -> LinkFit:
     """Fit ``t = a + s * b``: ``b`` by least squares over the larger half of the sizes, then
-    ``a`` (>= 0) from the smallest message.
+    ``a`` (>= 0) as the median of ``t - s * b`` over the smaller half (one slow small
+    message, as a shared machine gives now and then, does not set the latency).
 
     Large messages (gradients, activations) are where a link's time goes, so they fix
     the bandwidth; the smallest fixes the latency. (A fit of relative error over all
@@ -102,7 +103,8 @@ def fit_link(sizes: Sequence[int], seconds: Sequence[float]) -> LinkFit:
     sb, tb = s[big], t[big]
     b = float(np.sum((sb - sb.mean()) * (tb - tb.mean())) / np.sum((sb - sb.mean()) ** 2))
     b = max(b, 1e-15)
-    a = max(0.0, float(t[0] - s[0] * b))
+    small = slice(None, max(1, (len(s) + 1) // 2))
+    a = max(0.0, float(np.median(t[small] - s[small] * b)))
     return LinkFit(latency_us=a * 1e6, bandwidth_gbps=float(8.0 / (b * 1e9)))
 
 
@@ -532,8 +534,10 @@ def collective_figures(topology: Topology, report: NetworkReport) -> tuple[float
     latency, ``B`` with their time per byte, ``R`` (the CPU's sums) with neither.
     Each part is read off the model (the slope over the two largest sizes; ``R`` with
     links of unbounded bandwidth) and scaled to the measured fit ``a + S x b``.
-    None without an interconnect or AllReduce times, or when the measured time per
-    byte is not above the sums' (nothing left for the links). O(sizes).
+    None without an interconnect or AllReduce times, with explicit per-pair links (three
+    or more processes: they replace the interconnect's links, and with them its
+    figures), or when the measured time per byte is not above the sums' (nothing left
+    for the links). O(sizes).
     """
     from dataclasses import replace
 
@@ -541,7 +545,7 @@ def collective_figures(topology: Topology, report: NetworkReport) -> tuple[float
 
     host = topology.hosts[0]
     ic = host.interconnect
-    if ic is None or report.world_size < 2 or len(report.allreduce_s) < 2:
+    if ic is None or topology.links or report.world_size < 2 or len(report.allreduce_s) < 2:
         return None
     measured = fit_link(report.sizes, report.allreduce_s)
     a = measured.latency_us / 1e3

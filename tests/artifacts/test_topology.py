@@ -115,3 +115,33 @@ def test_loopback_processes_talk_over_the_measured_path():
     route = cluster.route("local/cpu0", "local/cpu1")
     assert route.hops == (("local/cpu0", "local/cpu1"),)
     assert route.bandwidth_gbps == 8 and route.latency_us == 40
+
+
+def test_collective_figures_ride_on_the_links_inside_the_host():
+    ic = {"kind": "loopback", "bandwidth_gbps": 8, "latency_us": 40,
+          "collective_latency_us": 100, "collective_bandwidth_gbps": 6}
+    cluster = cluster_of(_topo(hosts=[{"name": "h", "devices": [{"type": "cpu", "count": 3}],
+                                       "interconnect": ic}]))
+    link = cluster.link("h/cpu0", "h/cpu1")
+    assert (link["latency_us"], link["bandwidth_gbps"]) == (40, 8)
+    assert (link["collective_latency_us"], link["collective_bandwidth_gbps"]) == (100, 6)
+    # routes stay those of transfers
+    assert cluster.route("h/cpu0", "h/cpu2").latency_us == 40
+    # an explicit link replaces the interconnect's, its figures and all
+    cluster = cluster_of(_topo(
+        hosts=[{"name": "h", "devices": [{"type": "cpu", "count": 2}], "interconnect": ic}],
+        links=[{"endpoints": ["h/cpu0", "h/cpu1"], "bandwidth_gbps": 5, "latency_us": 10}]))
+    assert "collective_latency_us" not in cluster.link("h/cpu0", "h/cpu1")
+    # pcie: device-device traffic crosses the host links, which carry them
+    pcie = {**ic, "kind": "pcie"}
+    cluster = cluster_of(_topo(hosts=[{"name": "h", "devices": [{"type": "V100-16GB", "count": 2}],
+                                       "interconnect": pcie}]))
+    assert cluster.link("h/gpu0", "h")["collective_bandwidth_gbps"] == 6
+
+
+def test_collective_figures_default_to_the_links_own():
+    from dl_nfv.artifacts.topology import Interconnect, InterconnectKind
+
+    ic = Interconnect(kind=InterconnectKind.NVLINK, bandwidth_gbps=300.0, latency_us=2.0,
+                      collective_bandwidth_gbps=200.0)
+    assert ic.collective_figures == (2.0, 200.0)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from dl_nfv.artifacts import cluster_of
 from dl_nfv.profilers.network import DEFAULT_SIZES, NetworkReport, fit_link, topology_from_report
+from dl_nfv.simulator.costs import NetworkCosts
 
 
 def _line(latency_us: float, gbps: float, sizes=DEFAULT_SIZES) -> list[float]:
@@ -85,3 +86,51 @@ def test_two_hosts_are_joined_through_a_switch_with_the_measured_cross_host_figu
     assert route.bandwidth_gbps == 5.0
     assert route.latency_us == pytest.approx(50.0)
     assert cluster.route("a/cpu0", "a/cpu1").bandwidth_gbps == 20.0
+
+
+def test_fit_takes_the_latency_from_the_small_messages_not_the_smallest_alone():
+    times = _line(80.0, 25.0)
+    times[0] += 1.5e-3  # one slow 1 KiB median, as a busy machine gives now and then
+    fit = fit_link(DEFAULT_SIZES, times)
+    assert fit.latency_us == pytest.approx(80.0, rel=1e-6)
+    assert fit.bandwidth_gbps == pytest.approx(25.0, rel=1e-6)
+
+
+MEMORY_GB_S = 10.0  # the median of _report's processes' memory bandwidth
+
+
+def _loopback_allreduce(latency_us: float, gbps: float) -> list[float]:
+    """A 2-process ring AllReduce over loopback by the cost model's closed form: two phases,
+    each S/2 both ways over the shared link, and the sum of S/2 on each CPU (3 passes)."""
+    return [2 * (latency_us * 1e-6 + s * 8 / (gbps * 1e9)) + 0.5 * s * 3 / (MEMORY_GB_S * 1e9)
+            for s in DEFAULT_SIZES]
+
+
+def test_collective_figures_are_those_that_reproduce_the_measured_allreduce():
+    report = _report(["box", "box"], {"0-1": (30.0, 80.0)})
+    report.allreduce_s = _loopback_allreduce(230.0, 24.0)
+    topo = topology_from_report(report)
+    ic = topo.hosts[0].interconnect
+    assert ic.bandwidth_gbps == 30.0 and ic.latency_us == 80.0  # transfers keep the pair's
+    assert ic.collective_latency_us == pytest.approx(230.0, rel=1e-3)
+    assert ic.collective_bandwidth_gbps == pytest.approx(24.0, rel=1e-3)
+    costs = NetworkCosts(topo)
+    names = costs.cluster.device_names
+    for size, seconds in zip(DEFAULT_SIZES, report.allreduce_s):
+        assert costs.allreduce_ms(names, size) == pytest.approx(seconds * 1e3, rel=1e-3)
+    assert costs.transfer_ms(*names, 2**20) == pytest.approx(0.08 + 2**20 * 8 / 30e6)
+    assert "fitted to the measured AllReduce" in topo.description
+
+
+def test_no_collective_figures_when_the_allreduce_leaves_nothing_for_the_links():
+    # the constant 1 ms of _report: no time per byte above the CPU's sums
+    topo = topology_from_report(_report(["box", "box"], {"0-1": (30.0, 80.0)}))
+    ic = topo.hosts[0].interconnect
+    assert ic.collective_latency_us is None and ic.collective_bandwidth_gbps is None
+
+
+def test_no_collective_figures_beside_per_pair_links():
+    fits = {"0-1": (10.0, 30.0), "0-2": (5.0, 60.0), "1-2": (8.0, 35.0)}
+    report = _report(["h"] * 3, fits)
+    report.allreduce_s = _loopback_allreduce(230.0, 24.0)
+    assert topology_from_report(report).hosts[0].interconnect.collective_latency_us is None

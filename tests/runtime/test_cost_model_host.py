@@ -19,12 +19,13 @@ GBPS = 8.0
 LAT_US = 40.0
 
 
-def _model(kind: str, device_type: str, n: int = 2, latency_us: float = LAT_US) -> CostModel:
+def _model(kind: str, device_type: str, n: int = 2, latency_us: float = LAT_US,
+           **collective) -> CostModel:
     topo = from_data(Topology, {
         "kind": "topology", "schema_version": 1, "name": "t",
         "hosts": [{"name": "h", "devices": [{"type": device_type, "count": n}],
                    "interconnect": {"kind": kind, "bandwidth_gbps": GBPS,
-                                    "latency_us": latency_us}}]})
+                                    "latency_us": latency_us, **collective}}]})
     graph = from_data(OpGraph, {"kind": "op-graph", "schema_version": 1,
                                 "model": {"name": "m", "batch_size": 1},
                                 "ops": [{"id": "a", "name": "a"}]})
@@ -73,3 +74,27 @@ def test_cpu_parameter_server_push_pays_the_servers_sum():
     # two workers push S to the server over its links; the server sums both
     assert push == pytest.approx(LAT_US / 1e3 + _ms(s) + 2 * s * REDUCE_PASSES / (bw * 1e6))
     assert pull == pytest.approx(LAT_US / 1e3 + _ms(s))
+
+
+def test_allreduce_takes_the_collective_figures_and_nothing_else_does():
+    col_lat, col_gbps = 3 * LAT_US, GBPS / 2
+    cm = _model("loopback", "cpu", n=3, collective_latency_us=col_lat,
+                collective_bandwidth_gbps=col_gbps)
+    plain = _model("loopback", "cpu", n=3)
+    names = [d.name for d in cm.cluster.devices]
+    s = 64 * MIB
+    bw = cm.cluster.devices[0].type.memory_bandwidth_gb_per_s
+    from dl_nfv.artifacts import Collective
+
+    # three devices: each ring step sends S/3 over its own pair link, 2(n-1) = 4 steps
+    want = 4 * (col_lat / 1e3 + s / 3 * 8 / (col_gbps * 1e6)) + 2 / 3 * s * REDUCE_PASSES / (bw * 1e6)
+    assert cm.allreduce_ms(names, s, Collective.RING) == pytest.approx(want)
+    assert cm.allreduce_ms(names, s, Collective.TREE) > plain.allreduce_ms(names, s, Collective.TREE)
+    # transfers, parameter servers, all-gathers and broadcasts keep the links' own figures
+    assert cm.transfer_ms(names[0], names[1], s) == plain.transfer_ms(names[0], names[1], s)
+    assert cm.ps_phases_ms(names, names[:1], s) == plain.ps_phases_ms(names, names[:1], s)
+    assert cm.allgather_ms(names, s) == plain.allgather_ms(names, s)
+    assert cm.broadcast_ms(names[0], names, s) == plain.broadcast_ms(names[0], names, s)
+    # the same link bytes either way
+    assert (cm.collective_link_bytes("allreduce", names, s, algorithm=Collective.RING)
+            == plain.collective_link_bytes("allreduce", names, s, algorithm=Collective.RING))
