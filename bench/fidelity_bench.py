@@ -142,8 +142,8 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
         topology = work / f"{model}-network.yaml"
         if not topology.exists():
             others = quietly(["profile", "network", "--nprocs", "2", "--threads", "1", "-o",
-                              str(topology)], max_others=max_others, tries=tries,
-                             max_load=max_load)
+                              str(topology), "--report", str(work / f"{model}-network.json")],
+                             max_others=max_others, tries=tries, max_load=max_load)
             print(f"  measured the links of 2 workers (other jobs: {others:.2f} cores)",
                   flush=True)
     rows: dict[str, dict] = {}

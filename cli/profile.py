@@ -211,7 +211,7 @@ def model(model: str, output: Path | None, as_json: bool, batch_size, seq_len, g
 @click.option("--max-bytes", type=int, default=64 * 2**20, show_default=True,
               help="Largest message size (sizes grow 4x from --min-bytes).")
 @click.option("--repeats", type=int, default=5, show_default=True,
-              help="Timed messages per size (the median is kept).")
+              help="Timed messages per size (the median is kept; 5x as many up to 1 MiB).")
 @click.option("--warmup", type=int, default=2, show_default=True, help="Untimed messages per size.")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
               show_default=True, help="auto: NCCL when every process gets a GPU, else gloo.")
@@ -225,9 +225,10 @@ def network(nprocs, output, as_json, report_path, min_bytes, max_bytes, repeats,
     Starts --nprocs processes with torch.distributed (gloo on CPU, NCCL on
     CUDA), times point-to-point messages for every pair and AllReduce over
     sizes from --min-bytes to --max-bytes, fits latency + size/bandwidth per
-    pair, and writes a topology the planners and simulator read. Under
-    torchrun (across hosts) each rank runs the probe and rank 0 writes the
-    file. Without -o the topology is printed as YAML.
+    pair (and, on one host, the figures with which the AllReduce it timed
+    crosses the links), and writes a topology the planners and simulator
+    read. Under torchrun (across hosts) each rank runs the probe and rank 0
+    writes the file. Without -o the topology is printed as YAML.
 
     \b
     Example:

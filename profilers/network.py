@@ -5,7 +5,8 @@ Method
     CUDA; started here with ``spawn``, or by ``torchrun`` on many hosts). For
     every pair of ranks in turn (the others wait at a barrier) the lower rank
     sends a message of each size (1 KiB to 64 MiB by default, x4 steps) and the
-    higher rank sends it back; the one-way time is half the median round trip.
+    higher rank sends it back; the one-way time is half the median round trip
+    (over 5x as many messages up to 1 MiB, which cost next to nothing).
     A fit of ``t(s) = latency + s / bandwidth`` per pair (the slope over the
     larger half of the sizes, the latency the median left over the smaller half) gives
     ``latency_us`` and ``bandwidth_gbps``.
@@ -58,6 +59,11 @@ import numpy as np
 from dl_nfv.artifacts import BadInput, RuntimeFailure, Topology, from_data
 
 DEFAULT_SIZES = tuple(1024 * 4**i for i in range(9))  # 1 KiB .. 64 MiB
+# Messages up to SMALL_BYTES are timed SMALL_FACTOR times as often: they cost next to
+# nothing, and on a shared machine a few-ms stall now and then (the scheduler, gloo's
+# wake-ups) took the median of 5 small messages from 0.1 ms to 2 ms in one probe.
+SMALL_BYTES = 2**20
+SMALL_FACTOR = 5
 GIB = 2**30
 
 
@@ -147,6 +153,10 @@ class ProbeConfig:
     threads: int = 1
     timeout_s: float = 300.0
 
+    def timed(self, size: int) -> int:
+        """How many messages of ``size`` are timed (the median is kept)."""
+        return self.repeats * (SMALL_FACTOR if size <= SMALL_BYTES else 1)
+
 
 def _sync(device) -> None:
     import torch
@@ -188,7 +198,7 @@ def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | N
             for size in config.sizes:
                 buf = buffers[size]
                 samples = []
-                for k in range(config.warmup + config.repeats):
+                for k in range(config.warmup + config.timed(size)):
                     _sync(device)
                     t0 = time.perf_counter()
                     if rank == i:
@@ -210,7 +220,7 @@ def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | N
     for size in config.sizes:
         buf = buffers[size]
         samples = []
-        for k in range(config.warmup + config.repeats):
+        for k in range(config.warmup + config.timed(size)):
             dist.barrier()
             _sync(device)
             t0 = time.perf_counter()
@@ -349,7 +359,8 @@ def probe_network(nprocs: int = 2, *, sizes: Sequence[int] = DEFAULT_SIZES, repe
 
     Raises ``BadInput`` for impossible settings and ``RuntimeFailure`` when a
     worker fails (its error is in the message). Cost: ``(pairs + 1) x sizes x
-    (warmup + repeats)`` messages, where pairs = N(N-1)/2.
+    (warmup + repeats)`` messages, where pairs = N(N-1)/2 (``SMALL_FACTOR`` times the
+    repeats for messages up to ``SMALL_BYTES``).
     """
     if repeats < 1 or warmup < 0:
         raise BadInput(f"--repeats must be >= 1 and --warmup >= 0, got {repeats} and {warmup}")
