@@ -46,6 +46,12 @@ Communication
     write one), in sequence with the transfers. On GPUs the reduction runs in
     the transfer kernels and is not charged.
 
+    A collective library gets less from a link than one transfer does (its
+    own synchronisation per step, chunking): where the topology gives an
+    interconnect ``collective_latency_us`` / ``collective_bandwidth_gbps``
+    (``profile network`` fits them to the AllReduce it times), AllReduce
+    phases cross its links with those figures (``link_figures``).
+
 Memory
     Parameters, gradients (same size) and optimizer state (``state_factor``
     times the parameters) stay resident; activations (op outputs) of every
