@@ -245,14 +245,17 @@ def _build_graph(topology: Topology) -> nx.Graph:
         # the links device-device traffic inside the host crosses carry the collective figures
         mesh = ic is not None and ic.kind in (InterconnectKind.NVLINK, InterconnectKind.LOOPBACK)
         bridged = ic is not None and ic.kind is InterconnectKind.PCIE
+        collective = (ic.collective_figures if ic is not None and (
+            ic.collective_latency_us is not None or ic.collective_bandwidth_gbps is not None)
+            else None)
         for d in devices:
             _add_link(graph, d, host.name, host_bw, host_lat, "host-link",
-                      ic.collective_figures if bridged else None)
+                      collective if bridged else None)
         if mesh:
             for i, a in enumerate(devices):
                 for b in devices[i + 1:]:
                     _add_link(graph, a, b, ic.bandwidth_gbps, ic.latency_us, ic.kind.value,
-                              ic.collective_figures)
+                              collective)
         for nic in host.nics:
             _add_link(graph, host.name, nic.switch, nic.bandwidth_gbps, nic.latency_us, "nic")
     for link in topology.links:

@@ -49,11 +49,18 @@ def render(topology: Topology) -> Group:
     parts.append(devices)
 
     links = Table(title=f"links ({cluster.graph.number_of_edges()})", title_justify="left")
-    for col in ("a", "b", "medium", "Gbps", "latency us"):
+    # the figures an AllReduce crosses a link with, where the topology gives them
+    collective = any("collective_bandwidth_gbps" in attrs for *_, attrs in cluster.graph.edges(data=True))
+    for col in ("a", "b", "medium", "Gbps", "latency us",
+                *(("AllReduce Gbps", "AllReduce latency us") if collective else ())):
         links.add_column(col)
     for a, b, attrs in cluster.graph.edges(data=True):
+        extra = ()
+        if collective:
+            extra = ((_fmt_bw(attrs["collective_bandwidth_gbps"]), f"{attrs['collective_latency_us']:g}")
+                     if "collective_bandwidth_gbps" in attrs else ("-", "-"))
         links.add_row(a, b, attrs["medium"], _fmt_bw(attrs["bandwidth_gbps"]),
-                      f"{attrs['latency_us']:g}")
+                      f"{attrs['latency_us']:g}", *extra)
     parts.append(links)
 
     names = cluster.device_names

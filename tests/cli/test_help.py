@@ -83,6 +83,21 @@ def test_show_renders_the_bandwidth_matrix():
     assert "95.2" in result.output
 
 
+def test_show_topology_gives_the_allreduce_figures_of_a_measured_link():
+    from tests.conftest import EXAMPLES
+
+    result = CliRunner().invoke(cli, ["show", str(EXAMPLES / "topologies" / "local-cpu.yaml"),
+                                      "--width", "200"])
+    assert result.exit_code == 0
+    row = next(line for line in result.output.splitlines() if "loopback" in line and "cpu1" in line)
+    # the loopback link's own figures, then the ones an AllReduce crosses it with
+    assert row.split("│")[4:8] == [" 29.7581 ", " 130.095    ", " 26.3632        ",
+                                   " 237.362              "]
+    plain = CliRunner().invoke(cli, ["show", str(EXAMPLES / "topologies" / "heterog-testbed8.yaml"),
+                                     "--width", "200"])
+    assert "AllReduce" not in plain.output
+
+
 def test_show_plan_lists_the_planner_notes_and_group_notes(tmp_path):
     from dl_nfv.artifacts import Group, save
     from tests.simulator.helpers import chain, mesh, plan
