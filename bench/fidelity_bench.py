@@ -227,14 +227,35 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
 def separable_pairs(pred: list[float], meas: list[float], apart: float = SEPARABLE) -> tuple[int, int]:
     """(pairs ordered as measured, pairs) among plans whose measured times differ by more
     than ``apart`` (relative to the faster): the pairs a ranking must get right, given how
-    much a plan's measured time moves from run to run on this machine."""
+    much a plan's measured time moves from run to run on this machine. Pairs predicted
+    equal count as right, as in ``discordant_pairs``."""
     right = total = 0
     for i in range(len(meas)):
         for j in range(i + 1, len(meas)):
             if abs(meas[i] - meas[j]) <= apart * min(meas[i], meas[j]):
                 continue
             total += 1
-            right += (pred[i] - pred[j]) * (meas[i] - meas[j]) > 0
+            right += _same(pred[i], pred[j]) or (pred[i] - pred[j]) * (meas[i] - meas[j]) > 0
+    return right, total
+
+
+def run_separated_pairs(pred: list[float], runs: list[list[float]]) -> tuple[int, int]:
+    """(pairs ordered as measured, pairs) among plans that every run orders the same way:
+    each run of one plan was faster than each run of the other (their min-max ranges do
+    not overlap). Pairs predicted equal count as right (a tie agrees with any order)."""
+    right = total = 0
+    for i in range(len(runs)):
+        for j in range(i + 1, len(runs)):
+            if not runs[i] or not runs[j]:
+                continue
+            if max(runs[i]) < min(runs[j]):
+                faster = -1.0
+            elif max(runs[j]) < min(runs[i]):
+                faster = 1.0
+            else:
+                continue
+            total += 1
+            right += _same(pred[i], pred[j]) or (pred[i] - pred[j]) * faster > 0
     return right, total
 
 
@@ -297,6 +318,8 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
         tau = kendall_tau(pred, meas)
         taus[model] = tau
         right, total = separable_pairs(pred, meas)
+        run_right, run_total = run_separated_pairs(
+            pred, [r.get("measured_runs", [r["measured_ms"]]) for r in mine])
         order_p = _order(mine, "predicted_ms")
         order_m = _order(mine, "measured_ms")
         swapped = discordant_pairs(pred, meas)
@@ -304,7 +327,8 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
         best_same = any(m == fastest for p, m in zip(pred, meas) if _same(p, best_predicted))
         ranking.append([model, f"{tau:+.2f}", _between_rounds(mine),
                         "yes" if not swapped else f"no ({len(swapped)} pair(s) swapped)",
-                        "yes" if best_same else "no", f"{right} / {total}", order_m, order_p])
+                        "yes" if best_same else "no", f"{right} / {total}",
+                        f"{run_right} / {run_total}", order_m, order_p])
     cpu_rows = []
     for r in ok:
         busy = r.get("busy_ms", [])
@@ -328,6 +352,7 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
                         "Kendall tau between runs (measured vs measured)", "same order",
                         "same best plan",
                         f"pairs > {SEPARABLE:.0%} apart ordered right",
+                        "pairs every run orders, ordered right",
                         "measured order (fastest first)", "predicted order"], ranking),
         "",
         "Same order: no pair of plans that the simulator predicts strictly one way was "
@@ -338,7 +363,8 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
         "run to run on this shared machine (see each plan's runs, min-max, and the Kendall tau "
         "of one round's measured order against another's: the measurements rank the plans no "
         "more consistently than that among themselves), so the pairs further apart are the "
-        "ones a ranking must get right.",
+        "ones a ranking must get right. Stricter still, a pair every run orders (each run of "
+        "one plan faster than each run of the other) is one the measurements rank beyond doubt.",
         "",
         "Per rank, the time the simulator has the device's core occupied (the compute it "
         "schedules there, and the transfers and collectives it holds the core for: gloo copies "
