@@ -164,6 +164,9 @@ class NetworkCosts:
         # collective cost expressions per (algorithm, device tuple): see _Expression
         self._expressions: dict[tuple, _Expression] = {}
         self._phases: dict[tuple, tuple[float, float, dict]] = {}
+        # directed hop -> (capacity key, latency, bandwidth, collective latency, collective bandwidth)
+        self._hops: dict[tuple[str, str], tuple] = {}
+        self._route_latency: dict[tuple[str, str], float] = {}  # collective latency per route
 
     def transfer_ms(self, src: str, dst: str, nbytes: float) -> float:
         """Point-to-point transfer of ``nbytes`` from ``src`` to ``dst`` (0 when equal)."""
@@ -196,25 +199,33 @@ class NetworkCosts:
         bandwidth a collective sees on the link (``link_figures``)."""
         merged: dict = defaultdict(float)
         bandwidth: dict = {}
+        column = 4 if collective else 2
         for hop, nbytes in load.items():
-            key = self.capacity_key(hop)
-            merged[key] += nbytes
-            bandwidth[key] = self.link_figures(hop, collective)[1]
+            info = self._hops.get(hop) or self._hop(hop)
+            merged[info[0]] += nbytes
+            bandwidth[info[0]] = info[column]
         return [(nbytes, bandwidth[key]) for key, nbytes in merged.items()]
+
+    def _hop(self, hop: tuple[str, str]) -> tuple:
+        """What the cost model reads of a directed hop, looked up once: its capacity key,
+        latency and bandwidth, and the latency and bandwidth a collective sees on it."""
+        link = self.cluster.link(*hop)
+        key = frozenset(hop) if link.get("medium") in SHARED_MEDIA else hop
+        info = self._hops[hop] = (key, link["latency_us"], link["bandwidth_gbps"],
+                                  link.get("collective_latency_us", link["latency_us"]),
+                                  link.get("collective_bandwidth_gbps", link["bandwidth_gbps"]))
+        return info
 
     def link_figures(self, hop: tuple[str, str], collective: bool = False) -> tuple[float, float]:
         """``(latency_us, bandwidth_gbps)`` of a hop: for a collective's phase, the figures
         the topology gives collectives there (``collective_*``), else the link's own."""
-        link = self.cluster.link(*hop)
-        if collective:
-            return (link.get("collective_latency_us", link["latency_us"]),
-                    link.get("collective_bandwidth_gbps", link["bandwidth_gbps"]))
-        return link["latency_us"], link["bandwidth_gbps"]
+        info = self._hops.get(hop) or self._hop(hop)
+        return (info[3], info[4]) if collective else (info[1], info[2])
 
     def capacity_key(self, hop: tuple[str, str]) -> Hashable:
         """What a directed hop's bandwidth is shared with: the hop itself, or both
         directions of a shared-medium link together."""
-        return frozenset(hop) if self.cluster.link(*hop).get("medium") in SHARED_MEDIA else hop
+        return (self._hops.get(hop) or self._hop(hop))[0]
 
     def flow_links(self, flows: Iterable[Flow]) -> frozenset:
         """The link capacities (``capacity_key``) a set of flows occupies."""
@@ -244,8 +255,11 @@ class NetworkCosts:
 
     def ring_order(self, devices: Sequence[str]) -> list[str]:
         """Devices ordered host by host, so a ring crosses each host boundary once."""
-        index = {d.name: (d.host, d.index) for d in self.cluster.devices}
-        return sorted(devices, key=lambda name: index[name])
+        return sorted(devices, key=self._ring_index.__getitem__)
+
+    @cached_property
+    def _ring_index(self) -> dict[str, tuple[str, int]]:
+        return {d.name: (d.host, d.index) for d in self.cluster.devices}
 
     def allreduce_ms(self, devices: Sequence[str], nbytes: float,
                      algorithm: Collective = Collective.AUTO) -> float:
@@ -355,14 +369,24 @@ class NetworkCosts:
             if src == dst or weight <= 0:
                 continue
             route = self.cluster.route(src, dst)
-            latency_us = max(latency_us, route.latency_us if not collective else
-                             sum(self.link_figures(hop, True)[0] for hop in route.hops))
+            latency_us = max(latency_us, self._collective_latency_us(route) if collective
+                             else route.latency_us)
             for hop in route.hops:
                 load[hop] += weight
         per_byte_us = max((w * 8 / (bw * 1e3) for w, bw in self._capacity_load(load, collective)),
                           default=0.0)
         result = self._phases[key] = (latency_us / 1e3, per_byte_us / 1e3, dict(load))
         return result
+
+    def _collective_latency_us(self, route) -> float:
+        """A route's latency for a collective's phase: the sum of its hops' collective
+        latencies, computed once per route."""
+        key = (route.src, route.dst)
+        latency = self._route_latency.get(key)
+        if latency is None:
+            latency = self._route_latency[key] = sum(self.link_figures(hop, True)[0]
+                                                     for hop in route.hops)
+        return latency
 
     def _busiest(self, links: dict, collective: bool = False) -> float:
         """ms per byte of ``S`` on the busiest capacity, given bytes per byte of ``S`` per link."""
