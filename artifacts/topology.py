@@ -91,13 +91,16 @@ class Interconnect:
 
     def __post_init__(self) -> None:
         _check_link_figures(self.bandwidth_gbps, self.latency_us)
-        if self.collective_bandwidth_gbps is not None or self.collective_latency_us is not None:
-            _check_link_figures(self.collective_figures[1], self.collective_figures[0],
-                                "collective_")
+        figures = self.collective_figures
+        if figures is not None:
+            _check_link_figures(figures[1], figures[0], "collective_")
 
     @property
-    def collective_figures(self) -> tuple[float, float]:
-        """``(latency_us, bandwidth_gbps)`` a collective sees on this interconnect's links."""
+    def collective_figures(self) -> tuple[float, float] | None:
+        """``(latency_us, bandwidth_gbps)`` a collective sees on this interconnect's links
+        (the link's own figure where only one is given); None where neither is given."""
+        if self.collective_latency_us is None and self.collective_bandwidth_gbps is None:
+            return None
         return (self.latency_us if self.collective_latency_us is None else self.collective_latency_us,
                 self.bandwidth_gbps if self.collective_bandwidth_gbps is None
                 else self.collective_bandwidth_gbps)
@@ -245,9 +248,7 @@ def _build_graph(topology: Topology) -> nx.Graph:
         # the links device-device traffic inside the host crosses carry the collective figures
         mesh = ic is not None and ic.kind in (InterconnectKind.NVLINK, InterconnectKind.LOOPBACK)
         bridged = ic is not None and ic.kind is InterconnectKind.PCIE
-        collective = (ic.collective_figures if ic is not None and (
-            ic.collective_latency_us is not None or ic.collective_bandwidth_gbps is not None)
-            else None)
+        collective = ic.collective_figures if ic is not None else None
         for d in devices:
             _add_link(graph, d, host.name, host_bw, host_lat, "host-link",
                       collective if bridged else None)

@@ -52,7 +52,7 @@ import socket
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -550,8 +550,6 @@ def collective_figures(topology: Topology, report: NetworkReport) -> tuple[float
     figures), or when the measured time per byte is not above the sums' (nothing left
     for the links). O(sizes).
     """
-    from dataclasses import replace
-
     from dl_nfv.simulator.costs import NetworkCosts
 
     host = topology.hosts[0]

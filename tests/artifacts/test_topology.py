@@ -145,3 +145,4 @@ def test_collective_figures_default_to_the_links_own():
     ic = Interconnect(kind=InterconnectKind.NVLINK, bandwidth_gbps=300.0, latency_us=2.0,
                       collective_bandwidth_gbps=200.0)
     assert ic.collective_figures == (2.0, 200.0)
+    assert Interconnect(kind=InterconnectKind.NVLINK, bandwidth_gbps=300.0).collective_figures is None
