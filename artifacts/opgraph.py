@@ -81,6 +81,8 @@ class ProfileInfo:
     op_sum_ms: float | None = None
     peak_memory_bytes: int | None = None
     scaling_batch_size: int | None = None  # the smaller batch the ops' fixed parts came from
+    # heap policy while timing (``dl_nfv.profilers.allocator``): kept, system; "" not recorded
+    allocator: str = ""
     note: str = ""
 
     def __post_init__(self) -> None:

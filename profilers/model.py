@@ -51,6 +51,7 @@ from dl_nfv.artifacts import (
 )
 
 from . import zoo
+from .allocator import keep_freed_memory
 from .capture import Capture, capture
 from .counting import CostCounter, MemoryLimitExceeded
 from .devices import catalog_name_of_cuda
@@ -148,6 +149,7 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
     dev = resolve_device(device)
     type_name = device_type or ("cpu" if dev.type == "cpu" else catalog_name_of_cuda(dev))
     leaves = tuple(leaf_modules)
+    allocator = keep_freed_memory()
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -155,13 +157,13 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(seed)
             return _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves,
-                            batch_scaling, progress)
+                            batch_scaling, progress, allocator)
     finally:
         torch.set_num_threads(previous_threads)
 
 
 def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, batch_scaling,
-             progress):
+             progress, allocator):
     small = max(1, model.batch_size // SCALING_DIVISOR) if batch_scaling and model.batch_size > 1 else 0
     total = 1 + warmup + 2 * repeats + (repeats if small else 0)
     done = 0
@@ -243,6 +245,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         device_type=type_name, threads=torch.get_num_threads(), torch_version=torch.__version__,
         repeats=repeats, warmup=warmup, step_ms=round(step_ms, 4), op_sum_ms=round(op_sum_ms, 4),
         peak_memory_bytes=int(peak_bytes), scaling_batch_size=small if fixed else None,
+        allocator=allocator,
         note=(f"op sum / step = {op_sum_ms / step_ms:.3f} (medians), "
               f"{min(round_sums) / min(steps):.3f} (fastest round of each); loss outside the "
               f"graph {loss_ms:.2f} ms; {scaling_note}seed {seed}; {_machine(dev)}"))

@@ -170,6 +170,9 @@ def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | N
     import torch
     import torch.distributed as dist
 
+    from .allocator import keep_freed_memory
+
+    keep_freed_memory()
     hostname = socket.gethostname()
     names: list = [None] * world
     dist.all_gather_object(names, hostname)

@@ -22,6 +22,8 @@ import torch.distributed as dist
 
 from dl_nfv.artifacts import BadInput, save
 from dl_nfv.artifacts.devices import DeviceKind
+from dl_nfv.profilers.allocator import ENV as ALLOCATOR_ENV
+from dl_nfv.profilers.allocator import keep_freed_memory
 
 from .comm import Comm
 from .executor import PlanExecutor, RankContext
@@ -56,6 +58,7 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def run_worker(options: WorkerOptions, *, rank: int, on_device: Callable[[str], None]) -> None:
+    keep_freed_memory()  # before anything is allocated, as the profiler does
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
@@ -160,6 +163,11 @@ def _run(options, plan, graph, topology, rank, world, me, threads, warmup, backe
             notes.append(f"the graph was profiled with {graph.profile.threads} thread(s) per "
                          f"process, the workers ran with {threads}: profile with --threads "
                          f"{threads} to compare with the simulator")
+        allocator = keep_freed_memory()  # the policy in force (applied once, at the start)
+        if graph.profile is not None and graph.profile.allocator not in ("", allocator):
+            notes.append(f"the graph was profiled with the {graph.profile.allocator!r} heap "
+                         f"policy, the workers ran with {allocator!r} ({ALLOCATOR_ENV}): "
+                         f"profile under the same policy to compare with the simulator")
         compressed = [g.id for g in plan.groups if g.compression.value != "none"]
         if compressed:
             notes.append(f"group(s) {', '.join(compressed)} plan gradient compression; the "

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from dl_nfv.artifacts import load
 from dl_nfv.cli.main import cli
+from dl_nfv.profilers.allocator import keep_freed_memory
 from tests.conftest import ROOT
 
 DATA = ROOT / "tests" / "data"
@@ -68,6 +69,7 @@ def test_profile_a_zoo_model_to_a_file(tmp_path):
     graph = load(out, expect="op-graph")
     assert graph.model.batch_size == 2 and graph.granularity.value == "layer"
     assert graph.profile.threads == 1 and graph.profile.repeats == 1
+    assert graph.profile.allocator == keep_freed_memory()  # the heap policy it timed under
     assert result.output == ""  # nothing on stdout when writing a file
 
 
