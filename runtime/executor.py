@@ -40,7 +40,7 @@ from .comm import Comm
 from .model import Workload, to_device
 from .partition import probe, split
 from .sync import GradientSync, TieExchange
-from .units import Placement, UnitRunner, accumulations
+from .units import Placement, UnitRunner, accumulations, span
 
 DEFAULT_LR = {Optimizer.SGD: 0.01, Optimizer.ADAM: 1e-3}
 SGD_MOMENTUM = 0.9
@@ -276,12 +276,14 @@ class PlanExecutor:
             else:
                 self.runner.backward(uid, mb)
         loss = self.runner.end_step()
-        for s in self.syncs:
-            s.reduce()
-        if self.optimizer is not None:
-            self.optimizer.step()
-        for s in self.syncs:
-            s.pull()
+        with span("reduce gradients"):
+            for s in self.syncs:
+                s.reduce()
+        with span("update"):
+            if self.optimizer is not None:
+                self.optimizer.step()
+            for s in self.syncs:
+                s.pull()
         return loss
 
     def held_parameters(self) -> dict[str, torch.Tensor]:

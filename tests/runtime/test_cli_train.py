@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from dl_nfv.artifacts import load, save
 from dl_nfv.cli.main import cli
 
-from .helpers import devices, dl_nfv, dp_plan, graph_of, topology, write
+from .helpers import devices, dl_nfv, dp_plan, graph_of, pipeline_plan, topology, write
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,30 @@ def test_train_writes_report_and_merged_trace(run_dir):
     assert not list(run_dir.glob("trace.rank*.json"))
     shown = CliRunner().invoke(cli, ["show", str(run_dir / "run.json"), "--width", "120"])
     assert shown.exit_code == 0 and "local/cpu1" in shown.output
+
+
+def test_trace_shows_the_plan_order_executed(tmp_path):
+    """The trace names each unit action as the simulator names its tasks, and each rank
+    ran its stage's microbatches in exactly the plan's (custom) order, every traced step."""
+    graph, topo = graph_of("mlp-tiny", batch_size=8), topology(2)
+    d = devices(2)
+    order = {d[0]: "0F0 0F1 0F2 0B1 0F3 0B0 0B3 0B2", d[1]: "1F0 1F1 1B1 1B0 1F2 1F3 1B3 1B2"}
+    plan = pipeline_plan(graph, topo, [[d[0]], [d[1]]], microbatches=4, kind="custom",
+                         schedule=order)
+    write(tmp_path, graph, topo, plan)
+    result = dl_nfv("train", str(tmp_path / "plan.json"), "--steps", "4", "--warmup", "1",
+                    "--trace", str(tmp_path / "trace.json"))
+    assert result.returncode == 0, result.stderr
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    for rank, device in enumerate(d):
+        spans = sorted((e for e in events if e.get("pid") == rank
+                        and e.get("cat") == "user_annotation"
+                        and e["name"].split(" ")[0] in ("forward", "backward", "update")),
+                       key=lambda e: e["ts"])
+        steps = " ".join(e["name"] for e in spans).split(" update")
+        expected = " ".join(f"{'forward' if a[1] == 'F' else 'backward'} stage{a[0]} mb{a[2]}"
+                            for a in order[device].split())
+        assert [s.strip() for s in steps if s.strip()] == [expected] * 3  # 3 traced steps
 
 
 def _invoke(*args):
