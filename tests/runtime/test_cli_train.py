@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import statistics
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
 
-from dl_nfv.artifacts import load, save
+from dl_nfv.artifacts import ProfileInfo, load, save
 from dl_nfv.cli.main import cli
 
 from .helpers import devices, dl_nfv, dp_plan, graph_of, pipeline_plan, topology, write
@@ -64,6 +66,19 @@ def test_trace_shows_the_plan_order_executed(tmp_path):
         expected = " ".join(f"{'forward' if a[1] == 'F' else 'backward'} stage{a[0]} mb{a[2]}"
                             for a in order[device].split())
         assert [s.strip() for s in steps if s.strip()] == [expected] * 3  # 3 traced steps
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallopt"), reason="no glibc mallopt")
+def test_report_notes_a_graph_profiled_under_another_heap_policy(tmp_path):
+    graph, topo = graph_of("mlp-tiny", batch_size=8), topology(2)
+    graph = replace(graph, profile=ProfileInfo(device_type="cpu", threads=1, allocator="system"))
+    write(tmp_path, graph, topo, dp_plan(graph, topo, devices(2)))
+    result = dl_nfv("train", str(tmp_path / "plan.json"), "--steps", "2", "--threads", "1",
+                    "-o", str(tmp_path / "run.json"))
+    assert result.returncode == 0, result.stderr
+    notes = load(tmp_path / "run.json", expect="run-report").notes
+    assert any("profiled with the 'system' heap policy, the workers ran with 'kept'" in n
+               for n in notes), notes
 
 
 def _invoke(*args):
