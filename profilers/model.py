@@ -15,10 +15,14 @@ Steps
        the step. An op that owns a tied weight also records the part of its
        backward that sums the weight's gradients from its uses (``tie_sum_ms``,
        the median of the same rounds; ``measure`` says how it is cut out).
-    5. With ``batch_scaling`` (the default) and a batch of at least 2,
-       ``repeats`` more instrumented steps at an eighth of the batch
-       (``b = max(1, B // SCALING_DIVISOR)``: the size of a microbatch or of a
-       small replica's share, where the affine model below matters most).
+    5. With ``batch_scaling`` (the default) and a batch of at least 2, each
+       round of step 4 is followed by one more instrumented step at an eighth of
+       the batch (``b = max(1, B // SCALING_DIVISOR)``: the size of a microbatch
+       or of a small replica's share, where the affine model below matters
+       most), so that both batches are timed in the same spell of a shared
+       machine: its small, memory-bound shapes are the ones whose speed moves
+       most from one minute to the next (GPT-2 small's 3072x768 backward at one
+       sample: 5.0-7.6 ms across profiles, at four samples within 10%).
        Each op's time is modelled as ``fixed + (t - fixed) x f`` at a fraction
        ``f`` of the batch (the cost model's scaling); the two medians give its
        batch-independent part ``fixed = (t_b - t f) / (1 - f)`` with
@@ -213,6 +217,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
             torch.cuda.reset_peak_memory_stats(dev)
         steps, round_sums, fwd_runs, bwd_runs = [], [], defaultdict(list), defaultdict(list)
         tie_runs = defaultdict(list)
+        smaller = _SmallBatchRounds(cap, workload, small, seed, dev) if small else None
         for _ in range(repeats):
             steps.append(plain_step())
             tick("timing the whole step")
@@ -222,15 +227,15 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
                          tie_runs)
             round_sums.append(sum(fwd_runs[o][-1] + bwd_runs[o][-1] for o in cap.op_ids))
             tick("timing every op")
+            if smaller is not None:  # right after the full batch's round, on the same machine state
+                smaller.run(clock, module)
+                tick(f"timing every op at batch {small}")
     module.zero_grad(set_to_none=True)
 
     fwd_ms = {k: statistics.median(v) * 1e3 for k, v in fwd_runs.items()}
     bwd_ms = {k: statistics.median(v) * 1e3 for k, v in bwd_runs.items()}
     tie_ms = {k: statistics.median(v) * 1e3 for k, v in tie_runs.items()}  # capped by build_ops
-    fixed, scaling_note = {}, ""
-    if small:
-        fixed, scaling_note = _fixed_parts(cap, workload, module, small, model.batch_size, seed,
-                                           dev, clock, repeats, fwd_ms, bwd_ms, tick)
+    fixed, scaling_note = smaller.fixed_parts(model.batch_size, fwd_ms, bwd_ms) if smaller else ({}, "")
     ops, edges = build_ops(cap, counter, recorder.value_meta, fwd_ms, bwd_ms, type_name,
                            model.batch_size, fixed, tie_ms)
     step_ms = statistics.median(steps) * 1e3
@@ -247,7 +252,8 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         peak_memory_bytes=int(peak_bytes), scaling_batch_size=small if fixed else None,
         allocator=allocator,
         note=(f"op sum / step = {op_sum_ms / step_ms:.3f} (medians), "
-              f"{min(round_sums) / min(steps):.3f} (fastest round of each); loss outside the "
+              f"{min(round_sums) / min(steps):.3f} (fastest round of each), op sum per round "
+              f"{min(round_sums) * 1e3:.1f}-{max(round_sums) * 1e3:.1f} ms; loss outside the "
               f"graph {loss_ms:.2f} ms; {scaling_note}seed {seed}; {_machine(dev)}"))
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges)
 
@@ -274,35 +280,50 @@ def fixed_part(t_ms: float, t_small_ms: float, fraction: float) -> float:
     return min(t_ms, max(0.0, (t_small_ms - t_ms * fraction) / (1 - fraction)))
 
 
-def _fixed_parts(cap, workload, module, small, batch_size, seed, dev, clock, repeats, fwd_ms, bwd_ms,
-                 tick) -> tuple[dict, str]:
-    """Per op, the (forward, backward) ms that do not shrink with the batch, from
-    ``repeats`` instrumented steps at batch ``small`` (module doc, step 5).
+class _SmallBatchRounds:
+    """Instrumented steps at batch ``small``, one after each full-batch round (module doc,
+    step 5), and the per-op parts that do not shrink with the batch that they give.
 
-    Returns ``({op: (fwd_fixed, bwd_fixed)}, note)``; a model that cannot run at
-    the smaller batch gets no fixed parts and a note saying why.
-    """
-    inputs, target = workload.make_batch(small, seed)
-    inputs = tuple(t.to(dev) for t in inputs)
-    target = None if target is None else target.to(dev)
-    fwd_runs, bwd_runs = defaultdict(list), defaultdict(list)
-    try:
-        for _ in range(repeats):
-            _timed_round(cap, clock, module, inputs, lambda output: workload.loss(output, target),
-                         fwd_runs, bwd_runs, cap.op_ids)
-            tick(f"timing every op at batch {small}")
-    except Exception as exc:  # a model whose trace only runs at its profiled batch
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
-        return {}, f"fixed parts not measured (batch {small} failed: {reason}); "
-    finally:
-        module.zero_grad(set_to_none=True)
-    f = small / batch_size
-    fixed = {op: tuple(fixed_part(full[op], statistics.median(runs[op]) * 1e3, f)
-                       for runs, full in ((fwd_runs, fwd_ms), (bwd_runs, bwd_ms)))
-             for op in cap.op_ids}
-    at_full = sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids)
-    share = sum(a + b for a, b in fixed.values()) / at_full if at_full > 0 else 0.0
-    return fixed, f"batch-independent part {share:.0%} of the per-op sum (from batch {small}); "
+    A model that cannot run at the smaller batch stops them (``failed``) and gets no
+    fixed parts."""
+
+    def __init__(self, cap: Capture, workload, small: int, seed: int, dev: torch.device):
+        self.cap, self.workload, self.small = cap, workload, small
+        inputs, target = workload.make_batch(small, seed)
+        self.inputs = tuple(t.to(dev) for t in inputs)
+        self.target = None if target is None else target.to(dev)
+        self.fwd_runs: dict[str, list[float]] = defaultdict(list)
+        self.bwd_runs: dict[str, list[float]] = defaultdict(list)
+        self.failed = ""
+
+    def run(self, clock, module) -> None:
+        if self.failed:
+            return
+        try:
+            _timed_round(self.cap, clock, module, self.inputs,
+                         lambda output: self.workload.loss(output, self.target),
+                         self.fwd_runs, self.bwd_runs, self.cap.op_ids)
+        except Exception as exc:  # a model whose trace only runs at its profiled batch
+            self.failed = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+        finally:
+            module.zero_grad(set_to_none=True)
+
+    def fixed_parts(self, batch_size: int, fwd_ms: dict, bwd_ms: dict) -> tuple[dict, str]:
+        """``({op: (fwd_fixed, bwd_fixed)}, note)`` from the medians of the rounds."""
+        if self.failed:
+            return {}, f"fixed parts not measured (batch {self.small} failed: {self.failed}); "
+        f = self.small / batch_size
+        ops = self.cap.op_ids
+        fixed = {op: tuple(fixed_part(full[op], statistics.median(runs[op]) * 1e3, f)
+                           for runs, full in ((self.fwd_runs, fwd_ms), (self.bwd_runs, bwd_ms)))
+                 for op in ops}
+        at_full = sum(fwd_ms[o] + bwd_ms[o] for o in ops)
+        share = sum(a + b for a, b in fixed.values()) / at_full if at_full > 0 else 0.0
+        sums = [sum(self.fwd_runs[o][k] + self.bwd_runs[o][k] for o in ops) * 1e3
+                for k in range(len(self.fwd_runs[ops[0]]) if ops else 0)]
+        spread = f", op sum per round {min(sums):.1f}-{max(sums):.1f} ms" if sums else ""
+        return fixed, (f"batch-independent part {share:.0%} of the per-op sum (from batch "
+                       f"{self.small}{spread}); ")
 
 
 def _machine(dev: torch.device) -> str:

@@ -155,6 +155,25 @@ def test_batch_scaling_records_fixed_parts_within_the_op_times():
     assert one.profile.scaling_batch_size is None
 
 
+NORMED_MODEL = """
+from torch import nn
+
+def build():
+    return nn.Sequential(nn.Linear(12, 12), nn.BatchNorm1d(12), nn.Linear(12, 5))
+"""
+
+
+def test_a_model_that_cannot_run_at_the_smaller_batch_keeps_its_full_batch_times(tmp_path):
+    # batch norm in training needs 2 samples: the rounds at B / 8 = 1 fail, the profile stands
+    path = tmp_path / "normed.py"
+    path.write_text(NORMED_MODEL)
+    graph = profile_model(zoo.model_ref(f"{path}:build", input_shapes=[(8, 12)]), repeats=2)
+    assert graph.profile.scaling_batch_size is None
+    assert all(not op.fwd_fixed_ms and not op.bwd_fixed_ms for op in graph.ops)
+    assert "fixed parts not measured (batch 1 failed: Expected more than 1 value" in graph.profile.note
+    assert all(op.fwd_ms["cpu"] > 0 for op in graph.ops if op.kind is not OpKind.INPUT)
+
+
 TEST_MODEL = """
 import torch
 from torch import nn
