@@ -58,6 +58,8 @@ import numpy as np
 
 from dl_nfv.artifacts import BadInput, RuntimeFailure, Topology, from_data
 
+from .allocator import requested_policy
+
 DEFAULT_SIZES = tuple(1024 * 4**i for i in range(9))  # 1 KiB .. 64 MiB
 # Messages up to SMALL_BYTES are timed SMALL_FACTOR times as often: they cost next to
 # nothing, and on a shared machine a few-ms stall now and then (the scheduler, gloo's
@@ -370,6 +372,7 @@ def probe_network(nprocs: int = 2, *, sizes: Sequence[int] = DEFAULT_SIZES, repe
     sizes = tuple(sorted(set(int(s) for s in sizes)))
     if len(sizes) < 2 or sizes[0] < 4:
         raise BadInput("give at least two message sizes of 4 bytes or more")
+    requested_policy()  # a bad DL_NFV_ALLOCATOR fails here, before any worker starts
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return _under_torchrun(sizes, repeats, warmup, backend, threads, name, progress)
     if nprocs < 2:

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from dl_nfv.artifacts import BadInput, RuntimeFailure, load
 from dl_nfv.artifacts.runreport import RunReport
+from dl_nfv.profilers.allocator import requested_policy
 
 from .inputs import default_threads, default_warmup, load_inputs, trace_path_of
 from .worker import ENV_LAUNCHER_PID, ENV_RUN_DIR, WorkerOptions
@@ -122,6 +123,7 @@ def train(options: WorkerOptions, *, on_start: Callable[[list[int]], None] | Non
     warmup = default_warmup(options.steps) if options.warmup is None else options.warmup
     if not 0 <= warmup < options.steps:
         raise BadInput(f"--warmup must be in [0, {options.steps}), got {warmup}")
+    requested_policy()  # a bad DL_NFV_ALLOCATOR fails here, before any worker starts
     if options.data:
         from .model import load_data_factory
 

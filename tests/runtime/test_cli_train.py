@@ -85,6 +85,14 @@ def _invoke(*args):
     return CliRunner().invoke(cli, ["train", *map(str, args)])
 
 
+def test_a_bad_heap_policy_is_exit_2_before_any_worker_starts(run_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("DL_NFV_ALLOCATOR", "mmap")
+    result = _invoke(run_dir / "plan.json", "--steps", "2", "-o", tmp_path / "run.json")
+    assert result.exit_code == 2
+    assert "DL_NFV_ALLOCATOR='mmap': expected kept or system" in result.output
+    assert "worker logs" not in result.output and not (tmp_path / "run.json").exists()
+
+
 def test_missing_plan_is_exit_2():
     result = _invoke("no-such-plan.json", "--steps", "2")
     assert result.exit_code == 2
