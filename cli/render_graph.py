@@ -38,7 +38,8 @@ def render_graph(graph: OpGraph) -> Group:
         summary.add_row(f"measured on {t}", f"fwd {fwd:.2f} ms, bwd {bwd:.2f} ms")
     if graph.profile is not None:
         p = graph.profile
-        summary.add_row("profiled", f"{p.device_type}, {p.threads} threads, {p.repeats} repeats")
+        heap = f", heap {p.allocator}" if p.allocator else ""
+        summary.add_row("profiled", f"{p.device_type}, {p.threads} threads, {p.repeats} repeats{heap}")
         if p.step_ms and p.op_sum_ms:
             summary.add_row("op sum / step", f"{p.op_sum_ms:.1f} / {p.step_ms:.1f} ms "
                                              f"({p.op_sum_ms / p.step_ms:.2f})")

@@ -58,7 +58,7 @@ import numpy as np
 
 from dl_nfv.artifacts import BadInput, RuntimeFailure, Topology, from_data
 
-from .allocator import requested_policy
+from .allocator import keep_freed_memory, requested_policy
 
 DEFAULT_SIZES = tuple(1024 * 4**i for i in range(9))  # 1 KiB .. 64 MiB
 # Messages up to SMALL_BYTES are timed SMALL_FACTOR times as often: they cost next to
@@ -171,8 +171,6 @@ def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | N
     """Measure, inside an initialised process group; returns the report on rank 0, else None."""
     import torch
     import torch.distributed as dist
-
-    from .allocator import keep_freed_memory
 
     keep_freed_memory()
     hostname = socket.gethostname()
