@@ -373,9 +373,7 @@ class NetworkCosts:
                              else route.latency_us)
             for hop in route.hops:
                 load[hop] += weight
-        per_byte_us = max((w * 8 / (bw * 1e3) for w, bw in self._capacity_load(load, collective)),
-                          default=0.0)
-        result = self._phases[key] = (latency_us / 1e3, per_byte_us / 1e3, dict(load))
+        result = self._phases[key] = (latency_us / 1e3, self._busiest(load, collective), dict(load))
         return result
 
     def _collective_latency_us(self, route) -> float:
