@@ -215,7 +215,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
             tick("warming up")
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
-        steps, round_sums, fwd_runs, bwd_runs = [], [], defaultdict(list), defaultdict(list)
+        steps, fwd_runs, bwd_runs = [], defaultdict(list), defaultdict(list)
         tie_runs = defaultdict(list)
         smaller = _SmallBatchRounds(cap, workload, small, seed, dev) if small else None
         for _ in range(repeats):
@@ -225,13 +225,13 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
                 peak_bytes = torch.cuda.max_memory_allocated(dev)
             _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, [*cap.op_ids, LOSS],
                          tie_runs)
-            round_sums.append(sum(fwd_runs[o][-1] + bwd_runs[o][-1] for o in cap.op_ids))
             tick("timing every op")
             if smaller is not None:  # right after the full batch's round, on the same machine state
                 smaller.run(clock, module)
                 tick(f"timing every op at batch {small}")
     module.zero_grad(set_to_none=True)
 
+    round_sums = _round_sums_s(fwd_runs, bwd_runs, cap.op_ids)
     fwd_ms = {k: statistics.median(v) * 1e3 for k, v in fwd_runs.items()}
     bwd_ms = {k: statistics.median(v) * 1e3 for k, v in bwd_runs.items()}
     tie_ms = {k: statistics.median(v) * 1e3 for k, v in tie_runs.items()}  # capped by build_ops
@@ -252,8 +252,8 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         peak_memory_bytes=int(peak_bytes), scaling_batch_size=small if fixed else None,
         allocator=allocator,
         note=(f"op sum / step = {op_sum_ms / step_ms:.3f} (medians), "
-              f"{min(round_sums) / min(steps):.3f} (fastest round of each), op sum per round "
-              f"{min(round_sums) * 1e3:.1f}-{max(round_sums) * 1e3:.1f} ms; loss outside the "
+              f"{min(round_sums) / min(steps):.3f} (fastest round of each), "
+              f"{_per_round(round_sums)}; loss outside the "
               f"graph {loss_ms:.2f} ms; {scaling_note}seed {seed}; {_machine(dev)}"))
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges)
 
@@ -272,6 +272,16 @@ def _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, keys,
     if tie_runs is not None:
         for key, seconds in timed.summed_s.items():
             tie_runs[key].append(seconds)
+
+
+def _round_sums_s(fwd_runs: dict, bwd_runs: dict, ops: list[str]) -> list[float]:
+    """Per timed round, the seconds of every op's forward and backward, summed."""
+    rounds = max((len(v) for v in fwd_runs.values()), default=0)
+    return [sum(fwd_runs[o][k] + bwd_runs[o][k] for o in ops) for k in range(rounds)]
+
+
+def _per_round(sums_s: list[float]) -> str:
+    return f"op sum per round {min(sums_s) * 1e3:.1f}-{max(sums_s) * 1e3:.1f} ms"
 
 
 def fixed_part(t_ms: float, t_small_ms: float, fraction: float) -> float:
@@ -319,9 +329,8 @@ class _SmallBatchRounds:
                  for op in ops}
         at_full = sum(fwd_ms[o] + bwd_ms[o] for o in ops)
         share = sum(a + b for a, b in fixed.values()) / at_full if at_full > 0 else 0.0
-        sums = [sum(self.fwd_runs[o][k] + self.bwd_runs[o][k] for o in ops) * 1e3
-                for k in range(len(self.fwd_runs[ops[0]]) if ops else 0)]
-        spread = f", op sum per round {min(sums):.1f}-{max(sums):.1f} ms" if sums else ""
+        sums = _round_sums_s(self.fwd_runs, self.bwd_runs, ops)
+        spread = f", {_per_round(sums)}" if sums else ""
         return fixed, (f"batch-independent part {share:.0%} of the per-op sum (from batch "
                        f"{self.small}{spread}); ")
 
