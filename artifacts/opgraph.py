@@ -4,7 +4,8 @@ Produced by ``dl-nfv profile model`` (or an importer); consumed by planners,
 the simulator and the runtime. Times are per device *type*: ``fwd_ms`` and
 ``bwd_ms`` map a catalog name (``cpu``, ``V100-16GB``) to the median measured
 time of the op at the graph's batch size on that type. ``flops`` and
-``bwd_flops`` count floating-point operations of the whole batch.
+``bwd_flops`` count floating-point operations of the whole batch;
+``bwd_input_flops`` those of the backward that compute input gradients.
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ class Op:
     kind: OpKind = OpKind.OTHER
     flops: float = 0.0
     bwd_flops: float = 0.0
+    # of bwd_flops, those that compute input gradients (what the backward passes on to the
+    # ops before); the rest compute weight gradients. None: not counted
+    bwd_input_flops: float | None = None
     bytes_accessed: float = 0.0
     param_bytes: int = 0
     output_bytes: int = 0
@@ -118,6 +122,10 @@ class Op:
         for name in ("flops", "bwd_flops", "bytes_accessed", "param_bytes", "output_bytes"):
             value = getattr(self, name)
             check(value >= 0, f"op {self.id!r}: {name} must be >= 0, got {value}")
+        if self.bwd_input_flops is not None:
+            check(0 <= self.bwd_input_flops <= self.bwd_flops * (1 + 1e-9),
+                  f"op {self.id!r}: bwd_input_flops must be in [0, bwd_flops = {self.bwd_flops}], "
+                  f"got {self.bwd_input_flops}")
         for name in ("fwd_ms", "bwd_ms", "fwd_fixed_ms", "bwd_fixed_ms", "tie_sum_ms"):
             for device_type, ms in getattr(self, name).items():
                 check(ms >= 0, f"op {self.id!r}: {name}[{device_type!r}] must be >= 0, got {ms}")

@@ -96,6 +96,8 @@ def scaled(graph, factor: int):
                 for name, ms in measured.items()}
 
     ops = tuple(replace(op, flops=op.flops * factor, bwd_flops=op.bwd_flops * factor,
+                        bwd_input_flops=(None if op.bwd_input_flops is None
+                                         else op.bwd_input_flops * factor),
                         bytes_accessed=op.bytes_accessed * factor,
                         output_bytes=op.output_bytes * factor,
                         fwd_ms=times(op.fwd_ms, op.fwd_fixed_ms),

@@ -30,6 +30,11 @@ def render_graph(graph: OpGraph) -> Group:
     summary.add_column()
     summary.add_row("ops / edges", f"{len(graph.ops)} / {len(graph.edges)}")
     summary.add_row("forward GFLOPs", f"{sum(op.flops for op in graph.ops) / 1e9:.3f}")
+    bwd_flops = sum(op.bwd_flops for op in graph.ops)
+    if bwd_flops and all(op.bwd_input_flops is not None for op in graph.ops if op.bwd_flops):
+        inputs = sum(op.bwd_input_flops or 0.0 for op in graph.ops)
+        summary.add_row("backward GFLOPs", f"{bwd_flops / 1e9:.3f} ({inputs / bwd_flops:.0%} input "
+                                           f"gradients, {1 - inputs / bwd_flops:.0%} weight gradients)")
     summary.add_row("parameters", _bytes(graph.total_param_bytes))
     summary.add_row("activations", _bytes(sum(op.output_bytes for op in graph.ops)))
     for t in device_types:

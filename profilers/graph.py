@@ -159,12 +159,15 @@ def _splittable(nodes: list[fx.Node], gm: fx.GraphModule, shape: tuple[int, ...]
 
 def build_ops(capture: Capture, counter, value_meta: dict, fwd_ms: dict, bwd_ms: dict,
               device_type: str, batch_size: int, fixed_ms: dict | None = None,
-              tie_ms: dict | None = None) -> tuple[tuple[Op, ...], tuple[Edge, ...]]:
+              tie_ms: dict | None = None, input_flops: dict | None = None
+              ) -> tuple[tuple[Op, ...], tuple[Edge, ...]]:
     """``Op`` records (graph order) and ``Edge`` records of a profiled capture.
 
     ``fixed_ms`` maps op ids to their measured (forward, backward) batch-independent ms,
     each at most the op's time (rounding keeps that order); ``tie_ms`` the owners of tied
-    weights to the ms of their backward that sums the weights' gradients.
+    weights to the ms of their backward that sums the weights' gradients; ``input_flops``
+    op ids to the backward FLOPs that compute input gradients (``bwd_input_flops``, at most
+    ``bwd_flops``).
     """
     fixed_ms = fixed_ms or {}
     tie_ms = tie_ms or {}
@@ -188,6 +191,8 @@ def build_ops(capture: Capture, counter, value_meta: dict, fwd_ms: dict, bwd_ms:
             id=op_id, name=name, kind=kind,
             flops=float(counter.flops.get(op_id, 0.0)),
             bwd_flops=float(counter.bwd_flops.get(op_id, 0.0)),
+            bwd_input_flops=(min(float(input_flops.get(op_id, 0.0)), float(counter.bwd_flops.get(op_id, 0.0)))
+                             if input_flops is not None and timed else None),
             bytes_accessed=float(counter.bytes_accessed.get(op_id, 0.0)),
             param_bytes=sum(p.numel() * p.element_size() for _, p in params),
             output_bytes=activation,

@@ -95,12 +95,18 @@ class Recorder:
         self._handles: list = []
         self._last = 0.0
         self._last_op: str | None = LOSS
+        self._outputs: list | None = None  # with ``input_grads_only``: the ops' outputs
 
-    def run(self, module_inputs, loss_fn: Callable, *, record_meta: bool = False):
+    def run(self, module_inputs, loss_fn: Callable, *, record_meta: bool = False,
+            input_grads_only: bool = False):
         """Forward through the graph, loss, backward; returns the loss value.
 
         ``record_meta`` records the size and shape of every node's output.
+        ``input_grads_only`` asks autograd for the gradients of the ops' outputs alone
+        instead of running ``backward()``: every op's backward then computes the gradients
+        it passes on to the ops before it, and no weight gradient.
         """
+        self._outputs = [] if input_grads_only else None
         interp = _TimedInterpreter(self, record_meta)
         output = interp.run(*module_inputs)
         if self.counter is not None:
@@ -115,7 +121,11 @@ class Recorder:
         if self.counter is not None:
             self.counter.phase = "bwd"
         self._last = self.clock()
-        loss.backward()
+        if self._outputs is None:
+            loss.backward()
+        elif self._outputs:
+            torch.autograd.grad(loss, self._outputs, allow_unused=True)
+        self._outputs = None
         # The engine's wind-down (freeing the graph) follows the last node that ran.
         self._mark(self._last_op)
         for handle in self._handles:
@@ -125,6 +135,9 @@ class Recorder:
         return loss.detach()
 
     def claim(self, values, op: str) -> None:
+        if self._outputs is not None:
+            self._outputs.extend(t for t in tree_flatten(values)[0]
+                                 if isinstance(t, torch.Tensor) and t.requires_grad)
         for fn in autograd_nodes(values, self._claimed):
             self._hook(fn, op)
 

@@ -6,7 +6,10 @@ Steps
     2. Counting pass: one instrumented training step under ``CostCounter``
        records every op's FLOPs (forward and backward), bytes accessed,
        activation bytes and every node's output size (for the edges), and the
-       peak of live tensor memory. It doubles as the first warm-up.
+       peak of live tensor memory. It doubles as the first warm-up. A second
+       step asks autograd for the gradients of the ops' outputs alone and counts
+       the backward FLOPs that compute input gradients (``bwd_input_flops``; the
+       rest compute weight gradients, which a pipeline may defer).
     3. ``warmup`` more plain steps, untimed (default none: the counting pass
        already ran every kernel at full size).
     4. ``repeats`` rounds of one plain step (timed whole) and one instrumented
@@ -30,7 +33,7 @@ Steps
        On a CPU most of it is reading and packing the weights of small-batch
        matmuls; it decides how data-parallel replicas and microbatches scale.
 
-Costs scale with the model: the counting pass plus ``warmup + 2 * repeats``
+Costs scale with the model: the two counting passes plus ``warmup + 2 * repeats``
 training steps (and ``repeats`` small-batch steps), and O(nodes) bookkeeping
 per step.
 """
@@ -169,7 +172,7 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
 def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, batch_scaling,
              progress, allocator):
     small = max(1, model.batch_size // SCALING_DIVISOR) if batch_scaling and model.batch_size > 1 else 0
-    total = 1 + warmup + 2 * repeats + (repeats if small else 0)
+    total = 2 + warmup + 2 * repeats + (repeats if small else 0)
     done = 0
 
     def tick(what: str) -> None:
@@ -202,6 +205,8 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     module.zero_grad(set_to_none=True)
     peak_bytes = counter.peak_bytes
     tick("counting FLOPs and bytes")
+    input_counter = _input_gradient_pass(cap, module, inputs, loss_fn, clock, model, counter)
+    tick("counting the FLOPs of input gradients")
 
     def plain_step() -> float:
         module.zero_grad(set_to_none=True)
@@ -237,7 +242,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     tie_ms = {k: statistics.median(v) * 1e3 for k, v in tie_runs.items()}  # capped by build_ops
     fixed, scaling_note = smaller.fixed_parts(model.batch_size, fwd_ms, bwd_ms) if smaller else ({}, "")
     ops, edges = build_ops(cap, counter, recorder.value_meta, fwd_ms, bwd_ms, type_name,
-                           model.batch_size, fixed, tie_ms)
+                           model.batch_size, fixed, tie_ms, input_counter.bwd_flops)
     step_ms = statistics.median(steps) * 1e3
     op_sum_ms = sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids)
     loss_ms = fwd_ms[LOSS] + bwd_ms[LOSS]
@@ -256,6 +261,20 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
               f"{_per_round(round_sums)}; loss outside the "
               f"graph {loss_ms:.2f} ms; {scaling_note}seed {seed}; {_machine(dev)}"))
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges)
+
+
+def _input_gradient_pass(cap, module, inputs, loss_fn, clock, model, counter) -> CostCounter:
+    """One more step under a fresh counter in which autograd computes only the gradients
+    of the ops' outputs (``Recorder.run(input_grads_only=True)``): its backward FLOPs per
+    op are those that compute input gradients, the part of a backward that a pipeline
+    stage must finish before it sends gradients back (the weight gradients can wait)."""
+    input_counter = CostCounter(counter.memory_limit_bytes)
+    input_counter.track([*module.parameters(), *module.buffers(), *inputs])
+    with _model_errors(model, cap):
+        with input_counter:
+            Recorder(cap, clock, input_counter).run(inputs, loss_fn, input_grads_only=True)
+    module.zero_grad(set_to_none=True)
+    return input_counter
 
 
 def _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, keys,

@@ -52,7 +52,9 @@ def graphs(draw):
     for i in range(n):
         ops.append({"id": f"op{i}", "name": draw(NAMES), "kind": draw(st.sampled_from(
             ["input", "conv", "matmul", "norm", "activation", "block", "other"])),
-            "flops": draw(NONNEG), "bwd_flops": draw(NONNEG), "bytes_accessed": draw(NONNEG),
+            "flops": draw(NONNEG), "bwd_flops": (bwd := draw(NONNEG)),
+            "bwd_input_flops": draw(st.none() | st.floats(0, 1).map(lambda share: bwd * share)),
+            "bytes_accessed": draw(NONNEG),
             "param_bytes": draw(st.integers(0, 10**9)), "output_bytes": draw(st.integers(0, 10**9)),
             "params": draw(st.lists(NAMES, max_size=2, unique=True)),
             "fwd_ms": draw(st.dictionaries(st.sampled_from(["cpu", "V100-16GB"]), NONNEG)),

@@ -127,8 +127,8 @@ def test_profile_records_measurements_and_is_deterministic_except_times():
 def test_progress_is_reported_for_every_step():
     seen = []
     _profile("mlp-tiny", repeats=2, warmup=1, progress=lambda what, done, total: seen.append((done, total)))
-    # counting pass, 1 warm-up, 2 x (whole step + per-op step), 2 per-op steps at B / 8
-    assert seen == [(i, 8) for i in range(1, 9)]
+    # 2 counting passes, 1 warm-up, 2 x (whole step + per-op step), 2 per-op steps at B / 8
+    assert seen == [(i, 9) for i in range(1, 10)]
 
 
 def test_fixed_part_inverts_the_cost_models_batch_scaling():
@@ -257,6 +257,12 @@ def test_mlp_flops_params_and_edges_match_closed_forms(widths, batch, granularit
     assert sum(op.flops for op in graph.ops) == 2 * sum(macs)
     # Weight gradients everywhere, input gradients everywhere but the first layer.
     assert sum(op.bwd_flops for op in graph.ops) == 2 * (2 * sum(macs) - macs[0])
+    # Of those, the input gradients: every layer's but the first's.
+    timed = [op for op in graph.ops if op.kind is not OpKind.INPUT]
+    assert all(op.bwd_input_flops is not None for op in timed)
+    assert sum(op.bwd_input_flops for op in timed) == 2 * (sum(macs) - macs[0])
+    first = next(op for op in timed if op.flops)
+    assert first.bwd_input_flops == 0 and first.bwd_flops == 2 * macs[0]
     assert graph.total_param_bytes == 4 * sum(a * b + b for a, b in zip(widths, widths[1:]))
     layers = len(widths) - 1
     assert len(graph.ops) == 1 + (2 * layers if granularity == "op" else layers)
