@@ -28,6 +28,7 @@ from .plan import (
     SyncMethod,
     TieSync,
     format_schedule,
+    order_problem,
     parse_schedule,
     validate_against,
 )
@@ -41,6 +42,6 @@ __all__ = [
     "OpKind", "Optimizer", "Pipeline", "Plan", "PlanStatus", "Prediction", "ProfileInfo",
     "Route", "RuntimeFailure", "ScheduleKind", "SolverError", "SyncMethod", "TensorSpec", "TieSync",
     "Topology", "UnknownName", "cluster_of", "dumps", "fingerprint", "format_schedule",
-    "from_data", "from_document", "load", "lookup", "parse_schedule", "read_document", "record",
+    "from_data", "from_document", "load", "lookup", "order_problem", "parse_schedule", "read_document", "record",
     "save", "to_data", "validate_against",
 ]

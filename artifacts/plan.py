@@ -24,6 +24,7 @@ artifacts it names.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -128,12 +129,14 @@ class Group:
         return self.batch_shares or tuple(1.0 / len(self.devices) for _ in self.devices)
 
 
-_ACTION = re.compile(r"^(\d+)([FB])(\d+)$")
+_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class Action:
-    """One pipeline action: ``stage`` runs forward (F) or backward (B) of ``microbatch``."""
+    """One pipeline action: ``stage`` runs forward (F) or backward (B) of ``microbatch``,
+    or the backward in two parts, as torch.distributed.pipelining names them: the input
+    gradients (I), which the stage sends back, and later the weight gradients (W)."""
 
     stage: int
     op: str
@@ -142,12 +145,55 @@ class Action:
     def __str__(self) -> str:
         return f"{self.stage}{self.op}{self.microbatch}"
 
+    @property
+    def sends_gradients(self) -> bool:
+        """B or I: the action whose end lets the stage before run its backward."""
+        return self.op in "BI"
+
+    @property
+    def ends_backward(self) -> bool:
+        """B or W: the action after which the microbatch's weight gradients are complete
+        and its stashed activations can go."""
+        return self.op in "BW"
+
     @classmethod
     def parse(cls, text: str) -> Action:
         m = _ACTION.match(text)
         if not m:
-            raise ValueError(f"bad pipeline action {text!r} (expected e.g. 0F3 or 2B0)")
+            raise ValueError(f"bad pipeline action {text!r} (expected e.g. 0F3, 2B0, 1I2 or 1W2)")
         return cls(int(m.group(1)), m.group(2), int(m.group(3)))
+
+
+# each action's bit, and the bits of what it needs to have run first on its own stage
+_BIT = {"F": 1, "B": 2, "I": 4, "W": 8}
+_NEEDS = {"F": 0, "B": 1, "I": 1, "W": 4}
+_COMPLETE = (1 | 2, 1 | 4 | 8)  # F and B, or F, I and W
+
+
+def order_problem(actions: Sequence[Action], stages: Iterable[int], microbatches: int) -> str | None:
+    """The first way ``actions`` is not a complete order of ``stages`` (each microbatch an F,
+    then a B, or an I and later a W), as a phrase; None when it is one. The actions must
+    name those stages and microbatches below ``microbatches``. O(actions + stages x
+    microbatches): the pipeline planner checks every order it builds."""
+    done = {s: [0] * microbatches for s in stages}  # per stage and microbatch: bits run
+    for a in actions:
+        row, m = done[a.stage], a.microbatch
+        have, bit = row[m], _BIT[a.op]
+        if have & bit:
+            return f"action {a} appears twice"
+        need = _NEEDS[a.op]
+        if have & need != need:
+            return f"{a} comes before {a.stage}{'F' if need == 1 else 'I'}{m}"
+        if bit & 6 and have & 6:
+            other = "I" if have & 4 else "B"
+            return f"{a} and {a.stage}{other}{m} both run the microbatch's backward"
+        row[m] = have | bit
+    for s in sorted(done):
+        for m, have in enumerate(done[s]):
+            if have not in _COMPLETE:
+                missing = "F" if not have & 1 else "W" if have & 4 else "B"
+                return f"lacks action {s}{missing}{m}"
+    return None
 
 
 def parse_schedule(text: str) -> tuple[Action, ...]:
@@ -259,28 +305,17 @@ class Plan:
             check(sid in groups, f"pipeline stage {sid!r} is not a group")
         check(self.batch_size % pipe.microbatches == 0,
               f"batch_size {self.batch_size} is not divisible by {pipe.microbatches} microbatches")
-        expected: dict[str, set[tuple[int, str, int]]] = {}
+        expected: dict[str, set[int]] = {}  # device -> the stages it runs
         for s, sid in enumerate(pipe.stages):
             for device in groups[sid].devices:
-                wanted = expected.setdefault(device, set())
-                wanted.update((s, kind, m) for kind in "FB" for m in range(pipe.microbatches))
-        for device, wanted in expected.items():
+                expected.setdefault(device, set()).add(s)
+        for device, stages in expected.items():
             actions = pipe.actions(device)
-            got = [(a.stage, a.op, a.microbatch) for a in actions]
-            check(len(got) == len(set(got)), f"schedule of {device!r} repeats an action")
-            missing = sorted(wanted - set(got))
-            check(not missing, lambda: f"schedule of {device!r} lacks action "
-                                       f"{Action(*missing[0])}")
-            extra = sorted(set(got) - wanted)
-            check(not extra, lambda: f"schedule of {device!r} has action {Action(*extra[0])} "
-                                     f"of a stage it does not run")
-            seen_f: set[tuple[int, int]] = set()
-            for a in actions:
-                if a.op == "F":
-                    seen_f.add((a.stage, a.microbatch))
-                else:
-                    check((a.stage, a.microbatch) in seen_f,
-                          f"schedule of {device!r}: {a} comes before {a.stage}F{a.microbatch}")
+            extra = next((a for a in actions if a.stage not in stages), None)
+            check(extra is None, lambda: f"schedule of {device!r} has action {extra} of a stage "
+                                         f"it does not run")
+            problem = order_problem(actions, stages, pipe.microbatches)
+            check(problem is None, lambda: f"schedule of {device!r}: {problem}")
         for device in pipe.schedule:
             check(device in expected, f"schedule given for {device!r}, which runs no stage")
 

@@ -26,15 +26,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from dl_nfv.artifacts import Action, Group, Pipeline, format_schedule, parse_schedule
+from dl_nfv.artifacts import Action, Group, Pipeline, format_schedule, order_problem, parse_schedule
 
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """Per-stage action orders of a synchronous pipeline with ``microbatches`` microbatches.
 
-    Raises ``ValueError`` (naming the stage and the action) when an order is
-    incomplete, repeats an action, names another stage, or runs a B before its F.
+    Every microbatch gets an F and then either a B or an I followed by a W (its backward
+    in two parts: input gradients, then weight gradients). Raises ``ValueError`` (naming
+    the stage and the action) when an order is incomplete, repeats an action, names
+    another stage, or runs a backward part before what it needs.
     """
 
     microbatches: int
@@ -47,23 +49,15 @@ class Schedule:
             raise ValueError("a schedule needs at least one stage")
         m = self.microbatches
         for s, order in enumerate(self.orders):
-            seen: set[tuple[str, int]] = set()
             for a in order:
                 if a.stage != s:
                     raise ValueError(f"stage {s}: action {a} belongs to stage {a.stage}")
                 if not 0 <= a.microbatch < m:
                     raise ValueError(f"stage {s}: action {a} names microbatch {a.microbatch}, "
                                      f"but there are {m}")
-                key = (a.op, a.microbatch)
-                if key in seen:
-                    raise ValueError(f"stage {s}: action {a} appears twice")
-                if a.op == "B" and ("F", a.microbatch) not in seen:
-                    raise ValueError(f"stage {s}: {a} comes before {s}F{a.microbatch}")
-                seen.add(key)
-            if len(seen) != 2 * m:
-                missing = next(f"{s}{op}{k}" for op in "FB" for k in range(m)
-                               if (op, k) not in seen)
-                raise ValueError(f"stage {s}: lacks action {missing}")
+            problem = order_problem(order, (s,), m)
+            if problem:
+                raise ValueError(f"stage {s}: {problem}")
 
     @property
     def stages(self) -> int:
@@ -131,8 +125,9 @@ class Schedule:
     def deadlock_free(self) -> bool:
         """Dry run with unit task times: True when every stage can finish its order.
 
-        F of microbatch m on stage s waits for F of m on stage s-1; B of m on
-        stage s waits for B of m on stage s+1 (and its own F). O(stages x microbatches).
+        F of microbatch m on stage s waits for F of m on stage s-1; B (or I) of m on
+        stage s waits for B or I of m on stage s+1 (and its own F); W waits for its own I
+        alone. O(stages x microbatches).
         """
         return self.dry_run() is None
 
@@ -149,8 +144,11 @@ class Schedule:
                     a = order[pos[s]]
                     if a.op == "F":
                         ok = s == 0 or (s - 1, "F", a.microbatch) in done
+                    elif a.op == "W":  # (its own I comes earlier in the order)
+                        ok = True
                     else:
-                        ok = s == last or (s + 1, "B", a.microbatch) in done
+                        ok = s == last or (s + 1, "B", a.microbatch) in done or (
+                            s + 1, "I", a.microbatch) in done
                     if not ok:
                         break
                     done.add((s, a.op, a.microbatch))
@@ -162,12 +160,12 @@ class Schedule:
         return f"the schedule deadlocks: stages wait at {', '.join(stuck)}"
 
     def max_in_flight(self) -> tuple[int, ...]:
-        """Per stage: the most microbatches whose F has run and whose B has not."""
+        """Per stage: the most microbatches whose F has run and whose B (or W) has not."""
         out = []
         for order in self.orders:
             live = peak = 0
             for a in order:
-                live += 1 if a.op == "F" else -1
+                live += 1 if a.op == "F" else -1 if a.ends_backward else 0
                 peak = max(peak, live)
             out.append(peak)
         return tuple(out)

@@ -65,13 +65,20 @@ def _check_pipeline(plan: Plan, graph: OpGraph) -> None:
                         for gid, s in stage_of_group.items()}
     deps = nx.DiGraph()
     last = len(pipe.stages) - 1
+    # the action that sends each (device, stage, microbatch)'s gradients back: B, or I
+    # where the device splits the backward (its W then follows the I)
+    sender = {(d, a.stage, a.microbatch): a.op for d in pipe.schedule
+              for a in pipe.actions(d) if a.sends_gradients}
     for s, devices in devices_of_stage.items():
         for d in devices:
             for m in range(pipe.microbatches):
-                deps.add_edge((d, s, "F", m), (d, s, "B", m))
+                back = sender.get((d, s, m), "B")
+                deps.add_edge((d, s, "F", m), (d, s, back, m))
+                if back == "I":
+                    deps.add_edge((d, s, "I", m), (d, s, "W", m))
                 for nxt in devices_of_stage.get(s + 1, ()) if s < last else ():
                     deps.add_edge((d, s, "F", m), (nxt, s + 1, "F", m))
-                    deps.add_edge((nxt, s + 1, "B", m), (d, s, "B", m))
+                    deps.add_edge((nxt, s + 1, sender.get((nxt, s + 1, m), "B"), m), (d, s, back, m))
     for device in pipe.schedule:
         actions = pipe.actions(device)
         for a, b in zip(actions, actions[1:]):

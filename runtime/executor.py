@@ -273,8 +273,10 @@ class PlanExecutor:
         for phase, uid, mb in self.actions:
             if phase == "F":
                 self.runner.forward(uid, mb)
+            elif phase == "W":
+                self.runner.weights(uid, mb)
             else:
-                self.runner.backward(uid, mb)
+                self.runner.backward(uid, mb, split=phase == "I")
         loss = self.runner.end_step()
         with span("reduce gradients"):
             for s in self.syncs:

@@ -17,7 +17,11 @@ producer replica on the same device, else from replica 0.
 
 Autograd is cut at unit boundaries: a unit's inputs are leaves, and its
 backward is ``torch.autograd.backward(outputs, output_grads)``; the leaves'
-``.grad`` are the gradients sent back. Each slice's loss is weighted by its
+``.grad`` are the gradients sent back. A backward split in two (pipeline
+actions ``I`` and ``W``) computes the leaves' gradients first, keeping the
+gradients that reach the nodes before the weights
+(``torch.distributed.pipelining``'s ``stage_backward_input``), and the
+weights' gradients later from those (``_weight_gradients``). Each slice's loss is weighted by its
 rows over the global batch, so the gradients, summed over replicas and
 microbatches, are those of the full-batch mean loss.
 """
@@ -33,7 +37,9 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.autograd.graph import GradientEdge
 from torch.autograd.profiler import record_function
+from torch.distributed.pipelining._backward import stage_backward_input
 
 from .comm import Comm, tag_of
 from .model import split_rows, take_rows
@@ -146,6 +152,8 @@ class UnitRunner:
         self._received: dict[tuple[str, int], tuple[torch.Tensor, int]] = {}  # hull tensor, hull lo
         self._grads: dict[tuple[str, int], tuple[torch.Tensor, int]] = {}  # hull-sized grad, hull lo
         self._pending: dict[tuple[str, int], int] = {}
+        # (unit, mb) -> what a split backward's W computes the weight gradients from
+        self._deferred: dict[tuple[str, int], Callable[[], None]] = {}
 
     def begin_step(self, inputs: tuple, target: Any) -> None:
         self._reset()
@@ -155,9 +163,10 @@ class UnitRunner:
     def end_step(self) -> float:
         """Drain the sends of the step; returns the step's weighted loss on this rank."""
         self.comm.drain()
-        if self._saved:
-            left = ", ".join(f"{u} mb{m}" for u, m in self._saved)
-            raise RuntimeError(f"the schedule of {self.device!r} ran no backward for {left}")
+        if self._saved or self._deferred:
+            left = ", ".join(f"{u} mb{m}" for u, m in [*self._saved, *self._deferred])
+            raise RuntimeError(f"the schedule of {self.device!r} ran no backward (or no W) "
+                               f"for {left}")
         loss = self.loss_sum
         self._reset()
         return loss
@@ -196,9 +205,23 @@ class UnitRunner:
         with span(f"forward {uid} mb{mb}"):
             self._forward(uid, mb)
 
-    def backward(self, uid: str, mb: int) -> None:
+    def backward(self, uid: str, mb: int, *, split: bool = False) -> None:
+        """The backward (``B``), or with ``split`` its input gradients alone (``I``)."""
         with span(f"backward {uid} mb{mb}"):
-            self._backward(uid, mb)
+            self._backward(uid, mb, split)
+
+    def weights(self, uid: str, mb: int) -> None:
+        """The weight gradients of a split backward (``W``)."""
+        deferred = self._deferred.pop((uid, mb), None)
+        if deferred is None:
+            rows = self.my_rows(uid)
+            if rows is not None and rows[1] <= rows[0]:
+                return
+            raise RuntimeError(f"W of unit {uid!r} mb{mb} on {self.device!r} before its I")
+        with span(f"weight gradients {uid} mb{mb}"):
+            t0, w0 = time.perf_counter(), self.comm.wait_ms
+            deferred()
+            self._time(uid, "W", t0, w0)
 
     def _forward(self, uid: str, mb: int) -> None:
         rows = self.my_rows(uid)
@@ -245,7 +268,7 @@ class UnitRunner:
         self._saved[(uid, mb)] = _Saved(leaves, crossing, loss, lo, hi)
         self._time(uid, "F", t0, w0)
 
-    def _backward(self, uid: str, mb: int) -> None:
+    def _backward(self, uid: str, mb: int, split: bool = False) -> None:
         saved = self._saved.pop((uid, mb), None)
         if saved is None:
             rows = self.my_rows(uid)
@@ -267,12 +290,19 @@ class UnitRunner:
             if out.requires_grad:
                 roots.append(out)
                 grads.append(grad)
-        if roots:
+        leaves = [leaf for leaf in saved.leaves.values() if leaf.requires_grad]
+        if split and roots and leaves:
+            weights = [p for p in unit.parameters() if p.requires_grad]
+            _, groups = stage_backward_input(roots, grads, leaves, iter(weights))
+            self._deferred[(uid, mb)] = lambda: _weight_gradients(groups)
+        elif split:  # no input needs a gradient (the first stage): all of it waits for the W
+            self._deferred[(uid, mb)] = lambda: roots and torch.autograd.backward(roots, grads)
+        elif roots:
             torch.autograd.backward(roots, grads)
         for v, leaf in saved.leaves.items():
             if leaf.requires_grad:
                 self._input_grad(v, mb, leaf, saved.lo, saved.hi)
-        self._time(uid, "B", t0, w0)
+        self._time(uid, "I" if split else "B", t0, w0)
 
     def _output_grad(self, v: str, mb: int, out: torch.Tensor, lo: int, hi: int,
                      me: int) -> torch.Tensor:
@@ -318,6 +348,32 @@ class UnitRunner:
         self.unit_time_ms[(uid, phase)].append(max(elapsed - (self.comm.wait_ms - w0), 0.0))
 
 
+def _weight_gradients(groups: list[dict]) -> None:
+    """The weight gradients of a split backward from what ``stage_backward_input`` kept:
+    per group of weights, the gradients that reached the nodes between the unit's inputs
+    and those weights, run back to the weights with ``torch.autograd.backward`` (so they
+    accumulate into ``.grad`` and its hooks fire, as in a whole backward). Where a group
+    has several such nodes, each is held to its kept gradient, so that what flows into it
+    from another is not counted twice (as ``stage_backward_weight`` does)."""
+    for group in groups:
+        edges, grads, handles = [], [], []
+        kept = group.get("grads") or [()] * len(group["intermediates"])
+        for node_grads, node in zip(kept, group["intermediates"]):
+            for i, grad in enumerate(node_grads):
+                if grad is not None:
+                    edges.append(GradientEdge(node, i))
+                    grads.append(grad)
+            if len(group["intermediates"]) > 1:
+                handles.append(node.register_prehook(lambda _, kept=node_grads: kept))
+        try:
+            if edges:
+                torch.autograd.backward(edges, grads,
+                                        inputs=[GradientEdge(acc, 0) for acc in group["params"]])
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
 def span(name: str) -> AbstractContextManager:
     """A named range in the ``--trace`` of a run (``record_function``), named as the
     simulator names its tasks; free when no profiler runs (a check of 0.2 us, where an
@@ -329,7 +385,7 @@ def accumulations(runner: UnitRunner, actions: Sequence[tuple[str, str, int]]) -
     """Parameter id -> backward passes that accumulate into it on this rank in one step."""
     counts: dict[int, int] = defaultdict(int)
     for phase, uid, _mb in actions:
-        if phase != "B":
+        if phase not in "BW":  # (a split backward accumulates in its W)
             continue
         rows = runner.my_rows(uid)
         if rows is None or rows[1] <= rows[0]:

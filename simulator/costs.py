@@ -674,6 +674,15 @@ class CostModel(NetworkCosts):
         launch = ref.launch_overhead_us / 1e3
         return min(1.0, max(MIN_EFFICIENCY, ideal / max(measured_ms - launch, 1e-6)))
 
+    @cached_property
+    def bwd_input_share(self) -> np.ndarray:
+        """Per op (graph order): the share of its backward that computes input gradients,
+        by FLOPs (``Op.bwd_input_flops / Op.bwd_flops``); the rest computes weight gradients.
+        1 (all of it, nothing to defer) where the FLOPs were not counted or there are none."""
+        return np.array([op.bwd_input_flops / op.bwd_flops
+                         if op.bwd_input_flops is not None and op.bwd_flops > 0 else 1.0
+                         for op in self.graph.ops])
+
     def op_ms(self, op_id: str, device: str, phase: str = "fwd", batch_fraction: float = 1.0) -> float:
         """Time of one op's forward (``phase="fwd"``) or backward on ``device``.
 

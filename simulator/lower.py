@@ -23,6 +23,11 @@ What a plan turns into (docs/simulator.md has the full list and the reasons):
   ``compression: sfb`` a matmul op whose sufficient-factor exchange is cheaper
   than its AllReduce (by the cost model) is all-gathered and recomputed instead.
   Then one optimizer update per device (PS groups update on the servers).
+* **Split backwards.** Where a pipeline schedule runs a microbatch's backward as
+  ``I`` then ``W``, each unit's backward task keeps the input-gradient share of its
+  time (``CostModel.bwd_input_share``), which the stage before waits for, and a
+  weight-gradient task after it takes the rest; gradient synchronisation and the
+  release of stashed activations wait for the W.
 * **Order.** A device with a pipeline schedule or an entry in ``plan.order``
   runs its compute tasks exactly in that order (chained); other devices pick
   the ready task of highest default priority: forward in topological order,
@@ -128,6 +133,17 @@ class _Lowering:
         self._links: dict[tuple[str, str], int] = {}
         self._route_res: dict[tuple[int, int], tuple[int, ...]] = {}
         self._link_names: list[tuple[str, str]] = []
+        # (group, device, microbatch) whose backward the pipeline schedule splits (I, then W)
+        self.split: set[tuple[int, int, int]] = set()
+        if plan.pipeline is not None:
+            stage_group = [self.group_index[sid] for sid in plan.pipeline.stages]
+            for device in plan.pipeline.schedule:
+                d = self.dev_index.get(device)
+                for a in plan.pipeline.actions(device) if d is not None else ():
+                    if a.op == "I":
+                        self.split.add((stage_group[a.stage], d, a.microbatch))
+        self.W: dict[tuple[int, int, int], int] = {}  # (unit, replica, microbatch) -> W task
+        self.w_of: dict[int, int] = {}  # a split backward's task -> its W task
 
     # ------------------------------------------------------------------ units
     def _units(self) -> None:
@@ -342,6 +358,7 @@ class _Lowering:
                     ftab, btab = self._unit_times(rep)
                     f_times.append(ftab[i])
                     b_times.append(btab[i])
+            raw_b = b_times
             # each backward adds the unit's weight gradients into their buckets
             added, unsummed = self._bucket_bytes(ops)
             if added > 0 or unsummed:
@@ -394,6 +411,40 @@ class _Lowering:
                     prio.extend(range(U3 - n_units - pos, U3 - n_units - pos + U3 * M, U3))
             for k in range(n):
                 succ[base_f + k].append(base_b + k)
+            if self.split:
+                self._split_backwards(u, g, reps, devs, raw_b, b_times, base_b)
+
+    def _split_backwards(self, u: int, g: int, reps: list[int], devs: list[int],
+                         raw_b: list[float], b_times: list[float], base_b: int) -> None:
+        """Backwards the schedule splits (``I`` then ``W``): the unit's backward task keeps
+        the input-gradient share of its time (``CostModel.bwd_input_share``, by FLOPs), which
+        the stage before waits for, and a weight-gradient task after it takes the rest,
+        with adding the weight gradients into their buckets. A unit with nothing left for
+        the W (no weights) gets none."""
+        M, tg, cm = self.M, self.tg, self.cm
+        ops = self.members[u]
+        for k, (rep, d) in enumerate(zip(reps, devs)):
+            mbs = [m for m in range(M) if (g, d, m) in self.split]
+            if not mbs:
+                continue
+            if len(ops) == 1:
+                share = float(cm.bwd_input_share[cm.op_index[ops[0]]])
+            else:  # a fused unit: its ops' shares weighted by their backward times
+                j = cm.device_type_index[self.device_names[d]]
+                idx = [cm.op_index[o] for o in ops]
+                times = cm.bwd_ms_by_type[idx, j]
+                share = float((cm.bwd_input_share[idx] * times).sum() / max(times.sum(), 1e-12))
+            i_ms = min(raw_b[k] * share, b_times[k])
+            w_ms = b_times[k] - i_ms
+            if w_ms <= 0:
+                continue
+            for m in mbs:
+                b = base_b + k * M + m
+                tg.duration_ms[b] = i_ms
+                w = tg.add_compute(TaskKind.BACKWARD, d, w_ms, tg.priority[b], (u, rep, m, "W"))
+                tg.depend(b, w)
+                self.W[(u, rep, m)] = w
+                self.w_of[b] = w
 
     def _bucket_bytes(self, ops) -> tuple[float, set[str]]:
         """What a backward of ``ops`` does with weight gradients: how many bytes it adds
@@ -578,8 +629,9 @@ class _Lowering:
     def _backward_tasks(self, ops, reps) -> list[int]:
         """Backward tasks of ``ops`` on replicas ``reps`` (of their group), every microbatch."""
         units = sorted({self.unit_of[o] for o in ops})
-        return [self.B[u][r] + m for u in units if self.unit_rg[u] for r in reps
-                for m in range(self.M)]
+        w_of = self.w_of
+        return [w_of.get(self.B[u][r] + m, self.B[u][r] + m) for u in units if self.unit_rg[u]
+                for r in reps for m in range(self.M)]
 
     def _split_ties(self) -> list[tuple[str, str, float, list[str], list[int], list[int]]]:
         """The tied weights lowered as held beyond their owner's group, computed once:
@@ -782,7 +834,10 @@ class _Lowering:
                         units = stage_units[(gi, d)] = units_on(gi, d)
                     if a.op == "F":
                         chain.extend(self.F[u][r] + a.microbatch for u in units)
-                    else:
+                    elif a.op == "W":
+                        chain.extend(self.W[(u, r, a.microbatch)] for u in reversed(units)
+                                     if (u, r, a.microbatch) in self.W)
+                    else:  # B, or I (whose W comes later)
                         chain.extend(self.B[u][r] + a.microbatch for u in reversed(units)
                                      if self.unit_rg[u])
         for d, where in op_pos.items():
@@ -863,4 +918,7 @@ class _Lowering:
                     buf_rel.append(rel or [fa + m])
         for d, t, size, releasers, _ in self.received:
             tg.add_buffer(d, size, t, releasers)
+        if self.w_of:  # a split backward's activations stay until its weight gradients
+            w_of = self.w_of
+            tg.buf_releasers = [[w_of.get(t, t) for t in rel] for rel in tg.buf_releasers]
         tg.static_bytes = list(self.static)

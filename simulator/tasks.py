@@ -163,8 +163,9 @@ class TaskGraph:
         kind = TaskKind(self.kind[t])
         info = self.info[t]
         if kind in (TaskKind.FORWARD, TaskKind.BACKWARD):
-            unit, _, mb = info
-            return f"{kind.label} {self.unit_names[unit]}" + (
+            unit, mb = info[0], info[2]
+            label = "weight gradients" if len(info) > 3 else kind.label  # a split backward's W
+            return f"{label} {self.unit_names[unit]}" + (
                 f" mb{mb}" if self.microbatches > 1 else "")
         if kind == TaskKind.UPDATE:
             return f"update {info[0]}" if info and info[0] else "update"

@@ -83,3 +83,33 @@ def test_torch_pipelining_accepts_our_csv(tmp_path):
     with_comms = schedules._add_send_recv(actions, stage_to_rank=lambda st: st, num_stages=4)
     schedules._simulate_comms_compute(with_comms, stage_to_rank=lambda st: st, num_stages=4)
     assert Action(0, "F", 0) in s.orders[0]
+
+
+@pytest.mark.parametrize("text,m,problem", [
+    ("0F0 0I0 0W0", 1, None),
+    ("0F0 0I0 0F1 0B1 0W0", 2, None),
+    ("0F0 0W0 0I0", 1, "0W0 comes before 0I0"),
+    ("0I0 0F0 0W0", 1, "0I0 comes before 0F0"),
+    ("0F0 0I0", 1, "lacks action 0W0"),
+    ("0F0 0B0 0I0 0W0", 1, "0I0 and 0B0 both run the microbatch's backward"),
+    ("0F0 0I0 0B0", 1, "0B0 and 0I0 both run the microbatch's backward"),
+    ("0F0 0I0 0W0 0W0", 1, "action 0W0 appears twice"),
+])
+def test_a_backward_split_in_input_and_weight_gradients_is_checked(text, m, problem):
+    if problem is None:
+        schedule = Schedule.from_texts([text], m)
+        assert schedule.texts() == (text,)
+        assert schedule.dry_run() is None
+        assert schedule.max_in_flight() == (m,)  # a microbatch's activations stay until its W
+    else:
+        with pytest.raises(ValueError, match=problem):
+            Schedule.from_texts([text], m)
+
+
+def test_a_stage_s_input_gradients_let_the_stage_before_run_its_backward():
+    # stage 1 sends its gradient after its I; its W may come after stage 0's backward
+    assert Schedule.from_texts(["0F0 0F1 0B0 0B1", "1F0 1I0 1F1 1I1 1W0 1W1"], 2).dry_run() is None
+    # stage 0 runs F1 only after B0, which needs stage 1's I0, which stage 1 runs after I1,
+    # which needs F1
+    stuck = Schedule.from_texts(["0F0 0B0 0F1 0B1", "1F0 1F1 1I1 1I0 1W0 1W1"], 2)
+    assert stuck.dry_run() == "the schedule deadlocks: stages wait at 0B0, 1F1"

@@ -152,3 +152,31 @@ def test_op_placement(tmp_path):
     assert report.mode.value == "placement"
     # each quarter of the ops runs as one unit, so no op is timed on its own
     assert set(report.op_fwd_ms.get("cpu", {})) <= set(ops)
+
+
+def test_pipeline_with_backwards_split_in_input_and_weight_gradients(tmp_path):
+    # both stages run I then, later, W: stage 1's weight gradients after stage 0 has its
+    # gradients; stage 0 (replicated, uneven shares: its buckets are reduced as their
+    # weight gradients complete) has no input needing a gradient, so its I computes nothing
+    # and its W the whole backward
+    graph, topo = graph_of("mlp-tiny", batch_size=8), topology(3)
+    d = devices(3)
+    first = "0F0 0F1 0I0 0F2 0I1 0W0 0F3 0I2 0W1 0I3 0W2 0W3"
+    schedule = {d[0]: first, d[1]: first, d[2]: "1F0 1I0 1F1 1I1 1F2 1I2 1W0 1F3 1I3 1W1 1W2 1W3"}
+    plan = pipeline_plan(graph, topo, [[d[0], d[1]], [d[2]]], microbatches=4, kind="custom",
+                         shares=[(0.75, 0.25), None], schedule=schedule)
+    _check(tmp_path, graph, topo, plan)
+
+
+def test_pipeline_with_split_backwards_and_tied_weights(tmp_path):
+    # GPT-2's head (stage 1) uses the embedding stage 0 owns; stage 1's I sends the hidden
+    # states' gradients before its W computes the weights' (attention: several nodes lead
+    # to one weight, each held to the gradient it had)
+    graph = graph_of(f"{MODELS}:gpt2_tiny_without_dropout", input_shapes=[(4, 8)],
+                     input_dtypes=["int64"])
+    topo = topology(2)
+    d = devices(2)
+    schedule = {d[0]: "0F0 0F1 0B0 0B1", d[1]: "1F0 1I0 1F1 1I1 1W1 1W0"}
+    plan = pipeline_plan(graph, topo, [[d[0]], [d[1]]], microbatches=2, kind="custom",
+                         schedule=schedule)
+    _check(tmp_path, graph, topo, plan)

@@ -10,6 +10,7 @@ from dl_nfv.artifacts import (
     Collective,
     Fusion,
     Group,
+    Op,
     OpKind,
     Optimizer,
     Pipeline,
@@ -243,3 +244,51 @@ def test_a_tied_weight_is_held_summed_and_updated_on_every_device_that_uses_it(t
     closed = 1.0 + 3.0 + 4.0 + add + emb_bwd + cm.allreduce_ms([d0, d1], nbytes) + update
     assert result.iteration_ms == pytest.approx(closed, rel=1e-6)
     assert tg.static_bytes[tg.device_names.index(d1)] == pytest.approx(nbytes * (2 + 1.0))
+
+
+def _two_stages(f: float, b: float):
+    """Two stages of one op each on two GPUs (forward ``f``, backward ``b``, half of whose
+    FLOPs compute the input gradient), no transfer; a plan for any two device orders."""
+    ops = [Op(id=f"op{i}", name=f"op{i}", param_bytes=4, bwd_flops=2e9, bwd_input_flops=1e9,
+              fwd_ms={GPU: f}, bwd_ms={GPU: b}) for i in range(2)]
+    g = graph(ops, [("op0", "op1", 0)], batch_size=4)
+    t = mesh(2)
+    d0, d1 = t.device_names
+    groups = [Group(id=f"s{i}", ops=(f"op{i}",), devices=(d,), sync=SyncMethod.NONE)
+              for i, d in enumerate((d0, d1))]
+
+    def make(first: str, last: str, m: int = 1):
+        pipe = Pipeline(microbatches=m, stages=("s0", "s1"), schedule={d0: first, d1: last})
+        return plan(g, t, groups, pipeline=pipe)
+    return g, t, make
+
+
+def test_a_split_backward_lets_the_stage_before_start_after_the_input_gradients():
+    # one microbatch: with the last stage running I then W, the first stage's backward starts
+    # after the I (half the backward) rather than the whole backward
+    f, b = 1.0, 4.0
+    g, t, make = _two_stages(f, b)
+    whole = simulate(make("0F0 0B0", "1F0 1B0"), g, t)
+    split = simulate(make("0F0 0B0", "1F0 1I0 1W0"), g, t)
+    cm = CostModel(g, t)
+    add = 4 * cm.accumulate_ms_per_byte(t.device_names[1])  # adding the weight gradient: the W's
+    assert whole.iteration_ms - split.iteration_ms == pytest.approx(b / 2 + add, rel=1e-9)
+    tg, s = split.tasks, split.schedule
+    backward = {tg.describe(k): (s.start_ms[k], s.end_ms[k])
+                for k, kind in enumerate(tg.kind) if kind == TaskKind.BACKWARD}
+    assert backward["backward op1"] == pytest.approx((2 * f, 2 * f + b / 2))
+    assert backward["weight gradients op1"] == pytest.approx((2 * f + b / 2, 2 * f + b + add))
+    assert backward["backward op0"][0] == pytest.approx(2 * f + b / 2)
+
+
+def test_validate_plan_follows_split_backwards_and_finds_their_deadlocks():
+    from dl_nfv.artifacts import InvalidArtifact
+    from dl_nfv.planners.validate import validate_plan
+
+    g, t, make = _two_stages(1.0, 4.0)
+    validate_plan(make("0F0 0F1 0B0 0B1", "1F0 1I0 1F1 1I1 1W0 1W1", 2), g, t)
+    # stage 0 runs F1 after B0, which waits for stage 1's I0, which comes after I1 (needs F1)
+    with pytest.raises(InvalidArtifact, match="deadlocks"):
+        validate_plan(make("0F0 0B0 0F1 0B1", "1F0 1F1 1I1 1I0 1W0 1W1", 2), g, t)
+    with pytest.raises(ValueError, match="lacks action 1W1"):
+        make("0F0 0F1 0B0 0B1", "1F0 1I0 1F1 1I1 1W0", 2)
