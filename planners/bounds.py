@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import networkx as nx
-import numpy as np
 
 from dl_nfv.simulator.costs import CostModel
 
@@ -58,18 +57,45 @@ def work_bound_ms(cm: CostModel, devices: Sequence[str]) -> float:
     return total / float((1.0 / rho).sum())
 
 
-def critical_path_ms(cm: CostModel, devices: Sequence[str], min_batch_fraction: float = 1.0) -> float:
-    """Longest forward+backward chain, each op at its fastest time and smallest batch fraction."""
+def critical_path_ms(cm: CostModel, devices: Sequence[str], min_batch_fraction: float = 1.0,
+                     *, split_backwards: bool = False) -> float:
+    """Longest forward+backward chain, each op at its fastest time and smallest batch fraction.
+
+    With ``split_backwards`` (plans that may run an op's weight gradients after its input
+    gradients, ``CostModel.bwd_input_share``), the chain's backwards count their input
+    gradients alone, and an op's weight gradients only after its own input gradients,
+    which wait for the forwards of its ancestors and the chain through its descendants:
+    the largest of the chain of forwards and input gradients, and of the forwards into
+    an op, its forward and whole backward, and the chain of its descendants.
+    """
     cols = _type_columns(cm, devices)
-    per_op = np.zeros(len(cm.op_ids))
-    for scaled in cm.scaled_tables(cols, min_batch_fraction):
-        per_op += scaled.min(axis=1)
+    fwd, bwd = (scaled.min(axis=1) for scaled in cm.scaled_tables(cols, min_batch_fraction))
     graph = cm.graph.to_networkx()
-    longest: dict[str, float] = {}
-    for op_id in nx.topological_sort(graph):
-        best_pred = max((longest[p] for p in graph.predecessors(op_id)), default=0.0)
-        longest[op_id] = best_pred + float(per_op[cm.op_index[op_id]])
-    return max(longest.values(), default=0.0)
+    order = list(nx.topological_sort(graph))
+    index = cm.op_index
+    if not split_backwards:
+        longest: dict[str, float] = {}
+        for op_id in order:
+            best_pred = max((longest[p] for p in graph.predecessors(op_id)), default=0.0)
+            longest[op_id] = best_pred + float(fwd[index[op_id]] + bwd[index[op_id]])
+        return max(longest.values(), default=0.0)
+    b_in = bwd * cm.bwd_input_share
+    # the longest chains before an op (of forwards; of forwards and I's, which the gradient
+    # passes back through after the op's I) and after it (forwards and I's)
+    into: dict[str, float] = {}
+    into_both: dict[str, float] = {}
+    for op_id in order:
+        preds = list(graph.predecessors(op_id))
+        into[op_id] = max((into[p] + float(fwd[index[p]]) for p in preds), default=0.0)
+        into_both[op_id] = max((into_both[p] + float(fwd[index[p]] + b_in[index[p]])
+                                for p in preds), default=0.0)
+    after: dict[str, float] = {}
+    for op_id in reversed(order):
+        after[op_id] = max((after[s] + float(fwd[index[s]] + b_in[index[s]])
+                            for s in graph.successors(op_id)), default=0.0)
+    return max((max(into[o] + float(fwd[index[o]] + bwd[index[o]]),
+                    into_both[o] + float(fwd[index[o]] + b_in[index[o]])) + after[o]
+                for o in order), default=0.0)
 
 
 def largest_op_ms(cm: CostModel, devices: Sequence[str], *, splittable: bool = True) -> float:

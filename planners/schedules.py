@@ -172,14 +172,14 @@ class Schedule:
 
 
 @lru_cache(maxsize=64)
-def actions(stages: int, microbatches: int) -> tuple[tuple[tuple[Action, ...], ...], ...]:
-    """``[op][stage][microbatch]``: every ``Action`` of a pipeline (op 0 = F, 1 = B), built
-    once per shape; actions are immutable, so schedules share them (the pipeline planner
-    builds hundreds of thousands of orders, and creating an action costs as much as
-    scheduling it)."""
+def actions(stages: int, microbatches: int, ops: str = "FB") -> tuple[tuple[tuple[Action, ...], ...], ...]:
+    """``[op][stage][microbatch]``: every ``Action`` of a pipeline for each of ``ops`` (by
+    default F and B; ``"FBIW"`` adds the split backward's two parts), built once per shape;
+    actions are immutable, so schedules share them (the pipeline planner builds hundreds of
+    thousands of orders, and creating an action costs as much as scheduling it)."""
     _check(stages, microbatches)
     return tuple(tuple(tuple(Action(s, op, k) for k in range(microbatches))
-                       for s in range(stages)) for op in "FB")
+                       for s in range(stages)) for op in ops)
 
 
 @lru_cache(maxsize=64)

@@ -263,6 +263,21 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges)
 
 
+def input_gradient_flops(model: ModelRef, granularity: Granularity | str, *, seed: int = 0,
+                         leaf_modules: Iterable[str] = ()) -> dict[str, float]:
+    """Op id -> the backward FLOPs that compute input gradients (``Op.bwd_input_flops``), by
+    the profile's second counting pass alone (on the CPU, no timing): for a graph profiled
+    without them, at the same granularity, leaves and batch (FLOPs depend on nothing else)."""
+    workload = zoo.instantiate(model, seed=seed)
+    module = workload.module.train()
+    inputs, target = workload.make_batch(model.batch_size, seed)
+    cap = capture(module, inputs, granularity=Granularity(granularity),
+                  leaf_modules=tuple(leaf_modules))
+    counter = _input_gradient_pass(cap, module, inputs, lambda out: workload.loss(out, target),
+                                   make_clock(torch.device("cpu")), model, CostCounter())
+    return {op: float(counter.bwd_flops.get(op, 0.0)) for op in cap.op_ids}
+
+
 def _input_gradient_pass(cap, module, inputs, loss_fn, clock, model, counter) -> CostCounter:
     """One more step under a fresh counter in which autograd computes only the gradients
     of the ops' outputs (``Recorder.run(input_grads_only=True)``): its backward FLOPs per

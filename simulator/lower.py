@@ -419,8 +419,8 @@ class _Lowering:
         """Backwards the schedule splits (``I`` then ``W``): the unit's backward task keeps
         the input-gradient share of its time (``CostModel.bwd_input_share``, by FLOPs), which
         the stage before waits for, and a weight-gradient task after it takes the rest,
-        with adding the weight gradients into their buckets. A unit with nothing left for
-        the W (no weights) gets none."""
+        with adding the weight gradients into their buckets. A unit whose backward is all
+        input gradients (no weights, or the split not profiled) gets no W."""
         M, tg, cm = self.M, self.tg, self.cm
         ops = self.members[u]
         for k, (rep, d) in enumerate(zip(reps, devs)):
@@ -434,10 +434,10 @@ class _Lowering:
                 idx = [cm.op_index[o] for o in ops]
                 times = cm.bwd_ms_by_type[idx, j]
                 share = float((cm.bwd_input_share[idx] * times).sum() / max(times.sum(), 1e-12))
+            if share >= 1.0:  # no weight gradients (or the split not profiled): no W
+                continue
             i_ms = min(raw_b[k] * share, b_times[k])
             w_ms = b_times[k] - i_ms
-            if w_ms <= 0:
-                continue
             for m in mbs:
                 b = base_b + k * M + m
                 tg.duration_ms[b] = i_ms

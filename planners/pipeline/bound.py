@@ -69,6 +69,15 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   between them, a stage's replica receives at least its share of it before its first
   forward and sends the gradient back after its last backward (``_Hops``): its busy,
   chain and around terms gain both.
+* **split backwards**: a plan may run a stage's backward as I (input gradients, sent
+  back) and a later W (weight gradients), which may then overlap the drain of the
+  stages in front (the op graph's ``bwd_input_flops`` say how much of each backward
+  is I). So wherever a microbatch's way through the pipeline is counted (*chain*,
+  *around*, and the busy time after a chain offset) a stage that has weight gradients
+  to defer and is not the first counts its forwards and I's alone (``fixc_r``), and its
+  whole busy time counts after the forward chain only (the offset less the most the
+  stages in front could add to it, ``_drain_most``); the terms without a chain offset
+  keep the whole backward. Graphs without the split counted bound as before.
 * **waiting for the stages after**: a replicated stage's AllReduce waits for the last
   gradient to come back, which comes only after every later stage is done; so its first
   forward, the crossing into the next stage, the least the later stages take on the
@@ -207,6 +216,15 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
     Scb = prefix(scal_b_min)
     order_ids = [p.cm.op_index[o] for o in p.order]
     Pp = prefix(p.cm.param_bytes[order_ids])
+    # a split backward's I (input gradients, ``CostModel.bwd_input_share``): all an op's
+    # backward, with adding its weight gradients into buckets, where it has no weight
+    # gradients to defer (share 1), else its share of the backward less the tie's sum
+    share = p.cm.bwd_input_share[order_ids]
+    splits = share < 1.0
+    Fbi = prefix(((fixed_b - untie) * share[:, None]).min(axis=1))
+    Scbi = prefix(((p.bwd_ms[:, cols] - fixed_b) * share[:, None]).min(axis=1))
+    Pin = prefix(p.cm.param_bytes[order_ids] * ~splits)
+    Sp = prefix(splits.astype(float))
     fix_r = F[None, :] - F[:, None]  # [i, j] range of regions [i, j)
     scal_r = Sc[None, :] - Sc[:, None]
     fixf_r = Ff[None, :] - Ff[:, None]
@@ -248,6 +266,16 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
     acc_r = (Pp[None, :] - Pp[:, None]) * rate
     fix_r = fix_r + acc_r
     fixb_r = fixb_r + acc_r
+    # A stage's work that a microbatch's way through the pipeline waits for (its chain,
+    # around and chain-offset busy terms): where a plan may split its backwards (some op
+    # with weight gradients to defer, and not the first stage, which no stage waits on),
+    # the forward and the I alone; the W may come after the gradients went back.
+    whole = (np.arange(U + 1) == 0)[:, None] | ((Sp[None, :] - Sp[:, None]) == 0)
+    fixbc_r = np.where(whole, fixb_r, Fbi[None, :] - Fbi[:, None]
+                       + (Pin[None, :] - Pin[:, None]) * rate)
+    scalbc_r = np.where(whole, scalb_r, Scbi[None, :] - Scbi[:, None])
+    fixc_r = np.where(whole, fix_r, fixf_r + fixbc_r)
+    scalc_r = np.where(whole, scal_r, scalf_r + scalbc_r)
     # what crossing the boundary before each region adds to microbatch 0's way forward
     # and the last one's way back, per sample it carries
     hops = _Hops(p, bounds, multi, devices)
@@ -265,14 +293,19 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
         first_ms = first / (B * sigma_max)
         fixf, scalf = fixf_r[:, :, None, None], scalf_r[:, :, None, None]
         fixb, scalb = fixb_r[:, :, None, None], scalb_r[:, :, None, None]
+        fixbc, scalbc = fixbc_r[:, :, None, None], scalbc_r[:, :, None, None]
         with np.errstate(divide="ignore", invalid="ignore"):
             busy = np.where(np.isfinite(inv_cap),
                             m * fix_r[:, :, None, None] + scal_r[:, :, None, None] * inv_cap,
                             np.inf)
-            # the slowest replica's forwards and backwards, and the first replica's share
-            # of one microbatch (the chain's), each way
-            f_busy, b_busy = m * fixf + scalf * inv_cap, m * fixb + scalb * inv_cap
-            f_first, b_first = fixf + scalf * first_ms, fixb + scalb * first_ms
+            # of that, what the drain of the stages before waits for (``fixc_r``)
+            crit = np.where(np.isfinite(inv_cap),
+                            m * fixc_r[:, :, None, None] + scalc_r[:, :, None, None] * inv_cap,
+                            np.inf)
+            # the slowest replica's forwards and backwards (up to their I), and the first
+            # replica's share of one microbatch (the chain's), each way
+            f_busy, b_busy = m * fixf + scalf * inv_cap, m * fixbc + scalbc * inv_cap
+            f_first, b_first = fixf + scalf * first_ms, fixbc + scalbc * first_ms
             # a stage's gradients are final only after the last microbatch's backward (the
             # replicas sum them once per flush): its AllReduce starts after every forward
             # and all but the last backward of its slowest replica
@@ -283,6 +316,7 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
             # update may overlap the drain of the stages before it)
             sync = np.maximum(sync, busy + outside[..., None])
         busy[:, :, 0] = np.inf
+        crit[:, :, 0] = np.inf
         # microbatch 0 leaves a stage when its first replica is done: the whole microbatch
         # on one device, else the smallest share (``first`` samples) on the fastest
         with np.errstate(invalid="ignore"):
@@ -290,8 +324,8 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
             # stage's first share, which the stage's gradient crosses back: a stage's
             # terms gain the boundary before it, at its own first share
             hop = hops.ms(first)[:, None]  # [i, 1, k, o]
-            chain = np.where(np.isfinite(first), fix_r[:, :, None, None]
-                             + scal_r[:, :, None, None] * first_ms + hop, np.inf)
+            chain = np.where(np.isfinite(first), fixc_r[:, :, None, None]
+                             + scalc_r[:, :, None, None] * first_ms + hop, np.inf)
             # a replica's first backward waits for a microbatch to pass the stages after
             # it both ways, and its last forward is of a microbatch that must still do so
             # and come back: (first forward + all its backwards) or (all its forwards +
@@ -315,17 +349,36 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
             # after microbatch 0 went through it, every stage after it must finish
             wait = np.where(kk[None, None, :, None] > 1, f_first + hops.ms(first, True)[:, None]
                             + ar_floor[..., None], -np.inf)
-        staged = busy + hop + tie_r[:, :, None, None]
+        # the drain of the stages before may overlap the W's: the whole busy time counts
+        # from the forward chain only (the chain offset less the most it adds beyond it)
+        whole_busy = busy + hops.ms(first, True)[:, None] - _drain_most(
+            fixb_r[0], scalb_r[0] / (m * sigma_max), hops, B / m)[:, None, None, None]
+        staged = np.maximum(crit + hop + tie_r[:, :, None, None], whole_busy)
+        # with split backwards the chain-offset terms above count the W's of no stage but
+        # the first; a stage still starts after microbatch 0's forward chain and does all
+        # its work: the same DP over that chain alone and the whole busy time bounds too
+        split_dp = bool(np.any(~whole))
+        if split_dp:
+            hop_in = hops.ms(first, True)[:, None]
+            chain_f = np.where(np.isfinite(first), f_first + hop_in, np.inf)
+            forward = (busy + hop_in, chain_f, sync)
         if counts is None:
-            return _capped_dp(staged, chain, sync, multi, U, D, around, after, enough=enough,
-                              wait=wait, untied=busy + hop)
+            value = _capped_dp(staged, chain, sync, multi, U, D, around, after, enough=enough,
+                               wait=wait, untied=crit + hop)
+            if split_dp and value < enough:
+                value = max(value, _capped_dp(*forward, multi, U, D, enough=enough))
+            return value
         staged, chain, sync, around, wait, untied = (
-            counts.reduce(x, 2) for x in (staged, chain, sync, around, wait, busy + hop))
-        return _capped_dp(staged, chain, sync, multi, U, D, around, after_grid, enough=enough,
-                          wait=wait, untied=untied, counts=counts)
+            counts.reduce(x, 2) for x in (staged, chain, sync, around, wait, crit + hop))
+        value = _capped_dp(staged, chain, sync, multi, U, D, around, after_grid, enough=enough,
+                           wait=wait, untied=untied, counts=counts)
+        if split_dp and value < enough:
+            value = max(value, _capped_dp(*(counts.reduce(x, 2) for x in forward), multi, U, D,
+                                          enough=enough, counts=counts))
+        return value
 
     ranges = _Ranges(fix_r, scal_r, fixf_r, scalf_r, fixb_r, scalb_r, params_r, static_r,
-                     multi, U, tie_r, hops)
+                     multi, U, tie_r, hops, (fixc_r, scalc_r, fixbc_r, scalbc_r))
     # Every value below bounds every plan of its m microbatches, each level at least the
     # one before: the cheap bound after its first caps (level 0), refined (level 1; final
     # where all devices are alike); on mixed devices, the exact class-count DP without its
@@ -437,6 +490,18 @@ class _Hops:
         with np.errstate(invalid="ignore"):
             out = ways * np.maximum(one, self.latency + per_sample * samples[None])
         return np.where((samples[None] > 0) & (one > 0), out, 0.0)
+
+
+def _drain_most(fixb: np.ndarray, scalb: np.ndarray, hops: _Hops, samples: float) -> np.ndarray:
+    """``[i]``: the most the stages in front of region ``i`` add to a chain offset beyond their
+    forwards: the backward of every op before ``i`` (``fixb + scalb``, that range's fixed and
+    per-microbatch parts as the chain takes them, at a whole microbatch) and the way back
+    over every boundary before it. So ``chain offset - this`` is at most the forward chain,
+    after which a stage may start and must then do all its work: with split backwards its
+    W's may overlap the drain of the stages in front, so only that offset holds for them."""
+    back = hops.ms(np.array(samples), one_way=True)
+    crossings = np.concatenate([[0.0], np.cumsum(back)[:-1]])  # boundaries before i
+    return fixb + scalb + crossings
 
 
 def _tie_terms(p: Problem, bounds: list[int], before: np.ndarray, floor: np.ndarray,
@@ -834,11 +899,13 @@ class _Ranges:
     """Per region range ``[i, j)``: fastest-type fixed and scalable times, parameters, state."""
 
     def __init__(self, fix_r, scal_r, fixf_r, scalf_r, fixb_r, scalb_r, params_r, static_r,
-                 multi, U, tie_r, hops):
+                 multi, U, tie_r, hops, critical):
         self.fix, self.scal, self.fixf, self.scalf = fix_r, scal_r, fixf_r, scalf_r
         self.fixb, self.scalb = fixb_r, scalb_r
         self.params, self.static, self.multi, self.U = params_r, static_r, multi, U
         self.tie, self.hops = tie_r, hops
+        # what the drain waits for (split backwards: up to the I; see the cheap DP)
+        self.fixc, self.scalc, self.fixbc, self.scalbc = critical
 
 
 def _classes(p: Problem, devices: list[str], sigma: np.ndarray,
@@ -900,12 +967,14 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     fits = mem[None, None, :] >= r.static[:, :, None]  # [i, j, C]
     allowed = ((~fits).astype(float) @ used.T.astype(float) == 0)[..., None]  # [i, j, K, 1]
     fix, scal = r.fix[:, :, None, None], r.scal[:, :, None, None]
+    fixc, scalc = r.fixc[:, :, None, None], r.scalc[:, :, None, None]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         outside = (r.params[:, :, None] * (zero + update / np.maximum(total, 1)[None, None]))
         busy = np.where(allowed & np.isfinite(share), m * fix + scal * share, np.inf)
+        crit = np.where(allowed & np.isfinite(share), m * fixc + scalc * share, np.inf)
         # microbatch 0 leaves a stage when its first replica is done (see _share_options)
         hop = r.hops.ms(first)[:, None]  # [i, 1, K, o]: the boundary before (as above)
-        chain = np.where(np.isfinite(first), fix + scal * first / (B * sig_max[:, None]) + hop,
+        chain = np.where(np.isfinite(first), fixc + scalc * first / (B * sig_max[:, None]) + hop,
                          np.inf)
         f_first = r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * first / (
             B * sig_max[:, None])
@@ -913,16 +982,19 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
             # a replica's first backward and its last forward's microbatch wait for the
             # round trip through the stages after it (the cheap DP's around term; small
             # clusters only, see SMALL_CLASS_STATES)
-            b_first = r.fixb[:, :, None, None] + r.scalb[:, :, None, None] * first / (
+            b_first = r.fixbc[:, :, None, None] + r.scalbc[:, :, None, None] * first / (
                 B * sig_max[:, None])
             f_busy = m * r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * share
-            b_busy = m * r.fixb[:, :, None, None] + r.scalb[:, :, None, None] * share
+            b_busy = m * r.fixbc[:, :, None, None] + r.scalbc[:, :, None, None] * share
             around = np.where(np.isfinite(busy), np.maximum(f_first + b_busy, f_busy + b_first)
                               + hop, np.inf)
         # after sync: the update may overlap the tie's AllReduce
         compute = busy
-        untied = compute + hop
-        busy = untied + r.tie[:, :, None, None]
+        untied = crit + hop
+        # (the whole busy time from the forward chain only, as in the cheap DP)
+        whole_busy = busy + r.hops.ms(first, True)[:, None] - _drain_most(
+            r.fixb[0], r.scalb[0] / (m * sig.min()), r.hops, samples)[:, None, None, None]
+        busy = np.maximum(untied + r.tie[:, :, None, None], whole_busy)
     busy[:, :, 0] = np.inf
     untied[:, :, 0] = np.inf
     full = K - 1  # every device left

@@ -5,7 +5,8 @@
   balance, then moving single samples from the slowest replica while that
   helps); replicas left with no sample are dropped.
 * ``stage_costs``: the ``StageCosts`` the scheduler times: slowest replica's
-  forward and backward time per microbatch, per stage pair the transfer of
+  forward and backward time per microbatch (and the part of the backward that
+  computes input gradients, for split backwards), per stage pair the transfer of
   one microbatch between replicas whose batch intervals overlap (concurrent
   flows on the real routes) and the links each direction occupies, the part
   of the stage's gradient AllReduce that
@@ -100,7 +101,7 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
     cm = problem.cm
     M = layout.microbatches
     B = problem.batch_size
-    f_ms, b_ms, sync_ms, caps = [], [], [], []
+    f_ms, b_ms, bi_ms, sync_ms, caps = [], [], [], [], []
     tied = _tied(problem, layout, reps)
     for s, (stage, r) in enumerate(zip(layout.stages, reps)):
         times = [problem.times(stage.start, stage.stop, d, c / B) for d, c in zip(r.devices, r.counts)]
@@ -109,9 +110,15 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
         # an owner of a tied weight split across stages no longer sums it in the graph
         added = own + tied.borrowed[s]
         f_ms.append(max(t[0] for t in times))
-        b_ms.append(max(max(0.0, t[1] + added * cm.accumulate_ms_per_byte(d)
-                            - sum(cm.tie_sum_ms(o, d) for o in tied.unsummed[s]))
-                        for t, d in zip(times, r.devices)))
+        backs = [max(0.0, t[1] + added * cm.accumulate_ms_per_byte(d)
+                     - sum(cm.tie_sum_ms(o, d) for o in tied.unsummed[s]))
+                 for t, d in zip(times, r.devices)]
+        b_ms.append(max(backs))
+        # a split backward's I: the input gradients, unless they are all of it (no weights,
+        # or the split not profiled: then nothing, not even the adding into buckets, waits)
+        inputs = [problem.input_ms(stage.start, stage.stop, d, c / B) for d, c in zip(r.devices, r.counts)]
+        bi_ms.append(max(back if i >= t[1] - 1e-12 else min(i, back)
+                         for i, t, back in zip(inputs, times, backs)))
         params = own - tied.lent[s]
         sync = 0.0
         if len(r.devices) > 1 and params > 0:
@@ -145,7 +152,7 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
         links[(s, t, "B")] = cm.flow_links(Flow(f.dst, f.src, f.nbytes) for f in flows)
     return StageCosts(f_ms=tuple(f_ms), b_ms=tuple(b_ms), send_ms=send_ms, sync_ms=tuple(sync_ms),
                       caps=tuple(caps), microbatches=M, links=links, ties=tied.allreduces,
-                      exchanges=tied.exchanges)
+                      exchanges=tied.exchanges, bi_ms=tuple(bi_ms))
 
 
 @dataclass(frozen=True, slots=True)

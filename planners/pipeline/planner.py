@@ -176,7 +176,8 @@ _BOUNDS: dict[tuple, Bound] = {}  # pipeline_bound's, oldest first
 def _pipeline_bound(problem: Problem) -> Bound:
     cm, devices = problem.cm, list(problem.devices)
     parts = {"work": work_bound_ms(cm, devices),
-             "critical_path": critical_path_ms(cm, devices, 1.0 / problem.batch_size)}
+             "critical_path": critical_path_ms(cm, devices, 1.0 / problem.batch_size,
+                                               split_backwards=True)}
     balanced = stage_balanced_bound_ms(problem, tie_sync=TieSync.EXCHANGE)
     if balanced != float("inf"):
         parts["stage_balanced"] = balanced

@@ -7,7 +7,8 @@ asks about a range is O(1) from prefix sums:
 
 * compute: per device type, the forward and backward time of the range split
   into a part that does not shrink with the batch (the cost model's fixed part) and a part
-  that does (``fixed + scalable x fraction``, exactly ``CostModel.ops_ms``);
+  that does (``fixed + scalable x fraction``, exactly ``CostModel.ops_ms``), and the part
+  of the backward that computes input gradients;
 * parameters and stashed activation bytes of the range;
 * ``cut_bytes[i]``: the bytes that cross the boundary before position ``i``,
   counted as the simulator sends them (one tensor per producing op and
@@ -89,6 +90,9 @@ class Problem:
 
         self.f_fixed, self.f_scal = split(fwd, self.fwd_fixed_ms)  # [types, n+1]
         self.b_fixed, self.b_scal = split(bwd, self.bwd_fixed_ms)
+        # of the backward, the part that computes input gradients (a split backward's I)
+        share = cm.bwd_input_share[idx][:, None]
+        self.bi_fixed, self.bi_scal = split(bwd * share, self.bwd_fixed_ms * share)
         self.param_prefix = _prefix(cm.param_bytes[idx][None, :])[0]
         self.out_prefix = _prefix(cm.output_bytes[idx][None, :])[0]
         self.cut_bytes = self._cuts()
@@ -96,7 +100,7 @@ class Problem:
         if n > max_units:
             self.bounds = self._coarsen(max_units)
             cols = self.bounds
-            for name in ("f_fixed", "f_scal", "b_fixed", "b_scal"):
+            for name in ("f_fixed", "f_scal", "b_fixed", "b_scal", "bi_fixed", "bi_scal"):
                 setattr(self, name, getattr(self, name)[:, cols])
             self.param_prefix = self.param_prefix[cols]
             self.out_prefix = self.out_prefix[cols]
@@ -182,6 +186,13 @@ class Problem:
         f = self.f_fixed[t, b] - self.f_fixed[t, a] + (self.f_scal[t, b] - self.f_scal[t, a]) * fraction
         bw = self.b_fixed[t, b] - self.b_fixed[t, a] + (self.b_scal[t, b] - self.b_scal[t, a]) * fraction
         return float(f), float(bw)
+
+    def input_ms(self, a: int, b: int, device: str, fraction: float) -> float:
+        """Of the backward ``times`` gives, the ms that compute input gradients (by FLOPs,
+        ``CostModel.bwd_input_share``)."""
+        t = self.type_of[self.device_index[device]]
+        return float(self.bi_fixed[t, b] - self.bi_fixed[t, a]
+                     + (self.bi_scal[t, b] - self.bi_scal[t, a]) * fraction)
 
     def pair_bytes(self, bounds: Sequence[int]) -> dict[tuple[int, int], float]:
         """Full-batch bytes from stage s to stage t (s < t) for stage boundaries ``bounds``.

@@ -1,7 +1,7 @@
 """Microbatch scheduling of a synchronous pipeline: fixed orders and a list scheduler.
 
 Input: per stage the forward and backward time of one microbatch (the
-slowest replica's), the time of each stage-to-stage transfer of one
+slowest replica's, and of the backward the part that computes input gradients), the time of each stage-to-stage transfer of one
 microbatch (activations forward, their gradients backward, FIFO on a channel
 per stage pair and direction, as links are in the simulator), the time of the
 stage's gradient synchronisation and optimizer update after its last
@@ -19,8 +19,13 @@ caps come from memory and from the round trip of a microbatch through the
 downstream stages: a stage needs about ``round_trip / (f + b) + 1`` microbatches
 in flight not to idle while its gradients travel, which is more than 1F1B's
 ``stages - s`` when links are slow or stages uneven, and fewer than GPipe's
-``m`` when memory is short. ``auto_schedule`` times GPipe, 1F1B and list
-variants and keeps the fastest.
+``m`` when memory is short. A split variant (``list-zb``) runs the backward of
+every stage but the first as I (the input gradients, which the stage sends back)
+and W (the weight gradients): the I as soon as its gradients arrive, the W
+whenever no F or I could start as early, so the W's fill the stage's waits
+(as zero-bubble pipeline schedules do) and the stage before gets its gradients
+a W sooner. ``auto_schedule`` times GPipe, 1F1B and list variants and keeps the
+fastest.
 
 Complexity: O(stages^2 x microbatches) per run (each step scans the stages).
 """
@@ -64,6 +69,17 @@ class StageCosts:
     # it occupies; the same for the owner's rows back); each one's sync starts once what it
     # receives has arrived
     exchanges: tuple[tuple[int, int, float, frozenset, float, frozenset], ...] = ()
+    # per stage, the part of b_ms that computes input gradients (the rest, weight gradients,
+    # may wait: a split backward's I and W); empty where the backward cannot be split
+    bi_ms: tuple[float, ...] = ()
+
+    def splittable(self) -> tuple[bool, ...]:
+        """Per stage: whether splitting its backward can help (some weight-gradient time,
+        and a stage before it to send the input gradients to: the first stage's whole
+        backward may as well wait)."""
+        if not self.bi_ms:
+            return (False,) * self.stages
+        return tuple(s > 0 and b - bi > 1e-12 for s, (b, bi) in enumerate(zip(self.b_ms, self.bi_ms)))
 
     def channels(self, s: int, t: int, direction: str) -> tuple:
         """What the transfer ``s -> t`` (``F``) or ``t -> s`` (``B``) queues on: its links,
@@ -85,13 +101,20 @@ class Timed:
 
 
 def run(costs: StageCosts, policy: Policy, *, caps: Sequence[int] | None = None,
-        backward_first: bool = False) -> Timed:
-    """Time (and for ``LIST`` build) a schedule; raises ``ValueError`` if it deadlocks."""
+        backward_first: bool = False, split: bool = False) -> Timed:
+    """Time (and for ``LIST`` build) a schedule; raises ``ValueError`` if it deadlocks.
+
+    ``split`` (``LIST`` only) splits the backward of every stage where that can help
+    (``StageCosts.splittable``) into I and W: the I first, as soon as its gradients
+    arrive, and the W whenever the stage would otherwise wait (no F or I can start as
+    early), with the stage's microbatches in flight counted until their W."""
     S, M = costs.stages, costs.microbatches
     if policy is Policy.LIST:
         cap = [max(1, min(c, M, k)) for c, k in zip(caps if caps is not None else [M] * S, costs.caps)]
-        label = ("list-bf" if backward_first else "list") + f"(caps {','.join(map(str, cap))})"
-        return _Sim(costs).list_schedule(cap, backward_first, label)
+        flags = costs.splittable() if split else (False,) * S
+        name = "list-zb" if any(flags) else "list-bf" if backward_first else "list"
+        label = name + f"(caps {','.join(map(str, cap))})"
+        return _Sim(costs).list_schedule(cap, backward_first, label, flags)
     fixed = (gpipe if policy is Policy.GPIPE else one_f_one_b)(S, M)
     return _Sim(costs).fixed(fixed, policy.value)
 
@@ -133,6 +156,11 @@ class _Sim:
         self.arrive_f = [[0.0] * M for _ in range(S)]
         self.arrive_b = [[0.0] * M for _ in range(S)]
         self.free = [0.0] * S
+        # split backwards: the I's part of each stage's backward, the W's, and when each I ended
+        self.bi_ms = costs.bi_ms or costs.b_ms
+        self.w_ms = [b - bi for b, bi in zip(costs.b_ms, self.bi_ms)]
+        self.i_end = [[0.0] * M for _ in range(S)]
+        self.tasks = [2 * M] * S  # per stage: its tasks (3 per microbatch where split)
         # tie exchanges: what each stage sends when its last task ends, and their arrivals
         self.done = [0] * S
         self.exchange_sends: dict[int, list[tuple[int, tuple, float]]] = {}
@@ -162,9 +190,14 @@ class _Sim:
         if op == "F":  # activations go to the stages after, gradients to the ones before
             end = start + self.costs.f_ms[s]
             sends, arrived, waiting, ready = self.out_f[s], self.arrive_f, self.wait_f, self.ready_f
+        elif op == "W":  # a split backward's weight gradients: nothing to send
+            end = start + self.w_ms[s]
+            sends = ()
         else:
-            end = start + self.costs.b_ms[s]
+            end = start + (self.costs.b_ms[s] if op == "B" else self.bi_ms[s])
             sends, arrived, waiting, ready = self.out_b[s], self.arrive_b, self.wait_b, self.ready_b
+            if op == "I":
+                self.i_end[s][m] = end
         for t, channels, ms in sends:
             arrive = self.send(channels, end, ms)
             row = arrived[t]
@@ -185,7 +218,7 @@ class _Sim:
                 self.ready_b[s][m] = row[m]
         self.free[s] = end
         self.done[s] += 1
-        if self.done[s] == 2 * self.M:
+        if self.done[s] == self.tasks[s]:
             for dst, channels, ms in self.exchange_sends.get(s, ()):
                 self.received[dst] = max(self.received[dst], self.send(channels, end, ms))
         return touched
@@ -206,6 +239,7 @@ class _Sim:
         S = self.S
         pos = [0] * S
         orders = schedule.orders
+        self.tasks = [len(order) for order in orders]
         version = [0] * S
         heap: list[tuple] = []
 
@@ -215,7 +249,10 @@ class _Sim:
             version[s] += 1
             if pos[s] < len(orders[s]):
                 a = orders[s][pos[s]]
-                r = (ready_f if a.op == "F" else ready_b)[s][a.microbatch]
+                if a.op == "W":
+                    r = self.i_end[s][a.microbatch]  # (its I runs earlier in the order)
+                else:
+                    r = (ready_f if a.op == "F" else ready_b)[s][a.microbatch]
                 if r >= 0:
                     heappush(heap, (r if r > free[s] else free[s], s, version[s]))
 
@@ -234,31 +271,37 @@ class _Sim:
             for t in touched:
                 if t != s:
                     push(t)
-        if done < 2 * S * self.M:
+        if done < sum(self.tasks):
             raise ValueError("the schedule deadlocks")
         return Timed(self.makespan(), schedule, label)
 
-    def list_schedule(self, cap: list[int], backward_first: bool, label: str) -> Timed:
+    def list_schedule(self, cap: list[int], backward_first: bool, label: str,
+                      split: Sequence[bool] = ()) -> Timed:
         """Non-delay list scheduling in global time order (see the module docstring).
 
         Each stage's next choice (earliest start, then priority) sits in a heap and is
-        recomputed only when the stage finishes a task or receives an input.
+        recomputed only when the stage finishes a task or receives an input. A stage
+        flagged in ``split`` runs I and W for its backward (``run``).
         """
         S, M = self.S, self.M
-        nf, nb = [0] * S, [0] * S
+        split = tuple(split) or (False,) * S
+        nf, nb, nw = [0] * S, [0] * S, [0] * S  # (nw: the backwards whose W has run)
         orders: list[list[Action]] = [[] for _ in range(S)]
         version = [0] * S
         heap: list[tuple] = []
-        ready_f, ready_b, free = self.ready_f, self.ready_b, self.free
+        ready_f, ready_b, free, i_end = self.ready_f, self.ready_b, self.free, self.i_end
         f_rank, b_rank = (1, 0) if backward_first else (0, 1)
-        acts = {"F": actions(S, M)[0], "B": actions(S, M)[1]}
+        back = ["I" if x else "B" for x in split]
+        self.tasks = [3 * M if x else 2 * M for x in split]
+        table = actions(S, M, "FBIW")
+        acts = dict(zip("FBIW", table))
 
         def push(s: int) -> None:
             version[s] += 1
             at = free[s]
-            f, b = nf[s], nb[s]
+            f, b, w = nf[s], nb[s], nw[s]
             start = -1.0  # none yet (every start is >= 0)
-            if f < M and f - b < cap[s]:
+            if f < M and f - w < cap[s]:
                 r = ready_f[s][f]
                 if r >= 0:
                     start, rank, op = (r if r > at else at), f_rank, "F"
@@ -267,13 +310,18 @@ class _Sim:
                 if r >= 0:
                     t = r if r > at else at
                     if start < 0 or t < start or (t == start and b_rank < rank):
-                        start, rank, op = t, b_rank, "B"
+                        start, rank, op = t, b_rank, back[s]
+            if w < b and split[s]:  # a W only where nothing else could start as early
+                r = i_end[s][w]
+                t = r if r > at else at
+                if start < 0 or t < start:
+                    start, rank, op = t, 2, "W"
             if start >= 0:
                 heappush(heap, (start, s, rank, op, version[s]))
 
         for s in range(S):
             push(s)
-        total, done = 2 * S * M, 0
+        total, done = sum(self.tasks), 0
         while done < total:
             while heap and heap[0][4] != version[heap[0][1]]:
                 heappop(heap)
@@ -283,9 +331,14 @@ class _Sim:
             if op == "F":
                 m = nf[s]
                 nf[s] += 1
+            elif op == "W":
+                m = nw[s]
+                nw[s] += 1
             else:
                 m = nb[s]
                 nb[s] += 1
+                if op == "B":
+                    nw[s] += 1
             touched = self.complete(s, op, m, start)
             orders[s].append(acts[op][s][m])
             done += 1
@@ -374,6 +427,11 @@ def schedule_options(costs: StageCosts, allowed: Sequence[Policy] = tuple(Policy
                 if wide and costs.links:
                     built = run(replace(costs, links={}), Policy.LIST, caps=caps, backward_first=bf)
                     options.append(_Sim(costs).fixed(built.schedule, built.label))
+        if any(costs.splittable()):  # split backwards, I first, within the memory caps
+            options.append(run(costs, Policy.LIST, backward_first=True, split=True))
+            if wide and costs.links:
+                built = run(replace(costs, links={}), Policy.LIST, backward_first=True, split=True)
+                options.append(_Sim(costs).fixed(built.schedule, built.label))
     if not options:
         raise ValueError("no schedule fits the memory of every stage")
     options.sort(key=lambda t: (round(t.makespan_ms, 9), sum(t.schedule.max_in_flight())))

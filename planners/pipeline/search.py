@@ -7,8 +7,8 @@
 3. Every distinct layout gets integer replica shares and the scheduler's inputs,
    and is screened by a closed-form flush estimate (``flush_estimate_ms``); an
    (ordering, microbatch count) is scored by the list-scheduled time of its
-   ``TOP_PER_EXPLORE`` best layouts by estimate (two list variants, skipping
-   layouts estimated ``ESTIMATE_SLACK`` above the best time so far).
+   ``TOP_PER_EXPLORE`` best layouts by estimate (three list variants, one splitting
+   backwards; skipping layouts estimated ``ESTIMATE_SLACK`` above the best time so far).
 4. **Local search over orderings**: host-block moves of the best ordering
    (seeded ``random.Random(seed)``, a fixed number of rounds), re-running 2–3
    for the microbatch counts that did best; a move is kept when its score is
@@ -154,9 +154,10 @@ def evaluate(problem: Problem, layout: Layout, *, full: bool = False,
     try:
         if full:
             timed = auto_schedule(costs, policies)
-        elif Policy.LIST in policies:  # the two list variants that win most often
+        elif Policy.LIST in policies:  # the list variants that win most often
             timed = min(run(costs, Policy.LIST, caps=round_trip_caps(costs)),
                         run(costs, Policy.LIST, backward_first=True),
+                        run(costs, Policy.LIST, backward_first=True, split=True),
                         key=lambda t: t.makespan_ms)
         else:
             timed = auto_schedule(costs, policies)

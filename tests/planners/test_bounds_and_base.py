@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 from hypothesis import given
@@ -65,3 +66,20 @@ def test_gradient_buckets_reverse_order_and_size():
     graph = _chain_graph([1, 1, 1, 1], params=(40, 0, 30, 30))
     buckets = gradient_buckets(graph, [op.id for op in graph.ops], bucket_bytes=50)
     assert buckets == (("l3", "l2"), ("l0",))
+
+
+def test_critical_path_of_plans_that_split_their_backwards():
+    # a chain of 1, 2, 3, 4 ms forwards, backwards twice that, half of each backward's FLOPs
+    # input gradients: the forwards (10 ms) and the I's back (10 ms), then the first op's W
+    # (1 ms); or F0 F1 F2 F3 I3 I2 I1, then W1 (1 + 2 + 3 + 4 + 4 + 3 + 2 + 2 = 21 ms too)
+    graph = _chain_graph([1.0, 2.0, 3.0, 4.0])
+    split = dataclasses.replace(graph, ops=tuple(
+        dataclasses.replace(op, bwd_flops=2.0, bwd_input_flops=1.0) for op in graph.ops))
+    devices = ["a/gpu0", "a/gpu1"]
+    topo = from_document(copy.deepcopy(TOPOLOGY))
+    cm = CostModel(split, topo)
+    assert critical_path_ms(cm, devices, 1.0) == pytest.approx(30.0)
+    assert critical_path_ms(cm, devices, 1.0, split_backwards=True) == pytest.approx(21.0)
+    # without the split profiled, nothing may wait: the whole chain
+    assert critical_path_ms(CostModel(graph, topo), devices, 1.0,
+                            split_backwards=True) == pytest.approx(30.0)
