@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -31,11 +32,18 @@ def test_export_of_a_gpipe_plan_by_hand():
     assert manifest["caveats"] == []
 
 
-def test_torch_loads_the_exported_csv():
+@pytest.mark.parametrize("split", [False, True])
+def test_torch_loads_the_exported_csv(split):
+    # with the input-gradient FLOPs profiled the plan splits backwards into I and W, which
+    # torch's schedules name the same way (BACKWARD_INPUT, BACKWARD_WEIGHT)
     schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
     graph = chain(8, param_bytes=GIB)
+    if split:
+        graph = dataclasses.replace(graph, ops=tuple(
+            dataclasses.replace(op, bwd_flops=4e9, bwd_input_flops=2e9) for op in graph.ops))
     plan = run("pipeline", graph, nvlink(4), microbatches=8, max_stages=4)
     files = torch_pipelining(plan, graph)
+    assert ("I" in files["schedule.csv"]) == split
     actions = {rank: [schedules._Action.from_str(c) for c in line.split(",")]
                for rank, line in enumerate(files["schedule.csv"].splitlines())}
     stages = len(plan.pipeline.stages)
