@@ -351,7 +351,8 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
                             + ar_floor[..., None], -np.inf)
         # the drain of the stages before may overlap the W's: the whole busy time counts
         # from the forward chain only (the chain offset less the most it adds beyond it)
-        whole_busy = busy + hops.ms(first, True)[:, None] - _drain_most(
+        hop_in = hops.ms(first, True)[:, None]  # the boundary before, the way in only
+        whole_busy = busy + hop_in - _drain_most(
             fixb_r[0], scalb_r[0] / (m * sigma_max), hops, B / m)[:, None, None, None]
         staged = np.maximum(crit + hop + tie_r[:, :, None, None], whole_busy)
         # with split backwards the chain-offset terms above count the W's of no stage but
@@ -359,7 +360,6 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
         # its work: the same DP over that chain alone and the whole busy time bounds too
         split_dp = bool(np.any(~whole))
         if split_dp:
-            hop_in = hops.ms(first, True)[:, None]
             chain_f = np.where(np.isfinite(first), f_first + hop_in, np.inf)
             forward = (busy + hop_in, chain_f, sync)
         if counts is None:

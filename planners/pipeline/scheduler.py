@@ -1,8 +1,9 @@
 """Microbatch scheduling of a synchronous pipeline: fixed orders and a list scheduler.
 
 Input: per stage the forward and backward time of one microbatch (the
-slowest replica's, and of the backward the part that computes input gradients), the time of each stage-to-stage transfer of one
-microbatch (activations forward, their gradients backward, FIFO on a channel
+slowest replica's, and of the backward the part that computes input
+gradients), the time of each stage-to-stage transfer of one microbatch
+(activations forward, their gradients backward, FIFO on a channel
 per stage pair and direction, as links are in the simulator), the time of the
 stage's gradient synchronisation and optimizer update after its last
 backward, the AllReduce of each weight tied across stages (after the last
