@@ -134,8 +134,11 @@ class Recorder:
         self._claimed.clear()
         return loss.detach()
 
-    def claim(self, values, op: str) -> None:
-        if self._outputs is not None:
+    def claim(self, values, op: str, activation: bool = True) -> None:
+        """Hook the autograd nodes ``values`` add (charged to ``op``); with
+        ``input_grads_only``, an ``activation`` (a value computed from the inputs, not from
+        parameters alone: ``weight.t()`` is a weight) is also one whose gradient is asked for."""
+        if self._outputs is not None and activation:
             self._outputs.extend(t for t in tree_flatten(values)[0]
                                  if isinstance(t, torch.Tensor) and t.requires_grad)
         for fn in autograd_nodes(values, self._claimed):
@@ -177,9 +180,12 @@ class _TimedInterpreter(fx.Interpreter):
         self.op_of = recorder.capture.op_of
         self.previous: str | None = None
         self.previous_end = 0.0
+        self.activations: set[str] = set()  # nodes whose values depend on the inputs
 
     def run_node(self, n: fx.Node):
         rec = self.recorder
+        if n.op == "placeholder" or any(a.name in self.activations for a in n.all_input_nodes):
+            self.activations.add(n.name)
         if n.op == "placeholder":
             result = super().run_node(n)
             if self.record_meta:
@@ -198,7 +204,7 @@ class _TimedInterpreter(fx.Interpreter):
         result = super().run_node(n)
         rec.fwd_s[op] += rec.clock() - t0
         self.previous = op
-        rec.claim(result, op)
+        rec.claim(result, op, n.name in self.activations)
         self.previous_end = rec.clock()  # the walk above is instrumentation, charged to no op
         if self.record_meta:
             rec.value_meta[n.name] = value_meta(result)

@@ -114,11 +114,15 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
                      - sum(cm.tie_sum_ms(o, d) for o in tied.unsummed[s]))
                  for t, d in zip(times, r.devices)]
         b_ms.append(max(backs))
-        # a split backward's I: the input gradients, unless they are all of it (no weights,
-        # or the split not profiled: then nothing, not even the adding into buckets, waits)
-        inputs = [problem.input_ms(stage.start, stage.stop, d, c / B) for d, c in zip(r.devices, r.counts)]
-        bi_ms.append(max(back if i >= t[1] - 1e-12 else min(i, back)
-                         for i, t, back in zip(inputs, times, backs)))
+        # a split backward's I: the input gradients, and all of the backward of the ops
+        # that defer nothing (no weight gradients, or the split not profiled), with their
+        # adding into buckets and less their tie sums, as the simulator lowers them
+        whole = float(problem.whole_param_prefix[stage.stop] - problem.whole_param_prefix[stage.start])
+        whole += tied.borrowed_whole[s]
+        inputs = [problem.input_ms(stage.start, stage.stop, d, c / B) + whole * cm.accumulate_ms_per_byte(d)
+                  - sum(cm.tie_sum_ms(o, d) for o in tied.unsummed[s] if problem.whole_op[o])
+                  for d, c in zip(r.devices, r.counts)]
+        bi_ms.append(max(min(max(i, 0.0), back) for i, back in zip(inputs, backs)))
         params = own - tied.lent[s]
         sync = 0.0
         if len(r.devices) > 1 and params > 0:
@@ -160,6 +164,8 @@ class _Tied:
     """Per stage, what tied weights shared across stages add (as the simulator lowers them)."""
 
     borrowed: tuple[float, ...]  # bytes of other stages' parameters held, summed and updated here
+    # of those, the bytes used by ops whose backward defers nothing (Problem.whole_op)
+    borrowed_whole: tuple[float, ...]
     lent: tuple[float, ...]  # bytes of own parameters summed with the sharers instead
     unsummed: tuple[tuple[str, ...], ...]  # the owner ops of those (CostModel.tie_sum_ms)
     # per tie, the stages holding it and its AllReduce: it starts after the last of their
@@ -179,17 +185,22 @@ def _tied(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> _Tied:
     what it receives before its update (``add_ms``), as the simulator lowers it."""
     S = len(layout.stages)
     borrowed, lent, ar, ex, add = [0.0] * S, [0.0] * S, [], [], [0.0] * S
+    borrowed_whole = [0.0] * S
     unsummed: list[list[str]] = [[] for _ in range(S)]
     if not problem.ties:
-        return _Tied(tuple(borrowed), tuple(lent), tuple(map(tuple, unsummed)), (), (), tuple(add))
+        return _Tied(tuple(borrowed), tuple(borrowed_whole), tuple(lent),
+                     tuple(map(tuple, unsummed)), (), (), tuple(add))
     cm = problem.cm
     stops = [st.stop for st in layout.stages]
     sharers: dict[tuple[str, int], tuple[float, set[int], str]] = {}
-    for name, owner, sharer, nbytes in problem.ties:
+    whole_sharers: set[tuple[str, int]] = set()  # (tie, stage) used there by a whole backward
+    for (name, owner, sharer, nbytes), (_, _, sharer_op, _) in zip(problem.ties, cm.ties):
         so, ss = bisect.bisect_right(stops, owner), bisect.bisect_right(stops, sharer)
         if so != ss:
             sharers.setdefault((name, so), (nbytes, set(), problem.tie_owner[name]))[1].add(ss)
-    for (_, so), (nbytes, stages, owner) in sorted(sharers.items()):
+            if problem.whole_op[sharer_op]:
+                whole_sharers.add((name, ss))
+    for (name, so), (nbytes, stages, owner) in sorted(sharers.items()):
         holders = list(dict.fromkeys(d for s in (so, *sorted(stages)) for d in reps[s].devices))
         extra = [s for s in stages if set(reps[s].devices) - set(reps[so].devices)]
         if not extra:
@@ -199,6 +210,8 @@ def _tied(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> _Tied:
             unsummed[so].append(owner)
         for s in extra:
             borrowed[s] += nbytes
+            if (name, s) in whole_sharers:
+                borrowed_whole[s] += nbytes
         if problem.tie_sync is TieSync.EXCHANGE and len(extra) == 1 and cm.exchangeable(
                 owner, reps[so].devices, [reps[s].devices for s in stages]):
             (st,) = extra
@@ -210,8 +223,8 @@ def _tied(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> _Tied:
             add[st] += cm.exchange_add_ms(b, rows)
             continue
         ar.append(((so, *sorted(extra)), cm.allreduce_ms(holders, nbytes)))
-    return _Tied(tuple(borrowed), tuple(lent), tuple(map(tuple, unsummed)), tuple(ar), tuple(ex),
-                 tuple(add))
+    return _Tied(tuple(borrowed), tuple(borrowed_whole), tuple(lent), tuple(map(tuple, unsummed)),
+                 tuple(ar), tuple(ex), tuple(add))
 
 
 def _exposed_allreduce_ms(problem: Problem, stage: StageSpec, reps: Replicas, m: int) -> float:

@@ -93,6 +93,11 @@ class Problem:
         # of the backward, the part that computes input gradients (a split backward's I)
         share = cm.bwd_input_share[idx][:, None]
         self.bi_fixed, self.bi_scal = split(bwd * share, self.bwd_fixed_ms * share)
+        # ops whose backward defers nothing (no weight gradients, or the split not
+        # profiled): their adding into buckets stays in the I too, as in the simulator
+        whole = share[:, 0] >= 1.0
+        self.whole_op = {op: bool(w) for op, w in zip(self.order, whole)}
+        self.whole_param_prefix = _prefix((cm.param_bytes[idx] * whole)[None, :])[0]
         self.param_prefix = _prefix(cm.param_bytes[idx][None, :])[0]
         self.out_prefix = _prefix(cm.output_bytes[idx][None, :])[0]
         self.cut_bytes = self._cuts()
@@ -103,6 +108,7 @@ class Problem:
             for name in ("f_fixed", "f_scal", "b_fixed", "b_scal", "bi_fixed", "bi_scal"):
                 setattr(self, name, getattr(self, name)[:, cols])
             self.param_prefix = self.param_prefix[cols]
+            self.whole_param_prefix = self.whole_param_prefix[cols]
             self.out_prefix = self.out_prefix[cols]
             self.cut_bytes = self.cut_bytes[cols]
             self.n = len(cols) - 1

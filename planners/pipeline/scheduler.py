@@ -80,7 +80,8 @@ class StageCosts:
         backward may as well wait)."""
         if not self.bi_ms:
             return (False,) * self.stages
-        return tuple(s > 0 and b - bi > 1e-12 for s, (b, bi) in enumerate(zip(self.b_ms, self.bi_ms)))
+        return tuple(s > 0 and b - bi > 1e-9 * b + 1e-12
+                     for s, (b, bi) in enumerate(zip(self.b_ms, self.bi_ms)))
 
     def channels(self, s: int, t: int, direction: str) -> tuple:
         """What the transfer ``s -> t`` (``F``) or ``t -> s`` (``B``) queues on: its links,

@@ -677,3 +677,37 @@ def test_device_swaps_trade_devices_between_stages_and_with_idle_ones():
                    ((a, b), (d,))}
     assert all(lay.microbatches == 4 and [(st.start, st.stop) for st in lay.stages]
                == [(0, 2), (2, 4)] for lay in device_swaps(problem, layout))
+
+
+@pytest.mark.parametrize("head_splits", [False, True])
+@pytest.mark.parametrize("sync", list(TieSync))
+def test_scheduler_matches_the_simulator_with_split_backwards_and_a_tie(head_splits, sync):
+    """Split backwards next to ops that defer nothing: layers 0, 1 and 3 have half their
+    backward FLOPs in input gradients, layer 2's split was not profiled (and shares a stage
+    with layer 1), and the head, which uses layer 0's weight, one way or the other. An op
+    that defers nothing keeps its adding into buckets in the I, in the scheduler as in the
+    simulator, with the tie AllReduced or exchanged. (The tie's two users are alone in
+    their stages: the scheduler starts the tie's sum after a stage's last task, the
+    simulator after the user's own.)"""
+    split = {"l0": 0.5, "l1": 0.5, "l3": 0.5, "l4": 0.5 if head_splits else None}
+    graph = _looked_up(_tied(chain(5, param_bytes=GIB // 4), GIB // 4))
+    graph = replace(graph, ops=tuple(
+        replace(op, bwd_flops=4e9, bwd_input_flops=4e9 * split[op.id])
+        if split.get(op.id) is not None else op for op in graph.ops))
+    topo = nvlink(4)
+    problem = Problem(graph, topo, tie_sync=sync)
+    cuts = [0, 2, 4, 5, 6]
+    layout = Layout(tuple(StageSpec(a, b, (d,)) for a, b, d in
+                          zip(cuts, cuts[1:], problem.devices[:4])), 8)
+    reps = all_replicas(problem, layout)
+    c = stage_costs(problem, layout, reps)
+    assert c.splittable() == (False, True, True, head_splits)
+    timed = schedule_run(c, Policy.LIST, backward_first=True, split=True)
+    assert timed.label.startswith("list-zb")
+    groups, pipeline = groups_and_pipeline(problem, layout, reps, timed.schedule)
+    plan = Plan(planner="pipeline", graph_sha256=fingerprint(graph),
+                topology_sha256=fingerprint(topo), batch_size=graph.model.batch_size,
+                groups=tuple(groups), pipeline=pipeline,
+                fusion=stage_buckets(problem, layout, reps), tie_sync=sync)
+    sim = simulate(plan, graph, topo, check_fingerprints=False).iteration_ms
+    assert sim == pytest.approx(timed.makespan_ms, rel=1e-6)

@@ -313,3 +313,36 @@ def test_the_sum_of_a_tied_weight_s_gradients_is_charged_to_its_owner_and_record
     # the tie's sum is the one gap before the weight's accumulation, which emb claimed
     assert dict(recorder.summed_s) == ({"emb": 1} if tied else {})
     assert recorder.bwd_s["emb"] >= 1 + tied
+
+
+FUNCTIONAL_MODEL = """
+import torch
+from torch import nn
+
+class Functional(nn.Module):
+    # weights used through functions (as a tied output head uses an embedding's):
+    # fx records them as get_attr nodes, and ``t()`` of one is a weight, not an activation
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(16, 8))
+        self.w2 = nn.Parameter(torch.randn(4, 16))
+
+    def forward(self, x):
+        return torch.relu(x @ self.w1.t()) @ self.w2.t()
+
+def build():
+    return Functional()
+"""
+
+
+def test_input_gradient_flops_leave_out_weights_used_through_functions(tmp_path):
+    path = tmp_path / "functional.py"
+    path.write_text(FUNCTIONAL_MODEL)
+    batch = 3
+    graph = profile_model(zoo.model_ref(f"{path}:build", input_shapes=[(batch, 8)]),
+                          granularity="op", **FAST)
+    matmuls = [op for op in graph.ops if op.flops]
+    assert [op.flops for op in matmuls] == [2 * batch * 8 * 16, 2 * batch * 16 * 4]
+    # the first needs no input gradient, the second's is one of its two matmuls
+    assert [op.bwd_input_flops for op in matmuls] == [0.0, 2 * batch * 16 * 4]
+    assert [op.bwd_flops for op in matmuls] == [2 * batch * 8 * 16, 4 * batch * 16 * 4]
