@@ -102,7 +102,7 @@ class Recorder:
         """Forward through the graph, loss, backward; returns the loss value.
 
         ``record_meta`` records the size and shape of every node's output.
-        ``input_grads_only`` asks autograd for the gradients of the ops' outputs alone
+        ``input_grads_only`` asks autograd for the gradients of the activations alone
         instead of running ``backward()``: every op's backward then computes the gradients
         it passes on to the ops before it, and no weight gradient.
         """

@@ -7,7 +7,7 @@ Steps
        records every op's FLOPs (forward and backward), bytes accessed,
        activation bytes and every node's output size (for the edges), and the
        peak of live tensor memory. It doubles as the first warm-up. A second
-       step asks autograd for the gradients of the ops' outputs alone and counts
+       step asks autograd for the gradients of the activations alone and counts
        the backward FLOPs that compute input gradients (``bwd_input_flops``; the
        rest compute weight gradients, which a pipeline may defer).
     3. ``warmup`` more plain steps, untimed (default none: the counting pass
