@@ -280,7 +280,7 @@ def input_gradient_flops(model: ModelRef, granularity: Granularity | str, *, see
 
 def _input_gradient_pass(cap, module, inputs, loss_fn, clock, model, counter) -> CostCounter:
     """One more step under a fresh counter in which autograd computes only the gradients
-    of the ops' outputs (``Recorder.run(input_grads_only=True)``): its backward FLOPs per
+    of the activations (``Recorder.run(input_grads_only=True)``): its backward FLOPs per
     op are those that compute input gradients, the part of a backward that a pipeline
     stage must finish before it sends gradients back (the weight gradients can wait)."""
     input_counter = CostCounter(counter.memory_limit_bytes)
