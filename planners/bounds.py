@@ -70,16 +70,10 @@ def critical_path_ms(cm: CostModel, devices: Sequence[str], min_batch_fraction: 
     """
     cols = _type_columns(cm, devices)
     fwd, bwd = (scaled.min(axis=1) for scaled in cm.scaled_tables(cols, min_batch_fraction))
+    b_in = bwd * cm.bwd_input_share if split_backwards else bwd  # (whole: the plain chain)
     graph = cm.graph.to_networkx()
     order = list(nx.topological_sort(graph))
     index = cm.op_index
-    if not split_backwards:
-        longest: dict[str, float] = {}
-        for op_id in order:
-            best_pred = max((longest[p] for p in graph.predecessors(op_id)), default=0.0)
-            longest[op_id] = best_pred + float(fwd[index[op_id]] + bwd[index[op_id]])
-        return max(longest.values(), default=0.0)
-    b_in = bwd * cm.bwd_input_share
     # the longest chains before an op (of forwards; of forwards and I's, which the gradient
     # passes back through after the op's I) and after it (forwards and I's)
     into: dict[str, float] = {}

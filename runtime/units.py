@@ -104,6 +104,11 @@ class UnitRunner:
         rows = self.my_rows(uid)
         return rows is not None and rows[1] > rows[0]
 
+    def _empty(self, uid: str) -> bool:
+        """True if this device holds a replica of ``uid`` with no rows (it runs nothing)."""
+        rows = self.my_rows(uid)
+        return rows is not None and rows[1] <= rows[0]
+
     def my_rows(self, uid: str) -> tuple[int, int] | None:
         devices = self.placements[uid].devices
         if self.device not in devices:
@@ -214,8 +219,7 @@ class UnitRunner:
         """The weight gradients of a split backward (``W``)."""
         deferred = self._deferred.pop((uid, mb), None)
         if deferred is None:
-            rows = self.my_rows(uid)
-            if rows is not None and rows[1] <= rows[0]:
+            if self._empty(uid):
                 return
             raise RuntimeError(f"W of unit {uid!r} mb{mb} on {self.device!r} before its I")
         with span(f"weight gradients {uid} mb{mb}"):
@@ -271,9 +275,8 @@ class UnitRunner:
     def _backward(self, uid: str, mb: int, split: bool = False) -> None:
         saved = self._saved.pop((uid, mb), None)
         if saved is None:
-            rows = self.my_rows(uid)
-            if rows is not None and rows[1] <= rows[0]:
-                return  # an empty replica: nothing ran forward
+            if self._empty(uid):
+                return  # nothing ran forward
             raise RuntimeError(f"backward of unit {uid!r} mb{mb} on {self.device!r} before its forward")
         t0, w0 = time.perf_counter(), self.comm.wait_ms
         unit = self.p.units[uid]

@@ -142,7 +142,6 @@ class _Lowering:
                 for a in plan.pipeline.actions(device) if d is not None else ():
                     if a.op == "I":
                         self.split.add((stage_group[a.stage], d, a.microbatch))
-        self.W: dict[tuple[int, int, int], int] = {}  # (unit, replica, microbatch) -> W task
         self.w_of: dict[int, int] = {}  # a split backward's task -> its W task
 
     # ------------------------------------------------------------------ units
@@ -443,7 +442,6 @@ class _Lowering:
                 tg.duration_ms[b] = i_ms
                 w = tg.add_compute(TaskKind.BACKWARD, d, w_ms, tg.priority[b], (u, rep, m, "W"))
                 tg.depend(b, w)
-                self.W[(u, rep, m)] = w
                 self.w_of[b] = w
 
     def _bucket_bytes(self, ops) -> tuple[float, set[str]]:
@@ -835,8 +833,9 @@ class _Lowering:
                     if a.op == "F":
                         chain.extend(self.F[u][r] + a.microbatch for u in units)
                     elif a.op == "W":
-                        chain.extend(self.W[(u, r, a.microbatch)] for u in reversed(units)
-                                     if (u, r, a.microbatch) in self.W)
+                        w_of = self.w_of
+                        chain.extend(w_of[b] for u in reversed(units)
+                                     if self.unit_rg[u] and (b := self.B[u][r] + a.microbatch) in w_of)
                     else:  # B, or I (whose W comes later)
                         chain.extend(self.B[u][r] + a.microbatch for u in reversed(units)
                                      if self.unit_rg[u])
