@@ -31,7 +31,15 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
 * **outside the ops**: a replica also zeroes its gradient buckets and does at
   least a ``1/k`` share of its optimizer update, at the best memory
   bandwidth: ``T >= busy + that``, with no chain offset (the update may
-  overlap the drain of earlier stages);
+  overlap the drain of earlier stages). Both come after the replica's last
+  backward (and a replicated stage's update after its AllReduce, which ends on
+  every replica at once): so the AllReduce terms below (*sync*, *wait*) gain
+  the ``1/k`` share, and the terms that end with a stage's last backward
+  (*around*, and the busy time after the forward chain) gain the ``tail``, the
+  zeroing and, on one device, the whole update (a replica's share of it is
+  unknown). The last microbatch's way back through the stages in front may
+  overlap the tail, so it counts after the forward chain only (the chain offset
+  less ``_drain_most``, as for split backwards below);
 * **sync**: a replicated stage's gradients are final only after its last
   microbatch's backward (replicas sum them once per flush), so its AllReduce floor
   comes after every forward and all but the last backward of its slowest replica,
@@ -283,6 +291,12 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
                        + np.cumsum(hops.ms(np.ones(1))[:, 0]),
                        limits, (tie_sync or p.tie_sync) is TieSync.EXCHANGE)
     outside = params_r[:, :, None] * (zero + update / np.maximum(kk, 1)[None, None, :])
+    # what a replica does after its own last backward (``tail``): zero its buckets, and on
+    # one device the whole update (replicas share theirs in an unknown split: their 1/k
+    # counts after the AllReduce, which ends at once on all of them). The last microbatch's
+    # way back through the stages in front may overlap it, so it counts after the forward
+    # chain only (as ``whole_busy`` below)
+    tail = params_r[:, :, None] * (zero + update * (kk == 1)[None, None, :])
 
     counts = _Counts(D) if D > EXACT_COUNTS_UP_TO else None
 
@@ -310,8 +324,8 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
             # replicas sum them once per flush): its AllReduce starts after every forward
             # and all but the last backward of its slowest replica
             backs = (m - 1) * fixb + scalb * inv_cap * ((m - 1) / m)
-            sync = np.where(kk[None, None, :, None] > 1, f_busy + backs + ar_floor[..., None],
-                            0.0)
+            sync = np.where(kk[None, None, :, None] > 1,
+                            f_busy + backs + ar_floor[..., None] + outside[..., None], 0.0)
             # and its compute plus the memory traffic outside the ops (no chain offset: the
             # update may overlap the drain of the stages before it)
             sync = np.maximum(sync, busy + outside[..., None])
@@ -324,6 +338,10 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
             # stage's first share, which the stage's gradient crosses back: a stage's
             # terms gain the boundary before it, at its own first share
             hop = hops.ms(first)[:, None]  # [i, 1, k, o]
+            hop_in = hops.ms(first, True)[:, None]  # the boundary before, the way in only
+            # the most the chain offset adds beyond the forward chain (``_drain_most``)
+            drain = _drain_most(fixb_r[0], scalb_r[0] / (m * sigma_max), hops,
+                                B / m)[:, None, None, None]
             chain = np.where(np.isfinite(first), fixc_r[:, :, None, None]
                              + scalc_r[:, :, None, None] * first_ms + hop, np.inf)
             # a replica's first backward waits for a microbatch to pass the stages after
@@ -331,7 +349,8 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
             # and come back: (first forward + all its backwards) or (all its forwards +
             # one backward), each plus the chain of the stages after it
             around = np.maximum(f_first + b_busy, f_busy + b_first) + hop
-            around = np.where(np.isfinite(around), around, np.inf)  # no such option
+            around = np.where(np.isfinite(around), np.maximum(
+                around, around - hop + hop_in - drain + tail[..., None]), np.inf)
             if counts is None:
                 after = _chain_after(busy, chain, multi, U, D)
             else:  # on the grid; per count, at the grid value at or above it
@@ -342,26 +361,25 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
             # both ways (on at most the devices the stage leaves), as does the microbatch
             # of its own last forward
             rest = after[None, :, ::-1, None]
-            lead = ar_floor[..., None] + np.maximum(f_first + backs + rest, f_busy + rest)
+            lead = (ar_floor + outside)[..., None] + np.maximum(f_first + backs + rest,
+                                                                f_busy + rest)
             sync = np.where((kk[None, None, :, None] > 1) & np.isfinite(lead),
                             np.maximum(sync, lead), sync)
             # a replicated stage's AllReduce also waits for the last gradient to come back:
             # after microbatch 0 went through it, every stage after it must finish
             wait = np.where(kk[None, None, :, None] > 1, f_first + hops.ms(first, True)[:, None]
-                            + ar_floor[..., None], -np.inf)
+                            + (ar_floor + outside)[..., None], -np.inf)
         # the drain of the stages before may overlap the W's: the whole busy time counts
         # from the forward chain only (the chain offset less the most it adds beyond it)
-        hop_in = hops.ms(first, True)[:, None]  # the boundary before, the way in only
-        whole_busy = busy + hop_in - _drain_most(
-            fixb_r[0], scalb_r[0] / (m * sigma_max), hops, B / m)[:, None, None, None]
-        staged = np.maximum(crit + hop + tie_r[:, :, None, None], whole_busy)
+        whole_busy = busy + hop_in - drain
+        staged = np.maximum(crit + hop + tie_r[:, :, None, None], whole_busy + tail[..., None])
         # with split backwards the chain-offset terms above count the W's of no stage but
         # the first; a stage still starts after microbatch 0's forward chain and does all
         # its work: the same DP over that chain alone and the whole busy time bounds too
         split_dp = bool(np.any(~whole))
         if split_dp:
             chain_f = np.where(np.isfinite(first), f_first + hop_in, np.inf)
-            forward = (busy + hop_in, chain_f, sync)
+            forward = (busy + hop_in + tail[..., None], chain_f, sync)
         if counts is None:
             value = _capped_dp(staged, chain, sync, multi, U, D, around, after, enough=enough,
                                wait=wait, untied=crit + hop)
@@ -970,10 +988,14 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     fixc, scalc = r.fixc[:, :, None, None], r.scalc[:, :, None, None]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         outside = (r.params[:, :, None] * (zero + update / np.maximum(total, 1)[None, None]))
+        tail = (r.params[:, :, None] * (zero + update * (total == 1)[None, None]))[..., None]
         busy = np.where(allowed & np.isfinite(share), m * fix + scal * share, np.inf)
         crit = np.where(allowed & np.isfinite(share), m * fixc + scalc * share, np.inf)
         # microbatch 0 leaves a stage when its first replica is done (see _share_options)
         hop = r.hops.ms(first)[:, None]  # [i, 1, K, o]: the boundary before (as above)
+        hop_in = r.hops.ms(first, True)[:, None]
+        drain = _drain_most(r.fixb[0], r.scalb[0] / (m * sig.min()), r.hops,
+                            samples)[:, None, None, None]
         chain = np.where(np.isfinite(first), fixc + scalc * first / (B * sig_max[:, None]) + hop,
                          np.inf)
         f_first = r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * first / (
@@ -986,15 +1008,14 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
                 B * sig_max[:, None])
             f_busy = m * r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * share
             b_busy = m * r.fixbc[:, :, None, None] + r.scalbc[:, :, None, None] * share
-            around = np.where(np.isfinite(busy), np.maximum(f_first + b_busy, f_busy + b_first)
-                              + hop, np.inf)
+            around = np.maximum(f_first + b_busy, f_busy + b_first) + hop
+            around = np.where(np.isfinite(busy), np.maximum(
+                around, around - hop + hop_in - drain + tail), np.inf)
         # after sync: the update may overlap the tie's AllReduce
         compute = busy
         untied = crit + hop
         # (the whole busy time from the forward chain only, as in the cheap DP)
-        whole_busy = busy + r.hops.ms(first, True)[:, None] - _drain_most(
-            r.fixb[0], r.scalb[0] / (m * sig.min()), r.hops, samples)[:, None, None, None]
-        busy = np.maximum(untied + r.tie[:, :, None, None], whole_busy)
+        busy = np.maximum(untied + r.tie[:, :, None, None], busy + hop_in - drain + tail)
     busy[:, :, 0] = np.inf
     untied[:, :, 0] = np.inf
     full = K - 1  # every device left
@@ -1045,7 +1066,8 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
         sync = np.where((total >= 2)[:, None] & np.isfinite(share),
                         m * r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * share
                         + (m - 1) * r.fixb[:, :, None, None]
-                        + r.scalb[:, :, None, None] * share * ((m - 1) / m) + floor_r, 0.0)
+                        + r.scalb[:, :, None, None] * share * ((m - 1) / m) + floor_r
+                        + outside[..., None], 0.0)
         sync = np.where(allowed, np.maximum(sync, compute + outside[..., None]), sync)
         # and after its first forward and the stages after it on the devices it leaves
         # (as in the cheap DP, ``_capped_dp``'s ``wait``)
@@ -1054,7 +1076,7 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
         left = np.full(K, full)
         left[subs[full]] = rests[full]
         wait = np.where((total >= 2)[:, None], f_first + r.hops.ms(first, True)[:, None]
-                        + floor_r + cont[None, :, left, None], -np.inf)
+                        + floor_r + outside[..., None] + cont[None, :, left, None], -np.inf)
         sync = np.maximum(sync, wait)
     # caps at the distinct sync values above A(inf), v_0 < v_1 < ...: a partition whose
     # largest sync is at most v_q is at least A(v_q), any other at least v_{q+1}, so

@@ -89,6 +89,27 @@ def test_four_equal_layers_on_two_devices_split_two_and_two():
     validate_plan(plan, graph, topo)
 
 
+def test_bound_counts_the_update_after_the_last_backward():
+    """Two layers of 3 GiB parameters (9 GiB with gradients and momentum) on two 16 GiB V100s,
+    one sample: each layer on its own device, and the iteration is the closed form
+    f + f + b + b (the one microbatch there and back, with its transfers) and then the first
+    stage's update. The
+    bound has that too: the first stage's last backward waits for the round trip, and its
+    update (and zeroing its buckets) comes after it (without it the bound was 81.8 ms)."""
+    graph = chain(2, fwd_ms=10.0, bwd_ms=20.0, param_bytes=3 * GIB, batch=1)
+    topo = nvlink(2)
+    plan = run("pipeline", graph, topo)
+    assert plan.pipeline is not None and plan.pipeline.microbatches == 1
+    cm = CostModel(graph, topo)
+    dev = cm.cluster.device_names[0]
+    b = cm.op_ms("l0", dev, "bwd") + 3 * GIB * cm.accumulate_ms_per_byte(dev)
+    update = cm.update_ms(3 * GIB, dev, 1.0) + cm.upkeep_ms(3 * GIB, dev, 0)
+    hop = 2 * cm.transfer_ms(*cm.cluster.device_names[:2], 4 * 2**20)  # activation and back
+    closed = 2 * (cm.op_ms("l0", dev, "fwd") + b) + update + hop
+    assert plan.prediction.iteration_ms == pytest.approx(closed, rel=1e-6)
+    assert closed * (1 - 1e-4) <= plan.bound_ms <= plan.prediction.iteration_ms
+
+
 def test_small_model_on_two_devices_is_data_parallel():
     """With tiny parameters nothing beats splitting the batch: one stage on both devices."""
     graph = chain(4, param_bytes=2**20)
