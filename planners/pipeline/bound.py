@@ -72,7 +72,12 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   every partition of the rest on the devices left (a DP of its own), which keeps the
   min-max one DP; this term stops a partition from making its last stages light. (The
   class DP takes it too where it has at most ``SMALL_CLASS_STATES`` states, with its own
-  least chain after.)
+  least chain after.) That least chain may come from partitions no plan near the bound
+  uses (the rest replicated, with a one-sample first share, whatever its AllReduce
+  costs); so the cheap DP also takes it over partitions whose every stage's busy and
+  sync terms are at most a limit ``L``: a plan with a longer stage takes more than ``L``
+  anyway, so ``min(L, that DP)`` bounds too, and ``L`` is bisected towards where the
+  two meet (``AFTER_ROUNDS`` more DPs per microbatch count).
 * **boundaries**: where a cut between two single-op regions is certain to send the edge
   between them, a stage's replica receives at least its share of it before its first
   forward and sends the gradient back after its last backward (``_Hops``): its busy,
@@ -141,6 +146,10 @@ EXACT_GROUPS_UP_TO = 12  # clusters this small take the AllReduce floor over eve
 # the cheap DP takes every device count on clusters of at most this many devices; on larger
 # ones, counts on a grid (``_Counts``): a relaxation of the same bound
 EXACT_COUNTS_UP_TO = 32
+# the chain after a stage taken over partitions of stages no longer than a limit: DPs per
+# microbatch count, and the first limit's (and each step up's) ratio to the bound below it
+AFTER_ROUNDS = 3
+AFTER_STEP = 1.25
 
 
 def forced_cuts(problem: Problem) -> list[int]:
@@ -383,6 +392,25 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
         if counts is None:
             value = _capped_dp(staged, chain, sync, multi, U, D, around, after, enough=enough,
                                wait=wait, untied=crit + hop)
+            # the least chain after a stage over partitions whose every stage is at most
+            # ``limit`` (busy and sync): a plan with a stage above it takes longer anyway, so
+            # ``min(limit, the DP with that chain)`` bounds too; bisected towards where the
+            # two meet (``AFTER_ROUNDS`` DPs)
+            lo, hi = value, np.inf
+            limit = value * AFTER_STEP
+            for _ in range(AFTER_ROUNDS if enough > 0 else 0):
+                if lo >= enough:
+                    break
+                short = np.where((busy <= limit) & (sync <= limit), busy, np.inf)
+                v = _capped_dp(staged, chain, sync, multi, U, D, around,
+                               _chain_after(short, chain, multi, U, D), enough=enough,
+                               wait=wait, untied=crit + hop)
+                if v >= limit:
+                    lo = limit
+                else:
+                    lo, hi = max(lo, v), limit
+                limit = lo * AFTER_STEP if hi == np.inf else 0.5 * (lo + hi)
+            value = lo
             if split_dp and value < enough:
                 value = max(value, _capped_dp(*forward, multi, U, D, enough=enough))
             return value
@@ -419,7 +447,7 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
             value = max(value, float(uncapped[m][0, -1]))
         else:
             value = max(value, _class_bound(ranges, classes, vector_floor, B, m, zero, update,
-                                            enough=best, uncapped=uncapped[m]))
+                                            enough=best, uncapped=uncapped[m], known=value))
         if level + 1 == last:
             best = min(best, value)
         else:
@@ -956,7 +984,7 @@ def _class_states(counts: tuple[int, ...]) -> tuple[list[tuple[int, ...]], list[
 
 def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: float = 0.0,
                  update: float = 0.0, enough: float | None = np.inf,
-                 uncapped: np.ndarray | None = None):
+                 uncapped: np.ndarray | None = None, known: float = 0.0):
     """The stage-balanced bound for ``m`` microbatches with devices counted per class.
 
     Like the cheap DP, but the state is how many devices of each class are left, so
@@ -969,7 +997,9 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     term is at most ``c``; the caps are searched for the largest such bound (see below)
     and stop once it reaches ``enough`` (a caller that keeps the least bound over ``m``
     needs no more). ``enough = None`` returns the table of ``A(inf)`` (``[region, state]``)
-    instead, which a later call takes as ``uncapped``.
+    instead, which a later call takes as ``uncapped``. ``known``, a bound for ``m`` already
+    found (the cheap DP's), is where the search for the caps starts when it is above
+    ``A(inf)``: with a handful of DPs, galloping up from ``A(inf)`` may never pass it.
     """
     U = r.U
     sig = np.array([c[0] for c in classes])
@@ -1057,7 +1087,7 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     table = solve(np.inf, table=True) if uncapped is None else uncapped  # A(inf)
     if enough is None:
         return table
-    best = float(table[0, full])
+    best = max(float(table[0, full]), known)
     if best >= enough:
         return best
     floor_r = (r.params[:, :, None] * floor[None, None, :])[..., None]

@@ -711,3 +711,22 @@ def test_scheduler_matches_the_simulator_with_split_backwards_and_a_tie(head_spl
                 fusion=stage_buckets(problem, layout, reps), tie_sync=sync)
     sim = simulate(plan, graph, topo, check_fingerprints=False).iteration_ms
     assert sim == pytest.approx(timed.makespan_ms, rel=1e-6)
+
+
+def test_round_trip_is_taken_over_stages_no_longer_than_the_bound(monkeypatch):
+    """Three layers of 2 GiB on three V100s over 25 Gbps: replicating layers would AllReduce
+    gigabytes over the slow links, far longer than any pipeline of them, so the round trip a
+    stage waits for passes single-device stages, a whole microbatch each way. The least
+    chain after a stage taken over every partition (replicas with a one-sample first share)
+    misses that; taken over partitions of stages no longer than the bound, it does not."""
+    from dl_nfv.planners.pipeline import bound
+
+    graph = chain(3, param_bytes=2 * GIB, batch=4)
+    topo = _topology([V100] * 3)
+    problem = Problem(graph, topo, tie_sync=TieSync.EXCHANGE)
+    tight = bound.stage_balanced_bound_ms(problem)
+    plan = run("pipeline", graph, topo)
+    assert tight <= plan.prediction.iteration_ms
+    monkeypatch.setattr(bound, "AFTER_ROUNDS", 0)
+    loose = bound.stage_balanced_bound_ms(problem)
+    assert tight >= 1.1 * loose  # 101.0 against 90.0 ms (the plan: 108.5)
