@@ -74,10 +74,11 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   class DP takes it too where it has at most ``SMALL_CLASS_STATES`` states, with its own
   least chain after.) That least chain may come from partitions no plan near the bound
   uses (the rest replicated, with a one-sample first share, whatever its AllReduce
-  costs); so the cheap DP also takes it over partitions whose every stage's busy and
-  sync terms are at most a limit ``L``: a plan with a longer stage takes more than ``L``
-  anyway, so ``min(L, that DP)`` bounds too, and ``L`` is bisected towards where the
-  two meet (``AFTER_ROUNDS`` more DPs per microbatch count).
+  costs); so the cheap DP (on clusters of at most ``EXACT_COUNTS_UP_TO`` devices) also
+  takes it over partitions whose every stage's busy and sync terms are at most a limit
+  ``L``: a plan with a longer stage takes more than ``L`` anyway, so ``min(L, that DP)``
+  bounds too, and ``L`` is bisected towards where the two meet (``AFTER_ROUNDS`` more
+  DPs per microbatch count).
 * **boundaries**: where a cut between two single-op regions is certain to send the edge
   between them, a stage's replica receives at least its share of it before its first
   forward and sends the gradient back after its last backward (``_Hops``): its busy,
