@@ -68,7 +68,9 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   forwarded to pass every later stage forward and back, and the microbatch of its last
   forward must do the same before its backward there; so with ``F``/``B`` the forward
   and backward parts, ``T >= sum_{s<k} chain_s + max(F_first + B_busy, F_busy +
-  B_first)_k + sum_{s>k} chain_s``. The chain after ``k`` is taken at its least over
+  B_first)_k + sum_{s>k} chain_s``. Counted from the forward chain instead (as the
+  *tail* is), ``B`` is the whole backward with its W's (none can start before the
+  first I) and the tail follows. The chain after ``k`` is taken at its least over
   every partition of the rest on the devices left (a DP of its own), which keeps the
   min-max one DP; this term stops a partition from making its last stages light. (The
   class DP takes it too where it has at most ``SMALL_CLASS_STATES`` states, with its own
@@ -359,8 +361,12 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
             # and come back: (first forward + all its backwards) or (all its forwards +
             # one backward), each plus the chain of the stages after it
             around = np.maximum(f_first + b_busy, f_busy + b_first) + hop
+            # counted from the forward chain, it ends with the stage's tail, after its W's:
+            # none can start before the first I, so they all come after the round trip too
+            with_w = np.maximum(f_first + m * fixb + scalb * inv_cap,
+                                f_busy + fixb + scalb * first_ms)
             around = np.where(np.isfinite(around), np.maximum(
-                around, around - hop + hop_in - drain + tail[..., None]), np.inf)
+                around, with_w + hop_in - drain + tail[..., None]), np.inf)
             if counts is None:
                 after = _chain_after(busy, chain, multi, U, D)
             else:  # on the grid; per count, at the grid value at or above it
@@ -1040,8 +1046,12 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
             f_busy = m * r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * share
             b_busy = m * r.fixbc[:, :, None, None] + r.scalbc[:, :, None, None] * share
             around = np.maximum(f_first + b_busy, f_busy + b_first) + hop
+            with_w = np.maximum(  # with the W's, from the forward chain (as in the cheap DP)
+                f_first + m * r.fixb[:, :, None, None] + r.scalb[:, :, None, None] * share,
+                f_busy + r.fixb[:, :, None, None] + r.scalb[:, :, None, None] * first / (
+                    B * sig_max[:, None]))
             around = np.where(np.isfinite(busy), np.maximum(
-                around, around - hop + hop_in - drain + tail), np.inf)
+                around, with_w + hop_in - drain + tail), np.inf)
         # after sync: the update may overlap the tie's AllReduce
         compute = busy
         untied = crit + hop
