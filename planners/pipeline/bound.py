@@ -399,25 +399,12 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
         if counts is None:
             value = _capped_dp(staged, chain, sync, multi, U, D, around, after, enough=enough,
                                wait=wait, untied=crit + hop)
-            # the least chain after a stage over partitions whose every stage is at most
-            # ``limit`` (busy and sync): a plan with a stage above it takes longer anyway, so
-            # ``min(limit, the DP with that chain)`` bounds too; bisected towards where the
-            # two meet (``AFTER_ROUNDS`` DPs)
-            lo, hi = value, np.inf
-            limit = value * AFTER_STEP
-            for _ in range(AFTER_ROUNDS if enough > 0 else 0):
-                if lo >= enough:
-                    break
-                short = np.where((busy <= limit) & (sync <= limit), busy, np.inf)
-                v = _capped_dp(staged, chain, sync, multi, U, D, around,
-                               _chain_after(short, chain, multi, U, D), enough=enough,
-                               wait=wait, untied=crit + hop)
-                if v >= limit:
-                    lo = limit
-                else:
-                    lo, hi = max(lo, v), limit
-                limit = lo * AFTER_STEP if hi == np.inf else 0.5 * (lo + hi)
-            value = lo
+            # the chain after a stage over partitions whose every stage is at most
+            # ``limit`` (busy and sync): a plan with a stage above it takes longer anyway
+            value = _bisect_limit(value, enough, lambda limit: _capped_dp(
+                staged, chain, sync, multi, U, D, around, _chain_after(
+                    np.where((busy <= limit) & (sync <= limit), busy, np.inf), chain, multi,
+                    U, D), enough=enough, wait=wait, untied=crit + hop))
             if split_dp and value < enough:
                 value = max(value, _capped_dp(*forward, multi, U, D, enough=enough))
             return value
@@ -543,6 +530,29 @@ class _Hops:
         with np.errstate(invalid="ignore"):
             out = ways * np.maximum(one, self.latency + per_sample * samples[None])
         return np.where((samples[None] > 0) & (one > 0), out, 0.0)
+
+
+def _bisect_limit(value: float, enough: float, solve) -> float:
+    """The most of ``min(L, solve(L))`` over a few limits ``L``.
+
+    ``solve(L)`` bounds every plan whose stages all take at most ``L``, and a plan with a
+    longer stage takes more than ``L``, so ``min(L, solve(L))`` bounds every plan;
+    ``solve`` falls as ``L`` grows. From ``value`` (a bound already), ``L`` steps up by
+    ``AFTER_STEP`` until ``solve`` falls below it, then bisects: ``AFTER_ROUNDS`` solves
+    at most, none once the bound reaches ``enough`` (or where ``enough`` is 0: the first
+    caps' pass)."""
+    lo, hi = value, np.inf
+    limit = value * AFTER_STEP
+    for _ in range(AFTER_ROUNDS if enough > 0 else 0):
+        if lo >= enough:
+            break
+        v = solve(limit)
+        if v >= limit:
+            lo = limit
+        else:
+            lo, hi = max(lo, v), limit
+        limit = lo * AFTER_STEP if hi == np.inf else 0.5 * (lo + hi)
+    return lo
 
 
 def _drain_most(fixb: np.ndarray, scalb: np.ndarray, hops: _Hops, samples: float) -> np.ndarray:
