@@ -44,6 +44,13 @@ LOSS_TOL = {"rtol": 1e-5, "atol": 1e-6}
 PARAM_TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
+def gpt2_tiny():
+    """The tiny GPT-2 (tied embedding and head, dropout off: its random masks differ between
+    a microbatched and a full-batch run) on 4 sequences of 8 token ids."""
+    return graph_of(f"{MODELS}:gpt2_tiny_without_dropout", input_shapes=[(4, 8)],
+                    input_dtypes=["int64"])
+
+
 def _check(tmp_path: Path, graph, topo, plan, *, optimizer=Optimizer.SGD):
     path = write(tmp_path, graph, topo, plan)
     params_dir = tmp_path / "params"
@@ -97,10 +104,8 @@ def test_pipeline_gpipe(tmp_path):
 
 def test_pipeline_1f1b_with_tied_weights(tmp_path):
     # GPT-2 ties the token embedding (stage 0) to the output head (stage 1): the two
-    # stages' gradients of that weight are summed across devices. (Dropout off: its random
-    # masks differ between a microbatched and a full-batch run.)
-    graph = graph_of(f"{MODELS}:gpt2_tiny_without_dropout", input_shapes=[(4, 8)],
-                     input_dtypes=["int64"])
+    # stages' gradients of that weight are summed across devices
+    graph = gpt2_tiny()
     topo = topology(2)
     d = devices(2)
     plan = pipeline_plan(graph, topo, [[d[0]], [d[1]]], microbatches=2, kind="1f1b")
@@ -110,8 +115,7 @@ def test_pipeline_1f1b_with_tied_weights(tmp_path):
 def test_pipeline_with_a_tie_summed_by_exchange(tmp_path):
     # the embedding is a lookup of the ids (its gradient has rows only for the 32 ids of a
     # batch, of 96), so the head's dense gradient goes to stage 0 and those rows come back
-    graph = with_parameters(graph_of(f"{MODELS}:gpt2_tiny_without_dropout",
-                                     input_shapes=[(4, 8)], input_dtypes=["int64"]))
+    graph = with_parameters(gpt2_tiny())
     (owner,) = lookup_rows(graph)
     assert lookup_rows(graph)[owner] < graph.index[owner].param_bytes
     topo = topology(2)
@@ -172,8 +176,7 @@ def test_pipeline_with_split_backwards_and_tied_weights(tmp_path):
     # GPT-2's head (stage 1) uses the embedding stage 0 owns; stage 1's I sends the hidden
     # states' gradients before its W computes the weights' (attention: several nodes lead
     # to one weight, each held to the gradient it had)
-    graph = graph_of(f"{MODELS}:gpt2_tiny_without_dropout", input_shapes=[(4, 8)],
-                     input_dtypes=["int64"])
+    graph = gpt2_tiny()
     topo = topology(2)
     d = devices(2)
     schedule = {d[0]: "0F0 0F1 0B0 0B1", d[1]: "1F0 1I0 1F1 1I1 1W1 1W0"}
