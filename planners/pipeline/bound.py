@@ -117,6 +117,13 @@ region is one op, and this relaxation costs nothing.
 On clusters of more than ``EXACT_COUNTS_UP_TO`` (32) devices the cheap DP takes the device
 counts on a grid (``_Counts``), a relaxation of the same DP.
 
+On mixed clusters the class DP (devices counted per class: speed, memory and type, so no two
+stages can both use the fastest devices) takes each class's own time of a range of ops, not
+the fastest type's divided by the class's best speed over all ops (``_Ranges.scalable``): a
+P100 of the HeteroG testbed runs BERT-large's embedding at 0.81 of a V100's speed but its
+layers at 0.59, and the bound had it run four layers in 48 ms that take it 67 (BERT-large
+there: 55.9 to 59.1 ms, ResNet-152 29.3 to 30.5).
+
 Complexity: O(U^2 x D x C x O x divisors) for U regions, D devices, C <= D device counts
 (at most 40 beyond 32 devices) and O <= 4 share options, vectorised; the class DP for mixed
 clusters is O(U^2 x S x K x O) per microbatch count (S states, K class vectors); the counts
@@ -263,13 +270,14 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
     # exact least over every group of k, and of each class-count vector (``vector_floor``)
     kk = np.arange(D + 1)
     limits = _host_limits(p, devices)
-    classes = _classes(p, devices, sigma, memory)
+    col_of = [cols.index(int(p.type_of[p.device_index[d]])) for d in devices]
+    classes = _classes(sigma, memory, col_of)
     kvecs = _class_states(tuple(c[2] for c in classes))[0]
     vector_floor = limits[np.array([sum(kv) for kv in kvecs])]
     if D <= EXACT_GROUPS_UP_TO:
-        index = {(c[0], c[1]): n for n, c in enumerate(classes)}
-        floors = _group_floors(p, devices, [index[(s, m)] for s, m in
-                                            zip(sigma.tolist(), memory.tolist())], len(classes))
+        index = {(c[0], c[1], c[3]): n for n, c in enumerate(classes)}
+        floors = _group_floors(p, devices, [index[key] for key in zip(
+            sigma.tolist(), memory.tolist(), col_of)], len(classes))
         exact: dict[int, float] = {}
         for kv, value in floors.items():
             exact[sum(kv)] = min(exact.get(sum(kv), np.inf), value)
@@ -417,8 +425,20 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
                                           enough=enough, counts=counts))
         return value
 
+    # the class DP's scalable parts per device class, range by range (see ``_Ranges``)
+    by_type = {"scal": scal, "scalf": p.fwd_ms[:, cols] - fixed_f,
+               "scalb": p.bwd_ms[:, cols] - fixed_b}
+    by_type["scalbi"] = by_type["scalb"] * share[:, None]
+    typed = {name: np.stack([prefix(x[:, k]) for k in range(len(cols))], axis=-1)
+             for name, x in by_type.items()}
+    typed = {name: x[None, :, :] - x[:, None, :] for name, x in typed.items()}  # [i, j, T]
+    typed["scalbc"] = np.where(whole[..., None], typed["scalb"], typed.pop("scalbi"))
+    typed["scalc"] = np.where(whole[..., None], typed["scal"],
+                              typed["scalf"] + typed["scalbc"])
+    by_class = {name: np.stack([c[0] * x[:, :, c[3]] for c in classes], axis=-1)
+                for name, x in typed.items()}
     ranges = _Ranges(fix_r, scal_r, fixf_r, scalf_r, fixb_r, scalb_r, params_r, static_r,
-                     multi, U, tie_r, hops, (fixc_r, scalc_r, fixbc_r, scalbc_r))
+                     multi, U, tie_r, hops, (fixc_r, scalc_r, fixbc_r, scalbc_r), by_class)
     # Every value below bounds every plan of its m microbatches, each level at least the
     # one before: the cheap bound after its first caps (level 0), refined (level 1; final
     # where all devices are alike); on mixed devices, the exact class-count DP without its
@@ -962,22 +982,44 @@ class _Ranges:
     """Per region range ``[i, j)``: fastest-type fixed and scalable times, parameters, state."""
 
     def __init__(self, fix_r, scal_r, fixf_r, scalf_r, fixb_r, scalb_r, params_r, static_r,
-                 multi, U, tie_r, hops, critical):
+                 multi, U, tie_r, hops, critical, by_class):
         self.fix, self.scal, self.fixf, self.scalf = fix_r, scal_r, fixf_r, scalf_r
         self.fixb, self.scalb = fixb_r, scalb_r
         self.params, self.static, self.multi, self.U = params_r, static_r, multi, U
         self.tie, self.hops = tie_r, hops
         # what the drain waits for (split backwards: up to the I; see the cheap DP)
         self.fixc, self.scalc, self.fixbc, self.scalbc = critical
+        # per device class ``q`` (last axis), ``sigma_q`` x the class's own scalable time of
+        # the range: ``scal``, ``scalf``, ``scalb``, ``scalc``, ``scalbc`` as above
+        self.by_class = by_class
+
+    def scalable(self, name: str, used: np.ndarray) -> np.ndarray:
+        """``[i, j, K, 1]``: the scalable time ``name`` of each range that the class DP
+        divides by a replica's speed (``sigma``), on the replicas of each class vector.
+
+        A replica of class ``q`` with ``c`` of a microbatch's ``B / m`` samples takes at
+        least ``scal_q(R) c / B = (sigma_q scal_q(R)) c / (B sigma_q)``: so the fastest
+        type's time ``scal(R)`` may be replaced by the least ``sigma_q scal_q(R)`` over
+        the classes the vector uses. It is never less (``sigma_q``, the class's best speed
+        relative to the fastest type op by op, is at least its speed on any range), and
+        on a range of ops a class is slower at than ``sigma_q`` says (a P100's attention
+        layers against its embedding), as much more as that."""
+        x = self.by_class[name]
+        out = np.full((*x.shape[:2], len(used)), np.inf)
+        for q in range(x.shape[2]):
+            out = np.where(used[:, q], np.minimum(out, x[:, :, q, None]), out)
+        return np.maximum(out, getattr(self, name)[:, :, None])[..., None]
 
 
-def _classes(p: Problem, devices: list[str], sigma: np.ndarray,
-             memory: np.ndarray) -> list[tuple[float, float, int]]:
-    """Devices grouped by (speed, memory): ``(sigma, memory bytes, count)``."""
-    counts: dict[tuple[float, float], int] = {}
-    for s, m in zip(sigma.tolist(), memory.tolist()):
-        counts[(s, m)] = counts.get((s, m), 0) + 1
-    return sorted(((s, m, c) for (s, m), c in counts.items()), reverse=True)
+def _classes(sigma: np.ndarray, memory: np.ndarray, kind: list[int]
+             ) -> list[tuple[float, float, int, int]]:
+    """Devices grouped by speed, memory and type (``kind``, its column): ``(sigma, memory
+    bytes, count, kind)``, fastest first. Two types with the same best speed and memory are
+    still two classes: on most ranges of ops one of them is slower (``_Ranges.scalable``)."""
+    counts: dict[tuple[float, float, int], int] = {}
+    for key in zip(sigma.tolist(), memory.tolist(), kind):
+        counts[key] = counts.get(key, 0) + 1
+    return sorted(((s, m, c, k) for (s, m, k), c in counts.items()), reverse=True)
 
 
 @lru_cache(maxsize=8)
@@ -1031,8 +1073,9 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     sig_max = np.array([sig[u].max() if u.any() else np.inf for u in used])
     fits = mem[None, None, :] >= r.static[:, :, None]  # [i, j, C]
     allowed = ((~fits).astype(float) @ used.T.astype(float) == 0)[..., None]  # [i, j, K, 1]
-    fix, scal = r.fix[:, :, None, None], r.scal[:, :, None, None]
-    fixc, scalc = r.fixc[:, :, None, None], r.scalc[:, :, None, None]
+    fix, scal = r.fix[:, :, None, None], r.scalable("scal", used)
+    fixc, scalc = r.fixc[:, :, None, None], r.scalable("scalc", used)
+    scalf, scalb, scalbc = (r.scalable(x, used) for x in ("scalf", "scalb", "scalbc"))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         outside = (r.params[:, :, None] * (zero + update / np.maximum(total, 1)[None, None]))
         tail = (r.params[:, :, None] * (zero + update * (total == 1)[None, None]))[..., None]
@@ -1045,21 +1088,18 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
                             samples)[:, None, None, None]
         chain = np.where(np.isfinite(first), fixc + scalc * first / (B * sig_max[:, None]) + hop,
                          np.inf)
-        f_first = r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * first / (
-            B * sig_max[:, None])
+        f_first = r.fixf[:, :, None, None] + scalf * first / (B * sig_max[:, None])
         if small:
             # a replica's first backward and its last forward's microbatch wait for the
             # round trip through the stages after it (the cheap DP's around term; small
             # clusters only, see SMALL_CLASS_STATES)
-            b_first = r.fixbc[:, :, None, None] + r.scalbc[:, :, None, None] * first / (
-                B * sig_max[:, None])
-            f_busy = m * r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * share
-            b_busy = m * r.fixbc[:, :, None, None] + r.scalbc[:, :, None, None] * share
+            b_first = r.fixbc[:, :, None, None] + scalbc * first / (B * sig_max[:, None])
+            f_busy = m * r.fixf[:, :, None, None] + scalf * share
+            b_busy = m * r.fixbc[:, :, None, None] + scalbc * share
             around = np.maximum(f_first + b_busy, f_busy + b_first) + hop
             with_w = np.maximum(  # with the W's, from the forward chain (as in the cheap DP)
-                f_first + m * r.fixb[:, :, None, None] + r.scalb[:, :, None, None] * share,
-                f_busy + r.fixb[:, :, None, None] + r.scalb[:, :, None, None] * first / (
-                    B * sig_max[:, None]))
+                f_first + m * r.fixb[:, :, None, None] + scalb * share,
+                f_busy + r.fixb[:, :, None, None] + scalb * first / (B * sig_max[:, None]))
             around = np.where(np.isfinite(busy), np.maximum(
                 around, with_w + hop_in - drain + tail), np.inf)
         # after sync: the update may overlap the tie's AllReduce
@@ -1115,9 +1155,9 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     with np.errstate(invalid="ignore", over="ignore"):
         # the AllReduce after every forward and all but the last backward (as above)
         sync = np.where((total >= 2)[:, None] & np.isfinite(share),
-                        m * r.fixf[:, :, None, None] + r.scalf[:, :, None, None] * share
+                        m * r.fixf[:, :, None, None] + scalf * share
                         + (m - 1) * r.fixb[:, :, None, None]
-                        + r.scalb[:, :, None, None] * share * ((m - 1) / m) + floor_r
+                        + scalb * share * ((m - 1) / m) + floor_r
                         + outside[..., None], 0.0)
         sync = np.where(allowed, np.maximum(sync, compute + outside[..., None]), sync)
         # and after its first forward and the stages after it on the devices it leaves

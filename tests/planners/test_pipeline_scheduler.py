@@ -165,6 +165,41 @@ def test_bound_holds_for_plans_that_split_their_backwards(layers, types, gib, ba
     _assert_bound_holds(graph, _topology(types))
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), layers=st.integers(2, 6),
+       types=st.lists(st.sampled_from([V100, "P100"]), min_size=2, max_size=4),
+       gib=st.sampled_from([0.05, 1.0, 3.0]), batch=st.sampled_from([4, 8]))
+def test_bound_holds_where_a_type_is_slower_on_some_layers_than_on_others(data, layers, types,
+                                                                           gib, batch):
+    # the class DP takes each class's own time of a range of ops, not its best speed over all
+    # ops: here the P100 is 1-3x slower layer by layer, forwards and backwards apart
+    graph = chain(layers, param_bytes=int(gib * GIB), batch=batch)
+    slow = st.floats(1.0, 3.0)
+    ops = tuple(replace(op, fwd_ms={**op.fwd_ms, "P100": op.fwd_ms[V100] * data.draw(slow)},
+                        bwd_ms={**op.bwd_ms, "P100": op.bwd_ms[V100] * data.draw(slow)})
+                for op in graph.ops)
+    _assert_bound_holds(replace(graph, ops=ops), _topology(types))
+
+
+def test_bound_takes_the_slow_type_s_own_time_of_its_layers():
+    """An embedding a P100 runs as fast as a V100, then two 3 GiB layers it runs 3x slower.
+    The two layers do not fit one 16 GiB device (with gradients and momentum), so the P100
+    runs one: 90 ms of compute, adding one microbatch's gradients into their buckets, zeroing
+    them and its update, at least 138 ms. Taking the P100 at its best speed (the embedding's,
+    a V100's) the bound was 114.1 ms; the plan simulates at 176.3."""
+    graph = chain(3, param_bytes=3 * GIB, batch=4, slower={"P100": 3.0})
+    embedding = replace(graph.ops[0], param_bytes=2**20, fwd_ms={V100: 5.0, "P100": 5.0},
+                        bwd_ms={V100: 10.0, "P100": 10.0})
+    graph = replace(graph, ops=(embedding, *graph.ops[1:]))
+    topo = _topology([V100, "P100"])
+    plan = run("pipeline", graph, topo)
+    cm, p100 = Problem(graph, topo).cm, "h1/gpu0"
+    floor_ms = 90.0 + 3 * GIB * (cm.accumulate_ms_per_byte(p100) + cm.upkeep_ms_per_byte(p100, 0)
+                                 + cm.update_ms_per_byte(p100, 1.0))
+    assert floor_ms == pytest.approx(138.4, abs=0.1)
+    assert floor_ms <= plan.bound_ms <= plan.prediction.iteration_ms
+
+
 def test_round_trip_term_counts_the_ws_after_the_first_i():
     """Six layers on six V100s over 25 Gbps, one sample, input gradients 30% of each backward:
     a stage's W's cannot start before its first I, which waits for the round trip, so the
