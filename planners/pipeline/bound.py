@@ -215,11 +215,14 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
     fix_f_min = fixed_f.min(axis=1)
     scal_f_min = (p.fwd_ms[:, cols] - fixed_f).min(axis=1)
     scal_b_min = (p.bwd_ms[:, cols] - fixed_b).min(axis=1)
-    # device speeds relative to the fastest type, op by op (best case for each device)
+    # device speeds relative to the fastest type, op by op (best case for each device), of
+    # the forward and the backward apart too: the DPs divide each part by these speeds
     sigma_type = {}
-    mask = scal_min > 0
+    parts = [(scal_min, scal), (scal_f_min, p.fwd_ms[:, cols] - fixed_f),
+             (scal_b_min, p.bwd_ms[:, cols] - fixed_b)]
     for k, c in enumerate(cols):
-        ratios = scal_min[mask] / np.maximum(scal[mask, k], 1e-12)
+        ratios = np.concatenate([least[least > 0] / np.maximum(x[least > 0, k], 1e-12)
+                                 for least, x in parts])
         sigma_type[c] = float(ratios.max()) if ratios.size else 1.0
     sigma = np.array([sigma_type[int(p.type_of[p.device_index[d]])] for d in devices])
     memory = np.array([p.cm.memory_bytes(d) for d in devices], dtype=np.float64)
