@@ -101,6 +101,21 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   when that gradient arrives) and its AllReduce floor add up to one more sync term
   (``wait``; no chain offset, as the drain of the stages before it may overlap it).
 
+* **the samples' average way** (the cheap DP): the chain through a replicated stage is
+  its first replica's, whose share may be one sample; but every sample passes every
+  stage, each held there for its own replica's whole share. A sample ``x`` waits for
+  ``sum_{s<k} tau_s(x)`` before stage ``k`` (its replica's time for its share of one
+  microbatch, forward and I, there and back) and the replica holding it at ``k`` does all
+  its own work in between, so ``T >= sum_{s<k} tau_s(x) + work_k(x)`` for every ``x``,
+  and so for their average over the samples, which is at least the same sums at the
+  stage's balanced fractional share (``sum_d c_d^2 / sigma_d >= S^2 / sum_d sigma_d``):
+  the same DP with each stage on its ``k`` fastest holders at that balance (``averaged``),
+  its round trip term too, and its AllReduce after that way's forwards and round trip.
+  It counts at few microbatches, where one-sample shares made a microbatch's way through
+  replicated stages nearly free (BERT-large on the 2x4 A100 cluster 34.2 to 35.5 ms: the
+  bound had been m = 1's; GPT-2 XL there 32.9 to 35.8). Its replicated stages' AllReduce
+  terms count from the forward chain as well (after the stage's own first forward).
+
 So ``T >= max_k (sum_{s<k} chain_s + busy_k)``, and the bound is the minimum
 of that over partitions, device counts and every ``m`` dividing the batch,
 computed exactly by dynamic programming over the suffix of a topological
@@ -323,6 +338,34 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
 
     counts = _Counts(D) if D > EXACT_COUNTS_UP_TO else None
 
+    inv_frac = _fractional_capacity(holders, U, D)  # [i, j, k]
+
+    def averaged(m: int, busy, hop) -> tuple:
+        """The cheap DP's terms along the samples' average way (``_capped_dp``'s busy,
+        chain, around and after; see the module docstring): each stage on its ``k``
+        fastest holders at their fractional balance."""
+        fit = np.isfinite(busy)
+
+        def per(fixed, scalable, microbatches):  # [i, j, k, o]: that many microbatches
+            with np.errstate(invalid="ignore"):
+                value = microbatches * fixed[:, :, None] + scalable[:, :, None] * (
+                    inv_frac * microbatches / m)
+            return np.where(fit, value[..., None], np.inf)
+
+        chain = per(fixc_r, scalc_r, 1) + hop
+        work = per(fixc_r, scalc_r, m) + hop
+        around = np.maximum(per(fixf_r, scalf_r, 1) + per(fixbc_r, scalbc_r, m),
+                            per(fixf_r, scalf_r, m) + per(fixbc_r, scalbc_r, 1)) + hop
+        after = _chain_after(busy, chain, multi, U, D)
+        # a replicated stage's AllReduce after its forwards and the round trip of the last
+        # one's microbatch, or its first forward, that round trip and all but one backward
+        rest = after[None, :, ::-1, None]
+        lead = (ar_floor + outside)[..., None] + np.maximum(
+            per(fixf_r, scalf_r, 1) + per(fixb_r, scalb_r, m - 1), per(fixf_r, scalf_r, m)
+        ) + rest
+        sync = np.where((kk[None, None, :, None] > 1) & np.isfinite(lead), lead, 0.0)
+        return work, chain, around, after, sync
+
     def cheap(m: int, enough: float) -> float:
         """The bound letting every stage take the fastest devices, for ``m`` microbatches
         (refined only until it reaches ``enough``)."""
@@ -399,14 +442,17 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
         # the drain of the stages before may overlap the W's: the whole busy time counts
         # from the forward chain only (the chain offset less the most it adds beyond it)
         whole_busy = busy + hop_in - drain
-        staged = np.maximum(crit + hop + tie_r[:, :, None, None], whole_busy + tail[..., None])
+        # and so does its AllReduce, which follows its work: the sync terms count from there
+        # too (they stay terms of their own without the chain offset, for the caps below)
+        from_chain = np.maximum(whole_busy + tail[..., None], sync + hop_in - drain)
+        staged = np.maximum(crit + hop + tie_r[:, :, None, None], from_chain)
         # with split backwards the chain-offset terms above count the W's of no stage but
         # the first; a stage still starts after microbatch 0's forward chain and does all
         # its work: the same DP over that chain alone and the whole busy time bounds too
         split_dp = bool(np.any(~whole))
         if split_dp:
             chain_f = np.where(np.isfinite(first), f_first + hop_in, np.inf)
-            forward = (busy + hop_in + tail[..., None], chain_f, sync)
+            forward = (np.maximum(busy + tail[..., None], sync) + hop_in, chain_f, sync)
         if counts is None:
             value = _capped_dp(staged, chain, sync, multi, U, D, around, after, enough=enough,
                                wait=wait, untied=crit + hop)
@@ -418,6 +464,12 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
                     U, D), enough=enough, wait=wait, untied=crit + hop))
             if split_dp and value < enough:
                 value = max(value, _capped_dp(*forward, multi, U, D, enough=enough))
+            if value < enough:  # the same DP over the samples' average way (``_average``)
+                work, chain_avg, around_avg, after_avg, lead = averaged(m, busy, hop)
+                value = max(value, _capped_dp(work, chain_avg, np.maximum(sync, lead), multi,
+                                              U, D, around_avg,
+                                              after_avg, enough=enough, wait=wait,
+                                              untied=work))
             return value
         staged, chain, sync, around, wait, untied = (
             counts.reduce(x, 2) for x in (staged, chain, sync, around, wait, crit + hop))
@@ -688,6 +740,21 @@ def _share_options(holders: dict, U: int, D: int, B: int, m: int
             memo[speeds] = row
         out[i, j] = row
     return out, first
+
+
+def _fractional_capacity(holders: dict, U: int, D: int) -> np.ndarray:
+    """``[i, j, k]``: one over the sum of the ``k`` largest speeds among the devices that
+    hold range ``[i, j)`` (inf where fewer hold it, or ``k = 0``)."""
+    out = np.full((U + 1, U + 1, D + 1), np.inf)
+    memo: dict[tuple, np.ndarray] = {}
+    for (i, j), speeds in holders.items():
+        row = memo.get(speeds)
+        if row is None:
+            row = np.full(D + 1, np.inf)
+            row[1:len(speeds) + 1] = 1.0 / np.cumsum(speeds)
+            memo[speeds] = row
+        out[i, j] = row
+    return out
 
 
 def _option_shares(speeds, others, buckets, samples: int, m: int, B: int) -> list[float]:
@@ -1105,11 +1172,19 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
                 f_busy + r.fixb[:, :, None, None] + scalb * first / (B * sig_max[:, None]))
             around = np.where(np.isfinite(busy), np.maximum(
                 around, with_w + hop_in - drain + tail), np.inf)
+        # the AllReduce after every forward and all but the last backward (as above)
+        floor_r = (r.params[:, :, None] * floor[None, None, :])[..., None]
+        sync = np.where((total >= 2)[:, None] & np.isfinite(share),
+                        m * r.fixf[:, :, None, None] + scalf * share
+                        + (m - 1) * r.fixb[:, :, None, None]
+                        + scalb * share * ((m - 1) / m) + floor_r
+                        + outside[..., None], 0.0)
         # after sync: the update may overlap the tie's AllReduce
-        compute = busy
+        sync = np.where(allowed, np.maximum(sync, busy + outside[..., None]), sync)
         untied = crit + hop
-        # (the whole busy time from the forward chain only, as in the cheap DP)
-        busy = np.maximum(untied + r.tie[:, :, None, None], busy + hop_in - drain + tail)
+        # (the whole busy time and the sync from the forward chain only, as in the cheap DP)
+        busy = np.maximum(untied + r.tie[:, :, None, None],
+                          np.maximum(busy + tail, sync) + hop_in - drain)
     busy[:, :, 0] = np.inf
     untied[:, :, 0] = np.inf
     full = K - 1  # every device left
@@ -1154,15 +1229,7 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     best = max(float(table[0, full]), known)
     if best >= enough:
         return best
-    floor_r = (r.params[:, :, None] * floor[None, None, :])[..., None]
     with np.errstate(invalid="ignore", over="ignore"):
-        # the AllReduce after every forward and all but the last backward (as above)
-        sync = np.where((total >= 2)[:, None] & np.isfinite(share),
-                        m * r.fixf[:, :, None, None] + scalf * share
-                        + (m - 1) * r.fixb[:, :, None, None]
-                        + scalb * share * ((m - 1) / m) + floor_r
-                        + outside[..., None], 0.0)
-        sync = np.where(allowed, np.maximum(sync, compute + outside[..., None]), sync)
         # and after its first forward and the stages after it on the devices it leaves
         # (as in the cheap DP, ``_capped_dp``'s ``wait``)
         g = solve(np.inf, busy=untied, table=True) if r.tie.any() else table

@@ -47,6 +47,17 @@ def nvlink(devices: int = 2, device_type: str = V100) -> Topology:
                    "interconnect": {"kind": "nvlink", "bandwidth_gbps": 200, "latency_us": 1}}]})
 
 
+def hosts(count: int, per_host: int, nic_gbps: float) -> Topology:
+    """``count`` hosts of ``per_host`` NVLinked V100s on one switch, ``nic_gbps`` NICs."""
+    return from_data(Topology, {
+        "kind": "topology", "schema_version": 1, "name": f"{count}-hosts",
+        "hosts": [{"name": f"h{i}", "devices": [{"type": V100, "count": per_host}],
+                   "interconnect": {"kind": "nvlink", "bandwidth_gbps": 200, "latency_us": 1},
+                   "nics": [{"switch": "sw", "bandwidth_gbps": nic_gbps, "latency_us": 5}]}
+                  for i in range(count)],
+        "switches": [{"name": "sw"}]})
+
+
 def test_four_equal_layers_on_two_devices_split_two_and_two():
     """4 layers of 1.5 GiB parameters (4.5 GiB with gradients and momentum) on two 16 GiB
     V100s: all four do not fit one device, so data parallelism is out; the balanced split
@@ -268,22 +279,17 @@ def test_tied_first_and_last_layers_share_a_host():
     head = dataclasses.replace(base.ops[-1], shared_params={"layers.0.weight": tied})
     first = dataclasses.replace(base.ops[0], params=("layers.0.weight",))
     graph = dataclasses.replace(base, ops=(first, *base.ops[1:-1], head))
-    topo = from_data(Topology, {
-        "kind": "topology", "schema_version": 1, "name": "two-hosts",
-        "hosts": [{"name": f"h{i}", "devices": [{"type": V100, "count": 2}],
-                   "interconnect": {"kind": "nvlink", "bandwidth_gbps": 200, "latency_us": 1},
-                   "nics": [{"switch": "sw", "bandwidth_gbps": 10, "latency_us": 5}]}
-                  for i in range(2)],
-        "switches": [{"name": "sw"}]})
+    topo = hosts(2, 2, 10)
     cm = CostModel(graph, topo)
     assert [(o, s, b) for _, o, s, b in cm.ties] == [("l0", "l3", tied)]
     plan = run("pipeline", graph, topo, microbatches=8)
     groups = {g.id: g for g in plan.groups}
     stage_of = {op: g for g in plan.groups for op in g.ops}
-    hosts = {op: {cm.cluster.device(d).host for d in stage_of[op].devices} for op in ("l0", "l3")}
+    host_of = {op: {cm.cluster.device(d).host for d in stage_of[op].devices}
+               for op in ("l0", "l3")}
     # one layer per device, both hosts used, the tied layers' stages on one host
     assert len(plan.pipeline.stages) == len(groups) == 4
-    assert hosts["l0"] == hosts["l3"] and len(hosts["l0"]) == 1
+    assert host_of["l0"] == host_of["l3"] and len(host_of["l0"]) == 1
     sim = simulate(plan, graph, topo, check_fingerprints=False).iteration_ms
     best_own = next(n for n in plan.notes if n.startswith("searched"))
     estimate = float(best_own.rsplit("best own layout ", 1)[1].split(" ms")[0])
