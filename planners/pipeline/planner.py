@@ -89,9 +89,9 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
         (the list scheduler only).
     time_limit : float
         CPU seconds for the plan: the bound is computed first, the ordering search stops
-        early once it has used 60% of what the bound left and the boundary climbs once they
-        reach 90% (both normally end sooner); the first orderings, the final scheduling and
-        the simulations are never cut, so a limit of a few seconds can be exceeded.
+        early once the plan has used 60% of the limit and the boundary climbs at 80% (both
+        normally end sooner); the bound, the first orderings, the final scheduling and the
+        simulations are never cut, so a limit of a few seconds can be exceeded.
 
     Returns a ``Plan`` with ``bound_ms`` (work, critical path and the stage-balanced
     bound, see ``pipeline_bound``). Raises ``BadInput`` for a bad option (a microbatch count
@@ -106,12 +106,12 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     _check_options(problem, microbatches, max_stages, schedule, time_limit)
     _check_memory_floor(problem)
     policies = SCHEDULES[schedule]
-    # the bound first, so that the search's time limit is what the bound left of the plan's
+    # the bound first; the search's cut-offs count the plan's CPU time from here, bound
+    # included, so that the steps never cut have the rest of the limit whatever it took
     cpu0 = time.process_time()
     bound = pipeline_bound(problem)
     outcome = search(problem, microbatches=microbatches, max_stages=max_stages,
-                     policies=policies, seed=seed,
-                     time_limit=max(time_limit - (time.process_time() - cpu0), 0.0))
+                     policies=policies, seed=seed, time_limit=time_limit, started=cpu0)
     drafts = [d for ev in outcome.candidates[:SIMULATED_CANDIDATES]
               for d in _drafts_of(problem, ev, policies)]
     # the baselines' layouts also at the microbatch counts the search liked best

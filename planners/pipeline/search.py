@@ -29,10 +29,12 @@ TAG cluster: 74.5 instead of 70.0 ms simulated).
 
 The work done is fixed by the inputs and the seed, so a run is deterministic;
 ``time_limit`` (CPU seconds of this process, so that a busy machine does not
-change the result; the planner passes what its bound left of the plan's limit)
-only stops the local search early on a slow machine, between two orderings (once 60%
-of it is used), and the boundary climbs, between two neighbourhoods (once 90% is used),
-and the result then records that it did.
+change the result; the planner passes its plan's limit and the CPU time the plan had
+``started`` at, before its bound) only stops the local search early on a slow machine,
+between two orderings (once the plan has used ``LOCAL_SEARCH_SHARE`` of its limit), and
+the boundary climbs, between two neighbourhoods (at ``CLIMB_SHARE``), and the result then
+records that it did. The rest of the limit is for what is never cut: the final
+scheduling, and the planner's simulations.
 
 Complexity: O(orderings x microbatch counts x DP) + O(rounds x DP) +
 O((layouts + REFINE_BUDGET) x stages^2 x microbatches).
@@ -63,6 +65,10 @@ from .scheduler import (
 )
 
 MAX_MICROBATCH_OPTIONS = 7
+# shares of the plan's time limit after which the local search and the climbs stop (CPU
+# time from the plan's start, its bound included)
+LOCAL_SEARCH_SHARE = 0.6
+CLIMB_SHARE = 0.8
 LOCAL_SEARCH_ROUNDS = 12
 NEIGHBOURS_PER_ROUND = 12
 TOP_FOR_LIST = 32
@@ -168,9 +174,12 @@ def evaluate(problem: Problem, layout: Layout, *, full: bool = False,
 
 def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
            policies: Sequence[Policy] = tuple(Policy), seed: int = 0,
-           time_limit: float = 30.0, extra: Sequence[Layout] = ()) -> Outcome:
-    """Run the search described in the module docstring; ``extra`` layouts join the pool."""
-    t0 = time.process_time()
+           time_limit: float = 30.0, started: float | None = None,
+           extra: Sequence[Layout] = ()) -> Outcome:
+    """Run the search described in the module docstring; ``extra`` layouts join the pool.
+
+    ``started``: the ``time.process_time()`` the limit counts from (default: now)."""
+    t0 = time.process_time() if started is None else started
     cm = problem.cm
     # orderings and microbatch counts are scored with tied weights AllReduced; the final
     # layouts are timed and climbed as the problem sums them (see the module docstring)
@@ -237,7 +246,7 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
         for _ in range(LOCAL_SEARCH_ROUNDS):
             improved = False
             for cand in neighbours(cm, incumbent, rng, NEIGHBOURS_PER_ROUND):
-                if time.process_time() - t0 > time_limit * 0.6:
+                if time.process_time() - t0 > time_limit * LOCAL_SEARCH_SHARE:
                     outcome.timed_out = True
                     break
                 s = explore(cand, good_ms)
@@ -263,7 +272,7 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
     final.sort(key=fastest_first)
     known = {ev.layout.key for ev in final}
     budget = [REFINE_BUDGET]
-    deadline = t0 + time_limit * 0.9
+    deadline = t0 + time_limit * CLIMB_SHARE
     for ev in final[:REFINED_CANDIDATES]:
         better, cut = refine(final_problem, ev, policies, budget, deadline)
         outcome.timed_out |= cut
