@@ -114,7 +114,10 @@ For a stage holding ops ``R`` on ``k`` devices with ``m`` microbatches:
   It counts at few microbatches, where one-sample shares made a microbatch's way through
   replicated stages nearly free (BERT-large on the 2x4 A100 cluster 34.2 to 35.5 ms: the
   bound had been m = 1's; GPT-2 XL there 32.9 to 35.8). Its replicated stages' AllReduce
-  terms count from the forward chain as well (after the stage's own first forward).
+  terms count from the forward chain as well (after the stage's own first forward). The
+  class DP takes the same way where it has at most ``SMALL_CLASS_STATES`` states, each
+  class at its own time of a range (``_Ranges.balanced``): VGG-19 on the HeteroG testbed
+  45.1 to 47.7 ms.
 
 So ``T >= max_k (sum_{s<k} chain_s + busy_k)``, and the bound is the minimum
 of that over partitions, device counts and every ``m`` dividing the batch,
@@ -1063,6 +1066,19 @@ class _Ranges:
         # the range: ``scal``, ``scalf``, ``scalb``, ``scalc``, ``scalbc`` as above
         self.by_class = by_class
 
+    def balanced(self, name: str, kvecs: list[tuple[int, ...]], sig: np.ndarray) -> np.ndarray:
+        """``[i, j, K]``: the scalable time ``name`` of each range on the devices of each class
+        vector at their fractional balance, ``1 / sum_q k_q / scal_q(R)`` (each class at its
+        own time of the range; inf for the empty vector)."""
+        own = self.by_class[name] / sig[None, None, :]  # scal_q(R)
+        counts = np.array(kvecs, dtype=np.float64)  # [K, C]
+        rate = np.zeros((*own.shape[:2], len(counts)))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for q in range(own.shape[2]):  # (a class absent adds nothing, even at 1 / 0)
+                k = counts[:, q]
+                rate += np.where(k > 0, k / own[:, :, q, None], 0.0)
+            return 1.0 / rate
+
     def scalable(self, name: str, used: np.ndarray) -> np.ndarray:
         """``[i, j, K, 1]``: the scalable time ``name`` of each range that the class DP
         divides by a replica's speed (``sigma``), on the replicas of each class vector.
@@ -1189,10 +1205,15 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     untied[:, :, 0] = np.inf
     full = K - 1  # every device left
 
-    def solve(cap: float, busy=busy, table: bool = False, beside: bool = small):
+    def solve(cap: float, busy=busy, table: bool = False, beside: bool = small,
+              way: tuple | None = None):
         """``A(cap)`` (``table``: per region and state); ``beside``: with the round trip
-        term, which needs ``after``."""
-        b = busy if cap == np.inf else np.where(sync <= cap, busy, np.inf)
+        term, which needs ``after``; ``way``: ``(chain, around, after, sync)`` instead of
+        this DP's own (the samples' average way)."""
+        chain_, around_, after_, sync_ = way or (chain, None, None, sync)
+        if beside and way is None:
+            around_, after_ = around, after
+        b = busy if cap == np.inf else np.where(sync_ <= cap, busy, np.inf)
         g = np.full((U + 2, K), np.inf)
         g[U] = 0.0
         g[U + 1] = 0.0
@@ -1200,11 +1221,11 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
             cont = _then(g, r.multi)
             # per class vector first ([K, j, o], [K, j]): each state gathers whole rows
             bi = np.ascontiguousarray(b[i, i + 1:].transpose(1, 0, 2))
-            ci = np.ascontiguousarray(chain[i, i + 1:].transpose(1, 0, 2))
+            ci = np.ascontiguousarray(chain_[i, i + 1:].transpose(1, 0, 2))
             conti = np.ascontiguousarray(cont[i + 1:].T)
             if beside:
-                ai = np.ascontiguousarray(around[i, i + 1:].transpose(1, 0, 2))
-                afteri = np.ascontiguousarray(after[i + 1:].T)
+                ai = np.ascontiguousarray(around_[i, i + 1:].transpose(1, 0, 2))
+                afteri = np.ascontiguousarray(after_[i + 1:].T)
             for n in range(K):
                 ks = subs[n]
                 if ks.size == 0:
@@ -1239,13 +1260,48 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
         wait = np.where((total >= 2)[:, None], f_first + r.hops.ms(first, True)[:, None]
                         + floor_r + outside[..., None] + cont[None, :, left, None], -np.inf)
         sync = np.maximum(sync, wait)
-    # caps at the distinct sync values above A(inf), v_0 < v_1 < ...: a partition whose
-    # largest sync is at most v_q is at least A(v_q), any other at least v_{q+1}, so
-    # f(q) = min(v_{q+1}, A(v_q)) bounds all; the first term grows with q and the second
-    # shrinks, so the largest f is where they cross (the exact min-max). The search
-    # first tries the cap a caller needs (``enough``), then gallops up from A(inf) (the
-    # crossing is usually a few per cent above it) and bisects once it is bracketed,
-    # until the bound is within ``precision`` of the min-max.
+    best = _search_caps(best, busy, sync, solve, enough, small)
+    if small and best < enough:
+        # the same along the samples' average way (the cheap DP's ``averaged``), each
+        # stage's replicas at their fractional balance with each class at its own times
+        bal = {x: r.balanced(x, kvecs, sig) for x in ("scalc", "scalf", "scalb", "scalbc")}
+        fit = allowed & np.isfinite(share)
+
+        def per(fixed, name, microbatches):  # [i, j, K, o]: that many microbatches
+            with np.errstate(invalid="ignore"):
+                value = (microbatches * fixed[:, :, None]
+                         + bal[name] * (microbatches / m))[..., None]
+            return np.where(fit, value, np.inf)
+
+        chain_a = per(r.fixc, "scalc", 1) + hop
+        work = per(r.fixc, "scalc", m) + hop
+        work[:, :, 0] = np.inf
+        around_a = np.maximum(per(r.fixf, "scalf", 1) + per(r.fixbc, "scalbc", m),
+                              per(r.fixf, "scalf", m) + per(r.fixbc, "scalbc", 1)) + hop
+        after_a = _then(solve(np.inf, busy=np.where(np.isfinite(work), -np.inf, np.inf),
+                              table=True, beside=False, way=(chain_a, None, None, sync)),
+                        r.multi)
+        with np.errstate(invalid="ignore"):
+            lead = np.where((total >= 2)[:, None], floor_r + outside[..., None] + np.maximum(
+                per(r.fixf, "scalf", 1) + per(r.fixb, "scalb", m - 1), per(r.fixf, "scalf", m))
+                + after_a[None, :, left, None], -np.inf)
+        way = (chain_a, around_a, after_a, np.maximum(sync, lead))
+        begin = max(best, solve(np.inf, busy=work, way=way))
+        best = max(best, _search_caps(begin, work, way[3], lambda cap: solve(
+            cap, busy=work, way=way), enough, small))
+    return best
+
+
+def _search_caps(best: float, busy, sync, solve, enough: float, small: bool) -> float:
+    """The class DP's bound over its AllReduce caps, from ``best`` (at least ``A(inf)``).
+
+    Caps at the distinct sync values above it, v_0 < v_1 < ...: a partition whose
+    largest sync is at most v_q is at least A(v_q) (``solve(v_q)``), any other at least
+    v_{q+1}, so f(q) = min(v_{q+1}, A(v_q)) bounds all; the first term grows with q and the
+    second shrinks, so the largest f is where they cross (the exact min-max). The search
+    first tries the cap a caller needs (``enough``), then gallops up from ``best`` (the
+    crossing is usually a few per cent above it) and bisects once it is bracketed, until
+    the bound is within the precision of the min-max (10x finer on ``small`` clusters)."""
     values = np.unique(sync[np.isfinite(busy) & (sync > best)])
     lo, hi = -1, len(values) - 1  # A(v_lo) > v_lo+1 (lo = -1: none known), A(v_hi) <= v_hi+1
     top = max(float(values[hi]), best) if len(values) else best  # some partition's value

@@ -47,11 +47,13 @@ def nvlink(devices: int = 2, device_type: str = V100) -> Topology:
                    "interconnect": {"kind": "nvlink", "bandwidth_gbps": 200, "latency_us": 1}}]})
 
 
-def hosts(count: int, per_host: int, nic_gbps: float) -> Topology:
-    """``count`` hosts of ``per_host`` NVLinked V100s on one switch, ``nic_gbps`` NICs."""
+def hosts(count: int, per_host: int, nic_gbps: float, types: tuple[str, ...] = ()) -> Topology:
+    """``count`` hosts of ``per_host`` NVLinked GPUs on one switch, ``nic_gbps`` NICs; host
+    ``i`` of type ``types[i]`` (V100s by default)."""
     return from_data(Topology, {
         "kind": "topology", "schema_version": 1, "name": f"{count}-hosts",
-        "hosts": [{"name": f"h{i}", "devices": [{"type": V100, "count": per_host}],
+        "hosts": [{"name": f"h{i}", "devices": [{"type": (types or (V100,) * count)[i],
+                                                  "count": per_host}],
                    "interconnect": {"kind": "nvlink", "bandwidth_gbps": 200, "latency_us": 1},
                    "nics": [{"switch": "sw", "bandwidth_gbps": nic_gbps, "latency_us": 5}]}
                   for i in range(count)],
