@@ -349,23 +349,21 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
         fastest holders at their fractional balance."""
         fit = np.isfinite(busy)
 
-        def per(fixed, scalable, microbatches):  # [i, j, k, o]: that many microbatches
+        parts = {"c": (fixc_r, scalc_r), "f": (fixf_r, scalf_r), "b": (fixb_r, scalb_r),
+                 "bc": (fixbc_r, scalbc_r)}
+
+        def per(part: str, microbatches: int):  # [i, j, k, o]
+            fixed, scalable = parts[part]
             with np.errstate(invalid="ignore"):
                 value = microbatches * fixed[:, :, None] + scalable[:, :, None] * (
                     inv_frac * microbatches / m)
             return np.where(fit, value[..., None], np.inf)
 
-        chain = per(fixc_r, scalc_r, 1) + hop
-        work = per(fixc_r, scalc_r, m) + hop
-        around = np.maximum(per(fixf_r, scalf_r, 1) + per(fixbc_r, scalbc_r, m),
-                            per(fixf_r, scalf_r, m) + per(fixbc_r, scalbc_r, 1)) + hop
+        chain, work, around, before_rest = _average_way(per, m, hop)
         after = _chain_after(busy, chain, multi, U, D)
         # a replicated stage's AllReduce after its forwards and the round trip of the last
         # one's microbatch, or its first forward, that round trip and all but one backward
-        rest = after[None, :, ::-1, None]
-        lead = (ar_floor + outside)[..., None] + np.maximum(
-            per(fixf_r, scalf_r, 1) + per(fixb_r, scalb_r, m - 1), per(fixf_r, scalf_r, m)
-        ) + rest
+        lead = (ar_floor + outside)[..., None] + before_rest + after[None, :, ::-1, None]
         sync = np.where((kk[None, None, :, None] > 1) & np.isfinite(lead), lead, 0.0)
         return work, chain, around, after, sync
 
@@ -743,6 +741,20 @@ def _share_options(holders: dict, U: int, D: int, B: int, m: int
             memo[speeds] = row
         out[i, j] = row
     return out, first
+
+
+def _average_way(per, m: int, hop: np.ndarray) -> tuple:
+    """A stage's terms along the samples' average way (see the module docstring), from
+    ``per(part, microbatches)``: its balanced time of that part (``"c"`` the forwards and
+    I's, ``"f"`` forwards, ``"b"`` whole backwards, ``"bc"`` the I's) for that many
+    microbatches. Returns its chain and work (each way across ``hop``), its round trip term
+    (before the least chain after it), and what its AllReduce follows before the round
+    trip of a microbatch through the stages after it: its forwards, or its first forward
+    and all but one backward."""
+    chain = per("c", 1) + hop
+    work = per("c", m) + hop
+    around = np.maximum(per("f", 1) + per("bc", m), per("f", m) + per("bc", 1)) + hop
+    return chain, work, around, np.maximum(per("f", 1) + per("b", m - 1), per("f", m))
 
 
 def _fractional_capacity(holders: dict, U: int, D: int) -> np.ndarray:
@@ -1265,26 +1277,25 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
         # the same along the samples' average way (the cheap DP's ``averaged``), each
         # stage's replicas at their fractional balance with each class at its own times
         bal = {x: r.balanced(x, kvecs, sig) for x in ("scalc", "scalf", "scalb", "scalbc")}
+        parts = {"c": (r.fixc, "scalc"), "f": (r.fixf, "scalf"), "b": (r.fixb, "scalb"),
+                 "bc": (r.fixbc, "scalbc")}
         fit = allowed & np.isfinite(share)
 
-        def per(fixed, name, microbatches):  # [i, j, K, o]: that many microbatches
+        def per(part: str, microbatches: int):  # [i, j, K, o]
+            fixed, name = parts[part]
             with np.errstate(invalid="ignore"):
                 value = (microbatches * fixed[:, :, None]
                          + bal[name] * (microbatches / m))[..., None]
             return np.where(fit, value, np.inf)
 
-        chain_a = per(r.fixc, "scalc", 1) + hop
-        work = per(r.fixc, "scalc", m) + hop
+        chain_a, work, around_a, before_rest = _average_way(per, m, hop)
         work[:, :, 0] = np.inf
-        around_a = np.maximum(per(r.fixf, "scalf", 1) + per(r.fixbc, "scalbc", m),
-                              per(r.fixf, "scalf", m) + per(r.fixbc, "scalbc", 1)) + hop
         after_a = _then(solve(np.inf, busy=np.where(np.isfinite(work), -np.inf, np.inf),
                               table=True, beside=False, way=(chain_a, None, None, sync)),
                         r.multi)
         with np.errstate(invalid="ignore"):
-            lead = np.where((total >= 2)[:, None], floor_r + outside[..., None] + np.maximum(
-                per(r.fixf, "scalf", 1) + per(r.fixb, "scalb", m - 1), per(r.fixf, "scalf", m))
-                + after_a[None, :, left, None], -np.inf)
+            lead = np.where((total >= 2)[:, None], floor_r + outside[..., None] + before_rest
+                            + after_a[None, :, left, None], -np.inf)
         way = (chain_a, around_a, after_a, np.maximum(sync, lead))
         begin = max(best, solve(np.inf, busy=work, way=way))
         best = max(best, _search_caps(begin, work, way[3], lambda cap: solve(
