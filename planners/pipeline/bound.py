@@ -491,10 +491,11 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
     typed["scalbc"] = np.where(whole[..., None], typed["scalb"], typed.pop("scalbi"))
     typed["scalc"] = np.where(whole[..., None], typed["scal"],
                               typed["scalf"] + typed["scalbc"])
-    by_class = {name: np.stack([c[0] * x[:, :, c[3]] for c in classes], axis=-1)
+    by_class = {name: np.stack([x[:, :, c[3]] for c in classes], axis=-1)
                 for name, x in typed.items()}
     ranges = _Ranges(fix_r, scal_r, fixf_r, scalf_r, fixb_r, scalb_r, params_r, static_r,
-                     multi, U, tie_r, hops, (fixc_r, scalc_r, fixbc_r, scalbc_r), by_class)
+                     multi, U, tie_r, hops, (fixc_r, scalc_r, fixbc_r, scalbc_r), by_class,
+                     np.array([c[0] for c in classes]))
     # Every value below bounds every plan of its m microbatches, each level at least the
     # one before: the cheap bound after its first caps (level 0), refined (level 1; final
     # where all devices are alike); on mixed devices, the exact class-count DP without its
@@ -1067,22 +1068,23 @@ class _Ranges:
     """Per region range ``[i, j)``: fastest-type fixed and scalable times, parameters, state."""
 
     def __init__(self, fix_r, scal_r, fixf_r, scalf_r, fixb_r, scalb_r, params_r, static_r,
-                 multi, U, tie_r, hops, critical, by_class):
+                 multi, U, tie_r, hops, critical, by_class, class_sigma):
         self.fix, self.scal, self.fixf, self.scalf = fix_r, scal_r, fixf_r, scalf_r
         self.fixb, self.scalb = fixb_r, scalb_r
         self.params, self.static, self.multi, self.U = params_r, static_r, multi, U
         self.tie, self.hops = tie_r, hops
         # what the drain waits for (split backwards: up to the I; see the cheap DP)
         self.fixc, self.scalc, self.fixbc, self.scalbc = critical
-        # per device class ``q`` (last axis), ``sigma_q`` x the class's own scalable time of
-        # the range: ``scal``, ``scalf``, ``scalb``, ``scalc``, ``scalbc`` as above
-        self.by_class = by_class
+        # per device class ``q`` (last axis), the class's own scalable time of the range:
+        # ``scal``, ``scalf``, ``scalb``, ``scalc``, ``scalbc`` as above; and each class's
+        # best speed relative to the fastest type (``sigma_q``)
+        self.by_class, self.class_sigma = by_class, class_sigma
 
-    def balanced(self, name: str, kvecs: list[tuple[int, ...]], sig: np.ndarray) -> np.ndarray:
+    def balanced(self, name: str, kvecs: list[tuple[int, ...]]) -> np.ndarray:
         """``[i, j, K]``: the scalable time ``name`` of each range on the devices of each class
         vector at their fractional balance, ``1 / sum_q k_q / scal_q(R)`` (each class at its
         own time of the range; inf for the empty vector)."""
-        own = self.by_class[name] / sig[None, None, :]  # scal_q(R)
+        own = self.by_class[name]  # scal_q(R)
         counts = np.array(kvecs, dtype=np.float64)  # [K, C]
         rate = np.zeros((*own.shape[:2], len(counts)))
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -1102,7 +1104,7 @@ class _Ranges:
         relative to the fastest type op by op, is at least its speed on any range), and
         on a range of ops a class is slower at than ``sigma_q`` says (a P100's attention
         layers against its embedding), as much more as that."""
-        x = self.by_class[name]
+        x = self.by_class[name] * self.class_sigma
         out = np.full((*x.shape[:2], len(used)), np.inf)
         for q in range(x.shape[2]):
             out = np.where(used[:, q], np.minimum(out, x[:, :, q, None]), out)
@@ -1276,7 +1278,7 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     if small and best < enough:
         # the same along the samples' average way (the cheap DP's ``averaged``), each
         # stage's replicas at their fractional balance with each class at its own times
-        bal = {x: r.balanced(x, kvecs, sig) for x in ("scalc", "scalf", "scalb", "scalbc")}
+        bal = {x: r.balanced(x, kvecs) for x in ("scalc", "scalf", "scalb", "scalbc")}
         parts = {"c": (r.fixc, "scalc"), "f": (r.fixf, "scalf"), "b": (r.fixb, "scalb"),
                  "bc": (r.fixbc, "scalbc")}
         fit = allowed & np.isfinite(share)
