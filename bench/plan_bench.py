@@ -1,13 +1,16 @@
 """Pipeline planner benchmark: `pipeline` against gpipe, 1f1b, pipedream and dp on five models x
 five clusters, on the shared cost model and simulator; writes its table to docs/benchmarks.md.
 
-Models are profiled for real on this machine (`dl-nfv profile model ... --granularity layer`,
-CPU, batch 32, the profiler's default three timed rounds, medians) and cached in
-``--cache``; the GPU times the planners use are the cost model's roofline estimates
-calibrated by those measurements. Goals
-(issue 5): `pipeline` never slower than a baseline; >= 1.5x the best of gpipe/1f1b/pipedream
-on the heterogeneous and ring clusters; within 1.2x of its lower bound on at least half the
-cases; every plan under 30 s.
+Models are profiled for real (`dl-nfv profile model ... --granularity layer`, CPU, batch 32,
+three timed rounds, medians) and cached in ``--cache``. The profiles the recorded table was
+made from are kept in ``bench/profiles/`` (the default), so that the table can be made again
+to the digit: the planners are deterministic and the GPU times come from the profiles; with
+an empty ``--cache`` the models are profiled on this machine (about 9 minutes) and every
+figure moves with its measurements. The GPU times the planners use are the cost model's
+roofline estimates calibrated by those measurements. Goals (issue 5): `pipeline` never
+slower than a baseline; >= 1.5x the best of gpipe/1f1b/pipedream on the heterogeneous and
+ring clusters; within 1.2x of its lower bound on at least half the cases; every plan under
+30 s.
 
 A second table repeats the suite at 8x the batch (256 samples, 128 for GPT-2 XL): the measured graphs are
 scaled by the cost model's own batch law (every op time ``fixed + (t - fixed) x 8``, with
@@ -209,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--topologies", default=",".join(TOPOLOGIES))
     parser.add_argument("--scales", default="1,8", help="batch multiples to run (1 = as measured)")
-    parser.add_argument("--cache", type=Path, default=Path("/tmp/dl-nfv-plan-bench"),
-                        help="where profiled op graphs are kept between runs")
+    parser.add_argument("--cache", type=Path, default=ROOT / "bench" / "profiles",
+                        help="where profiled op graphs are kept between runs (default: the "
+                             "profiles the recorded table was made from; an empty folder "
+                             "profiles the models on this machine)")
     parser.add_argument("--no-record", action="store_true", help="print only")
     args = parser.parse_args(argv)
     measured = {m: graph_for(m, args.cache) for m in args.models.split(",")}
