@@ -341,25 +341,20 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
 
     counts = _Counts(D) if D > EXACT_COUNTS_UP_TO else None
 
-    inv_frac = _fractional_capacity(holders, U, D)  # [i, j, k]
+    # the parts' fixed times, and their scalable times on a stage's ``k`` fastest holders at
+    # their fractional balance ([i, j, k]), for the samples' average way
+    inv_frac = _fractional_capacity(holders, U, D)
+    avg_fixed = {"c": fixc_r, "f": fixf_r, "b": fixb_r, "bc": fixbc_r}
+    with np.errstate(invalid="ignore"):
+        avg_balanced = {"c": scalc_r[:, :, None] * inv_frac, "f": scalf_r[:, :, None] * inv_frac,
+                        "b": scalb_r[:, :, None] * inv_frac, "bc": scalbc_r[:, :, None] * inv_frac}
 
     def averaged(m: int, busy, hop) -> tuple:
         """The cheap DP's terms along the samples' average way (``_capped_dp``'s busy,
         chain, around and after; see the module docstring): each stage on its ``k``
         fastest holders at their fractional balance."""
-        fit = np.isfinite(busy)
-
-        parts = {"c": (fixc_r, scalc_r), "f": (fixf_r, scalf_r), "b": (fixb_r, scalb_r),
-                 "bc": (fixbc_r, scalbc_r)}
-
-        def per(part: str, microbatches: int):  # [i, j, k, o]
-            fixed, scalable = parts[part]
-            with np.errstate(invalid="ignore"):
-                value = microbatches * fixed[:, :, None] + scalable[:, :, None] * (
-                    inv_frac * microbatches / m)
-            return np.where(fit, value[..., None], np.inf)
-
-        chain, work, around, before_rest = _average_way(per, m, hop)
+        chain, work, around, before_rest = _average_way(avg_fixed, avg_balanced,
+                                                        np.isfinite(busy), m, hop)
         after = _chain_after(busy, chain, multi, U, D)
         # a replicated stage's AllReduce after its forwards and the round trip of the last
         # one's microbatch, or its first forward, that round trip and all but one backward
@@ -744,14 +739,21 @@ def _share_options(holders: dict, U: int, D: int, B: int, m: int
     return out, first
 
 
-def _average_way(per, m: int, hop: np.ndarray) -> tuple:
-    """A stage's terms along the samples' average way (see the module docstring), from
-    ``per(part, microbatches)``: its balanced time of that part (``"c"`` the forwards and
-    I's, ``"f"`` forwards, ``"b"`` whole backwards, ``"bc"`` the I's) for that many
-    microbatches. Returns its chain and work (each way across ``hop``), its round trip term
-    (before the least chain after it), and what its AllReduce follows before the round
-    trip of a microbatch through the stages after it: its forwards, or its first forward
-    and all but one backward."""
+def _average_way(fixed: dict, balanced: dict, fit: np.ndarray, m: int, hop: np.ndarray) -> tuple:
+    """A stage's terms along the samples' average way (see the module docstring), from each
+    part's fixed time per microbatch (``fixed[part]``, ``[i, j]``) and scalable time of the
+    whole batch at the replicas' balance (``balanced[part]``, ``[i, j, K]``), where ``fit``
+    (``[i, j, K, o]``); parts: ``"c"`` the forwards and I's, ``"f"`` forwards, ``"b"`` whole
+    backwards, ``"bc"`` the I's. Returns its chain and work (each way across ``hop``), its
+    round trip term (before the least chain after it), and what its AllReduce follows
+    before the round trip of a microbatch through the stages after it: its forwards, or its
+    first forward and all but one backward."""
+
+    def per(part: str, microbatches: int):  # the part's time for that many microbatches
+        with np.errstate(invalid="ignore"):
+            value = microbatches * fixed[part][:, :, None] + balanced[part] * (microbatches / m)
+        return np.where(fit, value[..., None], np.inf)
+
     chain = per("c", 1) + hop
     work = per("c", m) + hop
     around = np.maximum(per("f", 1) + per("bc", m), per("f", m) + per("bc", 1)) + hop
@@ -1278,19 +1280,10 @@ def _class_bound(r: _Ranges, classes, floor: np.ndarray, B: int, m: int, zero: f
     if small and best < enough:
         # the same along the samples' average way (the cheap DP's ``averaged``), each
         # stage's replicas at their fractional balance with each class at its own times
-        bal = {x: r.balanced(x, kvecs) for x in ("scalc", "scalf", "scalb", "scalbc")}
-        parts = {"c": (r.fixc, "scalc"), "f": (r.fixf, "scalf"), "b": (r.fixb, "scalb"),
-                 "bc": (r.fixbc, "scalbc")}
-        fit = allowed & np.isfinite(share)
-
-        def per(part: str, microbatches: int):  # [i, j, K, o]
-            fixed, name = parts[part]
-            with np.errstate(invalid="ignore"):
-                value = (microbatches * fixed[:, :, None]
-                         + bal[name] * (microbatches / m))[..., None]
-            return np.where(fit, value, np.inf)
-
-        chain_a, work, around_a, before_rest = _average_way(per, m, hop)
+        fixed = {"c": r.fixc, "f": r.fixf, "b": r.fixb, "bc": r.fixbc}
+        balanced = {part: r.balanced("scal" + part, kvecs) for part in fixed}
+        chain_a, work, around_a, before_rest = _average_way(
+            fixed, balanced, allowed & np.isfinite(share), m, hop)
         work[:, :, 0] = np.inf
         after_a = _then(solve(np.inf, busy=np.where(np.isfinite(work), -np.inf, np.inf),
                               table=True, beside=False, way=(chain_a, None, None, sync)),
