@@ -4,14 +4,14 @@ five clusters, on the shared cost model and simulator; writes its table to docs/
 Models are profiled for real (`dl-nfv profile model ... --granularity layer`, CPU, batch 32,
 three timed rounds, medians) and cached in ``--cache``. The profiles the recorded table was
 made from are kept in ``bench/profiles/`` (the default), so that the table can be made again
-to the digit: the planners are deterministic and the GPU times come from the profiles (only a
-plan whose search the time limit cuts, the TAG cluster's largest at 8x, moves with the
+to the digit: the planners are deterministic and the GPU times come from the profiles (only
+a plan whose search the time limit cuts, the TAG cluster's largest at 8x, moves with the
 machine's speed); with an empty ``--cache`` the models are profiled on this machine (about 9
-minutes) and every figure moves with its measurements. The GPU times the planners use are the cost model's
-roofline estimates calibrated by those measurements. Goals (issue 5): `pipeline` never
-slower than a baseline; >= 1.5x the best of gpipe/1f1b/pipedream on the heterogeneous and
-ring clusters; within 1.2x of its lower bound on at least half the cases; every plan under
-30 s.
+minutes) and every figure moves with its measurements. The GPU times the planners use are
+the cost model's roofline estimates calibrated by those measurements. Goals (issue 5):
+`pipeline` never slower than a baseline; >= 1.5x the best of gpipe/1f1b/pipedream on the
+heterogeneous and ring clusters; within 1.2x of its lower bound on at least half the cases;
+every plan under 30 s.
 
 A second table repeats the suite at 8x the batch (256 samples, 128 for GPT-2 XL): the measured graphs are
 scaled by the cost model's own batch law (every op time ``fixed + (t - fixed) x 8``, with
