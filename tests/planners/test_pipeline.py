@@ -106,9 +106,9 @@ def test_bound_counts_the_update_after_the_last_backward():
     """Two layers of 3 GiB parameters (9 GiB with gradients and momentum) on two 16 GiB V100s,
     one sample: each layer on its own device, and the iteration is the closed form
     f + f + b + b (the one microbatch there and back, with its transfers) and then the first
-    stage's update. The
-    bound has that too: the first stage's last backward waits for the round trip, and its
-    update (and zeroing its buckets) comes after it (without it the bound was 81.8 ms)."""
+    stage's update. The bound has that too: the first stage's last backward waits for the
+    round trip, and its update (and zeroing its buckets) comes after it (without it the
+    bound was 81.8 ms)."""
     graph = chain(2, fwd_ms=10.0, bwd_ms=20.0, param_bytes=3 * GIB, batch=1)
     topo = nvlink(2)
     plan = run("pipeline", graph, topo)
