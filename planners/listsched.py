@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dl_nfv.artifacts import Group, SyncMethod
+from dl_nfv.artifacts import Group, Optimizer, SyncMethod
 from dl_nfv.simulator.costs import CostModel, scale_table
 
 GIB = 2**30
@@ -103,17 +103,17 @@ class StepGraph:
         The devices a schedule may use (names, in this order).
     splits : mapping of op id to Split, optional
         Ops split over the batch, each replica pinned to its device.
-    state_factor : float
-        Optimizer state per parameter byte (1 for SGD with momentum, 2 for Adam).
+    optimizer : Optimizer
+        The optimizer whose step and state the schedule counts.
     """
 
     def __init__(self, cm: CostModel, devices: Sequence[str], *,
-                 splits: Mapping[str, Split] | None = None, state_factor: float = 1.0,
+                 splits: Mapping[str, Split] | None = None, optimizer: Optimizer = Optimizer.SGD,
                  topological_ids: Sequence[str] | None = None):
         self.cm = cm
         self.devices = list(devices)
         self.splits = dict(splits or {})
-        self.state_factor = state_factor
+        self.optimizer = optimizer
         D = self.D = len(self.devices)
         dev_index = {d: j for j, d in enumerate(self.devices)}
         graph = cm.graph
@@ -169,7 +169,7 @@ class StepGraph:
         # tied weights: (owner op index, sharing op index, bytes), from the cost model's
         self.ties = [(cm.op_index[owner], cm.op_index[sharer], nbytes)
                      for _, owner, sharer, nbytes in cm.ties]
-        self.static_bytes = (params * (2.0 + state_factor)).tolist()
+        self.static_bytes = (params * (2.0 + optimizer.state_factor)).tolist()
         self.act_bytes = (cm.output_bytes[np.asarray(unit_op)] * share[:, 0]).tolist()
 
         # unit edges: data moves between replicas in proportion to their batch overlap
@@ -652,7 +652,7 @@ def backward_pass(sched: Schedule, links: _Links | None = None,
     for d in range(sg.D):
         end = done[d]
         if params[d] > 0:
-            end += (cm.update_ms(params[d], sg.devices[d], sg.state_factor)
+            end += (cm.update_ms(params[d], sg.devices[d], sg.optimizer)
                     + cm.upkeep_ms(params[d], sg.devices[d], 0))  # zeroing; adding: in bwd
         makespan = max(makespan, end)
     sched.makespan_ms = makespan

@@ -17,9 +17,10 @@ Compute
     a small-batch matmul is most of it), otherwise the launch overhead.
 
 Optimizer step and gradient buffers
-    Memory bound: per parameter byte an update reads the parameter and its
-    gradient and writes the parameter (``UPDATE_PASSES``), and reads each state
-    tensor twice and writes it once (``STATE_PASSES``). Gradients live in flat
+    Memory bound: per parameter byte an update moves ``UPDATE_PASSES`` bytes, as
+    many as the in-place kernels ``torch.optim`` runs for it read and write (the
+    same kernels loop over the tensors on a CPU and run as foreach kernels on a
+    GPU). Gradients live in flat
     buckets (as DDP's ``gradient_as_bucket_view``): every step zeroes them (two
     passes: a write reads the line first) and every backward pass of a
     microbatch adds into them (read two, write one: ``ACCUMULATE_PASSES``).
@@ -78,16 +79,19 @@ from functools import cached_property
 
 import numpy as np
 
-from dl_nfv.artifacts import Cluster, Collective, OpGraph, OpKind, Topology, cluster_of
+from dl_nfv.artifacts import Cluster, Collective, OpGraph, OpKind, Optimizer, Topology, cluster_of
 from dl_nfv.artifacts.devices import DeviceType
 
 MIN_EFFICIENCY = 0.05
 DEFAULT_COMPUTE_EFFICIENCY = 0.5
 DEFAULT_MEMORY_EFFICIENCY = 0.7
-# Bytes moved per parameter byte by an optimizer step: read param + grad, write param;
-# per state tensor: read it for its own update and for the parameter's, write it.
-UPDATE_PASSES = 3.0
-STATE_PASSES = 3.0
+# Bytes moved per parameter byte by one optimizer step of torch.optim, kernel by kernel
+# (an in-place kernel reads its operands and writes its result):
+#   SGD with momentum: buf.mul_(momentum) 2, buf.add_(grad) 3, param.add_(buf) 3;
+#   Adam: exp_avg.lerp_(grad) 3, exp_avg_sq.mul_(beta2) 2 and .addcmul_(grad, grad) 3,
+#   denom = sqrt(exp_avg_sq) 2, / bias correction 2, + eps 2, param.addcdiv_(exp_avg,
+#   denom) 4.
+UPDATE_PASSES = {Optimizer.SGD: 8.0, Optimizer.ADAM: 18.0}
 # Gradient buckets: zeroed once per step (a pure write also reads each cache line first,
 # so it costs two passes), and each backward adds into them (read two, write one).
 ZERO_PASSES = 2.0
@@ -739,17 +743,18 @@ class CostModel(NetworkCosts):
         saved += 2 * internal_bytes * batch_fraction / (t.memory_bandwidth_gb_per_s * 1e6)
         return max(sum(times) - saved, max(times))
 
-    def update_ms(self, param_bytes: float, device: str, state_factor: float = 1.0) -> float:
+    def update_ms(self, param_bytes: float, device: str,
+                  optimizer: Optimizer = Optimizer.SGD) -> float:
         """Optimizer step over ``param_bytes`` of parameters on ``device`` (memory bound)."""
         if param_bytes <= 0:
             return 0.0
         return self.update_launch_ms(device) + param_bytes * self.update_ms_per_byte(
-            device, state_factor)
+            device, optimizer)
 
-    def update_ms_per_byte(self, device: str, state_factor: float = 1.0) -> float:
+    def update_ms_per_byte(self, device: str, optimizer: Optimizer = Optimizer.SGD) -> float:
         """The per-parameter-byte part of ``update_ms``."""
-        passes = UPDATE_PASSES + STATE_PASSES * state_factor
-        return passes / (self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6)
+        return UPDATE_PASSES[optimizer] / (
+            self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6)
 
     def update_launch_ms(self, device: str) -> float:
         """The fixed part of ``update_ms``."""

@@ -749,7 +749,7 @@ class _Lowering:
         for dep in self._backward_tasks(param_ops, reps):
             tg.depend(dep, push)
         for s in servers:
-            ms = cm.update_ms(shard, self.device_names[s], sf)
+            ms = cm.update_ms(shard, self.device_names[s], self.plan.optimizer)
             t = tg.add_compute(TaskKind.UPDATE, s, ms, -1, (f"{g.id} shard",))
             self.server_updates.append(t)
             tg.depend(push, t)
@@ -862,7 +862,7 @@ class _Lowering:
                 continue
             name = self.device_names[d]
             # (the buckets are zeroed here; each backward added into them: _compute_tasks)
-            ms = (self.cm.update_ms(nbytes, name, plan.optimizer.state_factor)
+            ms = (self.cm.update_ms(nbytes, name, plan.optimizer)
                   + self.cm.upkeep_ms(self.grad_bytes.get(d, 0.0), name, 0)
                   + self.update_extra_ms.get(d, 0.0))
             t = tg.add_compute(TaskKind.UPDATE, d, ms, 3 * U * M, ("",))

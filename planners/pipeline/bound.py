@@ -308,7 +308,7 @@ def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
                                  for kv in kvecs])
     ar_floor = params_r[:, :, None] * limits[None, None, :]
     B = p.batch_size
-    update = min(p.cm.update_ms_per_byte(d, p.state_factor) for d in devices)
+    update = min(p.cm.update_ms_per_byte(d, p.optimizer) for d in devices)
     zero = min(p.cm.upkeep_ms_per_byte(d, 0) for d in devices)  # zeroing the buckets
     # every backward of a microbatch adds the range's weight gradients into its buckets,
     # on every replica whatever its share: a fixed part per microbatch

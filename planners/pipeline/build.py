@@ -130,7 +130,7 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
                      else cm.allreduce_ms(r.devices, params))
         held = own + tied.borrowed[s]
         if held > 0:
-            sync += max(cm.update_ms(held, d, problem.state_factor) + cm.upkeep_ms(held, d, 0)
+            sync += max(cm.update_ms(held, d, problem.optimizer) + cm.upkeep_ms(held, d, 0)
                         for d in r.devices)
         sync_ms.append(sync + tied.add_ms[s])
         static = problem.static_bytes(stage.start, stage.stop) + \

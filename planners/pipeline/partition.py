@@ -161,7 +161,7 @@ class OrderingTables:
                     * params[None, :, :, None, None], axis=0)
         # optimizer step and gradient-bucket upkeep of the slowest replica (the cost model's)
         # (zeroing its buckets once per step; adding into them in every microbatch's backward)
-        upd = np.array([p.cm.update_ms_per_byte(d, p.state_factor) + p.cm.upkeep_ms_per_byte(d, 0)
+        upd = np.array([p.cm.update_ms_per_byte(d, p.optimizer) + p.cm.upkeep_ms_per_byte(d, 0)
                         for d in ordering])
         acc = np.array([p.cm.accumulate_ms_per_byte(d) for d in ordering])
         launch = np.array([p.cm.update_launch_ms(d) for d in ordering])

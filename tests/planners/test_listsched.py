@@ -117,7 +117,7 @@ def test_backward_runs_in_reverse_forward_order_then_the_update():
     U = sg.U
     add = 4000 * cm.accumulate_ms_per_byte(V100)
     assert [sched.start[U + u] for u in range(U)][1:] == pytest.approx([12.0 + add, 6.0])
-    update = cm.update_ms(8000, V100, 1.0) + cm.upkeep_ms(8000, V100, 0)
+    update = cm.update_ms(8000, V100) + cm.upkeep_ms(8000, V100, 0)
     assert sched.makespan_ms == pytest.approx(16.0 + 2 * add + update)
 
 
@@ -220,7 +220,7 @@ def test_a_tied_weight_split_across_devices_costs_its_allreduce_and_a_copy(tie_s
     nbytes = 8 * 2**20
     last_backward = max(apart.finish)
     def update(d):  # (adding into the buckets is part of each backward: in the finish times)
-        return cm.update_ms(nbytes, d, 1.0) + cm.upkeep_ms(nbytes, d, 0)
+        return cm.update_ms(nbytes, d) + cm.upkeep_ms(nbytes, d, 0)
 
     # both devices hold the weight; the T4 (less memory bandwidth) updates its copy last
     expected = last_backward + cm.allreduce_ms([V100, T4], nbytes) + max(update(V100), update(T4))

@@ -86,14 +86,14 @@ def test_four_equal_layers_on_two_devices_split_two_and_two():
     # each backward adds 2 layers of weight gradients into their buckets; the update (SGD
     # with momentum) also zeroes the buckets
     b += 3 * GIB * cm.accumulate_ms_per_byte(dev)
-    update = cm.update_ms(3 * GIB, dev, 1.0) + cm.upkeep_ms(3 * GIB, dev, 0)
+    update = cm.update_ms(3 * GIB, dev) + cm.upkeep_ms(3 * GIB, dev, 0)
     closed = (8 + 1) * (f + b) + update
     assert closed <= plan.prediction.iteration_ms <= closed * 1.01
     # the stage-balanced bound: at least fill and drain (with one sample's activations over
     # the link and its gradient back); at most the larger of that and a stage's compute plus
     # its memory traffic outside the ops (which may overlap the drain; the DP meets such
     # terms on a grid of caps, so it may stop short of them)
-    outside = 3 * GIB * (cm.update_ms_per_byte(dev, 1.0) + cm.upkeep_ms_per_byte(dev, 0))
+    outside = 3 * GIB * (cm.update_ms_per_byte(dev) + cm.upkeep_ms_per_byte(dev, 0))
     devices = cm.cluster.device_names
     hop = 2 * cm.transfer_ms(devices[0], devices[1], 4 * 2**20 / 8)
     fill_drain = (8 + 1) * (f + b) + hop
@@ -116,7 +116,7 @@ def test_bound_counts_the_update_after_the_last_backward():
     cm = CostModel(graph, topo)
     dev = cm.cluster.device_names[0]
     b = cm.op_ms("l0", dev, "bwd") + 3 * GIB * cm.accumulate_ms_per_byte(dev)
-    update = cm.update_ms(3 * GIB, dev, 1.0) + cm.upkeep_ms(3 * GIB, dev, 0)
+    update = cm.update_ms(3 * GIB, dev) + cm.upkeep_ms(3 * GIB, dev, 0)
     hop = 2 * cm.transfer_ms(*cm.cluster.device_names[:2], 4 * 2**20)  # activation and back
     closed = 2 * (cm.op_ms("l0", dev, "fwd") + b) + update + hop
     assert plan.prediction.iteration_ms == pytest.approx(closed, rel=1e-6)

@@ -25,8 +25,8 @@ BASELINES = ("gpipe", "1f1b", "pipedream", "dp")
 # (profile, cluster): the recorded pipeline iteration ms and its speed-up over the best of
 # gpipe / 1f1b / pipedream (docs/benchmarks.md, plan_bench, as measured)
 RECORDED = {
-    ("inception-v3-b32-r3", "heterog-testbed8"): (19.834, 1.44),
-    ("vgg19-b32-r3", "ring8-mixed"): (46.600, 2.19),
+    ("inception-v3-b32-r3", "heterog-testbed8"): (19.850, 1.439),
+    ("vgg19-b32-r3", "ring8-mixed"): (46.489, 2.199),
 }
 
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from dl_nfv.artifacts import Collective, OpKind, cluster_of
+from dl_nfv.artifacts import Collective, OpKind, Optimizer, cluster_of
 from dl_nfv.artifacts.devices import CATALOG
 from dl_nfv.simulator import CostModel, Flow
 
@@ -141,9 +141,12 @@ def test_update_is_memory_bound():
     t = CATALOG[GPU]
     p = 1e9
     bw = t.memory_bandwidth_gb_per_s * 1e6  # bytes per ms
-    # Adam: read param + grad, write param; two state tensors, each read twice and written once
-    expected = t.launch_overhead_us / 1e3 + p * (3 + 3 * 2) / bw
-    assert cm.update_ms(p, device, state_factor=2.0) == pytest.approx(expected)
+    # Adam as torch.optim runs it: lerp_ 3, mul_ 2, addcmul_ 3, sqrt 2, div 2, add_ 2,
+    # addcdiv_ 4 bytes per parameter byte
+    expected = t.launch_overhead_us / 1e3 + p * 18 / bw
+    assert cm.update_ms(p, device, Optimizer.ADAM) == pytest.approx(expected)
+    # SGD with momentum: mul_ 2, add_ 3, param add_ 3
+    assert cm.update_ms(p, device) == pytest.approx(t.launch_overhead_us / 1e3 + p * 8 / bw)
     # gradient buckets: zeroed once (a write costs two passes), added into by each of 4
     # microbatches (read two, write one)
     assert cm.upkeep_ms(p, device, accumulations=4) == pytest.approx(p * (2 + 3 * 4) / bw)

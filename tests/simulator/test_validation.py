@@ -89,7 +89,7 @@ def test_single_device_is_the_sum_of_its_op_times():
     result = simulate(p, g, t)
     cm = CostModel(g, t)
     # x has no parameters and nothing before it: no gradient, no backward
-    expected = (0.5 + 1.0 + 1.5 + 0.25) + (2.0 + 2.5 + 0.5) + cm.update_ms(5000, device, 2.0) + cm.upkeep_ms(5000, device)
+    expected = (0.5 + 1.0 + 1.5 + 0.25) + (2.0 + 2.5 + 0.5) + cm.update_ms(5000, device, Optimizer.ADAM) + cm.upkeep_ms(5000, device)
     assert result.iteration_ms == pytest.approx(expected, rel=1e-9)
     assert result.busy_ms[device] == pytest.approx(expected, rel=1e-9)
     assert result.feasible and not result.overflows
