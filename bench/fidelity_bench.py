@@ -22,7 +22,9 @@ sequence) the benchmark
 
 Everything goes through the command line a user types, so the numbers are
 those a user would get. Work files stay in ``--work`` (default: a temporary
-folder) for inspection.
+folder) for inspection; the profiles and link measurements there are made anew on every
+run unless ``--reuse-profiles`` keeps them (a profile from another hour of a shared
+machine moves every error).
 
 Shared machines: a measurement (profile or run) is only kept when other jobs
 used less than ``--max-others`` cores while it ran (the machine's busy time
@@ -126,13 +128,15 @@ def devices_used(plan_path: Path) -> int:
 
 
 def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_others: float,
-              tries: int, max_load: float, repeats: int = 1) -> list[dict]:
+              tries: int, max_load: float, repeats: int = 1, reuse: bool = False) -> list[dict]:
     """Plan and simulate every plan of ``model``, then run them all ``repeats`` times, in
     rounds (each round runs every plan once, so drift on the machine touches all plans
     alike); a plan's measured time is the median run's. Without ``topology`` the links
-    are measured (``profile network``) right after the model is profiled."""
+    are measured (``profile network``) right after the model is profiled. With ``reuse``,
+    a profile and links already in ``work`` are kept (their measurements are as old as
+    the files)."""
     graph = work / f"{model}.json"
-    if not graph.exists():
+    if not (reuse and graph.exists()):
         t0 = time.perf_counter()
         others = quietly(["profile", "model", model, *MODELS[model], "--threads", "1", "-o",
                           str(graph)], max_others=max_others, tries=tries, max_load=max_load)
@@ -140,7 +144,7 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
               f"{others:.2f} cores)", flush=True)
     if topology is None:
         topology = work / f"{model}-network.yaml"
-        if not topology.exists():
+        if not (reuse and topology.exists()):
             others = quietly(["profile", "network", "--nprocs", "2", "--threads", "1", "-o",
                               str(topology), "--report", str(work / f"{model}-network.json")],
                              max_others=max_others, tries=tries, max_load=max_load)
@@ -388,6 +392,9 @@ def main() -> None:
                         help="topology of the 2 workers (default: measured before each model)")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--reuse-profiles", action="store_true",
+                        help="keep the model profiles and link measurements already in --work "
+                             "(default: measure them anew, right before each model's runs)")
     parser.add_argument("--max-others", type=float, default=0.25,
                         help="keep a measurement only if other jobs used fewer cores meanwhile")
     parser.add_argument("--tries", type=int, default=4)
@@ -431,7 +438,8 @@ def main() -> None:
             rows += run_model(model, args.topology.resolve() if args.topology else None,
                               work, args.steps,
                               max_others=args.max_others, tries=args.tries,
-                              max_load=args.max_load, repeats=args.repeats)
+                              max_load=args.max_load, repeats=args.repeats,
+                              reuse=args.reuse_profiles)
             (work / "results.json").write_text(json.dumps(
                 {"rows": rows, "load": [load_before, os.getloadavg()[0]], "revision": revision},
                 indent=1))
