@@ -585,7 +585,7 @@ class _Lowering:
             for d in devs:
                 self.grad_bytes[d] += total
             if g.sync == SyncMethod.PS:
-                self._ps(gi, g, param_ops, total, sf)
+                self._ps(gi, g, param_ops, total)
                 continue
             for d in devs:
                 self.static[d] += total * (2.0 + sf)
@@ -722,8 +722,9 @@ class _Lowering:
         """Resource ids of the links a collective loads (it holds exactly those)."""
         return tuple(sorted(self._link_id(h) for h, nbytes in link_bytes.items() if nbytes > 0))
 
-    def _ps(self, gi, g, param_ops, total, sf) -> None:
+    def _ps(self, gi, g, param_ops, total) -> None:
         tg, cm, groups = self.tg, self.cm, self.groups
+        optimizer = self.plan.optimizer
         reps = groups.replicas[gi]
         devs = [groups.rep_device[r] for r in reps]
         servers = [self.dev_index[s] for s in g.ps_servers]
@@ -731,7 +732,8 @@ class _Lowering:
         for d in devs:
             self.static[d] += total * 2.0  # parameters and gradients; the state lives on servers
         for s in servers:
-            self.static[s] += shard * (2.0 + sf)  # parameter shard, aggregation buffer, state
+            # parameter shard, aggregation buffer, state
+            self.static[s] += shard * (2.0 + optimizer.state_factor)
         if not param_ops:
             return
         workers = [self.device_names[d] for d in devs]
@@ -749,7 +751,7 @@ class _Lowering:
         for dep in self._backward_tasks(param_ops, reps):
             tg.depend(dep, push)
         for s in servers:
-            ms = cm.update_ms(shard, self.device_names[s], self.plan.optimizer)
+            ms = cm.update_ms(shard, self.device_names[s], optimizer)
             t = tg.add_compute(TaskKind.UPDATE, s, ms, -1, (f"{g.id} shard",))
             self.server_updates.append(t)
             tg.depend(push, t)
