@@ -11,9 +11,10 @@
   flows on the real routes) and the links each direction occupies, the part
   of the stage's gradient AllReduce that
   outlasts its last backward plus the optimizer update (the first stage's
-  gradients go in 25 MiB buckets, each AllReduced, one after the other, as
-  soon as the last microbatch's backward has produced it; later stages
-  AllReduce once after their last backward, see ``_bucketed``), and each
+  gradients go in buckets, each AllReduced, one after the other, as soon as
+  the last microbatch's backward has produced it, of 25 MiB or of 1 MiB,
+  whichever outlasts the backward less; later stages AllReduce once after
+  their last backward, see ``_bucketed``), and each
   stage's in-flight cap (the
   memory left after parameters, gradients and optimizer state, over one
   microbatch of stashed activations). Tied weights shared by two stages are
@@ -40,8 +41,10 @@ from .scheduler import StageCosts
 
 # Memory kept free on every device for what the cost model does not count (workspace).
 RESERVE_FRACTION = 0.0
-# Gradient bucket size of replicated stages (as DDP's default and the dp baseline).
-BUCKET_BYTES = 25 * 2**20
+# Gradient bucket caps of a replicated first stage: DDP's default (as the dp baseline) and
+# the cap of DDP's first bucket, whichever leaves less AllReduce after the last backward.
+BUCKET_CAPS = (25 * 2**20, 2**20)
+BUCKET_BYTES = BUCKET_CAPS[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +129,7 @@ def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> S
         params = own - tied.lent[s]
         sync = 0.0
         if len(r.devices) > 1 and params > 0:
-            sync += (_exposed_allreduce_ms(problem, stage, r, M) if _bucketed(layout, stage)
+            sync += (_exposed_allreduce_ms(problem, stage, r)[0] if _bucketed(layout, stage)
                      else cm.allreduce_ms(r.devices, params))
         held = own + tied.borrowed[s]
         if held > 0:
@@ -227,13 +230,21 @@ def _tied(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> _Tied:
                  tuple(ar), tuple(ex), tuple(add))
 
 
-def _exposed_allreduce_ms(problem: Problem, stage: StageSpec, reps: Replicas, m: int) -> float:
-    """How long the stage's bucketed AllReduces run past the end of its last backward.
+def _exposed_allreduce_ms(problem: Problem, stage: StageSpec, reps: Replicas) -> tuple[float, float]:
+    """How long the stage's bucketed AllReduces run past the end of its last backward, at
+    the bucket cap of ``BUCKET_CAPS`` that leaves the least; returns (ms, cap).
 
     The last microbatch's backward visits the stage's ops in reverse order on
     the slowest replica; a bucket is AllReduced when its last op is done and
-    the previous bucket's AllReduce has finished (one collective stream).
+    the previous bucket's AllReduce has finished (one collective stream). Large
+    buckets pay the collectives' latency fewer times; small ones start sooner and
+    leave less to run after the backward (a stage of few parameters: all of them
+    in one 25 MiB bucket that waits for the backward's end).
     """
+    key = (stage.start, stage.stop, reps)
+    cache = problem.cache.setdefault("exposed", {})
+    if key in cache:
+        return cache[key]
     cm = problem.cm
     ops = problem.stage_ops(stage.start, stage.stop)
     slowest = max(zip(reps.devices, reps.counts), key=lambda dc: sum(
@@ -246,21 +257,26 @@ def _exposed_allreduce_ms(problem: Problem, stage: StageSpec, reps: Replicas, m:
         if needs[op]:
             clock += cm.op_ms(op, slowest[0], "bwd", frac)
         done_at[op] = clock
-    end = 0.0
-    for bucket in _buckets(problem, stage):
-        ready = max(done_at[op] for op in bucket)
-        nbytes = float(sum(cm.param_bytes[cm.op_index[op]] for op in bucket))
-        end = max(end, ready) + cm.allreduce_ms(reps.devices, nbytes)
-    return max(0.0, end - clock)
+    best = (float("inf"), BUCKET_BYTES)
+    for cap in BUCKET_CAPS:
+        end = 0.0
+        for bucket in _buckets(problem, stage, cap):
+            ready = max(done_at[op] for op in bucket)
+            nbytes = float(sum(cm.param_bytes[cm.op_index[op]] for op in bucket))
+            end = max(end, ready) + cm.allreduce_ms(reps.devices, nbytes)
+        if max(0.0, end - clock) < best[0] - 1e-9:
+            best = (max(0.0, end - clock), cap)
+    cache[key] = best
+    return best
 
 
-def _buckets(problem: Problem, stage: StageSpec) -> list[tuple[str, ...]]:
-    """The stage's gradient buckets (``base.gradient_buckets``, memoised per op range)."""
-    key = (stage.start, stage.stop)
+def _buckets(problem: Problem, stage: StageSpec, cap: float = BUCKET_BYTES) -> list[tuple[str, ...]]:
+    """The stage's gradient buckets of ``cap`` bytes (``base.gradient_buckets``, memoised)."""
+    key = (stage.start, stage.stop, cap)
     cache = problem.cache.setdefault("buckets", {})
     if key not in cache:
         ops = problem.stage_ops(stage.start, stage.stop)
-        cache[key] = list(gradient_buckets(problem.graph, ops, BUCKET_BYTES))
+        cache[key] = list(gradient_buckets(problem.graph, ops, cap))
     return cache[key]
 
 
@@ -276,12 +292,23 @@ def _bucketed(layout: Layout, stage: StageSpec) -> bool:
     return stage.start == layout.stages[0].start
 
 
-def stage_buckets(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> Fusion | None:
-    """25 MiB gradient buckets of the first stage when replicated (see ``_bucketed``)."""
-    buckets: list[tuple[str, ...]] = []
-    for stage, r in zip(layout.stages, reps):
-        if len(r.devices) > 1 and _bucketed(layout, stage):
-            buckets.extend(_buckets(problem, stage))
+def first_stage_cap(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> float | None:
+    """The bucket cap of the first stage's gradients, the one of ``BUCKET_CAPS`` that leaves
+    the least of their AllReduce after its last backward; None when it is not replicated."""
+    stage, r = layout.stages[0], reps[0]
+    if len(r.devices) < 2:
+        return None
+    return _exposed_allreduce_ms(problem, stage, r)[1]
+
+
+def stage_buckets(problem: Problem, layout: Layout, reps: Sequence[Replicas],
+                  cap: float | None = None) -> Fusion | None:
+    """Gradient buckets of the first stage when replicated (see ``_bucketed``), of ``cap``
+    bytes (default: ``first_stage_cap``)."""
+    cap = cap or first_stage_cap(problem, layout, reps)
+    if cap is None:
+        return None
+    buckets = _buckets(problem, layout.stages[0], cap)
     return Fusion(gradient_buckets=tuple(buckets)) if buckets else None
 
 

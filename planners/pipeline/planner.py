@@ -41,7 +41,13 @@ from dl_nfv.planners.base import GIB, finish, gradient_buckets, started
 from dl_nfv.planners.bounds import Bound, critical_path_ms, work_bound_ms
 
 from .bound import stage_balanced_bound_ms
-from .build import BUCKET_BYTES, Replicas, groups_and_pipeline, stage_buckets
+from .build import (
+    BUCKET_BYTES,
+    Replicas,
+    first_stage_cap,
+    groups_and_pipeline,
+    stage_buckets,
+)
 from .partition import Layout
 from .problem import Problem
 from .scheduler import Policy, schedule_options
@@ -72,6 +78,7 @@ class _Draft:
     feasible: bool = False
     overflow: str = ""
     source: Evaluated | None = None  # the search's layout it was made from
+    cap: float | None = None  # its first stage's gradient bucket cap (None: not bucketed)
 
 
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int = 0,
@@ -231,19 +238,28 @@ def _check_memory_floor(problem: Problem) -> None:
 
 
 # --------------------------------------------------------------------------- drafts
-def _drafts_of(problem: Problem, ev: Evaluated, policies) -> list[_Draft]:
+def _drafts_of(problem: Problem, ev: Evaluated, policies,
+               caps: Sequence[float | None] = (None, BUCKET_BYTES)) -> list[_Draft]:
     """A draft of ``ev`` for each distinct schedule the scheduler offers for its layout: the
-    scheduler ranks them by its own estimate, the simulator decides."""
+    scheduler ranks them by its own estimate, the simulator decides. Each schedule is
+    drafted with the first stage's gradient buckets of each distinct cap of ``caps``
+    (None: the cap the scheduler charged, ``first_stage_cap``): the scheduler counts no
+    link that a bucket's AllReduce takes from the transfers, so DDP's 25 MiB buckets are
+    drafted too. A cap other than 25 MiB is named in the draft's origin."""
     layout, reps = ev.layout, ev.reps
     if len(layout.stages) == 1 and layout.microbatches == 1:
         return [_data_parallel_draft(problem, layout, reps[0], "search (one stage: data parallel)",
                                      ev.makespan_ms)]
-    buckets = stage_buckets(problem, layout, reps)
+    chosen = first_stage_cap(problem, layout, reps)
+    own = list(dict.fromkeys(chosen if cap is None else cap for cap in caps)) if chosen else [None]
     out = []
     for timed in schedule_options(ev.costs, policies, wide=True)[:SCHEDULES_SIMULATED]:
         groups, pipeline = groups_and_pipeline(problem, layout, reps, timed.schedule)
-        out.append(_Draft(f"search ({timed.label})", groups, pipeline, buckets, timed.makespan_ms,
-                          source=ev))
+        for cap in own:
+            label = f", {cap / 2**20:g} MiB buckets" if cap not in (None, BUCKET_BYTES) else ""
+            out.append(_Draft(f"search ({timed.label}{label})", groups, pipeline,
+                              stage_buckets(problem, layout, reps, cap), timed.makespan_ms,
+                              source=ev, cap=cap))
     return out
 
 
@@ -268,7 +284,7 @@ def _polish(problem: Problem, draft: _Draft, policies) -> tuple[_Draft, int]:
                        key=fastest_first)
         better = draft
         for ev in timed[:POLISH_SIMULATED]:
-            for d in _drafts_of(problem, ev, policies)[:2]:
+            for d in _drafts_of(problem, ev, policies, caps=(draft.cap,))[:2]:
                 _simulate(problem, d)
                 if d.feasible and d.iteration_ms < better.iteration_ms - 1e-9:
                     better = d

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dl_nfv.artifacts import Plan, TieSync, fingerprint, from_data
+from dl_nfv.artifacts import Fusion, Plan, TieSync, fingerprint, from_data
 from dl_nfv.artifacts.topology import Topology
 from dl_nfv.planners import run
 from dl_nfv.planners.pipeline.build import (
@@ -128,6 +128,34 @@ def test_scheduler_matches_the_simulator_when_stages_share_nics(policy, split):
                 pipeline=pipeline, fusion=stage_buckets(problem, layout, reps))
     sim = simulate(plan, graph, topo, check_fingerprints=False).iteration_ms
     assert sim == pytest.approx(timed.makespan_ms, rel=1e-6)
+
+
+def test_a_first_stage_of_few_parameters_takes_small_buckets():
+    """A first stage of four 1 MiB layers replicated across a 10 Gbps switch: in one 25 MiB
+    bucket its AllReduce (3.4 ms) waits for the end of the last backward; in DDP's 1 MiB
+    buckets, one per layer, three of the four run while the backward still does, so only
+    the last layer's (0.9 ms) and what queues before it is left. The stage takes the small
+    buckets, the scheduler charges what they leave as the simulator does, and the plan
+    simulates over a millisecond faster than with one bucket."""
+    graph = chain(8, fwd_ms=2.0, bwd_ms=4.0, param_bytes=2**20, out_bytes=2**16)
+    topo = hosts(3, 1, nic_gbps=10)
+    problem = Problem(graph, topo)
+    layout = Layout((StageSpec(0, 4, ("h0/gpu0", "h1/gpu0")), StageSpec(4, 8, ("h2/gpu0",))), 4)
+    reps = all_replicas(problem, layout)
+    timed = schedule_run(stage_costs(problem, layout, reps), Policy.GPIPE)
+    fusion = stage_buckets(problem, layout, reps)
+    assert fusion.gradient_buckets == (("l3",), ("l2",), ("l1",), ("l0",))
+    groups, pipeline = groups_and_pipeline(problem, layout, reps, timed.schedule)
+
+    def simulated(buckets) -> float:
+        plan = Plan(planner="pipeline", graph_sha256=fingerprint(graph),
+                    topology_sha256=fingerprint(topo), batch_size=graph.model.batch_size,
+                    groups=tuple(groups), pipeline=pipeline, fusion=buckets)
+        return simulate(plan, graph, topo, check_fingerprints=False).iteration_ms
+
+    small = simulated(fusion)
+    assert small == pytest.approx(timed.makespan_ms, rel=1e-3)
+    assert small < simulated(Fusion(gradient_buckets=(("l3", "l2", "l1", "l0"),))) - 1.0
 
 
 def _topology(types):
