@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from dl_nfv.artifacts import Optimizer, SyncMethod, TieSync
+from dl_nfv.artifacts import Fusion, Optimizer, SyncMethod, TieSync
 from dl_nfv.runtime.launcher import train
 from dl_nfv.runtime.reference import reference_run
 from dl_nfv.runtime.worker import WorkerOptions
@@ -141,6 +141,19 @@ def test_pipeline_with_a_replicated_stage(tmp_path):
     d = devices(3)
     plan = pipeline_plan(graph, topo, [[d[0], d[1]], [d[2]]], microbatches=2, kind="1f1b",
                          shares=[(0.75, 0.25), None])
+    _check(tmp_path, graph, topo, plan)
+
+
+def test_pipeline_with_a_replicated_first_stage_in_small_buckets(tmp_path):
+    # as the pipeline planner makes a first stage of few parameters: one bucket per layer,
+    # each AllReduced as soon as the last microbatch's backward has produced it
+    graph, topo = graph_of("mlp-tiny", batch_size=8), topology(3)
+    d = devices(3)
+    plan = pipeline_plan(graph, topo, [[d[0], d[1]], [d[2]]], cut=4 / 6, microbatches=4,
+                         kind="1f1b", shares=[(0.75, 0.25), None])
+    assert plan.groups[0].ops[-1] == "layers_fc1"
+    plan = dataclasses.replace(plan, fusion=Fusion(gradient_buckets=(("layers_fc1",),
+                                                                     ("layers_fc0",))))
     _check(tmp_path, graph, topo, plan)
 
 
