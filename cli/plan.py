@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from dl_nfv.artifacts import load
+from dl_nfv.artifacts import Optimizer, load
 from dl_nfv.planners import PLANNERS, PlannerInfo, get
 
 from .options import emit, emit_data, json_option, output_option, seed_option, stderr_console
@@ -133,10 +133,13 @@ for _info in PLANNERS.values():
               help="Comma-separated planner names (see `dl-nfv plan list`).")
 @click.option("--time-limit", type=float, default=None,
               help="Seconds each planner that accepts a time limit may search.")
+@click.option("--optimizer", type=click.Choice([o.value for o in Optimizer]), default="sgd",
+              show_default=True, help="The optimizer every plan is made for (its state and step).")
 @seed_option
 @output_option("Write the comparison table here (JSON).")
 @json_option
-def compare_command(graph_path, topology_path, planner_names, time_limit, seed, output, as_json):
+def compare_command(graph_path, topology_path, planner_names, time_limit, optimizer, seed, output,
+                    as_json):
     """Run several planners, simulate each, and print a comparison table.
 
     Rows: planner, stages, microbatches, iteration ms, speed-up over dp, ratio to the
@@ -151,7 +154,7 @@ def compare_command(graph_path, topology_path, planner_names, time_limit, seed, 
     graph = load(graph_path, expect="op-graph")
     topology = load(topology_path, expect="topology")
     names = [n.strip() for n in planner_names.split(",") if n.strip()]
-    options = {"time_limit": time_limit} if time_limit is not None else {}
+    options = {"optimizer": optimizer, **({"time_limit": time_limit} if time_limit is not None else {})}
     console = stderr_console()
     rows = compare(graph, topology, names, seed=seed, options=options,
                    progress=(lambda n: console.print(f"planning with {n} ...")) if console else None)

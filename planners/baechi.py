@@ -37,7 +37,7 @@ import pulp
 from dl_nfv.artifacts import BadInput, InfeasiblePlan, OpGraph, SolverError, Topology
 from dl_nfv.simulator.costs import CostModel
 
-from .base import finish, started
+from .base import finish, optimizer_named, started
 from .bounds import lower_bound
 from .listsched import (
     MemoryShortfall,
@@ -52,53 +52,64 @@ LP_TIME_LIMIT_S = 120
 TIE_BREAK = 1e-6
 
 
-def plan_topo(graph: OpGraph, topology: Topology, *, seed: int = 0, memory_fraction: float = 1.0):
+def plan_topo(graph: OpGraph, topology: Topology, *, seed: int = 0, memory_fraction: float = 1.0,
+              optimizer: str = "sgd"):
     """Baechi m-TOPO: fill devices in topological order up to a per-device memory cap.
 
     Parameters
     ----------
     memory_fraction : float
         Fraction of each device's memory the plan may fill (0 < f <= 1).
+    optimizer : str
+        sgd (with momentum) or adam: its state and step are planned for.
 
     Raises ``InfeasiblePlan`` naming the op that fits nowhere and the shortfall.
     """
-    return _run("m-topo", graph, topology, seed, memory_fraction, topo_schedule)
+    return _run("m-topo", graph, topology, seed, memory_fraction, optimizer, topo_schedule)
 
 
-def plan_etf(graph: OpGraph, topology: Topology, *, seed: int = 0, memory_fraction: float = 1.0):
+def plan_etf(graph: OpGraph, topology: Topology, *, seed: int = 0, memory_fraction: float = 1.0,
+             optimizer: str = "sgd"):
     """Baechi m-ETF: earliest-task-first list scheduling with memory checks.
 
     Parameters
     ----------
     memory_fraction : float
         Fraction of each device's memory the plan may fill (0 < f <= 1).
+    optimizer : str
+        sgd (with momentum) or adam: its state and step are planned for.
 
     Raises ``InfeasiblePlan`` naming the op that fits nowhere and the shortfall.
     """
-    return _run("m-etf", graph, topology, seed, memory_fraction, _etf)
+    return _run("m-etf", graph, topology, seed, memory_fraction, optimizer, _etf)
 
 
-def plan_sct(graph: OpGraph, topology: Topology, *, seed: int = 0, memory_fraction: float = 1.0):
+def plan_sct(graph: OpGraph, topology: Topology, *, seed: int = 0, memory_fraction: float = 1.0,
+             optimizer: str = "sgd"):
     """Baechi m-SCT: favourite-child LP relaxation (PuLP), rounded at 0.5, then ETF.
 
     Parameters
     ----------
     memory_fraction : float
         Fraction of each device's memory the plan may fill (0 < f <= 1).
+    optimizer : str
+        sgd (with momentum) or adam: its state and step are planned for.
 
     Raises ``InfeasiblePlan`` naming the op that fits nowhere and the shortfall;
     ``SolverError`` when the LP solver fails.
     """
-    return _run("m-sct", graph, topology, seed, memory_fraction, _sct)
+    return _run("m-sct", graph, topology, seed, memory_fraction, optimizer, _sct)
 
 
-def _run(name: str, graph: OpGraph, topology: Topology, seed: int, memory_fraction: float, placer):
+def _run(name: str, graph: OpGraph, topology: Topology, seed: int, memory_fraction: float,
+         optimizer: str, placer):
     t0 = started()
     if not 0 < memory_fraction <= 1:
         raise BadInput(f"{name}: memory_fraction must be in (0, 1], got {memory_fraction}")
+    opt = optimizer_named(name, optimizer)
     cm = CostModel(graph, topology)
     devices = list(cm.cluster.device_names)
-    sg = StepGraph(cm, devices)
+    sg = StepGraph(cm, devices, optimizer=opt)
     capacity = [cm.memory_bytes(d) * memory_fraction for d in devices]
     try:
         sched, notes = placer(sg, capacity)
@@ -107,8 +118,8 @@ def _run(name: str, graph: OpGraph, topology: Topology, seed: int, memory_fracti
     groups, order, _ = plan_groups(sched)
     bound = lower_bound(cm, devices, min_batch_fraction=1.0, ops_splittable=False)
     return finish(planner=name, graph=graph, topology=topology, groups=groups, seed=seed,
-                  options={"memory_fraction": memory_fraction}, started_at=t0, bound=bound,
-                  order=order, notes=notes, cost_model=cm)
+                  options={"memory_fraction": memory_fraction, "optimizer": optimizer},
+                  started_at=t0, bound=bound, order=order, notes=notes, optimizer=opt, cost_model=cm)
 
 
 def topo_schedule(sg: StepGraph, capacity: list[float]) -> tuple[Schedule, list[str]]:

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from dl_nfv.artifacts import (
+    BadInput,
     Fusion,
     Group,
     InfeasiblePlan,
@@ -38,6 +39,18 @@ GIB = 2**30
 def started() -> float:
     """A timestamp for ``finish(started=...)``."""
     return time.perf_counter()
+
+
+def optimizer_named(planner: str, name: str) -> Optimizer:
+    """The optimizer a planner's ``optimizer`` option names; ``BadInput`` naming the valid
+    ones. Planners charge its state in every device's memory and its step after the
+    gradients (``CostModel.update_ms``), and record it in the plan, which the simulator
+    and the runtime follow."""
+    try:
+        return Optimizer(name)
+    except ValueError:
+        raise BadInput(f"{planner}: optimizer must be one of "
+                       f"{', '.join(o.value for o in Optimizer)}, got {name!r}") from None
 
 
 def finish(*, planner: str, graph: OpGraph, topology: Topology, groups: Sequence[Group],

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from dl_nfv.artifacts import BadInput, Collective, Fusion, Group, OpGraph, SyncMethod, Topology
 
-from .base import device_speeds, finish, gradient_buckets, integer_shares, replicas, started
+from .base import (
+    device_speeds,
+    finish,
+    gradient_buckets,
+    integer_shares,
+    optimizer_named,
+    replicas,
+    started,
+)
 from .bounds import lower_bound
 
 MB = 2**20
@@ -19,7 +27,7 @@ MB = 2**20
 
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, sync: str = "allreduce",
          balance: str = "proportional", bucket_mb: float = 25.0, collective: str = "auto",
-         devices: str = ""):
+         devices: str = "", optimizer: str = "sgd"):
     """Data parallelism over the cluster's devices.
 
     Parameters
@@ -34,12 +42,15 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, sync: str = "allr
         AllReduce algorithm: auto, ring, tree or hierarchical.
     devices : str
         Comma-separated device names to use (default: all).
+    optimizer : str
+        sgd (with momentum) or adam: its state and step are planned for.
 
     Complexity: O(ops + devices) plus one simulation.
     """
     t0 = started()
     from dl_nfv.simulator.costs import CostModel
 
+    opt = optimizer_named("dp", optimizer)
     cm = CostModel(graph, topology)
     names = _pick_devices(cm, devices)
     try:
@@ -67,8 +78,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, sync: str = "allr
     bound = lower_bound(cm, used)
     return finish(planner="dp", graph=graph, topology=topology, groups=[group], seed=seed,
                   options={"sync": sync, "balance": balance, "bucket_mb": bucket_mb,
-                           "collective": collective, "devices": devices},
-                  started_at=t0, bound=bound, fusion=fusion, cost_model=cm)
+                           "collective": collective, "devices": devices, "optimizer": optimizer},
+                  started_at=t0, bound=bound, fusion=fusion, optimizer=opt, cost_model=cm)
 
 
 def _pick_devices(cm, devices: str) -> list[str]:

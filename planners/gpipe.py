@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dl_nfv.artifacts import BadInput, OpGraph, Topology
 
-from .base import finish, started
+from .base import finish, optimizer_named, started
 from .pipeline.build import Replicas, groups_and_pipeline
 from .pipeline.partition import Layout, StageSpec
 from .pipeline.planner import pipeline_bound
@@ -124,9 +124,9 @@ def baseline_draft(problem: Problem, layout: Layout, kind: str, reps: list[Repli
 
 
 def _plan(graph: OpGraph, topology: Topology, kind: str, seed: int, stages: int,
-          microbatches: int, balance: str):
+          microbatches: int, balance: str, optimizer: str):
     t0 = started()
-    problem = Problem(graph, topology)
+    problem = Problem(graph, topology, optimizer=optimizer_named(kind, optimizer))
     check_microbatches(problem.batch_size, microbatches, kind)
     if stages < 0:
         raise BadInput(f"{kind}: stages must be >= 0, got {stages}")
@@ -136,15 +136,17 @@ def _plan(graph: OpGraph, topology: Topology, kind: str, seed: int, stages: int,
     groups, pipeline = baseline_draft(problem, layout, kind)
     bound = pipeline_bound(problem)
     return finish(planner=kind, graph=graph, topology=topology, groups=groups, seed=seed,
-                  options={"stages": stages, "microbatches": microbatches, "balance": balance},
-                  started_at=t0, bound=bound, pipeline=pipeline, cost_model=problem.cm,
+                  options={"stages": stages, "microbatches": microbatches, "balance": balance,
+                           "optimizer": optimizer},
+                  started_at=t0, bound=bound, pipeline=pipeline, optimizer=problem.optimizer,
+                  cost_model=problem.cm,
                   notes=(f"{count} stages balanced by {balance} on "
                          f"{problem.cm.cluster.device(problem.devices[0]).type.name}, "
                          f"{m} microbatches, {kind} schedule",))
 
 
 def plan_gpipe(graph: OpGraph, topology: Topology, *, seed: int = 0, stages: int = 0,
-               microbatches: int = 0, balance: str = "time"):
+               microbatches: int = 0, balance: str = "time", optimizer: str = "sgd"):
     """GPipe (baseline): even split, one device per stage, fill-drain schedule.
 
     Parameters
@@ -155,14 +157,16 @@ def plan_gpipe(graph: OpGraph, topology: Topology, *, seed: int = 0, stages: int
         Microbatches per iteration (0: largest divisor of the batch <= 4 x stages).
     balance : str
         time (forward+backward time on the first device's type) or params.
+    optimizer : str
+        sgd (with momentum) or adam: its state and step are planned for.
 
     Complexity: O(ops log ops) plus one simulation.
     """
-    return _plan(graph, topology, "gpipe", seed, stages, microbatches, balance)
+    return _plan(graph, topology, "gpipe", seed, stages, microbatches, balance, optimizer)
 
 
 def plan_1f1b(graph: OpGraph, topology: Topology, *, seed: int = 0, stages: int = 0,
-              microbatches: int = 0, balance: str = "time"):
+              microbatches: int = 0, balance: str = "time", optimizer: str = "sgd"):
     """1F1B (baseline): GPipe's even split with the one-forward-one-backward schedule.
 
     Parameters
@@ -173,7 +177,9 @@ def plan_1f1b(graph: OpGraph, topology: Topology, *, seed: int = 0, stages: int 
         Microbatches per iteration (0: largest divisor of the batch <= 4 x stages).
     balance : str
         time (forward+backward time on the first device's type) or params.
+    optimizer : str
+        sgd (with momentum) or adam: its state and step are planned for.
 
     Complexity: O(ops log ops) plus one simulation.
     """
-    return _plan(graph, topology, "1f1b", seed, stages, microbatches, balance)
+    return _plan(graph, topology, "1f1b", seed, stages, microbatches, balance, optimizer)

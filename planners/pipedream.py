@@ -35,7 +35,7 @@ import math
 
 from dl_nfv.artifacts import BadInput, InfeasiblePlan, OpGraph, Topology
 
-from .base import finish, started
+from .base import finish, optimizer_named, started
 from .gpipe import baseline_draft, check_microbatches, default_microbatches
 from .pipeline.partition import Layout, StageSpec
 from .pipeline.planner import pipeline_bound
@@ -184,7 +184,7 @@ def pipedream_layout(problem: Problem, microbatches: int, ratio: float = 0.0) ->
 
 
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int = 0,
-         activation_compression_ratio: float = 0.0):
+         activation_compression_ratio: float = 0.0, optimizer: str = "sgd"):
     """PipeDream's partitioner (baseline): hierarchical-bandwidth DP with stage replication, 1F1B.
 
     Parameters
@@ -194,11 +194,13 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     activation_compression_ratio : float
         Count activation transfers in the DP, divided by this ratio (0: ignore
         them, PipeDream's default).
+    optimizer : str
+        sgd (with momentum) or adam: its state and step are planned for.
 
     Complexity: O(levels x ops^3 x machines^2) plus one simulation.
     """
     t0 = started()
-    problem = Problem(graph, topology)
+    problem = Problem(graph, topology, optimizer=optimizer_named("pipedream", optimizer))
     check_microbatches(problem.batch_size, microbatches, "pipedream")
     if activation_compression_ratio < 0:
         raise BadInput(f"pipedream: activation_compression_ratio must be >= 0, got "
@@ -213,8 +215,10 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     levels = ", ".join(f"{k} x {bw * 8e3 / 1e9:.1f} Gbps" for k, bw in hierarchy(problem))
     return finish(planner="pipedream", graph=graph, topology=topology, groups=groups, seed=seed,
                   options={"microbatches": microbatches,
-                           "activation_compression_ratio": activation_compression_ratio},
-                  started_at=t0, bound=bound, pipeline=pipeline, cost_model=problem.cm,
+                           "activation_compression_ratio": activation_compression_ratio,
+                           "optimizer": optimizer},
+                  started_at=t0, bound=bound, pipeline=pipeline, optimizer=problem.optimizer,
+                  cost_model=problem.cm,
                   notes=(f"PipeDream levels: {levels}; {len(layout.stages)} stages, replication "
                          f"{[len(s.devices) for s in layout.stages]}, {m} microbatches, 1F1B",))
 

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from dl_nfv.artifacts import Group, InfeasiblePlan, OpGraph, SyncMethod, Topology
 
-from .base import GIB, device_speeds, finish, started
+from .base import GIB, device_speeds, finish, optimizer_named, started
 from .bounds import lower_bound
 
 
-def plan(graph: OpGraph, topology: Topology, *, seed: int = 0):
+def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, optimizer: str = "sgd"):
     """Place every op on the fastest device that fits the model (parameters, gradients,
     optimizer state and the activations of one batch).
+
+    Parameters
+    ----------
+    optimizer : str
+        sgd (with momentum) or adam: its state and step are planned for.
 
     Raises ``InfeasiblePlan`` naming the largest device and the shortfall when none fits.
     Complexity: O(ops x devices) plus one simulation.
@@ -18,9 +23,10 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0):
     t0 = started()
     from dl_nfv.simulator.costs import CostModel
 
+    opt = optimizer_named("single", optimizer)
     cm = CostModel(graph, topology)
     ops = [op.id for op in graph.ops]
-    need = cm.static_bytes(ops) + cm.activation_bytes(ops)
+    need = cm.static_bytes(ops, opt.state_factor) + cm.activation_bytes(ops)
     names = list(cm.cluster.device_names)
     speed = dict(zip(names, device_speeds(cm, names)))
     fitting = [d for d in names if cm.memory_bytes(d) >= need]
@@ -33,4 +39,5 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0):
     best = max(fitting, key=lambda d: (speed[d], -names.index(d)))
     group = Group(id="all", ops=tuple(ops), devices=(best,), sync=SyncMethod.NONE)
     return finish(planner="single", graph=graph, topology=topology, groups=[group], seed=seed,
-                  options={}, started_at=t0, bound=lower_bound(cm, [best]), cost_model=cm)
+                  options={"optimizer": optimizer}, started_at=t0, bound=lower_bound(cm, [best]),
+                  optimizer=opt, cost_model=cm)

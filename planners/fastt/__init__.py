@@ -30,7 +30,7 @@ import time
 from dl_nfv.artifacts import BadInput, OpGraph, Topology
 from dl_nfv.simulator.costs import CostModel
 
-from ..base import finish, started
+from ..base import finish, optimizer_named, started
 from ..bounds import lower_bound
 from .search import Context, search
 
@@ -39,7 +39,7 @@ UNREPLICATE_TRIES = 8
 
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: bool = True,
          max_split: int = 8, memory_fraction: float = 1.0, refine_with: str = "",
-         split_rounds: int = 2, time_limit: float = 5.0):
+         split_rounds: int = 2, time_limit: float = 5.0, optimizer: str = "sgd"):
     """Op placement and execution order by list scheduling (FastT), with critical-path splits.
 
     Parameters
@@ -56,6 +56,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: b
         Rounds of critical-path splitting; each re-reads the simulated critical path.
     time_limit : float
         CPU seconds of planning after which the unreplication and split searches stop (0: no limit).
+    optimizer : str
+        sgd (with momentum) or adam: its state and step are planned for.
 
     Returns a ``Plan`` whose ``notes`` name the winning list scheduler, every
     candidate's simulated time, each split kept, and what a refinement changed.
@@ -75,6 +77,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: b
     if max_split < 1 or split_rounds < 0 or time_limit < 0:
         raise BadInput(f"fastt: max_split must be >= 1, split_rounds and time_limit >= 0; got "
                        f"{max_split}, {split_rounds}, {time_limit}")
+    opt = optimizer_named("fastt", optimizer)
     notes: list[str] = []
     costed = graph
     if refine_with:
@@ -83,7 +86,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: b
         costed, refine_notes = refined_graph(graph, topology, refine_with)
         notes += [f"refined with {refine_with}: {n}" for n in refine_notes]
     cm = CostModel(costed, topology)
-    ctx = Context(graph, topology, cm, memory_fraction=memory_fraction)
+    ctx = Context(graph, topology, cm, memory_fraction=memory_fraction, optimizer=opt)
     deadline = cpu0 + time_limit if time_limit > 0 else float("inf")
     best, search_notes = search(ctx, split_critical=split_critical, max_split=max_split,
                                 split_rounds=split_rounds, deadline=deadline)
@@ -93,6 +96,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, split_critical: b
     return finish(planner="fastt", graph=graph, topology=topology, groups=best.groups, seed=seed,
                   options={"split_critical": split_critical, "max_split": max_split,
                            "memory_fraction": memory_fraction, "refine_with": refine_with,
-                           "split_rounds": split_rounds, "time_limit": time_limit},
+                           "split_rounds": split_rounds, "time_limit": time_limit,
+                           "optimizer": optimizer},
                   started_at=t0, bound=bound, order=best.order, fusion=best.fusion, notes=notes,
-                  cost_model=cm)
+                  optimizer=opt, cost_model=cm)

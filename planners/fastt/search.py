@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dl_nfv.artifacts import Fusion, Group, InfeasiblePlan, OpGraph, Plan, Topology
+from dl_nfv.artifacts import Fusion, Group, InfeasiblePlan, OpGraph, Optimizer, Plan, Topology
 from dl_nfv.simulator import simulate
 from dl_nfv.simulator.costs import CostModel, scale_by_batch
 from dl_nfv.simulator.tasks import TaskKind
@@ -78,8 +78,10 @@ class Context:
     """What every candidate of one planning run shares."""
 
     def __init__(self, graph: OpGraph, topology: Topology, cm: CostModel, *,
-                 memory_fraction: float, planner: str = "fastt"):
+                 memory_fraction: float, planner: str = "fastt",
+                 optimizer: Optimizer = Optimizer.SGD):
         self.graph = graph
+        self.optimizer = optimizer
         self.topology = topology
         self.cm = cm
         self.planner = planner
@@ -90,14 +92,16 @@ class Context:
         self.graph_sha256 = self.topology_sha256 = "0" * 64
         self.batch_size = graph.model.batch_size
         self.topological_ids = graph.topological_ids()
-        self.base = StepGraph(cm, self.devices, topological_ids=self.topological_ids)
+        self.base = StepGraph(cm, self.devices, topological_ids=self.topological_ids,
+                              optimizer=optimizer)
         self.speeds = device_speeds(cm, self.devices)
         self.simulations = 0
 
     def step_graph(self, splits: Mapping[str, Split]) -> StepGraph:
         if not splits:
             return self.base
-        return StepGraph(self.cm, self.devices, splits=splits, topological_ids=self.topological_ids)
+        return StepGraph(self.cm, self.devices, splits=splits, topological_ids=self.topological_ids,
+                         optimizer=self.optimizer)
 
     # ------------------------------------------------------------- schedules
     def buckets(self, splits: Mapping[str, Split]) -> list[list[int]]:
@@ -148,7 +152,8 @@ class Context:
     def draft(self, groups, order, notes=(), fusion=None) -> Plan:
         return Plan(planner=self.planner, graph_sha256=self.graph_sha256,
                     topology_sha256=self.topology_sha256, batch_size=self.batch_size,
-                    groups=tuple(groups), order=dict(order), notes=tuple(notes), fusion=fusion)
+                    optimizer=self.optimizer, groups=tuple(groups), order=dict(order),
+                    notes=tuple(notes), fusion=fusion)
 
     def score(self, recipe: Recipe, splits: Mapping[str, Split], schedule: Schedule, *,
               data_parallel: bool = False) -> tuple[Candidate, object]:

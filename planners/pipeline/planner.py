@@ -37,7 +37,7 @@ from dl_nfv.artifacts import (
     Topology,
     fingerprint,
 )
-from dl_nfv.planners.base import GIB, finish, gradient_buckets, started
+from dl_nfv.planners.base import GIB, finish, gradient_buckets, optimizer_named, started
 from dl_nfv.planners.bounds import Bound, critical_path_ms, work_bound_ms
 
 from .bound import stage_balanced_bound_ms
@@ -82,7 +82,8 @@ class _Draft:
 
 
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int = 0,
-         max_stages: int = 0, schedule: str = "auto", time_limit: float = 30.0) -> Plan:
+         max_stages: int = 0, schedule: str = "auto", time_limit: float = 30.0,
+         optimizer: str = "sgd") -> Plan:
     """Synchronous pipeline planning: partition, device mapping, microbatches, schedule.
 
     Parameters
@@ -99,6 +100,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
         early once the plan has used 60% of the limit and the boundary climbs at 80% (both
         normally end sooner); the bound, the first orderings, the final scheduling and the
         simulations are never cut, so a limit of a few seconds can be exceeded.
+    optimizer : str
+        sgd (with momentum) or adam: its state and step are planned for.
 
     Returns a ``Plan`` with ``bound_ms`` (work, critical path and the stage-balanced
     bound, see ``pipeline_bound``). Raises ``BadInput`` for a bad option (a microbatch count
@@ -109,7 +112,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     devices), O(layouts x stages^2 x microbatches) for scheduling, plus ~10 simulations.
     """
     t0 = started()
-    problem = Problem(graph, topology, tie_sync=TieSync.EXCHANGE)
+    problem = Problem(graph, topology, tie_sync=TieSync.EXCHANGE,
+                      optimizer=optimizer_named("pipeline", optimizer))
     _check_options(problem, microbatches, max_stages, schedule, time_limit)
     _check_memory_floor(problem)
     policies = SCHEDULES[schedule]
@@ -147,9 +151,9 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     status = PlanStatus.TIME_LIMIT if outcome.timed_out else PlanStatus.HEURISTIC
     return finish(planner="pipeline", graph=graph, topology=topology, groups=best.groups, seed=seed,
                   options={"microbatches": microbatches, "max_stages": max_stages,
-                           "schedule": schedule, "time_limit": time_limit},
+                           "schedule": schedule, "time_limit": time_limit, "optimizer": optimizer},
                   started_at=t0, bound=bound, status=status, pipeline=best.pipeline,
-                  fusion=best.fusion, cost_model=problem.cm, notes=notes,
+                  fusion=best.fusion, optimizer=problem.optimizer, cost_model=problem.cm, notes=notes,
                   tie_sync=problem.tie_sync)
 
 
@@ -319,7 +323,7 @@ def _seed_drafts(graph, topology, problem: Problem, microbatches: int, max_stage
     out: list[_Draft] = []
     if not microbatches or microbatches == 1:
         try:
-            ddp = dp.plan(graph, topology)
+            ddp = dp.plan(graph, topology, optimizer=problem.optimizer.value)
             out.append(_Draft("seed: dp baseline", list(ddp.groups), None, ddp.fusion))
         except BadInput:
             pass
@@ -370,8 +374,8 @@ def _simulate(problem: Problem, draft: _Draft) -> None:
     graph, topology = problem.graph, problem.topology
     plan = Plan(planner="pipeline", graph_sha256=fingerprint(graph),
                 topology_sha256=fingerprint(topology), batch_size=graph.model.batch_size,
-                groups=tuple(draft.groups), pipeline=draft.pipeline, fusion=draft.fusion,
-                tie_sync=problem.tie_sync)
+                optimizer=problem.optimizer, groups=tuple(draft.groups), pipeline=draft.pipeline,
+                fusion=draft.fusion, tie_sync=problem.tie_sync)
     result = simulate(plan, graph, topology, cost_model=problem.cm, check_fingerprints=False)
     draft.iteration_ms = result.iteration_ms
     draft.feasible = result.feasible

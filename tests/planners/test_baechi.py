@@ -64,7 +64,7 @@ def test_memory_fraction_is_respected(name):
     for device, peak in plan.prediction.peak_memory_bytes.items():
         assert peak <= 0.5 * 16 * gib, (device, peak)
     assert sorted(len(ops) for ops in plan.order.values()) == [2, 2]
-    assert plan.options == {"memory_fraction": 0.5}
+    assert plan.options == {"memory_fraction": 0.5, "optimizer": "sgd"}
 
 
 def test_m_sct_frees_a_favourite_child_when_its_parents_device_fills_up():
