@@ -92,8 +92,9 @@ def main(argv=None) -> int:
     body = "\n".join([
         f"{args.params / 1e6:g}M float32 parameters ({nbytes / 1e6:.0f} MB), one thread; passes' "
         f"time at {bandwidth:g} GB/s ({args.topology.name}'s measured memory bandwidth); the "
-        f"median of {REPEATS} steps after two untimed ones. `model passes`: what the cost model "
-        "charges (docs/cost-model.md); the runtime runs the default (unfused) steps.",
+        f"median of {REPEATS} steps after two untimed ones. `model passes`: the bytes read and "
+        "written per parameter byte as the cost model counts them (for a step, what it charges; "
+        "docs/cost-model.md); the runtime runs the default (unfused) steps.",
         "",
         markdown_table(["what", "model passes", "ms", "passes' time"], rows)])
     if not args.no_record:
