@@ -18,9 +18,8 @@ Compute
 
 Optimizer step and gradient buffers
     Memory bound: per parameter byte an update moves ``UPDATE_PASSES`` bytes, as
-    many as the in-place kernels ``torch.optim`` runs for it read and write (the
-    same kernels loop over the tensors on a CPU and run as foreach kernels on a
-    GPU). Gradients live in flat
+    many as the fused step of ``torch.optim`` that the runtime runs reads and writes
+    (one kernel, on a CPU as on a GPU). Gradients live in flat
     buckets (as DDP's ``gradient_as_bucket_view``): every step zeroes them (two
     passes: a write reads the line first) and every backward pass of a
     microbatch adds into them (read two, write one: ``ACCUMULATE_PASSES``).
@@ -85,13 +84,14 @@ from dl_nfv.artifacts.devices import DeviceType
 MIN_EFFICIENCY = 0.05
 DEFAULT_COMPUTE_EFFICIENCY = 0.5
 DEFAULT_MEMORY_EFFICIENCY = 0.7
-# Bytes moved per parameter byte by one optimizer step of torch.optim, kernel by kernel
-# (an in-place kernel reads its operands and writes its result):
-#   SGD with momentum: buf.mul_(momentum) 2, buf.add_(grad) 3, param.add_(buf) 3;
-#   Adam: exp_avg.lerp_(grad) 3, exp_avg_sq.mul_(beta2) 2 and .addcmul_(grad, grad) 3,
-#   denom = sqrt(exp_avg_sq) 2, / bias correction 2, + eps 2, param.addcdiv_(exp_avg,
-#   denom) 4.
-UPDATE_PASSES = {Optimizer.SGD: 8.0, Optimizer.ADAM: 18.0}
+# Bytes moved per parameter byte by one fused optimizer step of torch.optim (``fused=True``,
+# as the runtime runs it: one kernel reads the parameters, their gradients and the state
+# and writes the parameters and the state):
+#   SGD with momentum: reads param, grad, momentum buffer, writes param, buffer: 5;
+#   Adam: reads param, grad, exp_avg, exp_avg_sq, writes param and both averages: 7.
+# (The unfused steps run a kernel per operation and move 8 and 18; on a CPU an unfused
+# Adam step also faults in two fresh temporaries every step: docs/cost-model.md.)
+UPDATE_PASSES = {Optimizer.SGD: 5.0, Optimizer.ADAM: 7.0}
 # Gradient buckets: zeroed once per step (a pure write also reads each cache line first,
 # so it costs two passes), and each backward adds into them (read two, write one).
 ZERO_PASSES = 2.0
