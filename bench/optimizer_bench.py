@@ -6,7 +6,10 @@ Adam 7; docs/cost-model.md). This bench times, on one thread, the fused steps an
 default ones (a kernel per operation: 8 and 18 passes), and the kernels an unfused
 Adam step is made of, into a buffer kept from step to step and into a fresh tensor, and
 reports each as passes' time at the memory bandwidth of the topology given (by default
-``examples/topologies/local-cpu.yaml``, as ``dl-nfv profile network`` measured it).
+``examples/topologies/local-cpu.yaml``, as ``dl-nfv profile network`` measured it). The
+process keeps freed memory in its heap, as every training worker does
+(``keep_freed_memory``); ``DL_NFV_ALLOCATOR=system`` times it under the C library's own
+policy, where a fresh tensor's pages are faulted in on every step.
 
 Usage:
     python bench/optimizer_bench.py                  # records its section of docs/benchmarks.md
@@ -28,6 +31,7 @@ import torch  # noqa: E402
 from _record import markdown_table, record_section  # noqa: E402
 
 from dl_nfv.artifacts import Optimizer, load  # noqa: E402
+from dl_nfv.profilers.allocator import keep_freed_memory  # noqa: E402
 from dl_nfv.simulator.costs import UPDATE_PASSES  # noqa: E402
 
 REPEATS = 7
@@ -81,6 +85,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-record", action="store_true", help="print only")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    policy = keep_freed_memory()
     topo = load(args.topology, expect="topology")
     device = topo.hosts[0].devices[0]
     bandwidth = device.memory_bandwidth_gb_per_s
@@ -95,7 +100,8 @@ def main(argv=None) -> int:
     body = "\n".join([
         f"{args.params / 1e6:g}M float32 parameters ({nbytes / 1e6:.0f} MB), one thread; passes' "
         f"time at {bandwidth:g} GB/s ({args.topology.name}'s measured memory bandwidth); the "
-        f"median of {REPEATS} steps after two untimed ones. `model passes`: the bytes read and "
+        f"median of {REPEATS} steps after two untimed ones; freed memory: {policy} "
+        f"(`DL_NFV_ALLOCATOR`; the workers keep it). `model passes`: the bytes read and "
         "written per parameter byte as the cost model counts them (for a fused step, what it "
         "charges; docs/cost-model.md); the runtime runs the fused steps.",
         "",
