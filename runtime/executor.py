@@ -79,9 +79,9 @@ def make_optimizer(params: list[torch.nn.Parameter], kind: Optimizer,
     The fused implementation (one kernel per step reading parameters, gradients and state
     and writing parameters and state) where torch has one for the parameters' device and
     dtype (float parameters on a CPU or a CUDA device); the cost model charges that step
-    (``UPDATE_PASSES``). On this machine's CPU the fused step took 5.9 and 8.3 passes' time
-    for SGD with momentum and Adam against 10.5 and 40.6 for the default ones
-    (``bench/optimizer_bench.py``).
+    (``UPDATE_PASSES``). On this machine's CPU the fused step took 5.8 and 7.5 passes' time
+    for SGD with momentum and Adam against 8.9 and 25.5 for the default ones, with freed
+    memory kept as the workers keep it (``bench/optimizer_bench.py``).
     """
     if not params:
         return None
