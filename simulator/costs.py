@@ -89,8 +89,9 @@ DEFAULT_MEMORY_EFFICIENCY = 0.7
 # and writes the parameters and the state):
 #   SGD with momentum: reads param, grad, momentum buffer, writes param, buffer: 5;
 #   Adam: reads param, grad, exp_avg, exp_avg_sq, writes param and both averages: 7.
-# (The unfused steps run a kernel per operation and move 8 and 18; on a CPU an unfused
-# Adam step also faults in two fresh temporaries every step: docs/cost-model.md.)
+# (The unfused steps run a kernel per operation and move 8 and 18; on a CPU whose heap
+# hands freed memory back, an unfused Adam step also faults in two fresh temporaries every
+# step: docs/cost-model.md.)
 UPDATE_PASSES = {Optimizer.SGD: 5.0, Optimizer.ADAM: 7.0}
 # Gradient buckets: zeroed once per step (a pure write also reads each cache line first,
 # so it costs two passes), and each backward adds into them (read two, write one).
