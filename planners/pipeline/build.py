@@ -264,8 +264,9 @@ def _exposed_allreduce_ms(problem: Problem, stage: StageSpec, reps: Replicas) ->
             ready = max(done_at[op] for op in bucket)
             nbytes = float(sum(cm.param_bytes[cm.op_index[op]] for op in bucket))
             end = max(end, ready) + cm.allreduce_ms(reps.devices, nbytes)
-        if max(0.0, end - clock) < best[0] - 1e-9:
-            best = (max(0.0, end - clock), cap)
+        exposed = max(0.0, end - clock)
+        if exposed < best[0] - 1e-9:
+            best = (exposed, cap)
     cache[key] = best
     return best
 
@@ -304,11 +305,11 @@ def first_stage_cap(problem: Problem, layout: Layout, reps: Sequence[Replicas]) 
 def stage_buckets(problem: Problem, layout: Layout, reps: Sequence[Replicas],
                   cap: float | None = None) -> Fusion | None:
     """Gradient buckets of the first stage when replicated (see ``_bucketed``), of ``cap``
-    bytes (default: ``first_stage_cap``)."""
-    cap = cap or first_stage_cap(problem, layout, reps)
-    if cap is None:
+    bytes (default: ``first_stage_cap``); None when it is not replicated."""
+    chosen = first_stage_cap(problem, layout, reps)
+    if chosen is None:
         return None
-    buckets = _buckets(problem, layout.stages[0], cap)
+    buckets = _buckets(problem, layout.stages[0], cap or chosen)
     return Fusion(gradient_buckets=tuple(buckets)) if buckets else None
 
 

@@ -256,14 +256,14 @@ def _drafts_of(problem: Problem, ev: Evaluated, policies,
                                      ev.makespan_ms)]
     chosen = first_stage_cap(problem, layout, reps)
     own = list(dict.fromkeys(chosen if cap is None else cap for cap in caps)) if chosen else [None]
+    fusions = {cap: stage_buckets(problem, layout, reps, cap) for cap in own}
     out = []
     for timed in schedule_options(ev.costs, policies, wide=True)[:SCHEDULES_SIMULATED]:
         groups, pipeline = groups_and_pipeline(problem, layout, reps, timed.schedule)
-        for cap in own:
+        for cap, fusion in fusions.items():
             label = f", {cap / 2**20:g} MiB buckets" if cap not in (None, BUCKET_BYTES) else ""
-            out.append(_Draft(f"search ({timed.label}{label})", groups, pipeline,
-                              stage_buckets(problem, layout, reps, cap), timed.makespan_ms,
-                              source=ev, cap=cap))
+            out.append(_Draft(f"search ({timed.label}{label})", groups, pipeline, fusion,
+                              timed.makespan_ms, source=ev, cap=cap))
     return out
 
 
