@@ -53,19 +53,16 @@ def _median_s(step, repeats: int = REPEATS) -> float:
 def _steps(n: int) -> list[tuple[str, str, object]]:
     """(what, model passes or "", a zero-argument step) for every case timed."""
     out = []
-    for name, make, fused in (
-            ("SGD with momentum", lambda p, f: torch.optim.SGD(p, lr=0.01, momentum=0.9, fused=f),
-             False),
-            ("SGD with momentum, fused", lambda p, f: torch.optim.SGD(p, lr=0.01, momentum=0.9,
-                                                                        fused=f), True),
-            ("Adam", lambda p, f: torch.optim.Adam(p, lr=1e-3, fused=f), False),
-            ("Adam, fused", lambda p, f: torch.optim.Adam(p, lr=1e-3, fused=f), True)):
-        param = torch.nn.Parameter(torch.randn(n))
-        param.grad = torch.randn(n)
-        opt = make([param], fused)
-        kind = Optimizer.ADAM if "Adam" in name else Optimizer.SGD
-        model = f"{UPDATE_PASSES[kind]:g}" if fused else f"{UNFUSED_PASSES[kind]:g}"
-        out.append((f"step: {name}", model, opt.step))
+    for name, kind, make in (
+            ("SGD with momentum", Optimizer.SGD,
+             lambda p, fused: torch.optim.SGD(p, lr=0.01, momentum=0.9, fused=fused)),
+            ("Adam", Optimizer.ADAM, lambda p, fused: torch.optim.Adam(p, lr=1e-3, fused=fused))):
+        for fused in (False, True):
+            param = torch.nn.Parameter(torch.randn(n))
+            param.grad = torch.randn(n)
+            opt = make([param], fused)
+            model = UPDATE_PASSES[kind] if fused else UNFUSED_PASSES[kind]
+            out.append((f"step: {name}{', fused' if fused else ''}", f"{model:g}", opt.step))
     x, y, z = torch.rand(n) + 0.1, torch.empty(n), torch.rand(n) + 0.1
     out += [("kernel: sqrt into a kept buffer", "2", lambda: torch.sqrt(x, out=y)),
             ("kernel: sqrt into a fresh tensor", "2", lambda: torch.sqrt(x)),
