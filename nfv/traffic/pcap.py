@@ -1,8 +1,8 @@
 """Read and write pcap and pcapng files, and decode frames down to TCP/UDP (dpkt).
 
 This is the one pcap reader of dl-nfv. ``read_frames`` yields raw frames with
-their link type and timestamp; ``decode`` turns one frame into a ``Packet``
-or the reason it was skipped. Link types: Ethernet (with 802.1Q/802.1ad VLAN
+their link type and timestamp (``capture.py`` walks the file formats);
+``decode`` turns one frame into a ``Packet`` or the reason it was skipped. Link types: Ethernet (with 802.1Q/802.1ad VLAN
 tags), raw IP, Linux cooked capture (SLL and SLL2), BSD loopback. Network
 layers: IPv4 and IPv6; transport: TCP and UDP. Nothing here raises on a bad
 packet: every malformed, truncated or non-IP frame is counted by reason.
@@ -22,13 +22,20 @@ import dpkt
 
 from dl_nfv.artifacts.errors import BadInput
 
-PCAP_MAGICS = {b"\xd4\xc3\xb2\xa1", b"\xa1\xb2\xc3\xd4", b"\x4d\x3c\xb2\xa1", b"\xa1\xb2\x3c\x4d"}
-PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
-
-DLT_NULL, DLT_EN10MB, DLT_RAW, DLT_LOOP = 0, 1, 101, 108
-DLT_LINUX_SLL, DLT_IPV4, DLT_IPV6, DLT_LINUX_SLL2 = 113, 228, 229, 276
-LINKTYPES = {DLT_NULL, DLT_EN10MB, DLT_RAW, DLT_LOOP, DLT_LINUX_SLL, DLT_IPV4, DLT_IPV6,
-             DLT_LINUX_SLL2}
+from .capture import (  # noqa: F401  (re-exported: the link types and the format sniffer)
+    DLT_EN10MB,
+    DLT_IPV4,
+    DLT_IPV6,
+    DLT_LINUX_SLL,
+    DLT_LINUX_SLL2,
+    DLT_LOOP,
+    DLT_NULL,
+    DLT_RAW,
+    LINKTYPES,
+    RECORD_REASONS,
+    records,
+    sniff_format,
+)
 
 TCP, UDP = 6, 17
 FIN, SYN, RST, ACK = 0x01, 0x02, 0x04, 0x10
@@ -59,52 +66,15 @@ def address_text(addr: bytes) -> str:
     return socket.inet_ntop(socket.AF_INET if len(addr) == 4 else socket.AF_INET6, addr)
 
 
-def sniff_format(path: str | Path) -> str:
-    """``"pcap"`` or ``"pcapng"`` from the file's magic; ``BadInput`` for anything else."""
-    path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            magic = fh.read(4)
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise BadInput(f"{path}: is a directory, not a pcap file") from None
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
-    if magic in PCAP_MAGICS:
-        return "pcap"
-    if magic == PCAPNG_MAGIC:
-        return "pcapng"
-    raise BadInput(f"{path}: not a pcap or pcapng file (magic {magic.hex() or 'empty'}; "
-                   f"expected a1b2c3d4, a1b23c4d or 0a0d0d0a)")
-
-
 def read_frames(path: str | Path, malformed: MalformedCounts) -> Iterator[tuple[int, bytes, int]]:
-    """Yield ``(ts_us, frame, linktype)`` for every record of a pcap or pcapng file.
+    """Yield ``(ts_us, frame, linktype)`` for every readable record of a pcap or pcapng file.
 
-    A truncated or corrupt record ends the file (counted as ``truncated_file``);
-    a bad file header is ``BadInput``. Linear in the file size.
+    Records that cannot be read (cut by the end of the file, oversized, with an
+    inconsistent header) are counted in ``malformed`` and never lost silently
+    (``capture.py`` says how); a bad file header is ``BadInput``. Linear in the
+    file size.
     """
-    fmt = sniff_format(path)
-    with Path(path).open("rb") as fh:
-        try:
-            reader = dpkt.pcap.Reader(fh) if fmt == "pcap" else dpkt.pcapng.Reader(fh)
-        except (ValueError, dpkt.Error, struct.error) as exc:
-            raise BadInput(f"{path}: bad {fmt} file header: {exc}") from None
-        linktype = reader.datalink()
-        if linktype not in LINKTYPES:
-            raise BadInput(f"{path}: unsupported link type {linktype} "
-                           f"(supported: Ethernet, raw IP, Linux cooked, loopback)")
-        records = iter(reader)
-        while True:
-            try:
-                ts, frame = next(records)
-            except StopIteration:
-                return
-            except (dpkt.Error, ValueError, struct.error, EOFError):
-                malformed["truncated_file"] += 1
-                return
-            yield int(round(float(ts) * 1_000_000)), bytes(frame), linktype
+    return records(path, malformed)
 
 
 def _network_layer(frame: bytes, linktype: int) -> tuple[int, bytes] | str:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .flows import FlowTable
-from .pcap import TCP, MalformedCounts, address_text, decode, read_frames
+from .pcap import RECORD_REASONS, TCP, MalformedCounts, address_text, decode, read_frames
 
 PROTO_NAMES = {6: "tcp", 17: "udp"}
 
@@ -111,7 +111,8 @@ def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0) -> Trace:
     """Read ``path`` (pcap or pcapng) into a ``Trace``.
 
     Raises ``BadInput`` when the file is not a pcap/pcapng; malformed packets
-    are counted in ``Trace.malformed`` by reason. O(packets + payload bytes).
+    are counted in ``Trace.malformed`` by reason, and ``Trace.packets`` counts
+    every packet record of the file, read or not. O(packets + payload bytes).
     """
     malformed = MalformedCounts()
     stats: Counter = Counter()
@@ -129,6 +130,7 @@ def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0) -> Trace:
             continue
         table.add(pkt)
     table.close_all()
+    packets += sum(malformed[reason] for reason in RECORD_REASONS)  # records never yielded
     return _columns(str(path), table, packets, wire, malformed, stats)
 
 

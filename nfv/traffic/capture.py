@@ -1,0 +1,314 @@
+"""The records of pcap and pcapng files: walk a capture file and yield its frames.
+
+``records(path, malformed)`` yields ``(ts_us, frame, linktype)`` for every
+packet record a capture file holds. It never trusts a length it has not
+checked, and never loses a record silently:
+
+* **pcap**: a record whose captured length exceeds 262,144 bytes (libpcap's
+  ``MAXIMUM_SNAPLEN``, above which libpcap itself refuses the file for these
+  link types) is counted as ``oversized_record``; one whose captured length
+  exceeds its original length (no capture tool writes that) as
+  ``bad_record_header``. Either way the reader *resynchronises*: it looks, in
+  the 262,144 bytes after the bad header, for the first offset where a
+  plausible record header starts (1 <= caplen <= 262,144, caplen <= original
+  length, sub-second field below one second, timestamp within a day of the
+  last good record) and the records it frames chain on, two deep, to further
+  plausible headers or to the exact end of the file. Where none exists the
+  reader stops, and the bytes it could not read are counted
+  (``unreadable_bytes``).
+* **pcapng**: blocks are walked by their length, which must be at least 12,
+  a multiple of 4, and equal to the copy at the block's end; a block whose
+  length breaks that is ``BadInput`` naming the file and the block's offset
+  (there is nothing safe to skip to). A packet block whose captured length
+  does not fit its block, or that names an interface not described before it,
+  is ``bad_record_header``, and the walk goes on with the next block.
+  Timestamps honour ``if_tsresol`` and ``if_tsoffset``.
+* A record (pcap) or packet block (pcapng) cut by the end of the file is
+  ``truncated_file``; any other block cut by it adds its bytes to
+  ``unreadable_bytes``.
+
+The keys above ending in ``_bytes`` count bytes; every other one counts packet
+records, so that the records of a file are the frames yielded plus the counted
+records (``RECORD_REASONS``). A file header that is cut short, has an unknown
+version or an unsupported link type is ``BadInput``. O(file size); the file is
+memory-mapped, each frame copied once.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from dl_nfv.artifacts.errors import BadInput
+
+PCAP_MAGICS = {b"\xd4\xc3\xb2\xa1": ("<", 1_000), b"\xa1\xb2\xc3\xd4": (">", 1_000),
+               b"\x4d\x3c\xb2\xa1": ("<", 1), b"\xa1\xb2\x3c\x4d": (">", 1)}
+PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
+
+DLT_NULL, DLT_EN10MB, DLT_RAW, DLT_LOOP = 0, 1, 101, 108
+DLT_LINUX_SLL, DLT_IPV4, DLT_IPV6, DLT_LINUX_SLL2 = 113, 228, 229, 276
+LINKTYPES = {DLT_NULL, DLT_EN10MB, DLT_RAW, DLT_LOOP, DLT_LINUX_SLL, DLT_IPV4, DLT_IPV6,
+             DLT_LINUX_SLL2}
+
+MAX_CAPLEN = 262_144  # libpcap's MAXIMUM_SNAPLEN for every supported link type
+MAX_PACKET_BLOCK = 28 + MAX_CAPLEN + 65_536  # an EPB: header, the data, generous options
+RECORD_REASONS = ("truncated_file", "oversized_record", "bad_record_header")
+DAY_S = 86_400
+
+_SHB, _IDB, _PB, _SPB, _EPB = 0x0A0D0D0A, 1, 2, 3, 6
+_PACKET_BLOCKS = (_PB, _SPB, _EPB)
+
+
+def sniff_format(path: str | Path) -> str:
+    """``"pcap"`` or ``"pcapng"`` from the file's magic; ``BadInput`` for anything else."""
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise BadInput(f"{path}: is a directory, not a pcap file") from None
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
+    if magic in PCAP_MAGICS:
+        return "pcap"
+    if magic == PCAPNG_MAGIC:
+        return "pcapng"
+    raise BadInput(f"{path}: not a pcap or pcapng file (magic {magic.hex() or 'empty'}; "
+                   f"expected a1b2c3d4, a1b23c4d or 0a0d0d0a)")
+
+
+def _check_linktype(path: Path, linktype: int) -> None:
+    if linktype not in LINKTYPES:
+        raise BadInput(f"{path}: unsupported link type {linktype} "
+                       f"(supported: Ethernet, raw IP, Linux cooked, loopback)")
+
+
+def records(path: str | Path, malformed: Counter) -> Iterator[tuple[int, bytes, int]]:
+    """Yield ``(ts_us, frame, linktype)`` for every readable packet record of ``path``.
+
+    Unreadable records and bytes are counted in ``malformed`` (see the module
+    docstring); ``BadInput`` for a file that is not a capture, a bad file header
+    or a bad pcapng block length.
+    """
+    path = Path(path)
+    fmt = sniff_format(path)
+    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if fmt == "pcap":
+            yield from _pcap(path, data, malformed)
+        else:
+            yield from _pcapng(path, data, malformed)
+
+
+# pcap -----------------------------------------------------------------------------
+def _pcap(path: Path, data: mmap.mmap, malformed: Counter) -> Iterator[tuple[int, bytes, int]]:
+    size = len(data)
+    if size < 24:
+        raise BadInput(f"{path}: pcap file header cut short ({size} of 24 bytes)")
+    order, ns_per_unit = PCAP_MAGICS[bytes(data[:4])]
+    major, minor, _, _, _, linktype = struct.unpack_from(order + "HHiIII", data, 4)
+    if major != 2:
+        raise BadInput(f"{path}: unsupported pcap version {major}.{minor} (expected 2.x)")
+    linktype &= 0xFFFF  # the upper bits carry FCS information (LT_LINKTYPE)
+    _check_linktype(path, linktype)
+    units = 1_000_000_000 // ns_per_unit  # sub-second units per second
+    header = struct.Struct(order + "IIII")
+    pos, last_sec = 24, None
+    while pos < size:
+        if pos + 16 > size:
+            malformed["truncated_file"] += 1
+            return
+        sec, frac, caplen, origlen = header.unpack_from(data, pos)
+        if caplen > MAX_CAPLEN or caplen > origlen:
+            malformed["oversized_record" if caplen > MAX_CAPLEN else "bad_record_header"] += 1
+            nxt = _resync(data, pos + 16, header, units, last_sec)
+            if nxt is None:
+                malformed["unreadable_bytes"] += size - pos - 16
+                return
+            pos = nxt
+            continue
+        end = pos + 16 + caplen
+        if end > size:
+            malformed["truncated_file"] += 1
+            return
+        last_sec = sec
+        yield sec * 1_000_000 + (frac * ns_per_unit + 500) // 1000, data[pos + 16:end], linktype
+        pos = end
+
+
+def _plausible(header: struct.Struct, data, at: int, units: int, last_sec: int | None) -> int:
+    """The end of the record whose header is at ``at`` if the header is plausible, else -1."""
+    if at + 16 > len(data):
+        return -1
+    sec, frac, caplen, origlen = header.unpack_from(data, at)
+    if not 1 <= caplen <= MAX_CAPLEN or caplen > origlen or frac >= units:
+        return -1
+    if last_sec is not None and abs(sec - last_sec) > DAY_S:
+        return -1
+    end = at + 16 + caplen
+    return end if end <= len(data) else -1
+
+
+def _chains(header: struct.Struct, data, at: int, units: int, last_sec: int | None,
+            depth: int = 2) -> bool:
+    end = _plausible(header, data, at, units, last_sec)
+    if end < 0:
+        return False
+    return end == len(data) or depth == 0 or _chains(header, data, end, units, last_sec,
+                                                      depth - 1)
+
+
+def _resync(data, start: int, header: struct.Struct, units: int,
+            last_sec: int | None) -> int | None:
+    """The first offset in ``[start, start + MAX_CAPLEN]`` where records chain on safely.
+
+    Candidates are screened with numpy (every byte offset's would-be caplen,
+    original length and sub-second field at once); only those are chained.
+    """
+    stop = min(len(data), start + MAX_CAPLEN + 16)
+    window = np.frombuffer(data[start:stop], dtype=np.uint8)
+    n = len(window) - 15
+    if n <= 0:
+        return None
+    words = np.zeros(len(window) - 3, dtype=np.uint64)
+    dtype = np.dtype(header.format[0] + "u4")
+    for k in range(4):
+        lane = window[k:k + 4 * ((len(window) - k) // 4)].view(dtype)
+        words[k::4] = lane[:len(words[k::4])]
+    frac, caplen, origlen = words[4:n + 4], words[8:n + 8], words[12:n + 12]
+    ok = (caplen >= 1) & (caplen <= MAX_CAPLEN) & (caplen <= origlen) & (frac < units)
+    for offset in np.flatnonzero(ok).tolist():
+        if _chains(header, data, start + offset, units, last_sec):
+            return start + offset
+    return None
+
+
+# pcapng ---------------------------------------------------------------------------
+class _Interface:
+    __slots__ = ("linktype", "snaplen", "per_second", "offset_s")
+
+    def __init__(self, linktype: int, snaplen: int):
+        self.linktype = linktype
+        self.snaplen = snaplen
+        self.per_second = 1_000_000  # if_tsresol: timestamp units per second
+        self.offset_s = 0  # if_tsoffset
+
+    def ts_us(self, ts: int) -> int:
+        return self.offset_s * 1_000_000 + (ts * 1_000_000 + self.per_second // 2) // self.per_second
+
+
+def _options(data, start: int, end: int, order: str) -> Iterator[tuple[int, bytes]]:
+    """(code, value) of the options in ``data[start:end]``; stops at opt_endofopt or a
+    malformed option (options never decide where the next block starts)."""
+    while start + 4 <= end:
+        code, length = struct.unpack_from(order + "HH", data, start)
+        if code == 0 or start + 4 + length > end:
+            return
+        yield code, bytes(data[start + 4:start + 4 + length])
+        start += 4 + (length + 3) // 4 * 4
+
+
+def _interface(data, pos: int, length: int, order: str) -> _Interface:
+    linktype, _, snaplen = struct.unpack_from(order + "HHI", data, pos + 8)
+    iface = _Interface(linktype, snaplen)
+    for code, value in _options(data, pos + 16, pos + length - 4, order):
+        if code == 9 and len(value) >= 1:  # if_tsresol
+            exp = value[0] & 0x7F
+            if exp <= 60:
+                iface.per_second = 2 ** exp if value[0] & 0x80 else 10 ** min(exp, 18)
+        elif code == 14 and len(value) >= 8:  # if_tsoffset, seconds
+            iface.offset_s = struct.unpack(order + "q", value[:8])[0]
+    return iface
+
+
+def _pcapng(path: Path, data: mmap.mmap, malformed: Counter
+            ) -> Iterator[tuple[int, bytes, int]]:
+    size = len(data)
+    if size < 28:
+        raise BadInput(f"{path}: pcapng file header cut short ({size} of at least 28 bytes)")
+    pos, order = 0, "<"
+    interfaces: list[_Interface] = []
+    while pos < size:
+        if pos + 8 > size:
+            _cut(data, pos, order, malformed)
+            return
+        if bytes(data[pos:pos + 4]) == PCAPNG_MAGIC:  # a section starts: byte order, interfaces
+            if pos + 12 > size:
+                _cut(data, pos, order, malformed)
+                return
+            bom = bytes(data[pos + 8:pos + 12])
+            if bom not in (b"\x4d\x3c\x2b\x1a", b"\x1a\x2b\x3c\x4d"):
+                raise BadInput(f"{path}: pcapng section header at offset {pos}: bad byte-order "
+                               f"magic {bom.hex()} (expected 1a2b3c4d)")
+            order = "<" if bom[0] == 0x4D else ">"
+            interfaces = []
+        kind, length = struct.unpack_from(order + "II", data, pos)
+        if length < 12 or length % 4 or (length > size - pos and length > MAX_PACKET_BLOCK):
+            raise BadInput(f"{path}: pcapng block at offset {pos}: bad block length {length} "
+                           f"({size - pos} bytes left in the file)")
+        if length > size - pos:
+            if pos == 0:
+                raise BadInput(f"{path}: pcapng section header cut short ({size} of {length} "
+                               f"bytes)")
+            _cut(data, pos, order, malformed)
+            return
+        if struct.unpack_from(order + "I", data, pos + length - 4)[0] != length:
+            raise BadInput(f"{path}: pcapng block at offset {pos}: block length {length} does "
+                           f"not match the copy at the block's end")
+        if kind == _SHB and length < 28:
+            raise BadInput(f"{path}: pcapng section header at offset {pos}: block length "
+                           f"{length} is shorter than a section header (28)")
+        if kind == _IDB:
+            if length < 20:
+                raise BadInput(f"{path}: pcapng interface block at offset {pos}: block length "
+                               f"{length} is shorter than an interface description (20)")
+            iface = _interface(data, pos, length, order)
+            _check_linktype(path, iface.linktype)
+            interfaces.append(iface)
+        elif kind in _PACKET_BLOCKS:
+            record = _packet(data, pos, kind, length, order, interfaces)
+            if record is None:
+                malformed["bad_record_header"] += 1
+            else:
+                yield record
+        pos += length
+
+
+def _packet(data, pos: int, kind: int, length: int, order: str,
+            interfaces: list[_Interface]) -> tuple[int, bytes, int] | None:
+    """(ts_us, frame, linktype) of an EPB, SPB or PB, or None when its header is inconsistent."""
+    if kind == _SPB:
+        if length < 16 or not interfaces:
+            return None
+        iface = interfaces[0]
+        (origlen,) = struct.unpack_from(order + "I", data, pos + 8)
+        caplen = min(origlen, length - 16)
+        if iface.snaplen:
+            caplen = min(caplen, iface.snaplen)
+        return 0, data[pos + 12:pos + 12 + caplen], iface.linktype
+    if length < 32:
+        return None
+    if kind == _EPB:
+        number, hi, lo, caplen, origlen = struct.unpack_from(order + "IIIII", data, pos + 8)
+    else:  # the obsolete Packet Block: a 16-bit interface id and a drops count
+        number, _, hi, lo, caplen, origlen = struct.unpack_from(order + "HHIIII", data, pos + 8)
+    if number >= len(interfaces) or caplen > MAX_CAPLEN or 28 + caplen > length - 4:
+        return None
+    iface = interfaces[number]
+    return iface.ts_us((hi << 32) | lo), data[pos + 28:pos + 28 + caplen], iface.linktype
+
+
+def _cut(data, pos: int, order: str, malformed: Counter) -> None:
+    """The file ends inside the block at ``pos``: a cut packet block is a truncated record,
+    anything else unreadable bytes."""
+    kind = struct.unpack_from(order + "I", data, pos)[0] if pos + 4 <= len(data) else None
+    if kind in _PACKET_BLOCKS:
+        malformed["truncated_file"] += 1
+    else:
+        malformed["unreadable_bytes"] += len(data) - pos
