@@ -6,6 +6,14 @@ the simulator and the runtime. Times are per device *type*: ``fwd_ms`` and
 time of the op at the graph's batch size on that type. ``flops`` and
 ``bwd_flops`` count floating-point operations of the whole batch;
 ``bwd_input_flops`` those of the backward that compute input gradients.
+
+``colocation`` lists groups of ops that must share a placement: every op of a
+group runs on the same device set, and in a pipeline in the same stage. A
+group holds at least two distinct ops of the graph, and no op is in two
+groups. Importers fill it from the source's own constraints (the colour
+classes of the NeurIPS 2020 placement inputs); every planner honours it and
+``validate_plan`` rejects a plan that splits a group
+(``dl_nfv.planners.colocation`` holds the helpers).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from typing import Any
 
 import networkx as nx
 
+from .errors import InvalidArtifact
 from .records import check, record, unique
 
 SCHEMA_VERSION = 1
@@ -168,6 +177,8 @@ class OpGraph:
     profile: ProfileInfo | None = None
     ops: tuple[Op, ...]
     edges: tuple[Edge, ...] = ()
+    # groups of op ids that must share a placement (device set, pipeline stage)
+    colocation: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self) -> None:
         check(len(self.ops) >= 1, "an op graph needs at least one op")
@@ -191,6 +202,26 @@ class OpGraph:
             cycle = nx.find_cycle(graph)
             path = " -> ".join([cycle[0][0], *(v for _, v in cycle)])
             raise ValueError(f"the op graph has a cycle: {path}")
+        self._check_colocation(ids)
+
+    def _check_colocation(self, ids: set[str]) -> None:
+        owner: dict[str, int] = {}
+        for i, group in enumerate(self.colocation):
+            where = f"colocation[{i}]"
+            if len(group) < 2:
+                raise InvalidArtifact(f"a colocation group needs at least 2 ops, got "
+                                      f"{list(group)}", field=where)
+            seen: set[str] = set()
+            for op_id in group:
+                if op_id not in ids:
+                    raise InvalidArtifact(f"unknown op {op_id!r}", field=where)
+                if op_id in seen:
+                    raise InvalidArtifact(f"op {op_id!r} is listed twice", field=where)
+                if op_id in owner:
+                    raise InvalidArtifact(f"op {op_id!r} is already in colocation"
+                                          f"[{owner[op_id]}]", field=where)
+                seen.add(op_id)
+                owner[op_id] = i
 
     def op(self, op_id: str) -> Op:
         return self.index[op_id]

@@ -4,13 +4,15 @@ It checks, in order:
 
 1. the plan fits its graph and topology (ops and devices exist, every op is
    placed exactly once, batch sizes agree; fingerprints when asked);
-2. pipelines: every group is a stage, stage order respects the data edges,
+2. colocation: every colocation group of the graph sits on one device set
+   and, in a pipeline, in one stage;
+3. pipelines: every group is a stage, stage order respects the data edges,
    and the per-device action lists cannot deadlock (the graph of
    forward/backward dependencies plus each device's order is acyclic);
-3. per-device op orders: each lists every op placed on its device, and the
+4. per-device op orders: each lists every op placed on its device, and the
    data edges plus the order edges form no cycle (no device waits on an op
    that it itself must run later);
-4. memory: the shared simulator finds no device over its memory.
+5. memory: the shared simulator finds no device over its memory.
 
 It raises ``InvalidArtifact`` (or ``ArtifactMismatch`` / ``InfeasiblePlan``)
 naming the first violation. Complexity: O(ops + edges + actions) plus one
@@ -30,11 +32,14 @@ from dl_nfv.artifacts import (
     validate_against,
 )
 
+from .colocation import placement_violations
+
 
 def validate_plan(plan: Plan, graph: OpGraph, topology: Topology, *, check_fingerprints: bool = False,
                   check_memory: bool = True) -> None:
     """Raise on the first way ``plan`` is not a valid, runnable plan for ``graph`` on ``topology``."""
     validate_against(plan, graph, topology, check_fingerprints=check_fingerprints)
+    check_colocation(plan, graph)
     if plan.pipeline is not None:
         _check_pipeline(plan, graph)
     if plan.order:
@@ -47,6 +52,22 @@ def validate_plan(plan: Plan, graph: OpGraph, topology: Topology, *, check_finge
             device, time_ms, shortfall = max(result.overflows, key=lambda o: o[2])
             raise InfeasiblePlan(f"plan by {plan.planner}: device {device!r} is over its memory by "
                                  f"{shortfall / 2**30:.2f} GiB at t={time_ms:.1f} ms")
+
+
+def check_colocation(plan: Plan, graph: OpGraph) -> None:
+    """Raise ``InvalidArtifact`` naming the group, two of its ops and their device sets
+    (or stages) when ``plan`` splits a colocation group of ``graph``."""
+    if not graph.colocation:
+        return
+    devices = {op: frozenset(devs) for op, devs in plan.devices_of_op.items()}
+    for split in placement_violations(graph, devices):
+        raise InvalidArtifact(split.describe("devices"), field="groups")
+    if plan.pipeline is not None:
+        stage_of_group = {gid: s for s, gid in enumerate(plan.pipeline.stages)}
+        stages = {op: stage_of_group[g.id] for g in plan.groups for op in g.ops
+                  if g.id in stage_of_group}
+        for split in placement_violations(graph, stages):
+            raise InvalidArtifact(split.describe("stage"), field="pipeline.stages")
 
 
 def _check_pipeline(plan: Plan, graph: OpGraph) -> None:
