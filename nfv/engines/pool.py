@@ -1,17 +1,21 @@
 """The CPU side: worker processes running the NF chain's per-flow logic.
 
 Workers are forked once per run and keep the state of the flows pinned to
-them between batches. A batch share arrives as a ``Block`` (columns plus the
-bytes of its messages) with the portable state of flows handed over from the
+them between batches. A worker exits when the process that forked it dies,
+even by SIGKILL (``PR_SET_PDEATHSIG``, or a parent-pid watch where that does
+not exist). A batch share arrives as a ``Block`` (columns plus the bytes of
+its messages) with the portable state of flows handed over from the
 tensor path; an ``export`` request hands flows back. A worker that fails
 reports the error, and the engine raises ``RuntimeFailure``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import queue
+import signal
 import threading
 import time
 import traceback
@@ -23,13 +27,42 @@ from dl_nfv.artifacts.errors import RuntimeFailure
 from ..nfs.base import Outputs
 from ..nfs.chain import Block, Chain
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
 
 def _pack(out: Outputs) -> dict:
     return {"http": out.table("http", 9), "drops": out.table("drops", 2),
             "alerts": list(out.alerts), "monitor": out.table("monitor", 6)}
 
 
-def _worker(commands, results, chain: Chain) -> None:
+def _die_with_parent(parent: int) -> None:
+    """End this worker when the process that forked it dies, however it dies (SIGKILL too).
+
+    On Linux the kernel does it (``PR_SET_PDEATHSIG``); elsewhere a daemon thread
+    watches the parent pid. Both check once at start: the parent may already be
+    gone. (A worker's pipes cannot tell: every later worker inherits the
+    earlier workers' pipe ends, so EOF never arrives.)
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        linked = libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        linked = False
+    if os.getppid() != parent:
+        os._exit(3)
+    if linked:
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="dl-nfv-parent-watch", daemon=True).start()
+
+
+def _worker(commands, results, chain: Chain, parent: int) -> None:
+    _die_with_parent(parent)
     states: dict[int, list] = {}
     # CPU time since the previous reply: receiving and unpickling a block counts, and so
     # does sending the previous reply (blocking in recv costs none)
@@ -83,7 +116,8 @@ class WorkerPool:
         for _ in range(workers):
             cmd_read, cmd_write = context.Pipe(duplex=False)
             res_read, res_write = context.Pipe(duplex=False)
-            proc = context.Process(target=_worker, args=(cmd_read, res_write, chain), daemon=True)
+            proc = context.Process(target=_worker, args=(cmd_read, res_write, chain, os.getpid()),
+                                   daemon=True)
             proc.start()
             cmd_read.close()
             res_write.close()
