@@ -110,7 +110,9 @@ class FlowTable:
         return flow
 
     def _tcp(self, flow: FlowState, direction: int, pkt: Packet) -> None:
-        if flow.closed:  # late ACKs and retransmissions after the end
+        if flow.closed:  # late ACKs and retransmissions after the end: counted, not read
+            if pkt.payload:
+                self.stats["tcp_bytes_after_close"] += len(pkt.payload)
             return
         chunks = flow.streams[direction].add(pkt.seq, pkt.payload, bool(pkt.flags & SYN))
         for offset, data in chunks:
@@ -136,7 +138,7 @@ class FlowTable:
             flow.early.clear()
         flow.seg_starts[direction].append(offset)
         if flow.app == "http":
-            for start, payload, header_len, kind in flow.framers[direction].feed(data):
+            for start, payload, header_len, kind in flow.framers[direction].feed(data, offset):
                 self._emit(flow, direction, start, payload, header_len, kind, ts_us)
             return
         if flow.turn and flow.turn_dir != direction:
@@ -186,7 +188,8 @@ class FlowTable:
         for direction, stream in enumerate(flow.streams):
             missing, chunks = stream.flush()
             if missing and flow.app == "http":
-                flow.framers[direction].gap()
+                for start, payload, header_len, kind in flow.framers[direction].gap():
+                    self._emit(flow, direction, start, payload, header_len, kind, ts)
             for offset, data in chunks:
                 self._deliver(flow, direction, offset, data, ts)
         if flow.app == "http":

@@ -7,8 +7,12 @@ body), the status (1xx, 204, 304 have no body) or, for a response with neither
 header, by the end of the connection. Pipelined requests are framed one after
 the other; responses are paired with requests in order. A framing error
 (bad start line, bad length, bad chunk size, header too long, a hole in the
-stream) is counted by reason and stops framing of that direction: the rest of
-its bytes are counted as ``http_unframed_bytes``, never raised.
+stream) is counted by reason and stops framing of that direction, never
+raised. Bytes framing cannot place are still delivered, as *raw* messages
+(kind ``RAW``, no header) in stream order: the bytes held when framing stopped,
+then every later chunk of that direction, and a partial message left at the
+end of the stream; they are counted as ``http_unframed_bytes``. So every byte
+of the stream reaches the NFs (the IDS matches raw messages like any other).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ MAX_HEADER_BYTES = 64 * 1024
 _REQUEST_LINE = re.compile(rb"^([A-Z]{1,16}) (\S+) HTTP/1\.[01]$")
 _STATUS_LINE = re.compile(rb"^HTTP/1\.[01] ([0-9]{3})(?: .*)?$")
 
-REQUEST, RESPONSE = 1, 2
+RAW, REQUEST, RESPONSE = 0, 1, 2  # message kinds (RAW: bytes HTTP framing could not place)
 
 
 def looks_like_http_request(data: bytes) -> bool:
@@ -36,7 +40,7 @@ class Framer:
     responses with requests; the request side pushes, the response side pops."""
 
     __slots__ = ("side", "requests", "buf", "base", "scan", "stats", "broken", "_header",
-                 "_body", "_need", "_chunk_pos")
+                 "_body", "_need", "_chunk_pos", "_raw")
 
     def __init__(self, side: int, requests: deque, stats: Counter):
         self.side = side
@@ -50,23 +54,34 @@ class Framer:
         self._body: str = ""
         self._need = 0
         self._chunk_pos = 0
+        self._raw: list[tuple[int, bytes, int, int]] = []  # raw messages not yet returned
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes, int, int]]:
-        """Add in-order bytes; return completed ``(offset, payload, header_len, kind)``."""
+    def feed(self, data: bytes, offset: int | None = None) -> list[tuple[int, bytes, int, int]]:
+        """Add in-order bytes (``offset``: their stream offset, when known); return the
+        completed ``(offset, payload, header_len, kind)``, raw messages included."""
         if self.broken:
-            self.stats["http_unframed_bytes"] += len(data)
-            return []
+            return [self._raw_message(self.base if offset is None else offset, data)]
         self.buf += data
         out = []
         while True:
             msg = self._next()
             if msg is None:
-                return out
+                break
             out.append(msg)
+        if self._raw:
+            out.extend(self._raw)
+            self._raw.clear()
+        return out
+
+    def _raw_message(self, offset: int, data: bytes) -> tuple[int, bytes, int, int]:
+        self.stats["http_unframed_bytes"] += len(data)
+        self.base = offset + len(data)
+        return offset, bytes(data), 0, RAW
 
     def _fail(self, reason: str) -> None:
         self.stats[reason] += 1
-        self.stats["http_unframed_bytes"] += len(self.buf)
+        if self.buf:
+            self._raw.append(self._raw_message(self.base, self.buf))
         self.buf.clear()
         self.broken = True
 
@@ -202,19 +217,25 @@ class Framer:
 
     def finish(self) -> list[tuple[int, bytes, int, int]]:
         """At the end of the stream: a close-delimited body completes; a partial
-        message is counted as ``http_incomplete``."""
+        message is counted as ``http_incomplete`` and returned as a raw message."""
         if self.broken or not self.buf:
             return []
         if self._header and self._body == "close":
             return [self._complete(len(self.buf))]
         self.stats["http_incomplete"] += 1
-        self.stats["http_unframed_bytes"] += len(self.buf)
+        raw = self._raw_message(self.base, self.buf)
         self.buf.clear()
-        return []
+        return [raw]
 
-    def gap(self) -> None:
-        """A hole in the stream: framing cannot continue in this direction."""
-        if not self.broken:
-            if self._header and self._body == "close":
-                self.stats["http_incomplete"] += 1
-            self._fail("http_stream_gap")
+    def gap(self) -> list[tuple[int, bytes, int, int]]:
+        """A hole in the stream: framing cannot continue in this direction. Returns the
+        bytes held before the hole as a raw message (or a close-delimited body that the
+        hole ends as an incomplete one)."""
+        if self.broken:
+            return []
+        if self._header and self._body == "close":
+            self.stats["http_incomplete"] += 1
+        self._fail("http_stream_gap")
+        out = list(self._raw)
+        self._raw.clear()
+        return out

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dl_nfv.nfv.traffic import load_trace
-from dl_nfv.nfv.traffic.http import REQUEST, RESPONSE, Framer
+from dl_nfv.nfv.traffic.http import RAW, REQUEST, RESPONSE, Framer
 from dl_nfv.nfv.traffic.reassembly import Stream
 
 from .helpers import http_connection, write_pcap
@@ -91,18 +91,31 @@ def test_http_framing_lengths_chunked_pipelined():
     assert got == [s1, s2, s3, s4, s5]
 
 
-def test_http_framing_errors_are_counted():
+def test_http_framing_errors_are_counted_and_the_bytes_delivered_raw():
     stats = Counter()
     f = Framer(REQUEST, deque(), stats)
-    assert f.feed(b"GET / HTTP/1.1\r\nContent-Length: x1\r\n\r\n") == []
+    bad = b"GET / HTTP/1.1\r\nContent-Length: x1\r\n\r\n"
+    assert f.feed(bad) == [(0, bad, 0, RAW)]
     assert stats["http_bad_content_length"] == 1 and f.broken
+    assert f.feed(b"more", len(bad)) == [(len(bad), b"more", 0, RAW)]  # and everything after
+    assert stats["http_unframed_bytes"] == len(bad) + 4
     stats = Counter()
     f = Framer(RESPONSE, deque([b"GET"]), stats)
-    assert f.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n") == []
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert f.feed(head + b"zz\r\n") == [(0, head + b"zz\r\n", 0, RAW)]
     assert stats["http_bad_chunk"] == 1
     stats = Counter()
     f = Framer(REQUEST, deque(), stats)
-    assert f.feed(b"NOT HTTP AT ALL\r\n\r\n") == [] and stats["http_bad_start_line"] == 1
+    assert f.feed(b"NOT HTTP AT ALL\r\n\r\n") == [(0, b"NOT HTTP AT ALL\r\n\r\n", 0, RAW)]
+    assert stats["http_bad_start_line"] == 1
+    # a partial message at the end of the stream, and the bytes before a hole
+    stats = Counter()
+    f = Framer(REQUEST, deque(), stats)
+    ok = b"GET /a HTTP/1.1\r\n\r\n"
+    assert f.feed(ok + b"GET /b HT") == [(0, ok, len(ok), REQUEST)]
+    assert f.finish() == [(len(ok), b"GET /b HT", 0, RAW)] and stats["http_incomplete"] == 1
+    f = Framer(REQUEST, deque(), Counter())
+    assert f.feed(b"GET /c") == [] and f.gap() == [(0, b"GET /c", 0, RAW)]
 
 
 @settings(max_examples=25, deadline=None)
