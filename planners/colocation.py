@@ -99,9 +99,18 @@ def allowed_cuts(graph: OpGraph, order: Sequence[str]) -> list[bool]:
     return ok
 
 
-def cut_positions(graph: OpGraph, order: Sequence[str]) -> list[int]:
-    """The positions ``0 = b0 < b1 < ... = len(order)`` where a cut keeps every group whole."""
-    return [b for b, ok in enumerate(allowed_cuts(graph, order)) if ok]
+def cut_positions(graph: OpGraph, order: Sequence[str],
+                  bounds: Sequence[int] | None = None) -> list[int]:
+    """The positions ``0 = b0 < b1 < ... = len(order)`` where a cut keeps every group whole.
+
+    With ``bounds`` (increasing op positions ``[0, ..., len(order)]`` that delimit
+    coarser units, as a pipeline problem's unit boundaries), the indices ``k``
+    into ``bounds`` where a cut at ``bounds[k]`` keeps every group whole.
+    """
+    ok = allowed_cuts(graph, order)
+    if bounds is None:
+        return [b for b, fine in enumerate(ok) if fine]
+    return [k for k, b in enumerate(bounds) if ok[int(b)]]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -5,11 +5,13 @@ ranges balanced by forward+backward time on the first device's type (as
 torchgpipe's ``balance_by_time`` profiles on one device) or by parameter
 bytes (``balance_by_size``); the split minimising the largest range is found
 exactly (linear partition by binary search over the cap). Stage ``s`` runs on
-the ``s``-th device of the topology, one device per stage, no replication;
-the schedule is fill-drain (``gpipe``: every forward, then every backward) or
-one-forward-one-backward with a flush (``1f1b``). The microbatch count
-defaults to the largest divisor of the batch not above ``4 x stages`` (GPipe's
-advice of at least four microbatches per stage, within the batch).
+the ``s``-th device of the topology, one device per stage, no replication.
+A cut never falls inside a colocation group: the split is over the ranges
+between the cuts that keep every group whole. The schedule is fill-drain
+(``gpipe``: every forward, then every backward) or one-forward-one-backward
+with a flush (``1f1b``). The microbatch count defaults to the largest divisor
+of the batch not above ``4 x stages`` (GPipe's advice of at least four
+microbatches per stage, within the batch).
 
 These baselines know nothing of heterogeneous devices or links; that is the
 point of comparing against them.
@@ -22,6 +24,7 @@ from __future__ import annotations
 from dl_nfv.artifacts import BadInput, OpGraph, Topology
 
 from .base import finish, optimizer_named, started
+from .colocation import cut_positions
 from .pipeline.build import Replicas, groups_and_pipeline
 from .pipeline.partition import Layout, StageSpec
 from .pipeline.planner import pipeline_bound
@@ -83,13 +86,25 @@ def even_split(weights: list[float], parts: int) -> list[int]:
     return best
 
 
+def stage_cuts(problem: Problem) -> list[int]:
+    """The positions of ``problem`` (its units) where a stage may begin or end: ``0``,
+    ``problem.n`` and every cut between that keeps each colocation group in one stage."""
+    return cut_positions(problem.graph, problem.order, problem.bounds)
+
+
 def even_layout(problem: Problem, stages: int, microbatches: int, balance: str,
                 origin: str) -> Layout:
     """The even split of ``problem`` over the first ``stages`` devices (see the module doc)."""
     n = problem.n
+    cuts = stage_cuts(problem)
+    ranges = len(cuts) - 1
     if stages > n:
         raise BadInput(f"{origin}: {stages} stages for {n} ops of {problem.graph.model.name!r}; "
                        f"a stage needs at least one op")
+    if stages > ranges:
+        raise BadInput(f"{origin}: {stages} stages, but the colocation groups of "
+                       f"{problem.graph.model.name!r} allow at most {ranges} (a stage boundary "
+                       f"never splits a group)")
     if stages > len(problem.devices):
         raise BadInput(f"{origin}: {stages} stages but the topology has "
                        f"{len(problem.devices)} devices (one stage per device)")
@@ -101,7 +116,8 @@ def even_layout(problem: Problem, stages: int, microbatches: int, balance: str,
     else:
         raise BadInput(f"{origin}: balance must be 'time' or 'params', got {balance!r}")
     weights = [max(float(w[i + 1] - w[i]), 0.0) + 1e-9 for i in range(n)]
-    bounds = even_split(weights, stages)
+    per_range = [sum(weights[a:b]) for a, b in zip(cuts, cuts[1:])]
+    bounds = [cuts[k] for k in even_split(per_range, stages)]
     devices = problem.devices
     return Layout(tuple(StageSpec(bounds[s], bounds[s + 1], (devices[s],)) for s in range(stages)),
                   microbatches, origin)
@@ -130,7 +146,7 @@ def _plan(graph: OpGraph, topology: Topology, kind: str, seed: int, stages: int,
     check_microbatches(problem.batch_size, microbatches, kind)
     if stages < 0:
         raise BadInput(f"{kind}: stages must be >= 0, got {stages}")
-    count = stages or min(len(problem.devices), problem.n)
+    count = stages or min(len(problem.devices), len(stage_cuts(problem)) - 1)
     m = microbatches or default_microbatches(problem.batch_size, count)
     layout = even_layout(problem, count, m, balance, kind)
     groups, pipeline = baseline_draft(problem, layout, kind)

@@ -16,6 +16,8 @@ order (PipeDream's antichain states are the same thing for a chain):
   devices); ``A[j][m] = min over k, m' of max(A[k][m - m'], cost of [k, j) on m')``;
   activation transfers count only with ``activation_compression_ratio`` set,
   as in PipeDream;
+* stage boundaries only where they keep every colocation group in one stage
+  (the DP runs over the ranges between those cuts);
 * the memory constraint: parameters, gradients and optimizer state plus the
   stash of ``ceil((N - m) / m')`` in-flight microbatches must fit the smallest
   device.
@@ -36,7 +38,7 @@ import math
 from dl_nfv.artifacts import BadInput, InfeasiblePlan, OpGraph, Topology
 
 from .base import finish, optimizer_named, started
-from .gpipe import baseline_draft, check_microbatches, default_microbatches
+from .gpipe import baseline_draft, check_microbatches, default_microbatches, stage_cuts
 from .pipeline.partition import Layout, StageSpec
 from .pipeline.planner import pipeline_bound
 from .pipeline.problem import Problem
@@ -53,8 +55,8 @@ def hierarchy(problem: Problem) -> list[tuple[int, float]]:
     sizes = {len(v) for v in hosts.values()}
 
     def narrowest(pairs) -> float:
-        bw = min((cluster.route(a, b).bandwidth_gbps for a, b in pairs), default=0.0)
-        return bw * 1e9 / 8 / 1e3  # bytes per ms
+        slowest = max((problem.cm.transfer_affine(a, b)[1] for a, b in pairs), default=0.0)
+        return 1.0 / slowest if slowest > 0 else 0.0  # bytes per ms
 
     if len(hosts) > 1 and len(sizes) == 1 and sizes != {1}:
         per = sizes.pop()
@@ -128,7 +130,8 @@ class _Level:
 
 def pipedream_layout(problem: Problem, microbatches: int, ratio: float = 0.0) -> Layout:
     """PipeDream's partition laid on the devices (see the module docstring)."""
-    n = problem.n
+    cuts = stage_cuts(problem)  # the DP runs over the ranges between these positions
+    n = len(cuts) - 1
     t = int(problem.type_of[0])
     total = problem.f_fixed[t] + problem.f_scal[t] + problem.b_fixed[t] + problem.b_scal[t]
     levels = hierarchy(problem)
@@ -139,10 +142,11 @@ def pipedream_layout(problem: Problem, microbatches: int, ratio: float = 0.0) ->
     compute = [[INF] * (n + 1) for _ in range(n + 1)]
     for i in range(n):
         for j in range(i + 1, n + 1):
-            compute[i][j] = float(total[j] - total[i])
-            static[i][j] = problem.static_bytes(i, j)
-            stash[i][j] = problem.activation_bytes(i, j) / microbatches
-    out_act = [float(problem.cut_bytes[j]) for j in range(n + 1)]
+            a, b = cuts[i], cuts[j]
+            compute[i][j] = float(total[b] - total[a])
+            static[i][j] = problem.static_bytes(a, b)
+            stash[i][j] = problem.activation_bytes(a, b) / microbatches
+    out_act = [float(problem.cut_bytes[b]) for b in cuts]
     tiers = []
     within = 1
     for k, (machines, bandwidth) in enumerate(levels):
@@ -167,7 +171,7 @@ def pipedream_layout(problem: Problem, microbatches: int, ratio: float = 0.0) ->
     if len(tiers) == 1:
         pos = 0
         for a, b, r in top.splits(0, n):
-            stages.append(StageSpec(a, b, tuple(problem.devices[pos:pos + r])))
+            stages.append(StageSpec(cuts[a], cuts[b], tuple(problem.devices[pos:pos + r])))
             pos += r
     else:
         host_list = list(hosts.values())
@@ -178,7 +182,7 @@ def pipedream_layout(problem: Problem, microbatches: int, ratio: float = 0.0) ->
             dpos = 0
             for a2, b2, r_dev in tiers[0].splits(a, b):
                 devs = tuple(d for h in chosen for d in h[dpos:dpos + r_dev])
-                stages.append(StageSpec(a2, b2, devs))
+                stages.append(StageSpec(cuts[a2], cuts[b2], devs))
                 dpos += r_dev
     return Layout(tuple(stages), microbatches, "pipedream")
 
