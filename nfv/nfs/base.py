@@ -36,6 +36,7 @@ class FlowTable:
     client_addr: np.ndarray  # [flows, 2] int64 (IPv6 hi, lo; IPv4 mapped)
     server_addr: np.ndarray
     names: list[str]  # proto names
+    established: np.ndarray | None = None  # bool: TCP handshake seen (None: all)
 
     @classmethod
     def of(cls, trace: Trace) -> FlowTable:
@@ -45,7 +46,8 @@ class FlowTable:
                    client_port=np.array([f.client_port for f in trace.flows], dtype=np.int64),
                    server_port=np.array([f.server_port for f in trace.flows], dtype=np.int64),
                    client_addr=client, server_addr=server,
-                   names=[f.proto for f in trace.flows])
+                   names=[f.proto for f in trace.flows],
+                   established=np.array([f.established for f in trace.flows], dtype=bool))
 
     def __len__(self) -> int:
         return int(self.proto.shape[0])

@@ -2,9 +2,12 @@
 
 Patterns (``content``) are matched per direction as a continuous stream, so a
 pattern split across two messages (or two batches) is found: the automaton
-state of each direction is carried from message to message. A rule alerts
-once per flow, at the message where the last of its contents is first seen
-(contents may come from either direction, in any order).
+state of each direction is carried from message to message. A rule inspects
+the directions its header and ``flow`` option select (``Rule.applies``: ``->``
+means from the rule's source to its destination), and alerts once per flow, at
+the first message where all of its contents have been seen in one such
+direction's stream (in any order; contents seen only in the other direction do
+not count).
 
 CPU path: ``ahocorasick-rs`` automata (one case-sensitive, one for ``nocase``
 contents over lower-cased bytes) run over ``tail + message`` where ``tail`` is
@@ -76,44 +79,55 @@ class Ids:
             for p in pids:
                 self.rules_of[p].append(ri)
         n = len(flows)
-        self.applies = np.zeros((n, len(self.rules)), dtype=bool)
+        established = flows.established if flows.established is not None else np.ones(n, bool)
+        # applies[flow, direction, rule]: that direction's data is the rule's to inspect
+        self.applies = np.zeros((n, 2, len(self.rules)), dtype=bool)
         for ri, rule in enumerate(self.rules):
-            for f in range(n):
-                self.applies[f, ri] = rule.applies(flows.names[f], int(flows.client_port[f]),
-                                                   int(flows.server_port[f]))
-        self.watched = self.applies.any(axis=1)
+            self.applies[:, :, ri] = rule.applies_all(flows.names, flows.client_port,
+                                                      flows.server_port, established)
+        self.watched = self.applies.any(axis=2)  # [flow, direction]
         self._dfa: Dfa | None = None
         self._table: StrideTable | None = None
-        # GPU-side state: product-DFA state per (flow, direction); seen patterns per flow
+        # GPU-side state: product-DFA state per (flow, direction); per flow and direction
+        # the patterns seen (pattern -> message index)
         self.nodes = np.zeros((n, 2), dtype=np.int64)
-        self.seen: dict[int, dict[int, int]] = {}
+        self.seen: dict[int, list[dict[int, int]]] = {}
         self._on: dict = {}
         self._classes: bytes | None = None
 
     # shared rule logic ---------------------------------------------------------
-    def on_matches(self, seen: dict[int, int], flow: int, index: int, pids, out: Outputs) -> None:
-        """Record patterns first seen at message ``index``; alert rules completed now."""
-        new = [p for p in pids if p not in seen]
+    def on_matches(self, seen: list[dict[int, int]], flow: int, direction: int, index: int,
+                   pids, out: Outputs) -> None:
+        """Record patterns first seen in ``direction`` at message ``index``; alert the rules
+        that this completes in that direction (once per flow: not again for a rule that
+        the other direction completed before)."""
+        mine = seen[direction]
+        new = [p for p in pids if p not in mine]
         if not new:
             return
         for p in new:
-            seen[p] = index
+            mine[p] = index
+        other = seen[1 - direction]
         fired = set()
         for p in new:
             for ri in self.rules_of[p]:
-                if ri in fired or not self.applies[flow, ri]:
+                if ri in fired or not self.applies[flow, direction, ri]:
                     continue
-                if all(q in seen for q in self.rule_pids[ri]):
-                    fired.add(ri)
+                need = self.rule_pids[ri]
+                if not all(q in mine for q in need):
+                    continue
+                if self.applies[flow, 1 - direction, ri] and all(q in other for q in need):
+                    continue
+                fired.add(ri)
         for ri in sorted(fired):
             out.alerts.append((flow, index, self.rules[ri].sid))
 
     # CPU path -----------------------------------------------------------------
     def cpu_state(self, flow: int):
-        return [[[b"", b""] for _ in self.sides], {}]
+        return [[[b"", b""] for _ in self.sides], [{}, {}]]
 
     def cpu(self, state, ctx, payload: bytes, out: Outputs) -> bool:
-        if not self.watched[ctx.flow]:
+        if not self.watched[ctx.flow, ctx.direction]:
             return True
         tails, seen = state
         found = []
@@ -127,7 +141,7 @@ class Ids:
                     found.append(side.first_pid + pid)
             tails[s][d] = hay[-side.max_len:]
         if found:
-            self.on_matches(seen, ctx.flow, ctx.index, found, out)
+            self.on_matches(seen, ctx.flow, d, ctx.index, found, out)
         return True
 
     def _pair(self, nodes_by_side: list[int]) -> tuple[int, int]:
@@ -137,17 +151,18 @@ class Ids:
         return pair[0], pair[1]
 
     def export_flow(self, state):
-        """Portable state: per direction the (case-sensitive, nocase) trie nodes; seen patterns."""
+        """Portable state: per direction the (case-sensitive, nocase) trie nodes and the
+        patterns seen."""
         tails, seen = state
         nodes = [self._pair([side.automaton.step_text(tails[s][d])
                              for s, side in enumerate(self.sides)]) for d in (0, 1)]
-        return nodes, dict(seen)
+        return nodes, [dict(seen[0]), dict(seen[1])]
 
     def import_flow(self, value):
         nodes, seen = value
         tails = [[side.node_text[nodes[d][0 if side is self.cs else 1]] for d in (0, 1)]
                  for side in self.sides]
-        return [tails, dict(seen)]
+        return [tails, [dict(seen[0]), dict(seen[1])]]
 
     # GPU path -----------------------------------------------------------------
     def dfa(self) -> Dfa:
@@ -169,8 +184,9 @@ class Ids:
 
     def gpu_export(self, flow: int):
         pairs = self.dfa().pairs
+        seen = self.seen.get(flow, [{}, {}])
         return ([tuple(int(x) for x in pairs[self.nodes[flow, d]]) for d in (0, 1)],
-                dict(self.seen.get(flow, {})))
+                [dict(seen[0]), dict(seen[1])])
 
     def gpu_import(self, flow: int, value) -> None:
         nodes, seen = value
@@ -180,8 +196,8 @@ class Ids:
             if state is None:  # cannot happen for states reached by a real stream
                 raise RuntimeFailure(f"IDS state {nodes[d]} of flow {flow} is not reachable")
             self.nodes[flow, d] = state
-        if seen:
-            self.seen[flow] = dict(seen)
+        if seen[0] or seen[1]:
+            self.seen[flow] = [dict(seen[0]), dict(seen[1])]
         else:
             self.seen.pop(flow, None)
 
@@ -232,15 +248,17 @@ class Ids:
         return self._on[dev]
 
     def gpu(self, batch: GpuBatch, alive: torch.Tensor, out: Outputs) -> torch.Tensor:
-        keep = alive.cpu().numpy() & self.watched[batch.flow] & (batch.length > 0)
+        keep = (alive.cpu().numpy() & self.watched[batch.flow, batch.direction]
+                & (batch.length > 0))
         idx = np.flatnonzero(keep)
         if len(idx) == 0 or not self.sides:
             return alive
-        for flow, index, pids in self._kernel(batch, idx):
-            self.on_matches(self.seen.setdefault(flow, {}), flow, index, pids, out)
+        for flow, index, direction, pids in self._kernel(batch, idx):
+            self.on_matches(self.seen.setdefault(flow, [{}, {}]), flow, direction, index, pids,
+                            out)
         return alive
 
-    def _kernel(self, batch: GpuBatch, idx: np.ndarray) -> list[tuple[int, int, list[int]]]:
+    def _kernel(self, batch: GpuBatch, idx: np.ndarray) -> list[tuple[int, int, int, list[int]]]:
         """Step the product DFA over the packed streams of messages ``idx``.
 
         Rows are (flow, direction) streams, ``k`` bytes per step; the loop runs
@@ -312,14 +330,14 @@ class Ids:
         step = np.searchsorted(offs, pos, side="right") - 1
         r = rank_order[pos - offs[step]]
         msg = np.searchsorted(msg_sym_start, row_start[r] + step, side="right") - 1
-        hits: dict[tuple[int, int], list[int]] = {}
+        hits: dict[tuple[int, int, int], list[int]] = {}  # (flow, index, direction) -> pids
         for h in range(len(pos)):
             m = int(msg[h])
-            pids = hits.setdefault((int(flow[m]), int(batch.index[idx[m]])), [])
+            pids = hits.setdefault((int(flow[m]), int(batch.index[idx[m]]), int(direction[m])), [])
             for w in range(masks.shape[0]):
                 bits = int(masks[w, h])
                 while bits:
                     low = bits & -bits
                     pids.append(w * WORD_BITS + low.bit_length() - 1)
                     bits ^= low
-        return [(f, i, p) for (f, i), p in sorted(hits.items())]
+        return [(f, i, d, p) for (f, i, d), p in sorted(hits.items())]

@@ -47,6 +47,7 @@ class FlowState:
     packets: int = 0
     wire_bytes: int = 0
     app: str = ""
+    handshake: int = 0  # 1: client SYN seen, 2: then the server's SYN-ACK, 3: then an ACK
     closed: bool = False
     streams: list = field(default_factory=list)
     framers: list = field(default_factory=list)
@@ -55,6 +56,18 @@ class FlowState:
     turn: bytearray = field(default_factory=bytearray)
     turn_base: int = 0
     early: list = field(default_factory=list)
+
+
+def _handshake(state: int, direction: int, flags: int) -> int:
+    """The next step of the three-way handshake, as Snort's ``flow:established`` sees it."""
+    syn, ack = flags & SYN, flags & ACK
+    if state == 0 and direction == 0 and syn and not ack:
+        return 1
+    if state == 1 and direction == 1 and syn and ack:
+        return 2
+    if state == 2 and direction == 0 and ack and not syn:
+        return 3
+    return state
 
 
 class FlowTable:
@@ -110,6 +123,8 @@ class FlowTable:
         return flow
 
     def _tcp(self, flow: FlowState, direction: int, pkt: Packet) -> None:
+        if flow.handshake < 3:
+            flow.handshake = _handshake(flow.handshake, direction, pkt.flags)
         if flow.closed:  # late ACKs and retransmissions after the end: counted, not read
             if pkt.payload:
                 self.stats["tcp_bytes_after_close"] += len(pkt.payload)

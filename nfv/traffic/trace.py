@@ -36,6 +36,7 @@ class FlowInfo:
     wire_bytes: int
     first_ts_us: int
     last_ts_us: int
+    established: bool = False  # TCP: the three-way handshake was seen
 
     def five_tuple(self) -> dict:
         return {"proto": self.proto, "src": self.client, "sport": self.client_port,
@@ -155,7 +156,8 @@ def _columns(source: str, table: FlowTable, packets: int, wire: int, malformed: 
                       server=address_text(f.server[0]), server_port=f.server[1],
                       app=f.app or ("tcp" if f.proto == TCP else "udp"), packets=f.packets,
                       wire_bytes=f.wire_bytes, first_ts_us=f.first_ts_us,
-                      last_ts_us=f.last_ts_us) for f in table.flows]
+                      last_ts_us=f.last_ts_us, established=f.handshake == 3)
+             for f in table.flows]
     tcp = {k: v for k, v in stats.items() if k.startswith("tcp_")}
     http_errors = {k: v for k, v in stats.items() if k.startswith("http_")}
     bad = dict(malformed)

@@ -92,7 +92,8 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
     cfg.write_text(f"kind: nf-config\nschema_version: 1\nname: x\nchain:\n  - nf: ids\n"
                    f"    rules: {rules}\n")
     msg = _bad(tmp_path, "nfv", "run", "--config", cfg, "--trace", REAL_TRACE)
-    assert f"{rules}:12: unsupported option 'pcre'" in msg
+    line = len(RULES.read_text().splitlines()) + 1  # the line appended above
+    assert f"{rules}:{line}: unsupported option 'pcre'" in msg
     msg = _bad(tmp_path, "nfv", "gen-trace", "--flows", 10, "--size-dist", "lognormal", "-o",
                tmp_path / "x.pcap")
     assert "unknown distribution 'lognormal'" in msg

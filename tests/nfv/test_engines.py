@@ -105,10 +105,13 @@ def _streams(trace):
 
 
 def reference_alerts(trace):
-    """Naive search over each direction's whole stream; first match -> message index."""
+    """Naive search over each direction's whole stream; first match -> message index.
+
+    A rule fires once per flow, at the earliest message by which all its contents
+    were seen in one direction the rule inspects."""
     rules = load_rules(RULES)
-    first: dict[tuple[int, bytes, bool], int] = {}
-    for (flow, _), (data, ends) in _streams(trace).items():
+    first: dict[tuple[int, int, bytes, bool], int] = {}
+    for (flow, direction), (data, ends) in _streams(trace).items():
         low = data.lower()
         for rule in rules:
             for c in rule.contents:
@@ -119,17 +122,22 @@ def reference_alerts(trace):
                     continue
                 end = at + len(pat)
                 index = next(i for e, i in ends if e >= end)
-                key = (flow, pat, c.nocase)
+                key = (flow, direction, pat, c.nocase)
                 first[key] = min(first.get(key, index), index)
     alerts = []
     for flow, f in enumerate(trace.flows):
         for rule in rules:
-            if not rule.applies(f.proto, f.client_port, f.server_port):
-                continue
-            keys = [(flow, c.pattern.lower() if c.nocase else c.pattern, c.nocase)
-                    for c in rule.contents]
-            if all(k in first for k in keys):
-                alerts.append((flow, max(first[k] for k in keys), rule.sid))
+            when = []
+            for direction in (0, 1):
+                if not rule.applies(f.proto, f.client_port, f.server_port, direction,
+                                    f.established):
+                    continue
+                keys = [(flow, direction, c.pattern.lower() if c.nocase else c.pattern,
+                         c.nocase) for c in rule.contents]
+                if all(k in first for k in keys):
+                    when.append(max(first[k] for k in keys))
+            if when:
+                alerts.append((flow, min(when), rule.sid))
     return sorted(alerts)
 
 
