@@ -41,22 +41,24 @@ def write_pcap(path: Path, frames: list[bytes]) -> Path:
 
 
 def http_connection(client: bytes, server: bytes, cport: int, messages: list[tuple[int, bytes]],
-                    *, v6: bool = False, vlan: int | None = None, mss: int = 100) -> list[bytes]:
-    """Frames of one TCP connection carrying ``messages`` ((direction, bytes) in order)."""
+                    *, v6: bool = False, vlan: int | None = None, mss: int = 100,
+                    sport: int = 80) -> list[bytes]:
+    """Frames of one TCP connection carrying ``messages`` ((direction, bytes) in order):
+    the handshake (the first three frames), the data, the FINs (the last two)."""
     S, A, F, P = dpkt.tcp.TH_SYN, dpkt.tcp.TH_ACK, dpkt.tcp.TH_FIN, dpkt.tcp.TH_PUSH
     seq = [1000, 5000]
-    ends = [(client, cport), (server, 80)]
+    ends = [(client, cport), (server, sport)]
     kw = {"v6": v6, "vlan": vlan}
-    frames = [tcp_frame(client, server, cport, 80, seq[0], S, **kw),
-              tcp_frame(server, client, 80, cport, seq[1], S | A, ack=seq[0] + 1, **kw)]
+    frames = [tcp_frame(client, server, cport, sport, seq[0], S, **kw),
+              tcp_frame(server, client, sport, cport, seq[1], S | A, ack=seq[0] + 1, **kw)]
     seq = [seq[0] + 1, seq[1] + 1]
-    frames.append(tcp_frame(client, server, cport, 80, seq[0], A, **kw))
+    frames.append(tcp_frame(client, server, cport, sport, seq[0], A, **kw))
     for d, data in messages:
         (src, sp), (dst, dp) = ends[d], ends[1 - d]
         for i in range(0, len(data), mss):
             piece = data[i:i + mss]
             frames.append(tcp_frame(src, dst, sp, dp, seq[d], A | P, piece, **kw))
             seq[d] += len(piece)
-    frames.append(tcp_frame(client, server, cport, 80, seq[0], F | A, **kw))
-    frames.append(tcp_frame(server, client, 80, cport, seq[1], F | A, **kw))
+    frames.append(tcp_frame(client, server, cport, sport, seq[0], F | A, **kw))
+    frames.append(tcp_frame(server, client, sport, cport, seq[1], F | A, **kw))
     return frames
