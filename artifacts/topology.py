@@ -19,10 +19,15 @@ between processes always takes the direct, measured path. Links are full duplex:
 
 An interconnect may also say what its links give a collective
 (``collective_latency_us``, ``collective_bandwidth_gbps``): the figures with
-which the cost model's AllReduce phases cross them, where a collective library
-gets less from a link than one transfer does (its own synchronisation per step,
-chunking). ``dl-nfv profile network`` fits them to the AllReduce it measures;
-without them a collective sees the link's point-to-point figures.
+which the cost model's AllReduce phases cross them. Below the link's own figure,
+the collective library gets less from a link than one transfer does (its own
+synchronisation per step, chunking); above it, more (several channels driven
+at once, where one point-to-point transfer drives one). Either is accepted:
+AllReduce phases, in the simulator and in every planner's bound, take these
+figures, and every other transfer (activations, parameter servers, all-gather,
+broadcast) the link's own. ``dl-nfv profile network`` fits them to the
+AllReduce it measures; without them a collective sees the link's point-to-point
+figures.
 
 ``cluster_of(topology)`` compiles the record into a ``Cluster``: a networkx
 graph plus routes between any two devices, chosen by lowest total latency and

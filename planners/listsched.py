@@ -16,9 +16,9 @@ are costed like any other.
 
 Costs come from the shared ``CostModel`` only: op times per device type
 (scaled by batch share, launch overhead unscaled) and point-to-point transfer
-times on the topology's real routes. ``transfer_ms`` is exactly affine in the
-byte count on a route, so its two coefficients per ordered device pair are
-read once from the cost model and kept in small tables.
+times on the topology's real routes. A lone transfer is affine in the byte
+count on a route, so its two coefficients per ordered device pair are read
+once from the cost model (``transfer_affine``) and kept in small tables.
 
 Algorithms (each returns a ``Schedule``):
 
@@ -58,7 +58,6 @@ from dl_nfv.simulator.costs import CostModel, scale_table
 GIB = 2**30
 MAX_GAP_SCAN = 48  # idle intervals a task may look back through before it appends
 EPS_MS = 1e-9
-PROBE_BYTES = float(2**20)
 
 
 class MemoryShortfall(Exception):
@@ -199,10 +198,7 @@ class StepGraph:
         for a, da in enumerate(self.devices):
             for b, db in enumerate(self.devices):
                 if a != b:
-                    one = cm.transfer_ms(da, db, 1.0)
-                    big = cm.transfer_ms(da, db, 1.0 + PROBE_BYTES)
-                    self.per_byte[a][b] = (big - one) / PROBE_BYTES
-                    self.lat[a][b] = one - self.per_byte[a][b]
+                    self.lat[a][b], self.per_byte[a][b] = cm.transfer_affine(da, db)
                     self.route_links[a][b] = tuple(link_ids.setdefault(hop, len(link_ids))
                                                    for hop in cm.cluster.route(da, db).hops)
         self.n_links = len(link_ids)

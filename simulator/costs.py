@@ -494,6 +494,62 @@ class NetworkCosts:
             per_byte += pushed * weight * self.reduce_ms_per_byte(servers)
         return _Expression([[(lat, per_byte)]], load)
 
+    # ------------------------------------------------ affine figures for planners and bounds
+    def transfer_affine(self, src: str, dst: str) -> tuple[float, float]:
+        """``(latency_ms, ms_per_byte)`` of a lone transfer ``src -> dst``:
+        ``transfer_ms(src, dst, S) == latency_ms + S x ms_per_byte`` for every ``S > 0``
+        (both 0 when ``src == dst``). Concurrent flows share links (``concurrent_ms``)."""
+        if src == dst:
+            return 0.0, 0.0
+        route = self.cluster.route(src, dst)
+        return route.latency_us / 1e3, _ms_per_byte(route.bandwidth_gbps)
+
+    def link_ms_per_byte(self, hop: tuple[str, str], collective: bool = False) -> float:
+        """ms per byte through one directed hop on its own: point-to-point figures, or with
+        ``collective`` the ones an AllReduce's phases see there (``link_figures``)."""
+        return _ms_per_byte(self.link_figures(hop, collective)[1])
+
+    def route_ms_per_byte(self, src: str, dst: str, collective: bool = False) -> float:
+        """ms per byte through the route ``src -> dst`` (its slowest hop; ``link_ms_per_byte``)."""
+        return max((self.link_ms_per_byte(hop, collective)
+                    for hop in self.cluster.route(src, dst).hops), default=0.0)
+
+    def inbound_ms_per_byte(self, nodes: Iterable[str], collective: bool = False) -> float:
+        """ms per byte into the node set ``nodes`` (devices, hosts, switches) over all of its
+        links from outside at once: one over the sum of their bytes per ms (inf: none)."""
+        inside = set(nodes)
+        rate = sum(1.0 / self.link_ms_per_byte((v, u), collective) for u in inside
+                   for v in self.cluster.graph[u] if v not in inside)
+        return 1.0 / rate if rate > 0 else math.inf
+
+    def capacity_graph(self, collective: bool = False):
+        """The topology's undirected graph with each link's ``bytes_per_ms`` (point-to-point,
+        or with ``collective`` as an AllReduce sees it): for cut arguments over the network."""
+        import networkx as nx
+
+        out = nx.Graph()
+        out.add_nodes_from(self.cluster.graph.nodes)
+        for u, v in self.cluster.graph.edges:
+            out.add_edge(u, v, bytes_per_ms=1.0 / self.link_ms_per_byte((u, v), collective))
+        return out
+
+    def allreduce_affine(self, devices: Sequence[str],
+                         algorithm: Collective) -> tuple[float, float]:
+        """``(latency_ms, ms_per_byte)`` of one AllReduce algorithm (ring, tree or hierarchical)
+        over ``devices``: ``allreduce_ms(devices, S, algorithm) <= latency_ms + S x ms_per_byte``
+        for every ``S``, equal at ``S -> 0`` and in the slope for large ``S`` (exact for ring and
+        tree, and for a hierarchical AllReduce whose hosts' rings are alike). (0, 0) for fewer
+        than two devices. Raises ``ValueError`` for ``AUTO`` (not affine: take the least of
+        the three) or an unknown algorithm."""
+        devices = tuple(dict.fromkeys(devices))
+        if algorithm not in (Collective.RING, Collective.TREE, Collective.HIERARCHICAL):
+            raise ValueError(f"no affine form for collective {algorithm!r}")
+        if len(devices) <= 1:
+            return 0.0, 0.0
+        terms = self._expression(Collective(algorithm).value, devices).terms
+        return (sum(max(a for a, _ in term) for term in terms),
+                sum(max(b for _, b in term) for term in terms))
+
     def allgather_ms(self, devices: Sequence[str], nbytes_per_device: float) -> float:
         """Ring all-gather: every device ends with every device's ``nbytes_per_device``."""
         devices = tuple(dict.fromkeys(devices))
@@ -615,6 +671,27 @@ class CostModel(NetworkCosts):
         rows (one pass) and add what was received into it (a backward's accumulation)."""
         bandwidth = self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6
         return nbytes * (1.0 + ACCUMULATE_PASSES) / bandwidth
+
+    @cached_property
+    def needs_grad(self) -> dict[str, bool]:
+        """Op id -> whether its backward runs: it or an ancestor has parameters or is
+        marked ``runs_backward`` (a source recorded its backward work). The
+        simulator lowers no backward for the others (nothing upstream wants their input
+        gradients), so planners and bounds charge them none either."""
+        preds: dict[str, list[str]] = defaultdict(list)
+        for e in self.graph.edges:
+            preds[e.dst].append(e.src)
+        index = self.graph.index
+        needs: dict[str, bool] = {}
+        for op in self.topological_ids:
+            needs[op] = (index[op].param_bytes > 0 or index[op].runs_backward
+                         or any(needs[p] for p in preds[op]))
+        return needs
+
+    @cached_property
+    def bwd_runs(self) -> np.ndarray:
+        """``needs_grad`` as 0/1 per op in graph order (to mask ``bwd_ms_by_type`` rows)."""
+        return np.array([1.0 if self.needs_grad[o] else 0.0 for o in self.op_ids])
 
     @cached_property
     def ops_by_id(self) -> dict:
@@ -829,6 +906,11 @@ class CostModel(NetworkCosts):
 
     def memory_bytes(self, device: str) -> int:
         return self.cluster.device(device).memory_bytes
+
+
+def _ms_per_byte(bandwidth_gbps: float) -> float:
+    """Milliseconds per byte at ``bandwidth_gbps`` (10^9 bits per second)."""
+    return 8.0 / (bandwidth_gbps * 1e6)
 
 
 def scale_by_batch(ms: float, fixed_ms: float, batch_fraction: float) -> float:

@@ -210,14 +210,7 @@ class _Lowering:
         self.fused = fused
         self.unit_group = [self.op_group[m[0]] for m in members]
         # an op needs a gradient when it or an ancestor has parameters
-        index = self.cm.ops_by_id
-        needs: dict[str, bool] = {}
-        preds: dict[str, list[str]] = defaultdict(list)
-        for e in graph.edges:
-            preds[e.dst].append(e.src)
-        for op in topo:
-            needs[op] = index[op].param_bytes > 0 or any(needs[p] for p in preds[op])
-        self.needs_grad = needs
+        self.needs_grad = needs = self.cm.needs_grad
         self.unit_rg = [any(needs[o] for o in m) for m in members]
         self.unit_edges = sorted(uedges)
 

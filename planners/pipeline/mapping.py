@@ -37,6 +37,10 @@ import numpy as np
 
 from dl_nfv.simulator.costs import CostModel
 
+# the transfer an ordering's neighbours are compared by: a megabyte, about one sample's
+# activations of a layer, so that latency and bandwidth both count
+PATH_PROBE_BYTES = 1e6
+
 
 def host_blocks(cm: CostModel, ordering: Sequence[str]) -> list[list[str]]:
     """Maximal runs of ``ordering`` on one host."""
@@ -57,12 +61,8 @@ def _speed(cm: CostModel, device: str) -> float:
 
 
 def path_cost(cm: CostModel, ordering: Sequence[str]) -> float:
-    """Sum over neighbours of the per-byte transfer time (ms per GB) plus latency (ms)."""
-    total = 0.0
-    for a, b in zip(ordering, ordering[1:]):
-        r = cm.cluster.route(a, b)
-        total += 8.0 / r.bandwidth_gbps + r.latency_us / 1e3
-    return total
+    """Sum over neighbours of the time to send ``PATH_PROBE_BYTES`` (ms)."""
+    return sum(cm.transfer_ms(a, b, PATH_PROBE_BYTES) for a, b in zip(ordering, ordering[1:]))
 
 
 def greedy_path(cm: CostModel, devices: Sequence[str], start: str,
@@ -83,17 +83,20 @@ def greedy_path(cm: CostModel, devices: Sequence[str], start: str,
 
 
 def route_ranks(cm: CostModel, devices: Sequence[str]) -> np.ndarray:
-    """``[a, b]``: the rank of ``b`` among the devices seen from ``a``, by the widest route,
-    then the lowest latency, then the fewest hops, then the order of ``devices``
+    """``[a, b]``: the rank of ``b`` among the devices seen from ``a``, by the widest route
+    (the least ms per byte), then the lowest latency, then the fewest hops, then the order
+    of ``devices``
     (O(D^2 log D), once for all the greedy walks)."""
     D = len(devices)
     ranks = np.zeros((D, D), dtype=np.int64)
     for a, here in enumerate(devices):
         keys = []
         for b, d in enumerate(devices):
-            r = cm.cluster.route(here, d) if b != a else None
-            keys.append((-r.bandwidth_gbps, r.latency_us, len(r.hops), b) if r else
-                        (float("inf"), 0.0, 0, b))
+            if b == a:
+                keys.append((float("inf"), 0.0, 0, b))
+                continue
+            latency_ms, ms_per_byte = cm.transfer_affine(here, d)
+            keys.append((ms_per_byte, latency_ms, len(cm.cluster.route(here, d).hops), b))
         for rank, (*_, b) in enumerate(sorted(keys)):
             ranks[a, b] = rank
     return ranks

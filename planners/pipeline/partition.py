@@ -175,9 +175,8 @@ class OrderingTables:
         self.route_lat_ms = np.zeros(J)
         self.route_ms_per_byte = np.zeros(J)
         for j0 in range(1, J - 1):  # a stage starting at slot boundary j0 > 0 receives there
-            route = p.cm.cluster.route(ordering[cuts[j0] - 1], ordering[cuts[j0]])
-            self.route_lat_ms[j0] = route.latency_us / 1e3
-            self.route_ms_per_byte[j0] = 8 / (route.bandwidth_gbps * 1e6)
+            self.route_lat_ms[j0], self.route_ms_per_byte[j0] = p.cm.transfer_affine(
+                ordering[cuts[j0] - 1], ordering[cuts[j0]])
         ab = np.triu(np.ones((n + 1, n + 1), dtype=bool), 1)
         jj = np.triu(np.ones((J, J), dtype=bool), 1)
         self.shape_ok = ab[:, :, None, None] & jj[None, None]
@@ -192,13 +191,13 @@ class OrderingTables:
     @staticmethod
     def _sync_coefficients(p: Problem, ordering: Sequence[str], cuts: Sequence[int],
                            cache: dict | None):
-        """AllReduce time of every device run as ``min over algorithms of a + b x bytes``."""
+        """AllReduce time of every device run as ``min over algorithms of a + b x bytes``, each
+        algorithm's ``(a, b)`` the cost model's (``allreduce_affine``)."""
         J = len(cuts)
         algos = (Collective.RING, Collective.TREE, Collective.HIERARCHICAL)
         a = np.zeros((len(algos), J, J))
         b = np.zeros((len(algos), J, J))
         cache = cache if cache is not None else {}
-        big = 1e9
         for j0 in range(J - 1):
             for j1 in range(j0 + 1, J):
                 group = tuple(ordering[cuts[j0]:cuts[j1]])
@@ -207,12 +206,7 @@ class OrderingTables:
                 key = frozenset(group)
                 coeffs = cache.get(key)
                 if coeffs is None:
-                    coeffs = []
-                    for alg in algos:
-                        lo = p.cm.allreduce_ms(group, 1.0, alg)
-                        hi = p.cm.allreduce_ms(group, big + 1.0, alg)
-                        coeffs.append((lo, (hi - lo) / big))
-                    cache[key] = coeffs
+                    coeffs = cache[key] = [p.cm.allreduce_affine(group, alg) for alg in algos]
                 for k, (ca, cb) in enumerate(coeffs):
                     a[k, j0, j1] = ca
                     b[k, j0, j1] = cb

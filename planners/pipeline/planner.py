@@ -38,9 +38,8 @@ from dl_nfv.artifacts import (
     fingerprint,
 )
 from dl_nfv.planners.base import GIB, finish, gradient_buckets, optimizer_named, started
-from dl_nfv.planners.bounds import Bound, critical_path_ms, work_bound_ms
+from dl_nfv.planners.bounds import Bound, critical_path_ms, stage_balanced_bound_ms, work_bound_ms
 
-from .bound import stage_balanced_bound_ms
 from .build import (
     BUCKET_BYTES,
     Replicas,

@@ -16,7 +16,7 @@ from dl_nfv.simulator.costs import CostModel
 from tests.artifacts.fixtures import TOPOLOGY
 
 
-def _chain_graph(times_ms, params=(0, 0, 0, 0)):
+def _chain_graph(times_ms, params=(40, 0, 0, 0)):
     ops, edges = [], []
     for i, (t, p) in enumerate(zip(times_ms, params)):
         ops.append({"id": f"l{i}", "name": f"l{i}", "kind": "matmul", "param_bytes": p,
@@ -44,11 +44,29 @@ def test_critical_path_and_largest_op():
     launch = 0.005  # V100 launch overhead (5 us) does not shrink with the batch
     expected = sum(launch + (3 * t - 2 * launch) * 0.5 + launch for t in (1, 2, 3, 4))
     assert critical_path_ms(cm, devices, 0.5) == pytest.approx(expected)
-    assert largest_op_ms(cm, devices, splittable=False) == pytest.approx(12.0)
-    assert largest_op_ms(cm, devices, splittable=True) == 0.0
-    bound = lower_bound(cm, devices, ops_splittable=False)
-    assert bound.parts["work"] == pytest.approx(15.0)
-    assert bound.ms == pytest.approx(expected) and bound.binding == "critical_path"
+    assert largest_op_ms(cm, devices) == pytest.approx(12.0)
+    # plans that may replicate ops: the critical path at one sample of the batch of 8
+    one = sum(launch + (3 * t - 2 * launch) / 8 + launch for t in (1, 2, 3, 4))
+    bound = lower_bound(cm, devices)
+    assert bound.parts == pytest.approx({"work": 15.0, "critical_path": one})
+    assert lower_bound(cm, devices, min_batch_fraction=0.5).ms == pytest.approx(expected)
+    # plans that run every op whole on one device: the whole chain, and the largest op
+    whole = lower_bound(cm, devices, ops_splittable=False)
+    assert whole.parts == pytest.approx({"work": 15.0, "critical_path": 30.0, "largest_op": 12.0})
+    assert whole.binding == "critical_path"
+
+
+def test_no_backward_is_counted_above_the_first_op_with_parameters():
+    """The simulator runs the backward of an op only when it or an ancestor has parameters:
+    in a chain of 1, 2, 3, 4 ms whose third op is the first with parameters, the backwards
+    of the first two never run (6 ms of the 30 ms of work)."""
+    graph = _chain_graph([1.0, 2.0, 3.0, 4.0], params=(0, 0, 40, 0))
+    cm = CostModel(graph, from_document(copy.deepcopy(TOPOLOGY)))
+    assert [cm.needs_grad[f"l{i}"] for i in range(4)] == [False, False, True, True]
+    devices = ["a/gpu0"]
+    assert work_bound_ms(cm, devices) == pytest.approx(1 + 2 + 3 * 3 + 3 * 4)
+    assert critical_path_ms(cm, devices) == pytest.approx(24.0)
+    assert largest_op_ms(cm, devices) == pytest.approx(12.0)
 
 
 @given(st.integers(1, 512), st.lists(st.floats(0.01, 100), min_size=1, max_size=16))

@@ -391,7 +391,7 @@ def test_the_family_s_bound_is_computed_once_per_graph_and_topology(monkeypatch)
 
 def _bounds_with_counts(problem, monkeypatch, **grid):
     """The stage-balanced bound exactly, and with the device counts on a grid."""
-    from dl_nfv.planners.pipeline import bound
+    from dl_nfv.planners.bounds import stage_balanced as bound
 
     exact = bound.stage_balanced_bound_ms(problem)
     monkeypatch.setattr(bound, "EXACT_COUNTS_UP_TO", 0)
@@ -426,7 +426,7 @@ def test_the_bound_on_a_coarse_grid_is_a_relaxation(monkeypatch, devices, layers
 
 
 def test_device_count_grid():
-    from dl_nfv.planners.pipeline.bound import _Counts
+    from dl_nfv.planners.bounds.stage_balanced import _Counts
 
     c = _Counts(128)
     assert list(c.lo[:17]) == list(range(17)) and c.lo[-1] == 128 and len(c.lo) <= 17 + 24

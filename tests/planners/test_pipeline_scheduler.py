@@ -324,7 +324,7 @@ def test_the_pipeline_family_reports_one_bound_for_an_exchangeable_tie():
     the baselines' AllReduce it, and all report the family's bound (which takes the rows'
     floor), so their ratios to it compare like with like; it is at most every plan's time
     and below the bound of AllReduced ties alone."""
-    from dl_nfv.planners.pipeline.bound import stage_balanced_bound_ms
+    from dl_nfv.planners.bounds.stage_balanced import stage_balanced_bound_ms
     from dl_nfv.planners.pipeline.problem import Problem
 
     graph = _looked_up(_tied(chain(4, param_bytes=4 * GIB), GIB))
@@ -506,7 +506,7 @@ def _diamond(width: int, *, gib: float = 1.0, batch: int = 8):
 
 
 def test_forced_cuts_of_a_diamond_and_a_chain():
-    from dl_nfv.planners.pipeline.bound import forced_cuts
+    from dl_nfv.planners.bounds.stage_balanced import forced_cuts
     from dl_nfv.planners.pipeline.problem import Problem
 
     topo = nvlink(2)
@@ -535,7 +535,7 @@ def test_allreduce_floor_across_hosts():
     bound is the layer on one device, 10 + 20 ms, plus that device's memory traffic outside the
     ops (its optimizer step and gradient-bucket upkeep); the same over NVLink (86 ms of
     AllReduce)."""
-    from dl_nfv.planners.pipeline.bound import stage_balanced_bound_ms
+    from dl_nfv.planners.bounds.stage_balanced import stage_balanced_bound_ms
     from dl_nfv.planners.pipeline.problem import Problem
 
     graph = chain(1, param_bytes=2 * GIB)
@@ -554,7 +554,7 @@ def test_share_options_trade_the_first_replica_against_the_slowest():
     """Two equal devices, 8 samples in one microbatch: a first replica of 1 sample leaves 7
     to the other (busy 7/8 of the batch time), of 2-3 leaves at most 6-5 (taken at 5), of 4
     the even split; devices of speeds 2 and 1 with 6 samples split 4:2 (1/3 each)."""
-    from dl_nfv.planners.pipeline.bound import _share_buckets, _share_options
+    from dl_nfv.planners.bounds.stage_balanced import _share_buckets, _share_options
 
     assert _share_buckets(8, 2) == [(1, 1), (2, 3), (4, 4)]
     assert _share_buckets(8, 3) == [(1, 1), (2, 2)]
@@ -577,7 +577,7 @@ def test_class_share_options_remove_the_first_replica_from_the_best_class():
     best on the fast device (2.5 / 6); of 2-3 leaves 3 (1.5 / 6), below the even 2 / 6."""
     import numpy as np
 
-    from dl_nfv.planners.pipeline.bound import _class_share_options
+    from dl_nfv.planners.bounds.stage_balanced import _class_share_options
 
     share, first = _class_share_options([(0, 0), (1, 0), (0, 1), (1, 1)], np.array([2.0, 1.0]),
                                         samples=6, m=1, B=6)
@@ -631,7 +631,7 @@ def test_capped_dp_is_the_exact_min_max(U, D, options, seed, zeros):
     (with the least chain after it) included."""
     import numpy as np
 
-    from dl_nfv.planners.pipeline.bound import _capped_dp, _chain_after
+    from dl_nfv.planners.bounds.stage_balanced import _capped_dp, _chain_after
 
     rng = np.random.default_rng(seed)
     shape = (U + 1, U + 1, D + 1, options)
@@ -656,7 +656,7 @@ def test_a_replicated_stage_s_allreduce_waits_for_the_stages_after_it():
     forward and the AllReduce floor) the bound is 22."""
     import numpy as np
 
-    from dl_nfv.planners.pipeline.bound import _capped_dp
+    from dl_nfv.planners.bounds.stage_balanced import _capped_dp
 
     U, D = 2, 3
     busy = np.full((U + 1, U + 1, D + 1, 1), np.inf)
@@ -691,7 +691,7 @@ def test_bound_never_above_any_simulated_layout_on_a_ring(data, layers, hosts, g
     activations and AllReduces cross other GPUs' links, simulates at or above the bound:
     its AllReduce floors (over every group's own cost) and the boundaries' transfers
     hold for plans no planner would make."""
-    from dl_nfv.planners.pipeline.bound import stage_balanced_bound_ms
+    from dl_nfv.planners.bounds.stage_balanced import stage_balanced_bound_ms
 
     types = data.draw(st.lists(st.sampled_from([V100, "P100"]), min_size=hosts, max_size=hosts))
     bws = data.draw(st.lists(st.sampled_from([10, 25, 100]), min_size=hosts, max_size=hosts))
@@ -734,7 +734,7 @@ def test_the_bound_counts_the_boundary_transfer_both_ways():
     = 687 ms that the bound adds to the same graph's with small activations (all but the
     optimizer step's memory traffic, under a millisecond, which a term without the
     transfers bounds on its own)."""
-    from dl_nfv.planners.pipeline.bound import stage_balanced_bound_ms
+    from dl_nfv.planners.bounds.stage_balanced import stage_balanced_bound_ms
 
     topo = from_data(Topology, {
         "kind": "topology", "schema_version": 1, "name": "pair",
@@ -757,11 +757,11 @@ def test_allreduce_floors_of_a_ring_of_uneven_links():
     from itertools import combinations
 
     from dl_nfv.artifacts import load
-    from dl_nfv.planners.pipeline.bound import _cut_limits, _group_floors, _host_limits
+    from dl_nfv.planners.bounds.stage_balanced import _cut_limits, _group_floors, _host_limits
 
     problem = Problem(chain(2), load("examples/topologies/ring8-mixed.yaml"))
     devices = list(problem.devices)
-    cut = _cut_limits(problem.cm.cluster.graph, devices)
+    cut = _cut_limits(problem.cm.capacity_graph(collective=True), devices)
     assert cut[2] == pytest.approx(8 / 110e6) and cut[8] == pytest.approx(8 / 35e6)
     groups = _group_floors(problem, devices, [0] * 8, 1)  # one class: per group size
     assert groups[(8,)] == pytest.approx(problem.cm.allreduce_ms_per_byte(devices))
@@ -826,7 +826,7 @@ def test_round_trip_is_taken_over_stages_no_longer_than_the_bound(monkeypatch):
     stage waits for passes single-device stages, a whole microbatch each way. The least
     chain after a stage taken over every partition (replicas with a one-sample first share)
     misses that; taken over partitions of stages no longer than the bound, it does not."""
-    from dl_nfv.planners.pipeline import bound
+    from dl_nfv.planners.bounds import stage_balanced as bound
 
     graph = chain(3, param_bytes=2 * GIB, batch=4)
     topo = _topology([V100] * 3)

@@ -154,13 +154,15 @@ from __future__ import annotations
 from functools import lru_cache
 from heapq import heapify, heappop, heappush
 from itertools import combinations
+from typing import TYPE_CHECKING
 
 import networkx as nx
 import numpy as np
 
 from dl_nfv.artifacts import TieSync
 
-from .problem import Problem
+if TYPE_CHECKING:
+    from dl_nfv.planners.pipeline.problem import Problem
 
 SHARE_OPTIONS = 4  # ranges of a replicated stage's smallest share the DPs tell apart
 CAPS_PER_PASS = 12  # caps one vectorised pass of the capped DP solves at once
@@ -571,13 +573,13 @@ class _Hops:
         self.per_sample = np.zeros(U + 1)  # ms per sample through the widest way in
         self.ways = np.zeros(U + 1)
         self.latency = 0.0  # the least route latency (ms)
-        graph = p.cm.cluster.graph
-        routes = [p.cm.cluster.route(a, b) for a in devices for b in devices if a != b]
-        if not routes:
+        cm = p.cm
+        pairs = [(a, b) for a in devices for b in devices if a != b]
+        if not pairs:
             return
-        self.latency = min(r.latency_us for r in routes) / 1e3
-        inbound = max(sum(attrs["bandwidth_gbps"] for attrs in graph[d].values())
-                      for d in devices)
+        self.latency = min(cm.transfer_affine(a, b)[0] for a, b in pairs)
+        # the most bytes per ms any device can receive, all of its links at once
+        inbound = min(cm.inbound_ms_per_byte([d]) for d in devices)
         largest: dict[tuple[str, str], float] = {}
         for e in p.graph.edges:
             largest[(e.src, e.dst)] = max(largest.get((e.src, e.dst), 0.0), float(e.bytes))
@@ -587,8 +589,8 @@ class _Hops:
             u, v = p.order[bounds[i] - 1], p.order[bounds[i]]
             nbytes = largest.get((u, v), 0.0) / p.batch_size
             if nbytes > 0:
-                self.one[i] = min(r.transfer_us(nbytes) for r in routes) / 1e3
-                self.per_sample[i] = nbytes * 8.0 / (inbound * 1e6)
+                self.one[i] = min(cm.transfer_ms(a, b, nbytes) for a, b in pairs)
+                self.per_sample[i] = nbytes * inbound
                 self.ways[i] = 2 if p.needs_grad[u] else 1
 
     def ms(self, samples: np.ndarray, one_way: bool = False) -> np.ndarray:
@@ -980,34 +982,33 @@ def _host_limits(p: Problem, devices: list[str]) -> np.ndarray:
     until they hold ``k`` devices, and the last host taken limits it. The largest of
     these two and the narrowest cut a group of ``k`` can have (``_cut_limits``).
     """
-    cluster = p.cm.cluster
+    cm = p.cm
+    cluster = cm.cluster
     sizes: dict[str, int] = {}
     for d in devices:
         host = cluster.device(d).host
         sizes[host] = sizes.get(host, 0) + 1
-    inbound = {}
-    for host in sizes:
-        inside = {host, *(d.name for d in cluster.devices if d.host == host)}
-        inbound[host] = sum(attrs["bandwidth_gbps"] for u in inside
-                            for v, attrs in cluster.graph[u].items() if v not in inside)
+    # ms per byte into each host over its links from outside, as an AllReduce sees them
+    inbound = {host: cm.inbound_ms_per_byte(
+        {host, *(d.name for d in cluster.devices if d.host == host)}, collective=True)
+        for host in sizes}
     widest = max(sizes.values())
-    ranked = sorted(sizes, key=lambda h: (-inbound[h], -sizes[h], h))
+    ranked = sorted(sizes, key=lambda h: (inbound[h], -sizes[h], h))
     out = np.zeros(len(devices) + 1)
     for k in range(widest + 1, len(devices) + 1):
         held = 0
         for h in ranked:
             held += sizes[h]
             if held >= k:
-                gbps = inbound[h]
+                per_byte = inbound[h]
                 break
-        out[k] = 8.0 / (gbps * 1e6) if gbps > 0 else 0.0
-    # any group: 2 (k - 1) / k bytes per byte over routes no wider than the widest
-    widest_gbps = max((cluster.route(d, e).bandwidth_gbps for d in devices for e in devices
-                       if e != d), default=0.0)
-    if widest_gbps > 0:
-        for k in range(2, len(devices) + 1):
-            out[k] = max(out[k], 2.0 * (k - 1) / k * 8.0 / (widest_gbps * 1e6))
-    return np.maximum(out, _cut_limits(cluster.graph, devices))
+        out[k] = per_byte if np.isfinite(per_byte) else 0.0
+    # any group: 2 (k - 1) / k bytes per byte over routes no faster than the fastest
+    fastest = min((cm.route_ms_per_byte(d, e, collective=True) for d in devices for e in devices
+                   if e != d), default=0.0)
+    for k in range(2, len(devices) + 1):
+        out[k] = max(out[k], 2.0 * (k - 1) / k * fastest)
+    return np.maximum(out, _cut_limits(cm.capacity_graph(collective=True), devices))
 
 
 def _group_floors(p: Problem, devices: list[str], klass: list[int],
@@ -1044,7 +1045,7 @@ def _cut_limits(graph, devices: list[str]) -> np.ndarray:
     out = np.zeros(len(devices) + 1)
     if len(devices) < 2 or not nx.is_connected(graph):
         return out
-    tree = nx.gomory_hu_tree(graph, capacity="bandwidth_gbps")
+    tree = nx.gomory_hu_tree(graph, capacity="bytes_per_ms")
     count = {v: int(v in devices) for v in tree}
     parent = {v: v for v in tree}
 
@@ -1061,7 +1062,7 @@ def _cut_limits(graph, devices: list[str]) -> np.ndarray:
         count[rb] += count[ra]
         # groups of up to count[rb] devices have a min cut of at least w
         for k in range(largest + 1, count[rb] + 1):
-            out[k] = 8.0 / (w * 1e6)
+            out[k] = 1.0 / w
         largest = max(largest, count[rb])
     return out
 

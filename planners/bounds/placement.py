@@ -1,19 +1,26 @@
-"""Lower bounds on the iteration time of any plan, on the shared cost model.
+"""Bounds on any placement of ops on devices: work, critical path, largest op.
 
-Every planner reports ``bound_ms`` (the largest bound it knows) so a user can
-see how far a plan may be from optimal. Bounds here hold for any plan that
-uses the given devices:
+Model: a plan places every op on one device or replicates it over several, each replica
+holding a whole number of the batch's samples; the simulator runs one compute task at a
+time per device, a replica of an op takes ``fixed + (t - fixed) x share`` (the cost model's
+``scale_by_batch``), and an op's backward runs only where it or an ancestor has parameters
+(``CostModel.needs_grad``: nothing upstream wants the others' input gradients).
 
-* **work bound**: all forward+backward work must be done somewhere. With
-  ``t(op, d)`` the op's full-batch time on device ``d``, ``t_min(op)`` the
-  fastest, and ``rho_d = min_op t(op, d) / t_min(op)`` the device's best
-  relative speed, ``T >= sum_op t_min(op) / sum_d (1 / rho_d)``. (Splitting an
-  op over replicas never reduces its total time, since launch overhead does not
-  scale with the batch.)
-* **critical path**: forward then backward along the longest path, every op
-  at its fastest time for the smallest batch fraction a plan may give it.
-* **largest indivisible op**: an op that cannot be split (no splittable dims,
-  or when the planner never splits) takes its fastest full-batch time.
+Bounds (each holds for every plan on the given devices; ``lower_bound`` takes the largest):
+
+* **work**: all forward and backward work is done somewhere. With ``t(op, d)`` the op's
+  full-batch time on device ``d``, ``t_min(op)`` the fastest, and
+  ``rho_d = min_op t(op, d) / t_min(op)`` the device's best relative speed,
+  ``T >= sum_op t_min(op) / sum_d (1 / rho_d)``. Replicating an op never lowers its total
+  time: the fixed part is paid by every replica.
+* **critical path**: forward then backward along the longest path of the op graph, every
+  op at its fastest time for the smallest batch fraction a replica holding the path's
+  samples may have (``min_batch_fraction``; a replica holds at least one sample).
+* **largest op**: for plans that never replicate an op, the op with the largest fastest
+  full-batch time runs whole on one device.
+
+Limits: no communication, memory or optimizer step is counted; plans that fuse ops
+(``Fusion.op_groups``) save launches and memory traffic these bounds count.
 
 Complexity: O(ops x device types + edges).
 """
@@ -24,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import networkx as nx
+import numpy as np
 
 from dl_nfv.simulator.costs import CostModel
 
@@ -44,10 +52,18 @@ def _type_columns(cm: CostModel, devices: Sequence[str]) -> list[int]:
     return [cm.device_type_index[d] for d in devices]
 
 
+def op_work_ms(cm: CostModel, devices: Sequence[str],
+               batch_fraction: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """``(forward, backward)`` ``[ops, len(devices)]``: each op's time on each device at
+    ``batch_fraction``, the backward 0 where the simulator runs none (``needs_grad``)."""
+    fwd, bwd = cm.scaled_tables(_type_columns(cm, devices), batch_fraction)
+    return fwd, bwd * cm.bwd_runs[:, None]
+
+
 def work_bound_ms(cm: CostModel, devices: Sequence[str]) -> float:
     """Total work over total (relative) capacity of ``devices``."""
-    cols = _type_columns(cm, devices)
-    work = cm.fwd_ms_by_type[:, cols] + cm.bwd_ms_by_type[:, cols]  # [ops, devices]
+    fwd, bwd = op_work_ms(cm, devices)
+    work = fwd + bwd  # [ops, devices]
     t_min = work.min(axis=1)
     total = float(t_min.sum())
     if total <= 0:
@@ -68,8 +84,7 @@ def critical_path_ms(cm: CostModel, devices: Sequence[str], min_batch_fraction: 
     the largest of the chain of forwards and input gradients, and of the forwards into
     an op, its forward and whole backward, and the chain of its descendants.
     """
-    cols = _type_columns(cm, devices)
-    fwd, bwd = (scaled.min(axis=1) for scaled in cm.scaled_tables(cols, min_batch_fraction))
+    fwd, bwd = (x.min(axis=1) for x in op_work_ms(cm, devices, min_batch_fraction))
     b_in = bwd * cm.bwd_input_share if split_backwards else bwd  # (whole: the plain chain)
     graph = cm.graph.to_networkx()
     order = list(nx.topological_sort(graph))
@@ -92,17 +107,11 @@ def critical_path_ms(cm: CostModel, devices: Sequence[str], min_batch_fraction: 
                 for o in order), default=0.0)
 
 
-def largest_op_ms(cm: CostModel, devices: Sequence[str], *, splittable: bool = True) -> float:
-    """Fastest full-batch time of the largest op that cannot be split.
-
-    With ``splittable=False`` every op counts as indivisible (planners that
-    never split ops, such as pipeline partitioners).
-    """
-    cols = _type_columns(cm, devices)
-    work = (cm.fwd_ms_by_type[:, cols] + cm.bwd_ms_by_type[:, cols]).min(axis=1)
-    candidates = [float(work[i]) for i, op in enumerate(cm.graph.ops)
-                  if not (splittable and op.splittable_dims)]
-    return max(candidates, default=0.0)
+def largest_op_ms(cm: CostModel, devices: Sequence[str]) -> float:
+    """Fastest full-batch forward+backward time of the largest op: a bound for plans that
+    run every op whole on one device (no replicas)."""
+    fwd, bwd = op_work_ms(cm, devices)
+    return float((fwd + bwd).min(axis=1).max(initial=0.0))
 
 
 def lower_bound(cm: CostModel, devices: Sequence[str] | None = None, *,
@@ -110,15 +119,19 @@ def lower_bound(cm: CostModel, devices: Sequence[str] | None = None, *,
                 extra: dict[str, float] | None = None) -> Bound:
     """The best of the bounds above (plus any ``extra`` ones a planner proves).
 
-    ``min_batch_fraction`` defaults to ``1 / len(devices)`` (the finest data
-    parallel split).
+    ``ops_splittable``: the plans may replicate an op over devices with shares of the batch
+    (then the largest op bounds nothing the critical path does not). ``min_batch_fraction``
+    is the least share a replica on the critical path may hold: by default one sample of
+    the batch where ops may be replicated, else the whole batch.
     """
     devices = list(devices or cm.cluster.device_names)
-    fraction = min_batch_fraction if min_batch_fraction is not None else 1.0 / len(devices)
+    if min_batch_fraction is None:
+        min_batch_fraction = 1.0 / cm.graph.model.batch_size if ops_splittable else 1.0
     parts = {
         "work": work_bound_ms(cm, devices),
-        "critical_path": critical_path_ms(cm, devices, fraction),
-        "largest_op": largest_op_ms(cm, devices, splittable=ops_splittable),
+        "critical_path": critical_path_ms(cm, devices, min_batch_fraction),
     }
+    if not ops_splittable:
+        parts["largest_op"] = largest_op_ms(cm, devices)
     parts.update(extra or {})
     return Bound(max(parts.values()), parts)
