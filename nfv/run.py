@@ -172,8 +172,9 @@ def digests(report: NfvReport) -> dict[str, str]:
 
 
 def inspect_trace(path: str | Path) -> dict:
-    """Summary of a trace: packets, flows by application, messages, flow-size spread,
-    malformed packets by reason, TCP reassembly events, the largest flows."""
+    """Summary of a trace: packets (every record of the file) and those decoded into
+    flows, flows by application, messages, flow-size spread, malformed packets by
+    reason, TCP reassembly events, the largest flows."""
     t0 = time.perf_counter()
     trace = load_trace(path)
     parse_s = time.perf_counter() - t0
@@ -192,7 +193,8 @@ def inspect_trace(path: str | Path) -> dict:
 
     order = np.argsort(-nbytes, kind="stable")[:5]
     return {
-        "trace": str(path), "packets": trace.packets, "wire_bytes": trace.wire_bytes,
+        "trace": str(path), "packets": trace.packets,
+        "decoded_packets": sum(f.packets for f in trace.flows), "wire_bytes": trace.wire_bytes,
         "flows": n_flows, "messages": trace.n_messages, "payload_bytes": int(trace.msg_len.sum()),
         "applications": dict(Counter(f.app for f in trace.flows)),
         "message_kinds": {name: int((trace.msg_kind == k).sum())

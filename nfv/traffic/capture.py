@@ -16,10 +16,13 @@ checked, and never loses a record silently:
   plausible headers or to the exact end of the file. Where none exists the
   reader stops, and the bytes it could not read are counted
   (``unreadable_bytes``).
+  A record whose length runs past the end of the file is ``truncated_file``,
+  unless records chain on after it (then its header was bad:
+  ``bad_record_header``, and reading goes on there).
 * **pcapng**: blocks are walked by their length, which must be at least 12,
   a multiple of 4, and equal to the copy at the block's end; a block whose
-  length breaks that is ``BadInput`` naming the file and the block's offset
-  (there is nothing safe to skip to). A packet block whose captured length
+  length breaks that, or runs past the end of the file while valid blocks
+  follow, is ``BadInput`` naming the file and the block's offset. A packet block whose captured length
   does not fit its block, or that names an interface not described before it,
   is ``bad_record_header``, and the walk goes on with the next block.
   Timestamps honour ``if_tsresol`` and ``if_tsoffset``.
@@ -125,18 +128,22 @@ def _pcap(path: Path, data: mmap.mmap, malformed: Counter) -> Iterator[tuple[int
             malformed["truncated_file"] += 1
             return
         sec, frac, caplen, origlen = header.unpack_from(data, pos)
-        if caplen > MAX_CAPLEN or caplen > origlen:
-            malformed["oversized_record" if caplen > MAX_CAPLEN else "bad_record_header"] += 1
+        end = pos + 16 + caplen
+        bad = ("oversized_record" if caplen > MAX_CAPLEN else
+               "bad_record_header" if caplen > origlen else None)
+        if bad is not None or end > size:
             nxt = _resync(data, pos + 16, header, units, last_sec)
-            if nxt is None:
-                malformed["unreadable_bytes"] += size - pos - 16
-                return
+            if bad is None:  # past the end: a cut file, unless records follow after all
+                malformed["truncated_file" if nxt is None else "bad_record_header"] += 1
+                if nxt is None:
+                    return
+            else:
+                malformed[bad] += 1
+                if nxt is None:
+                    malformed["unreadable_bytes"] += size - pos - 16
+                    return
             pos = nxt
             continue
-        end = pos + 16 + caplen
-        if end > size:
-            malformed["truncated_file"] += 1
-            return
         last_sec = sec
         yield sec * 1_000_000 + (frac * ns_per_unit + 500) // 1000, data[pos + 16:end], linktype
         pos = end
@@ -253,6 +260,9 @@ def _pcapng(path: Path, data: mmap.mmap, malformed: Counter
             raise BadInput(f"{path}: pcapng block at offset {pos}: bad block length {length} "
                            f"({size - pos} bytes left in the file)")
         if length > size - pos:
+            if _next_block(data, pos + 4, order) is not None:  # blocks follow: not a cut
+                raise BadInput(f"{path}: pcapng block at offset {pos}: bad block length "
+                               f"{length} ({size - pos} bytes left in the file)")
             if pos == 0:
                 raise BadInput(f"{path}: pcapng section header cut short ({size} of {length} "
                                f"bytes)")
@@ -302,6 +312,39 @@ def _packet(data, pos: int, kind: int, length: int, order: str,
         return None
     iface = interfaces[number]
     return iface.ts_us((hi << 32) | lo), data[pos + 28:pos + 28 + caplen], iface.linktype
+
+
+_KNOWN_BLOCKS = np.array([_SHB, _IDB, _PB, _SPB, 4, 5, _EPB, 7, 9, 10, 0xBAD, 0x40000BAD],
+                         dtype=np.uint32)
+
+
+def _block_chains(data, at: int, order: str, depth: int = 2) -> bool:
+    """A block of a known type starts at ``at``, its two length fields agree, and the
+    blocks after it chain on the same way (``depth`` deep) or end the file exactly."""
+    if at + 12 > len(data):
+        return False
+    kind, length = struct.unpack_from(order + "II", data, at)
+    if length < 12 or length % 4 or at + length > len(data) or kind not in _KNOWN_BLOCKS:
+        return False
+    if struct.unpack_from(order + "I", data, at + length - 4)[0] != length:
+        return False
+    end = at + length
+    return end == len(data) or depth == 0 or _block_chains(data, end, order, depth - 1)
+
+
+def _next_block(data, start: int, order: str) -> int | None:
+    """The first 4-aligned offset after ``start`` where pcapng blocks chain on safely."""
+    first = (start + 3) // 4 * 4
+    words = np.frombuffer(data[first:len(data) - (len(data) - first) % 4],
+                          dtype=np.dtype(order + "u4"))
+    if len(words) < 3:
+        return None
+    kinds, lengths = words[:-1], words[1:]
+    ok = np.isin(kinds, _KNOWN_BLOCKS) & (lengths >= 12) & (lengths % 4 == 0)
+    for i in np.flatnonzero(ok).tolist():
+        if _block_chains(data, first + 4 * i, order):
+            return first + 4 * i
+    return None
 
 
 def _cut(data, pos: int, order: str, malformed: Counter) -> None:
