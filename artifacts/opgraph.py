@@ -113,6 +113,13 @@ class Op:
     bytes_accessed: float = 0.0
     param_bytes: int = 0
     output_bytes: int = 0
+    # bytes the op holds on every device that runs it for the whole iteration, whatever its
+    # batch share, beyond its parameters (with their gradients and optimizer state) and its
+    # outputs: a footprint a source measured as one figure (placement-json's `size`)
+    resident_bytes: int = 0
+    # the source recorded backward work for the op whatever its parameters (placement-json's
+    # backward nodes): its backward runs, and so do those of the ops after it
+    runs_backward: bool = False
     params: tuple[str, ...] = ()
     # parameters this op uses that another op owns (tied weights): name -> bytes
     shared_params: dict[str, int] = field(default_factory=dict)
@@ -128,7 +135,8 @@ class Op:
 
     def __post_init__(self) -> None:
         check(bool(self.id), "op id must not be empty")
-        for name in ("flops", "bwd_flops", "bytes_accessed", "param_bytes", "output_bytes"):
+        for name in ("flops", "bwd_flops", "bytes_accessed", "param_bytes", "output_bytes",
+                     "resident_bytes"):
             value = getattr(self, name)
             check(value >= 0, f"op {self.id!r}: {name} must be >= 0, got {value}")
         if self.bwd_input_flops is not None:

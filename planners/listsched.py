@@ -168,7 +168,8 @@ class StepGraph:
         # tied weights: (owner op index, sharing op index, bytes), from the cost model's
         self.ties = [(cm.op_index[owner], cm.op_index[sharer], nbytes)
                      for _, owner, sharer, nbytes in cm.ties]
-        self.static_bytes = (params * (2.0 + optimizer.state_factor)).tolist()
+        self.static_bytes = (params * (2.0 + optimizer.state_factor)
+                             + cm.resident_bytes[np.asarray(unit_op)]).tolist()
         self.act_bytes = (cm.output_bytes[np.asarray(unit_op)] * share[:, 0]).tolist()
 
         # unit edges: data moves between replicas in proportion to their batch overlap

@@ -640,6 +640,7 @@ class CostModel(NetworkCosts):
          self.bwd_fixed_by_type, self.tie_sum_by_type) = self._compute_tables()
         self.param_bytes = np.array([op.param_bytes for op in graph.ops], dtype=np.float64)
         self.output_bytes = np.array([op.output_bytes for op in graph.ops], dtype=np.float64)
+        self.resident_bytes = np.array([op.resident_bytes for op in graph.ops], dtype=np.float64)
         self.input_bytes = np.zeros(len(graph.ops))
         self._out_edges: dict[str, list[tuple[str, int]]] = defaultdict(list)
         for e in graph.edges:
@@ -896,9 +897,11 @@ class CostModel(NetworkCosts):
 
     # ----------------------------------------------------------------- memory
     def static_bytes(self, op_ids: Iterable[str], state_factor: float = 1.0) -> float:
-        """Parameters + gradients + optimizer state of ``op_ids`` (bytes)."""
-        params = sum(self.param_bytes[self.op_index[o]] for o in op_ids)
-        return params * (2.0 + state_factor)
+        """Parameters + gradients + optimizer state of ``op_ids``, plus their resident
+        footprints (``Op.resident_bytes``): what a device running them holds all iteration."""
+        rows = [self.op_index[o] for o in op_ids]
+        params = sum(self.param_bytes[i] for i in rows)
+        return params * (2.0 + state_factor) + sum(self.resident_bytes[i] for i in rows)
 
     def activation_bytes(self, op_ids: Iterable[str], batch_fraction: float = 1.0) -> float:
         """Stashed activations (op outputs) of ``op_ids`` for ``batch_fraction`` of the batch."""

@@ -575,8 +575,10 @@ class _Lowering:
             param_ops = [op for op in g.ops if index[op].param_bytes > 0]
             total = float(sum(index[op].param_bytes for op in param_ops))
             devs = [groups.rep_device[r] for r in reps]
+            resident = float(sum(index[op].resident_bytes for op in g.ops))
             for d in devs:
                 self.grad_bytes[d] += total
+                self.static[d] += resident  # held by every replica whatever its batch share
             if g.sync == SyncMethod.PS:
                 self._ps(gi, g, param_ops, total)
                 continue

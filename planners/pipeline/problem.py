@@ -100,6 +100,7 @@ class Problem:
         self.whole_param_prefix = _prefix((cm.param_bytes[idx] * whole)[None, :])[0]
         self.param_prefix = _prefix(cm.param_bytes[idx][None, :])[0]
         self.out_prefix = _prefix(cm.output_bytes[idx][None, :])[0]
+        self.resident_prefix = _prefix(cm.resident_bytes[idx][None, :])[0]
         self.cut_bytes = self._cuts()
         self.bounds = np.arange(n + 1)
         if n > max_units:
@@ -110,6 +111,7 @@ class Problem:
             self.param_prefix = self.param_prefix[cols]
             self.whole_param_prefix = self.whole_param_prefix[cols]
             self.out_prefix = self.out_prefix[cols]
+            self.resident_prefix = self.resident_prefix[cols]
             self.cut_bytes = self.cut_bytes[cols]
             self.n = len(cols) - 1
         # tied weights as (owner unit, sharing unit, bytes), from the cost model's list
@@ -131,7 +133,8 @@ class Problem:
             preds[e.dst].append(e.src)
         needs: dict[str, bool] = {}
         for op in self.order:
-            needs[op] = index[op].param_bytes > 0 or any(needs[p] for p in preds[op])
+            needs[op] = (index[op].param_bytes > 0 or index[op].runs_backward
+                         or any(needs[p] for p in preds[op]))
         return np.array([1.0 if needs[o] else 0.0 for o in self.order])
 
     def _cuts(self) -> np.ndarray:
@@ -178,8 +181,10 @@ class Problem:
         return float(self.param_prefix[b] - self.param_prefix[a])
 
     def static_bytes(self, a: int, b: int) -> float:
-        """Parameters, gradients and optimizer state of range ``[a, b)`` on one replica."""
-        return self.params(a, b) * (2.0 + self.state_factor)
+        """Parameters, gradients and optimizer state of range ``[a, b)`` on one replica, plus
+        its ops' resident footprints (``Op.resident_bytes``)."""
+        resident = float(self.resident_prefix[b] - self.resident_prefix[a])
+        return self.params(a, b) * (2.0 + self.state_factor) + resident
 
     def activation_bytes(self, a: int, b: int) -> float:
         """Full-batch outputs of range ``[a, b)`` plus what it receives (stashed per microbatch)."""
