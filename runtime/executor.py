@@ -122,7 +122,8 @@ class PlanExecutor:
             return to_device(workload.make_batch(rows, seed)[0], ctx.torch_device)
 
         info = probe(cap.graph_module, make_inputs)
-        self.partition = split(cap.graph_module, cap.op_of, unit_of_op, info)
+        self.partition = split(cap.graph_module, cap.op_of, unit_of_op, info,
+                               {u: (pl.devices, pl.shares) for u, pl in placements.items()})
         placements = {u: placements[u] for u in self.partition.units}
         microbatches = plan.pipeline.microbatches if plan.pipeline is not None else 1
         self.runner = UnitRunner(self.partition, placements, device=ctx.device_name,

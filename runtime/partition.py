@@ -15,16 +15,21 @@ tuple producer's unit, and other non-tensor values are recomputed in the unit
 that needs them (their producers are copied there; these are shape
 computations).
 
-``probe`` runs the model twice (eval mode, two batch sizes) to learn each
-crossing value's shape, dtype, whether it needs a gradient, and how its first
-dimension scales with the batch, so receivers can allocate buffers for any
-slice of rows.
+``probe`` (``dl_nfv.profilers.probe``, shared with the profiler) runs the model
+at a few small batch sizes (eval mode) to learn each crossing value's shape, dtype,
+whether it needs a gradient, and how its first dimension scales with the batch,
+so receivers can allocate buffers for any slice of rows. A value whose shape
+depends on the data (not on the batch in proportion) cannot be cut by rows: it
+may cross only between units with the same placement (same devices, same
+shares), where every replica passes its own whole value to itself. The profiler
+records such values' producers and consumers as colocation groups of the op
+graph, and so do the ``getitem`` ops of a tuple with the tuple's producer.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,32 +37,9 @@ import torch
 from torch import fx
 
 from dl_nfv.artifacts import BadInput
+from dl_nfv.profilers.probe import PROBE_ROWS, ValueInfo, probe
 
-PROBE_ROWS = (2, 3)
-
-
-@dataclass(frozen=True)
-class ValueInfo:
-    """A tensor value that may cross units: shape for ``rows`` rows, dtype, gradient."""
-
-    name: str
-    shape_per_rows: tuple[int, ...]  # shape with dimension batch_dim = rows * rows_factor
-    rows_factor: int  # 0: the value does not depend on the batch size (shape is fixed)
-    dtype: torch.dtype
-    requires_grad: bool
-    batch_dim: int = 0  # the dimension that follows the batch (0 for most activations)
-
-    @property
-    def batched(self) -> bool:
-        return self.rows_factor > 0
-
-    def shape(self, rows: int) -> tuple[int, ...]:
-        if not self.batched:
-            return self.shape_per_rows
-        shape = list(self.shape_per_rows)
-        shape[self.batch_dim] = rows * self.rows_factor
-        return tuple(shape)
-
+__all__ = ["PROBE_ROWS", "Partition", "Unit", "ValueInfo", "probe", "split"]
 
 @dataclass
 class Unit:
@@ -91,65 +73,6 @@ class Partition:
         return tuple(dict.fromkeys(leaves))
 
 
-class _Probe(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule):
-        super().__init__(gm)
-        self.results: dict[str, Any] = {}
-
-    def run_node(self, n: fx.Node) -> Any:
-        result = super().run_node(n)
-        if isinstance(result, torch.Tensor):
-            self.results[n.name] = (tuple(result.shape), result.dtype, result.requires_grad)
-        else:
-            self.results[n.name] = type(result)
-        return result
-
-
-def probe(gm: fx.GraphModule, make_inputs) -> dict[str, Any]:
-    """Run ``gm`` on ``make_inputs(rows)`` for each of ``PROBE_ROWS`` rows (eval mode).
-
-    Returns node name -> ``ValueInfo`` for tensor results, or the result's type
-    for anything else. A tensor whose shape changes with the batch in more than
-    one dimension (or not in proportion) gets ``rows_factor`` -1: it cannot be
-    cut by rows, and ``split`` refuses to let it cross units.
-    """
-    runs = []
-    was_training = gm.training
-    gm.eval()
-    try:
-        for rows in PROBE_ROWS:
-            interp = _Probe(gm)
-            interp.run(*make_inputs(rows))
-            runs.append(interp.results)
-    finally:
-        gm.train(was_training)
-    out: dict[str, Any] = {}
-    (r1, r2), (a, b) = PROBE_ROWS, runs
-    for name, first in a.items():
-        second = b[name]
-        if not isinstance(first, tuple):
-            out[name] = first
-            continue
-        (s1, dtype, grad), (s2, _, _) = first, second
-        if s1 == s2:
-            out[name] = ValueInfo(name, s1, 0, dtype, grad)
-            continue
-        dims = [i for i, (x, y) in enumerate(zip(s1, s2)) if x != y] if len(s1) == len(s2) else []
-        factor = -1
-        if len(dims) == 1:
-            d = dims[0]
-            k = (s2[d] - s1[d]) // (r2 - r1)
-            if k > 0 and s1[d] == k * r1 and s2[d] == k * r2:
-                factor = k
-        if factor < 0:
-            out[name] = ValueInfo(name, s1, -1, dtype, grad)
-            continue
-        shape = list(s1)
-        shape[dims[0]] = 1
-        out[name] = ValueInfo(name, tuple(shape), factor, dtype, grad, batch_dim=dims[0])
-    return out
-
-
 def _is_structural(node: fx.Node) -> bool:
     return node.op == "call_function" and node.target is operator.getitem
 
@@ -168,7 +91,7 @@ def _mutates_first_arg(node: fx.Node, gm: fx.GraphModule) -> bool:
 
 
 def split(gm: fx.GraphModule, op_of: Mapping[str, str], unit_of_op: Mapping[str, str],
-          info: Mapping[str, Any]) -> Partition:
+          info: Mapping[str, Any], placement_of: Mapping[str, Hashable] | None = None) -> Partition:
     """Cut ``gm`` into units.
 
     Parameters
@@ -177,6 +100,9 @@ def split(gm: fx.GraphModule, op_of: Mapping[str, str], unit_of_op: Mapping[str,
     op_of : fx node name -> op id (``Capture.op_of``).
     unit_of_op : op id -> unit id, for every op that is not a model input.
     info : ``probe`` results (node name -> ``ValueInfo`` or type).
+    placement_of : unit id -> its placement (devices and shares); a value whose shape
+        does not follow the batch may cross between units of equal placement. Without
+        it no such value may cross.
 
     Returns the ``Partition``. Raises ``BadInput`` when a node's op has no unit.
     Cost: O(nodes + edges).
@@ -231,12 +157,19 @@ def split(gm: fx.GraphModule, op_of: Mapping[str, str], unit_of_op: Mapping[str,
             producer[n.name] = uid
     consumers = {n.name: tuple(u for u in uids) for n, uids in wanted.items()}
     values = {v: info[v] for v in consumers if isinstance(info.get(v), ValueInfo)}
+    same = placement_of or {}
     for v, value in values.items():
-        if value.rows_factor < 0 and producer.get(v) is not None:
+        if value.rows_factor >= 0 or producer.get(v) is None:
+            continue
+        home = same.get(producer[v])
+        apart = [c for c in consumers[v] if home is None or same.get(c) != home]
+        if apart:
             raise BadInput(f"value {v!r} (shape {list(value.shape_per_rows)} for "
                            f"{PROBE_ROWS[0]} rows) crosses from unit {producer[v]!r} to "
-                           f"{consumers[v][0]!r}, but its shape does not follow the batch in one "
-                           f"dimension, so it cannot be cut by rows; place those ops together")
+                           f"{apart[0]!r}, but its shape does not follow the batch in one "
+                           f"dimension, so it cannot be cut by rows; place those ops on the same "
+                           f"devices with the same shares (re-profile the model: the op graph's "
+                           f"colocation groups say which)")
     spec = fx.node.map_arg(output.args[0], lambda n: n.name)
     return Partition(units=units, producer=producer, consumers=consumers,
                      input_names=tuple(p.name for p in placeholders), output_spec=spec,
