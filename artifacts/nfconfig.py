@@ -19,6 +19,7 @@ Rules files and other paths are resolved relative to the config file.
 from __future__ import annotations
 
 import ipaddress
+import re
 from enum import StrEnum
 
 from .records import check, record
@@ -29,6 +30,9 @@ class NfKind(StrEnum):
     HTTP_LB = "http-lb"
     IDS = "ids"
     FIREWALL = "firewall"
+    NAT = "nat"  # NetStar NFs (dl-nfv nfv netstar)
+    MALWARE = "malware"
+    URL_FILTER = "url-filter"
 
 
 class LbPolicy(StrEnum):
@@ -55,6 +59,15 @@ def _prefix_ok(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+_DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def _zone_ok(text: str) -> bool:
+    """A DNS name that still fits after a 64-character hash label and ``.hash.``."""
+    labels = text.rstrip(".").split(".")
+    return len(text) <= 183 and all(_DNS_LABEL.match(label) for label in labels)
 
 
 def _ports_ok(text: str) -> bool:
@@ -99,8 +112,13 @@ class NfSpec:
     policy: LbPolicy = LbPolicy.HOST
     acl: tuple[AclRule, ...] = ()
     default: AclAction = AclAction.ALLOW
+    pool: tuple[str, ...] = ()
+    ports: str = "1024-65535"
+    zone: str | None = None
+    block: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        self._check_netstar()
         if self.nf == NfKind.IDS:
             check(bool(self.rules), "nf 'ids' needs 'rules' (a Snort rules file)")
         else:
@@ -111,6 +129,27 @@ class NfSpec:
             check(not self.backends, f"'backends' applies to nf 'http-lb', not {self.nf.value!r}")
         if self.nf != NfKind.FIREWALL:
             check(not self.acl, f"'acl' applies to nf 'firewall', not {self.nf.value!r}")
+
+    def _check_netstar(self) -> None:
+        for name, kind in (("pool", NfKind.NAT), ("zone", NfKind.MALWARE),
+                           ("block", NfKind.URL_FILTER)):
+            if self.nf != kind:
+                check(not getattr(self, name), f"{name!r} applies to nf {kind.value!r}, "
+                                               f"not {self.nf.value!r}")
+        if self.nf == NfKind.NAT:
+            check(len(self.pool) > 0, "nf 'nat' needs a non-empty 'pool' of IPv4 addresses")
+            for address in self.pool:
+                check(_prefix_ok(address) and "/" not in address and "." in address,
+                      f"pool: {address!r} is not an IPv4 address")
+            check(_ports_ok(self.ports) and self.ports != "any",
+                  f"ports: {self.ports!r} is not a port range lo-hi within 0-65535")
+        if self.nf == NfKind.MALWARE:
+            check(bool(self.zone), "nf 'malware' needs 'zone' (the hash registry's DNS zone)")
+            check(_zone_ok(self.zone), f"zone: {self.zone!r} is not a DNS name "
+                                       f"(labels of letters, digits and '-', at most 183 chars)")
+        for prefix in self.block:
+            check(_prefix_ok(prefix) and prefix != "any",
+                  f"block: {prefix!r} is not an address prefix such as 10.0.0.0/8")
 
 
 @record

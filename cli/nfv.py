@@ -175,3 +175,7 @@ def bench(config_path: str, trace_path: str, batch_size: int | None, workers: in
         from .render_nfv import render_bench
 
         Console(soft_wrap=False).print(render_bench(result))
+
+from .netstar import command as netstar  # noqa: E402  (the netstar group: run, bench)
+
+command.add_command(netstar)
