@@ -284,10 +284,15 @@ _name_option = click.option("--name", default=None, help="Model name (default: t
 @_device_type_option
 @_batch_option
 @_name_option
-def import_pipedream_command(path, output, as_json, device_type, batch_size, name) -> None:
+@click.option("--keep-input-time", is_flag=True,
+              help="Keep the time of Input nodes (data loading); by default it is zeroed, as "
+                   "PipeDream's optimizer does.")
+def import_pipedream_command(path, output, as_json, device_type, batch_size, name,
+                             keep_input_time) -> None:
     """Import PipeDream's profiler graph.txt (per-layer times, activation and parameter sizes).
 
-    Without -o the op graph is printed as JSON.
+    Input nodes get zero time unless --keep-input-time. Without -o the op graph
+    is printed as JSON.
 
     \b
     Example:
@@ -295,7 +300,8 @@ def import_pipedream_command(path, output, as_json, device_type, batch_size, nam
     """
     from dl_nfv.profilers.importers import import_pipedream
 
-    graph = import_pipedream(path, device_type=device_type, batch_size=batch_size, name=name)
+    graph = import_pipedream(path, device_type=device_type, batch_size=batch_size, name=name,
+                             keep_input_time=keep_input_time)
     emit(graph, output, as_json or output is None)
 
 
@@ -305,16 +311,18 @@ def import_pipedream_command(path, output, as_json, device_type, batch_size, nam
 @json_option
 @_device_type_option
 @_batch_option
-@click.option("--transfer-gbps", type=float, default=126.0, show_default=True,
-              help="Link speed that turns an edge's transfer `cost` (ms) into bytes when the edge "
-                   "has no `size`.")
+@click.option("--transfer-gbps", type=float, default=2**31 * 8 / 1e9, show_default=True,
+              help="Rate the file's edge costs (ms) were computed at; turns them into bytes "
+                   "(default: 2^31 bytes/s, the published files' rate).")
 @_name_option
 def import_placement_command(path, output, as_json, device_type, batch_size, transfer_gbps,
                              name) -> None:
     """Import a NeurIPS'20 device-placement JSON (nodes, edges, forward/backward colour classes).
 
-    Forward and backward nodes sharing a colorClass become one op with both
-    times. Without -o the op graph is printed as JSON.
+    Each forward node is an op; backward nodes add their time to the forward
+    ops of their colorClass; a class with several forward nodes becomes a
+    colocation group; `size` is memory held on the device. Without -o the op
+    graph is printed as JSON.
 
     \b
     Example:

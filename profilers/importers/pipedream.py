@@ -8,11 +8,19 @@ Format (one node per line, then edges on lines starting with a tab)::
 
 Times are milliseconds for the profiled batch, sizes bytes; ``activation_size``
 may be a list ``[a; b]`` (summed, as PipeDream does). A trailing
-``stage_id=`` (a partitioned graph) is read and ignored. Each node becomes an
-op (id = node id, name = its description, ``fwd_ms``/``bwd_ms`` under
-``device_type``, ``output_bytes`` = activation size, ``param_bytes`` =
-parameter size); each edge carries the source node's activation size. Ops are
-written in a topological order (ties by node number).
+``stage_id=N`` (a partitioned graph) is checked and ignored; any other field
+is an error naming the line and the node. Each node becomes an op (id = node
+id, name = its description, ``fwd_ms``/``bwd_ms`` under ``device_type``,
+``output_bytes`` = activation size, ``param_bytes`` = parameter size); each
+edge carries the source node's activation size. Ops are written in a
+topological order (ties by node number).
+
+The time of an ``Input`` node (a source whose description starts with
+``Input``) is data loading, not model work: PipeDream's optimizer zeroes it
+(``optimizer_graph_hierarchical.py``), and so does this importer unless
+``keep_input_time``. Its activation size stays: the batch still has to reach
+the ops that read it (PipeDream drops it too, because it pins the input to the
+first stage).
 """
 
 from __future__ import annotations
@@ -64,9 +72,17 @@ def _parse_node(line: str, lineno: int) -> tuple[str, str, dict[str, float]]:
     values: dict[str, float] = {}
     for item in re.split(r",\s*(?=[a-z_]+=)", parts[meta_at]):
         key, sep, value = item.partition("=")
+        key = key.strip()
         if not sep:
-            raise InvalidArtifact(f"expected key=value, got {item!r}", field=where)
-        values[key.strip()] = _number(value, key.strip(), where)
+            raise InvalidArtifact(f"node {node_id}: expected key=value, got {item!r}", field=where)
+        if key not in _FIELDS:
+            raise InvalidArtifact(f"node {node_id}: unknown field {key!r} (valid: "
+                                  f"{', '.join(_FIELDS)})", field=where)
+        values[key] = _number(value, key, where)
+    for extra in parts[meta_at + 1:]:
+        if not re.fullmatch(r"\s*stage_id=\d+\s*", extra):
+            raise InvalidArtifact(f"node {node_id}: unexpected {extra.strip()!r} after the "
+                                  f"sizes (only 'stage_id=N' may follow)", field=where)
     missing = [f for f in _FIELDS if f not in values]
     if missing:
         raise InvalidArtifact(f"node {node_id}: missing {missing[0]}", field=where)
@@ -74,8 +90,11 @@ def _parse_node(line: str, lineno: int) -> tuple[str, str, dict[str, float]]:
 
 
 def import_pipedream(path: str | Path, *, device_type: str = "V100-16GB", batch_size: int = 1,
-                     name: str | None = None) -> OpGraph:
+                     name: str | None = None, keep_input_time: bool = False) -> OpGraph:
     """Read a PipeDream ``graph.txt`` into an ``OpGraph`` (see the module docstring).
+
+    ``keep_input_time`` keeps the measured time of ``Input`` source nodes, which
+    are otherwise zeroed as PipeDream's optimizer does.
 
     Raises ``InvalidArtifact`` naming the file and line of a malformed node or
     edge, an unknown node, a duplicate node, or a cycle; ``UnknownName`` for a
@@ -135,15 +154,18 @@ def import_pipedream(path: str | Path, *, device_type: str = "V100-16GB", batch_
         return (int(digits[-1]) if digits else -1, node_id)
 
     order = list(nx.lexicographical_topological_sort(graph, key=order_key))
+    inputs = {n for n in order if graph.in_degree(n) == 0 and nodes[n][0].startswith("Input")}
+    zeroed = set() if keep_input_time else inputs
     ops = []
     for node_id in order:
         description, v, _ = nodes[node_id]
         kind = kind_of_description(description)
+        scale = 0.0 if node_id in zeroed else 1.0
         ops.append(Op(id=node_id, name=description, kind=kind,
                       param_bytes=int(round(v["parameter_size"])),
                       output_bytes=int(round(v["activation_size"])),
-                      fwd_ms={device_type: v["forward_compute_time"]},
-                      bwd_ms={device_type: v["backward_compute_time"]},
+                      fwd_ms={device_type: v["forward_compute_time"] * scale},
+                      bwd_ms={device_type: v["backward_compute_time"] * scale},
                       splittable_dims=(0,) if kind is not OpKind.SHAPE else ()))
     seen = set()
     out_edges = []
@@ -154,8 +176,11 @@ def import_pipedream(path: str | Path, *, device_type: str = "V100-16GB", batch_
         out_edges.append(Edge(src=src, dst=dst, bytes=int(round(nodes[src][1]["activation_size"]))))
     ref = ModelRef(name=name or path.stem, source="pipedream", batch_size=batch_size,
                    options={"file": path.name})
+    kept = "kept" if keep_input_time else "zeroed, as PipeDream's optimizer does"
     info = ProfileInfo(device_type=device_type,
-                       note=f"imported from PipeDream graph.txt {path.name}; times as recorded there")
+                       note=f"imported from PipeDream graph.txt {path.name}; times as recorded "
+                            f"there, Input nodes' times {kept}" if inputs else
+                            f"imported from PipeDream graph.txt {path.name}; times as recorded there")
     try:
         return OpGraph(model=ref, granularity="layer", profile=info, ops=tuple(ops),
                        edges=tuple(out_edges))

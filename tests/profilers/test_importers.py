@@ -6,13 +6,15 @@ import json
 
 import pytest
 
-from dl_nfv.artifacts import InvalidArtifact, OpKind, UnknownName, from_document, to_data
+from dl_nfv.artifacts import InvalidArtifact, OpKind, UnknownName, from_document, load, to_data
 from dl_nfv.profilers.importers import import_pipedream, import_placement_json, kind_of_description
 from tests.conftest import ROOT
 
 DATA = ROOT / "tests" / "data"
 PIPEDREAM = DATA / "profile_pipedream_graph.txt"
 PLACEMENT = DATA / "profile_placement.json"
+ORPHANS = DATA / "placement_orphans.json"
+INPUT_TIME = DATA / "pipedream_input_time.txt"
 
 
 def test_pipedream_graph():
@@ -33,19 +35,31 @@ def test_pipedream_graph():
     assert from_document(to_data(graph)) == graph
 
 
+BYTES_PER_MS = 2**31 / 1e3  # the default --transfer-gbps, 2^31 bytes/s
+
+
 def test_placement_json_pairs_forward_and_backward_nodes():
     graph = import_placement_json(PLACEMENT, device_type="P100")
     assert [op.id for op in graph.ops] == ["input", "embedding", "lstm1", "lstm2", "add", "linear"]
     lstm = graph.index["lstm1"]
     assert lstm.fwd_ms == {"P100": 6.89} and lstm.bwd_ms == {"P100": 13.55}
-    assert lstm.param_bytes == 47742976 and lstm.kind is OpKind.RNN
-    # Only forward-forward edges; an edge without `size` converts its cost at 126 Gbps.
+    assert lstm.kind is OpKind.RNN and lstm.runs_backward
+    # size is memory, not parameters: the forward and backward nodes' sizes, held by the device
+    assert lstm.param_bytes == 0 and lstm.output_bytes == 0
+    assert lstm.resident_bytes == 2 * 47742976
+    assert graph.total_param_bytes == 0
+    # Only forward-forward edges; cost (ms) at 2^31 bytes/s, the edges' debug size ignored.
     edges = {(e.src, e.dst): e.bytes for e in graph.edges}
     assert set(edges) == {("input", "embedding"), ("embedding", "lstm1"), ("lstm1", "lstm2"),
                           ("lstm1", "add"), ("lstm2", "add"), ("add", "linear")}
-    assert edges[("lstm2", "add")] == round(0.0061 / 1e3 * 126e9 / 8)
+    assert edges[("lstm2", "add")] == round(0.0061 * BYTES_PER_MS) == 13100
+    assert edges[("input", "embedding")] == round(0.0001 * BYTES_PER_MS) == 215
+    assert graph.colocation == ()  # every colour class has one forward node
     assert graph.model.options["maxFPGAs"] == 3
     assert sum(op.bwd_ms["P100"] for op in graph.ops) == pytest.approx(0.25 + 13.55 + 13.61 + 0.02 + 4.6)
+    at_126 = import_placement_json(PLACEMENT, transfer_gbps=126.0)
+    assert {(e.src, e.dst): e.bytes for e in at_126.edges}[("lstm2", "add")] == round(
+        0.0061e-3 * 126e9 / 8)
 
 
 def test_placement_json_shares_backward_time_within_a_colour_class(tmp_path):
@@ -58,15 +72,91 @@ def test_placement_json_shares_backward_time_within_a_colour_class(tmp_path):
     path.write_text(json.dumps(doc))
     graph = import_placement_json(path)
     assert [op.bwd_ms["V100-16GB"] for op in graph.ops] == [2.0, 6.0]
+    assert graph.colocation == (("0", "1"),)
+
+
+def test_placement_json_orphaned_and_colourless_nodes():
+    """tests/data/placement_orphans.json, by hand: classes 10 {x}, 20 {w, mm | mm_grad},
+    30 {out | out_grad}, 99 {| sum_grad} (no forward node), and two nodes without a class:
+    forward 'shape' and backward 'acc' (each a class of its own; 'acc' orphaned)."""
+    graph = import_placement_json(ORPHANS)
+    ops = graph.index
+    assert set(ops) == {"x", "w", "mm", "shape", "out", "fwd:acc", "fwd:sum_grad"}
+    v = "V100-16GB"
+    # the artificial forward ops: zero forward time, the orphans' backward time and size
+    assert ops["fwd:acc"].fwd_ms == {v: 0.0} and ops["fwd:acc"].bwd_ms == {v: 0.75}
+    assert ops["fwd:sum_grad"].bwd_ms == {v: 0.25} and ops["fwd:sum_grad"].resident_bytes == 32
+    assert ops["fwd:acc"].resident_bytes == 64 and ops["fwd:acc"].runs_backward
+    # class 20: mm_grad's 4.0 ms shared by forward time (w 0 ms, mm 2 ms); its 2000 bytes
+    # go to the class's first forward op
+    assert ops["w"].bwd_ms == {v: 0.0} and ops["mm"].bwd_ms == {v: 4.0}
+    assert ops["w"].resident_bytes == 4096 + 2000 and ops["mm"].resident_bytes == 1000
+    assert ops["out"].resident_bytes == 500 + 500 and ops["out"].bwd_ms == {v: 2.0}
+    # classes without backward nodes in a training file: backward 0, not marked
+    assert ops["shape"].bwd_ms == {v: 0.0} and not ops["shape"].runs_backward
+    assert ops["x"].resident_bytes == 100
+    assert all(op.param_bytes == 0 and op.output_bytes == 0 for op in graph.ops)
+    assert graph.colocation == (("w", "mm"),)
+    edges = {(e.src, e.dst): e.bytes for e in graph.edges}
+    assert edges == {
+        ("x", "mm"): round(0.5 * BYTES_PER_MS), ("w", "mm"): round(0.25 * BYTES_PER_MS),
+        ("mm", "shape"): round(0.125 * BYTES_PER_MS), ("mm", "out"): round(0.125 * BYTES_PER_MS),
+        ("shape", "out"): round(0.0625 * BYTES_PER_MS),
+        # mirrors of the orphans' backward edges out_grad -> sum_grad -> mm_grad -> acc, each
+        # carrying its backward source's cost; class 20's mirror lands on its first op, w
+        ("fwd:sum_grad", "out"): round(0.5 * BYTES_PER_MS),
+        ("w", "fwd:sum_grad"): round(0.375 * BYTES_PER_MS),
+        ("fwd:acc", "w"): round(0.1 * BYTES_PER_MS)}
+    # the edge's debug size is the cost at 2^31 bytes/s, as in the published files
+    assert edges[("x", "mm")] == round(1073741.824)
+    assert [op.id for op in graph.ops] == ["x", "fwd:acc", "w", "mm", "shape", "fwd:sum_grad", "out"]
+    assert from_document(to_data(graph)) == graph
+
+
+def _two_gpus():
+    return from_document({"kind": "topology", "schema_version": 1, "name": "two",
+                          "hosts": [{"name": "h", "devices": [{"type": "V100-16GB", "count": 2}],
+                                     "interconnect": {"kind": "nvlink", "bandwidth_gbps": 200,
+                                                      "latency_us": 1}}]})
+
+
+def test_placement_json_sizes_are_memory_and_backward_nodes_run():
+    from dl_nfv.planners import run
+    from dl_nfv.planners.validate import validate_plan
+
+    graph = import_placement_json(ORPHANS, batch_size=2)
+    topology = _two_gpus()
+    total_size = 100 + 4096 + 1000 + 16 + 500 + 2000 + 500 + 64 + 32
+    single = run("single", graph, topology)
+    # one device runs every node: the file's forward and backward latencies, nothing else
+    # (no parameters: no optimizer step), and holds every node's size
+    assert single.prediction.iteration_ms == pytest.approx(0 + 0 + 2.0 + 0.5 + 1.0
+                                                          + 4.0 + 2.0 + 0.75 + 0.25)
+    assert single.prediction.peak_memory_bytes == {single.groups[0].devices[0]: total_size}
+    dp = run("dp", graph, topology)
+    assert dp.prediction.peak_memory_bytes == {"h/gpu0": total_size, "h/gpu1": total_size}
+    for planner in ("gpipe", "pipedream", "dp", "single"):
+        plan = run(planner, graph, topology)
+        validate_plan(plan, graph, topology)
+        where = plan.devices_of_op
+        assert where["w"] == where["mm"]
 
 
 @pytest.mark.parametrize("mutate,message", [
-    (lambda d: d["nodes"][3].pop("fpgaLatency"), r"nodes\[3\]: missing required key 'fpgaLatency'"),
+    (lambda d: d["nodes"][3].pop("fpgaLatency"), r"nodes\[3\]: node 4: missing required key 'fpgaLatency'"),
     (lambda d: d["nodes"][2].update(fpgaLatency="fast"), r"nodes\[2\].fpgaLatency: expected a number"),
-    (lambda d: d["nodes"][8].pop("colorClass"), r"nodes\[8\]: backward node 13 has no colorClass"),
-    (lambda d: d["nodes"][8].update(colorClass=99), "colorClass 99, which no forward node has"),
-    (lambda d: d["edges"].append({"sourceId": 6, "destId": 42, "cost": 0}), r"edges\[13\].destId: unknown node id 42"),
-    (lambda d: d["edges"].append({"sourceId": 6, "destId": 2, "cost": 0}), "form a cycle"),
+    (lambda d: d["nodes"][2].update(speed=3), r"nodes\[2\]: node 3: unknown key 'speed' \(valid keys: id,"),
+    (lambda d: d["edges"][1].update(weight=3), r"edges\[1\]: edge: unknown key 'weight'"),
+    (lambda d: d.update(maxGPUs=3), r"unknown key 'maxGPUs'"),
+    (lambda d: d["nodes"][5].update(id=4), r"nodes\[5\].id: duplicate node id 4 \(first at nodes\[3\]\)"),
+    (lambda d: d["edges"].append({"sourceId": 6, "destId": 42, "cost": 0.0061}),
+     r"edges\[13\].destId: edge 6 -> 42 names node 42, which no node has"),
+    (lambda d: d["edges"].append({"sourceId": 6, "destId": 2, "cost": 0.0002}), "the nodes form a cycle"),
+    (lambda d: d["edges"].append({"sourceId": 16, "destId": 2, "cost": 0.0061}),
+     "runs from backward node 16 to forward node 2"),
+    (lambda d: d["edges"].append({"sourceId": 3, "destId": 6, "cost": 0.5}),
+     r"edges\[13\].cost: node 3 has two outgoing costs, 0.0061 \(edges\[2\]\) and 0.5"),
+    (lambda d: d["edges"].append({"sourceId": 3, "destId": 3, "cost": 0.0061}), "self-loop on node 3"),
     (lambda d: d.pop("edges"), "missing required list 'edges'"),
     (lambda d: d["nodes"][1].update(isBackwardNode="no"), r"isBackwardNode: expected true/false"),
 ])
@@ -80,6 +170,25 @@ def test_malformed_placement_json(tmp_path, mutate, message):
     assert str(info.value).startswith(str(path))
 
 
+def test_pipedream_zeroes_the_input_nodes_unless_kept():
+    v = "V100-16GB"
+    graph = import_pipedream(INPUT_TIME)
+    ops = graph.index
+    # sources described as Input: data loading, zeroed as PipeDream's optimizer does
+    assert ops["node1"].fwd_ms == {v: 0.0} and ops["node1"].bwd_ms == {v: 0.0}
+    assert ops["node3"].fwd_ms == {v: 0.0}
+    # their activation stays (the batch still travels); other nodes keep their times,
+    # even one described as Input that is not a source
+    assert ops["node1"].output_bytes == 6422528
+    assert ops["node2"].fwd_ms == {v: 1.25} and ops["node5"].fwd_ms == {v: 3.0}
+    assert ops["node5"].bwd_ms == {v: 1.0}
+    kept = import_pipedream(INPUT_TIME, keep_input_time=True).index
+    assert kept["node1"].fwd_ms == {v: 250.0} and kept["node1"].bwd_ms == {v: 12.5}
+    assert kept["node3"].fwd_ms == {v: 4.0}
+    assert sum(op.fwd_ms[v] for op in graph.ops) == pytest.approx(1.25 + 0.5 + 3.0)
+    assert sum(op.fwd_ms[v] for op in kept.values()) == pytest.approx(250 + 1.25 + 4 + 0.5 + 3)
+
+
 @pytest.mark.parametrize("line,message", [
     ("node99 -- Conv2d(1, 1) -- forward_compute_time=1.0, backward_compute_time=1.0", "missing activation_size"),
     ("node99 -- ReLU -- forward_compute_time=abc, backward_compute_time=1, activation_size=1, parameter_size=0", "forward_compute_time is not a number"),
@@ -87,6 +196,8 @@ def test_malformed_placement_json(tmp_path, mutate, message):
     ("\tnode1 -- node42", "unknown node 'node42'"),
     ("\tnode9 -- node1", "cycle"),
     ("node2 -- ReLU -- forward_compute_time=1, backward_compute_time=1, activation_size=1, parameter_size=0", "node node2 appears twice"),
+    ("node99 -- ReLU -- forward_compute_time=1, backward_compute_time=1, activation_size=1, parameter_size=0, flops=3", "node node99: unknown field 'flops'"),
+    ("node99 -- ReLU -- forward_compute_time=1, backward_compute_time=1, activation_size=1, parameter_size=0 -- rank=2", "node node99: unexpected 'rank=2'"),
 ])
 def test_malformed_pipedream_graph(tmp_path, line, message):
     path = tmp_path / "graph.txt"
@@ -109,3 +220,56 @@ def test_kind_of_description():
     assert kind_of_description("LSTM(1024, 1024)") is OpKind.RNN
     assert kind_of_description("BatchNorm2d(64)") is OpKind.NORM
     assert kind_of_description("Something") is OpKind.OTHER
+
+
+# ----------------------------------------------------------------- through the CLI
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from dl_nfv.cli.main import cli
+
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+@pytest.mark.parametrize("kind,edit,named", [
+    ("placement-json", lambda d: d["nodes"][2].update(speed=3), "node 3: unknown key 'speed'"),
+    ("placement-json", lambda d: d["edges"].append({"sourceId": 6, "destId": 42, "cost": 0.0002}),
+     "edge 6 -> 42 names node 42, which no node has"),
+    ("pipedream", "\tnode4 -- node42\n", "names unknown node 'node42'"),
+    ("pipedream", "node10 -- ReLU -- forward_compute_time=1, backward_compute_time=1, "
+                  "activation_size=1, parameter_size=0, speed=2\n", "node node10: unknown field 'speed'"),
+])
+def test_bad_import_files_exit_2_with_one_line_and_leave_the_output_alone(tmp_path, kind, edit,
+                                                                          named):
+    if kind == "placement-json":
+        doc = json.loads(PLACEMENT.read_text())
+        edit(doc)
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(doc))
+    else:
+        bad = tmp_path / "graph.txt"
+        bad.write_text(PIPEDREAM.read_text() + edit)
+    out = tmp_path / "out.json"
+    out.write_text("keep me")
+    result = _cli("profile", "import", kind, str(bad), "-o", str(out))
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and named in lines[0]
+    assert "Traceback" not in result.output
+    assert out.read_text() == "keep me"
+
+
+def test_cli_keep_input_time(tmp_path):
+    zeroed, kept = tmp_path / "z.json", tmp_path / "k.json"
+    assert _cli("profile", "import", "pipedream", str(INPUT_TIME), "-o", str(zeroed)).exit_code == 0
+    assert _cli("profile", "import", "pipedream", str(INPUT_TIME), "--keep-input-time",
+                "-o", str(kept)).exit_code == 0
+    assert load(zeroed).index["node1"].fwd_ms == {"V100-16GB": 0.0}
+    assert load(kept).index["node1"].fwd_ms == {"V100-16GB": 250.0}
+
+
+def test_cli_placement_json_colocation_reaches_the_file(tmp_path):
+    out = tmp_path / "g.json"
+    assert _cli("profile", "import", "placement-json", str(ORPHANS), "-o", str(out)).exit_code == 0
+    assert json.loads(out.read_text())["colocation"] == [["w", "mm"]]
