@@ -73,5 +73,13 @@ class SolverError(DlNfvError):
     """An optimisation solver failed or returned a status the caller cannot use."""
 
 
+class UnwritableOutput(BadInput):
+    """An output file or folder that cannot be written (permissions, missing folder, full disk)."""
+
+
+class NonFiniteNumber(DlNfvError):
+    """A result holds NaN or Infinity, which no artifact may: the job failed, nothing is written."""
+
+
 class RuntimeFailure(DlNfvError):
     """A training worker or an NF engine failed while running."""

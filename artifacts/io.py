@@ -3,7 +3,10 @@
 Every artifact document starts with ``kind:`` and ``schema_version:``. The
 file extension picks the format on save (``.json`` or ``.yaml``/``.yml``);
 loading accepts either. Writes are atomic (a temporary file renamed over the
-target), so a failed write never leaves a half-written or emptied file.
+target), so a failed write never leaves a half-written or emptied file, and a
+file that cannot be written is ``UnwritableOutput`` naming the path. No
+artifact holds NaN or Infinity: they are refused on load (``records``) and on
+save (``NonFiniteNumber`` naming the field), in JSON and YAML alike.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -18,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from .errors import BadInput, InvalidArtifact
+from .errors import BadInput, InvalidArtifact, NonFiniteNumber, UnwritableOutput
 from .records import from_data, to_data
 
 # kind -> "module:Class" (relative to this package); imported on first use.
@@ -30,6 +34,8 @@ KINDS: dict[str, str] = {
     "run-report": "runreport:RunReport",
     "nf-config": "nfconfig:NfConfig",
     "nfv-report": "nfvreport:NfvReport",
+    "plan-comparison": "results:PlanComparison",
+    "nfv-bench": "results:NfvBench",
 }
 
 
@@ -112,40 +118,97 @@ def load(path: str | os.PathLike, *, expect: str | None = None):
     return from_document(read_document(path), expect=expect, file=str(path))
 
 
+def non_finite_field(data: Any, where: str = "") -> str | None:
+    """The path of the first NaN or infinite float in plain ``data``, or None if there is none."""
+    if isinstance(data, float):
+        return None if math.isfinite(data) else (where or "(top level)")
+    if isinstance(data, dict):
+        items = ((f"{where}.{k}" if where else str(k), v) for k, v in data.items())
+    elif isinstance(data, (list, tuple)):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(data))
+    else:
+        return None
+    return next((found for path, value in items
+                 if (found := non_finite_field(value, path)) is not None), None)
+
+
+def plain_data(record: Any) -> Any:
+    """``to_data`` of a record (plain data passes through), refusing NaN and Infinity."""
+    data = record if isinstance(record, (dict, list)) else to_data(record)
+    where = non_finite_field(data)
+    if where is not None:
+        raise NonFiniteNumber(f"refusing to write a non-finite number (NaN or Infinity) at {where}")
+    return data
+
+
 def dumps(record: Any, *, fmt: str = "json") -> str:
-    """Serialise a record as JSON (indented, key order as declared) or YAML."""
-    data = to_data(record)
+    """Serialise a record (or plain data) as JSON (indented, key order as declared) or YAML.
+
+    Raises ``NonFiniteNumber`` if it holds NaN or Infinity.
+    """
+    data = plain_data(record)
     if fmt == "yaml":
         return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
-    return json.dumps(data, indent=1) + "\n"
+    return json.dumps(data, indent=1, allow_nan=False) + "\n"
+
+
+FORMATS = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
+
+
+def format_of(path: str | os.PathLike) -> str:
+    """``json`` or ``yaml`` by the file's extension; ``BadInput`` for any other extension."""
+    suffix = Path(path).suffix.lower()
+    try:
+        return FORMATS[suffix]
+    except KeyError:
+        raise BadInput(f"{path}: unknown extension {suffix or '(none)'!r}; an artifact file ends "
+                       f"in .json, .yaml or .yml") from None
 
 
 def save(record: Any, path: str | os.PathLike) -> Path:
-    """Write ``record`` atomically to ``path`` (YAML for .yaml/.yml, JSON otherwise)."""
+    """Write ``record`` atomically to ``path``, as JSON or YAML by its extension."""
     path = Path(path)
-    fmt = "yaml" if path.suffix in (".yaml", ".yml") else "json"
-    write_text_atomic(path, dumps(record, fmt=fmt))
+    write_text_atomic(path, dumps(record, fmt=format_of(path)))
     return path
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, then rename."""
+    """Write ``text`` to ``path`` through a temporary file in the same folder, then rename.
+
+    Raises ``UnwritableOutput`` naming ``path`` when it cannot be written; the file that
+    was there before, if any, is left as it was.
+    """
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise BadInput(f"{path}: folder {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    folder = path.parent
+    if not folder.exists():
+        raise UnwritableOutput(f"{path}: folder {folder} does not exist")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except OSError as exc:
+        raise UnwritableOutput(f"{path}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def make_folder(path: str | os.PathLike) -> Path:
+    """Create folder ``path`` (and its parents); ``UnwritableOutput`` naming it if that fails."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UnwritableOutput(f"{path}: cannot create the folder: {exc.strerror or exc}") from None
+    return path
 
 
 def canonical_json(record: Any) -> str:
     """The canonical form fingerprints are taken of: sorted keys, no whitespace."""
-    return json.dumps(to_data(record), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return json.dumps(plain_data(record), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False)
 
 
 def fingerprint(record: Any) -> str:

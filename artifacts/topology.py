@@ -48,6 +48,9 @@ from .errors import InvalidArtifact, UnknownName
 from .records import check, record, unique
 
 SCHEMA_VERSION = 1
+# The most devices one host may hold (summed over its device entries): far above any real
+# machine, and low enough that a typo (count: 1000000000000) is an error, not hours of work.
+MAX_DEVICES_PER_HOST = 4096
 
 # PCIe 3.0 x16: 15.75 GB/s per direction = 126 Gbps; about 1 us per hop.
 DEFAULT_HOST_LINK_GBPS = 126.0
@@ -79,6 +82,9 @@ class DeviceSpec:
 
     def __post_init__(self) -> None:
         check(self.count >= 1, f"count must be >= 1, got {self.count}")
+        check(self.count <= MAX_DEVICES_PER_HOST,
+              f"count must be <= {MAX_DEVICES_PER_HOST} (the device limit per host), "
+              f"got {self.count}")
         for name in OVERRIDES:
             value = getattr(self, name)
             check(value is None or value > 0, f"{name} must be > 0, got {value}")
@@ -136,6 +142,10 @@ class Host:
         check(bool(self.name) and "/" not in self.name,
               f"host name must be non-empty and contain no '/', got {self.name!r}")
         _check_link_figures(self.host_link_gbps, self.host_link_latency_us)
+        total = sum(spec.count for spec in self.devices)
+        check(total <= MAX_DEVICES_PER_HOST,
+              f"host {self.name!r} has {total} devices; the limit per host is "
+              f"{MAX_DEVICES_PER_HOST}")
 
 
 @record

@@ -6,7 +6,17 @@ from pathlib import Path
 
 import click
 
-from .options import emit, emit_data, json_option, output_option, seed_option, stderr_console
+from .options import (
+    TRACE_SUFFIXES,
+    Number,
+    deliver,
+    json_option,
+    output_option,
+    print_json,
+    print_view,
+    seed_option,
+    stderr_console,
+)
 
 
 @click.group(name="nfv")
@@ -24,17 +34,17 @@ def command() -> None:
 
 
 @command.command(name="gen-trace")
-@click.option("--flows", type=int, default=1000, show_default=True, help="Number of TCP flows.")
+@click.option("--flows", type=click.IntRange(min=1), default=1000, show_default=True, help="Number of TCP flows.")
 @click.option("--size-dist", default="zipf:1.2", show_default=True,
               help="Flow sizes in request/response exchanges: uniform, zipf:S or pareto:A.")
 @click.option("--mix", default="http", show_default=True, help="Traffic mix (http).")
-@click.option("--mean-exchanges", type=float, default=4.0, show_default=True,
+@click.option("--mean-exchanges", type=Number(min=0, min_open=True), default=4.0, show_default=True,
               help="Mean request/response exchanges per flow.")
-@click.option("--attack-rate", type=float, default=0.01, show_default=True,
+@click.option("--attack-rate", type=Number(min=0, max=1), default=0.01, show_default=True,
               help="Fraction of messages carrying a string the example IDS rules detect.")
 @seed_option
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The pcap (.pcap) or pcapng (.pcapng) file to write.")
+@output_option("The pcap (.pcap) or pcapng (.pcapng) file to write; the extension picks the "
+               "format.", suffixes=TRACE_SUFFIXES, required=True)
 @json_option
 def gen_trace(flows: int, size_dist: str, mix: str, mean_exchanges: float, attack_rate: float,
               seed: int, output: Path, as_json: bool) -> None:
@@ -55,7 +65,7 @@ def gen_trace(flows: int, size_dist: str, mix: str, mean_exchanges: float, attac
                                        mean_exchanges=mean_exchanges, attack_rate=attack_rate,
                                        seed=seed), output)
     if as_json:
-        emit_data(summary, None, True)
+        print_json(summary)
     elif (console := stderr_console()) is not None:
         console.print(f"wrote {output}: {summary['flows']} flows, {summary['packets']} packets, "
                       f"{summary['exchanges']} exchanges (largest flow "
@@ -77,13 +87,20 @@ def inspect(trace: str, as_json: bool) -> None:
 
     summary = inspect_trace(trace)
     if as_json:
-        emit_data(summary, None, True)
+        print_json(summary)
         return
-    from rich.console import Console
-
     from .render_nfv import render_inspect
 
-    Console(soft_wrap=False).print(render_inspect(summary))
+    print_view(render_inspect(summary))
+
+
+def _device(ctx, param, value):
+    """The tensor path's device, refused up front if this machine cannot give it."""
+    if value is not None:
+        from dl_nfv.profilers.model import resolve_device
+
+        resolve_device(value)
+    return value
 
 
 _engine_option = click.option(
@@ -95,9 +112,12 @@ _run_options = [
                  help="The nf-config (YAML) describing the NF chain."),
     click.option("--trace", "trace_path", type=click.Path(dir_okay=False), required=True,
                  help="The pcap or pcapng trace."),
-    click.option("--batch-size", type=int, default=None, help="Messages per batch (initial)."),
-    click.option("--workers", type=int, default=None, help="CPU worker processes (0: automatic)."),
-    click.option("--device", default=None, help="auto, cpu or cuda[:N] for the tensor path."),
+    click.option("--batch-size", type=click.IntRange(min=1), default=None,
+                 help="Messages per batch (initial)."),
+    click.option("--workers", type=click.IntRange(min=0), default=None,
+                 help="CPU worker processes (0: automatic)."),
+    click.option("--device", default=None, callback=_device,
+                 help="auto, cpu or cuda[:N] for the tensor path."),
 ]
 
 
@@ -113,7 +133,7 @@ def _with(options):
 @command.command(name="run")
 @_with(_run_options)
 @_engine_option
-@output_option("Write the nfv-report to this file (.json).")
+@output_option("Write the nfv-report to this file (.json, .yaml or .yml).")
 @json_option
 def run(config_path: str, trace_path: str, batch_size: int | None, workers: int | None,
         device: str | None, engine: str | None, output: Path | None, as_json: bool) -> None:
@@ -133,27 +153,28 @@ def run(config_path: str, trace_path: str, batch_size: int | None, workers: int 
 
     report = run_config(config_path, trace_path, engine=engine, batch_size=batch_size,
                         workers=workers, device=device)
-    emit(report, output, as_json)
     from .render_nfv import render_report
 
-    if output is None and not as_json:
-        from rich.console import Console
+    deliver(report, output, as_json, render=render_report)
 
-        Console(soft_wrap=False).print(render_report(report))
-    elif (console := stderr_console()) is not None:
-        console.print(render_report(report))
+
+def _names(ctx, param, value: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise click.BadParameter(f"{value!r}: name at least one, comma-separated")
+    return names
 
 
 @command.command(name="bench")
 @_with(_run_options)
-@click.option("--engines", default="cpu,gpu,flowshader", show_default=True,
+@click.option("--engines", default="cpu,gpu,flowshader", show_default=True, callback=_names,
               help="Comma-separated engines to compare.")
-@click.option("--repeats", type=int, default=1, show_default=True,
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs per engine; the fastest counts.")
-@output_option("Write the comparison to this file (.json).")
+@output_option("Write the comparison (an nfv-bench) to this file (.json, .yaml or .yml).")
 @json_option
 def bench(config_path: str, trace_path: str, batch_size: int | None, workers: int | None,
-          device: str | None, engines: str, repeats: int, output: Path | None,
+          device: str | None, engines: list[str], repeats: int, output: Path | None,
           as_json: bool) -> None:
     """Compare engines on one trace: throughput, GPU share, and identical NF outputs.
 
@@ -163,18 +184,15 @@ def bench(config_path: str, trace_path: str, batch_size: int | None, workers: in
     Example:
       dl-nfv nfv bench --config examples/nf/ids.yaml --trace skewed.pcap --engines cpu,gpu,flowshader
     """
+    from dl_nfv.artifacts import from_data
+    from dl_nfv.artifacts.results import NfvBench
     from dl_nfv.nfv.run import bench as run_bench
 
-    names = [e.strip() for e in engines.split(",") if e.strip()]
-    result = run_bench(config_path, trace_path, names, repeats=repeats, batch_size=batch_size,
+    result = run_bench(config_path, trace_path, engines, repeats=repeats, batch_size=batch_size,
                        workers=workers, device=device)
-    emit_data(result, output, as_json)
-    if not as_json:
-        from rich.console import Console
+    from .render_compare import render_bench
 
-        from .render_nfv import render_bench
-
-        Console(soft_wrap=False).print(render_bench(result))
+    deliver(from_data(NfvBench, result), output, as_json, render=render_bench)
 
 from .netstar import command as netstar  # noqa: E402  (the netstar group: run, bench)
 

@@ -2,7 +2,11 @@
 
 The per-planner commands are generated from the registry: each keyword-only
 option of a planner's ``plan`` function becomes a command-line option, with
-its help taken from the function's docstring ("Parameters" section).
+its help taken from the function's docstring ("Parameters" section). Options
+a preset entry fixes are hidden; options of the registry's shared vocabulary
+(``OPTION_CHOICES``) are choices; numbers are finite and non-negative (no
+planner option means anything below zero); an option whose default is the
+empty string ("not given") is optional, and passed only when given.
 """
 
 from __future__ import annotations
@@ -16,9 +20,21 @@ from pathlib import Path
 import click
 
 from dl_nfv.artifacts import Optimizer, load
-from dl_nfv.planners import PLANNERS, PlannerInfo, get
+from dl_nfv.planners import OPTION_CHOICES, PLANNERS, PlannerInfo, get
 
-from .options import emit, emit_data, json_option, output_option, seed_option, stderr_console
+from .options import (
+    Number,
+    check_output_folder,
+    deliver,
+    json_option,
+    output_option,
+    print_json,
+    seed_option,
+    stderr_console,
+)
+
+# Planner options that name a file, and what the file is (the option's metavar).
+FILE_OPTIONS = {"refine_with": "RUN_REPORT"}
 
 
 @click.group(name="plan")
@@ -43,8 +59,8 @@ def list_planners(as_json: bool) -> None:
       dl-nfv plan list
     """
     if as_json:
-        emit_data({"planners": [{"name": p.name, "family": p.family, "baseline": p.baseline,
-                                 "summary": p.summary} for p in PLANNERS.values()]}, None, True)
+        print_json({"planners": [{"name": p.name, "family": p.family, "baseline": p.baseline,
+                                  "summary": p.summary} for p in PLANNERS.values()]})
         return
     width = max(len(n) for n in PLANNERS)
     for p in PLANNERS.values():
@@ -80,6 +96,50 @@ def _param_help(doc: str) -> dict[str, str]:
     return helps
 
 
+def _planner_help(info: PlannerInfo, func) -> str:
+    """The command's help: what the planner does, said once, then an example.
+
+    A planner's own entry uses its docstring's first paragraph; a preset entry the
+    registry's summary and the entry it presets.
+    """
+    if info.preset:
+        base = next((p.name for p in PLANNERS.values() if p.target == info.target
+                     and not p.preset), None)
+        defaults = {p.name: p.default for p in inspect.signature(func).parameters.values()}
+        fixed = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in info.preset.items()
+                         if defaults.get(k) != v)
+        text = f"{info.summary[0].upper()}{info.summary[1:]}."
+        if base is not None:
+            text += f"\n\nThe `{base}` planner with {fixed}."
+    else:
+        doc = inspect.cleandoc(func.__doc__ or info.summary)
+        text = " ".join(doc.split("\n\n")[0].split())
+    return (f"{text}\n\n\b\nExample:\n"
+            f"  dl-nfv plan {info.name} --graph g.json --topology t.yaml -o plan.json")
+
+
+def _planner_option(p: inspect.Parameter, text: str) -> click.Option:
+    """The command-line option of planner keyword ``p`` (see the module docstring)."""
+    flag = "--" + p.name.replace("_", "-")
+    if isinstance(p.default, bool):
+        return click.Option([f"{flag}/--no-{flag[2:]}", p.name], default=p.default,
+                            show_default=True, help=text)
+    if p.name in OPTION_CHOICES:
+        return click.Option([flag, p.name], type=click.Choice(OPTION_CHOICES[p.name]),
+                            default=p.default, show_default=True, help=text)
+    if p.default == "" or p.default is None:
+        kind = (click.Path(dir_okay=False) if p.name in FILE_OPTIONS else str)
+        return click.Option([flag, p.name], type=kind, default=None,
+                            metavar=FILE_OPTIONS.get(p.name), help=text)
+    if isinstance(p.default, int):
+        kind = click.IntRange(min=0)
+    elif isinstance(p.default, float):
+        kind = Number(min=0)
+    else:
+        kind = type(p.default)
+    return click.Option([flag, p.name], type=kind, default=p.default, show_default=True, help=text)
+
+
 def _planner_command(info: PlannerInfo) -> click.Command:
     func = info.load()
     params = [p for p in inspect.signature(func).parameters.values()
@@ -87,36 +147,28 @@ def _planner_command(info: PlannerInfo) -> click.Command:
               and p.name not in info.preset]
     helps = _param_help(func.__doc__ or "")
 
+    def summary(plan) -> str:
+        if plan.prediction is None:
+            return f"{info.name}: planned in {plan.wall_time_s:.2f} s"
+        bound = f", bound {plan.bound_ms:.2f} ms" if plan.bound_ms else ""
+        return (f"{info.name}: predicted iteration {plan.prediction.iteration_ms:.2f} ms"
+                f"{bound}, planned in {plan.wall_time_s:.2f} s")
+
     def callback(graph_path, topology_path, output, as_json, seed, **options):
         graph = load(graph_path, expect="op-graph")
         topology = load(topology_path, expect="topology")
-        plan = get(info.name)(graph, topology, seed=seed, **options)
+        given = {k: v for k, v in options.items() if v is not None}
+        plan = get(info.name)(graph, topology, seed=seed, **given)
         plan = replace(plan, graph_path=_relative(graph_path, output),
                        topology_path=_relative(topology_path, output))
-        console = stderr_console()
-        if console is not None and plan.prediction is not None:
-            bound = f", bound {plan.bound_ms:.2f} ms" if plan.bound_ms else ""
-            console.print(f"{info.name}: predicted iteration {plan.prediction.iteration_ms:.2f} ms"
-                          f"{bound}, planned in {plan.wall_time_s:.2f} s")
-        emit(plan, output, as_json)
+        deliver(plan, output, as_json, summary=summary, document="json")
 
-    summary = (func.__doc__ or info.summary).strip().splitlines()[0]
-    doc = (f"{summary}\n\n{info.summary[0].upper()}{info.summary[1:]}.\n\n\b\nExample:\n"
-           f"  dl-nfv plan {info.name} --graph g.json --topology t.yaml -o plan.json")
-    cmd = click.Command(name=info.name, callback=callback, help=doc, short_help=info.summary)
-    for p in reversed(params):
-        flag = "--" + p.name.replace("_", "-")
-        text = helps.get(p.name, "")
-        if isinstance(p.default, bool):
-            opt = click.Option([f"{flag}/--no-{flag[2:]}", p.name], default=p.default,
-                               show_default=True, help=text)
-        else:
-            kind = type(p.default) if p.default is not None else str
-            opt = click.Option([flag, p.name], type=kind, default=p.default, show_default=True,
-                               help=text)
-        cmd.params.insert(0, opt)
+    cmd = click.Command(name=info.name, callback=callback, help=_planner_help(info, func),
+                        short_help=f"{info.summary[0].upper()}{info.summary[1:]}")
+    cmd.params = [_planner_option(p, helps.get(p.name, "")) for p in params]
     common = click.Command(name="common", callback=None)
-    for decorator in (_graph_topology_options, output_option("Write the plan here (.json)."),
+    for decorator in (_graph_topology_options,
+                      output_option("Write the plan here (.json, .yaml or .yml)."),
                       json_option, seed_option):
         common = decorator(common)
     cmd.params[:0] = common.params
@@ -127,16 +179,29 @@ for _info in PLANNERS.values():
     command.add_command(_planner_command(_info))
 
 
+def _planner_names(ctx, param, value: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise click.BadParameter(f"{value!r}: name at least one planner, comma-separated")
+    unknown = [n for n in names if n not in PLANNERS]
+    if unknown:
+        raise click.BadParameter(f"unknown planner {unknown[0]!r}; valid: {', '.join(PLANNERS)}")
+    duplicate = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if duplicate is not None:
+        raise click.BadParameter(f"planner {duplicate!r} is named twice")
+    return names
+
+
 @command.command(name="compare")
 @_graph_topology_options
 @click.option("--planners", "planner_names", default="dp,single", show_default=True,
-              help="Comma-separated planner names (see `dl-nfv plan list`).")
-@click.option("--time-limit", type=float, default=None,
+              callback=_planner_names, help="Comma-separated planner names (see `dl-nfv plan list`).")
+@click.option("--time-limit", type=Number(min=0), default=None,
               help="Seconds each planner that accepts a time limit may search.")
 @click.option("--optimizer", type=click.Choice([o.value for o in Optimizer]), default="sgd",
               show_default=True, help="The optimizer every plan is made for (its state and step).")
 @seed_option
-@output_option("Write the comparison table here (JSON).")
+@output_option("Write the comparison (a plan-comparison) here (.json, .yaml or .yml).")
 @json_option
 def compare_command(graph_path, topology_path, planner_names, time_limit, optimizer, seed, output,
                     as_json):
@@ -149,23 +214,22 @@ def compare_command(graph_path, topology_path, planner_names, time_limit, optimi
     Example:
       dl-nfv plan compare --graph g.json --topology t.yaml --planners dp,dp-ps,single -o cmp.json
     """
+    from dl_nfv.artifacts import from_data
+    from dl_nfv.artifacts.results import PlanComparison
     from dl_nfv.planners.compare import compare
+
+    from .render_compare import render_comparison
 
     graph = load(graph_path, expect="op-graph")
     topology = load(topology_path, expect="topology")
-    names = [n.strip() for n in planner_names.split(",") if n.strip()]
     options = {"optimizer": optimizer, **({"time_limit": time_limit} if time_limit is not None else {})}
     console = stderr_console()
-    rows = compare(graph, topology, names, seed=seed, options=options,
+    rows = compare(graph, topology, planner_names, seed=seed, options=options,
                    progress=(lambda n: console.print(f"planning with {n} ...")) if console else None)
-    data = {"graph": graph.model.name, "topology": topology.name, "rows": [r.to_data() for r in rows]}
-    emit_data(data, output, as_json)
-    if not as_json:
-        from rich.console import Console
-
-        from .render_compare import render_rows
-
-        Console(stderr=output is not None and not as_json, soft_wrap=False).print(render_rows(data))
+    result = from_data(PlanComparison, {"graph": graph.model.name, "topology": topology.name,
+                                        "optimizer": optimizer, "seed": seed,
+                                        "rows": [r.to_data() for r in rows]})
+    deliver(result, output, as_json, render=render_comparison)
 
 
 @command.command(name="export")
@@ -175,6 +239,7 @@ def compare_command(graph_path, topology_path, planner_names, time_limit, optimi
 @click.option("--graph", "graph_path", type=click.Path(dir_okay=False), default=None,
               help="Op graph of the plan (default: the one the plan records).")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path),
+              callback=lambda ctx, param, value: check_output_folder(value),
               help="Folder to write the export into (created).")
 def export_command(plan_path, fmt, graph_path, output):
     """Export a pipeline plan for another runtime: split points and the per-rank schedule CSV.
@@ -186,11 +251,11 @@ def export_command(plan_path, fmt, graph_path, output):
     Example:
       dl-nfv plan export plan.json --format torch-pipelining -o outdir/
     """
-    from dl_nfv.artifacts.io import write_text_atomic
+    from dl_nfv.artifacts.io import make_folder, write_text_atomic
     from dl_nfv.planners.export import export_files
 
     files = export_files(plan_path, graph=graph_path, fmt=fmt)
-    output.mkdir(parents=True, exist_ok=True)
+    make_folder(output)
     for name, text in files.items():
         write_text_atomic(output / name, text)
     console = stderr_console()

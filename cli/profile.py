@@ -6,12 +6,22 @@ import contextlib
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from dl_nfv.artifacts import CATALOG, Granularity
 
-from .options import emit, emit_data, json_option, output_option, seed_option, stderr_console
+from .options import (
+    JSON_SUFFIXES,
+    Number,
+    deliver,
+    emit,
+    json_option,
+    output_option,
+    print_json,
+    print_view,
+    seed_option,
+    stderr_console,
+)
 
 
 @click.group(name="profile")
@@ -39,11 +49,9 @@ def devices(as_json: bool) -> None:
       dl-nfv profile devices --json
     """
     if as_json:
-        import json
-
         from dl_nfv.artifacts.records import to_data
 
-        click.echo(json.dumps([to_data(t) for t in CATALOG.values()], indent=1))
+        print_json([to_data(t) for t in CATALOG.values()])
         return
     table = Table(title="device catalog", title_justify="left")
     for col in ("type", "kind", "memory GiB", "FP32 TFLOP/s", "FP16 TFLOP/s", "BF16 TFLOP/s",
@@ -53,7 +61,7 @@ def devices(as_json: bool) -> None:
         table.add_row(t.name, t.kind.value, f"{t.memory_gib:g}", f"{t.fp32_tflops:g}",
                       f"{t.fp16_tflops:g}", "-" if t.bf16_tflops is None else f"{t.bf16_tflops:g}",
                       f"{t.memory_bandwidth_gb_per_s:g}", t.datasheet)
-    Console(soft_wrap=False).print(table)
+    print_view(table)
 
 
 @command.command(name="models")
@@ -80,7 +88,7 @@ def models(as_json: bool, tiny: bool) -> None:
              "default_granularity": m.default_granularity.value, "description": m.description}
             for m in ZOO.values() if tiny or not m.name.endswith(TINY)]
     if as_json:
-        emit_data({"models": rows}, None, True)
+        print_json({"models": rows})
         return
     table = Table(title="model zoo (each also as <name>-tiny)", title_justify="left")
     for col in ("model", "parameters", "default size", "granularity", "description"):
@@ -88,7 +96,7 @@ def models(as_json: bool, tiny: bool) -> None:
     for r, m in zip(rows, (ZOO[r["name"]] for r in rows)):
         table.add_row(r["name"], f"{r['parameters'] / 1e6:,.1f} M", m.default_size,
                       r["default_granularity"], r["description"])
-    Console(soft_wrap=False).print(table)
+    print_view(table)
 
 
 def _shape(ctx, param, values):
@@ -130,10 +138,10 @@ def _progress_bar(description: str):
 @click.argument("model")
 @output_option("Write the op graph here (.json).")
 @json_option
-@click.option("--batch-size", type=int, default=None,
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Batch size (zoo default: see `profile models`; user models: dimension 0 of "
                    "--input-shape).")
-@click.option("--seq-len", type=int, default=None, help="Sequence length of zoo sequence models.")
+@click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Sequence length of zoo sequence models.")
 @click.option("--granularity", type=click.Choice([g.value for g in Granularity]), default=None,
               help="op: one op per traced operation; layer: one op per layer (block). "
                    "Default: layer for the largest zoo models, else op.")
@@ -145,11 +153,12 @@ def _progress_bar(description: str):
 @click.option("--dtype", default="float32", show_default=True,
               type=click.Choice(["float32", "bfloat16", "float16", "float64"]),
               help="Parameter (and floating input) dtype.")
-@click.option("--repeats", type=int, default=3, show_default=True,
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed rounds (one whole step + one per-op step each); medians are kept.")
-@click.option("--warmup", type=int, default=0, show_default=True,
+@click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
               help="Untimed steps after the counting pass (which is itself a full warm-up step).")
-@click.option("--threads", type=int, default=None, help="CPU threads (default: torch's choice).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="CPU threads (default: torch's choice).")
 @click.option("--device", default="auto", show_default=True,
               help="auto (CUDA when present), cpu, cuda or cuda:N.")
 @click.option("--device-type", default=None,
@@ -189,33 +198,37 @@ def model(model: str, output: Path | None, as_json: bool, batch_size, seq_len, g
                               threads=threads, seed=seed, device=device, device_type=device_type,
                               leaf_modules=leaf_modules, batch_scaling=batch_scaling,
                               progress=progress)
-    console = stderr_console()
-    if console is not None and graph.profile is not None:
+
+    def summary(graph) -> str:
         p = graph.profile
-        console.print(f"{ref.name}: {len(graph.ops)} ops, {len(graph.edges)} edges, "
-                      f"{sum(o.flops for o in graph.ops) / 1e9:.2f} forward GFLOPs; step "
-                      f"{p.step_ms:.1f} ms, per-op sum {p.op_sum_ms:.1f} ms "
-                      f"(ratio {p.op_sum_ms / p.step_ms:.3f})")
-    emit(graph, output, as_json or output is None)
+        text = (f"{ref.name}: {len(graph.ops)} ops, {len(graph.edges)} edges, "
+                f"{sum(o.flops for o in graph.ops) / 1e9:.2f} forward GFLOPs")
+        if p is None:
+            return text
+        return (f"{text}; step {p.step_ms:.1f} ms, per-op sum {p.op_sum_ms:.1f} ms "
+                f"(ratio {p.op_sum_ms / p.step_ms:.3f})")
+
+    deliver(graph, output, as_json, summary=summary, document="json")
 
 
 @command.command(name="network")
-@click.option("--nprocs", type=int, default=2, show_default=True,
+@click.option("--nprocs", type=click.IntRange(min=1), default=2, show_default=True,
               help="Worker processes to start on this host (ignored under torchrun).")
 @output_option("Write the measured topology here (.yaml or .json).")
 @json_option
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Also write the raw measurements (JSON) here.")
-@click.option("--min-bytes", type=int, default=1024, show_default=True,
+@output_option("Also write the raw measurements (JSON) here.", suffixes=JSON_SUFFIXES,
+               flags=("--report",), name="report_path")
+@click.option("--min-bytes", type=click.IntRange(min=1), default=1024, show_default=True,
               help="Smallest message size.")
-@click.option("--max-bytes", type=int, default=64 * 2**20, show_default=True,
+@click.option("--max-bytes", type=click.IntRange(min=1), default=64 * 2**20, show_default=True,
               help="Largest message size (sizes grow 4x from --min-bytes).")
-@click.option("--repeats", type=int, default=5, show_default=True,
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
               help="Timed messages per size (the median is kept; 5x as many up to 1 MiB).")
-@click.option("--warmup", type=int, default=2, show_default=True, help="Untimed messages per size.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Untimed messages per size.")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
               show_default=True, help="auto: NCCL when every process gets a GPU, else gloo.")
-@click.option("--threads", type=int, default=None,
+@click.option("--threads", type=click.IntRange(min=1), default=None,
               help="CPU threads per process (default: cores / processes).")
 @click.option("--name", default=None, help="Topology name (default: measured-<host>-<N>).")
 def network(nprocs, output, as_json, report_path, min_bytes, max_bytes, repeats, warmup, backend,
@@ -235,8 +248,10 @@ def network(nprocs, output, as_json, report_path, min_bytes, max_bytes, repeats,
       dl-nfv profile network --nprocs 2 -o local.yaml
       torchrun --nnodes 2 --nproc-per-node 4 -m dl_nfv profile network -o cluster.yaml
     """
-    from dl_nfv.artifacts import dumps
+    from dl_nfv.artifacts.io import write_text_atomic
     from dl_nfv.profilers.network import message_sizes, probe_network
+
+    from .options import json_text
 
     sizes = message_sizes(min_bytes, max_bytes)
     with _progress_bar("probing the network") as progress:
@@ -246,7 +261,7 @@ def network(nprocs, output, as_json, report_path, min_bytes, max_bytes, repeats,
     if topology is None:  # a rank other than 0 under torchrun
         return
     if report_path is not None:
-        emit_data(report.to_data(), report_path, False)
+        write_text_atomic(report_path, json_text(report.to_data()))
     console = stderr_console()
     if console is not None:
         for pair, fit in report.fits.items():
@@ -254,9 +269,7 @@ def network(nprocs, output, as_json, report_path, min_bytes, max_bytes, repeats,
                           f"{fit['latency_us']:.1f} us latency")
         console.print(f"AllReduce {report.sizes[-1]} B: {report.allreduce_s[-1] * 1e3:.2f} ms "
                       f"(bus {report.allreduce_bus_gbps():.2f} Gbps)")
-    emit(topology, output, as_json)
-    if output is None and not as_json:
-        click.echo(dumps(topology, fmt="yaml"), nl=False)
+    deliver(topology, output, as_json, document="yaml")
 
 
 @command.group(name="import")
@@ -272,7 +285,7 @@ def import_group() -> None:
 _device_type_option = click.option(
     "--device-type", default="V100-16GB", show_default=True,
     help="Catalog type the times were measured on (the published profiles used V100s).")
-_batch_option = click.option("--batch-size", type=int, default=1, show_default=True,
+_batch_option = click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,
                              help="Batch size the profile was taken at (the file does not say).")
 _name_option = click.option("--name", default=None, help="Model name (default: the file's stem).")
 
@@ -311,7 +324,7 @@ def import_pipedream_command(path, output, as_json, device_type, batch_size, nam
 @json_option
 @_device_type_option
 @_batch_option
-@click.option("--transfer-gbps", type=float, default=2**31 * 8 / 1e9, show_default=True,
+@click.option("--transfer-gbps", type=Number(min=0, min_open=True), default=2**31 * 8 / 1e9, show_default=True,
               help="Rate the file's edge costs (ms) were computed at; turns them into bytes "
                    "(default: 2^31 bytes/s, the published files' rate).")
 @_name_option

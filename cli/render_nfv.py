@@ -1,4 +1,4 @@
-"""Rich rendering of NFV artifacts and summaries: nf-config, nfv-report, inspect, bench."""
+"""Rich rendering of NFV artifacts and summaries: nf-config, nfv-report, inspect."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from rich.table import Table
 
 from dl_nfv.artifacts.nfconfig import NfConfig
 from dl_nfv.artifacts.nfvreport import NfvReport
+
+from .render_compare import gpu_note
 
 
 def _flow(f) -> str:
@@ -31,8 +33,11 @@ def render_config(config: NfConfig) -> Group:
 
 
 def render_report(report: NfvReport) -> Group:
+    share = sum(b.gpu_messages for b in report.batches) / max(report.messages, 1)
+    note = gpu_note(report.device, share)
     head = Table(title=f"nfv-report: {report.config} on {report.trace} with {report.engine} "
-                       f"({report.device}, {report.workers} workers)", title_justify="left")
+                       f"({report.device}, {report.workers} workers)"
+                       + (f"; {note}" if note else ""), title_justify="left")
     for col in ("packets", "flows", "messages", "payload MB", "Gbps", "messages/s",
                 "p50 us", "p99 us", "batches"):
         head.add_column(col, justify="right")
@@ -42,7 +47,6 @@ def render_report(report: NfvReport) -> Group:
                  f"{report.latency.p99_us:,.0f}", str(len(report.batches)))
     parts = [head]
     if report.batches:
-        gpu_msgs = sum(b.gpu_messages for b in report.batches)
         split = Table(title="CPU/GPU split (first batches)", title_justify="left")
         for col in ("batch", "mode", "messages", "GPU flows", "GPU msgs", "CPU msgs", "GPU ms",
                     "CPU ms", "wall ms"):
@@ -51,7 +55,7 @@ def render_report(report: NfvReport) -> Group:
             split.add_row(str(b.index), b.mode, str(b.messages), f"{b.gpu_flows}/{b.flows}",
                           str(b.gpu_messages), str(b.cpu_messages), f"{b.gpu_ms:.1f}",
                           f"{b.cpu_ms:.1f}", f"{b.wall_ms:.1f}")
-        split.caption = f"GPU path took {gpu_msgs / max(report.messages, 1):.0%} of messages"
+        split.caption = f"GPU path took {share:.0%} of messages" + (f" ({note})" if note else "")
         parts.append(split)
     if report.alerts:
         alerts = Table(title=f"alerts ({len(report.alerts)})", title_justify="left")
@@ -118,16 +122,3 @@ def render_inspect(summary: dict) -> Group:
         parts.append("TCP reassembly: " + ", ".join(f"{k[4:]} {v}" for k, v in
                                                     summary["tcp"].items()))
     return Group(*parts)
-
-
-def render_bench(result: dict) -> Group:
-    table = Table(title=f"engines on {result['trace']} ({result['flows']} flows, "
-                        f"{result['messages']} messages); NF outputs identical: "
-                        f"{result['outputs_identical']}", title_justify="left")
-    for col in ("engine", "Gbps", "messages/s", "GPU share", "batches", "device", "workers"):
-        table.add_column(col, justify="right")
-    for r in result["engines"]:
-        table.add_row(r["engine"], f"{r['gbps']:.3f}", f"{r['messages_per_s']:,.0f}",
-                      f"{r['gpu_message_share']:.0%}", str(r["batches"]), r["device"],
-                      str(r["workers"]))
-    return Group(table)

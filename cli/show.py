@@ -1,4 +1,4 @@
-"""``dl-nfv show FILE``: render any artifact for a person, or print it normalised."""
+"""``dl-nfv show FILE``: render any file dl-nfv writes for a person, or print it normalised."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import importlib
 
 import click
 
-from dl_nfv.artifacts import dumps, load
+from dl_nfv.artifacts import from_document, read_document
+from dl_nfv.artifacts.chrome_trace import is_chrome_trace, summarise_trace
 
-from .options import json_option
+from .options import json_option, print_json, print_view
 
 # kind -> "module:function" in this package; each renders one artifact kind.
 RENDERERS: dict[str, str] = {
@@ -19,30 +20,44 @@ RENDERERS: dict[str, str] = {
     "run-report": "render_run:render",
     "nf-config": "render_nfv:render_config",
     "nfv-report": "render_nfv:render_report",
+    "plan-comparison": "render_compare:render_comparison",
+    "nfv-bench": "render_compare:render_bench",
 }
 
 
 @click.command(name="show")
 @click.argument("file", type=click.Path(dir_okay=False))
 @json_option
-@click.option("--width", type=int, default=None, help="Render at this many columns.")
+@click.option("--width", type=click.IntRange(min=20), default=None,
+              help="Render at this many columns [default: the terminal's; unbounded when stdout "
+                   "is not a terminal].")
 def command(file: str, as_json: bool, width: int | None) -> None:
-    """Render any dl-nfv artifact (topology, op graph, plan, report) as tables.
+    """Render any file dl-nfv writes as tables: an artifact (topology, op graph, plan,
+    report, comparison, bench) or a Chrome trace from `simulate --trace` / `train --trace`.
 
-    With --json, print the validated, normalised document instead.
+    With --json, print the validated, normalised document instead (a trace's
+    summary per track).
 
     \b
     Examples:
       dl-nfv show examples/topologies/heterog-testbed8.yaml
       dl-nfv show plan.json --json | jq .groups
+      dl-nfv show trace.json
     """
-    artifact = load(file)
-    if as_json:
-        click.echo(dumps(artifact), nl=False)
-        return
-    from rich.console import Console
+    doc = read_document(file)
+    if is_chrome_trace(doc):
+        summary = summarise_trace(doc)
+        if as_json:
+            print_json(summary)
+            return
+        from .render_compare import render_trace
 
-    console = Console(width=width, soft_wrap=False)
+        print_view(render_trace(summary, file), width=width)
+        return
+    artifact = from_document(doc, file=file)
+    if as_json:
+        print_json(artifact)
+        return
     module_name, func = RENDERERS.get(artifact.kind, "render_graph:render_generic").split(":")
     renderer = getattr(importlib.import_module(f"{__package__}.{module_name}"), func)
-    console.print(renderer(artifact))
+    print_view(renderer(artifact), width=width)

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import click
 
-from .options import emit, json_option, output_option, stderr_console
+from .options import JSON_SUFFIXES, deliver, json_option, output_option
 
 
 @click.command(name="simulate")
 @click.argument("plan", type=click.Path(dir_okay=False))
 @output_option("Write the sim-report to this file (.json or .yaml).")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Write a Chrome/Perfetto trace (JSON) of the iteration here.")
+@output_option("Write a Chrome/Perfetto trace (.json) of the iteration here.",
+               suffixes=JSON_SUFFIXES, flags=("--trace",), name="trace_path")
 @click.option("--graph", type=click.Path(dir_okay=False), default=None,
               help="The op graph (default: the path the plan recorded).")
 @click.option("--topology", type=click.Path(dir_okay=False), default=None,
@@ -39,18 +39,13 @@ def command(plan: str, output: Path | None, trace_path: Path | None, graph: str 
       dl-nfv simulate plan.json --graph g.json --topology t.yaml --json
       dl-nfv simulate plan.json --compare run-report.json
     """
-    from dl_nfv.artifacts.io import write_text_atomic
+    from dl_nfv.artifacts.io import plain_data, write_text_atomic
     from dl_nfv.simulator.files import simulate_files
 
     result, report = simulate_files(plan, graph=graph, topology=topology, compare=compare_path)
     if trace_path is not None:
-        write_text_atomic(trace_path, json.dumps(result.trace(), separators=(",", ":")))
-    emit(report, output, as_json)
+        write_text_atomic(trace_path, json.dumps(plain_data(result.trace()), separators=(",", ":"),
+                                                 allow_nan=False))
     from .render_sim import render
 
-    if output is None and not as_json and trace_path is None:
-        from rich.console import Console
-
-        Console(soft_wrap=False).print(render(report))
-    elif (console := stderr_console()) is not None:
-        console.print(render(report))
+    deliver(report, output, as_json, render=render)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .options import emit, json_option, output_option, seed_option, stderr_console
+from .options import JSON_SUFFIXES, Number, deliver, json_option, output_option, seed_option
 
 
 @click.command(name="train")
@@ -17,8 +17,8 @@ from .options import emit, json_option, output_option, seed_option, stderr_conso
               help="Steps left out of the medians [default: a third of --steps, at most 3].")
 @output_option("Write the run-report to this file (.json or .yaml).")
 @json_option
-@click.option("--trace", type=click.Path(dir_okay=False), default=None,
-              help="Write a torch.profiler Chrome trace of 3 steps after warm-up, one row per rank.")
+@output_option("Write a torch.profiler Chrome trace (.json) of 3 steps after warm-up, one row "
+               "per rank.", suffixes=JSON_SUFFIXES, flags=("--trace",), name="trace")
 @click.option("--data", default=None, metavar="MODULE:FACTORY",
               help="Batches from factory(batch_size=, seed=) yielding (inputs, target) global "
                    "batches, instead of synthetic ones of the profiled shape.")
@@ -30,9 +30,9 @@ from .options import emit, json_option, output_option, seed_option, stderr_conso
               help="Threads per worker [default: cores / workers].")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
               show_default=True, help="auto: NCCL for GPU devices when CUDA is present, else gloo.")
-@click.option("--timeout-s", type=click.FloatRange(min=1), default=60.0, show_default=True,
+@click.option("--timeout-s", type=Number(min=1), default=60.0, show_default=True,
               help="Time-out of every collective and transfer.")
-@click.option("--lr", type=float, default=None,
+@click.option("--lr", type=Number(min=0, min_open=True), default=None,
               help="Learning rate [default: 0.01 for sgd (momentum 0.9), 0.001 for adam].")
 @seed_option
 def command(plan: str, steps: int, warmup: int | None, output: Path | None, as_json: bool,
@@ -60,15 +60,8 @@ def command(plan: str, steps: int, warmup: int | None, output: Path | None, as_j
 
     options = WorkerOptions(plan=plan, graph=graph, topology=topology, steps=steps, warmup=warmup,
                             threads=threads, backend=backend, timeout_s=timeout_s, seed=seed,
-                            lr=lr, data=data, trace=trace)
+                            lr=lr, data=data, trace=None if trace is None else str(trace))
     report = train(options)
-    emit(report, output, as_json)
-    console = stderr_console()
-    if console is not None:
-        from .render_run import render
+    from .render_run import render
 
-        console.print(render(report))
-    elif not as_json and output is None:
-        click.echo(f"iteration {report.iteration_ms:.3f} ms (median of {report.steps - report.warmup} "
-                   f"steps on {report.world_size} ranks, {report.backend}); "
-                   f"loss {report.losses[0]:.4g} -> {report.losses[-1]:.4g}", err=True)
+    deliver(report, output, as_json, render=render)

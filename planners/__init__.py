@@ -13,12 +13,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dl_nfv.artifacts import UnknownName
+from dl_nfv.artifacts import Collective, Optimizer, UnknownName
+
+# The values of options that mean the same thing in every planner that takes them; the
+# command line offers them as choices.
+OPTION_CHOICES: dict[str, tuple[str, ...]] = {
+    "optimizer": tuple(o.value for o in Optimizer),
+    "collective": tuple(c.value for c in Collective),
+    "sync": ("allreduce", "ps"),
+}
 
 
 @dataclass(frozen=True, slots=True)
 class PlannerInfo:
-    """One registry entry: where the function lives, preset options, one line on what it decides."""
+    """One registry entry: where the function lives, preset options, one line on what it decides.
+
+    A preset entry is another entry's function with some options fixed; its command
+    hides them (``collective`` is fixed with ``sync: ps``, which has no AllReduce).
+    """
 
     name: str
     target: str  # "module:function", relative to this package
@@ -36,7 +48,8 @@ PLANNERS: dict[str, PlannerInfo] = {p.name: p for p in (
     PlannerInfo("dp", "dp:plan", "data parallelism over every device, AllReduce, batch shares "
                 "by device speed (baseline)", "data-parallel", baseline=True),
     PlannerInfo("dp-ps", "dp:plan", "data parallelism with a parameter server per host "
-                "(baseline)", "data-parallel", baseline=True, preset={"sync": "ps"}),
+                "(baseline)", "data-parallel", baseline=True, preset={"sync": "ps",
+                                                                  "collective": "auto"}),
     PlannerInfo("single", "single:plan", "the whole model on the fastest device that fits "
                 "(baseline)", "single", baseline=True),
     PlannerInfo("pipeline", "pipeline:plan", "synchronous pipeline: partition, device mapping "
