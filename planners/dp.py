@@ -4,7 +4,8 @@ Batch shares follow device speed (``balance="proportional"``, the
 heterogeneity-aware baseline) or are even (``balance="even"``, plain DDP).
 Gradients are synchronised by AllReduce in DDP-style buckets that overlap the
 backward pass, or through parameter servers (``sync="ps"``: one server per
-host, parameters sharded over them).
+host, parameters sharded over them). All ops form one group on every device
+used, so every colocation group of the graph shares a placement.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Single device (baseline): the whole model on the fastest device whose memory holds it."""
+"""Single device (baseline): the whole model on the fastest device whose memory holds it.
+
+All ops form one group on one device, so every colocation group of the graph
+shares a placement.
+"""
 
 from __future__ import annotations
 
