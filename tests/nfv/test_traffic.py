@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import struct
 
 import numpy as np
 import pytest
@@ -113,9 +114,87 @@ def test_malformed_packets_are_counted_not_fatal(tmp_path):
 def test_truncated_file_is_counted(tmp_path):
     path = write_pcap(tmp_path / "t.pcap", http_connection(C4, S4, 4000, [(0, REQ), (1, RESP)]))
     data = path.read_bytes()
-    path.write_bytes(data[:-7])
+    path.write_bytes(data[:-7])  # the file ends 7 bytes short of its last packet
     trace = load_trace(path)
-    assert trace.malformed.get("truncated_file", 0) + trace.malformed.get("truncated_ip", 0) >= 1
+    assert trace.malformed == {"truncated_file": 1}
+    assert trace.packets == len(http_connection(C4, S4, 4000, [(0, REQ), (1, RESP)]))
+
+
+def _record_offsets(data: bytes) -> list[int]:
+    out, pos = [], 24
+    while pos < len(data):
+        out.append(pos)
+        pos += 16 + struct.unpack_from("<I", data, pos + 8)[0]
+    return out
+
+
+def test_oversized_record_is_counted_and_the_rest_read(tmp_path):
+    data = bytearray(REAL_TRACE.read_bytes())
+    offsets = _record_offsets(bytes(data))
+    struct.pack_into("<I", data, offsets[3] + 8, 0x7FFFFFFF)  # record 4: caplen 2 GB
+    path = tmp_path / "huge.pcap"
+    path.write_bytes(bytes(data))
+    trace = load_trace(path)
+    assert trace.malformed == {"oversized_record": 1}
+    assert trace.packets == len(offsets)
+    intact = load_trace(REAL_TRACE)
+    # record 4 carries the first connection's first request; every other connection is
+    # read as if nothing had happened
+    assert len(trace.flows) == len(intact.flows)
+
+    def others(t):
+        return sorted(t.message_bytes(i) for i in range(t.n_messages) if t.msg_flow[i] != 0)
+
+    assert others(trace) == others(intact) and others(trace)
+
+
+def test_a_stop_is_reported_not_silent(tmp_path):
+    data = bytearray(REAL_TRACE.read_bytes())
+    last = _record_offsets(bytes(data))[-1]
+    caplen = struct.unpack_from("<I", data, last + 8)[0]
+    struct.pack_into("<I", data, last + 8, 0xFFFFFFFF)  # nothing after it to resynchronise to
+    path = tmp_path / "stop.pcap"
+    path.write_bytes(bytes(data))
+    trace = load_trace(path)
+    assert trace.malformed == {"oversized_record": 1, "unreadable_bytes": caplen}
+
+
+def test_record_longer_than_its_original_length_is_skipped(tmp_path):
+    data = bytearray(REAL_TRACE.read_bytes())
+    offsets = _record_offsets(bytes(data))
+    caplen = struct.unpack_from("<I", data, offsets[10] + 8)[0]
+    struct.pack_into("<I", data, offsets[10] + 12, caplen - 1)
+    path = tmp_path / "orig.pcap"
+    path.write_bytes(bytes(data))
+    trace = load_trace(path)
+    assert trace.malformed["bad_record_header"] == 1 and trace.packets == len(offsets)
+
+
+def _block(kind: int, body: bytes) -> bytes:
+    body += bytes(-len(body) % 4)
+    return struct.pack("<II", kind, 12 + len(body)) + body + struct.pack("<I", 12 + len(body))
+
+
+def test_pcapng_timestamp_resolution_and_bad_block_length(tmp_path):
+    frame = tcp_frame(C4, S4, 4000, 80, 1, 0x02)
+    shb = _block(0x0A0D0D0A, struct.pack("<IHHq", 0x1A2B3C4D, 1, 0, -1))
+    tsresol = struct.pack("<HHB3x", 9, 1, 9) + struct.pack("<HH", 0, 0)  # nanoseconds
+    idb = _block(1, struct.pack("<HHI", 1, 0, 65535) + tsresol)
+    ns = 1_700_000_000_123_456_789
+    epb = _block(6, struct.pack("<IIIII", 0, ns >> 32, ns & 0xFFFFFFFF, len(frame), len(frame))
+                 + frame)
+    path = tmp_path / "ns.pcapng"
+    path.write_bytes(shb + idb + epb + epb)
+    trace = load_trace(path)
+    assert trace.packets == 2 and trace.malformed == {}
+    assert trace.flows[0].first_ts_us == (ns + 500) // 1000
+    bad = bytearray(shb + idb + epb + epb)
+    struct.pack_into("<I", bad, len(shb) + len(idb) + 4, 0x7FFFFFFF)
+    path.write_bytes(bytes(bad))
+    with pytest.raises(BadInput) as err:
+        load_trace(path)
+    assert str(err.value) == (f"{path}: pcapng block at offset {len(shb) + len(idb)}: bad block "
+                              f"length 2147483647 ({2 * len(epb)} bytes left in the file)")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
