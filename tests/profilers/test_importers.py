@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dl_nfv.artifacts import InvalidArtifact, OpKind, UnknownName, from_document, load, to_data
 from dl_nfv.profilers.importers import import_pipedream, import_placement_json, kind_of_description
@@ -273,3 +275,64 @@ def test_cli_placement_json_colocation_reaches_the_file(tmp_path):
     out = tmp_path / "g.json"
     assert _cli("profile", "import", "placement-json", str(ORPHANS), "-o", str(out)).exit_code == 0
     assert json.loads(out.read_text())["colocation"] == [["w", "mm"]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_placement_json_keeps_every_time_and_size(tmp_path_factory, data):
+    """Random training workloads: forward nodes in a DAG, each with or without a backward
+    mirror, colour classes shared, missing or backward-only. Whatever the quirks, the import
+    keeps the total forward time, backward time and size, makes one op per forward node and
+    per orphaned class, and one colocation group per class with two or more forward nodes."""
+    n = data.draw(st.integers(1, 8), label="forward nodes")
+    classes = data.draw(st.lists(st.one_of(st.none(), st.integers(0, 3)), min_size=n, max_size=n))
+    mirrored = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    extra = data.draw(st.lists(st.one_of(st.none(), st.integers(0, 5)), max_size=3), label="orphans")
+    times = st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0])
+    nodes, edges = [], []
+    for i in range(n):
+        node = {"id": i, "fpgaLatency": data.draw(times), "isBackwardNode": 0, "size": 8.0 * i}
+        if classes[i] is not None:
+            node["colorClass"] = classes[i]
+        nodes.append(node)
+    cost = {i: 0.125 * (i + 1) for i in range(n + 20 + len(extra))}
+    for i in range(1, n):
+        src = data.draw(st.integers(0, i - 1))
+        edges.append({"sourceId": src, "destId": i, "cost": cost[src]})
+    for i in range(n):  # a backward node in the class of its forward node (a fresh one if none)
+        if mirrored[i]:
+            color = classes[i] if classes[i] is not None else 100 + i
+            nodes[i]["colorClass"] = color
+            nodes.append({"id": 20 + i, "fpgaLatency": data.draw(times), "isBackwardNode": 1,
+                          "colorClass": color, "size": 4.0})
+    for k, color in enumerate(extra):  # backward nodes of classes with no forward node
+        node = {"id": 50 + k, "fpgaLatency": 0.75, "isBackwardNode": 1, "size": 2.0}
+        if color is not None:
+            node["colorClass"] = 10 + color
+        nodes.append(node)
+        backs = [b["id"] for b in nodes if b["isBackwardNode"] and b["id"] < 50]
+        if backs:
+            src = data.draw(st.sampled_from(backs))
+            edges.append({"sourceId": src, "destId": 50 + k, "cost": cost.get(src, 0.0)})
+    for e in edges:  # one cost per source node
+        e["cost"] = cost[e["sourceId"]]
+    path = tmp_path_factory.mktemp("w") / "w.json"
+    path.write_text(json.dumps({"nodes": nodes, "edges": edges}))
+    graph = import_placement_json(path)
+    v = "V100-16GB"
+    fwd = [x for x in nodes if not x["isBackwardNode"]]
+    bwd = [x for x in nodes if x["isBackwardNode"]]
+    forward_classes = {x.get("colorClass", ("own", x["id"])) for x in fwd}
+    orphan_classes = {x.get("colorClass", ("own", x["id"])) for x in bwd} - forward_classes
+    assert len(graph.ops) == len(fwd) + len(orphan_classes)
+    assert sum(op.fwd_ms[v] for op in graph.ops) == pytest.approx(sum(x["fpgaLatency"] for x in fwd))
+    if bwd:
+        assert sum(op.bwd_ms[v] for op in graph.ops) == pytest.approx(
+            sum(x["fpgaLatency"] for x in bwd))
+    assert sum(op.resident_bytes for op in graph.ops) == sum(x["size"] for x in nodes)
+    assert all(op.param_bytes == 0 for op in graph.ops)
+    members: dict = {}
+    for x in fwd:
+        members.setdefault(x.get("colorClass", ("own", x["id"])), []).append(str(x["id"]))
+    assert sorted(graph.colocation) == sorted(tuple(m) for m in members.values() if len(m) >= 2)
+    assert from_document(to_data(graph)) == graph
