@@ -5,10 +5,12 @@
   algorithms (msr-fiddle/dnn-partitioning) (``import_placement_json``).
 
 Both keep what the source measured (per-op forward/backward milliseconds under
-the device type the user names, activation and parameter bytes, edges) and
+the device type the user names, memory as the source states it, edges) and
 leave ``flops``/``bytes_accessed`` at 0: those files do not say. A planner can
 use the measured times on that device type; estimating other device types
-needs FLOPs, which only ``profile model`` records.
+needs FLOPs, which only ``profile model`` records. Each module's docstring
+(and docs/profile.md) says how every field of its format maps; anything the
+format does not define is an ``InvalidArtifact`` naming the node.
 """
 
 from __future__ import annotations
