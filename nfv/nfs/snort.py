@@ -134,6 +134,9 @@ def parse_ports(spec: str, where: str = "rule") -> Ports:
     negated = text.startswith("!")
     if negated:
         text = text[1:]
+    if "$" in text:
+        raise InvalidRules(f"{where}: unsupported port {spec!r} (variables are not supported; "
+                           f"give numbers, ranges or lists)")
     if text == "any":
         if negated:
             raise InvalidRules(f"{where}: port '!any' matches nothing")

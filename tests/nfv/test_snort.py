@@ -83,7 +83,7 @@ def test_ports_on_both_sides_and_the_direction_operator():
     ('alert tcp any any -> any 70000 (content:"a"; sid:1;)', "bad port '70000'"),
     ('alert tcp any any -> any 90:80 (content:"a"; sid:1;)', "bad port range"),
     ('alert tcp any any -> any [80,!81] (content:"a"; sid:1;)', "unsupported port"),
-    ('alert tcp any any -> any $HTTP_PORTS (content:"a"; sid:1;)', "bad port"),
+    ('alert tcp any any -> any $HTTP_PORTS (content:"a"; sid:1;)', "variables are not supported"),
 ])
 def test_rejects_with_line_number(line, message):
     text = "# comment\n\nalert tcp any any -> any 80 (msg:\"ok\"; content:\"ok\"; sid:9;)\n" + line
