@@ -24,6 +24,10 @@ memory.
   forward+backward time over the devices and ``c`` the mean transfer time of
   the edge's bytes, both ways.
 
+All three keep the ops of a colocation group (``OpGraph.colocation``) on one
+device: the one its first op goes to, which must have room for the whole
+group.
+
 Complexity: m-TOPO O((U + E) x D); m-ETF O(U x R x D) (R: largest ready
 set); m-SCT adds one LP of U + E + 1 variables and ~2U + E constraints.
 """
@@ -123,23 +127,33 @@ def _run(name: str, graph: OpGraph, topology: Topology, seed: int, memory_fracti
 
 
 def topo_schedule(sg: StepGraph, capacity: list[float]) -> tuple[Schedule, list[str]]:
-    """m-TOPO: fill the devices in topological order up to an even cap, then schedule."""
+    """m-TOPO: fill the devices in topological order up to an even cap, then schedule. The
+    first op of a colocation group takes the whole group's memory to its device, and the
+    group's other ops follow it there."""
     U = sg.U
     need = [sg.static_bytes[u] + sg.act_bytes[u] for u in range(U)]
     cap = sum(need) / sg.D + max(need)
     limits = [min(c, cap) for c in capacity]
     pins: dict[int, int] = {}
+    homes: dict[int, int] = {}  # colocation group -> the device of its first op
     used = [0.0] * sg.D
     d = 0
     for u in range(U):  # units are in topological order
-        while d < sg.D and used[d] + need[u] > limits[d]:
+        g = sg.group[u]
+        if g in homes:  # a later op of a group: where the first went, its bytes reserved
+            pins[u] = homes[g]
+            continue
+        block = sg.group_bytes[g] if g >= 0 else need[u]
+        while d < sg.D and used[d] + block > limits[d]:
             d += 1
         if d == sg.D:
             best = max(range(sg.D), key=lambda j: (capacity[j] - used[j], -j))
-            raise MemoryShortfall(sg.op_ids[sg.unit_op[u]], need[u], sg.devices[best],
+            raise MemoryShortfall(sg.op_ids[sg.unit_op[u]], block, sg.devices[best],
                                   max(0.0, limits[best] - used[best]), limits[best])
         pins[u] = d
-        used[d] += need[u]
+        used[d] += block
+        if g >= 0:
+            homes[g] = d
     # run the placement in topological order (placement fixed; memory was checked above)
     priority = [float(2 * U - t) for t in range(2 * U)]
     sched = list_schedule(sg, priority, allowed=list(range(sg.D)),

@@ -97,6 +97,10 @@ class Context:
         self.speeds = device_speeds(cm, self.devices)
         self.simulations = 0
 
+    def colocated_with(self, op_id: str) -> tuple[str, ...]:
+        """The ops of ``op_id``'s colocation group (just ``op_id`` when it is in none)."""
+        return next((group for group in self.graph.colocation if op_id in group), (op_id,))
+
     def step_graph(self, splits: Mapping[str, Split]) -> StepGraph:
         if not splits:
             return self.base
@@ -402,7 +406,7 @@ def split_search(ctx: Context, start: Candidate, *, max_split: int, rounds: int,
     """Split critical-path ops over the batch while the simulated iteration time falls.
 
     Each round takes the splittable ops on the current simulated critical
-    path, longest first; for each, re-runs the candidate's list scheduler with
+    path that are in no colocation group, longest first; for each, re-runs the candidate's list scheduler with
     the most promising k-way splits (k = 2..``max_split``, screened by
     ``promising_splits``), and keeps the best only if the *simulated*
     iteration time falls. Stops after
@@ -417,7 +421,9 @@ def split_search(ctx: Context, start: Candidate, *, max_split: int, rounds: int,
     k_max = min(max_split, ctx.D, ctx.batch_size)
     if k_max < 2:
         return current, log
-    splittable = {op.id for op in ctx.graph.ops if op.splittable_dims}
+    # a colocated op stays whole: split alone, it would leave its group's device
+    colocated = {op for group in ctx.graph.colocation for op in group}
+    splittable = {op.id for op in ctx.graph.ops if op.splittable_dims and op.id not in colocated}
     last_try = 0.0  # CPU seconds of the latest try: none starts that would end past deadline
     for r in range(rounds):
         sg = current.schedule.sg
@@ -463,8 +469,9 @@ def dereplicate_search(ctx: Context, start: Candidate, *, tries: int, deadline: 
     synchronisation costs more than the compute a replica spends on them.
 
     Candidates are ops with parameters, by decreasing ratio of their
-    AllReduce time over the replicas to their per-replica compute; each is
-    tried unreplicated (placed by HEFT, its activations gathered to it and
+    AllReduce time over the replicas to their per-replica compute; each (with
+    the rest of its colocation group, which must stay with it) is tried
+    unreplicated (placed by HEFT, its activations gathered to it and
     scattered back), simulated only when the scheduler's estimate falls, and
     kept only if the simulated iteration time falls.
     Returns the best candidate and a log. O(``tries`` x (schedule + simulation)).
@@ -488,7 +495,8 @@ def dereplicate_search(ctx: Context, start: Candidate, *, tries: int, deadline: 
         if began + last_try > deadline:
             log.append("unreplication stopped at its time limit")
             break
-        splits = {o: s for o, s in current.splits.items() if o != op_id}
+        whole = ctx.colocated_with(op_id)
+        splits = {o: s for o, s in current.splits.items() if o not in whole}
         try:
             sched = ctx.schedule(current.recipe, splits, data_parallel=True)
         except MemoryShortfall:
@@ -501,7 +509,8 @@ def dereplicate_search(ctx: Context, start: Candidate, *, tries: int, deadline: 
             continue
         last_try = time.process_time() - began
         if cand.iteration_ms < current.iteration_ms * (1 - 1e-9):
-            log.append(f"{op_id!r} runs unreplicated: {current.iteration_ms:.3f} -> "
+            group = f" with its colocation group of {len(whole)}" if len(whole) > 1 else ""
+            log.append(f"{op_id!r}{group} runs unreplicated: {current.iteration_ms:.3f} -> "
                        f"{cand.iteration_ms:.3f} ms")
             current = cand
     return current, log
