@@ -212,7 +212,9 @@ def _read_edges(doc: dict, nodes: dict[int, _Node]) -> list[tuple[int, int, floa
     whole.add_nodes_from(nodes)
     for k, item in enumerate(doc["edges"]):
         where = f"edges[{k}]"
-        _keys(item, _EDGE_KEYS, ("sourceId", "destId", "cost"), where, "edge")
+        what = (f"edge {item.get('sourceId')!r} -> {item.get('destId')!r}"
+                if isinstance(item, dict) else "edge")
+        _keys(item, _EDGE_KEYS, ("sourceId", "destId", "cost"), where, what)
         src, dst = _int(item["sourceId"], "sourceId", where), _int(item["destId"], "destId", where)
         for end, key in ((src, "sourceId"), (dst, "destId")):
             if end not in nodes:
