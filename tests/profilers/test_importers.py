@@ -148,7 +148,7 @@ def test_placement_json_sizes_are_memory_and_backward_nodes_run():
     (lambda d: d["nodes"][3].pop("fpgaLatency"), r"nodes\[3\]: node 4: missing required key 'fpgaLatency'"),
     (lambda d: d["nodes"][2].update(fpgaLatency="fast"), r"nodes\[2\].fpgaLatency: expected a number"),
     (lambda d: d["nodes"][2].update(speed=3), r"nodes\[2\]: node 3: unknown key 'speed' \(valid keys: id,"),
-    (lambda d: d["edges"][1].update(weight=3), r"edges\[1\]: edge: unknown key 'weight'"),
+    (lambda d: d["edges"][1].update(weight=3), r"edges\[1\]: edge 2 -> 3: unknown key 'weight'"),
     (lambda d: d.update(maxGPUs=3), r"unknown key 'maxGPUs'"),
     (lambda d: d["nodes"][5].update(id=4), r"nodes\[5\].id: duplicate node id 4 \(first at nodes\[3\]\)"),
     (lambda d: d["edges"].append({"sourceId": 6, "destId": 42, "cost": 0.0061}),
