@@ -12,7 +12,7 @@ from dl_nfv.nfv.traffic import load_trace
 from dl_nfv.nfv.traffic.http import RAW, REQUEST, RESPONSE, Framer
 from dl_nfv.nfv.traffic.reassembly import Stream
 
-from .helpers import http_connection, write_pcap
+from .helpers import http_connection, tcp_frame, write_pcap
 
 C4, S4 = bytes([10, 0, 0, 1]), bytes([10, 1, 0, 1])
 
@@ -149,3 +149,11 @@ def test_flow_messages_do_not_depend_on_packet_order_within_window(tmp_path_fact
     assert sorted(got) == sorted(want) == sorted(msgs)
     per_dir = lambda t, d: [t.message_bytes(i) for i in range(t.n_messages) if t.msg_dir[i] == d]  # noqa: E731
     assert per_dir(a, 0) == per_dir(b, 0) and per_dir(a, 1) == per_dir(b, 1)
+
+
+def test_data_after_a_flow_ended_is_counted(tmp_path):
+    frames = http_connection(C4, S4, 5100, [(0, b"GET / HTTP/1.1\r\n\r\n")])
+    late = tcp_frame(C4, S4, 5100, 80, 5000, 0x18, b"sneaky")  # after both FINs
+    trace = load_trace(write_pcap(tmp_path / "late.pcap", frames + [late]))
+    assert trace.tcp["tcp_bytes_after_close"] == len(b"sneaky")
+    assert trace.flows[0].established and len(trace.flows) == 1
