@@ -336,3 +336,22 @@ def test_placement_json_keeps_every_time_and_size(tmp_path_factory, data):
         members.setdefault(x.get("colorClass", ("own", x["id"])), []).append(str(x["id"]))
     assert sorted(graph.colocation) == sorted(tuple(m) for m in members.values() if len(m) >= 2)
     assert from_document(to_data(graph)) == graph
+
+
+def test_placement_json_mirror_edges_that_close_a_cycle_are_refused(tmp_path):
+    # forward a -> b; an orphaned backward node o between a's and b's backward nodes in the
+    # unnatural direction (a_grad -> o -> b_grad): its mirrors b -> fwd:o -> a close a cycle
+    # with a -> b, which the reference implementation fuses into one class and this importer
+    # refuses, naming the ops
+    doc = {"nodes": [
+        {"name": "a", "id": 1, "fpgaLatency": 1.0, "isBackwardNode": 0, "colorClass": 1},
+        {"name": "b", "id": 2, "fpgaLatency": 1.0, "isBackwardNode": 0, "colorClass": 2},
+        {"name": "a_grad", "id": 3, "fpgaLatency": 1.0, "isBackwardNode": 1, "colorClass": 1},
+        {"name": "b_grad", "id": 4, "fpgaLatency": 1.0, "isBackwardNode": 1, "colorClass": 2},
+        {"name": "o", "id": 5, "fpgaLatency": 1.0, "isBackwardNode": 1}],
+        "edges": [{"sourceId": 1, "destId": 2, "cost": 0.5}, {"sourceId": 3, "destId": 5, "cost": 0.5},
+                  {"sourceId": 5, "destId": 4, "cost": 0.5}]}
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InvalidArtifact, match=r"orphaned backward nodes, form a cycle: .*fwd:o"):
+        import_placement_json(path)
