@@ -5,7 +5,9 @@ It checks, in order:
 1. the plan fits its graph and topology (ops and devices exist, every op is
    placed exactly once, batch sizes agree; fingerprints when asked);
 2. colocation: every colocation group of the graph sits on one device set
-   and, in a pipeline, in one stage;
+   and, in a pipeline, in one stage; outside a pipeline also with one set of
+   batch shares (the runtime passes a value whose shape depends on the data
+   only between units of the same placement);
 3. pipelines: every group is a stage, stage order respects the data edges,
    and the per-device action lists cannot deadlock (the graph of
    forward/backward dependencies plus each device's order is acyclic);
@@ -40,6 +42,7 @@ def validate_plan(plan: Plan, graph: OpGraph, topology: Topology, *, check_finge
     """Raise on the first way ``plan`` is not a valid, runnable plan for ``graph`` on ``topology``."""
     validate_against(plan, graph, topology, check_fingerprints=check_fingerprints)
     check_colocation(plan, graph)
+    check_colocated_shares(plan, graph)
     if plan.pipeline is not None:
         _check_pipeline(plan, graph)
     if plan.order:
@@ -68,6 +71,32 @@ def check_colocation(plan: Plan, graph: OpGraph) -> None:
                   if g.id in stage_of_group}
         for split in placement_violations(graph, stages):
             raise InvalidArtifact(split.describe("stage"), field="pipeline.stages")
+
+
+def check_colocated_shares(plan: Plan, graph: OpGraph) -> None:
+    """Raise ``InvalidArtifact`` when two ops of a colocation group run with different batch
+    shares outside a pipeline (where a stage runs whole on each replica).
+
+    The runtime cuts an op-placement plan into units by placement; a value whose shape
+    depends on the data (what the profiler colocates) passes only between units of the same
+    devices *and* shares, each replica keeping its own rows, so a group on one device set
+    with two share vectors is a plan the runtime refuses."""
+    if plan.pipeline is not None or not graph.colocation:
+        return
+    group_of = plan.group_of_op
+
+    def share_of(op: str) -> dict[str, float]:
+        return dict(zip(group_of[op].devices, group_of[op].shares))
+
+    for i, ops in enumerate(graph.colocation):
+        first = group_of[ops[0]]
+        other = next((op for op in ops[1:] if share_of(op) != share_of(ops[0])), None)
+        if other is not None:
+            raise InvalidArtifact(
+                f"colocation[{i}]: op {ops[0]!r} runs with batch shares {list(first.shares)} "
+                f"on {list(first.devices)} (group {first.id!r}), op {other!r} with "
+                f"{list(group_of[other].shares)} (group {group_of[other].id!r}); colocated ops "
+                f"must share devices and shares", field=f"groups.{group_of[other].id}.batch_shares")
 
 
 def _check_pipeline(plan: Plan, graph: OpGraph) -> None:

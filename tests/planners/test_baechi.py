@@ -85,3 +85,41 @@ def test_m_sct_frees_a_favourite_child_when_its_parents_device_fills_up():
     plan = run("m-sct", graph, from_document(PAIR))
     devices = _devices_of(plan)
     assert devices["a"] == devices["b"] == (V100,) and devices["c"] == (T4,)
+
+
+def test_m_topo_moves_a_colocation_group_whole_to_the_next_device():
+    # as above, but l2 and l3 colocated: at l2 the V100 holds 6 GiB, and the group's 6 GiB
+    # would pass the 9 GiB cap, so both go to the T4
+    import dataclasses
+
+    gib = 2**30
+    ops = [op(f"l{i}", 1, 2, params=gib, out=1, bwd=(2, 4)) for i in range(4)]
+    graph = graph_of(ops, [(f"l{i}", f"l{i + 1}", 1) for i in range(3)])
+    graph = dataclasses.replace(graph, colocation=(("l2", "l3"),))
+    plan = run("m-topo", graph, from_document(PAIR))
+    assert plan.order == {V100: ("l0", "l1"), T4: ("l2", "l3")}
+
+
+@pytest.mark.parametrize("planner", ["m-topo", "m-etf", "m-sct"])
+def test_baechi_placers_keep_colocated_ops_together(planner):
+    # the diamond's B and C: m-ETF and m-SCT put them on different devices (above); C and D
+    # straddle m-TOPO's fill of the V100 when everything weighs the same. Colocated, each
+    # pair shares a device, and the plan passes the shared validator.
+    import dataclasses
+
+    from dl_nfv.planners.validate import validate_plan
+
+    pair = ("C", "D") if planner == "m-topo" else ("B", "C")
+    gib = 2**30
+    graph = diamond()
+    if planner == "m-topo":
+        graph = graph_of([op(o, 1, 2, params=gib, out=1, bwd=(2, 4)) for o in "ABCD"],
+                         [(e.src, e.dst, e.bytes) for e in graph.edges])
+    topo = from_document(PAIR)
+    blind = _devices_of(run(planner, graph, topo))
+    assert blind[pair[0]] != blind[pair[1]]
+    graph = dataclasses.replace(graph, colocation=(pair,))
+    plan = run(planner, graph, topo)
+    validate_plan(plan, graph, topo)
+    placed = _devices_of(plan)
+    assert placed[pair[0]] == placed[pair[1]]

@@ -227,3 +227,42 @@ def test_rules_that_build_the_same_schedule_are_simulated_once():
     assert duplicates >= 1
     # every schedule is simulated at most once: simulations = distinct schedules kept
     assert f"{simulated} candidate simulations" in plan.notes[-1]
+
+
+def test_fastt_keeps_a_colocation_group_on_one_device():
+    # HEFT's best schedule of the diamond puts B on the T4 and C on the V100 (9.2 ms);
+    # colocated, every candidate keeps them together, and the plan passes the validator
+    import dataclasses
+
+    from dl_nfv.planners.validate import validate_plan
+
+    topology = from_document(PAIR)
+    blind = run("fastt", diamond(), topology, split_critical=False)
+    assert blind.devices_of_op["B"] != blind.devices_of_op["C"]
+    graph = dataclasses.replace(diamond(), colocation=(("B", "C"),))
+    plan = run("fastt", graph, topology, split_critical=False)
+    validate_plan(plan, graph, topology)
+    assert plan.devices_of_op["B"] == plan.devices_of_op["C"]
+
+
+def test_fastt_never_splits_a_colocated_op_apart_from_its_group():
+    # 'big' is worth splitting on its own (above); colocated with 'out', the critical-path
+    # search leaves it whole, and the data-parallel start replicates the pair alike (same
+    # devices, same shares), which is what the runtime needs of them
+    import dataclasses
+
+    from dl_nfv.planners.fastt.search import Context, Recipe, split_search
+    from dl_nfv.planners.validate import validate_plan
+    from dl_nfv.simulator.costs import CostModel
+
+    graph = dataclasses.replace(_big_op_chain(), colocation=(("big", "out"),))
+    topology = from_document(TRIO)
+    ctx = Context(graph, topology, CostModel(graph, topology), memory_fraction=1.0)
+    start = ctx.build(Recipe("heft", "heft", (0, 1, 2)))
+    best, log = split_search(ctx, start, max_split=3, rounds=2, ops_per_round=6,
+                             deadline=float("inf"))
+    assert log == [] and best is start
+    plan = run("fastt", graph, topology)
+    validate_plan(plan, graph, topology)
+    big, out = plan.group_of_op["big"], plan.group_of_op["out"]
+    assert dict(zip(big.devices, big.shares)) == dict(zip(out.devices, out.shares))

@@ -235,3 +235,79 @@ def test_a_tied_weight_split_across_devices_costs_its_allreduce_and_a_copy(tie_s
     untie = tie_sum_ms or nbytes * 3 / (CATALOG["V100-16GB"].memory_bandwidth_gb_per_s * 1e6)
     assert cm.tie_sum_ms("emb", V100) == pytest.approx(untie)
     assert emb_backward(together) - emb_backward(apart) == pytest.approx(untie)
+
+
+# ------------------------------------------------------------------ colocation
+def _placed(sg, sched):
+    return {sg.op_ids[sg.unit_op[u]]: (sg.devices[sched.device[u]], sched.start[u], sched.finish[u])
+            for u in range(sg.U)}
+
+
+def test_heft_keeps_a_colocation_group_on_its_first_op_s_device():
+    # The diamond with B and C colocated. HEFT alone puts C on the V100 and B on the T4
+    # (above); colocated, C goes first (rank 8.5) to the V100 (2-6; on the T4 it would end at
+    # 10), so B must follow it there: after C, 6-9 (no gap before). D: on the V100 both
+    # inputs are local, 9-11; on the T4 B's output would arrive at 9.1, ending at 12.1.
+    import dataclasses
+
+    _, sg = _step(dataclasses.replace(diamond(), colocation=(("B", "C"),)))
+    sched = list_schedule(sg, upward_ranks(sg, [0, 1]), allowed=[0, 1],
+                          capacity_bytes=[2**34, 2**34])
+    placed = _placed(sg, sched)
+    assert placed["C"] == (V100, pytest.approx(2.0), pytest.approx(6.0))
+    assert placed["B"] == (V100, pytest.approx(6.0), pytest.approx(9.0))
+    assert placed["D"] == (V100, pytest.approx(9.0), pytest.approx(11.0))
+    assert sched.makespan_ms == pytest.approx(11.0)
+
+
+def test_etf_keeps_a_colocation_group_on_its_first_op_s_device():
+    # ETF alone: C wins the V100 at 2 (higher rank), B starts on the T4 at 2.1. Colocated,
+    # B may only follow C to the V100 (6-9), and D starts there at 9 (T4: 9.1).
+    import dataclasses
+
+    _, sg = _step(dataclasses.replace(diamond(), colocation=(("B", "C"),)))
+    sched = etf_schedule(sg, allowed=[0, 1], capacity_bytes=[2**34, 2**34])
+    placed = _placed(sg, sched)
+    assert placed["B"] == (V100, pytest.approx(6.0), pytest.approx(9.0))
+    assert placed["D"] == (V100, pytest.approx(9.0), pytest.approx(11.0))
+
+
+def test_a_colocation_group_goes_where_the_whole_group_fits():
+    # a -> b, a -> c; b and c colocated, 6 GiB of parameters each (18 GiB with gradients and
+    # momentum for both). Only a device of more than 18 GiB can hold the group: on two
+    # 16 GiB devices it fits nowhere, and the shortfall names the group's first op.
+    import dataclasses
+
+    gib = 2**30
+    ops = [op("a", 1, 1), op("b", 1, 1, params=3 * gib, out=1, bwd=(1, 1)),
+           op("c", 1, 1, params=3 * gib, out=1, bwd=(1, 1))]
+    graph = graph_of(ops, [("a", "b", 1), ("a", "c", 1)])
+    caps = [16 * gib, 16 * gib]
+    blind = etf_schedule(_step(graph)[1], allowed=[0, 1], capacity_bytes=caps)
+    assert len({blind.device[1], blind.device[2]}) == 2  # 9 GiB each: one per device
+    _, sg = _step(dataclasses.replace(graph, colocation=(("b", "c"),)))
+    with pytest.raises(MemoryShortfall) as err:
+        list_schedule(sg, upward_ranks(sg, [0, 1]), allowed=[0, 1], capacity_bytes=caps)
+    assert err.value.op_id in ("b", "c")
+    together = etf_schedule(sg, allowed=[0, 1], capacity_bytes=[16 * gib, 20 * gib])
+    assert sg.devices[together.device[1]] == sg.devices[together.device[2]] == T4
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(2, 20), kind=st.sampled_from(["heft", "etf"]))
+def test_schedules_keep_every_colocation_group_on_one_device(seed, n, kind):
+    import dataclasses
+
+    graph = _random_graph(seed, n)
+    rng = random.Random(seed)
+    ids = [o.id for o in graph.ops]
+    rng.shuffle(ids)
+    cuts = sorted(rng.sample(range(1, n), min(n - 1, rng.randint(1, 3))))
+    groups = [tuple(ids[a:b]) for a, b in zip([0, *cuts], [*cuts, n]) if b - a >= 2]
+    _, sg = _step(dataclasses.replace(graph, colocation=tuple(groups)))
+    allowed, cap = [0, 1], [2**40, 2**40]
+    sched = (list_schedule(sg, upward_ranks(sg, allowed), allowed=allowed, capacity_bytes=cap)
+             if kind == "heft" else etf_schedule(sg, allowed=allowed, capacity_bytes=cap))
+    device = {sg.op_ids[sg.unit_op[u]]: sched.device[u] for u in range(sg.U)}
+    for group in groups:
+        assert len({device[o] for o in group}) == 1, group
