@@ -54,8 +54,10 @@ Communication
 
 Memory
     Parameters, gradients (same size) and optimizer state (``state_factor``
-    times the parameters) stay resident; activations (op outputs) of every
-    in-flight microbatch are stashed until their backward.
+    times the parameters) stay resident, and so does each op's
+    ``resident_bytes`` (a footprint an importer read as one figure) on every
+    device that runs it; activations (op outputs) of every in-flight
+    microbatch are stashed until their backward.
 
 Every phase of a collective is affine in its size, so each (algorithm,
 device set) is turned once into a small cached expression
