@@ -1,0 +1,192 @@
+"""Plans the runtime runs: every registered planner, on zoo models and user models, passes
+``validate_plan`` and then trains for real (``train``, 2 steps, ``local-cpu``).
+
+The user models (``user_models.py``) are what zoo models lack: a top-2 Mixture of
+Experts (``torch.topk``, ``torch.where``, ``index_add``: tuples and shapes that depend
+on the data) and residual blocks that ``torch.chunk`` their input. Graphs are profiled
+for real (one repetition). By default both user models run with every planner; the
+zoo's ``-tiny`` models with every planner need ``--runslow`` (profiling the zoo alone
+takes minutes on two cores). The converse holds too: plans that split what the runtime
+keeps together are refused by ``validate_plan`` and by the runtime alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from dl_nfv.artifacts import BadInput, Group, InvalidArtifact, SyncMethod, load, save
+from dl_nfv.planners import PLANNERS, run
+from dl_nfv.planners.validate import validate_plan
+from dl_nfv.runtime.launcher import train
+from dl_nfv.runtime.worker import WorkerOptions
+from tests.conftest import EXAMPLES
+
+USER_MODELS = Path(__file__).resolve().parent / "user_models.py"
+USER = {"moe": (f"{USER_MODELS}:moe", (32, 256)),
+        "chunked-residual": (f"{USER_MODELS}:chunked_residual", (16, 4, 8))}
+TOPOLOGY = EXAMPLES / "topologies" / "local-cpu.yaml"
+STEPS = 2
+
+
+def _zoo_tiny() -> list[str]:
+    from dl_nfv.profilers import zoo
+
+    return sorted(n for n in zoo.ZOO if n.endswith("-tiny"))
+
+
+class Graphs:
+    """Op graphs profiled on first use (one repetition), kept for the module."""
+
+    def __init__(self) -> None:
+        self._graphs: dict[str, object] = {}
+
+    def __getitem__(self, name: str):
+        if name not in self._graphs:
+            from dl_nfv.profilers import profile_model, zoo
+
+            if name in USER:
+                ref = zoo.model_ref(USER[name][0], input_shapes=[USER[name][1]])
+            else:
+                ref = zoo.model_ref(name)
+            self._graphs[name] = profile_model(ref, granularity="op", repeats=1, warmup=0,
+                                               batch_scaling=False)
+        return self._graphs[name]
+
+
+@pytest.fixture(scope="module")
+def graphs() -> Graphs:
+    return Graphs()
+
+
+def _train(tmp_path: Path, plan, graph, topology, **options):
+    """Write the three artifacts and run ``train`` on them; returns the run report."""
+    save(graph, tmp_path / "graph.json")
+    save(topology, tmp_path / "topology.yaml")
+    plan = dataclasses.replace(plan, graph_path=str(tmp_path / "graph.json"),
+                               topology_path=str(tmp_path / "topology.yaml"))
+    save(plan, tmp_path / "plan.json")
+    return train(WorkerOptions(plan=str(tmp_path / "plan.json"), steps=STEPS, warmup=0,
+                               threads=1, timeout_s=60, **options), start_method="forkserver")
+
+
+def _plan_validate_train(tmp_path: Path, graph, planner: str):
+    topology = load(TOPOLOGY)
+    plan = run(planner, graph, topology)
+    validate_plan(plan, graph, topology, check_fingerprints=True)
+    report = _train(tmp_path, plan, graph, topology)
+    assert report.steps == STEPS and report.world_size == len(plan.devices)
+    assert len(report.losses) == STEPS and all(math.isfinite(x) for x in report.losses)
+    return plan, report
+
+
+def _cases(models, slow: bool):
+    marks = (pytest.mark.slow,) if slow else ()
+    return [pytest.param(m, p, marks=marks, id=f"{m}-{p}") for m in models for p in PLANNERS]
+
+
+@pytest.mark.parametrize(("model", "planner"), _cases(USER, slow=False))
+def test_every_planner_plans_user_models_the_runtime_runs(tmp_path, graphs, model, planner):
+    _plan_validate_train(tmp_path, graphs[model], planner)
+
+
+@pytest.mark.parametrize(("model", "planner"), _cases(_zoo_tiny(), slow=True))
+def test_every_planner_plans_zoo_models_the_runtime_runs(tmp_path, graphs, model, planner):
+    _plan_validate_train(tmp_path, graphs[model], planner)
+
+
+def test_the_profiler_colocates_what_the_runtime_keeps_together(graphs):
+    # MoE: topk's tuple with its two getitems; per expert, torch.where's tuple, its row
+    # indices (as many as the samples routed there: a shape that depends on the data) and
+    # everything computed from them up to the index_add that scatters them back.
+    groups = [set(g) for g in graphs["moe"].colocation]
+    assert {"topk", "getitem", "getitem_1"} in groups
+    for e in range(4):
+        (group,) = [g for g in groups if f"experts_{e}_0" in g]
+        assert {f"experts_{e}_0", f"experts_{e}_1", f"experts_{e}_2"} <= group
+        assert len([o for o in group if o.startswith("where")]) == 1
+        assert len([o for o in group if o.startswith("index_add")]) == 1
+    assert len(groups) == 5
+    # chunked residual: each block's chunk with its two halves, nothing else
+    assert [set(g) for g in graphs["chunked-residual"].colocation] == [
+        {"chunk", "getitem", "getitem_1"}, {"chunk_1", "getitem_2", "getitem_3"},
+        {"chunk_2", "getitem_4", "getitem_5"}]
+
+
+def test_fastt_places_moe_experts_apart_and_trains_them_exactly(tmp_path, graphs):
+    """The MoE's fastt plan runs the experts on both devices, and its losses and parameters
+    are those of a single-process run of the same model, seed and batches."""
+    from dl_nfv.runtime.reference import reference_run
+
+    graph = graphs["moe"]
+    topology = load(TOPOLOGY)
+    plan = run("fastt", graph, topology, split_critical=False)
+    experts = {plan.devices_of_op[f"experts_{e}_0"] for e in range(4)}
+    assert len(experts) == 2
+    params = tmp_path / "params"
+    params.mkdir()
+    report = _train(tmp_path, plan, graph, topology, save_params=str(params))
+    ref = reference_run(graph.model, steps=STEPS, batch_size=plan.batch_size)
+    torch.testing.assert_close(torch.tensor(report.losses, dtype=torch.float64),
+                               torch.tensor(ref.losses, dtype=torch.float64), rtol=1e-5, atol=1e-6)
+    held = {}
+    for rank in range(report.world_size):
+        held.update(torch.load(params / f"rank{rank}.pt"))
+    assert set(held) == set(ref.parameters)
+    for name, value in held.items():
+        torch.testing.assert_close(value, ref.parameters[name], rtol=1e-4, atol=1e-5)
+
+
+def test_a_plan_that_parts_a_tuple_from_its_getitem_is_refused_by_both(tmp_path, graphs):
+    """The fault that was: fastt put a getitem of ``torch.where``'s tuple on the other device
+    than the tuple; the runtime runs such a getitem with its tuple, so that device's order
+    lacked it. Both the validator and the runtime now refuse the plan, naming the op."""
+    graph = graphs["moe"]
+    topology = load(TOPOLOGY)
+    plan = run("m-etf", graph, topology)
+    where = next(g for g in graph.colocation if g[0] == "where_2")
+    getitem = where[1]
+    home = plan.devices_of_op[getitem][0]
+    other = next(d for d in plan.devices if d != home)
+    groups = [dataclasses.replace(g, ops=tuple(o for o in g.ops if o != getitem))
+              for g in plan.groups]
+    groups = [g for g in groups if g.ops]
+    groups.append(Group(id="moved", ops=(getitem,), devices=(other,), sync=SyncMethod.NONE))
+    order = {d: tuple(o for o in ops if o != getitem) for d, ops in plan.order.items()}
+    order[other] = tuple(op for op in graph.topological_ids()
+                         if op == getitem or op in order.get(other, ()))
+    moved = dataclasses.replace(plan, groups=tuple(groups), order=order)
+    with pytest.raises(InvalidArtifact, match=f"{getitem}|where_2"):
+        validate_plan(moved, graph, topology)
+    with pytest.raises(BadInput, match=getitem):
+        _train(tmp_path, moved, graph, topology)
+
+
+def test_colocated_ops_with_other_batch_shares_are_refused_by_both(tmp_path, graphs):
+    """Data parallel over both devices with even shares, but the ``torch.where`` of one
+    expert (and its tuple's getitems) with other shares: its colocation group is on one
+    device set, yet the rows of the expert's row indices (a shape that depends on the data)
+    would not match, so the validator names the field and the runtime refuses the value."""
+    graph = graphs["moe"]
+    topology = load(TOPOLOGY)
+    devices = ("local/cpu0", "local/cpu1")
+    expert = next(g for g in graph.colocation if "experts_1_0" in g)
+    routing = expert[:3]  # where_1 and its two getitems
+    assert routing[0].startswith("where")
+    rest = tuple(op.id for op in graph.ops if op.id not in routing)
+    groups = (Group(id="even", ops=rest, devices=devices, batch_shares=(0.5, 0.5),
+                    sync=SyncMethod.ALLREDUCE),
+              Group(id="uneven", ops=routing, devices=devices, batch_shares=(0.25, 0.75),
+                    sync=SyncMethod.NONE))
+    plan = dataclasses.replace(run("dp", graph, topology), groups=groups, fusion=None)
+    with pytest.raises(InvalidArtifact, match="batch shares") as err:
+        validate_plan(plan, graph, topology)
+    # the group's first op (where_1) sets the placement; the first op that differs is named
+    assert err.value.field == "groups.even.batch_shares"
+    assert "'uneven'" in str(err.value) and routing[0] in str(err.value)
+    with pytest.raises(BadInput, match="does not follow the batch"):
+        _train(tmp_path, plan, graph, topology)
