@@ -26,11 +26,39 @@ measurement. Plans keep the fingerprint of the original graph.
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dl_nfv.artifacts import ArtifactMismatch, BadInput, OpGraph, Topology, fingerprint, load
+from dl_nfv.artifacts import ArtifactMismatch, BadInput, OpGraph, Plan, Topology, fingerprint, load
 from dl_nfv.simulator.costs import CostModel
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpTimes:
+    """Every op's times being refined, by op id then device type: forward and backward ms,
+    and their measured batch-independent parts (scaled with their op, never above its time)."""
+
+    fwd: dict[str, dict[str, float]]
+    bwd: dict[str, dict[str, float]]
+    fwd_fixed: dict[str, dict[str, float]]
+    bwd_fixed: dict[str, dict[str, float]]
+
+    @classmethod
+    def of(cls, graph: OpGraph) -> OpTimes:
+        return cls(fwd={op.id: dict(op.fwd_ms) for op in graph.ops},
+                   bwd={op.id: dict(op.bwd_ms) for op in graph.ops},
+                   fwd_fixed={op.id: dict(op.fwd_fixed_ms) for op in graph.ops},
+                   bwd_fixed={op.id: dict(op.bwd_fixed_ms) for op in graph.ops})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReportRun:
+    """The plan a run report ran, the graph and topology it names, and their cost model."""
+
+    plan: Plan
+    graph: OpGraph
+    topology: Topology
+    cost_model: CostModel
 
 
 def refined_graph(graph: OpGraph, topology: Topology, report_path: str) -> tuple[OpGraph, list[str]]:
@@ -51,21 +79,38 @@ def refined_graph(graph: OpGraph, topology: Topology, report_path: str) -> tuple
         raise ArtifactMismatch(
             f"{report_path}: the run report measured a plan for a graph with sha256 "
             f"{report.graph_sha256[:12]}..., but this graph has sha256 {fingerprint(graph)[:12]}...")
-    notes: list[str] = []
-    run_plan, run_graph, run_topology = _report_plan(report, Path(report_path))
-    shares = _shares_by_type(run_plan, run_topology) if run_plan is not None else {}
-    run_cm = CostModel(run_graph, run_topology) if run_plan is not None else None
+    run = _report_plan(report, Path(report_path))
+    times = OpTimes.of(graph)
+    measured, notes = _measured_times(report, times, run)
+    if run is not None:
+        notes += _scale_by_compute(report, graph, times, measured, run)
+    elif not measured:
+        raise BadInput(f"{report_path}: the run report holds no per-op times and its plan "
+                       f"{report.plan_path or '(no plan_path)'!r} cannot be read, so there is "
+                       f"nothing to refine the costs with")
+    notes.append("transfer costs not refined (the run report holds no per-pair transfer times)")
+    ops = tuple(replace(op, fwd_ms=times.fwd[op.id], bwd_ms=times.bwd[op.id],
+                        fwd_fixed_ms=_capped(times.fwd_fixed[op.id], times.fwd[op.id]),
+                        bwd_fixed_ms=_capped(times.bwd_fixed[op.id], times.bwd[op.id]),
+                        tie_sum_ms=_capped(dict(op.tie_sum_ms), times.bwd[op.id]))
+                for op in graph.ops)
+    return replace(graph, ops=ops), notes
 
-    fwd = {op.id: dict(op.fwd_ms) for op in graph.ops}
-    bwd = {op.id: dict(op.bwd_ms) for op in graph.ops}
-    # measured batch-independent parts: scaled with their op, never above its time
-    fwd_fixed = {op.id: dict(op.fwd_fixed_ms) for op in graph.ops}
-    bwd_fixed = {op.id: dict(op.bwd_fixed_ms) for op in graph.ops}
+
+def _measured_times(report, times: OpTimes, run: ReportRun | None
+                    ) -> tuple[set[tuple[str, str]], list[str]]:
+    """Replace ``times`` by the report's per-op measurements, brought back to the full batch
+    from the run's batch shares when its plan is readable; returns the (device type, op)
+    pairs measured and a note per phase and device type."""
+    shares = _shares_by_type(run.plan, run.topology) if run is not None else {}
+    run_cm = run.cost_model if run is not None else None
     measured: set[tuple[str, str]] = set()
-    for table, target, phase in ((report.op_fwd_ms, fwd, "forward"), (report.op_bwd_ms, bwd, "backward")):
-        for dtype, times in table.items():
+    notes: list[str] = []
+    for table, target, phase in ((report.op_fwd_ms, times.fwd, "forward"),
+                                 (report.op_bwd_ms, times.bwd, "backward")):
+        for dtype, by_op in table.items():
             count = 0
-            for op_id, ms in times.items():
+            for op_id, ms in by_op.items():
                 if op_id not in target:
                     continue
                 share = shares.get((dtype, op_id), 1.0)
@@ -76,50 +121,48 @@ def refined_graph(graph: OpGraph, topology: Topology, report_path: str) -> tuple
                 basis = "rescaled from the run's batch shares" if shares else "taken as full-batch"
                 notes.append(f"{phase} times of {count} ops on {dtype} replaced by the run's "
                              f"measurements ({basis})")
-
-    if run_plan is not None:
-        from dl_nfv.simulator import simulate
-
-        sim = simulate(run_plan, run_graph, run_topology, cost_model=run_cm, check_fingerprints=False)
-        ratios: dict[str, list[float]] = {}
-        for r in report.per_rank:
-            predicted = sim.busy_ms.get(r.device, 0.0)
-            if predicted > 0 and r.compute_ms > 0:
-                dtype = run_cm.cluster.device(r.device).type.name
-                ratios.setdefault(dtype, []).append(r.compute_ms / predicted)
-        for dtype, values in sorted(ratios.items()):
-            factor = statistics.median(values)
-            j = run_cm.type_index[dtype]
-            scaled = 0
-            for i, op in enumerate(graph.ops):
-                if (dtype, op.id) in measured:
-                    continue
-                fwd[op.id][dtype] = float(run_cm.fwd_ms_by_type[i, j]) * factor
-                if dtype in fwd_fixed[op.id]:
-                    fwd_fixed[op.id][dtype] *= factor
-                if run_cm.bwd_ms_by_type[i, j] > 0:
-                    bwd[op.id][dtype] = float(run_cm.bwd_ms_by_type[i, j]) * factor
-                    if dtype in bwd_fixed[op.id]:
-                        bwd_fixed[op.id][dtype] *= factor
-                scaled += 1
-            notes.append(f"compute on {dtype} scaled by {factor:.3f} (measured / simulated compute "
-                         f"time, median of {len(values)} ranks) for {scaled} ops")
-    elif not measured:
-        raise BadInput(f"{report_path}: the run report holds no per-op times and its plan "
-                       f"{report.plan_path or '(no plan_path)'!r} cannot be read, so there is "
-                       f"nothing to refine the costs with")
-    notes.append("transfer costs not refined (the run report holds no per-pair transfer times)")
-    ops = tuple(replace(op, fwd_ms=fwd[op.id], bwd_ms=bwd[op.id],
-                        fwd_fixed_ms=_capped(fwd_fixed[op.id], fwd[op.id]),
-                        bwd_fixed_ms=_capped(bwd_fixed[op.id], bwd[op.id]),
-                        tie_sum_ms=_capped(dict(op.tie_sum_ms), bwd[op.id])) for op in graph.ops)
-    return replace(graph, ops=ops), notes
+    return measured, notes
 
 
-def _report_plan(report, report_path: Path):
-    """The plan the report ran, with its graph and topology; (None, None, None) if unreadable."""
+def _scale_by_compute(report, graph: OpGraph, times: OpTimes, measured: set[tuple[str, str]],
+                      run: ReportRun) -> list[str]:
+    """Scale the times of every op not measured on a device type by that type's measured
+    over simulated compute time (median over its ranks); returns a note per type."""
+    from dl_nfv.simulator import simulate
+
+    run_cm = run.cost_model
+    sim = simulate(run.plan, run.graph, run.topology, cost_model=run_cm, check_fingerprints=False)
+    ratios: dict[str, list[float]] = {}
+    for r in report.per_rank:
+        predicted = sim.busy_ms.get(r.device, 0.0)
+        if predicted > 0 and r.compute_ms > 0:
+            dtype = run_cm.cluster.device(r.device).type.name
+            ratios.setdefault(dtype, []).append(r.compute_ms / predicted)
+    notes = []
+    for dtype, values in sorted(ratios.items()):
+        factor = statistics.median(values)
+        j = run_cm.type_index[dtype]
+        scaled = 0
+        for i, op in enumerate(graph.ops):
+            if (dtype, op.id) in measured:
+                continue
+            times.fwd[op.id][dtype] = float(run_cm.fwd_ms_by_type[i, j]) * factor
+            if dtype in times.fwd_fixed[op.id]:
+                times.fwd_fixed[op.id][dtype] *= factor
+            if run_cm.bwd_ms_by_type[i, j] > 0:
+                times.bwd[op.id][dtype] = float(run_cm.bwd_ms_by_type[i, j]) * factor
+                if dtype in times.bwd_fixed[op.id]:
+                    times.bwd_fixed[op.id][dtype] *= factor
+            scaled += 1
+        notes.append(f"compute on {dtype} scaled by {factor:.3f} (measured / simulated compute "
+                     f"time, median of {len(values)} ranks) for {scaled} ops")
+    return notes
+
+
+def _report_plan(report, report_path: Path) -> ReportRun | None:
+    """The plan the report ran, with its graph and topology; None if unreadable."""
     if not report.plan_path:
-        return None, None, None
+        return None
     for base in (report_path.parent, Path.cwd()):
         path = base / report.plan_path
         if not path.is_file():
@@ -133,9 +176,10 @@ def _report_plan(report, report_path: Path):
             graph = load(path.parent / plan.graph_path, expect="op-graph")
             topology = load(path.parent / plan.topology_path, expect="topology")
         except (BadInput, OSError, TypeError):
-            return None, None, None
-        return plan, graph, topology
-    return None, None, None
+            return None
+        return ReportRun(plan=plan, graph=graph, topology=topology,
+                         cost_model=CostModel(graph, topology))
+    return None
 
 
 def _shares_by_type(plan, topology) -> dict[tuple[str, str], float]:
