@@ -36,6 +36,7 @@ KINDS: dict[str, str] = {
     "nfv-report": "nfvreport:NfvReport",
     "plan-comparison": "results:PlanComparison",
     "nfv-bench": "results:NfvBench",
+    "network-probe": "results:NetworkProbe",
 }
 
 

@@ -1,5 +1,5 @@
-"""Comparison artifacts: ``plan-comparison`` (``dl-nfv plan compare -o``) and ``nfv-bench``
-(``dl-nfv nfv bench -o``).
+"""Result tables: ``plan-comparison`` (``dl-nfv plan compare -o``), ``nfv-bench``
+(``dl-nfv nfv bench -o``) and ``network-probe`` (``dl-nfv profile network --report``).
 
 Each is a table of rows, one per planner or engine, under ``rows`` (a comparison)
 or ``engines`` (a bench), so scripts can read a row's figures by name. A row of a
@@ -8,6 +8,8 @@ planner that could not plan the problem has ``feasible: false`` and the reason i
 """
 
 from __future__ import annotations
+
+from dataclasses import field
 
 from .records import check, record, unique
 
@@ -95,3 +97,35 @@ class NfvBench:
         check(self.kind == "nfv-bench", f"kind must be 'nfv-bench', got {self.kind!r}")
         check(bool(self.engines), "engines must name at least one engine")
         unique((e.engine for e in self.engines), "engine")
+
+
+@record
+class NetworkProbe:
+    """What ``dl-nfv profile network --report`` measured, before fitting it into a topology.
+
+    ``p2p_one_way_s`` and ``fits`` are keyed by rank pair ``"i-j"``; the lists of
+    ``p2p_one_way_s`` and ``allreduce_s`` follow ``sizes_bytes``.
+    """
+
+    kind: str = "network-probe"
+    schema_version: int = 1
+    backend: str
+    world_size: int
+    hosts: tuple[str, ...]  # per rank
+    devices: tuple[str, ...]  # per rank
+    sizes_bytes: tuple[int, ...]
+    p2p_one_way_s: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    allreduce_s: tuple[float, ...] = ()
+    fits: dict[str, dict[str, float]] = field(default_factory=dict)  # latency_us, bandwidth_gbps
+    matmul_gflops: tuple[float, ...] = ()  # per rank
+    memory_gb_per_s: tuple[float, ...] = ()  # per rank
+    memory_gib: dict[str, float] = field(default_factory=dict)  # per host
+
+    def __post_init__(self) -> None:
+        check(self.kind == "network-probe", f"kind must be 'network-probe', got {self.kind!r}")
+        check(len(self.hosts) == len(self.devices) == self.world_size,
+              f"hosts ({len(self.hosts)}) and devices ({len(self.devices)}) must name every one "
+              f"of the {self.world_size} ranks")
+        for pair, times in self.p2p_one_way_s.items():
+            check(len(times) == len(self.sizes_bytes),
+                  f"p2p_one_way_s.{pair} has {len(times)} times for {len(self.sizes_bytes)} sizes")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .options import json_option, output_option, stderr_console
+from .options import Number, json_option, output_option, stderr_console
 
 STYLES = click.Choice(["async", "callback", "blocking"])
 _config = click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
@@ -57,7 +57,7 @@ def _write(result: dict, output: Path | None, as_json: bool, summary: str) -> No
               help="How the NFs are written: async (futures), callback or blocking.")
 @click.option("--window", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Messages inside the chain at once.")
-@click.option("--retry-budget-s", type=click.FloatRange(min=0), default=30.0, show_default=True,
+@click.option("--retry-budget-s", type=Number(min=0), default=30.0, show_default=True,
               help="Seconds of back-off a request to a failed service may wait before the run fails.")
 @output_option("Write the netstar-report to this file (.json).")
 @json_option

@@ -38,7 +38,7 @@ def command() -> None:
 @click.option("--size-dist", default="zipf:1.2", show_default=True,
               help="Flow sizes in request/response exchanges: uniform, zipf:S or pareto:A.")
 @click.option("--mix", default="http", show_default=True, help="Traffic mix (http).")
-@click.option("--mean-exchanges", type=Number(min=0, min_open=True), default=4.0, show_default=True,
+@click.option("--mean-exchanges", type=Number(min=1), default=4.0, show_default=True,
               help="Mean request/response exchanges per flow.")
 @click.option("--attack-rate", type=Number(min=0, max=1), default=0.01, show_default=True,
               help="Fraction of messages carrying a string the example IDS rules detect.")

@@ -106,7 +106,7 @@ def output_option(help_text: str = "Write the result to this file (.json, .yaml 
         return None if value is None else check_output_path(value, suffixes)
 
     return click.option(*flags, name, type=click.Path(dir_okay=False, path_type=Path),
-                        default=None, required=required, callback=convert, help=help_text)
+                        required=required, callback=convert, help=help_text)
 
 
 json_option = click.option("--json", "as_json", is_flag=True,

@@ -37,7 +37,23 @@ from .options import (
 FILE_OPTIONS = {"refine_with": "RUN_REPORT"}
 
 
-@click.group(name="plan")
+class PlannerGroup(click.Group):
+    """``plan``'s group: its own commands plus one per registered planner, each built (and
+    its planner imported) only when it is called or its help is shown, so a command
+    line that does not plan imports no planner."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *PLANNERS})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        found = super().get_command(ctx, name)
+        if found is None and name in PLANNERS:
+            found = PlannerCommand(PLANNERS[name])
+            self.add_command(found)
+        return found
+
+
+@click.group(name="plan", cls=PlannerGroup)
 def command() -> None:
     """Search for a distributed training plan, or compare planners.
 
@@ -140,43 +156,58 @@ def _planner_option(p: inspect.Parameter, text: str) -> click.Option:
     return click.Option([flag, p.name], type=kind, default=p.default, show_default=True, help=text)
 
 
-def _planner_command(info: PlannerInfo) -> click.Command:
-    func = info.load()
-    params = [p for p in inspect.signature(func).parameters.values()
-              if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "seed"
-              and p.name not in info.preset]
-    helps = _param_help(func.__doc__ or "")
+class PlannerCommand(click.Command):
+    """The command of one registry entry. Its planner is imported, and its options and help
+    built, when the command is parsed or its help shown: listing ``plan``'s commands
+    needs only the registry, and a planner that fails to import breaks only its own
+    command."""
 
-    def summary(plan) -> str:
+    def __init__(self, info: PlannerInfo):
+        super().__init__(name=info.name, callback=self._plan,
+                         short_help=f"{info.summary[0].upper()}{info.summary[1:]}")
+        self.info = info
+        self._built = False
+
+    def _build(self) -> None:
+        if self._built:
+            return
+        func = self.info.load()
+        params = [p for p in inspect.signature(func).parameters.values()
+                  if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "seed"
+                  and p.name not in self.info.preset]
+        helps = _param_help(func.__doc__ or "")
+        common = click.Command(name="common", callback=None)
+        for decorator in (_graph_topology_options,
+                          output_option("Write the plan here (.json, .yaml or .yml)."),
+                          json_option, seed_option):
+            common = decorator(common)
+        self.params = [*common.params, *(_planner_option(p, helps.get(p.name, "")) for p in params)]
+        self.help = _planner_help(self.info, func)
+        self._built = True
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        self._build()
+        return super().get_params(ctx)
+
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._build()
+        super().format_help_text(ctx, formatter)
+
+    def _summary(self, plan) -> str:
         if plan.prediction is None:
-            return f"{info.name}: planned in {plan.wall_time_s:.2f} s"
+            return f"{self.name}: planned in {plan.wall_time_s:.2f} s"
         bound = f", bound {plan.bound_ms:.2f} ms" if plan.bound_ms else ""
-        return (f"{info.name}: predicted iteration {plan.prediction.iteration_ms:.2f} ms"
+        return (f"{self.name}: predicted iteration {plan.prediction.iteration_ms:.2f} ms"
                 f"{bound}, planned in {plan.wall_time_s:.2f} s")
 
-    def callback(graph_path, topology_path, output, as_json, seed, **options):
+    def _plan(self, graph_path, topology_path, output, as_json, seed, **options) -> None:
         graph = load(graph_path, expect="op-graph")
         topology = load(topology_path, expect="topology")
         given = {k: v for k, v in options.items() if v is not None}
-        plan = get(info.name)(graph, topology, seed=seed, **given)
+        plan = get(self.info.name)(graph, topology, seed=seed, **given)
         plan = replace(plan, graph_path=_relative(graph_path, output),
                        topology_path=_relative(topology_path, output))
-        deliver(plan, output, as_json, summary=summary, document="json")
-
-    cmd = click.Command(name=info.name, callback=callback, help=_planner_help(info, func),
-                        short_help=f"{info.summary[0].upper()}{info.summary[1:]}")
-    cmd.params = [_planner_option(p, helps.get(p.name, "")) for p in params]
-    common = click.Command(name="common", callback=None)
-    for decorator in (_graph_topology_options,
-                      output_option("Write the plan here (.json, .yaml or .yml)."),
-                      json_option, seed_option):
-        common = decorator(common)
-    cmd.params[:0] = common.params
-    return cmd
-
-
-for _info in PLANNERS.values():
-    command.add_command(_planner_command(_info))
+        deliver(plan, output, as_json, summary=self._summary, document="json")
 
 
 def _planner_names(ctx, param, value: str) -> list[str]:

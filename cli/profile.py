@@ -11,7 +11,6 @@ from rich.table import Table
 from dl_nfv.artifacts import CATALOG, Granularity
 
 from .options import (
-    JSON_SUFFIXES,
     Number,
     deliver,
     emit,
@@ -216,7 +215,7 @@ def model(model: str, output: Path | None, as_json: bool, batch_size, seq_len, g
               help="Worker processes to start on this host (ignored under torchrun).")
 @output_option("Write the measured topology here (.yaml or .json).")
 @json_option
-@output_option("Also write the raw measurements (JSON) here.", suffixes=JSON_SUFFIXES,
+@output_option("Also write the raw measurements (a network-probe: .json, .yaml or .yml) here.",
                flags=("--report",), name="report_path")
 @click.option("--min-bytes", type=click.IntRange(min=1), default=1024, show_default=True,
               help="Smallest message size.")
@@ -248,10 +247,9 @@ def network(nprocs, output, as_json, report_path, min_bytes, max_bytes, repeats,
       dl-nfv profile network --nprocs 2 -o local.yaml
       torchrun --nnodes 2 --nproc-per-node 4 -m dl_nfv profile network -o cluster.yaml
     """
-    from dl_nfv.artifacts.io import write_text_atomic
+    from dl_nfv.artifacts import from_data, save
+    from dl_nfv.artifacts.results import NetworkProbe
     from dl_nfv.profilers.network import message_sizes, probe_network
-
-    from .options import json_text
 
     sizes = message_sizes(min_bytes, max_bytes)
     with _progress_bar("probing the network") as progress:
@@ -261,7 +259,7 @@ def network(nprocs, output, as_json, report_path, min_bytes, max_bytes, repeats,
     if topology is None:  # a rank other than 0 under torchrun
         return
     if report_path is not None:
-        write_text_atomic(report_path, json_text(report.to_data()))
+        save(from_data(NetworkProbe, report.to_data()), report_path)
     console = stderr_console()
     if console is not None:
         for pair, fit in report.fits.items():

@@ -1,4 +1,5 @@
-"""Rich tables of comparisons and traces: ``plan-comparison``, ``nfv-bench``, a Chrome trace."""
+"""Rich tables of result tables and traces: ``plan-comparison``, ``nfv-bench``,
+``network-probe``, a Chrome trace's summary."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from rich.console import Group
 from rich.table import Table
 
 from dl_nfv.artifacts.chrome_trace import TraceSummary
-from dl_nfv.artifacts.results import NfvBench, PlanComparison
+from dl_nfv.artifacts.results import NetworkProbe, NfvBench, PlanComparison
 
 GIB = 2**30
 
@@ -65,3 +66,32 @@ def render_trace(summary: TraceSummary, name: str) -> Table:
         table.add_row(t.process, t.thread, str(t.events), f"{t.busy_ms:,.3f}",
                       f"{t.first_ms:,.3f}", f"{t.last_ms:,.3f}")
     return table
+
+
+def render_probe(probe: NetworkProbe) -> Group:
+    ranks = Table(title=f"network probe: {probe.world_size} ranks over {probe.backend}",
+                  title_justify="left")
+    for col in ("rank", "host", "device", "matmul GFLOP/s", "memory GB/s"):
+        ranks.add_column(col, justify="left" if col in ("host", "device") else "right")
+    for r in range(probe.world_size):
+        ranks.add_row(str(r), probe.hosts[r], probe.devices[r],
+                      _num(_at(probe.matmul_gflops, r), ",.1f"),
+                      _num(_at(probe.memory_gb_per_s, r), ",.2f"))
+    pairs = Table(title="point-to-point fits (latency + size / bandwidth)", title_justify="left")
+    for col in ("ranks", "latency us", "bandwidth Gbps"):
+        pairs.add_column(col, justify="left" if col == "ranks" else "right")
+    for pair, fit in probe.fits.items():
+        pairs.add_row(pair, _num(fit.get("latency_us"), ",.1f"), _num(fit.get("bandwidth_gbps"), ",.3f"))
+    sizes = Table(title="one-way and AllReduce time per message size (ms)", title_justify="left")
+    sizes.add_column("bytes", justify="right")
+    for pair in probe.p2p_one_way_s:
+        sizes.add_column(f"ranks {pair}", justify="right")
+    sizes.add_column("AllReduce", justify="right")
+    for i, size in enumerate(probe.sizes_bytes):
+        sizes.add_row(f"{size:,}", *(_num(t[i] * 1e3, ".3f") for t in probe.p2p_one_way_s.values()),
+                      _num(_at(probe.allreduce_s, i, 1e3), ".3f"))
+    return Group(ranks, pairs, sizes)
+
+
+def _at(values: tuple[float, ...], i: int, scale: float = 1.0) -> float | None:
+    return values[i] * scale if i < len(values) else None

@@ -6,7 +6,7 @@ import importlib
 
 import click
 
-from dl_nfv.artifacts import from_document, read_document
+from dl_nfv.artifacts import InvalidArtifact, from_document, read_document
 from dl_nfv.artifacts.chrome_trace import is_chrome_trace, summarise_trace
 
 from .options import json_option, print_json, print_view
@@ -22,6 +22,7 @@ RENDERERS: dict[str, str] = {
     "nfv-report": "render_nfv:render_report",
     "plan-comparison": "render_compare:render_comparison",
     "nfv-bench": "render_compare:render_bench",
+    "network-probe": "render_compare:render_probe",
 }
 
 
@@ -46,7 +47,10 @@ def command(file: str, as_json: bool, width: int | None) -> None:
     """
     doc = read_document(file)
     if is_chrome_trace(doc):
-        summary = summarise_trace(doc)
+        try:
+            summary = summarise_trace(doc)
+        except InvalidArtifact as exc:
+            raise exc.at(file=file) from None
         if as_json:
             print_json(summary)
             return

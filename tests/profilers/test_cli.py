@@ -90,7 +90,7 @@ def test_profile_a_user_model_by_path(user_model):
     (["{m}:build"], "give its input shape(s) with --input-shape"),
     (["{m}:build", "--input-shape", "8,a"], "expected comma-separated positive integers"),
     (["resnet50", "--seq-len", "4"], "takes images, not sequences"),
-    (["mlp-tiny", "--repeats", "0"], "--repeats must be >= 1"),
+    (["mlp-tiny", "--repeats", "0"], "'--repeats': 0 is not in the range x>=1"),
     (["mlp-tiny", "--device-type", "Z80"], "not in the catalog"),
     (["mlp-tiny", "--leaf", "nothing"], "--leaf 'nothing'"),
     (["missing_file.py:build", "--input-shape", "1,2"], "no such file"),
@@ -160,7 +160,6 @@ def test_network_rejects_impossible_settings():
     assert result.exit_code == 2 and "at least two sizes" in result.output
 
 
-@pytest.mark.slow
 def test_network_probe_under_torchrun(tmp_path):
     out = tmp_path / "net.yaml"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
