@@ -54,6 +54,8 @@ PLANNERS: dict[str, PlannerInfo] = {p.name: p for p in (
                 "(baseline)", "single", baseline=True),
     PlannerInfo("pipeline", "pipeline:plan", "synchronous pipeline: partition, device mapping "
                 "over any connectivity, replicated stages, microbatches and schedule", "pipeline"),
+    PlannerInfo("exact", "exact:plan", "the optimal contiguous split into single-device stages "
+                "(bottleneck load by a DP over the graph's ideals; the yardstick)", "pipeline"),
     PlannerInfo("gpipe", "gpipe:plan_gpipe", "GPipe: even split, one device per stage, fill-drain "
                 "schedule (baseline)", "pipeline", baseline=True),
     PlannerInfo("1f1b", "gpipe:plan_1f1b", "1F1B: GPipe's even split with one-forward-one-backward "

@@ -81,8 +81,8 @@ class _Draft:
 
 
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int = 0,
-         max_stages: int = 0, schedule: str = "auto", time_limit: float = 30.0,
-         optimizer: str = "sgd") -> Plan:
+         max_stages: int = 0, max_replicas: int = 0, schedule: str = "auto",
+         time_limit: float = 30.0, optimizer: str = "sgd") -> Plan:
     """Synchronous pipeline planning: partition, device mapping, microbatches, schedule.
 
     Parameters
@@ -91,6 +91,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
         Microbatches per iteration (0: search the divisors of the batch).
     max_stages : int
         Most pipeline stages (0: up to one per device).
+    max_replicas : int
+        Most devices per stage (0: any; 1: no replicated stage, as ``plan exact``).
     schedule : str
         auto (the fastest of gpipe, 1f1b and the list scheduler), gpipe, 1f1b or custom
         (the list scheduler only).
@@ -114,6 +116,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     problem = Problem(graph, topology, tie_sync=TieSync.EXCHANGE,
                       optimizer=optimizer_named("pipeline", optimizer))
     _check_options(problem, microbatches, max_stages, schedule, time_limit)
+    if max_replicas < 0:
+        raise BadInput(f"pipeline: max_replicas must be >= 0, got {max_replicas}")
     _check_memory_floor(problem)
     policies = SCHEDULES[schedule]
     # the bound first; the search's cut-offs count the plan's CPU time from here, bound
@@ -121,7 +125,9 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     cpu0 = time.process_time()
     bound = pipeline_bound(problem)
     outcome = search(problem, microbatches=microbatches, max_stages=max_stages,
-                     policies=policies, seed=seed, time_limit=time_limit, started=cpu0)
+                     max_replicas=max_replicas, policies=policies, seed=seed,
+                     time_limit=time_limit, started=cpu0)
+    problem = outcome.problem or problem  # finer units around the best cuts
     drafts = [d for ev in outcome.candidates[:SIMULATED_CANDIDATES]
               for d in _drafts_of(problem, ev, policies)]
     # the baselines' layouts also at the microbatch counts the search liked best
@@ -129,6 +135,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
                                if ev.layout.microbatches > 1))[:SEED_MICROBATCH_COUNTS]
     drafts.extend(_seed_drafts(graph, topology, problem, microbatches, max_stages, schedule,
                                liked))
+    if max_replicas:
+        drafts = [d for d in drafts if all(len(g.devices) <= max_replicas for g in d.groups)]
     for d in drafts:
         _simulate(problem, d)
     fitting = [d for d in drafts if d.feasible]
@@ -150,7 +158,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     status = PlanStatus.TIME_LIMIT if outcome.timed_out else PlanStatus.HEURISTIC
     return finish(planner="pipeline", graph=graph, topology=topology, groups=best.groups, seed=seed,
                   options={"microbatches": microbatches, "max_stages": max_stages,
-                           "schedule": schedule, "time_limit": time_limit, "optimizer": optimizer},
+                           "max_replicas": max_replicas, "schedule": schedule,
+                           "time_limit": time_limit, "optimizer": optimizer},
                   started_at=t0, bound=bound, status=status, pipeline=best.pipeline,
                   fusion=best.fusion, optimizer=problem.optimizer, cost_model=problem.cm, notes=notes,
                   tie_sync=problem.tie_sync)

@@ -19,21 +19,26 @@ asks about a range is O(1) from prefix sums:
 Ops that need no gradient (nothing with parameters at or before them) get no
 backward time, as in the simulator.
 
-Graphs with more than ``max_units`` ops are coarsened first: consecutive ops
-of the order are merged into at most ``max_units`` units of about equal work,
-each unit boundary moved to the lightest cut nearby, and positions then count
-units. (Layer-granularity graphs of the zoo have fewer ops than that and are
-planned op by op.)
+Positions count *units*, runs of consecutive ops of the order between two
+``bounds``. A cut is only ever allowed where it keeps every colocation group
+(``OpGraph.colocation``) on one side (``allowed``), so without groups every op is a
+unit. Graphs with more allowed cuts than ``max_units`` are coarsened: at most
+``max_units`` units of about equal work, each boundary moved to the allowed cut
+carrying the fewest bytes nearby. ``with_bounds`` gives the same problem on other
+units (any allowed cuts) from the op-level tables kept in it, which the search uses
+to make the units finer around the cuts its best layouts chose (``search.finer_units``).
 """
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from collections.abc import Sequence
 
 import numpy as np
 
 from dl_nfv.artifacts import OpGraph, Optimizer, TieSync, Topology
+from dl_nfv.planners.colocation import allowed_cuts
 from dl_nfv.simulator.costs import CostModel
 
 MAX_UNITS = 96
@@ -53,13 +58,16 @@ class Problem:
     tie_sync : TieSync
         How the plans made on it sum tied weights split across stages (the pipeline
         planner exchanges them where it can; the baselines AllReduce them).
+    order : sequence of op ids, optional
+        The topological order positions count (default: ``graph.topological_ids()``); a
+        planner whose stages are not ranges of the default order passes one in which they are.
 
     Construction is O(ops x device types + edges x ops).
     """
 
     def __init__(self, graph: OpGraph, topology: Topology, cost_model: CostModel | None = None,
                  optimizer: Optimizer = Optimizer.SGD, max_units: int = MAX_UNITS,
-                 tie_sync: TieSync = TieSync.ALLREDUCE):
+                 tie_sync: TieSync = TieSync.ALLREDUCE, order: Sequence[str] | None = None):
         self.graph = graph
         self.tie_sync = tie_sync
         self.topology = topology
@@ -67,9 +75,9 @@ class Problem:
         self.default_cost_model = cost_model is None  # the graph and topology decide it
         self.optimizer = optimizer
         self.state_factor = optimizer.state_factor
-        self.order: list[str] = graph.topological_ids()
+        self.order: list[str] = list(order) if order is not None else graph.topological_ids()
         self.pos = {op: i for i, op in enumerate(self.order)}
-        self.n = n = len(self.order)
+        self.n = len(self.order)
         self.batch_size = graph.model.batch_size
         self.devices: tuple[str, ...] = cm.cluster.device_names
         idx = np.array([cm.op_index[o] for o in self.order], dtype=np.int64)
@@ -102,23 +110,14 @@ class Problem:
         self.out_prefix = _prefix(cm.output_bytes[idx][None, :])[0]
         self.resident_prefix = _prefix(cm.resident_bytes[idx][None, :])[0]
         self.cut_bytes = self._cuts()
-        self.bounds = np.arange(n + 1)
-        if n > max_units:
+        # the op-level prefix sums, which ``with_bounds`` slices again
+        self._fine = {name: getattr(self, name) for name in _PREFIXED}
+        # cuts that keep every colocation group in one stage (all of them, without groups)
+        self.allowed = np.flatnonzero(allowed_cuts(graph, self.order))
+        self.bounds = self.allowed
+        if len(self.allowed) - 1 > max_units:
             self.bounds = self._coarsen(max_units)
-            cols = self.bounds
-            for name in ("f_fixed", "f_scal", "b_fixed", "b_scal", "bi_fixed", "bi_scal"):
-                setattr(self, name, getattr(self, name)[:, cols])
-            self.param_prefix = self.param_prefix[cols]
-            self.whole_param_prefix = self.whole_param_prefix[cols]
-            self.out_prefix = self.out_prefix[cols]
-            self.resident_prefix = self.resident_prefix[cols]
-            self.cut_bytes = self.cut_bytes[cols]
-            self.n = len(cols) - 1
-        # tied weights as (owner unit, sharing unit, bytes), from the cost model's list
-        unit = np.searchsorted(self.bounds, np.arange(len(self.order)), side="right") - 1
-        self.ties: list[tuple[str, int, int, float]] = [
-            (name, int(unit[self.pos[owner]]), int(unit[self.pos[sharer]]), nbytes)
-            for name, owner, sharer, nbytes in cm.ties]
+        self._slice(self.bounds)
         self.tie_owner = {name: owner for name, owner, _, _ in cm.ties}  # parameter -> op
         self.type_of = np.array([cm.device_type_index[d] for d in self.devices], dtype=np.int64)
         self.memory_bytes = np.array([cm.memory_bytes(d) for d in self.devices], dtype=np.float64)
@@ -160,21 +159,54 @@ class Problem:
         return cut
 
     def _coarsen(self, units: int) -> np.ndarray:
-        """Unit boundaries: equal-work targets, each moved to the lightest cut within reach."""
-        n = self.n
-        work = np.cumsum(np.concatenate([[0.0], (self.fwd_ms + self.bwd_ms).max(axis=1)]))
-        total = work[-1]
-        window = max(1, n // (4 * units))
-        bounds = [0]
+        """Unit boundaries among the ``allowed`` cuts: equal-work targets, each moved to the
+        cut carrying the fewest bytes within reach."""
+        allowed = self.allowed
+        per_op = (self.fwd_ms + self.bwd_ms).max(axis=1)
+        work = np.cumsum(np.concatenate([[0.0], per_op]))[allowed]
+        total, last = work[-1], len(allowed) - 1
+        window = max(1, last // (4 * units))
+        picks = [0]
         for k in range(1, units):
-            target = int(np.searchsorted(work, total * k / units)) if total > 0 else round(k * n / units)
-            lo, hi = max(bounds[-1] + 1, target - window), min(n - 1, target + window)
+            target = int(np.searchsorted(work, total * k / units)) if total > 0 else round(k * last / units)
+            lo, hi = max(picks[-1] + 1, target - window), min(last - 1, target + window)
             if lo > hi:
                 continue
-            best = min(range(lo, hi + 1), key=lambda i: (self.cut_bytes[i], abs(i - target), i))
-            bounds.append(best)
-        bounds.append(n)
-        return np.array(sorted(set(bounds)), dtype=np.int64)
+            picks.append(min(range(lo, hi + 1),
+                             key=lambda i: (self.cut_bytes[allowed[i]], abs(i - target), i)))
+        picks.append(last)
+        return allowed[sorted(set(picks))]
+
+    def _slice(self, bounds: np.ndarray) -> None:
+        """Make units of the op positions between consecutive ``bounds``."""
+        cols = np.asarray(bounds, dtype=np.int64)
+        self.bounds = cols
+        for name in _PREFIXED:
+            fine = self._fine[name]
+            setattr(self, name, fine[:, cols] if fine.ndim == 2 else fine[cols])
+        self.n = len(cols) - 1
+        # tied weights as (owner unit, sharing unit, bytes), from the cost model's list
+        unit = np.searchsorted(cols, np.arange(len(self.order)), side="right") - 1
+        self.ties: list[tuple[str, int, int, float]] = [
+            (name, int(unit[self.pos[owner]]), int(unit[self.pos[sharer]]), nbytes)
+            for name, owner, sharer, nbytes in self.cm.ties]
+        self.cache = {}
+
+    @property
+    def coarsened(self) -> bool:
+        """Whether some unit holds ops that a cut could separate."""
+        return len(self.bounds) < len(self.allowed)
+
+    def with_bounds(self, bounds: Sequence[int]) -> Problem:
+        """A copy whose units are the op positions between ``bounds`` (increasing, from 0
+        to the op count, each a cut ``allowed``); the op-level tables are shared."""
+        out = copy.copy(self)
+        out._slice(np.asarray(sorted(set(int(b) for b in bounds)), dtype=np.int64))
+        return out
+
+    def unit_at(self, position: int) -> int:
+        """The unit whose first op is at op ``position`` (a unit boundary)."""
+        return int(np.searchsorted(self.bounds, position))
 
     # ---------------------------------------------------------------- queries
     def params(self, a: int, b: int) -> float:
@@ -227,6 +259,10 @@ class Problem:
     def stage_ops(self, a: int, b: int) -> tuple[str, ...]:
         """The op ids of positions ``[a, b)``."""
         return tuple(self.order[self.bounds[a]:self.bounds[b]])
+
+
+_PREFIXED = ("f_fixed", "f_scal", "b_fixed", "b_scal", "bi_fixed", "bi_scal", "param_prefix",
+             "whole_param_prefix", "out_prefix", "resident_prefix", "cut_bytes")
 
 
 def _prefix(rows: np.ndarray) -> np.ndarray:

@@ -13,7 +13,14 @@
    (seeded ``random.Random(seed)``, a fixed number of rounds), re-running 2–3
    for the microbatch counts that did best; a move is kept when its score is
    better.
-5. The layouts scheduled so far and the 32 best others by estimate are ranked by
+5. **Finer units** (graphs the problem coarsened): every allowed cut within a unit of a
+   stage boundary of the two fastest layouts so far becomes a unit boundary
+   (``finer_units``: op by op where the cuts are, coarse elsewhere), the best layouts so
+   far are carried over unchanged, and the three best (ordering, microbatch count) pairs
+   are explored again on the finer units; twice (``REFINE_PASSES``), so that a cut can
+   move by up to two coarse units. A coarse unit of an operator-level graph holds ten
+   ops or more, and a cut in its middle can matter by several per cent.
+6. The layouts scheduled so far and the 32 best others by estimate are ranked by
    their list-scheduled time; the 12 best are scheduled by ``auto_schedule``
    (GPipe, 1F1B and list variants); the ``REFINED_CANDIDATES`` fastest get their
    stage boundaries hill-climbed on the scheduled time (``refine``: one boundary
@@ -21,7 +28,7 @@
    returned fastest first; the caller simulates the top few on the shared
    simulator and keeps the winner.
 
-Steps 1-4 time tied weights as AllReduced whatever ``problem.tie_sync`` says; step 5
+Steps 1-5 time tied weights as AllReduced whatever ``problem.tie_sync`` says; step 6
 times them as it says. An exchange (``TieSync.EXCHANGE``) only shortens the tail of
 layouts whose tie ends sit on single devices, and scoring orderings with it steered the
 ordering search away from layouts that are fast for other reasons (BERT-large on the
@@ -36,7 +43,7 @@ the boundary climbs, between two neighbourhoods (at ``CLIMB_SHARE``), and the re
 records that it did. The rest of the limit is for what is never cut: the final
 scheduling, and the planner's simulations.
 
-Complexity: O(orderings x microbatch counts x DP) + O(rounds x DP) +
+Complexity: O(orderings x microbatch counts x DP) + O((rounds + refined pairs) x DP) +
 O((layouts + REFINE_BUDGET) x stages^2 x microbatches).
 """
 
@@ -47,6 +54,8 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from dl_nfv.artifacts import TieSync
 
@@ -78,6 +87,9 @@ TOP_FOR_SCHEDULING = 12
 REFINED_CANDIDATES = 12  # the fastest candidates whose stage boundaries are hill-climbed
 REFINE_ROUNDS = 8
 REFINE_STEPS = (1,)  # units a boundary moves by in one neighbour
+REFINE_PASSES = 2  # moves onto finer units around the best layouts' cuts (coarsened graphs)
+REFINE_AROUND = 2  # the fastest layouts whose cuts get finer units
+REFINED_PAIRS = 3  # (ordering, microbatch count) pairs explored again on finer units
 # work of the climbs over all the candidates refined: a neighbour costs its stages x
 # microbatches (a scheduling's events); 131072 is 256 neighbours of 16 stages x 32 microbatches
 REFINE_BUDGET = 131072
@@ -102,6 +114,7 @@ class Outcome:
     """What the search found: candidates fastest first, and how the search went."""
 
     candidates: list[Evaluated]
+    problem: Problem | None = None  # the units the candidates are on (finer than given)
     orderings_tried: int = 0
     layouts_timed: int = 0
     timed_out: bool = False
@@ -173,115 +186,162 @@ def evaluate(problem: Problem, layout: Layout, *, full: bool = False,
 
 
 def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
-           policies: Sequence[Policy] = tuple(Policy), seed: int = 0,
+           max_replicas: int = 0, policies: Sequence[Policy] = tuple(Policy), seed: int = 0,
            time_limit: float = 30.0, started: float | None = None,
            extra: Sequence[Layout] = ()) -> Outcome:
     """Run the search described in the module docstring; ``extra`` layouts join the pool.
 
-    ``started``: the ``time.process_time()`` the limit counts from (default: now)."""
+    ``max_replicas``: most devices per stage (0: any). ``started``: the
+    ``time.process_time()`` the limit counts from (default: now)."""
     t0 = time.process_time() if started is None else started
-    cm = problem.cm
     # orderings and microbatch counts are scored with tied weights AllReduced; the final
     # layouts are timed and climbed as the problem sums them (see the module docstring)
-    final_problem = problem
+    scoring = problem
     if problem.tie_sync is not TieSync.ALLREDUCE:
-        problem = copy.copy(problem)
-        problem.tie_sync = TieSync.ALLREDUCE
+        scoring = copy.copy(problem)
+        scoring.tie_sync = TieSync.ALLREDUCE
+    state = _Search(scoring, policies, max_stages, max_replicas)
+    state.consider(extra)
     options = microbatch_options(problem.batch_size, microbatches)
-    orderings = candidate_orderings(cm, fold=bool(problem.ties))
-    cache: dict = {}
-    screened: dict[tuple, Screened | None] = {}
-    quick: dict[tuple, Evaluated | None] = {}
-    best_ms = float("inf")  # the best list-scheduled time so far
-    outcome = Outcome(candidates=[])
-
-    def timed(sc: Screened) -> Evaluated | None:
-        key = sc.layout.key
-        if key not in quick:
-            quick[key] = evaluate(problem, sc.layout, policies=policies, screened=sc)
-        return quick[key]
-
-    def consider(layouts: Sequence[Layout]) -> float:
-        """Screen ``layouts``; the best list-scheduled time of the few estimated best."""
-        nonlocal best_ms
-        fresh = []
-        for lay in layouts:
-            key = lay.key
-            if key not in screened:
-                screened[key] = screen(problem, lay)
-                outcome.layouts_timed += 1
-            sc = screened[key]
-            if sc is not None:
-                fresh.append(sc)
-        fresh.sort(key=lambda sc: (sc.estimate_ms, len(sc.layout.stages), sc.layout.key))
-        times = [ev.makespan_ms for sc in fresh[:TOP_PER_EXPLORE]
-                 if sc.estimate_ms <= ESTIMATE_SLACK * best_ms and (ev := timed(sc))]
-        if not times:  # none worth scheduling: a score no better than the best so far
-            return ESTIMATE_SLACK * fresh[0].estimate_ms if fresh else float("inf")
-        best_ms = min(best_ms, *times)
-        return min(times)
-
-    def explore(ordering: Sequence[str], ms: Sequence[int]) -> dict[int, float]:
-        scores = {}
-        base = OrderingTables(problem, ordering, cache)
-        for m in ms:
-            tables = base.for_microbatches(m)
-            tau0 = tables.min_bottleneck()
-            if tau0 == float("inf"):
-                continue
-            scores[m] = consider(tables.layouts([tau0 * g for g in TAU_GRID], max_stages))
-        outcome.orderings_tried += 1
-        return scores
-
-    consider(extra)
     per_ordering = []
-    for ordering in orderings:
-        scores = explore(ordering, options)
+    for ordering in candidate_orderings(problem.cm, fold=bool(problem.ties)):
+        scores = state.explore(ordering, options)
         per_ordering.append((min(scores.values(), default=float("inf")), ordering, scores))
     per_ordering.sort(key=lambda x: x[0])
     if per_ordering and per_ordering[0][0] < float("inf") and len(problem.devices) > 2:
-        best_score, incumbent, scores = per_ordering[0]
-        good_ms = sorted(scores, key=scores.__getitem__)[:3]
-        rng = random.Random(seed)
-        for _ in range(LOCAL_SEARCH_ROUNDS):
-            improved = False
-            for cand in neighbours(cm, incumbent, rng, NEIGHBOURS_PER_ROUND):
-                if time.process_time() - t0 > time_limit * LOCAL_SEARCH_SHARE:
-                    outcome.timed_out = True
-                    break
-                s = explore(cand, good_ms)
-                score = min(s.values(), default=float("inf"))
-                if score < best_score - 1e-9:
-                    best_score, incumbent, improved = score, cand, True
-            if not improved or outcome.timed_out:
-                break
-    pool = sorted((sc for sc in screened.values() if sc is not None),
-                  key=lambda sc: (sc.estimate_ms, len(sc.layout.stages), sc.layout.key))
-    for sc in _distinct(problem, pool, lambda sc: sc.estimate_ms)[:TOP_FOR_LIST]:
-        timed(sc)
-    ranked = [ev for ev in quick.values() if ev is not None]
-    ranked.sort(key=fastest_first)
-    distinct = _distinct(problem, ranked, lambda ev: ev.makespan_ms)
-    final = []
-    for ev in distinct[:TOP_FOR_SCHEDULING]:
-        full = evaluate(final_problem, ev.layout, full=True, policies=policies,
-                        screened=screened[ev.layout.key] if final_problem is problem else None)
-        if full is not None:
-            full.layout = ev.layout
-            final.append(full)
-    final.sort(key=fastest_first)
+        state.local_search(per_ordering[0], seed, t0 + time_limit * LOCAL_SEARCH_SHARE)
+    for _ in range(REFINE_PASSES if problem.coarsened else 0):
+        state, problem = state.on_finer_units(problem)
+    final = state.scheduled(problem)
     known = {ev.layout.key for ev in final}
     budget = [REFINE_BUDGET]
-    deadline = t0 + time_limit * CLIMB_SHARE
     for ev in final[:REFINED_CANDIDATES]:
-        better, cut = refine(final_problem, ev, policies, budget, deadline)
-        outcome.timed_out |= cut
+        better, cut = refine(problem, ev, policies, budget, t0 + time_limit * CLIMB_SHARE)
+        state.outcome.timed_out |= cut
         if better.layout.key not in known:
             known.add(better.layout.key)
             final.append(better)
     final.sort(key=fastest_first)
-    outcome.candidates = final
-    return outcome
+    state.outcome.candidates = final
+    state.outcome.problem = problem
+    return state.outcome
+
+
+class _Search:
+    """The search's state: layouts screened and list-scheduled so far, keyed by layout."""
+
+    def __init__(self, problem: Problem, policies: Sequence[Policy], max_stages: int,
+                 max_replicas: int):
+        self.problem = problem
+        self.policies = policies
+        self.max_stages = max_stages
+        self.max_replicas = max_replicas
+        self.cache: dict = {}  # collective coefficients shared by the orderings' tables
+        self.screened: dict[tuple, Screened | None] = {}
+        self.quick: dict[tuple, Evaluated | None] = {}
+        self.best_ms = float("inf")  # the best list-scheduled time so far
+        self.outcome = Outcome(candidates=[])
+        self.scores: dict[tuple[tuple[str, ...], int], float] = {}  # (ordering, m) -> score
+
+    def timed(self, sc: Screened) -> Evaluated | None:
+        key = sc.layout.key
+        if key not in self.quick:
+            self.quick[key] = evaluate(self.problem, sc.layout, policies=self.policies,
+                                       screened=sc)
+        return self.quick[key]
+
+    def consider(self, layouts: Sequence[Layout]) -> float:
+        """Screen ``layouts``; the best list-scheduled time of the few estimated best."""
+        fresh = []
+        for lay in layouts:
+            if lay.key not in self.screened:
+                self.screened[lay.key] = screen(self.problem, lay)
+                self.outcome.layouts_timed += 1
+            if (sc := self.screened[lay.key]) is not None:
+                fresh.append(sc)
+        fresh.sort(key=lambda sc: (sc.estimate_ms, len(sc.layout.stages), sc.layout.key))
+        times = [ev.makespan_ms for sc in fresh[:TOP_PER_EXPLORE]
+                 if sc.estimate_ms <= ESTIMATE_SLACK * self.best_ms and (ev := self.timed(sc))]
+        if not times:  # none worth scheduling: a score no better than the best so far
+            return ESTIMATE_SLACK * fresh[0].estimate_ms if fresh else float("inf")
+        self.best_ms = min(self.best_ms, *times)
+        return min(times)
+
+    def explore(self, ordering: Sequence[str], ms: Sequence[int]) -> dict[int, float]:
+        """Per microbatch count, the score of the DP's layouts of ``ordering``."""
+        scores = {}
+        base = OrderingTables(self.problem, ordering, self.cache)
+        for m in ms:
+            tables = base.for_microbatches(m)
+            if self.max_replicas:
+                _limit_replicas(tables, self.max_replicas)
+            tau0 = tables.min_bottleneck()
+            if tau0 == float("inf"):
+                continue
+            scores[m] = self.consider(tables.layouts([tau0 * g for g in TAU_GRID],
+                                                     self.max_stages))
+            self.scores[(tuple(ordering), m)] = scores[m]
+        self.outcome.orderings_tried += 1
+        return scores
+
+    def local_search(self, start: tuple, seed: int, deadline: float) -> None:
+        """Host-block moves of the best ordering, kept when their score is better."""
+        best_score, incumbent, scores = start
+        good_ms = sorted(scores, key=scores.__getitem__)[:3]
+        rng = random.Random(seed)
+        for _ in range(LOCAL_SEARCH_ROUNDS):
+            improved = False
+            for cand in neighbours(self.problem.cm, incumbent, rng, NEIGHBOURS_PER_ROUND):
+                if time.process_time() > deadline:
+                    self.outcome.timed_out = True
+                    return
+                score = min(self.explore(cand, good_ms).values(), default=float("inf"))
+                if score < best_score - 1e-9:
+                    best_score, incumbent, improved = score, cand, True
+            if not improved:
+                return
+
+    def on_finer_units(self, final_problem: Problem) -> tuple[_Search, Problem]:
+        """The search moved onto finer units: every allowed cut within a unit of a cut of
+        the ``REFINE_AROUND`` fastest layouts so far becomes a unit boundary
+        (``finer_units``), the ``REFINED_PAIRS`` best (ordering, microbatch count) pairs
+        are explored again there, and the best layouts so far join the new pool
+        unchanged. Returns the new state and ``final_problem`` on the new units."""
+        ranked = sorted((ev for ev in self.quick.values() if ev is not None), key=fastest_first)
+        best = [ev.layout for ev in _distinct(self.problem, ranked, lambda ev: ev.makespan_ms)]
+        fine_final = finer_units(final_problem, best[:REFINE_AROUND])
+        fine = fine_final
+        if self.problem is not final_problem:
+            fine = copy.copy(fine_final)
+            fine.tie_sync = self.problem.tie_sync
+        state = _Search(fine, self.policies, self.max_stages, self.max_replicas)
+        state.outcome = self.outcome
+        pool = sorted((sc for sc in self.screened.values() if sc is not None),
+                      key=lambda sc: (sc.estimate_ms, len(sc.layout.stages), sc.layout.key))
+        state.consider([on_units(ev.layout, self.problem, fine) for ev in ranked[:TOP_FOR_LIST]]
+                       + [on_units(sc.layout, self.problem, fine) for sc in pool[:TOP_FOR_LIST]])
+        for ordering, m in sorted(self.scores, key=self.scores.__getitem__)[:REFINED_PAIRS]:
+            state.explore(ordering, [m])
+        return state, fine_final
+
+    def scheduled(self, final_problem: Problem) -> list[Evaluated]:
+        """The best layouts by estimate list-scheduled, the best of those fully scheduled
+        on ``final_problem`` (ties summed as it says), fastest first."""
+        pool = sorted((sc for sc in self.screened.values() if sc is not None),
+                      key=lambda sc: (sc.estimate_ms, len(sc.layout.stages), sc.layout.key))
+        for sc in _distinct(self.problem, pool, lambda sc: sc.estimate_ms)[:TOP_FOR_LIST]:
+            self.timed(sc)
+        ranked = sorted((ev for ev in self.quick.values() if ev is not None), key=fastest_first)
+        final = []
+        for ev in _distinct(self.problem, ranked, lambda ev: ev.makespan_ms)[:TOP_FOR_SCHEDULING]:
+            same = final_problem is self.problem
+            full = evaluate(final_problem, ev.layout, full=True, policies=self.policies,
+                            screened=self.screened[ev.layout.key] if same else None)
+            if full is not None:
+                full.layout = ev.layout
+                final.append(full)
+        final.sort(key=fastest_first)
+        return final
 
 
 def fastest_first(ev: Evaluated) -> tuple:
@@ -375,6 +435,34 @@ def refine(problem: Problem, ev: Evaluated, policies: Sequence[Policy],
         else:
             return best, False
     return best, False
+
+
+def finer_units(problem: Problem, layouts: Sequence[Layout], reach: int = 1) -> Problem:
+    """``problem`` with every allowed cut within ``reach`` units of a stage boundary of
+    ``layouts`` made a unit boundary (the other boundaries kept)."""
+    marks = set(problem.bounds.tolist())
+    allowed = problem.allowed
+    for layout in layouts:
+        for stage in layout.stages[1:]:
+            lo = problem.bounds[max(stage.start - reach, 0)]
+            hi = problem.bounds[min(stage.start + reach, problem.n)]
+            marks.update(allowed[(allowed >= lo) & (allowed <= hi)].tolist())
+    return problem.with_bounds(sorted(marks))
+
+
+def on_units(layout: Layout, coarse: Problem, fine: Problem) -> Layout:
+    """``layout`` (on ``coarse``'s units) on ``fine``'s, whose boundaries include coarse's."""
+    def unit(u: int) -> int:
+        return fine.unit_at(int(coarse.bounds[u]))
+
+    return Layout(tuple(replace(st, start=unit(st.start), stop=unit(st.stop))
+                        for st in layout.stages), layout.microbatches, layout.origin)
+
+
+def _limit_replicas(tables, most: int) -> None:
+    """Leave ``tables`` no stage on more than ``most`` devices (their cost made infinite)."""
+    wide = tables.base.size > most  # [run start, run end]
+    tables.need = np.where(wide[None, None], np.inf, tables.need)
 
 
 def _distinct(problem: Problem, items: list, score) -> list:

@@ -16,7 +16,9 @@ from dl_nfv.planners.schedules import Schedule
 from dl_nfv.planners.validate import validate_plan
 from tests.conftest import EXAMPLES
 
-PIPELINE = [name for name, info in PLANNERS.items() if info.family == "pipeline"]
+# exact needs routes that cost the same between every pair of devices, which neither
+# cluster here has: tests/planners/test_exact.py covers it
+PIPELINE = [name for name, info in PLANNERS.items() if info.family == "pipeline" and name != "exact"]
 FAST = ("mlp-tiny", "gpt2-small-tiny", "resnet50-tiny")
 _GRAPHS: dict[tuple[str, str], object] = {}
 
