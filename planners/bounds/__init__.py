@@ -12,7 +12,12 @@ Modules:
 * ``placement``: bounds for any placement of ops on devices, replicated or not (work,
   critical path, largest indivisible op), combined by ``lower_bound``;
 * ``stage_balanced``: the bound on synchronous pipelines (stages of ops on groups of
-  devices, microbatches with a flush), ``stage_balanced_bound_ms``.
+  devices, microbatches with a flush), ``stage_balanced_bound_ms``, built from
+  ``ranges`` (regions of the op graph and the work of every range), ``shares`` (how a
+  microbatch may be split over a stage's replicas), ``network`` (AllReduce floors,
+  boundary crossings, split ties), ``dp`` (the min-max DP over partitions), ``cheap``
+  (its terms with every stage on the fastest devices) and ``classes`` (devices counted
+  per class).
 
 Limits: the bounds hold for plans without operator fusion (``Fusion.op_groups``), which
 saves launches and memory traffic that the bounds count.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 from dl_nfv.artifacts import (
@@ -387,56 +386,6 @@ def test_the_family_s_bound_is_computed_once_per_graph_and_topology(monkeypatch)
     custom = Problem(graph, topo, cost_model=CostModel(graph, topo))
     pipeline_planner.pipeline_bound(custom)
     assert len(calls) == 3
-
-
-def _bounds_with_counts(problem, monkeypatch, **grid):
-    """The stage-balanced bound exactly, and with the device counts on a grid."""
-    from dl_nfv.planners.bounds import stage_balanced as bound
-
-    exact = bound.stage_balanced_bound_ms(problem)
-    monkeypatch.setattr(bound, "EXACT_COUNTS_UP_TO", 0)
-    real = bound._Counts.__init__
-    monkeypatch.setattr(bound._Counts, "__init__", lambda self, D: real(self, D, **grid))
-    return exact, bound.stage_balanced_bound_ms(problem)
-
-
-@pytest.mark.parametrize("devices, layers, batch", [(8, 6, 8), (12, 10, 32), (6, 4, 16)])
-def test_the_bound_on_a_grid_of_every_count_is_the_exact_bound(monkeypatch, devices, layers,
-                                                                batch):
-    from dl_nfv.planners.pipeline.problem import Problem
-
-    graph = chain(layers, param_bytes=GIB // 4, batch=batch, slower={"P100": 1.7})
-    topo = from_data(Topology, {
-        "kind": "topology", "schema_version": 1, "name": "two-types",
-        "hosts": [{"name": "h", "devices": [{"type": V100, "count": devices // 2},
-                                            {"type": "P100", "count": devices - devices // 2}],
-                   "interconnect": {"kind": "pcie", "bandwidth_gbps": 100, "latency_us": 2}}]})
-    exact, on_grid = _bounds_with_counts(Problem(graph, topo), monkeypatch)
-    assert on_grid == exact  # at most 16 devices: every count is on the grid
-
-
-@pytest.mark.parametrize("devices, layers, batch", [(8, 6, 8), (12, 10, 32), (16, 12, 64)])
-def test_the_bound_on_a_coarse_grid_is_a_relaxation(monkeypatch, devices, layers, batch):
-    from dl_nfv.planners.pipeline.problem import Problem
-
-    graph = chain(layers, param_bytes=GIB // 4, batch=batch)
-    exact, coarse = _bounds_with_counts(Problem(graph, nvlink(devices)), monkeypatch, dense=2,
-                                        steps=3)
-    assert 0 < coarse <= exact
-
-
-def test_device_count_grid():
-    from dl_nfv.planners.bounds.stage_balanced import _Counts
-
-    c = _Counts(128)
-    assert list(c.lo[:17]) == list(range(17)) and c.lo[-1] == 128 and len(c.lo) <= 17 + 24
-    for r in range(129):  # the least grid value at or above r
-        assert c.lo[c.up[r]] >= r and (c.up[r] == 0 or c.lo[c.up[r] - 1] < r)
-    q = int(np.searchsorted(c.lo, 40))  # with 40 devices left a stage takes a bucket of at
-    assert all(1 <= c.lo[b] <= 40 for b in c.ks[q])  # most 40, and what is left is on the
-    assert all(c.lo[c.at[q][b]] >= 40 - c.lo[b] for b in c.ks[q])  # grid at or above it
-    x = np.arange(129.0)[None, :] * np.ones((2, 1))
-    assert np.array_equal(c.reduce(x, 1)[0], c.lo.astype(float))  # the least of a bucket
 
 
 @pytest.mark.parametrize("topology", ["ring8-mixed.yaml", "tag-hetero16.yaml",

@@ -505,15 +505,6 @@ def _diamond(width: int, *, gib: float = 1.0, batch: int = 8):
     return OpGraph(model=ModelRef(name="diamond", source="test", batch_size=batch), ops=ops, edges=edges)
 
 
-def test_forced_cuts_of_a_diamond_and_a_chain():
-    from dl_nfv.planners.bounds.stage_balanced import forced_cuts
-    from dl_nfv.planners.pipeline.problem import Problem
-
-    topo = nvlink(2)
-    assert forced_cuts(Problem(_diamond(3), topo)) == [1, 4]  # a | b0 b1 b2 | d
-    assert forced_cuts(Problem(chain(4), topo)) == [1, 2, 3]
-
-
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(width=st.integers(2, 4), gib=st.sampled_from([0.1, 2.5]), devices=st.integers(2, 4))
 def test_bound_holds_on_branchy_graphs(width, gib, devices):
@@ -527,147 +518,6 @@ def test_bound_holds_on_branchy_graphs(width, gib, devices):
             assert "GiB" in str(exc) or "stages" in str(exc)
             continue
         assert plan.bound_ms <= plan.prediction.iteration_ms * (1 + 1e-9), planner
-
-
-def test_allreduce_floor_across_hosts():
-    """One 2 GiB layer on two single-V100 hosts behind 25 Gbps NICs: splitting the batch would
-    halve the compute (15 ms) but the AllReduce must push 2 GiB into each host (687 ms), so the
-    bound is the layer on one device, 10 + 20 ms, plus that device's memory traffic outside the
-    ops (its optimizer step and gradient-bucket upkeep); the same over NVLink (86 ms of
-    AllReduce)."""
-    from dl_nfv.planners.bounds.stage_balanced import stage_balanced_bound_ms
-    from dl_nfv.planners.pipeline.problem import Problem
-
-    graph = chain(1, param_bytes=2 * GIB)
-    problem = Problem(graph, _topology([V100, V100]))
-    dev = problem.devices[0]
-    outside = 2 * GIB * (problem.cm.update_ms_per_byte(dev) + problem.cm.upkeep_ms_per_byte(dev, 1))
-    assert stage_balanced_bound_ms(problem) == pytest.approx(30.0 + outside)
-    # over one 200 Gbps NVLink each replica still sends 2 GiB (86 ms): one device wins again
-    assert stage_balanced_bound_ms(Problem(graph, nvlink(2))) == pytest.approx(30.0 + outside)
-    # with 1 MiB of parameters splitting the batch pays: 15 ms, the floor is 0.04 ms
-    small = chain(1, param_bytes=2**20)
-    assert stage_balanced_bound_ms(Problem(small, nvlink(2))) == pytest.approx(15.0, rel=0.01)
-
-
-def test_share_options_trade_the_first_replica_against_the_slowest():
-    """Two equal devices, 8 samples in one microbatch: a first replica of 1 sample leaves 7
-    to the other (busy 7/8 of the batch time), of 2-3 leaves at most 6-5 (taken at 5), of 4
-    the even split; devices of speeds 2 and 1 with 6 samples split 4:2 (1/3 each)."""
-    from dl_nfv.planners.bounds.stage_balanced import _share_buckets, _share_options
-
-    assert _share_buckets(8, 2) == [(1, 1), (2, 3), (4, 4)]
-    assert _share_buckets(8, 3) == [(1, 1), (2, 2)]
-    assert _share_buckets(2, 4) == [(1, 1)]  # fewer samples than replicas: some hold one
-    assert _share_buckets(64, 2) == [(1, 1), (2, 3), (4, 7), (8, 32)]  # at most 4 ranges
-    share, first = _share_options({(0, 1): (1.0, 1.0)}, U=1, D=2, B=8, m=1)
-    assert share[0, 1, 1, 0] == pytest.approx(1.0)  # one device: the whole microbatch
-    assert share[0, 1, 2].tolist() == pytest.approx([7 / 8, 5 / 8, 4 / 8])
-    assert first[1, 0] == 8 and first[2].tolist() == [1, 2, 4]
-    share, first = _share_options({(0, 1): (2.0, 1.0)}, U=1, D=2, B=6, m=1)
-    # 5 samples on the fast device alone take 2.5 / 6; 3 take 1.5 / 6 < the even 2 / 6
-    assert share[0, 1, 2].tolist() == pytest.approx([2.5 / 6, 2 / 6])
-    assert first[2].tolist() == [1, 2]
-    share, _ = _share_options({(0, 1): (1.0, 1.0)}, U=1, D=2, B=8, m=2)  # 4 per microbatch
-    assert share[0, 1, 2].tolist() == pytest.approx([2 * 3 / 8, 2 * 2 / 8])
-
-
-def test_class_share_options_remove_the_first_replica_from_the_best_class():
-    """Speeds 2 and 1, one device each, 6 samples: a first replica of 1 sample leaves 5,
-    best on the fast device (2.5 / 6); of 2-3 leaves 3 (1.5 / 6), below the even 2 / 6."""
-    import numpy as np
-
-    from dl_nfv.planners.bounds.stage_balanced import _class_share_options
-
-    share, first = _class_share_options([(0, 0), (1, 0), (0, 1), (1, 1)], np.array([2.0, 1.0]),
-                                        samples=6, m=1, B=6)
-    assert np.isinf(share[0]).all() and np.isinf(first[0]).all()  # no device
-    assert share[1, 0] == pytest.approx(3 / 6) and first[1, 0] == 6  # the fast one alone
-    assert share[2, 0] == pytest.approx(6 / 6) and np.isinf(share[2, 1])
-    assert share[3].tolist() == pytest.approx([2.5 / 6, 2 / 6])
-    assert first[3].tolist() == [1, 2]
-
-
-def _min_max_by_enumeration(busy, chain, sync, around, U: int, D: int) -> float:
-    """``min over partitions of max(max_k (chain before k + busy_k), max_k (chain before k
-    + around_k + least chain after k), max_k sync_k)``, every partition of regions
-    ``0..U`` into ranges, device counts and options enumerated (the least chain after a
-    stage as well, over every partition of the regions after it on the devices left)."""
-    def stages(i, left):
-        for j in range(i + 1, U + 1):
-            for k in range(1, left + 1):
-                for o in range(busy.shape[3]):
-                    if busy[i, j, k, o] < float("inf"):
-                        yield j, k, o
-
-    def least_chain(i, left):
-        if i == U:
-            return 0.0
-        return min((chain[i, j, k, o] + least_chain(j, left - k) for j, k, o in stages(i, left)),
-                   default=float("inf"))
-
-    best = float("inf")
-
-    def walk(i, left, before, value, top):
-        nonlocal best
-        if i == U:
-            best = min(best, max(value, top))
-            return
-        for j, k, o in stages(i, left):
-            beside = before + around[i, j, k, o] + least_chain(j, left - k)
-            walk(j, left - k, before + chain[i, j, k, o],
-                 max(value, before + busy[i, j, k, o], beside), max(top, sync[i, j, k, o]))
-
-    walk(0, D, 0.0, 0.0, 0.0)
-    return best
-
-
-@settings(max_examples=40, deadline=None)
-@given(U=st.integers(1, 4), D=st.integers(1, 3), options=st.integers(1, 2), seed=st.integers(0, 2**31),
-       zeros=st.floats(0.0, 0.6))
-def test_capped_dp_is_the_exact_min_max(U, D, options, seed, zeros):
-    """The capped DP of the cheap bound gives exactly the min-max an enumeration of every
-    partition finds, sync terms (some zero, some large) and the terms around each stage
-    (with the least chain after it) included."""
-    import numpy as np
-
-    from dl_nfv.planners.bounds.stage_balanced import _capped_dp, _chain_after
-
-    rng = np.random.default_rng(seed)
-    shape = (U + 1, U + 1, D + 1, options)
-    busy = rng.uniform(1.0, 10.0, shape)
-    busy[:, :, 0] = np.inf
-    busy[rng.random(shape) < 0.1] = np.inf  # some stages do not fit
-    # one microbatch through a stage never takes longer than its busy time
-    chain = np.where(np.isfinite(busy), busy * rng.uniform(0.0, 0.5, shape), 1.0)
-    around = np.where(np.isfinite(busy), busy * rng.uniform(0.3, 1.0, shape), np.inf)
-    sync = np.where(rng.random(shape) < zeros, 0.0, rng.uniform(0.0, 25.0, shape))
-    expected = _min_max_by_enumeration(busy, chain, sync, around, U, D)
-    multi = np.zeros(U, dtype=bool)
-    got = _capped_dp(busy, chain, sync, multi, U, D, around, _chain_after(busy, chain, multi, U, D))
-    assert got == pytest.approx(expected, rel=1e-12)
-
-
-def test_a_replicated_stage_s_allreduce_waits_for_the_stages_after_it():
-    """Two regions on three devices: the first on two replicas (busy 10, chain 1, its
-    AllReduce term 5), the second on the third (busy 20), or both on all three (50). The
-    chain alone gives 1 + 20 = 21; but the first stage's AllReduce can start only after the
-    last gradient comes back, after the second stage's 20, so with 2 before that (its first
-    forward and the AllReduce floor) the bound is 22."""
-    import numpy as np
-
-    from dl_nfv.planners.bounds.stage_balanced import _capped_dp
-
-    U, D = 2, 3
-    busy = np.full((U + 1, U + 1, D + 1, 1), np.inf)
-    chain, sync, wait = np.ones_like(busy), np.zeros_like(busy), np.full_like(busy, -np.inf)
-    busy[0, 1, 2], sync[0, 1, 2], wait[0, 1, 2] = 10.0, 5.0, 2.0
-    busy[1, 2, 1] = 20.0
-    busy[0, 2, 3], sync[0, 2, 3] = 40.0, 50.0
-    multi = np.zeros(U, dtype=bool)
-    assert _capped_dp(busy, chain, sync, multi, U, D) == pytest.approx(21.0)
-    assert _capped_dp(busy, chain, sync, multi, U, D, wait=wait,
-                      untied=busy) == pytest.approx(22.0)
 
 
 def _ring(bandwidths, types):
@@ -727,50 +577,6 @@ def test_bound_never_above_any_simulated_layout_on_a_ring(data, layers, hosts, g
         assert stage_balanced_bound_ms(problem) <= result.iteration_ms * (1 + 1e-9)
 
 
-def test_the_bound_counts_the_boundary_transfer_both_ways():
-    """Two 4 GiB layers that do not fit one 16 GiB GPU together, on two hosts joined by one
-    25 Gbps link, with 1 GiB of activations per sample: every plan sends at least one
-    sample's activations over the link and its gradient back, 2 x (5 us + 1 GiB / 25 Gbps)
-    = 687 ms that the bound adds to the same graph's with small activations (all but the
-    optimizer step's memory traffic, under a millisecond, which a term without the
-    transfers bounds on its own)."""
-    from dl_nfv.planners.bounds.stage_balanced import stage_balanced_bound_ms
-
-    topo = from_data(Topology, {
-        "kind": "topology", "schema_version": 1, "name": "pair",
-        "hosts": [{"name": f"h{i}", "devices": [{"type": V100}]} for i in range(2)],
-        "links": [{"endpoints": ["h0/gpu0", "h1/gpu0"], "bandwidth_gbps": 25,
-                   "latency_us": 5}]})
-    big = chain(2, param_bytes=4 * GIB, out_bytes=2 * GIB, batch=2)
-    small = chain(2, param_bytes=4 * GIB, out_bytes=2**10, batch=2)
-    hop_ms = 2 * (5e-3 + GIB * 8 / 25e9 * 1e3)
-    bound = stage_balanced_bound_ms(Problem(big, topo))
-    assert bound - stage_balanced_bound_ms(Problem(small, topo)) >= hop_ms - 1.0
-    assert bound <= run("pipeline", big, topo).prediction.iteration_ms
-
-
-def test_allreduce_floors_of_a_ring_of_uneven_links():
-    """The ring example (100, 25, 100, 10, 100, 25, 100, 40 Gbps): two GPUs are at best
-    joined by a cut of 110 Gbps (their 100 Gbps link and the 10), all eight by 35 (the 10
-    and a 25); the cost model's own AllReduce of all eight is slower still, and every
-    group size's floor is the least over its groups."""
-    from itertools import combinations
-
-    from dl_nfv.artifacts import load
-    from dl_nfv.planners.bounds.stage_balanced import _cut_limits, _group_floors, _host_limits
-
-    problem = Problem(chain(2), load("examples/topologies/ring8-mixed.yaml"))
-    devices = list(problem.devices)
-    cut = _cut_limits(problem.cm.capacity_graph(collective=True), devices)
-    assert cut[2] == pytest.approx(8 / 110e6) and cut[8] == pytest.approx(8 / 35e6)
-    groups = _group_floors(problem, devices, [0] * 8, 1)  # one class: per group size
-    assert groups[(8,)] == pytest.approx(problem.cm.allreduce_ms_per_byte(devices))
-    assert groups[(8,)] > cut[8]
-    assert groups[(3,)] == pytest.approx(min(problem.cm.allreduce_ms_per_byte(g)
-                                             for g in combinations(devices, 3)))
-    assert (_host_limits(problem, devices) >= cut - 1e-18).all()
-
-
 def test_device_swaps_trade_devices_between_stages_and_with_idle_ones():
     """Stages on (a, b) and (c) with d idle: every pair from different stages, or a stage's
     device with the idle one, and nothing inside one stage (that changes no plan)."""
@@ -820,20 +626,3 @@ def test_scheduler_matches_the_simulator_with_split_backwards_and_a_tie(head_spl
     assert sim == pytest.approx(timed.makespan_ms, rel=1e-6)
 
 
-def test_round_trip_is_taken_over_stages_no_longer_than_the_bound(monkeypatch):
-    """Three layers of 2 GiB on three V100s over 25 Gbps: replicating layers would AllReduce
-    gigabytes over the slow links, far longer than any pipeline of them, so the round trip a
-    stage waits for passes single-device stages, a whole microbatch each way. The least
-    chain after a stage taken over every partition (replicas with a one-sample first share)
-    misses that; taken over partitions of stages no longer than the bound, it does not."""
-    from dl_nfv.planners.bounds import stage_balanced as bound
-
-    graph = chain(3, param_bytes=2 * GIB, batch=4)
-    topo = _topology([V100] * 3)
-    problem = Problem(graph, topo, tie_sync=TieSync.EXCHANGE)
-    tight = bound.stage_balanced_bound_ms(problem)
-    plan = run("pipeline", graph, topo)
-    assert tight <= plan.prediction.iteration_ms
-    monkeypatch.setattr(bound, "AFTER_ROUNDS", 0)
-    loose = bound.stage_balanced_bound_ms(problem)
-    assert tight >= 1.09 * loose  # 98.6 against 90.0 ms (the plan: 106.1)
