@@ -6,7 +6,8 @@ Experts (``torch.topk``, ``torch.where``, ``index_add``: tuples and shapes that 
 on the data) and residual blocks that ``torch.chunk`` their input. Graphs are profiled
 for real (one repetition). By default both user models run with every planner; the
 zoo's ``-tiny`` models with every planner need ``--runslow`` (profiling the zoo alone
-takes minutes on two cores). The converse holds too: plans that split what the runtime
+takes minutes on two cores). The one skip: ``exact`` on a graph past its limits
+(too many contiguous cut points to enumerate), which it refuses by design. The converse holds too: plans that split what the runtime
 keeps together are refused by ``validate_plan`` and by the runtime alike.
 """
 
@@ -75,8 +76,13 @@ def _train(tmp_path: Path, plan, graph, topology, **options):
 
 
 def _plan_validate_train(tmp_path: Path, graph, planner: str):
+    from dl_nfv.planners.exact.blocks import ExactLimit
+
     topology = load(TOPOLOGY)
-    plan = run(planner, graph, topology)
+    try:
+        plan = run(planner, graph, topology)
+    except ExactLimit as exc:  # the exact planner's stated limits (ideals, time), exit 2
+        pytest.skip(f"{planner} cannot plan {graph.model.name}: {exc}")
     validate_plan(plan, graph, topology, check_fingerprints=True)
     report = _train(tmp_path, plan, graph, topology)
     assert report.steps == STEPS and report.world_size == len(plan.devices)
