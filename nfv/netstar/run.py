@@ -57,7 +57,8 @@ class RunOptions:
 
     ``store_latency_s`` (embedded store only): seconds each store request takes,
     or a function drawing it per request. ``record_order`` keeps the order in
-    which NFs started messages (for tests).
+    which NFs started messages (for tests); ``progress`` is called with the number of
+    messages finished so far, after each.
     """
 
     style: str = "async"
@@ -67,6 +68,7 @@ class RunOptions:
     window: int = 4096
     retry_budget_s: float = 30.0
     record_order: bool = False
+    progress: Callable[[int], None] | None = None
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
@@ -172,7 +174,7 @@ async def _run_loop(config, trace, logic, prefix, address: StoreAddress, dns_add
             chain.append(Stage(module.NAME, module.run, env, callback=module.Callback(env)))
         cls = AsyncRuntime if options.style == "async" else CallbackRuntime
         out = await cls(trace, chain, prefix, window=options.window,
-                        record_order=options.record_order).run()
+                        record_order=options.record_order, progress=options.progress).run()
         await store.drop_namespace(prefix)
         return out
     finally:
@@ -197,7 +199,8 @@ def _run_blocking(config, trace, logic, prefix, address: StoreAddress, dns_addre
             module = NF_MODULES[str(spec.nf)]
             env = Env(store, dns, lg, prefix)
             chain.append(Stage(module.NAME, module.run, env, blocking=module.Blocking(env)))
-        out = BlockingRuntime(trace, chain, prefix, record_order=options.record_order).run()
+        out = BlockingRuntime(trace, chain, prefix, record_order=options.record_order,
+                              progress=options.progress).run()
         store.drop_namespace(prefix)
         return out
     finally:

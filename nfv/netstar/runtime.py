@@ -118,7 +118,7 @@ class _Runtime:
     """Feeding, forwarding between stages and completion, shared by the styles."""
 
     def __init__(self, trace, chain: list, prefix: str, *, window: int = 4096,
-                 record_order: bool = False):
+                 record_order: bool = False, progress=None):
         self.trace = trace
         self.chain = chain  # per NF position: what the style's stages need
         self.prefix = prefix
@@ -127,6 +127,8 @@ class _Runtime:
         self.stages: dict[int, list] = {}
         self.inflight = 0
         self.open_flows = 0
+        self.finished = 0
+        self.progress = progress  # called with the number of messages finished so far
         self.error: BaseException | None = None
 
     def messages(self):
@@ -168,6 +170,9 @@ class _Runtime:
 
     def complete(self) -> None:
         self.inflight -= 1
+        self.finished += 1
+        if self.progress is not None:
+            self.progress(self.finished)
 
     def idle(self) -> None:
         pass
@@ -212,7 +217,7 @@ class _LoopRuntime(_Runtime):
         return self.out.sort()
 
     def complete(self) -> None:
-        self.inflight -= 1
+        super().complete()
         space = self._space
         if space is not None and self.inflight <= self.window // 2 and not space.done():
             space.set_result(None)
@@ -423,6 +428,7 @@ class BlockingRuntime(_Runtime):
                 if flow.dropped:
                     self.out.drops.append((msg.flow, msg.index, pos))
                     break
+            self.complete()
             if last:
                 for pos in range(n):
                     CURRENT_FLOW.set(msg.flow)
