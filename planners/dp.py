@@ -76,7 +76,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, sync: str = "allr
     fusion = None
     if bucket_mb > 0 and len(used) > 1:
         fusion = Fusion(gradient_buckets=gradient_buckets(graph, ops, bucket_mb * MB))
-    bound = lower_bound(cm, used)
+    # one group: the replica with the largest share, at least 1 / len(used), runs every op
+    bound = lower_bound(cm, used, min_batch_fraction=1.0 / len(used))
     return finish(planner="dp", graph=graph, topology=topology, groups=[group], seed=seed,
                   options={"sync": sync, "balance": balance, "bucket_mb": bucket_mb,
                            "collective": collective, "devices": devices, "optimizer": optimizer},

@@ -43,5 +43,6 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, optimizer: str = 
     best = max(fitting, key=lambda d: (speed[d], -names.index(d)))
     group = Group(id="all", ops=tuple(ops), devices=(best,), sync=SyncMethod.NONE)
     return finish(planner="single", graph=graph, topology=topology, groups=[group], seed=seed,
-                  options={"optimizer": optimizer}, started_at=t0, bound=lower_bound(cm, [best]),
+                  options={"optimizer": optimizer}, started_at=t0,
+                  bound=lower_bound(cm, [best], ops_splittable=False),  # the whole batch there
                   optimizer=opt, cost_model=cm)
