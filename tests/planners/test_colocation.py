@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from dl_nfv.artifacts import InvalidArtifact, fingerprint, from_data, from_document, to_data
 from dl_nfv.artifacts.opgraph import OpGraph
+from dl_nfv.planners import PLANNERS
 from dl_nfv.planners.colocation import (
     allowed_cuts,
     cut_positions,
@@ -278,3 +279,17 @@ def test_baselines_keep_random_groups_whole_on_random_dags(data):
     for planner in ("dp", "single", "gpipe", "1f1b", "pipedream"):
         plan = run(planner, graph, topology)
         validate_plan(plan, graph, topology)
+
+
+@pytest.mark.parametrize("planner", sorted(PLANNERS))
+def test_every_planner_keeps_colocation_groups_whole(planner):
+    """The registry's contract: whatever the planner, a group spanning the natural cut points
+    of a chain ends up on one device set and in one stage, as validate_plan checks."""
+    from dl_nfv.planners import run
+
+    topology = _topology("nvlink4")
+    graph = _chain(8, param_bytes=256 * 2**20, colocation=GROUPS)
+    plan = run(planner, graph, topology)
+    validate_plan(plan, graph, topology)
+    devices = plan.devices_of_op
+    assert devices["l1"] == devices["l2"] and devices["l5"] == devices["l6"] == devices["l7"]
