@@ -94,6 +94,12 @@ class DeviceSpec:
 
 @record
 class Interconnect:
+    """A host's device-device links. ``collective_*``, where given, are what an AllReduce
+    sees on them: below the link's own figures (a collective library's synchronisation per
+    step) or above them (several channels at once where one transfer drives one), both
+    valid; the simulator's AllReduce phases and every planner's bound take them, every other
+    transfer the link's own (see the module docstring)."""
+
     kind: InterconnectKind
     bandwidth_gbps: float
     latency_us: float = 1.0
