@@ -240,7 +240,7 @@ def main() -> None:
         "device's memory to max(60% of the model's parameters+gradients+optimizer state, 1.5 x "
         "the whole model's need / devices): no device holds the model, a data-parallel replica "
         "usually not either (dp and single are then OOM), the devices together hold it 1.5 "
-        "times. The bound is the best lower bound of `planners/bounds.py` for "
+        "times. The bound is the best lower bound of `planners/bounds/placement.py` for "
         "any plan on those devices. `fastt winner` is the candidate fastt kept.\n\n"
         f"{verdict}\n\n" + markdown_table(headers, q_rows)
         + "\n\nPlanning time on synthetic layered DAGs (layers of 1-8 conv-like ops, 1-2 "
