@@ -110,3 +110,48 @@ def test_show_plan_lists_the_planner_notes_and_group_notes(tmp_path):
     assert result.exit_code == 0, result.output
     assert "planner notes" in result.output and "kept: data parallel" in result.output
     assert "2 candidate simulations" in result.output and "replicated 2-way" in result.output
+
+
+def _planner_help(name: str) -> str:
+    result = CliRunner().invoke(cli, ["plan", name, "--help"], terminal_width=100)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _planner_names():
+    from dl_nfv.planners import PLANNERS
+
+    return list(PLANNERS)
+
+
+@pytest.mark.parametrize("name", _planner_names())
+def test_a_planner_says_what_it_does_once_in_whole_sentences(name):
+    from dl_nfv.planners import PLANNERS
+
+    text = _planner_help(name).split("Example:")[0]
+    paragraphs = [" ".join(p.split()) for p in text.split("\n\n")[1:] if p.strip()]
+    assert len(paragraphs) == (2 if PLANNERS[name].preset else 1), paragraphs
+    assert all(p.endswith(".") for p in paragraphs), paragraphs
+
+
+@pytest.mark.parametrize("name", _planner_names())
+def test_planner_options_are_typed(name):
+    import inspect
+
+    from dl_nfv.planners import PLANNERS
+
+    text = _planner_help(name).split("Options:")[1]
+    params = inspect.signature(PLANNERS[name].load()).parameters
+    if "optimizer" in params:
+        assert "--optimizer [sgd|adam]" in text
+    assert "[default: ]" not in text and "TEXT RANGE" not in text
+    for fixed in PLANNERS[name].preset:
+        assert f"--{fixed.replace('_', '-')} " not in text, f"{name} offers --{fixed}, which it fixes"
+
+
+def test_presets_hide_what_they_fix_and_files_are_files():
+    dp_ps = _planner_help("dp-ps")
+    assert "The `dp` planner with --sync ps." in dp_ps
+    options = dp_ps.split("Options:")[1]
+    assert "--collective" not in options and "--sync" not in options
+    assert "--refine-with RUN_REPORT" in _planner_help("fastt")
