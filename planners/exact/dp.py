@@ -66,6 +66,7 @@ class Tables:
         self.work = np.array([per_op[r].sum(axis=0) for r in rows]).T  # [classes, blocks]
         self.params = np.array([cm.param_bytes[r].sum() for r in rows])
         self.outputs = np.array([cm.output_bytes[r].sum() for r in rows])
+        self.resident = np.array([cm.resident_bytes[r].sum() for r in rows])
         first = [c.devices[0] for c in classes]
         self.update_launch_ms = np.array([cm.update_launch_ms(d) for d in first])
         self.update_ms_per_byte = np.array([cm.update_ms_per_byte(d, optimizer)
@@ -127,6 +128,7 @@ def solve(tables: Tables, ideals: np.ndarray, vectors: np.ndarray, step: np.ndar
     work = ideals @ tables.work.T  # [ideals, classes]
     params = ideals @ tables.params
     outputs = ideals @ tables.outputs
+    resident = ideals @ tables.resident
     for p in range(n_ideals - 1):
         if not np.isfinite(best[p]).any():
             continue
@@ -142,7 +144,7 @@ def solve(tables: Tables, ideals: np.ndarray, vectors: np.ndarray, step: np.ndar
                           + stage_params[:, None] * tables.update_ms_per_byte[None, :], 0.0)
         compute = work[later] - work[p] + update  # [later, classes]
         load = np.maximum(compute, tables.comm_ms(received)[:, None])
-        need = (stage_params * tables.static_factor
+        need = (stage_params * tables.static_factor + resident[later] - resident[p]
                 + (outputs[later] - outputs[p] + received) / tables.microbatches)
         load[need[:, None] > tables.memory[None, :]] = np.inf
         _relax(best, came_from, p, later, load, step)

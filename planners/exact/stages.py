@@ -14,8 +14,8 @@ figure below comes from the one cost model (``simulator/costs.py``):
   one transfer on a route between two of its devices, ``M`` times per iteration
   (``M x transfer_ms(src, dst, bytes / M)``). Gradients go back over the reverse
   direction of the same links, which carries the same bytes, so the term stands for both;
-* **memory** of a stage: its parameters, gradients and optimizer state plus one
-  microbatch of its stashed activations (its ops' outputs and what it receives), within
+* **memory** of a stage: its parameters, gradients and optimizer state and its ops'
+  resident footprints (``Op.resident_bytes``), plus one microbatch of its stashed activations (its ops' outputs and what it receives), within
   the device's memory, as the pipeline planner's partition charges it (its scheduler then
   caps the microbatches in flight by the memory left).
 
@@ -154,7 +154,8 @@ def evaluate(graph: OpGraph, topology: Topology, stages: Sequence[tuple[Sequence
         comm = m * cm.transfer_ms(*pair, received / m) if pair else 0.0
         params = float(sum(cm.param_bytes[cm.op_index[o]] for o in ops))
         outputs = float(sum(cm.output_bytes[cm.op_index[o]] for o in ops))
-        need = params * (2.0 + state) + (outputs + received) / m
+        resident = float(sum(cm.resident_bytes[cm.op_index[o]] for o in ops))
+        need = params * (2.0 + state) + resident + (outputs + received) / m
         loads.append(StageLoad(device=device, compute_ms=stage_compute_ms(cm, ops, device, m,
                                                                           optimizer),
                                comm_ms=comm, received_bytes=received, memory_bytes=need,

@@ -355,3 +355,30 @@ def test_placement_json_mirror_edges_that_close_a_cycle_are_refused(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(InvalidArtifact, match=r"orphaned backward nodes, form a cycle: .*fwd:o"):
         import_placement_json(path)
+
+
+@pytest.mark.parametrize("planner", ["exact", "pipeline", "pipedream"])
+def test_planners_that_check_memory_count_the_imported_sizes(tmp_path, planner):
+    """Four layers of 6 GiB each (forward and backward node sizes) on two 16 GiB V100s:
+    three layers on one device (18 GiB) do not fit, so the time-balanced split
+    {l0} | {l1, l2, l3} (90 | 90 ms) is out and {l0, l1} | {l2, l3} (120 | 60 ms) is the
+    only contiguous one that fits, by enumeration of the three cuts."""
+    from dl_nfv.planners import run
+    from dl_nfv.planners.validate import validate_plan
+
+    gib = 2**30
+    fwd = [30.0, 10.0, 10.0, 10.0]
+    nodes = [n for i in range(4) for n in (
+        {"id": i, "name": f"l{i}", "fpgaLatency": fwd[i], "isBackwardNode": 0, "colorClass": i,
+         "size": 3.0 * gib},
+        {"id": 10 + i, "name": f"l{i}_grad", "fpgaLatency": 2 * fwd[i], "isBackwardNode": 1,
+         "colorClass": i, "size": 3.0 * gib})]
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps({"nodes": nodes, "edges": [
+        {"sourceId": i, "destId": i + 1, "cost": 0.5} for i in range(3)]}))
+    graph = import_placement_json(path, batch_size=4)
+    fits = [cut for cut in (1, 2, 3) if max(cut, 4 - cut) * 6 * gib <= 16 * gib]
+    assert fits == [2]
+    plan = run(planner, graph, _two_gpus())
+    validate_plan(plan, graph, _two_gpus())
+    assert sorted(g.ops for g in plan.groups) == [("l0", "l1"), ("l2", "l3")]
