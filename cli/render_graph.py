@@ -37,6 +37,12 @@ def render_graph(graph: OpGraph) -> Group:
                                            f"gradients, {1 - inputs / bwd_flops:.0%} weight gradients)")
     summary.add_row("parameters", _bytes(graph.total_param_bytes))
     summary.add_row("activations", _bytes(sum(op.output_bytes for op in graph.ops)))
+    resident = sum(op.resident_bytes for op in graph.ops)
+    if resident:
+        summary.add_row("resident memory", _bytes(resident))
+    if graph.colocation:
+        sizes = sorted(len(g) for g in graph.colocation)
+        summary.add_row("colocation groups", f"{len(sizes)} ({sum(sizes)} ops, largest {sizes[-1]})")
     for t in device_types:
         fwd = sum(op.fwd_ms.get(t, 0.0) for op in graph.ops)
         bwd = sum(op.bwd_ms.get(t, 0.0) for op in graph.ops)

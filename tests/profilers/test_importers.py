@@ -275,6 +275,10 @@ def test_cli_placement_json_colocation_reaches_the_file(tmp_path):
     out = tmp_path / "g.json"
     assert _cli("profile", "import", "placement-json", str(ORPHANS), "-o", str(out)).exit_code == 0
     assert json.loads(out.read_text())["colocation"] == [["w", "mm"]]
+    shown = _cli("show", str(out))
+    assert shown.exit_code == 0
+    assert "colocation groups" in shown.output and "1 (2 ops, largest 2)" in shown.output
+    assert "resident memory" in shown.output and "8.1 KiB" in shown.output  # 8308 bytes
 
 
 @settings(max_examples=40, deadline=None)
