@@ -89,6 +89,46 @@ def _parse_node(line: str, lineno: int) -> tuple[str, str, dict[str, float]]:
     return node_id, description, values
 
 
+def _read(text: str) -> tuple[dict[str, tuple[str, dict[str, float], int]],
+                              list[tuple[str, str, int]], nx.DiGraph]:
+    """Nodes (id -> description, values, line), edges (src, dst, line) and their DiGraph,
+    checked: well-formed lines, known and distinct nodes, no self-loop, no cycle."""
+    nodes: dict[str, tuple[str, dict[str, float], int]] = {}
+    edges: list[tuple[str, str, int]] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if line.startswith("\t") or line.startswith("    "):
+            ends = [e.strip() for e in line.strip().split(" -- ")]
+            if len(ends) != 2 or not all(ends):
+                raise InvalidArtifact(f"expected an edge 'nodeA -- nodeB', got {line.strip()!r}",
+                                      field=f"line {lineno}")
+            edges.append((ends[0], ends[1], lineno))
+            continue
+        node_id, description, values = _parse_node(line, lineno)
+        if node_id in nodes:
+            raise InvalidArtifact(f"node {node_id} appears twice (first on line "
+                                  f"{nodes[node_id][2]})", field=f"line {lineno}")
+        nodes[node_id] = (description, values, lineno)
+    if not nodes:
+        raise InvalidArtifact("no nodes found; is this a PipeDream graph.txt?")
+    graph = nx.DiGraph()
+    graph.add_nodes_from(nodes)
+    for src, dst, lineno in edges:
+        for end in (src, dst):
+            if end not in nodes:
+                raise InvalidArtifact(f"edge {src} -- {dst} names unknown node {end!r}",
+                                      field=f"line {lineno}")
+        if src == dst:
+            raise InvalidArtifact(f"edge {src} -- {dst} is a self-loop", field=f"line {lineno}")
+        graph.add_edge(src, dst)
+    if not nx.is_directed_acyclic_graph(graph):
+        cycle = nx.find_cycle(graph)
+        raise InvalidArtifact("the graph has a cycle: " + " -> ".join(
+            [cycle[0][0], *(v for _, v in cycle)]))
+    return nodes, edges, graph
+
+
 def import_pipedream(path: str | Path, *, device_type: str = "V100-16GB", batch_size: int = 1,
                      name: str | None = None, keep_input_time: bool = False) -> OpGraph:
     """Read a PipeDream ``graph.txt`` into an ``OpGraph`` (see the module docstring).
@@ -112,40 +152,8 @@ def import_pipedream(path: str | Path, *, device_type: str = "V100-16GB", batch_
         raise BadInput(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"{path}: cannot read it as text: {exc}") from None
-    nodes: dict[str, tuple[str, dict[str, float], int]] = {}
-    edges: list[tuple[str, str, int]] = []
     try:
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            if line.startswith("\t") or line.startswith("    "):
-                ends = [e.strip() for e in line.strip().split(" -- ")]
-                if len(ends) != 2 or not all(ends):
-                    raise InvalidArtifact(f"expected an edge 'nodeA -- nodeB', got {line.strip()!r}",
-                                          field=f"line {lineno}")
-                edges.append((ends[0], ends[1], lineno))
-                continue
-            node_id, description, values = _parse_node(line, lineno)
-            if node_id in nodes:
-                raise InvalidArtifact(f"node {node_id} appears twice (first on line "
-                                      f"{nodes[node_id][2]})", field=f"line {lineno}")
-            nodes[node_id] = (description, values, lineno)
-        if not nodes:
-            raise InvalidArtifact("no nodes found; is this a PipeDream graph.txt?")
-        graph = nx.DiGraph()
-        graph.add_nodes_from(nodes)
-        for src, dst, lineno in edges:
-            for end in (src, dst):
-                if end not in nodes:
-                    raise InvalidArtifact(f"edge {src} -- {dst} names unknown node {end!r}",
-                                          field=f"line {lineno}")
-            if src == dst:
-                raise InvalidArtifact(f"edge {src} -- {dst} is a self-loop", field=f"line {lineno}")
-            graph.add_edge(src, dst)
-        if not nx.is_directed_acyclic_graph(graph):
-            cycle = nx.find_cycle(graph)
-            raise InvalidArtifact("the graph has a cycle: " + " -> ".join(
-                [cycle[0][0], *(v for _, v in cycle)]))
+        nodes, edges, graph = _read(text)
     except InvalidArtifact as exc:
         raise exc.at(file=str(path)) from None
 
@@ -167,20 +175,21 @@ def import_pipedream(path: str | Path, *, device_type: str = "V100-16GB", batch_
                       fwd_ms={device_type: v["forward_compute_time"] * scale},
                       bwd_ms={device_type: v["backward_compute_time"] * scale},
                       splittable_dims=(0,) if kind is not OpKind.SHAPE else ()))
+    position = {node_id: k for k, node_id in enumerate(order)}
     seen = set()
     out_edges = []
-    for src, dst, _ in sorted(edges, key=lambda e: (order.index(e[1]), order.index(e[0]))):
+    for src, dst, _ in sorted(edges, key=lambda e: (position[e[1]], position[e[0]])):
         if (src, dst) in seen:
             continue
         seen.add((src, dst))
         out_edges.append(Edge(src=src, dst=dst, bytes=int(round(nodes[src][1]["activation_size"]))))
     ref = ModelRef(name=name or path.stem, source="pipedream", batch_size=batch_size,
                    options={"file": path.name})
-    kept = "kept" if keep_input_time else "zeroed, as PipeDream's optimizer does"
-    info = ProfileInfo(device_type=device_type,
-                       note=f"imported from PipeDream graph.txt {path.name}; times as recorded "
-                            f"there, Input nodes' times {kept}" if inputs else
-                            f"imported from PipeDream graph.txt {path.name}; times as recorded there")
+    note = f"imported from PipeDream graph.txt {path.name}; times as recorded there"
+    if inputs:
+        note += ", Input nodes' times " + ("kept" if keep_input_time
+                                           else "zeroed, as PipeDream's optimizer does")
+    info = ProfileInfo(device_type=device_type, note=note)
     try:
         return OpGraph(model=ref, granularity="layer", profile=info, ops=tuple(ops),
                        edges=tuple(out_edges))
