@@ -7,7 +7,8 @@ It checks, in order:
 2. colocation: every colocation group of the graph sits on one device set
    and, in a pipeline, in one stage; outside a pipeline also with one set of
    batch shares (the runtime passes a value whose shape depends on the data
-   only between units of the same placement);
+   only between units of the same placement); every replica's slice of a
+   microbatch has the rows its batch norms need in training (``runnable``);
 3. pipelines: every group is a stage, stage order respects the data edges,
    and the per-device action lists cannot deadlock (the graph of
    forward/backward dependencies plus each device's order is acyclic);
@@ -35,6 +36,7 @@ from dl_nfv.artifacts import (
 )
 
 from .colocation import placement_violations
+from .runnable import check_batch_norm_rows
 
 
 def validate_plan(plan: Plan, graph: OpGraph, topology: Topology, *, check_fingerprints: bool = False,
@@ -43,6 +45,7 @@ def validate_plan(plan: Plan, graph: OpGraph, topology: Topology, *, check_finge
     validate_against(plan, graph, topology, check_fingerprints=check_fingerprints)
     check_colocation(plan, graph)
     check_colocated_shares(plan, graph)
+    check_batch_norm_rows(plan, graph)
     if plan.pipeline is not None:
         _check_pipeline(plan, graph)
     if plan.order:

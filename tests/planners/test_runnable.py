@@ -196,3 +196,44 @@ def test_colocated_ops_with_other_batch_shares_are_refused_by_both(tmp_path, gra
     assert "'uneven'" in str(err.value) and routing[0] in str(err.value)
     with pytest.raises(BadInput, match="does not follow the batch"):
         _train(tmp_path, plan, graph, topology)
+
+
+def test_batch_norms_that_need_two_rows_are_found_from_the_graph(graphs):
+    """``batch_norm_rows`` reads from the graph's edges and parameters which batch norms
+    have one position per channel; the model itself, run with hooks, says the same."""
+    from dl_nfv.planners.runnable import batch_norm_rows
+    from dl_nfv.profilers import zoo
+
+    graph = graphs["resnet50-tiny"]
+    workload = zoo.instantiate(graph.model, seed=0)
+    single: set[str] = set()
+
+    def hook(name):
+        def record(module, inputs, output):
+            if math.prod(output.shape[2:]) == 1:
+                single.add(name)
+        return record
+
+    for name, module in workload.module.named_modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.register_forward_hook(hook(name))
+    workload.module(*workload.make_batch(graph.model.batch_size, 0)[0])
+    by_module = {op.module: op.id for op in graph.ops}
+    assert single and set(batch_norm_rows(graph)) == {by_module[m] for m in single}
+
+
+def test_a_pipeline_with_one_row_through_a_batch_norm_is_refused_by_both(tmp_path, graphs):
+    """GPipe's 4 microbatches of resnet50-tiny's batch of 4 give one row per slice; the last
+    stage's batch norms after 1x1 convolutions then see one value per channel, which torch
+    refuses in training. The validator names the op and the field; the run fails the same."""
+    from dl_nfv.artifacts import RuntimeFailure
+
+    graph = graphs["resnet50-tiny"]
+    topology = load(TOPOLOGY)
+    plan = run("gpipe", graph, topology)
+    assert plan.pipeline.microbatches == graph.model.batch_size
+    with pytest.raises(InvalidArtifact, match="batch norm .* 1 row") as err:
+        validate_plan(plan, graph, topology)
+    assert err.value.field == "pipeline.microbatches"
+    with pytest.raises(RuntimeFailure, match="more than 1 value per channel"):
+        _train(tmp_path, plan, graph, topology)
