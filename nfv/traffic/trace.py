@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .columnar import read_columns
 from .flows import FlowTable
-from .pcap import RECORD_REASONS, TCP, MalformedCounts, address_text, decode, read_frames
+from .pcap import RECORD_REASONS, TCP, MalformedCounts, address_text
 
 PROTO_NAMES = {6: "tcp", 17: "udp"}
 
@@ -118,20 +119,14 @@ def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0) -> Trace:
     malformed = MalformedCounts()
     stats: Counter = Counter()
     table = FlowTable(stats, idle_timeout_us=int(idle_timeout_s * 1_000_000))
-    packets = wire = 0
-    for ts_us, frame, linktype in read_frames(path, malformed):
-        packets += 1
-        wire += len(frame)
-        try:
-            pkt = decode(ts_us, frame, linktype)
-        except Exception:  # dpkt can fail in ways it does not document; never fatal
-            pkt = "undecodable"
-        if isinstance(pkt, str):
-            malformed[pkt] += 1
-            continue
+    cols = read_columns(path, malformed)
+    malformed.update(cols.malformed())
+    for pkt in cols.packets():
         table.add(pkt)
     table.close_all()
-    packets += sum(malformed[reason] for reason in RECORD_REASONS)  # records never yielded
+    # every record of the file: the frames read, and those counted as never yielded
+    packets = len(cols) + sum(malformed[reason] for reason in RECORD_REASONS)
+    wire = int(cols.wire_bytes.sum())
     return _columns(str(path), table, packets, wire, malformed, stats)
 
 
