@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from .options import Number, json_option, output_option, stderr_console
+from .options import Number, deliver, json_option, output_option
 
 STYLES = click.Choice(["async", "callback", "blocking"])
 _config = click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
@@ -35,16 +34,10 @@ def command() -> None:
 
 
 def _write(result: dict, output: Path | None, as_json: bool, summary: str) -> None:
-    from dl_nfv.artifacts.io import save
+    """The result where the options say (``deliver``); ``summary`` is its text for a person."""
+    from rich.text import Text
 
-    if output is not None:
-        save(result, output)
-    if as_json:
-        click.echo(json.dumps(result, indent=1))
-    elif output is None:
-        click.echo(summary)
-    elif (console := stderr_console()) is not None:
-        console.print(summary, markup=False, highlight=False)
+    deliver(result, output, as_json, render=lambda _: Text(summary))
 
 
 @command.command(name="run")

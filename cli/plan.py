@@ -29,6 +29,7 @@ from .options import (
     json_option,
     output_option,
     print_json,
+    print_view,
     seed_option,
     stderr_console,
 )
@@ -78,9 +79,14 @@ def list_planners(as_json: bool) -> None:
         print_json({"planners": [{"name": p.name, "family": p.family, "baseline": p.baseline,
                                   "summary": p.summary} for p in PLANNERS.values()]})
         return
-    width = max(len(n) for n in PLANNERS)
+    from rich.table import Table
+
+    table = Table(box=None, show_header=True, pad_edge=False)
+    for col in ("planner", "family", "baseline", "what it decides"):
+        table.add_column(col)
     for p in PLANNERS.values():
-        click.echo(f"{p.name:<{width}}  {p.family:<13}  {p.summary}")
+        table.add_row(p.name, p.family, "yes" if p.baseline else "", p.summary)
+    print_view(table)
 
 
 def _graph_topology_options(func):
