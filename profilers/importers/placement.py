@@ -54,7 +54,10 @@ What the fields mean (the format's own definitions) and what each becomes:
   options. Any other key is an error naming the node or edge.
 
 The input must be acyclic and have no edge from a backward to a forward node
-(as the reference implementation requires).
+(as the reference implementation requires). Where mirror edges close a cycle
+among the forward ops, its ops are fused into one colocation group and the
+mirror edges among them dropped, as the reference implementation fuses the
+strongly connected parts of its class graph.
 """
 
 from __future__ import annotations
@@ -279,20 +282,12 @@ def _build(doc, path, device_type, batch_size, transfer_gbps, name, kind_of) -> 
                               "rename that node")
 
     ops = _ops(nodes, classes, op_of_node, device_type, kind_of)
-    op_edges = _op_edges(nodes, classes, edges, op_of_node, transfer_gbps)
-    graph = nx.DiGraph()
-    graph.add_nodes_from(ops)
-    graph.add_edges_from(op_edges)
-    if not nx.is_directed_acyclic_graph(graph):
-        cycle = nx.find_cycle(graph)
-        raise InvalidArtifact("the forward ops, with the mirror edges of orphaned backward nodes, "
-                              "form a cycle: " + " -> ".join([cycle[0][0], *(v for _, v in cycle)]),
-                              field="edges")
+    op_edges, mirrors = _op_edges(nodes, classes, edges, op_of_node, transfer_gbps)
+    groups = [[op_of_node[i] for i in c.forward] for c in classes.values() if len(c.forward) >= 2]
+    graph, colocation = _fuse_cycles(list(ops), op_edges, mirrors, groups)
     file_pos = {op: k for k, op in enumerate(ops)}
     order = list(nx.lexicographical_topological_sort(graph, key=file_pos.__getitem__))
     position = {op: k for k, op in enumerate(order)}
-    colocation = tuple(tuple(op_of_node[i] for i in c.forward) for c in classes.values()
-                       if len(c.forward) >= 2)
     ref = ModelRef(name=name or path.stem, source="placement-json", batch_size=batch_size,
                    options={"file": path.name, **options})
     info = ProfileInfo(device_type=device_type,
@@ -333,10 +328,13 @@ def _ops(nodes, classes, op_of_node, device_type, kind_of) -> dict[str, Op]:
     return ops
 
 
-def _op_edges(nodes, classes, edges, op_of_node, transfer_gbps) -> dict[tuple[str, str], int]:
-    """Op edges with bytes: forward edges, and the mirrors of orphaned backward edges."""
+def _op_edges(nodes, classes, edges, op_of_node,
+              transfer_gbps) -> tuple[dict[tuple[str, str], int], set[tuple[str, str]]]:
+    """Op edges with bytes: forward edges, and the mirrors of orphaned backward edges; and
+    which of them are mirrors only (no forward edge joins the same ops)."""
     bytes_per_ms = transfer_gbps * 1e9 / 8 / 1e3
     out: dict[tuple[str, str], int] = {}
+    forward: set[tuple[str, str]] = set()
 
     def head(node: _Node) -> str:  # the op a backward node's class runs with
         c = classes[node.color]
@@ -352,4 +350,39 @@ def _op_edges(nodes, classes, edges, op_of_node, transfer_gbps) -> dict[tuple[st
         # an orphaned gradient src -> dst runs the forward edge forward(dst) -> forward(src)
         if a != b:
             out[(a, b)] = max(out.get((a, b), 0), int(round(cost * bytes_per_ms)))
-    return out
+            if not s.backward:
+                forward.add((a, b))
+    return out, set(out) - forward
+
+
+def _fuse_cycles(op_ids: list[str], op_edges: dict[tuple[str, str], int],
+                 mirrors: set[tuple[str, str]], groups: list[list[str]]):
+    """The op DiGraph and the colocation groups, with every cycle that mirror edges close
+    fused as the reference implementation fuses the strongly connected components of its
+    class graph: the cycle's ops share a device (one group, merged with the groups it
+    touches) and the mirror edges among them go (the forward edges alone are acyclic)."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(op_ids)
+    graph.add_edges_from(op_edges)
+    root = {op: op for op in op_ids}
+
+    def find(op: str) -> str:
+        while root[op] != op:
+            root[op] = root[root[op]]
+            op = root[op]
+        return op
+
+    cycles = [scc for scc in nx.strongly_connected_components(graph) if len(scc) >= 2]
+    for members in [*cycles, *groups]:
+        first, *rest = sorted(members)
+        for op in rest:
+            root[find(op)] = find(first)
+    for scc in cycles:
+        for a, b in sorted(mirrors):
+            if a in scc and b in scc:
+                del op_edges[(a, b)]
+                graph.remove_edge(a, b)
+    merged: dict[str, list[str]] = {}
+    for op in op_ids:
+        merged.setdefault(find(op), []).append(op)
+    return graph, tuple(tuple(m) for m in merged.values() if len(m) >= 2)

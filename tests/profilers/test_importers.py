@@ -342,23 +342,26 @@ def test_placement_json_keeps_every_time_and_size(tmp_path_factory, data):
     assert from_document(to_data(graph)) == graph
 
 
-def test_placement_json_mirror_edges_that_close_a_cycle_are_refused(tmp_path):
+def test_placement_json_fuses_a_cycle_closed_by_mirror_edges(tmp_path):
     # forward a -> b; an orphaned backward node o between a's and b's backward nodes in the
     # unnatural direction (a_grad -> o -> b_grad): its mirrors b -> fwd:o -> a close a cycle
-    # with a -> b, which the reference implementation fuses into one class and this importer
-    # refuses, naming the ops
+    # with a -> b. The reference implementation fuses the cycle's classes into one; here its
+    # ops become one colocation group and the mirror edges inside it go
     doc = {"nodes": [
         {"name": "a", "id": 1, "fpgaLatency": 1.0, "isBackwardNode": 0, "colorClass": 1},
         {"name": "b", "id": 2, "fpgaLatency": 1.0, "isBackwardNode": 0, "colorClass": 2},
+        {"name": "c", "id": 6, "fpgaLatency": 1.0, "isBackwardNode": 0, "colorClass": 3},
         {"name": "a_grad", "id": 3, "fpgaLatency": 1.0, "isBackwardNode": 1, "colorClass": 1},
         {"name": "b_grad", "id": 4, "fpgaLatency": 1.0, "isBackwardNode": 1, "colorClass": 2},
         {"name": "o", "id": 5, "fpgaLatency": 1.0, "isBackwardNode": 1}],
-        "edges": [{"sourceId": 1, "destId": 2, "cost": 0.5}, {"sourceId": 3, "destId": 5, "cost": 0.5},
-                  {"sourceId": 5, "destId": 4, "cost": 0.5}]}
+        "edges": [{"sourceId": 1, "destId": 2, "cost": 0.5}, {"sourceId": 2, "destId": 6, "cost": 0.25},
+                  {"sourceId": 3, "destId": 5, "cost": 0.5}, {"sourceId": 5, "destId": 4, "cost": 0.5}]}
     path = tmp_path / "w.json"
     path.write_text(json.dumps(doc))
-    with pytest.raises(InvalidArtifact, match=r"orphaned backward nodes, form a cycle: .*fwd:o"):
-        import_placement_json(path)
+    graph = import_placement_json(path)
+    assert graph.colocation == (("a", "b", "fwd:o"),)
+    assert {(e.src, e.dst) for e in graph.edges} == {("a", "b"), ("b", "c")}
+    assert sum(op.bwd_ms["V100-16GB"] for op in graph.ops) == 3.0
 
 
 @pytest.mark.parametrize("planner", ["exact", "pipeline", "pipedream"])
