@@ -31,10 +31,11 @@ What the fields mean (the format's own definitions) and what each becomes:
   class, a forward edge ``forward(v) -> forward(u)`` (the mirror image, so
   the simulator's backward pass sends the gradient ``u -> v``).
 * ``size`` (optional, default 0): the bytes the node takes on the
-  accelerator. It is *not* parameter bytes: the sizes of all nodes of a class
-  (forward and backward) become the ``resident_bytes`` of its first forward op,
-  held by every device that runs it all iteration, as the format's memory
-  limit counts them. ``param_bytes`` and ``output_bytes`` stay 0: the file
+  accelerator. It is *not* parameter bytes: a forward node's size becomes its
+  op's ``resident_bytes`` and the sizes of a class's backward nodes are added
+  to its first forward op's (an artificial op's, for an orphaned class), held
+  by every device that runs the op all iteration, as the format's memory limit
+  counts every node's size. ``param_bytes`` and ``output_bytes`` stay 0: the file
   does not separate weights from activations, so no gradient synchronisation
   or optimizer step is charged.
 * edge ``cost``: the time to move the source node's output between the
