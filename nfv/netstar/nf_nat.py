@@ -1,7 +1,7 @@
 """NAT whose mappings live in the store (StatelessNF's NAT).
 
 Each flow gets a public address and port from the pool (``pool`` addresses x
-``ports`` range: the slots). Slots are claimed with ``setnx`` on the slot's
+``ports`` range: the slots). Slots are claimed (``store.claim``) on the slot's
 key, starting at slot ``flow id mod slots`` and probing the next ones while a
 slot is held by a live flow; a slot is released at its flow's end. Because
 flow ids follow the trace's order, the i-th flow's first choice is fixed,
@@ -44,7 +44,7 @@ class Logic:
 async def run(flow, env):
     nat, key, slot = env.logic, flow.key("nat"), None
     for candidate in nat.slots(flow.id):
-        if await env.store.setnx(env.key("nat-slot", candidate), flow.id):
+        if await env.store.claim(env.key("nat-slot", candidate), flow.id):
             slot = candidate
             break
     await env.store.set(key, nat.address(slot))
@@ -85,7 +85,7 @@ class Callback:
             slot = next(candidates, None)
             if slot is None:
                 return assign(None)
-            env.store.setnx(env.key("nat-slot", slot), flow.id).add_done_callback(
+            env.store.claim(env.key("nat-slot", slot), flow.id).add_done_callback(
                 lambda f: claimed(f, slot))
 
         try_next()
@@ -124,7 +124,7 @@ class Blocking:
     def open(self, flow):
         env, nat, slot = self.env, self.env.logic, None
         for candidate in nat.slots(flow.id):
-            if env.store.setnx(env.key("nat-slot", candidate), flow.id):
+            if env.store.claim(env.key("nat-slot", candidate), flow.id):
                 slot = candidate
                 break
         self.slots[flow.id] = slot

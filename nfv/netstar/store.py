@@ -5,8 +5,12 @@ async and callback NF styles) returns an ``asyncio.Future`` from every
 operation, so that async code awaits it and callback code chains
 ``add_done_callback`` on the same object:
 
-    get(key) -> bytes | None     set(key, value)     setnx(key, value) -> bool
+    get(key) -> bytes | None     set(key, value)     claim(key, value) -> bool
     incr(key) -> int             delete(key)
+
+``claim`` sets ``key`` to ``value`` unless it holds another value, and says
+whether it holds ``value`` now (``SET NX GET``, Redis 7): unlike ``SETNX`` it
+gives the same answer when a request is resent after a lost reply.
 
 The synchronous form (``blocking`` NF style) has the same methods returning
 the values directly.
@@ -19,7 +23,7 @@ pipelines: the requests issued during one turn of the event loop (by however
 many flows) go out as one pipeline, and several pipelines may be in flight on a
 small pool of connections. A pipeline that fails on the connection (server
 killed, restarting, silent) is resent whole after a back-off
-(``services.RetryPolicy``); every command used is idempotent except ``incr``,
+(``services.RetryPolicy``); every command is idempotent except ``incr``,
 which a resend after a lost reply may apply twice. Values are bytes; keys are
 strings that every run prefixes with its own namespace, and the run deletes
 its keys at the end.
@@ -117,11 +121,9 @@ class EmbeddedStore(_Requests):
         self.data[key] = value if isinstance(value, bytes) else str(value).encode()
         return self._done(None)
 
-    def setnx(self, key: str, value) -> asyncio.Future:
-        if key in self.data:
-            return self._done(False)
-        self.data[key] = value if isinstance(value, bytes) else str(value).encode()
-        return self._done(True)
+    def claim(self, key: str, value) -> asyncio.Future:
+        value = value if isinstance(value, bytes) else str(value).encode()
+        return self._done(self.data.setdefault(key, value) == value)
 
     def incr(self, key: str) -> asyncio.Future:
         value = int(self.data.get(key, b"0")) + 1
@@ -143,10 +145,13 @@ class EmbeddedStore(_Requests):
         return None
 
 
-def _normalise(command: str, reply):
-    if command == "SETNX":
-        return bool(reply)
-    if command in ("SET", "DEL"):
+def _normalise(command: tuple, reply):
+    if command[0] == "SET":
+        if len(command) > 3:  # claim: SET key value NX GET -> the old value, None if set now
+            value = command[2] if isinstance(command[2], bytes) else str(command[2]).encode()
+            return reply is None or reply == value
+        return None
+    if command[0] == "DEL":
         return None
     return reply
 
@@ -186,8 +191,8 @@ class RedisStore(_Requests):
     def set(self, key: str, value) -> asyncio.Future:
         return self._submit("SET", key, value)
 
-    def setnx(self, key: str, value) -> asyncio.Future:
-        return self._submit("SETNX", key, value)
+    def claim(self, key: str, value) -> asyncio.Future:
+        return self._submit("SET", key, value, "NX", "GET")
 
     def incr(self, key: str) -> asyncio.Future:
         return self._submit("INCR", key)
@@ -232,7 +237,7 @@ class RedisStore(_Requests):
                     fut.set_exception(ServiceUnavailable(
                         f"Redis at {self.address} refused {command[0]}: {reply}"))
             else:
-                self._resolve(fut, _normalise(command[0], reply))
+                self._resolve(fut, _normalise(command, reply))
 
     async def check(self) -> None:
         """``BadInput`` naming the address when the server cannot be reached now."""
@@ -277,12 +282,10 @@ class EmbeddedSyncStore:
         self._wait()
         self.data[key] = value if isinstance(value, bytes) else str(value).encode()
 
-    def setnx(self, key: str, value) -> bool:
+    def claim(self, key: str, value) -> bool:
         self._wait()
-        if key in self.data:
-            return False
-        self.data[key] = value if isinstance(value, bytes) else str(value).encode()
-        return True
+        value = value if isinstance(value, bytes) else str(value).encode()
+        return self.data.setdefault(key, value) == value
 
     def incr(self, key: str) -> int:
         self._wait()
@@ -343,8 +346,9 @@ class RedisSyncStore:
     def set(self, key: str, value) -> None:
         self._call("SET", key, value)
 
-    def setnx(self, key: str, value) -> bool:
-        return bool(self._call("SETNX", key, value))
+    def claim(self, key: str, value) -> bool:
+        return _normalise(("SET", key, value, "NX", "GET"), self._call("SET", key, value, "NX",
+                                                                      "GET"))
 
     def incr(self, key: str) -> int:
         return int(self._call("INCR", key))

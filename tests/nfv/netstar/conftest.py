@@ -12,6 +12,28 @@ import pytest
 from dl_nfv.nfv.netstar import servers
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
 from dl_nfv.nfv.traffic.trace import load_trace
+from tests.nfv.helpers import RULES
+
+ACL = """
+    default: allow
+    acl:
+      - {action: deny, proto: tcp, src: 10.0.1.0/24}
+      - {action: deny, proto: tcp, dst: 10.1.0.3/32}
+"""
+
+
+def write_config(folder, name: str, chain: str):
+    path = folder / f"{name}.yaml"
+    path.write_text(f"kind: nf-config\nschema_version: 1\nname: {name}\nchain:\n{chain}")
+    return path
+
+
+@pytest.fixture
+def chain_config(tmp_path):
+    """firewall -> nat -> ids, so that drops upstream hide messages downstream."""
+    return write_config(tmp_path, "chain", f"  - nf: firewall{ACL}"
+                        "  - nf: nat\n    pool: [198.51.100.1, 198.51.100.2]\n"
+                        f"    ports: 2000-2199\n  - nf: ids\n    rules: {RULES}\n")
 
 
 def need(binary: str, package: str) -> None:

@@ -15,31 +15,11 @@ from dl_nfv.nfv.netstar.run import RunOptions, run_outcome
 from dl_nfv.nfv.run import run_config
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
 from dl_nfv.nfv.traffic.trace import load_trace
-from tests.nfv.helpers import EXAMPLES, REAL_TRACE, RULES
+from tests.nfv.helpers import EXAMPLES, REAL_TRACE
+
+from .conftest import ACL, write_config
 
 STYLES = ("async", "callback", "blocking")
-ACL = """
-    default: allow
-    acl:
-      - {action: deny, proto: tcp, src: 10.0.1.0/24}
-      - {action: deny, proto: tcp, dst: 10.1.0.3/32}
-"""
-
-
-def config(tmp_path, name: str, chain: str):
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(f"kind: nf-config\nschema_version: 1\nname: {name}\nchain:\n{chain}")
-    return path
-
-
-@pytest.fixture
-def chain_config(tmp_path):
-    """firewall -> nat -> ids, so that drops upstream hide messages downstream."""
-    return config(tmp_path, "chain", f"  - nf: firewall{ACL}"
-                  "  - nf: nat\n    pool: [198.51.100.1, 198.51.100.2]\n    ports: 2000-2199\n"
-                  f"  - nf: ids\n    rules: {RULES}\n")
-
-
 def outputs(report: dict) -> dict:
     return {"alerts": report["alerts"], "outputs": report["outputs"],
             "digest": report["outputs_digest"]}
@@ -80,7 +60,7 @@ def test_ids_alerts_equal_the_batch_engines(generated):
 
 def test_firewall_drops_equal_the_batch_engines(tmp_path, generated):
     path, trace = generated
-    cfg = config(tmp_path, "fw", f"  - nf: firewall{ACL}")
+    cfg = write_config(tmp_path, "fw", f"  - nf: firewall{ACL}")
     report, out = run_outcome(cfg, None, RunOptions(style="callback"), trace=trace)
     batch = run_config(cfg, path, engine="cpu", trace=trace, workers=1)
     per_flow = defaultdict(int)

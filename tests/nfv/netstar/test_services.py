@@ -135,9 +135,9 @@ class _Outage:
             self.thread.start()
 
 
-def test_redis_killed_mid_run(durable_redis, generated):
+def test_redis_killed_mid_run(durable_redis, generated, chain_config):
     _, trace = generated
-    cfg = EXAMPLES / "netstar-ids.yaml"
+    cfg = chain_config  # firewall, nat (slot claims), ids
     reference, _ = run_outcome(cfg, None, RunOptions(), trace=trace)
     outage = _Outage(trace.n_messages // 3, durable_redis.kill, durable_redis.restart, 0.5)
     report, _ = run_outcome(cfg, None, RunOptions(store=durable_redis.url, progress=outage),
