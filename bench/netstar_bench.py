@@ -21,6 +21,7 @@ Prints the tables and writes the ``netstar`` section of docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -81,6 +82,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the servers on the way out
     lines_md, lines = lines_table()
     print(lines_md)
     with tempfile.TemporaryDirectory() as tmp:

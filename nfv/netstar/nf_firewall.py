@@ -13,6 +13,8 @@ from __future__ import annotations
 from dl_nfv.nfv.nfs.base import FlowTable
 from dl_nfv.nfv.nfs.firewall import Firewall
 
+from .runtime import BlockingNf, CallbackNf
+
 NAME = "firewall"
 NEEDS_DNS = False
 ESTABLISHED, DENIED = b"E", b"D"
@@ -38,14 +40,7 @@ async def run(flow, env):
     await env.store.delete(key)
 
 
-class Callback:
-    events = None
-
-    def __init__(self, env):
-        self.env = env
-
-    def open(self, flow, done):
-        done()
+class Callback(CallbackNf):
 
     def message(self, flow, msg, done):
         env = self.env
@@ -77,14 +72,7 @@ class Callback:
         self.env.store.delete(flow.key("fw")).add_done_callback(lambda f: done(f.exception()))
 
 
-class Blocking:
-    events = None
-
-    def __init__(self, env):
-        self.env = env
-
-    def open(self, flow):
-        pass
+class Blocking(BlockingNf):
 
     def message(self, flow, msg):
         env = self.env

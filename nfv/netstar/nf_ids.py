@@ -18,6 +18,8 @@ from dl_nfv.nfv.nfs.base import FlowTable, Outputs
 from dl_nfv.nfv.nfs.ids import Ids
 from dl_nfv.nfv.nfs.snort import load_rules
 
+from .runtime import BlockingNf, CallbackNf
+
 NAME = "ids"
 NEEDS_DNS = False
 
@@ -79,14 +81,7 @@ async def run(flow, env):
     await env.store.delete(key)
 
 
-class Callback:
-    events = None
-
-    def __init__(self, env):
-        self.env = env
-
-    def open(self, flow, done):
-        done()
+class Callback(CallbackNf):
 
     def message(self, flow, msg, done):
         env = self.env
@@ -110,14 +105,7 @@ class Callback:
         self.env.store.delete(flow.key("ids")).add_done_callback(lambda f: done(f.exception()))
 
 
-class Blocking:
-    events = None
-
-    def __init__(self, env):
-        self.env = env
-
-    def open(self, flow):
-        pass
+class Blocking(BlockingNf):
 
     def message(self, flow, msg):
         env = self.env

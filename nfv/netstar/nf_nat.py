@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from .runtime import BlockingNf, CallbackNf
+
 NAME = "nat"
 NEEDS_DNS = False
 UNMAPPED = b"-"
@@ -57,11 +59,9 @@ async def run(flow, env):
         await env.store.delete(env.key("nat-slot", slot))
 
 
-class Callback:
-    events = None
-
+class Callback(CallbackNf):
     def __init__(self, env):
-        self.env = env
+        super().__init__(env)
         self.slots = {}
 
     def open(self, flow, done):
@@ -114,11 +114,9 @@ class Callback:
         env.store.delete(flow.key("nat")).add_done_callback(released)
 
 
-class Blocking:
-    events = None
-
+class Blocking(BlockingNf):
     def __init__(self, env):
-        self.env = env
+        super().__init__(env)
         self.slots = {}
 
     def open(self, flow):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 
 from .events import REQUEST
+from .runtime import BlockingNf, CallbackNf
 
 NAME = "url-filter"
 NEEDS_DNS = True
@@ -65,14 +66,8 @@ async def run(flow, env):
             flow.drop()
 
 
-class Callback:
+class Callback(CallbackNf):
     events = frozenset({REQUEST})
-
-    def __init__(self, env):
-        self.env = env
-
-    def open(self, flow, done):
-        done()
 
     def message(self, flow, msg, done):
         env = self.env
@@ -96,18 +91,9 @@ class Callback:
             return decide(env.logic.literal(host))
         env.dns.a(host).add_done_callback(resolved)
 
-    def close(self, flow, done):
-        done()
 
-
-class Blocking:
+class Blocking(BlockingNf):
     events = frozenset({REQUEST})
-
-    def __init__(self, env):
-        self.env = env
-
-    def open(self, flow):
-        pass
 
     def message(self, flow, msg):
         env = self.env
@@ -118,6 +104,3 @@ class Blocking:
         if reason is not None:
             flow.alert("blocked-host", f"{host}: {reason}")
             flow.drop()
-
-    def close(self, flow):
-        pass

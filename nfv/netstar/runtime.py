@@ -327,6 +327,21 @@ class AsyncRuntime(_LoopRuntime):
                     s.task.cancel()
 
 
+class CallbackNf:
+    """Base of a callback-style NF: every event, nothing to do at a flow's open or close."""
+
+    events: frozenset | None = None
+
+    def __init__(self, env):
+        self.env = env
+
+    def open(self, flow, done) -> None:
+        done()
+
+    def close(self, flow, done) -> None:
+        done()
+
+
 class CallbackFlow(FlowView):
     """A flow as a callback NF sees it; the stage calls the NF and waits for ``done``."""
 
@@ -397,6 +412,21 @@ class CallbackRuntime(_LoopRuntime):
 
 
 # blocking: one message at a time ------------------------------------------------------------------
+
+class BlockingNf:
+    """Base of a blocking-style NF: every event, nothing to do at a flow's open or close."""
+
+    events: frozenset | None = None
+
+    def __init__(self, env):
+        self.env = env
+
+    def open(self, flow) -> None:
+        pass
+
+    def close(self, flow) -> None:
+        pass
+
 
 class BlockingFlow(FlowView):
     __slots__ = ()

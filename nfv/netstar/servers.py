@@ -174,8 +174,9 @@ def start_dnsmasq(folder: str | Path, *, hosts: dict[str, list[str]] | None = No
     hosts_file.write_text("".join(f"{a} {name}\n" for name, addrs in (hosts or {}).items()
                                   for a in addrs))
     lines = [f"port={port}", f"listen-address={LOOPBACK}", "bind-interfaces", "no-resolv",
-             "no-hosts", "local=/#/", f"addn-hosts={hosts_file}", "cache-size=0",
-             "pid-file=", "user=root"]
+             "no-hosts", "local=/#/", f"addn-hosts={hosts_file}", "cache-size=0", "pid-file="]
+    if os.geteuid() == 0:  # keep root's access to the (private) folder instead of "nobody"
+        lines.append("user=root")
     for name, text in (txt or {}).items():
         if '"' in text or "\n" in text:
             raise ValueError(f"TXT text for {name} must not hold quotes or newlines")
