@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import math
 import textwrap
 import uuid
 from collections.abc import Callable
@@ -76,6 +77,9 @@ class RunOptions:
                               f"(valid: {', '.join(STYLES)})")
         if self.window < 1:
             raise BadInput(f"window must be >= 1, got {self.window}")
+        if not math.isfinite(self.retry_budget_s) or self.retry_budget_s < 0:
+            raise BadInput(f"the retry budget must be a finite number of seconds >= 0, "
+                           f"got {self.retry_budget_s}")
 
 
 DEFAULT_OPTIONS = RunOptions()
