@@ -94,8 +94,9 @@ def graphs(draw, most_ops: int = 4) -> OpGraph:
 
 @st.composite
 def topologies(draw) -> Topology:
-    """Two or three devices of mixed types on one host or two, NVLink or PCIe inside a host
-    (perhaps with collective figures above or below the links' own), NICs to a switch."""
+    """Two or three devices of mixed types on one host or two, NVLink, PCIe or loopback (both
+    directions of a link share it) inside a host, perhaps with collective figures above or
+    below the links' own, NICs to a switch."""
     types = draw(st.lists(st.sampled_from(TYPES), min_size=2, max_size=3))
     two_hosts = draw(st.booleans())
     split = draw(st.integers(1, len(types) - 1)) if two_hosts else len(types)
@@ -103,7 +104,7 @@ def topologies(draw) -> Topology:
     for h, members in enumerate((types[:split], types[split:])):
         if not members:
             continue
-        interconnect = {"kind": draw(st.sampled_from(("nvlink", "pcie"))),
+        interconnect = {"kind": draw(st.sampled_from(("nvlink", "pcie", "loopback"))),
                         "bandwidth_gbps": draw(st.sampled_from((10, 100))), "latency_us": 2}
         collective = draw(st.sampled_from((None, 5, 400)))
         if collective:
