@@ -64,7 +64,7 @@ from .counting import CostCounter, MemoryLimitExceeded
 from .devices import catalog_name_of_cuda
 from .graph import build_ops
 from .measure import LOSS, Recorder, make_clock
-from .probe import colocation_groups, probe
+from .probe import PROBE_ROWS, colocation_groups, probe
 
 Progress = Callable[[str, int, int], None]
 # the fixed parts of op times are measured at batch B // SCALING_DIVISOR (at least 1)
@@ -250,6 +250,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     options = dict(model.options)
     if leaves:
         options["leaf_modules"] = list(leaves)
+    colocation, colocation_note = _runtime_colocation(cap, workload, seed, dev)
     ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,
                    dtype=model.dtype, inputs=model.inputs, options=options)
     info = ProfileInfo(
@@ -260,23 +261,27 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         note=(f"op sum / step = {op_sum_ms / step_ms:.3f} (medians), "
               f"{min(round_sums) / min(steps):.3f} (fastest round of each), "
               f"{_per_round(round_sums)}; loss outside the "
-              f"graph {loss_ms:.2f} ms; {scaling_note}seed {seed}; {_machine(dev)}"))
+              f"graph {loss_ms:.2f} ms; {scaling_note}seed {seed}; {_machine(dev)}"
+              f"{colocation_note}"))
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges,
-                   colocation=_runtime_colocation(cap, workload, seed, dev))
+                   colocation=colocation)
 
 
-def _runtime_colocation(cap, workload, seed: int, dev: torch.device) -> tuple[tuple[str, ...], ...]:
-    """The op groups the runtime can only place together (``probe.colocation_groups``);
-    none when the model does not run at the probe's small batches (the runtime, which
-    probes the same way, cannot split such a model either)."""
+def _runtime_colocation(cap, workload, seed: int, dev: torch.device
+                        ) -> tuple[tuple[tuple[str, ...], ...], str]:
+    """The op groups the runtime can only place together (``probe.colocation_groups``), and
+    a note for the profile: empty, or why there are none when the model does not run at
+    the probe's small batches (the runtime, which probes the same way, cannot split such a
+    model either)."""
     def make_inputs(rows: int):
         return tuple(t.to(dev) for t in workload.make_batch(rows, seed)[0])
 
     try:
         info = probe(cap.graph_module, make_inputs)
-    except Exception:  # noqa: BLE001 - any failure of the user's model at a small batch
-        return ()
-    return colocation_groups(cap.graph_module, cap.op_of, info)
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's model at a small batch
+        return (), (f"; no colocation groups: the model fails at {PROBE_ROWS} rows "
+                    f"({type(exc).__name__}: {exc})")
+    return colocation_groups(cap.graph_module, cap.op_of, info), ""
 
 
 def input_gradient_flops(model: ModelRef, granularity: Granularity | str, *, seed: int = 0,

@@ -237,3 +237,12 @@ def test_a_pipeline_with_one_row_through_a_batch_norm_is_refused_by_both(tmp_pat
     assert err.value.field == "pipeline.microbatches"
     with pytest.raises(RuntimeFailure, match="more than 1 value per channel"):
         _train(tmp_path, plan, graph, topology)
+
+
+def test_a_model_that_runs_at_one_batch_size_only_gets_no_groups_and_a_note():
+    from dl_nfv.profilers import profile_model, zoo
+
+    ref = zoo.model_ref(f"{USER_MODELS}:fixed_batch", input_shapes=[(8, 4, 4)])
+    graph = profile_model(ref, repeats=1, warmup=0, batch_scaling=False)
+    assert graph.colocation == ()
+    assert "no colocation groups: the model fails at (2, 3, 5) rows" in graph.profile.note

@@ -63,3 +63,20 @@ def moe() -> nn.Module:
 def chunked_residual() -> nn.Module:
     """Chunked residual blocks for ``--input-shape 16,4,8`` (flattened to 32 features)."""
     return ChunkedResidual()
+
+
+class FixedBatch(nn.Module):
+    """A model that reshapes to its profiled batch of 8 (``x.view(8, -1)``): it runs at no
+    other batch size, so nothing can be learnt from running it at a few small ones."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.view(8, -1))
+
+
+def fixed_batch() -> nn.Module:
+    """For ``--input-shape 8,4,4``."""
+    return FixedBatch()
