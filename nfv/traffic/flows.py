@@ -8,6 +8,9 @@ datagram with a payload is one message. A flow ends on RST, when both sides have
 byte before each FIN has arrived, after ``idle_timeout_us`` without packets (the next packet with the same
 5-tuple starts a new flow), or at the end of the trace. A SYN on a closed flow
 starts a new flow.
+
+``assemble.py`` is its array front end: flows whose segments arrive in order
+are grouped and framed over columns, and every other flow is fed here.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ class FlowState:
     early: list = field(default_factory=list)
 
 
-def _handshake(state: int, direction: int, flags: int) -> int:
+def handshake_step(state: int, direction: int, flags: int) -> int:
     """The next step of the three-way handshake, as Snort's ``flow:established`` sees it."""
     syn, ack = flags & SYN, flags & ACK
     if state == 0 and direction == 0 and syn and not ack:
@@ -124,7 +127,7 @@ class FlowTable:
 
     def _tcp(self, flow: FlowState, direction: int, pkt: Packet) -> None:
         if flow.handshake < 3:
-            flow.handshake = _handshake(flow.handshake, direction, pkt.flags)
+            flow.handshake = handshake_step(flow.handshake, direction, pkt.flags)
         if flow.closed:  # late ACKs and retransmissions after the end: counted, not read
             if pkt.payload:
                 self.stats["tcp_bytes_after_close"] += len(pkt.payload)

@@ -40,7 +40,7 @@ class Framer:
     responses with requests; the request side pushes, the response side pops."""
 
     __slots__ = ("side", "requests", "buf", "base", "scan", "stats", "broken", "_header",
-                 "_body", "_need", "_chunk_pos", "_raw")
+                 "_body", "_need", "_chunk_pos", "_raw", "longest_chunk_line")
 
     def __init__(self, side: int, requests: deque, stats: Counter):
         self.side = side
@@ -55,6 +55,7 @@ class Framer:
         self._need = 0
         self._chunk_pos = 0
         self._raw: list[tuple[int, bytes, int, int]] = []  # raw messages not yet returned
+        self.longest_chunk_line = 0  # bytes before the CRLF of the longest chunk-size line
 
     def feed(self, data: bytes, offset: int | None = None) -> list[tuple[int, bytes, int, int]]:
         """Add in-order bytes (``offset``: their stream offset, when known); return the
@@ -184,6 +185,7 @@ class Framer:
                 if len(buf) - pos > 1024:
                     self._fail("http_bad_chunk")
                 return None
+            self.longest_chunk_line = max(self.longest_chunk_line, eol - pos)
             size_text = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
             try:
                 size = int(size_text, 16)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .assemble import Assembled, assemble
 from .columnar import read_columns
-from .flows import FlowTable
 from .pcap import RECORD_REASONS, TCP, MalformedCounts, address_text
 
 PROTO_NAMES = {6: "tcp", 17: "udp"}
@@ -109,7 +109,8 @@ def ip_as_v6(text: str) -> ipaddress.IPv6Address:
     return addr
 
 
-def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0) -> Trace:
+def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0, per_packet: bool = False
+               ) -> Trace:
     """Read ``path`` (pcap or pcapng) into a ``Trace``.
 
     Raises ``BadInput`` when the file is not a pcap/pcapng; malformed packets
@@ -118,19 +119,17 @@ def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0) -> Trace:
     """
     malformed = MalformedCounts()
     stats: Counter = Counter()
-    table = FlowTable(stats, idle_timeout_us=int(idle_timeout_s * 1_000_000))
     cols = read_columns(path, malformed)
     malformed.update(cols.malformed())
-    for pkt in cols.packets():
-        table.add(pkt)
-    table.close_all()
+    table = assemble(cols, stats, idle_timeout_us=int(idle_timeout_s * 1_000_000),
+                     per_packet=per_packet)
     # every record of the file: the frames read, and those counted as never yielded
     packets = len(cols) + sum(malformed[reason] for reason in RECORD_REASONS)
     wire = int(cols.wire_bytes.sum())
     return _columns(str(path), table, packets, wire, malformed, stats)
 
 
-def _columns(source: str, table: FlowTable, packets: int, wire: int, malformed: Counter,
+def _columns(source: str, table: Assembled, packets: int, wire: int, malformed: Counter,
              stats: Counter) -> Trace:
     msgs = table.messages
     n = len(msgs)

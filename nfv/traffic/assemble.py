@@ -1,0 +1,404 @@
+"""Packets to flows to messages over columns: the flow table's array front end.
+
+``assemble(cols, ...)`` groups the decoded packets of a ``PacketColumns`` into
+flows and messages with the meaning of ``flows.FlowTable`` (which stays the
+one flow table: every flow this module cannot prove clean goes through it,
+packet by packet). The work is split so that Python runs per flow and per
+message, never per packet, for clean flows:
+
+1. **Keys**: each packet's endpoints are read from the buffer as two 64-bit
+   words per address; the 5-tuple, ordered so both directions agree, is
+   grouped with one ``np.unique`` and the packets of a key ordered with one
+   stable sort.
+2. **Clean flows**, decided per key with array reductions: TCP; the first
+   packet a SYN without ACK and each direction's first packet its only SYN;
+   no RST; timestamps that never go back or pause longer than the idle
+   timeout; every data segment starting exactly where the previous one of its
+   direction ended (no retransmission, overlap, reordering or hole, so
+   ``reassembly.Stream`` would deliver each segment whole, as it arrives);
+   FINs at the end of their direction's data; nothing but empty, SYN-less
+   packets after both directions completed; the client speaks first and
+   starts with an HTTP request. These are the flows whose messages follow
+   from the in-order streams alone.
+3. **Messages** of a clean flow: each direction's stream is the
+   concatenation of its segments; ``http.Framer`` frames it in one pass
+   (the same framer the flow table uses). A message completes at the packet
+   holding its last byte (found with ``np.searchsorted`` over the segments'
+   end offsets), which gives its timestamp and its place in the trace's
+   completion order; a close-delimited body completes when the flow does.
+   Framing that would differ when fed packet by packet (a framing error, a
+   header over ``MAX_HEADER_BYTES``, a chunk-size line over 1,023 bytes, a
+   response whose request was not framed before it in capture order) sends
+   the flow to the flow table instead.
+4. **The rest** (UDP, non-HTTP TCP, reordered or retransmitted segments,
+   re-used 5-tuples, resets, idle gaps) is fed to a ``FlowTable`` in capture
+   order; its flows and messages are merged by the packet that created or
+   completed them.
+
+The result equals ``FlowTable`` fed every packet (flows, their ids and
+counters, messages, their order, timestamps and packet counts, TCP and HTTP
+statistics); the tests compare the two on real, generated and shuffled
+traces. O(packets log packets + payload bytes).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .columnar import OK, PacketColumns
+from .flows import FlowState, FlowTable, Message, handshake_step
+from .http import MAX_HEADER_BYTES, REQUEST, RESPONSE, Framer, looks_like_http_request
+from .pcap import ACK, FIN, RST, SYN, TCP
+
+SEQ_MOD = 1 << 32
+MAX_CHUNK_LINE = 1023  # a longer chunk-size line can fail framing fed packet by packet
+
+
+@dataclass(slots=True)
+class Assembled:
+    """Flows (ids in creation order) and messages (in completion order), as FlowTable's."""
+
+    flows: list[FlowState]
+    messages: list[Message]
+    stats: Counter
+    clean_flows: int  # flows assembled by array operations; the rest by the flow table
+
+
+def assemble(cols: PacketColumns, stats: Counter, *, idle_timeout_us: int = 60_000_000,
+             window_bytes: int = 1 << 20, per_packet: bool = False) -> Assembled:
+    """Flows and messages of the decoded packets of ``cols`` (see the module docstring).
+
+    ``per_packet=True`` sends every packet through ``FlowTable`` (the reference).
+    """
+    rows = np.flatnonzero(cols.reason == OK)
+    if per_packet or len(rows) == 0:
+        table = FlowTable(stats, idle_timeout_us=idle_timeout_us, window_bytes=window_bytes)
+        for pkt in cols.packets(rows):
+            table.add(pkt)
+        table.close_all()
+        return Assembled(table.flows, table.messages, stats, 0)
+    p = _Packets(cols, rows)
+    clean, plan = _clean_keys(p, idle_timeout_us)
+    part, rejected = _clean_flows(p, plan, clean)
+    slow = ~clean | rejected
+    parts = [part, *_table_parts(p, slow, stats, idle_timeout_us, window_bytes)]
+    return _merge(parts, stats, len(part.flows))
+
+
+class _Packets:
+    """The decoded packets, their 5-tuple keys and their order within each key."""
+
+    def __init__(self, cols: PacketColumns, rows: np.ndarray):
+        self.cols, self.rows, self.n = cols, rows, len(rows)
+        buf = cols.buf
+        alen = cols.addr_len[rows]
+        span = np.arange(16)
+        words = {}
+        for name, offs in (("src", cols.src_off[rows]), ("dst", cols.dst_off[rows])):
+            at = np.minimum(offs[:, None] + span[None, :], len(buf) - 1)
+            raw = buf[at] * (span[None, :] < alen[:, None])
+            words[name] = raw.astype(np.uint8).view(">u8").astype(np.uint64)
+        sport, dport = cols.sport[rows], cols.dport[rows]
+        proto = cols.proto[rows].astype(np.uint64)
+        src = np.column_stack([words["src"], sport.astype(np.uint64)])
+        dst = np.column_stack([words["dst"], dport.astype(np.uint64)])
+        # the endpoint that sorts first, as 3 words, decides the key's orientation
+        d = src != dst
+        first_diff = np.argmax(d, axis=1)
+        src_low = src[np.arange(self.n), first_diff] <= dst[np.arange(self.n), first_diff]
+        low = np.where(src_low[:, None], src, dst)
+        high = np.where(src_low[:, None], dst, src)
+        table = np.column_stack([proto, alen.astype(np.uint64), low, high])
+        keys = np.ascontiguousarray(table).view(np.dtype((np.void, table.shape[1] * 8))).ravel()
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        # number keys by their first packet (the flow table's order of first appearance)
+        rank = np.empty(len(first), dtype=np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+        self.key = rank[inverse.ravel()]
+        self.n_keys = len(first)
+        self.order = np.argsort(self.key, kind="stable")  # packets by key, capture order within
+        counts = np.bincount(self.key, minlength=self.n_keys)
+        self.bounds = np.zeros(self.n_keys + 1, dtype=np.int64)
+        np.cumsum(counts, out=self.bounds[1:])
+        self.src_low = src_low
+        self.proto = cols.proto[rows]
+        self.flags = cols.flags[rows].astype(np.int64)
+        self.seq = cols.seq[rows]
+        self.ts = cols.ts_us[rows]
+        self.size = cols.payload_len[rows]
+        self.wire = cols.wire_bytes[rows]
+
+    def of_key(self, key: int) -> np.ndarray:
+        """Indices (into the decoded packets) of ``key``'s packets, in capture order."""
+        return self.order[self.bounds[key]:self.bounds[key + 1]]
+
+
+@dataclass(slots=True)
+class _Part:
+    """Flows and messages of one source, with the packet that created / completed each."""
+
+    flows: list[FlowState]
+    flow_at: list[int]  # decoded-packet index that created each flow
+    messages: list[Message]
+    msg_at: list[int]  # completion packet; close-at-end messages: n + the key's first packet
+
+
+@dataclass(slots=True)
+class _Plan:
+    """Arrays over the packets in key order (``o``) and over the data segments of every
+    (key, direction) group in stream order (``seg_*``), shared by the clean-flow steps."""
+
+    o: np.ndarray  # key order -> decoded-packet index
+    direction: np.ndarray  # per key-order position
+    done: np.ndarray  # per key: key-order position where the flow completes (> n: never)
+    seg_pos: np.ndarray  # key-order position of each data segment
+    seg_group: np.ndarray  # 2 * key + direction
+    seg_end: np.ndarray  # end offset in the concatenation of all streams
+    seg_start: np.ndarray
+    group_base: np.ndarray  # offset where each group's stream starts
+    group_first: np.ndarray  # index of each group's first segment
+    group_bytes: np.ndarray
+
+
+def _clean_keys(p: _Packets, idle_timeout_us: int) -> tuple[np.ndarray, _Plan]:
+    """Per key: True when its packets form one clean HTTP flow (see the module docstring)."""
+    o = p.order
+    key = p.key[o]
+    pos = np.arange(p.n)
+    first = p.bounds[:-1]
+    start = np.zeros(p.n, dtype=bool)
+    start[first] = True
+    flags, ts, size = p.flags[o], p.ts[o], p.size[o]
+    client_low = p.src_low[o][first]
+    direction = (p.src_low[o] != client_low[key]).astype(np.int64)
+    bad = (p.proto[o] != TCP) | ((flags & RST) != 0)
+    bad[first] |= (flags[first] & (SYN | ACK)) != SYN
+    gap = np.diff(ts, prepend=ts[:1])
+    bad |= ~start & ((gap < 0) | (gap > idle_timeout_us))
+    # each (key, direction) group in capture order: g_order maps to key-order positions
+    group = key * 2 + direction
+    g_order = np.argsort(group, kind="stable")
+    g_sorted = group[g_order]
+    g_start = np.ones(p.n, dtype=bool)
+    g_start[1:] = g_sorted[1:] != g_sorted[:-1]
+    syn = (flags & SYN) != 0
+    bad[g_order] |= syn[g_order] != g_start  # a SYN first in each direction, and only there
+    bad |= syn & (size > 0)
+    # contiguity: each data segment starts where the direction's data so far ends
+    head = np.maximum.accumulate(np.where(g_start, pos, 0))
+    seq = p.seq[o][g_order]
+    sz = size[g_order]
+    before = np.cumsum(sz) - sz
+    before -= before[head]
+    offset = (seq - (seq[head] + 1)) % SEQ_MOD
+    fin = (flags[g_order] & FIN) != 0
+    total = np.bincount(g_sorted, weights=sz, minlength=2 * p.n_keys).astype(np.int64)
+    bad[g_order] |= ((sz > 0) & (offset != before)) | (fin & (offset + sz != total[g_sorted]))
+    # completion: both directions have their FIN and all their data; then only empty packets
+    fin_key = np.empty(p.n, dtype=bool)
+    fin_key[g_order] = fin
+    first_fin = np.full(2 * p.n_keys, p.n + 1, dtype=np.int64)
+    np.minimum.at(first_fin, group, np.where(fin_key, pos, p.n + 1))
+    last_data = np.full(2 * p.n_keys, -1, dtype=np.int64)
+    np.maximum.at(last_data, group, np.where(size > 0, pos, -1))
+    fin_at = np.maximum(first_fin, last_data)
+    done = np.maximum(fin_at[0::2], fin_at[1::2])
+    bad |= (pos > done[key]) & ((size > 0) | syn)
+    # the client speaks first, with an HTTP request
+    first_data = np.full(p.n_keys, p.n, dtype=np.int64)
+    np.minimum.at(first_data, key, np.where(size > 0, pos, p.n))
+    clean = (np.bincount(key, weights=bad, minlength=p.n_keys) == 0) & (first_data < p.n)
+    fd = np.minimum(first_data, p.n - 1)
+    clean &= direction[fd] == 0
+    cols = p.cols
+    rows = p.rows[o[fd]]
+    for k in np.flatnonzero(clean).tolist():
+        at = int(cols.payload_off[rows[k]])
+        if not looks_like_http_request(cols.blob[at:at + min(8, int(cols.payload_len[rows[k]]))]):
+            clean[k] = False
+    data = sz > 0
+    seg_len = sz[data]
+    seg_end = np.cumsum(seg_len)
+    seg_group = g_sorted[data]
+    group_first = np.searchsorted(seg_group, np.arange(2 * p.n_keys), side="left")
+    seg_start = seg_end - seg_len
+    group_base = np.append(seg_start, seg_end[-1:] if len(seg_end) else [0])[group_first]
+    plan = _Plan(o=o, direction=direction, done=done, seg_pos=g_order[data],
+                 seg_group=seg_group, seg_end=seg_end, seg_start=seg_start,
+                 group_base=group_base, group_first=group_first, group_bytes=total)
+    return clean, plan
+
+
+def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[_Part, np.ndarray]:
+    """Flows and messages of the clean keys; the keys whose framing must run packet by packet
+    after all (returned as a mask)."""
+    cols, o = p.cols, plan.o
+    keep = clean[plan.seg_group // 2]
+    seg_rows = p.rows[o[plan.seg_pos[keep]]]
+    blob = cols.blob
+    streams = b"".join([blob[a:a + n] for a, n in zip(cols.payload_off[seg_rows].tolist(),
+                                                       cols.payload_len[seg_rows].tolist())])
+    # offsets of each clean group's stream within ``streams``
+    kept_len = np.bincount(plan.seg_group[keep], weights=plan.seg_end[keep] - plan.seg_start[keep],
+                           minlength=len(plan.group_bytes)).astype(np.int64)
+    local_base = np.cumsum(kept_len) - kept_len
+    rejected = np.zeros(len(clean), dtype=bool)
+    msgs: list[tuple] = []  # (key, direction, start, payload, header_len, kind, closing)
+    for k in np.flatnonzero(clean).tolist():
+        stats: Counter = Counter()
+        requests: deque = deque()
+        framers = (Framer(REQUEST, requests, stats), Framer(RESPONSE, requests, stats))
+        out = []
+        for d in (0, 1):
+            g = 2 * k + d
+            base, n = int(local_base[g]), int(kept_len[g])
+            framed = framers[d].feed(streams[base:base + n], 0) if n else []
+            out.extend((k, d, m[0], m[1], m[2], m[3], False) for m in framed)
+        for d in (0, 1):
+            out.extend((k, d, m[0], m[1], m[2], m[3], True) for m in framers[d].finish())
+        if (stats or max(f.longest_chunk_line for f in framers) > MAX_CHUNK_LINE
+                or any(m[4] > MAX_HEADER_BYTES for m in out)):
+            rejected[k] = True
+            continue
+        msgs.extend(out)
+    if not msgs:
+        return _Part([], [], [], []), rejected
+    key = np.fromiter((m[0] for m in msgs), dtype=np.int64, count=len(msgs))
+    d = np.fromiter((m[1] for m in msgs), dtype=np.int64, count=len(msgs))
+    start = np.fromiter((m[2] for m in msgs), dtype=np.int64, count=len(msgs))
+    length = np.fromiter((len(m[3]) for m in msgs), dtype=np.int64, count=len(msgs))
+    header = np.fromiter((m[4] for m in msgs), dtype=np.int64, count=len(msgs))
+    closing = np.fromiter((m[6] for m in msgs), dtype=bool, count=len(msgs))
+    base = plan.group_base[2 * key + d]
+    # the packet holding each message's last byte, and its header's last byte
+    last_seg = np.searchsorted(plan.seg_end, base + start + length - 1, side="right")
+    header_seg = np.searchsorted(plan.seg_end, base + start + np.maximum(header, 1) - 1,
+                                 side="right")
+    last_pos = plan.seg_pos[np.minimum(last_seg, len(plan.seg_pos) - 1)]
+    header_pos = plan.seg_pos[np.minimum(header_seg, len(plan.seg_pos) - 1)]
+    # packets: the segments starting before the message's end, not counted by an earlier one
+    upto = np.searchsorted(plan.seg_start, base + start + length, side="left")
+    emit = np.lexsort((start, closing, d, key))  # per (key, direction), in emission order
+    upto_e = upto[emit]
+    prev = np.empty_like(upto_e)
+    prev[1:] = upto_e[:-1]
+    first_of_group = np.ones(len(emit), dtype=bool)
+    g_e = (2 * key + d)[emit]
+    first_of_group[1:] = g_e[1:] != g_e[:-1]
+    prev[first_of_group] = plan.group_first[g_e[first_of_group]]
+    packets = np.empty_like(upto)
+    packets[emit] = upto_e - prev
+    # when each message completes: its last packet, or the flow's end
+    done = plan.done[key]
+    ended = done < p.n
+    first_pos = p.bounds[key]
+    last_of_key = p.bounds[key + 1] - 1
+    end_pos = np.where(ended, done, last_of_key)
+    when = np.where(closing, np.where(ended, o[np.minimum(done, p.n - 1)], p.n + o[first_pos]),
+                    o[last_pos])
+    ts_sorted = p.ts[o]
+    ts = np.where(closing, ts_sorted[end_pos], ts_sorted[last_pos])
+    rejected |= _unpaired(key, d, closing, header_pos, msgs, rejected)
+    ok = ~rejected[key]
+    order = np.lexsort((start, d, closing, when))
+    order = order[ok[order]]
+    keys = np.flatnonzero(clean & ~rejected)
+    flows = [_flow_state(p, plan, k, i) for i, k in enumerate(keys.tolist())]
+    fid = np.full(len(clean), -1, dtype=np.int64)
+    fid[keys] = np.arange(len(keys))
+    messages = [Message(f, dd, msgs[i][3], h, msgs[i][5], t, c) for i, f, dd, h, t, c in zip(
+        order.tolist(), fid[key[order]].tolist(), d[order].tolist(), header[order].tolist(),
+        ts[order].tolist(), packets[order].tolist())]
+    return _Part(flows, o[p.bounds[keys]].tolist(), messages, when[order].tolist()), rejected
+
+
+def _unpaired(key, d, closing, header_pos, msgs, rejected) -> np.ndarray:
+    """Keys where a response was framed before its request in capture order (the flow
+    table pairs responses with requests as it frames them; one pass pairs them all)."""
+    out = np.zeros(len(rejected), dtype=bool)
+    requests: dict[int, list[int]] = {}
+    seen: dict[int, int] = {}
+    for i in np.flatnonzero(~closing & (d == 0)).tolist():
+        requests.setdefault(int(key[i]), []).append(int(header_pos[i]))
+    for i in np.flatnonzero(~closing & (d == 1)).tolist():
+        k = int(key[i])
+        if msgs[i][3][9:10] == b"1":  # 1xx: not paired with a request
+            continue
+        j = seen.get(k, 0)
+        seen[k] = j + 1
+        req = requests.get(k, [])
+        if j < len(req) and req[j] >= header_pos[i]:
+            out[k] = True
+    return out
+
+
+def _flow_state(p: _Packets, plan: _Plan, key: int, flow_id: int) -> FlowState:
+    lo, hi = int(p.bounds[key]), int(p.bounds[key + 1])
+    idx = plan.o[lo:hi]
+    cols, first = p.cols, int(p.rows[idx[0]])
+    alen = int(cols.addr_len[first])
+    blob = cols.blob
+    s, d = int(cols.src_off[first]), int(cols.dst_off[first])
+    ts = p.ts[idx]
+    flow = FlowState(flow_id, TCP, (blob[s:s + alen], int(cols.sport[first])),
+                     (blob[d:d + alen], int(cols.dport[first])), int(ts[0]), int(ts.max()))
+    flow.packets = hi - lo
+    flow.wire_bytes = int(p.wire[idx].sum())
+    flow.app = "http"
+    flow.closed = True
+    state = 0
+    for direction, f in zip(plan.direction[lo:hi].tolist(), p.flags[idx].tolist()):
+        state = handshake_step(state, direction, f)
+        if state == 3:  # within the first three packets of a clean flow, as a rule
+            break
+    flow.handshake = state
+    return flow
+
+
+def _table_parts(p: _Packets, slow: np.ndarray, stats: Counter, idle_timeout_us: int,
+                 window_bytes: int) -> list[_Part]:
+    """The flows of the ``slow`` keys through the flow table, in capture order."""
+    picked = np.flatnonzero(slow[p.key])
+    if len(picked) == 0:
+        return []
+    table = FlowTable(stats, idle_timeout_us=idle_timeout_us, window_bytes=window_bytes)
+    flow_at, msg_at, flow_key = [], [], []
+    for i, pkt in zip(picked.tolist(), p.cols.packets(p.rows[picked])):
+        n_flows, n_msgs = len(table.flows), len(table.messages)
+        table.add(pkt)
+        if len(table.flows) > n_flows:
+            flow_at.append(i)
+            flow_key.append(int(p.key[i]))
+        msg_at.extend([i] * (len(table.messages) - n_msgs))
+    n_msgs = len(table.messages)
+    table.close_all()
+    key_first = p.order[p.bounds[:-1]]
+    msg_at.extend(p.n + int(key_first[flow_key[m.flow]]) for m in table.messages[n_msgs:])
+    return [_Part(table.flows, flow_at, table.messages, msg_at)]
+
+
+def _merge(parts: list[_Part], stats: Counter, clean_flows: int) -> Assembled:
+    """One flow list in creation order and one message list in completion order."""
+    created, flows, owners = [], [], []
+    for k, part in enumerate(parts):
+        created.extend(part.flow_at)
+        flows.extend(part.flows)
+        owners.extend((k, flow.id) for flow in part.flows)
+    new_id = {}
+    out_flows = []
+    for new, i in enumerate(np.argsort(np.asarray(created, dtype=np.int64), kind="stable").tolist()):
+        new_id[owners[i]] = new
+        flows[i].id = new
+        out_flows.append(flows[i])
+    messages, when, rank = [], [], []
+    for k, part in enumerate(parts):
+        for j, (msg, at) in enumerate(zip(part.messages, part.msg_at)):
+            msg.flow = new_id[(k, msg.flow)]
+            messages.append(msg)
+            when.append(at)
+            rank.append(j)
+    order = np.lexsort((np.asarray(rank, dtype=np.int64), np.asarray(when, dtype=np.int64)))
+    return Assembled(out_flows, [messages[i] for i in order.tolist()], stats, clean_flows)
