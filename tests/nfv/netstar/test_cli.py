@@ -67,3 +67,19 @@ def test_malformed_zone(tmp_path):
 def test_missing_dns_and_non_netstar_nf(tmp_path):
     assert "--dns" in _bad(tmp_path, config="netstar-urlfilter.yaml")
     assert "monitor" in _bad(tmp_path, config="ids.yaml")
+
+
+def test_bench_counts_lines_and_checks_outputs(tmp_path):
+    out = tmp_path / "b.json"
+    r = invoke("nfv", "netstar", "bench", "--config", EXAMPLES / "netstar-nat.yaml", "--flows", 20,
+               "--styles", "async,callback,blocking", "--store-latency-ms", "0,0.5",
+               "--repeats", 1, "-o", out)
+    assert r.exit_code == 0, r.output
+    result = json.loads(out.read_text())
+    assert result["kind"] == "netstar-bench" and result["outputs_identical"]
+    assert [row["store_latency_ms"] for row in result["throughput"]] == [0.0, 0.5]
+    for row in result["throughput"]:
+        assert set(row["messages_per_s"]) == {"async", "callback", "blocking"}
+    lines = result["lines"]
+    assert lines["async"]["total"] == sum(v for k, v in lines["async"].items() if k != "total")
+    assert lines["async"]["total"] < lines["callback"]["total"]
