@@ -45,7 +45,7 @@ from .base import finish, optimizer_named, started
 from .bounds import lower_bound
 from .listsched import (
     MemoryShortfall,
-    Schedule,
+    OpSchedule,
     StepGraph,
     etf_schedule,
     list_schedule,
@@ -126,7 +126,7 @@ def _run(name: str, graph: OpGraph, topology: Topology, seed: int, memory_fracti
                   started_at=t0, bound=bound, order=order, notes=notes, optimizer=opt, cost_model=cm)
 
 
-def topo_schedule(sg: StepGraph, capacity: list[float]) -> tuple[Schedule, list[str]]:
+def topo_schedule(sg: StepGraph, capacity: list[float]) -> tuple[OpSchedule, list[str]]:
     """m-TOPO: fill the devices in topological order up to an even cap, then schedule. The
     first op of a colocation group takes the whole group's memory to its device, and the
     group's other ops follow it there."""
@@ -163,12 +163,12 @@ def topo_schedule(sg: StepGraph, capacity: list[float]) -> tuple[Schedule, list[
                    f"devices used"]
 
 
-def _etf(sg: StepGraph, capacity: list[float]) -> tuple[Schedule, list[str]]:
+def _etf(sg: StepGraph, capacity: list[float]) -> tuple[OpSchedule, list[str]]:
     return etf_schedule(sg, allowed=list(range(sg.D)), capacity_bytes=capacity,
                         algorithm="m-etf"), []
 
 
-def _sct(sg: StepGraph, capacity: list[float]) -> tuple[Schedule, list[str]]:
+def _sct(sg: StepGraph, capacity: list[float]) -> tuple[OpSchedule, list[str]]:
     favourite, lp_ms = favourite_children(sg)
     sched = etf_schedule(sg, allowed=list(range(sg.D)), capacity_bytes=capacity,
                          favourite=favourite, algorithm="m-sct")

@@ -24,7 +24,7 @@ from dl_nfv.simulator.tasks import TaskKind
 from ..base import device_speeds, gradient_buckets, integer_shares
 from ..listsched import (
     MemoryShortfall,
-    Schedule,
+    OpSchedule,
     Split,
     StepGraph,
     cpop_pins,
@@ -64,7 +64,7 @@ class Candidate:
 
     recipe: Recipe
     splits: dict[str, Split]
-    schedule: Schedule
+    schedule: OpSchedule
     groups: list[Group]
     order: dict[str, tuple[str, ...]]
     notes: list[str]
@@ -120,7 +120,7 @@ class Context:
 
     def schedule(self, recipe: Recipe, splits: Mapping[str, Split],
                  capacity: Sequence[float] | None = None, *,
-                 data_parallel: bool = False) -> Schedule:
+                 data_parallel: bool = False) -> OpSchedule:
         """Run ``recipe`` on the step graph with ``splits``; raises ``MemoryShortfall``.
 
         With ``data_parallel`` the ops split alike are synchronised in buckets,
@@ -159,7 +159,7 @@ class Context:
                     optimizer=self.optimizer, groups=tuple(groups), order=dict(order),
                     notes=tuple(notes), fusion=fusion)
 
-    def score(self, recipe: Recipe, splits: Mapping[str, Split], schedule: Schedule, *,
+    def score(self, recipe: Recipe, splits: Mapping[str, Split], schedule: OpSchedule, *,
               data_parallel: bool = False) -> tuple[Candidate, object]:
         """Simulate a schedule; returns the candidate and the simulation result."""
         groups, order, notes = plan_groups(schedule, merge_splits=data_parallel)
@@ -181,7 +181,7 @@ class Context:
         return cand, result
 
     def build(self, recipe: Recipe, splits: Mapping[str, Split] | None = None, *,
-              data_parallel: bool = False, schedule: Schedule | None = None) -> Candidate:
+              data_parallel: bool = False, schedule: OpSchedule | None = None) -> Candidate:
         """Schedule (unless ``schedule`` is given) and simulate; on a simulated memory
         overflow, tighten that device's cap and re-schedule (a few times).
 
@@ -221,7 +221,7 @@ def best_candidates(ctx: Context, tries: Sequence[tuple[Recipe, Mapping[str, Spl
 
     Returns the simulated candidates, the memory shortfalls met, and one note per try.
     """
-    scheduled: list[tuple[float, int, Recipe, Mapping[str, Split], Schedule]] = []
+    scheduled: list[tuple[float, int, Recipe, Mapping[str, Split], OpSchedule]] = []
     shortfalls: list[MemoryShortfall] = []
     notes: list[str] = []
     for k, (recipe, splits) in enumerate(tries):
@@ -344,7 +344,7 @@ def critical_ops(cand: Candidate) -> list[str]:
     return list(seen)
 
 
-def split_for(ctx: Context, sched: Schedule, op_id: str, k: int) -> Split | None:
+def split_for(ctx: Context, sched: OpSchedule, op_id: str, k: int) -> Split | None:
     """A k-way batch split of ``op_id``: its current device plus the k-1 devices where the op
     is cheapest to run after receiving its input; integer sample shares by the op's speed on
     each device. None when the batch is too small for k replicas."""
@@ -365,7 +365,7 @@ def split_for(ctx: Context, sched: Schedule, op_id: str, k: int) -> Split | None
     return Split(tuple(sg.devices[d] for d in chosen), _shares(counts))
 
 
-def promising_splits(ctx: Context, sched: Schedule, op_id: str, k_max: int,
+def promising_splits(ctx: Context, sched: OpSchedule, op_id: str, k_max: int,
                      keep: int = 2) -> list[Split]:
     """The ``keep`` k-way splits (k = 2..``k_max``) that shorten the op's own span most.
 
@@ -437,7 +437,7 @@ def split_search(ctx: Context, start: Candidate, *, max_split: int, rounds: int,
             if began + last_try > deadline:  # the next try would end past the time limit
                 log.append(f"split search stopped at its time limit in round {r + 1}")
                 return current, log
-            best: tuple[Schedule, dict[str, Split]] | None = None
+            best: tuple[OpSchedule, dict[str, Split]] | None = None
             for split in promising_splits(ctx, current.schedule, op_id, k_max):
                 splits = {**current.splits, op_id: split}
                 try:

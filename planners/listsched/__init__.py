@@ -20,7 +20,7 @@ times on the topology's real routes. A lone transfer is affine in the byte
 count on a route, so its two coefficients per ordered device pair are read
 once from the cost model (``transfer_affine``) and kept in small tables.
 
-Algorithms (each returns a ``Schedule``):
+Algorithms (each returns a ``OpSchedule``):
 
 * ``list_schedule`` - HEFT-style list scheduling (Topcuoglu et al., 2002):
   tasks in decreasing priority from a ready queue, each forward task to the
@@ -45,7 +45,7 @@ Modules: ``stepgraph`` (units, tasks and costs), ``priorities`` (upward and
 downward ranks, CPOP's critical path), ``resources`` (device timelines,
 memory and colocation ledger, links), ``heft`` (``list_schedule``), ``etf``
 (``etf_schedule``), ``backward`` (``backward_pass``), ``schedule`` (the
-``Schedule`` record and ``plan_groups``).
+``OpSchedule`` record and ``plan_groups``).
 
 Complexity: building a ``StepGraph`` is O(ops x devices + edges). HEFT and
 CPOP are O((U + E) x D x L) for U units, E unit edges, D devices and L links
@@ -60,10 +60,10 @@ from .backward import backward_pass
 from .etf import etf_schedule
 from .heft import list_schedule
 from .priorities import cpop_pins, downward_ranks, upward_ranks
-from .schedule import Schedule, plan_groups
+from .schedule import OpSchedule, plan_groups
 from .stepgraph import MemoryShortfall, Split, StepGraph
 
 __all__ = [
-    "MemoryShortfall", "Schedule", "Split", "StepGraph", "backward_pass", "cpop_pins",
+    "MemoryShortfall", "OpSchedule", "Split", "StepGraph", "backward_pass", "cpop_pins",
     "downward_ranks", "etf_schedule", "list_schedule", "plan_groups", "upward_ranks",
 ]

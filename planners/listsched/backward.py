@@ -2,7 +2,7 @@
 gradient AllReduces of split ops and shared (tied) weights, and optimizer updates.
 
 Each device runs its backwards after its last forward, in the reverse of its
-op order (``Schedule.order``: what the simulator does with it); a backward also
+op order (``OpSchedule.order``: what the simulator does with it); a backward also
 waits for the gradients of its consumers. Ops with no parameters at or above
 them have no backward. A split op with parameters AllReduces its gradient over
 its devices after its last backward, or, when it is in a gradient bucket (op
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .resources import Links
-from .schedule import Schedule
+from .schedule import OpSchedule
 
 
 @dataclass(slots=True)
@@ -34,7 +34,7 @@ class DeviceClock:
     params: list[float]
 
 
-def backward_pass(sched: Schedule, links: Links | None = None,
+def backward_pass(sched: OpSchedule, links: Links | None = None,
                   buckets: Sequence[Sequence[int]] = ()) -> None:
     """Time the backwards, gradient AllReduces and optimizer updates of a placed forward pass
     (see the module docstring). Sets the backward tasks' times and ``makespan_ms``."""
@@ -53,7 +53,7 @@ def backward_pass(sched: Schedule, links: Links | None = None,
     sched.makespan_ms = _updates(sched, clock)
 
 
-def _plan_order(sched: Schedule) -> list[int]:
+def _plan_order(sched: OpSchedule) -> list[int]:
     """The units in the plan's op order (by the earliest start of each op's replicas)."""
     sg, start, finish = sched.sg, sched.start, sched.finish
     op_key = {i: (min(start[u] for u in units), min(finish[u] for u in units), units[0])
@@ -61,7 +61,7 @@ def _plan_order(sched: Schedule) -> list[int]:
     return sorted(range(sg.U), key=lambda u: op_key[sg.unit_op[u]])
 
 
-def _untied_ms(sched: Schedule) -> list[float]:
+def _untied_ms(sched: OpSchedule) -> list[float]:
     """Per unit, the backward time its op no longer spends: the owner of a tied weight
     whose sharer runs on another device no longer sums the two gradients in its backward
     (the AllReduce does), as the simulator lowers it."""
@@ -75,7 +75,7 @@ def _untied_ms(sched: Schedule) -> list[float]:
     return untie
 
 
-def _backwards(sched: Schedule, links: Links, keyed: list[int], free: list[float],
+def _backwards(sched: OpSchedule, links: Links, keyed: list[int], free: list[float],
                untie: list[float]) -> None:
     """Each backward in reverse plan order, after its consumers' gradients arrive."""
     sg, device, start, finish = sched.sg, sched.device, sched.start, sched.finish
@@ -102,7 +102,7 @@ def _backwards(sched: Schedule, links: Links, keyed: list[int], free: list[float
         free[d] = finish[t]
 
 
-def _split_syncs(sched: Schedule, buckets: Sequence[Sequence[int]], clock: DeviceClock) -> None:
+def _split_syncs(sched: OpSchedule, buckets: Sequence[Sequence[int]], clock: DeviceClock) -> None:
     """The gradient AllReduces of split ops with parameters and of ``buckets``, each when
     its last backward ends, one at a time per device."""
     sg, device, finish = sched.sg, sched.device, sched.finish
@@ -124,7 +124,7 @@ def _split_syncs(sched: Schedule, buckets: Sequence[Sequence[int]], clock: Devic
             clock.done[d] = max(clock.done[d], end)
 
 
-def _tie_syncs(sched: Schedule, clock: DeviceClock) -> None:
+def _tie_syncs(sched: OpSchedule, clock: DeviceClock) -> None:
     """Tied weights used on another device than their owner's: a copy there, summed by an
     AllReduce after both backwards (as the simulator and the runtime do)."""
     sg, device, finish = sched.sg, sched.device, sched.finish
@@ -144,7 +144,7 @@ def _tie_syncs(sched: Schedule, clock: DeviceClock) -> None:
                 clock.params[d] += nbytes
 
 
-def _updates(sched: Schedule, clock: DeviceClock) -> float:
+def _updates(sched: OpSchedule, clock: DeviceClock) -> float:
     """Each device's optimizer update (and gradient zeroing) after its gradients are in;
     returns when the last one ends."""
     sg, cm = sched.sg, sched.sg.cm

@@ -19,7 +19,7 @@ import numpy as np
 from .backward import backward_pass
 from .priorities import upward_ranks
 from .resources import EPS_MS, Links, MemoryLedger
-from .schedule import Schedule, new_schedule
+from .schedule import OpSchedule, new_schedule
 from .stepgraph import StepGraph
 
 
@@ -27,7 +27,7 @@ class ReadyForwards:
     """The ready forwards and, per ready forward and device, when its inputs are there
     (inf where it may not go), packed in ``rows[:len(ids)]``."""
 
-    def __init__(self, sg: StepGraph, sched: Schedule, allowed: Sequence[int],
+    def __init__(self, sg: StepGraph, sched: OpSchedule, allowed: Sequence[int],
                  memory: MemoryLedger, links: Links, favourite: Mapping[int, int]):
         self.sg, self.sched, self.allowed = sg, sched, list(allowed)
         self.memory, self.links, self.favourite = memory, links, favourite
@@ -103,7 +103,7 @@ class ReadyForwards:
 
 def etf_schedule(sg: StepGraph, *, allowed: Sequence[int], capacity_bytes: Sequence[float],
                  favourite: Mapping[int, int] | None = None, priority: Sequence[float] | None = None,
-                 algorithm: str = "etf") -> Schedule:
+                 algorithm: str = "etf") -> OpSchedule:
     """Earliest task first: repeatedly start the ready (forward, device) pair that starts first.
 
     Ties go to the higher ``priority`` (default: upward rank). With

@@ -19,14 +19,14 @@ from collections.abc import Mapping, Sequence
 
 from .backward import backward_pass
 from .resources import EPS_MS, Links, MemoryLedger, Timeline
-from .schedule import Schedule, new_schedule
+from .schedule import OpSchedule, new_schedule
 from .stepgraph import StepGraph
 
 
 def list_schedule(sg: StepGraph, priority: Sequence[float], *, allowed: Sequence[int],
                   capacity_bytes: Sequence[float], pins: Mapping[int, int] | None = None,
                   insertion: bool = True, lookahead: bool = False,
-                  algorithm: str = "heft", buckets: Sequence[Sequence[int]] = ()) -> Schedule:
+                  algorithm: str = "heft", buckets: Sequence[Sequence[int]] = ()) -> OpSchedule:
     """Place and order forwards by decreasing ``priority`` from a ready queue; then backwards.
 
     A forward goes to the allowed device (or its pinned one, or its colocation

@@ -10,7 +10,7 @@ from .stepgraph import Split, StepGraph
 
 
 @dataclass(slots=True)
-class Schedule:
+class OpSchedule:
     """Devices, start and finish times of every task of one step, and what bound each start.
 
     ``device[u]`` is the device index of unit ``u``; tasks ``0..U-1`` are the
@@ -51,12 +51,12 @@ class Schedule:
         return out
 
 
-def new_schedule(sg: StepGraph, algorithm: str) -> Schedule:
+def new_schedule(sg: StepGraph, algorithm: str) -> OpSchedule:
     n = 2 * sg.U
-    return Schedule(sg, algorithm, [-1] * sg.U, [0.0] * n, [0.0] * n)
+    return OpSchedule(sg, algorithm, [-1] * sg.U, [0.0] * n, [0.0] * n)
 
 
-def plan_groups(sched: Schedule, *, merge_splits: bool = False
+def plan_groups(sched: OpSchedule, *, merge_splits: bool = False
                 ) -> tuple[list[Group], dict[str, tuple[str, ...]], list[str]]:
     """Groups, per-device order and notes of a schedule.
 
