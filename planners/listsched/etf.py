@@ -45,6 +45,7 @@ class ReadyForwards:
         row = self.rows[k]
         row[:] = np.inf
         home = memory.home(u)
+        self.held.discard(u)
         if sg.pin[u] >= 0:
             targets = [sg.pin[u]]
         elif home is not None:
@@ -54,7 +55,6 @@ class ReadyForwards:
             self.held.add(u)
         else:
             targets = self.allowed
-            self.held.discard(u)
         for d in targets:
             row[d] = self.links.arrival(sg, u, d, self.sched.finish, device)
         row[self.barred] = np.inf

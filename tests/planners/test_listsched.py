@@ -311,3 +311,22 @@ def test_schedules_keep_every_colocation_group_on_one_device(seed, n, kind):
     device = {sg.op_ids[sg.unit_op[u]]: sched.device[u] for u in range(sg.U)}
     for group in groups:
         assert len({device[o] for o in group}) == 1, group
+
+
+def test_etf_reports_a_colocated_favourite_child_that_cannot_follow_its_group():
+    # a -> b (nothing to send), a -> c (9 GiB); b and c colocated, 6 GiB of state each; c is
+    # a's favourite child. a goes to the V100 (capped at 10 GiB), where the group's 12 GiB do
+    # not fit, so c is not held there; b (higher rank) takes the group to the T4 (20 GiB).
+    # c must follow, but 12 GiB + 9 GiB received do not fit: ETF reports the shortfall.
+    import dataclasses
+
+    gib = 2**30
+    ops = [op("a", 1, 1), op("b", 5, 5, params=2 * gib, out=1, bwd=(1, 1)),
+           op("c", 1, 1, params=2 * gib, out=1, bwd=(1, 1))]
+    graph = graph_of(ops, [("a", "b", 0), ("a", "c", 9 * gib)])
+    _, sg = _step(dataclasses.replace(graph, colocation=(("b", "c"),)))
+    unit = {sg.op_ids[sg.unit_op[u]]: u for u in range(sg.U)}
+    with pytest.raises(MemoryShortfall) as err:
+        etf_schedule(sg, allowed=[0, 1], capacity_bytes=[10 * gib, 20 * gib],
+                     favourite={unit["c"]: unit["a"]})
+    assert err.value.op_id == "c"
