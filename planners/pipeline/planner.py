@@ -35,7 +35,6 @@ from dl_nfv.artifacts import (
     SyncMethod,
     TieSync,
     Topology,
-    fingerprint,
 )
 from dl_nfv.planners.base import GIB, finish, gradient_buckets, optimizer_named, started
 from dl_nfv.planners.bounds import Bound, critical_path_ms, stage_balanced_bound_ms, work_bound_ms
@@ -60,6 +59,9 @@ POLISH_SIMULATED = 6  # per round: the swaps the scheduler times fastest, each s
 POLISH_BUDGET = 16384
 SCHEDULES_SIMULATED = 4  # per candidate layout, its best schedules by the scheduler's estimate
 SEED_MICROBATCH_COUNTS = 2  # the baselines' layouts are also tried at the search's best counts
+# a graph the problem coarsened has hundreds of ops, and a simulation costs in proportion:
+# fewer candidates, schedules per candidate and swaps per polish round are simulated
+COARSENED_EFFORT = {"candidates": 3, "schedules": 2, "polish": 2}
 SCHEDULES = {"auto": tuple(Policy), "gpipe": (Policy.GPIPE,), "1f1b": (Policy.ONE_F_ONE_B,),
              "custom": (Policy.LIST,)}
 
@@ -127,13 +129,16 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     outcome = search(problem, microbatches=microbatches, max_stages=max_stages,
                      max_replicas=max_replicas, policies=policies, seed=seed,
                      time_limit=time_limit, started=cpu0)
-    problem = outcome.problem or problem  # finer units around the best cuts
-    drafts = [d for ev in outcome.candidates[:SIMULATED_CANDIDATES]
-              for d in _drafts_of(problem, ev, policies)]
+    coarse, problem = problem, outcome.problem or problem  # finer units around the best cuts
+    effort = COARSENED_EFFORT if coarse.coarsened else {
+        "candidates": SIMULATED_CANDIDATES, "schedules": SCHEDULES_SIMULATED,
+        "polish": POLISH_SIMULATED}
+    drafts = [d for ev in outcome.candidates[:effort["candidates"]]
+              for d in _drafts_of(problem, ev, policies)[:2 * effort["schedules"]]]
     # the baselines' layouts also at the microbatch counts the search liked best
     liked = list(dict.fromkeys(ev.layout.microbatches for ev in outcome.candidates
                                if ev.layout.microbatches > 1))[:SEED_MICROBATCH_COUNTS]
-    drafts.extend(_seed_drafts(graph, topology, problem, microbatches, max_stages, schedule,
+    drafts.extend(_seed_drafts(graph, topology, coarse, microbatches, max_stages, schedule,
                                liked))
     if max_replicas:
         drafts = [d for d in drafts if all(len(g.devices) <= max_replicas for g in d.groups)]
@@ -144,7 +149,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
         worst = next((d.overflow for d in drafts if d.overflow), "no candidate layout fits")
         raise InfeasiblePlan(f"pipeline: no plan fits in memory; the closest candidate: {worst}")
     best = min(fitting, key=lambda d: (round(d.iteration_ms, 9), _stage_count(d), d.origin))
-    best, swaps = _polish(problem, best, policies)
+    best, swaps = _polish(problem, best, policies, effort["polish"])
     stages = _stage_count(best)
     notes = [f"chosen: {best.origin}; {stages} stage(s) on "
              f"{[len(g.devices) for g in best.groups]} device(s), "
@@ -178,7 +183,7 @@ def pipeline_bound(problem: Problem) -> Bound:
     """
     if not problem.default_cost_model:
         return _pipeline_bound(problem)
-    key = (fingerprint(problem.graph), fingerprint(problem.topology), problem.optimizer,
+    key = (*problem.fingerprints, problem.optimizer,
            tuple(int(b) for b in problem.bounds))
     if key not in _BOUNDS:
         if len(_BOUNDS) >= BOUNDS_KEPT:
@@ -275,9 +280,10 @@ def _drafts_of(problem: Problem, ev: Evaluated, policies,
     return out
 
 
-def _polish(problem: Problem, draft: _Draft, policies) -> tuple[_Draft, int]:
+def _polish(problem: Problem, draft: _Draft, policies,
+            simulated: int = POLISH_SIMULATED) -> tuple[_Draft, int]:
     """Swap devices of the winning layout where the simulator says it pays: per round,
-    every swap (``device_swaps``) is scheduled, the ``POLISH_SIMULATED`` the scheduler
+    every swap (``device_swaps``) is scheduled, the ``simulated`` the scheduler
     times fastest are simulated (their two best schedules), and the fastest is kept if it
     beats the winner. The scheduler and the simulator differ most where links are shared
     (a ring, an AllReduce crossing other stages' links), which is where a swap helps.
@@ -295,7 +301,7 @@ def _polish(problem: Problem, draft: _Draft, policies) -> tuple[_Draft, int]:
                         if (x := evaluate(problem, lay, full=True, policies=policies))),
                        key=fastest_first)
         better = draft
-        for ev in timed[:POLISH_SIMULATED]:
+        for ev in timed[:simulated]:
             for d in _drafts_of(problem, ev, policies, caps=(draft.cap,))[:2]:
                 _simulate(problem, d)
                 if d.feasible and d.iteration_ms < better.iteration_ms - 1e-9:
@@ -380,8 +386,9 @@ def _simulate(problem: Problem, draft: _Draft) -> None:
     from dl_nfv.simulator import simulate
 
     graph, topology = problem.graph, problem.topology
-    plan = Plan(planner="pipeline", graph_sha256=fingerprint(graph),
-                topology_sha256=fingerprint(topology), batch_size=graph.model.batch_size,
+    graph_sha256, topology_sha256 = problem.fingerprints
+    plan = Plan(planner="pipeline", graph_sha256=graph_sha256,
+                topology_sha256=topology_sha256, batch_size=graph.model.batch_size,
                 optimizer=problem.optimizer, groups=tuple(draft.groups), pipeline=draft.pipeline,
                 fusion=draft.fusion, tie_sync=problem.tie_sync)
     result = simulate(plan, graph, topology, cost_model=problem.cm, check_fingerprints=False)

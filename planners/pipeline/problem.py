@@ -34,10 +34,11 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 from collections.abc import Sequence
+from functools import cached_property
 
 import numpy as np
 
-from dl_nfv.artifacts import OpGraph, Optimizer, TieSync, Topology
+from dl_nfv.artifacts import OpGraph, Optimizer, TieSync, Topology, fingerprint
 from dl_nfv.planners.colocation import allowed_cuts
 from dl_nfv.simulator.costs import CostModel
 
@@ -192,6 +193,19 @@ class Problem:
             for name, owner, sharer, nbytes in self.cm.ties]
         self.cache = {}
 
+    @cached_property
+    def edge_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The graph's edges as (source position, destination position, bytes) arrays."""
+        edges = self.graph.edges
+        return (np.array([self.pos[e.src] for e in edges], dtype=np.int64),
+                np.array([self.pos[e.dst] for e in edges], dtype=np.int64),
+                np.array([float(e.bytes) for e in edges]))
+
+    @cached_property
+    def fingerprints(self) -> tuple[str, str]:
+        """The sha256 of the graph and of the topology (a plan records them)."""
+        return fingerprint(self.graph), fingerprint(self.topology)
+
     @property
     def coarsened(self) -> bool:
         """Whether some unit holds ops that a cut could separate."""
@@ -244,16 +258,17 @@ class Problem:
         consuming stage (its largest edge), as the simulator sends it.
         """
         op_bounds = self.bounds[np.asarray(bounds)]
-        stage_of = np.searchsorted(op_bounds[1:], np.arange(len(self.order)), side="right")
+        src, dst, nbytes = self.edge_arrays
+        s = np.searchsorted(op_bounds[1:], src, side="right")
+        t = np.searchsorted(op_bounds[1:], dst, side="right")
         best: dict[tuple[int, int], float] = {}
-        for e in self.graph.edges:
-            s, t = int(stage_of[self.pos[e.src]]), int(stage_of[self.pos[e.dst]])
-            if s != t:
-                key = (self.pos[e.src], t)
-                best[key] = max(best.get(key, 0.0), float(e.bytes))
+        for k in np.flatnonzero(s != t).tolist():
+            key = (int(src[k]), int(t[k]))
+            best[key] = max(best.get(key, 0.0), float(nbytes[k]))
+        stage_of = np.searchsorted(op_bounds[1:], np.arange(len(self.order)), side="right")
         out: dict[tuple[int, int], float] = defaultdict(float)
-        for (u, t), nbytes in best.items():
-            out[(int(stage_of[u]), t)] += nbytes
+        for (u, t_), size in best.items():
+            out[(int(stage_of[u]), t_)] += size
         return dict(out)
 
     def stage_ops(self, a: int, b: int) -> tuple[str, ...]:

@@ -14,12 +14,13 @@
    for the microbatch counts that did best; a move is kept when its score is
    better.
 5. **Finer units** (graphs the problem coarsened): every allowed cut within a unit of a
-   stage boundary of the two fastest layouts so far becomes a unit boundary
+   stage boundary of the fastest layout so far becomes a unit boundary
    (``finer_units``: op by op where the cuts are, coarse elsewhere), the best layouts so
-   far are carried over unchanged, and the three best (ordering, microbatch count) pairs
+   far are carried over unchanged, and the two best (ordering, microbatch count) pairs
    are explored again on the finer units; twice (``REFINE_PASSES``), so that a cut can
    move by up to two coarse units. A coarse unit of an operator-level graph holds ten
-   ops or more, and a cut in its middle can matter by several per cent.
+   ops or more, and a cut in its middle can matter by several per cent. The climbs of
+   step 6 then get an eighth of their budget: their moves are a few ops each.
 6. The layouts scheduled so far and the 32 best others by estimate are ranked by
    their list-scheduled time; the 12 best are scheduled by ``auto_schedule``
    (GPipe, 1F1B and list variants); the ``REFINED_CANDIDATES`` fastest get their
@@ -88,8 +89,11 @@ REFINED_CANDIDATES = 12  # the fastest candidates whose stage boundaries are hil
 REFINE_ROUNDS = 8
 REFINE_STEPS = (1,)  # units a boundary moves by in one neighbour
 REFINE_PASSES = 2  # moves onto finer units around the best layouts' cuts (coarsened graphs)
-REFINE_AROUND = 2  # the fastest layouts whose cuts get finer units
-REFINED_PAIRS = 3  # (ordering, microbatch count) pairs explored again on finer units
+REFINE_AROUND = 1  # the fastest layouts whose cuts get finer units
+REFINED_PAIRS = 2  # (ordering, microbatch count) pairs explored again on finer units
+# on finer units a climb's move is a few ops and helps little: the climbs get this share
+# of REFINE_BUDGET (bounded work where the units are many)
+FINE_CLIMB_SHARE = 0.125
 # work of the climbs over all the candidates refined: a neighbour costs its stages x
 # microbatches (a scheduling's events); 131072 is 256 neighbours of 16 stages x 32 microbatches
 REFINE_BUDGET = 131072
@@ -210,11 +214,12 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
     per_ordering.sort(key=lambda x: x[0])
     if per_ordering and per_ordering[0][0] < float("inf") and len(problem.devices) > 2:
         state.local_search(per_ordering[0], seed, t0 + time_limit * LOCAL_SEARCH_SHARE)
-    for _ in range(REFINE_PASSES if problem.coarsened else 0):
+    refined = problem.coarsened
+    for _ in range(REFINE_PASSES if refined else 0):
         state, problem = state.on_finer_units(problem)
     final = state.scheduled(problem)
     known = {ev.layout.key for ev in final}
-    budget = [REFINE_BUDGET]
+    budget = [int(REFINE_BUDGET * (FINE_CLIMB_SHARE if refined else 1.0))]
     for ev in final[:REFINED_CANDIDATES]:
         better, cut = refine(problem, ev, policies, budget, t0 + time_limit * CLIMB_SHARE)
         state.outcome.timed_out |= cut
