@@ -58,29 +58,74 @@ def _resolver(module, host: str, port: int):
     return resolver
 
 
-class Dns:
+class _Client:
+    """What both clients share: the server, the counters, the probe, the retry decision."""
+
+    def __init__(self, module, host: str, port: int, stats: ServiceStats, retry: RetryPolicy):
+        self.host, self.port = host, port
+        self.stats = stats
+        self.retry = retry
+        self.resolver = _resolver(module, host, port)
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def txt(self, name: str):
+        return self.lookup(name, "TXT")
+
+    def a(self, name: str):
+        return self.lookup(name, "A")
+
+    def check(self) -> None:
+        """``BadInput`` naming the address when the server does not answer a probe query
+        (a blocking call: made once, before the run)."""
+        import dns.exception
+        import dns.message
+        import dns.query
+
+        query = dns.message.make_query("netstar-probe.invalid.", "A")
+        try:
+            dns.query.udp(query, self.host, port=self.port, timeout=2 * QUERY_TIMEOUT_S)
+        except (dns.exception.DNSException, OSError) as exc:
+            raise BadInput(f"--dns: no answer from the DNS server at {self} "
+                           f"({type(exc).__name__}: {exc or 'timed out'})") from None
+
+    def _outcome(self, answer_or_exc, name: str, rdtype: str, waits, flow: int):
+        """(records, None) for an answer or NXDOMAIN; (None, wait) to retry after a timeout or
+        refusal; ``ServiceUnavailable`` when the back-off budget is spent."""
+        import dns.resolver
+
+        if isinstance(answer_or_exc, dns.resolver.NXDOMAIN):
+            return [], None
+        if isinstance(answer_or_exc, BaseException):
+            wait = next(waits, None)
+            if wait is None:
+                raise ServiceUnavailable(
+                    f"DNS server {self} did not answer {name} {rdtype} within "
+                    f"{self.retry.budget_s:g} s of retries: {answer_or_exc}") from None
+            self.stats.held([flow])
+            return None, wait
+        return _records(answer_or_exc, rdtype), None
+
+
+def _failures():
+    import dns.exception
+    import dns.resolver
+
+    return (dns.resolver.NXDOMAIN, dns.exception.Timeout, dns.resolver.NoNameservers, OSError)
+
+
+class Dns(_Client):
     """Asynchronous look-ups; ``txt``/``a`` return futures of sorted record strings."""
 
     def __init__(self, host: str, port: int, stats: ServiceStats,
                  retry: RetryPolicy = DEFAULT_RETRY):
         import dns.asyncresolver
 
-        self.host, self.port = host, port
-        self.stats = stats
-        self.retry = retry
-        self.resolver = _resolver(dns.asyncresolver, host, port)
+        super().__init__(dns.asyncresolver, host, port, stats, retry)
         self.loop = asyncio.get_running_loop()
         self.answers: dict[tuple[str, str], asyncio.Future] = {}
         self.slots = asyncio.Semaphore(MAX_IN_FLIGHT)
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def txt(self, name: str) -> asyncio.Future:
-        return self.lookup(name, "TXT")
-
-    def a(self, name: str) -> asyncio.Future:
-        return self.lookup(name, "A")
 
     def lookup(self, name: str, rdtype: str) -> asyncio.Future:
         key = (name.lower(), rdtype)
@@ -93,112 +138,54 @@ class Dns:
         return fut
 
     async def _query(self, name: str, rdtype: str) -> list[str]:
-        import dns.exception
-        import dns.resolver
-
-        waits = self.retry.waits()
-        flow = CURRENT_FLOW.get()
+        waits, flow, failures = self.retry.waits(), CURRENT_FLOW.get(), _failures()
         try:
             while True:
                 try:
                     async with self.slots:
-                        answer = await self.resolver.resolve(name, rdtype,
-                                                              raise_on_no_answer=False)
-                    return _records(answer, rdtype)
-                except dns.resolver.NXDOMAIN:
-                    return []
-                except (dns.exception.Timeout, dns.resolver.NoNameservers, OSError) as exc:
-                    wait = next(waits, None)
-                    if wait is None:
-                        raise ServiceUnavailable(
-                            f"DNS server {self} did not answer {name} {rdtype} within "
-                            f"{self.retry.budget_s:g} s of retries: {exc}") from None
-                    self.stats.held([flow])
-                    await asyncio.sleep(wait)
+                        result = await self.resolver.resolve(name, rdtype,
+                                                             raise_on_no_answer=False)
+                except failures as exc:
+                    result = exc
+                records, wait = self._outcome(result, name, rdtype, waits, flow)
+                if records is not None:
+                    return records
+                await asyncio.sleep(wait)
         finally:
             self.stats.end()
-
-    async def check(self) -> None:
-        """``BadInput`` naming the address when the server does not answer a probe query."""
-        import dns.asyncquery
-        import dns.exception
-        import dns.message
-
-        query = dns.message.make_query("netstar-probe.invalid.", "A")
-        try:
-            await dns.asyncquery.udp(query, self.host, port=self.port, timeout=2 * QUERY_TIMEOUT_S)
-        except (dns.exception.DNSException, OSError) as exc:
-            raise BadInput(f"--dns: no answer from the DNS server at {self} "
-                           f"({type(exc).__name__}: {exc or 'timed out'})") from None
 
     async def close(self) -> None:
         for fut in self.answers.values():
             fut.cancel()
 
 
-class SyncDns:
+class SyncDns(_Client):
     """Blocking look-ups with the same answers, cache and retries as ``Dns``."""
 
     def __init__(self, host: str, port: int, stats: ServiceStats,
                  retry: RetryPolicy = DEFAULT_RETRY):
         import dns.resolver
 
-        self.host, self.port = host, port
-        self.stats = stats
-        self.retry = retry
-        self.resolver = _resolver(dns.resolver, host, port)
+        super().__init__(dns.resolver, host, port, stats, retry)
         self.answers: dict[tuple[str, str], list[str]] = {}
 
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def txt(self, name: str) -> list[str]:
-        return self.lookup(name, "TXT")
-
-    def a(self, name: str) -> list[str]:
-        return self.lookup(name, "A")
-
     def lookup(self, name: str, rdtype: str) -> list[str]:
-        import dns.exception
-        import dns.resolver
-
         key = (name.lower(), rdtype)
         if key in self.answers:
             self.stats.cache_hits += 1
             return self.answers[key]
         self.stats.requests += 1
-        waits = self.retry.waits()
+        waits, failures = self.retry.waits(), _failures()
         while True:
             try:
-                answer = self.resolver.resolve(name, rdtype, raise_on_no_answer=False)
-                records = _records(answer, rdtype)
-                break
-            except dns.resolver.NXDOMAIN:
-                records = []
-                break
-            except (dns.exception.Timeout, dns.resolver.NoNameservers, OSError) as exc:
-                wait = next(waits, None)
-                if wait is None:
-                    raise ServiceUnavailable(
-                        f"DNS server {self} did not answer {name} {rdtype} within "
-                        f"{self.retry.budget_s:g} s of retries: {exc}") from None
-                self.stats.held([CURRENT_FLOW.get()])
-                time.sleep(wait)
-        self.answers[key] = records
-        return records
-
-    def check(self) -> None:
-        """``BadInput`` naming the address when the server does not answer a probe query."""
-        import dns.exception
-        import dns.message
-        import dns.query
-
-        query = dns.message.make_query("netstar-probe.invalid.", "A")
-        try:
-            dns.query.udp(query, self.host, port=self.port, timeout=2 * QUERY_TIMEOUT_S)
-        except (dns.exception.DNSException, OSError) as exc:
-            raise BadInput(f"--dns: no answer from the DNS server at {self} "
-                           f"({type(exc).__name__}: {exc or 'timed out'})") from None
+                result = self.resolver.resolve(name, rdtype, raise_on_no_answer=False)
+            except failures as exc:
+                result = exc
+            records, wait = self._outcome(result, name, rdtype, waits, CURRENT_FLOW.get())
+            if records is not None:
+                self.answers[key] = records
+                return records
+            time.sleep(wait)
 
     def close(self) -> None:
         return None

@@ -170,7 +170,7 @@ async def _run_loop(config, trace, logic, prefix, address: StoreAddress, dns_add
     try:
         await store.check()
         if dns is not None:
-            await dns.check()
+            dns.check()
         chain = []
         for spec, lg in zip(config.chain, logic):
             module = NF_MODULES[str(spec.nf)]
