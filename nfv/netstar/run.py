@@ -160,6 +160,19 @@ def run_outcome(config_path, trace_path, options: RunOptions = DEFAULT_OPTIONS, 
     return build_report(config, trace, options, address, dns_address, out, stats), out
 
 
+def _chain(config, logic, store, dns, prefix: str, *, blocking: bool = False) -> list[Stage]:
+    """Each NF of the chain with its environment, in the form the style's runtime calls."""
+    chain = []
+    for spec, lg in zip(config.chain, logic):
+        module = NF_MODULES[str(spec.nf)]
+        env = Env(store, dns, lg, prefix)
+        if blocking:
+            chain.append(Stage(module.NAME, module.run, env, blocking=module.Blocking(env)))
+        else:
+            chain.append(Stage(module.NAME, module.run, env, callback=module.Callback(env)))
+    return chain
+
+
 async def _run_loop(config, trace, logic, prefix, address: StoreAddress, dns_address, stats,
                     retry, options: RunOptions) -> Outcome:
     if address.backend == "embedded":
@@ -171,11 +184,7 @@ async def _run_loop(config, trace, logic, prefix, address: StoreAddress, dns_add
         await store.check()
         if dns is not None:
             dns.check()
-        chain = []
-        for spec, lg in zip(config.chain, logic):
-            module = NF_MODULES[str(spec.nf)]
-            env = Env(store, dns, lg, prefix)
-            chain.append(Stage(module.NAME, module.run, env, callback=module.Callback(env)))
+        chain = _chain(config, logic, store, dns, prefix)
         cls = AsyncRuntime if options.style == "async" else CallbackRuntime
         out = await cls(trace, chain, prefix, window=options.window,
                         record_order=options.record_order, progress=options.progress).run()
@@ -198,11 +207,7 @@ def _run_blocking(config, trace, logic, prefix, address: StoreAddress, dns_addre
         store.check()
         if dns is not None:
             dns.check()
-        chain = []
-        for spec, lg in zip(config.chain, logic):
-            module = NF_MODULES[str(spec.nf)]
-            env = Env(store, dns, lg, prefix)
-            chain.append(Stage(module.NAME, module.run, env, blocking=module.Blocking(env)))
+        chain = _chain(config, logic, store, dns, prefix, blocking=True)
         out = BlockingRuntime(trace, chain, prefix, record_order=options.record_order,
                               progress=options.progress).run()
         store.drop_namespace(prefix)
