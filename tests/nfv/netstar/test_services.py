@@ -138,17 +138,30 @@ class _Outage:
             self.thread.start()
 
 
-def test_redis_killed_mid_run(durable_redis, generated, chain_config):
+@pytest.mark.parametrize("style", ["async", "callback"])
+def test_redis_killed_mid_run(durable_redis, generated, chain_config, style):
     _, trace = generated
     cfg = chain_config  # firewall, nat (slot claims), ids
     reference, _ = run_outcome(cfg, None, RunOptions(), trace=trace)
     outage = _Outage(trace.n_messages // 3, durable_redis.kill, durable_redis.restart, 0.5)
-    report, _ = run_outcome(cfg, None, RunOptions(store=durable_redis.url, progress=outage),
-                            trace=trace)
+    report, _ = run_outcome(cfg, None, RunOptions(style=style, store=durable_redis.url,
+                                                  progress=outage), trace=trace)
     outage.thread.join()
     assert outputs(report) == outputs(reference)
     store = report["services"]["store"]
     assert store["retries"] > 0 and store["held_flows"] > 0
+
+
+def test_redis_killed_mid_run_blocking(durable_redis):
+    """The blocking clients retry too (on the loopback capture: every write is fsynced)."""
+    cfg = EXAMPLES / "netstar-ids.yaml"
+    reference, _ = run_outcome(cfg, REAL_TRACE, RunOptions())
+    outage = _Outage(20, durable_redis.kill, durable_redis.restart, 0.5)
+    report, _ = run_outcome(cfg, REAL_TRACE, RunOptions(style="blocking", store=durable_redis.url,
+                                                        progress=outage))
+    outage.thread.join()
+    assert outputs(report) == outputs(reference)
+    assert report["services"]["store"]["retries"] > 0
 
 
 def test_dns_silent_mid_run(malware_zone, generated):
