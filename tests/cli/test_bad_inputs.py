@@ -96,6 +96,7 @@ BAD_FILES = {
 B = {name: "{bad_" + name + "}" for name in BAD_FILES}
 PLAN_IO = ["--graph", "{g}", "--topology", "{t}"]
 RUN = ["--config", "{cfg}", "--trace", "{pcap}"]
+NETSTAR = str(TOPOLOGY.parents[1] / "nf" / "netstar-ids.yaml")
 OUT = ["-o", "{pre}"]  # a file that exists before every case and must not change
 
 CASES: list[tuple[str, list[str]]] = [
@@ -264,6 +265,8 @@ CASES: list[tuple[str, list[str]]] = [
                                         "-o", "{prepcap}"]),
     ("gen-trace --size-dist", ["nfv", "gen-trace", "--size-dist", "lognormal", "-o", "{prepcap}"]),
     ("gen-trace --mix", ["nfv", "gen-trace", "--mix", "quic", "-o", "{prepcap}"]),
+    ("gen-trace --size-dist zipf:nan", ["nfv", "gen-trace", "--size-dist", "zipf:nan",
+                                        "-o", "{prepcap}"]),
     ("gen-trace -o .txt", ["nfv", "gen-trace", "-o", "{dir}/t.txt"]),
     ("gen-trace -o .json", ["nfv", "gen-trace", "-o", "{dir}/t.json"]),
     ("gen-trace -o missing folder", ["nfv", "gen-trace", "-o", "{dir}/no/t.pcap"]),
@@ -304,6 +307,10 @@ CASES: list[tuple[str, list[str]]] = [
                                  *OUT]),
     ("netstar bench --repeats 0", ["nfv", "netstar", "bench", "--config", "{cfg}", "--repeats",
                                    "0", *OUT]),
+    ("netstar bench --store-latency-ms nan", ["nfv", "netstar", "bench", "--config", NETSTAR,
+                                              "--store-latency-ms", "nan", *OUT]),
+    ("netstar bench --store-latency-ms -3", ["nfv", "netstar", "bench", "--config", NETSTAR,
+                                             "--store-latency-ms", "-3", *OUT]),
 ]
 
 
