@@ -1,8 +1,12 @@
 """``nfv-report``: what ``dl-nfv nfv run`` measured and what the NFs decided (JSON).
 
 Throughput (Gbps of reassembled payload, messages/s, Mpps of captured
-packets) is over the engine's processing time (``elapsed_s``), which excludes
-reading the trace (``parse_s``) and starting workers (``startup_s``).
+packets) is end to end: over ``wall_s``, from opening the capture to the
+finished report (reading, decoding, flows, starting workers, the NFs, building
+the report; ``stages_s`` names each part). ``parse_s`` is the capture's part
+(read, decode, flows), ``startup_s`` the workers' start and ``elapsed_s`` the
+engine's processing. A report over a trace parsed before (``nfv bench``) has
+``parse_s`` 0 and its throughput is over the rest.
 ``alerts`` is a top-level list; the per-NF summaries in ``outputs`` carry a
 ``digest`` (sha256 of the NF's full output rows, sorted), equal across
 engines when their outputs are identical.
@@ -136,6 +140,8 @@ class NfvReport:
     parse_s: float
     startup_s: float
     elapsed_s: float
+    wall_s: float = 0.0
+    stages_s: dict[str, float] = field(default_factory=dict)
     gbps: float
     messages_per_s: float
     mpps: float

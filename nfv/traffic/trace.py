@@ -10,15 +10,16 @@ and packed with vectorised numpy instead of per-message Python.
 from __future__ import annotations
 
 import ipaddress
+import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .assemble import Assembled, assemble
-from .columnar import read_columns
-from .pcap import RECORD_REASONS, TCP, MalformedCounts, address_text
+from .columnar import decode_frames
+from .pcap import RECORD_REASONS, TCP, MalformedCounts, address_text, read_frames
 
 PROTO_NAMES = {6: "tcp", 17: "udp"}
 
@@ -66,6 +67,7 @@ class Trace:
     malformed: dict[str, int]
     tcp: dict[str, int]
     addresses: np.ndarray | None = None  # [flows, 2 (client, server), 2 (hi, lo)] int64
+    stages_s: dict[str, float] = field(default_factory=dict)  # read, decode, flows: seconds
 
     @property
     def n_messages(self) -> int:
@@ -115,18 +117,33 @@ def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0, per_packet: bo
 
     Raises ``BadInput`` when the file is not a pcap/pcapng; malformed packets
     are counted in ``Trace.malformed`` by reason, and ``Trace.packets`` counts
-    every packet record of the file, read or not. O(packets + payload bytes).
+    every packet record of the file, read or not. Frames are decoded as columns
+    (``columnar.py``) and assembled into flows over arrays (``assemble.py``);
+    ``per_packet=True`` feeds every packet to the flow table instead (the
+    reference the tests compare with). ``Trace.stages_s`` has the seconds spent
+    reading the records, decoding them and building flows and messages.
+    O(packets log packets + payload bytes).
     """
     malformed = MalformedCounts()
     stats: Counter = Counter()
-    cols = read_columns(path, malformed)
+    t0 = time.perf_counter()
+    ts, frames, links = [], [], []
+    for t, frame, link in read_frames(path, malformed):
+        ts.append(t)
+        frames.append(frame)
+        links.append(link)
+    t1 = time.perf_counter()
+    cols = decode_frames(ts, frames, links)
+    del frames
     malformed.update(cols.malformed())
+    t2 = time.perf_counter()
     table = assemble(cols, stats, idle_timeout_us=int(idle_timeout_s * 1_000_000),
                      per_packet=per_packet)
     # every record of the file: the frames read, and those counted as never yielded
     packets = len(cols) + sum(malformed[reason] for reason in RECORD_REASONS)
-    wire = int(cols.wire_bytes.sum())
-    return _columns(str(path), table, packets, wire, malformed, stats)
+    trace = _columns(str(path), table, packets, int(cols.wire_bytes.sum()), malformed, stats)
+    trace.stages_s = {"read": t1 - t0, "decode": t2 - t1, "flows": time.perf_counter() - t2}
+    return trace
 
 
 def _columns(source: str, table: Assembled, packets: int, wire: int, malformed: Counter,

@@ -125,3 +125,23 @@ def test_large_batches_through_the_worker_pipes_do_not_deadlock(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["outputs"]["http"]["requests"] > 1024
+
+
+def test_throughput_is_end_to_end_with_its_stages(tmp_path):
+    """gbps and messages/s are over wall_s, which covers every stage, reading included."""
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(cli, ["nfv", "run", "--config", str(EXAMPLES / "ids.yaml"),
+                                 "--trace", str(REAL_TRACE), "--engine", "cpu", "--workers", "1",
+                                 "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    report = json.loads(out.read_text())
+    stages = report["stages_s"]
+    assert set(stages) == {"read", "decode", "flows", "setup", "startup", "nfs", "report"}
+    assert all(v >= 0 for v in stages.values())
+    assert sum(stages.values()) == pytest.approx(report["wall_s"], abs=5e-3)
+    assert report["parse_s"] == pytest.approx(stages["read"] + stages["decode"] + stages["flows"],
+                                              abs=5e-3)
+    assert report["gbps"] == pytest.approx(report["payload_bytes"] * 8 / report["wall_s"] / 1e9,
+                                           rel=1e-3)
+    assert report["messages_per_s"] == pytest.approx(report["messages"] / report["wall_s"],
+                                                     rel=1e-3)
