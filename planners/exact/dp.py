@@ -87,9 +87,43 @@ class Tables:
         self.edge_src = np.array([blocks.block_of[u] for u, _ in keys], dtype=np.int64)
         self.edge_dst = np.array([b for _, b in keys], dtype=np.int64)
         self.edge_bytes = np.array([largest[k] for k in keys])
+        self._ties(cm, blocks, types, m)
         # block-level edges, to find an ideal's maximal blocks
         self.block_src = np.repeat(np.arange(blocks.size), [len(s) for s in blocks.succs])
         self.block_dst = np.array([b for bs in blocks.succs for b in sorted(bs)], dtype=np.int64)
+
+    def _ties(self, cm: CostModel, blocks: BlockGraph, types: list[int], m: int) -> None:
+        """Tied weights whose owner and a sharer lie in different blocks (``stages.split_ties``):
+        per owner op, its block, its sharers' blocks and ``M x`` its tie sum per class; per
+        tie, the sharer's block, the owner's and the bytes of the copy."""
+        sharers: dict[str, set[int]] = {}
+        copies = []
+        for _, owner, sharer, nbytes in cm.ties:
+            a, b = blocks.block_of[owner], blocks.block_of[sharer]
+            if a != b:
+                sharers.setdefault(owner, set()).add(b)
+                copies.append((b, a, float(nbytes)))
+        self.tie_owners = [(blocks.block_of[o], np.array(sorted(bs), dtype=np.int64),
+                            m * cm.tie_sum_by_type[cm.op_index[o], types])
+                           for o, bs in sharers.items()]
+        self.copies = copies
+        self.tie_blocks = np.array(sorted({b for c in copies for b in c[:2]}), dtype=np.int64)
+
+    def tied(self, ideals: np.ndarray, p: int, later: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For the stages from ideal ``p`` to each of ``later``: the tie sums they do not do
+        ``[later, classes]`` and the bytes of tied-weight copies they hold ``[later]``."""
+        saved = np.zeros((len(later), len(self.memory)))
+        copied = np.zeros(len(later))
+        if not len(self.tie_blocks):
+            return saved, copied
+        column = {int(b): i for i, b in enumerate(self.tie_blocks)}
+        inside = ideals[np.ix_(later, self.tie_blocks)] & ~ideals[p, self.tie_blocks][None, :]
+        for owner, sharer_blocks, ms in self.tie_owners:
+            split = inside[:, column[owner]] & ~inside[:, [column[int(b)] for b in sharer_blocks]].all(axis=1)
+            saved += split[:, None] * ms[None, :]
+        for sharer, owner, nbytes in self.copies:
+            copied += nbytes * (inside[:, column[sharer]] & ~inside[:, column[owner]])
+        return saved, copied
 
     def comm_ms(self, received: np.ndarray) -> np.ndarray:
         """``M x transfer_ms(route, received / M)`` (0 where nothing is received)."""
@@ -138,11 +172,12 @@ def solve(tables: Tables, ideals: np.ndarray, vectors: np.ndarray, step: np.ndar
         later, received = _supersets(tables, ideals, p)
         if not len(later):
             continue
-        stage_params = params[later] - params[p]
+        saved, copied = tables.tied(ideals, p, later)
+        stage_params = params[later] - params[p] + copied
         has = stage_params > 0
         update = np.where(has[:, None], tables.update_launch_ms[None, :]
                           + stage_params[:, None] * tables.update_ms_per_byte[None, :], 0.0)
-        compute = work[later] - work[p] + update  # [later, classes]
+        compute = work[later] - work[p] - saved + update  # [later, classes]
         load = np.maximum(compute, tables.comm_ms(received)[:, None])
         need = (stage_params * tables.static_factor + resident[later] - resident[p]
                 + (outputs[later] - outputs[p] + received) / tables.microbatches)

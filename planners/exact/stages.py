@@ -24,8 +24,10 @@ per iteration the busiest device or link needs in steady state (divided by the b
 per-sample bottleneck). It is defined where every pair of distinct devices sees the same
 transfer cost (one switch, or a full mesh of equal links: ``uniform_route`` checks it),
 so that a transfer's cost does not depend on where its two stages are placed; devices may
-differ in type and memory (``device_classes``). Tied weights held by two stages are not
-charged (their gradients' sum is the simulator's to count).
+differ in type and memory (``device_classes``). A tied weight whose uses are split between
+stages is held by each stage using it (a copy: memory, optimizer step, upkeep) and its
+owner no longer sums its uses' gradients in its backward (``CostModel.tie_sum_ms``), as the
+simulator lowers it; the exchange that sums them is not charged.
 """
 
 from __future__ import annotations
@@ -114,16 +116,38 @@ def received_bytes(graph: OpGraph, ops: set[str], before: set[str]) -> float:
     return sum(largest.values())
 
 
+def split_ties(cm: CostModel, ops: set[str]) -> tuple[set[str], float]:
+    """What a stage of ``ops`` does with tied weights split from it: the owners in it that no
+    longer sum their uses' gradients (a sharer is elsewhere: the exchange sums them), and
+    the bytes of the copies it holds of weights whose owner is elsewhere (one per sharing
+    op), as the simulator lowers them."""
+    unsummed, copies = set(), 0.0
+    for _, owner, sharer, nbytes in cm.ties:
+        if (owner in ops) != (sharer in ops):
+            if owner in ops:
+                unsummed.add(owner)
+            else:
+                copies += nbytes
+    return unsummed, copies
+
+
+def stage_params(cm: CostModel, ops: Sequence[str]) -> float:
+    """Parameter bytes a stage holds: its ops' own and its copies of tied weights."""
+    return float(sum(cm.param_bytes[cm.op_index[o]] for o in ops)) + split_ties(cm, set(ops))[1]
+
+
 def stage_compute_ms(cm: CostModel, ops: Sequence[str], device: str, microbatches: int,
                      optimizer: Optimizer) -> float:
     """Compute of a stage per iteration (see the module docstring)."""
     m = microbatches
+    unsummed, _ = split_ties(cm, set(ops))
     total = 0.0
     for op in ops:
         total += m * cm.op_ms(op, device, "fwd", 1.0 / m)
         if cm.needs_grad[op]:
-            total += m * cm.op_ms(op, device, "bwd", 1.0 / m)
-    params = float(sum(cm.param_bytes[cm.op_index[o]] for o in ops))
+            total += m * (cm.op_ms(op, device, "bwd", 1.0 / m)
+                          - (cm.tie_sum_ms(op, device) if op in unsummed else 0.0))
+    params = stage_params(cm, ops)
     return total + cm.update_ms(params, device, optimizer) + cm.upkeep_ms(params, device, m)
 
 
@@ -152,7 +176,7 @@ def evaluate(graph: OpGraph, topology: Topology, stages: Sequence[tuple[Sequence
         members = set(ops)
         received = received_bytes(graph, members, before)
         comm = m * cm.transfer_ms(*pair, received / m) if pair else 0.0
-        params = float(sum(cm.param_bytes[cm.op_index[o]] for o in ops))
+        params = stage_params(cm, ops)
         outputs = float(sum(cm.output_bytes[cm.op_index[o]] for o in ops))
         resident = float(sum(cm.resident_bytes[cm.op_index[o]] for o in ops))
         need = params * (2.0 + state) + resident + (outputs + received) / m

@@ -1,7 +1,7 @@
 """``plan exact`` against brute force: every contiguous split x every device assignment.
 
-Tiny DAGs (up to 6 ops, some edges skipping ahead, colocation groups, a shape query
-whose output carries no bytes) on two or three devices of mixed types and memories
+Tiny DAGs (up to 6 ops, some edges skipping ahead, a tied weight, colocation groups, a
+shape query whose output carries no bytes) on two or three devices of mixed types and memories
 behind one interconnect. The oracle lists the ideals by testing every subset of ops
 for closure, every chain of them, every injective assignment of devices to its
 stages, and scores each with ``stages.evaluate`` (op by op, scalar cost-model calls);
@@ -10,6 +10,7 @@ the planner's dynamic program must find the smallest feasible bottleneck.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -47,7 +48,8 @@ SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=N
 @st.composite
 def graphs(draw) -> OpGraph:
     """A DAG of 2 to 6 ops in index order (each op fed by an earlier one, some by two),
-    perhaps a colocation group and a shape query (no parameters, a 0-byte output)."""
+    perhaps a tied weight (the last op using the first's), a colocation group and a shape
+    query (no parameters, a 0-byte output)."""
     n = draw(st.integers(2, 6))
     ops, edges = [], []
     for i in range(n):
@@ -70,6 +72,10 @@ def graphs(draw) -> OpGraph:
         edges = [Edge(src=e.src, dst=e.dst, bytes=0) if e.src == f"o{k}" else e for e in edges]
         if not any(e.src == f"o{k}" for e in edges):
             edges.append(Edge(src=f"o{k}", dst=f"o{n - 1}", bytes=0))
+    if n >= 3 and ops[0].param_bytes and draw(st.booleans()):  # the last op reuses o0's weight
+        ops[0] = dataclasses.replace(ops[0], params=("w0",),
+                                     tie_sum_ms={t: 2.0 for t in ops[0].bwd_ms})
+        ops[-1] = dataclasses.replace(ops[-1], shared_params={"w0": ops[0].param_bytes})
     colocation = ()
     if n >= 4 and draw(st.booleans()):
         a, b = sorted(draw(st.sets(st.integers(0, n - 1), min_size=2, max_size=2)))
