@@ -33,7 +33,7 @@ Complexity: O(U^2 x D^2 x O) per DP, a few DPs per microbatch count.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -216,7 +216,7 @@ def cheap_bound(x, m: int, enough: float) -> float:
     def limited(limit: float) -> float:  # the chain after over stages at most ``limit``
         short = np.where((t.busy <= limit) & (t.sync <= limit), t.busy, np.inf)
         after = least_chain_after(short, t.chain, shape)
-        return capped_min_max(StageTerms(**{**_fields(terms), "after": after}), shape, enough)
+        return capped_min_max(replace(terms, after=after), shape, enough)
 
     value = bisect_limit(value, enough, limited)
     if t.forward_only is not None and value < enough:
@@ -262,6 +262,3 @@ def _on_grid(t: CheapTerms, shape: Shape, enough: float) -> float:
             busy=reduce(f.busy), chain=reduce(f.chain), sync=reduce(f.sync)), shape, enough))
     return value
 
-
-def _fields(terms: StageTerms) -> dict:
-    return {name: getattr(terms, name) for name in StageTerms.__slots__}
