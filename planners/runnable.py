@@ -10,7 +10,8 @@ norm whose output has one position per channel (after global pooling, or on
 
 ``batch_norm_rows`` reads that from the op graph (an op named like a batch norm,
 its channels from its two affine parameters, its output's size from its outgoing
-edges); ``slice_rows`` gives the rows of every replica slice of a plan; and
+edges); ``min_slice_rows`` is what a planner choosing microbatches and shares needs;
+``slice_rows`` gives the rows of every replica slice of a plan; and
 ``check_batch_norm_rows`` raises naming the op, the group, the device and the rows.
 A batch norm without affine parameters or without outgoing edges is not checked
 (its channels or its output size are not in the graph).
@@ -45,6 +46,13 @@ def batch_norm_rows(graph: OpGraph) -> dict[str, int]:
         if 0 < per_sample <= channels:
             needs[op.id] = MIN_NORM_ROWS
     return needs
+
+
+def min_slice_rows(graph: OpGraph) -> int:
+    """The fewest rows any replica's slice of a microbatch may hold for the runtime to train
+    ``graph``: 2 when a batch norm needs them (``batch_norm_rows``), else 1. A planner that
+    picks microbatch counts or batch shares keeps every non-empty slice at least this big."""
+    return max(batch_norm_rows(graph).values(), default=1)
 
 
 def slice_rows(plan: Plan) -> dict[str, dict[str, int]]:

@@ -246,3 +246,10 @@ def test_a_model_that_runs_at_one_batch_size_only_gets_no_groups_and_a_note():
     graph = profile_model(ref, repeats=1, warmup=0, batch_scaling=False)
     assert graph.colocation == ()
     assert "no colocation groups: the model fails at (2, 3, 5) rows" in graph.profile.note
+
+
+def test_the_fewest_rows_a_slice_may_hold(graphs):
+    from dl_nfv.planners.runnable import min_slice_rows
+
+    assert min_slice_rows(graphs["resnet50-tiny"]) == 2
+    assert min_slice_rows(graphs["moe"]) == 1  # no batch norm
