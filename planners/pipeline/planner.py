@@ -150,16 +150,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
         raise InfeasiblePlan(f"pipeline: no plan fits in memory; the closest candidate: {worst}")
     best = min(fitting, key=lambda d: (round(d.iteration_ms, 9), _stage_count(d), d.origin))
     best, swaps = _polish(problem, best, policies, effort["polish"])
-    stages = _stage_count(best)
-    notes = [f"chosen: {best.origin}; {stages} stage(s) on "
-             f"{[len(g.devices) for g in best.groups]} device(s), "
-             f"{best.pipeline.microbatches if best.pipeline else 1} microbatch(es)"
-             + (f", {best.pipeline.schedule_kind.value} schedule" if best.pipeline else ""),
-             f"searched {outcome.orderings_tried} device orderings, screened {outcome.layouts_timed} "
-             f"layouts, simulated {len(drafts)} candidates (best own layout "
-             f"{min((d.iteration_ms for d in drafts if d.origin.startswith('search')), default=float('inf')):.3f} ms)"
-             + (f"; {swaps} device swap(s) of it on the simulator" if swaps else ""),
-             "bound parts (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in bound.parts.items())]
+    notes = _notes(best, outcome, drafts, swaps, bound)
     status = PlanStatus.TIME_LIMIT if outcome.timed_out else PlanStatus.HEURISTIC
     return finish(planner="pipeline", graph=graph, topology=topology, groups=best.groups, seed=seed,
                   options={"microbatches": microbatches, "max_stages": max_stages,
@@ -168,6 +159,21 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
                   started_at=t0, bound=bound, status=status, pipeline=best.pipeline,
                   fusion=best.fusion, optimizer=problem.optimizer, cost_model=problem.cm, notes=notes,
                   tie_sync=problem.tie_sync)
+
+
+def _notes(best: _Draft, outcome, drafts: Sequence[_Draft], swaps: int, bound: Bound) -> list[str]:
+    """The plan's notes: the winner and where it came from, the search's work, the bound."""
+    own = min((d.iteration_ms for d in drafts if d.origin.startswith("search")),
+              default=float("inf"))
+    return [f"chosen: {best.origin}; {_stage_count(best)} stage(s) on "
+            f"{[len(g.devices) for g in best.groups]} device(s), "
+            f"{best.pipeline.microbatches if best.pipeline else 1} microbatch(es)"
+            + (f", {best.pipeline.schedule_kind.value} schedule" if best.pipeline else ""),
+            f"searched {outcome.orderings_tried} device orderings, screened "
+            f"{outcome.layouts_timed} layouts, simulated {len(drafts)} candidates (best own "
+            f"layout {own:.3f} ms)"
+            + (f"; {swaps} device swap(s) of it on the simulator" if swaps else ""),
+            "bound parts (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in bound.parts.items())]
 
 
 def pipeline_bound(problem: Problem) -> Bound:
