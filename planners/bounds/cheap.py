@@ -34,11 +34,15 @@ Complexity: O(U^2 x D^2 x O) per DP, a few DPs per microbatch count.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .dp import Shape, StageTerms, bisect_limit, capped_min_max, least_chain_after
 from .shares import share_options
+
+if TYPE_CHECKING:
+    from .stage_balanced import Inputs
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,7 +92,7 @@ class _Compute:
     first_ms: np.ndarray  # [k, o]: its share over the fastest device
 
 
-def _compute(x, m: int) -> _Compute:
+def _compute(x: Inputs, m: int) -> _Compute:
     r = x.ranges
     options = share_options(x.holders, r.regions, x.devices, x.batch, m)
     share, first = options.busy, options.first
@@ -131,7 +135,7 @@ class _Crossings:
     drain: np.ndarray
 
 
-def _crossings(x, c: _Compute, m: int) -> _Crossings:
+def _crossings(x: Inputs, c: _Compute, m: int) -> _Crossings:
     r = x.ranges
     with np.errstate(invalid="ignore"):
         drain = x.boundaries.drain_most(r.backward.fixed[0],
@@ -160,7 +164,7 @@ class CheapTerms:
     forward_only: StageTerms | None  # the DP over the forward chain and the whole busy time
 
 
-def cheap_terms(x, m: int, shape: Shape) -> CheapTerms:
+def cheap_terms(x: Inputs, m: int, shape: Shape) -> CheapTerms:
     """The terms of the cheap DP for ``m`` microbatches (``x``: the bound's ``Inputs``)."""
     r, c = x.ranges, _compute(x, m)
     hops = _crossings(x, c, m)
@@ -202,7 +206,7 @@ def cheap_terms(x, m: int, shape: Shape) -> CheapTerms:
                       hop=hops.both, forward_only=forward_only)
 
 
-def cheap_bound(x, m: int, enough: float) -> float:
+def cheap_bound(x: Inputs, m: int, enough: float) -> float:
     """The cheap DP's bound for ``m`` microbatches, refined only until it reaches
     ``enough`` (``x``: the bound's ``Inputs``)."""
     shape = Shape(split=x.ranges.split, devices=x.devices, grid=x.grid)
@@ -226,7 +230,7 @@ def cheap_bound(x, m: int, enough: float) -> float:
     return value
 
 
-def _averaged_bound(x, t: CheapTerms, m: int, shape: Shape, enough: float) -> float:
+def _averaged_bound(x: Inputs, t: CheapTerms, m: int, shape: Shape, enough: float) -> float:
     """The cheap DP along the samples' average way: each stage on its ``k`` fastest holders
     at their fractional balance, its AllReduce after that way's forwards and round trip."""
     r = x.ranges

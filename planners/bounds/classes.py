@@ -24,12 +24,16 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .cheap import average_way
 from .dp import continuation, search_caps
 from .shares import class_share_options
+
+if TYPE_CHECKING:
+    from .stage_balanced import Inputs
 
 # clusters of at most this many class-count states also take the round trip term and the
 # samples' average way in the class DP, and its caps 10x finer
@@ -54,7 +58,7 @@ def class_states(counts: tuple[int, ...]) -> tuple[list[tuple[int, ...]], list[n
     return vectors, subs, rests
 
 
-def balanced(x, part: str, vectors: list[tuple[int, ...]]) -> np.ndarray:
+def balanced(x: Inputs, part: str, vectors: list[tuple[int, ...]]) -> np.ndarray:
     """``[i, j, K]``: the scalable time of ``part`` of each range on the devices of each
     class vector at their fractional balance, ``1 / sum_q k_q / scalable_q(R)`` (each class
     at its own time of the range; inf for the empty vector)."""
@@ -68,7 +72,7 @@ def balanced(x, part: str, vectors: list[tuple[int, ...]]) -> np.ndarray:
         return 1.0 / rate
 
 
-def scalable(x, part: str, used: np.ndarray) -> np.ndarray:
+def scalable(x: Inputs, part: str, used: np.ndarray) -> np.ndarray:
     """``[i, j, K, 1]``: the scalable time of ``part`` of each range that the class DP
     divides by a replica's speed (``sigma``), on the replicas of each class vector: the
     least ``sigma_q scalable_q(R)`` over the classes the vector uses, never below the
@@ -112,7 +116,7 @@ class _Vectors:
     small: bool
 
 
-def _vectors(x) -> _Vectors:
+def _vectors(x: Inputs) -> _Vectors:
     vectors, subs, rests = class_states(tuple(c[2] for c in x.classes))
     return _Vectors(vectors=vectors, subs=subs, rests=rests,
                     used=np.array([[k > 0 for k in kv] for kv in vectors]),
@@ -121,7 +125,7 @@ def _vectors(x) -> _Vectors:
                     small=len(vectors) <= SMALL_CLASS_STATES)
 
 
-def class_terms(x, v: _Vectors, m: int) -> ClassTerms:
+def class_terms(x: Inputs, v: _Vectors, m: int) -> ClassTerms:
     """The terms of the class DP for ``m`` microbatches (``x``: the bound's ``Inputs``)."""
     r, B = x.ranges, x.batch
     samples = B // m
@@ -189,7 +193,7 @@ def _around(fixed, scal, share, first_share, m: int, finite, crossing) -> np.nda
 class _Solver:
     """The class DP over suffixes of regions and class-count states (``solve``)."""
 
-    def __init__(self, x, v: _Vectors, t: ClassTerms):
+    def __init__(self, x: Inputs, v: _Vectors, t: ClassTerms):
         self.split, self.v, self.t = x.ranges.split, v, t
         self.sync = t.sync  # the AllReduce terms the caps mask by (class_bound adds ``wait``)
         self.full = len(v.vectors) - 1  # every device left
@@ -242,13 +246,14 @@ class _Solver:
         return out
 
 
-def uncapped_table(x, m: int) -> np.ndarray:
+def uncapped_table(x: Inputs, m: int) -> np.ndarray:
     """The class DP's ``A(inf)`` per region and state, for ``class_bound(uncapped=...)``."""
     v = _vectors(x)
     return _Solver(x, v, class_terms(x, v, m)).solve(np.inf, full=True)
 
 
-def class_bound(x, m: int, enough: float, uncapped: np.ndarray, known: float = 0.0) -> float:
+def class_bound(x: Inputs, m: int, enough: float, uncapped: np.ndarray,
+                known: float = 0.0) -> float:
     """The class DP's bound for ``m`` microbatches over its AllReduce caps, from the table
     of ``A(inf)`` (``uncapped_table``), refined until it reaches ``enough`` (a caller that
     keeps the least bound over ``m`` needs no more). ``known``, a bound for ``m`` already
@@ -274,7 +279,7 @@ def class_bound(x, m: int, enough: float, uncapped: np.ndarray, known: float = 0
     return best
 
 
-def _averaged_bound(x, v: _Vectors, t: ClassTerms, solver: _Solver, sync, m: int,
+def _averaged_bound(x: Inputs, v: _Vectors, t: ClassTerms, solver: _Solver, sync, m: int,
                     enough: float, best: float, left: np.ndarray) -> float:
     """The class DP along the samples' average way (the cheap DP's), each stage's replicas
     at their fractional balance with each class at its own times."""
