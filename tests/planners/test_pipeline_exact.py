@@ -85,3 +85,22 @@ def test_coarsening_keeps_colocation_groups_whole():
     unit = np.searchsorted(problem.bounds, np.arange(len(problem.order)), side="right") - 1
     for a, c in graph.colocation:
         assert unit[problem.pos[a]] == unit[problem.pos[c]]
+
+
+def test_finer_units_split_the_units_around_a_layouts_cuts_and_keep_its_stages():
+    from dl_nfv.planners.pipeline.partition import Layout, StageSpec
+    from dl_nfv.planners.pipeline.search import finer_units, on_units
+
+    graph = residual_net(60, groups=True)
+    coarse = Problem(graph, mesh(4))
+    cuts = (0, 30, 61, coarse.n)
+    layout = Layout(tuple(StageSpec(a, b, (d,)) for a, b, d in zip(cuts, cuts[1:], coarse.devices)),
+                    4)
+    fine = finer_units(coarse, [layout])
+    assert set(coarse.bounds) <= set(fine.bounds) <= set(coarse.allowed)
+    for u in cuts[1:-1]:  # every allowed cut from the unit before the cut to the unit after
+        lo, hi = coarse.bounds[u - 1], coarse.bounds[u + 1]
+        assert {int(c) for c in coarse.allowed if lo <= c <= hi} <= set(fine.bounds.tolist())
+    moved = on_units(layout, coarse, fine)
+    assert [fine.stage_ops(s.start, s.stop) for s in moved.stages] == \
+        [coarse.stage_ops(s.start, s.stop) for s in layout.stages]
