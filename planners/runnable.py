@@ -14,7 +14,9 @@ edges); ``min_slice_rows`` is what a planner choosing microbatches and shares ne
 ``slice_rows`` gives the rows of every replica slice of a plan; and
 ``check_batch_norm_rows`` raises naming the op, the group, the device and the rows.
 A batch norm without affine parameters or without outgoing edges is not checked
-(its channels or its output size are not in the graph).
+(its channels or its output size are not in the graph), nor is one inside a
+layer of a layer-granularity graph (the op is the layer; its batch norms are not
+named in the graph).
 
 Complexity: O(ops + edges + groups x replicas).
 """
