@@ -16,6 +16,7 @@ import pytest
 
 from dl_nfv.nfv.netstar import servers
 from dl_nfv.nfv.netstar.run import RunOptions, run_outcome
+from dl_nfv.nfv.netstar.services import ServiceUnavailable
 from tests.nfv.helpers import EXAMPLES, REAL_TRACE
 
 from .conftest import need
@@ -150,6 +151,15 @@ def test_redis_killed_mid_run(durable_redis, generated, chain_config, style):
     assert outputs(report) == outputs(reference)
     store = report["services"]["store"]
     assert store["retries"] > 0 and store["held_flows"] > 0
+
+
+@pytest.mark.parametrize("style", ["async", "blocking"])
+def test_redis_gone_for_good_fails_the_run_after_the_budget(durable_redis, style):
+    outage = _Outage(20, durable_redis.kill, lambda: None, 0.0)
+    with pytest.raises(ServiceUnavailable, match=f"Redis at 127.0.0.1:{durable_redis.port}"):
+        run_outcome(EXAMPLES / "netstar-ids.yaml", REAL_TRACE,
+                    RunOptions(style=style, store=durable_redis.url, retry_budget_s=0.3,
+                               progress=outage))
 
 
 def test_redis_killed_mid_run_blocking(durable_redis):
