@@ -36,6 +36,9 @@ class DeviceType:
     bf16_tflops: float | None = None
     memory_bandwidth_gb_per_s: float
     launch_overhead_us: float = 5.0
+    # CPU cores one device of this type computes with (its worker's threads); a CPU type
+    # without a figure has one, a GPU none
+    cores: int | None = None
     datasheet: str = ""
 
     def __post_init__(self) -> None:
@@ -46,6 +49,13 @@ class DeviceType:
         check(self.bf16_tflops is None or self.bf16_tflops > 0,
               f"bf16_tflops must be > 0 or absent, got {self.bf16_tflops}")
         check(self.launch_overhead_us >= 0, f"launch_overhead_us must be >= 0, got {self.launch_overhead_us}")
+        check(self.cores is None or self.cores >= 1, f"cores must be >= 1, got {self.cores}")
+
+    @property
+    def cpu_cores(self) -> int | None:
+        """The cores a CPU device of this type computes with (``cores``, else one); None for
+        a GPU."""
+        return (self.cores or 1) if self.kind is DeviceKind.CPU else None
 
     @property
     def memory_bytes(self) -> int:

@@ -15,9 +15,12 @@ rank measured:
 * ``cpu_ms``: the median over measured steps of the CPU time the worker
   process used in a step (all its threads, communication threads included).
   On a machine shared with other jobs, wall times grow but this does not, so
-  it tells contention apart from a slow plan.
+  it tells contention apart from a slow plan;
+* ``threads`` / ``cpus``: the intra-op threads the worker ran with (its device's cores,
+  unless ``--threads`` said otherwise) and the CPUs it was pinned to (empty: not pinned).
 
-``iteration_ms`` at the top is the run's figure: the median, over the steps
+``threads`` at the top is the most threads any worker ran with. ``iteration_ms`` at the
+top is the run's figure: the median, over the steps
 after warm-up, of the slowest rank's step time. ``losses`` holds the global
 loss of every step (mean over the global batch). ``op_fwd_ms``/``op_bwd_ms``
 optionally hold per-op measured times by device type (``{"cpu": {"fc1": 0.3}}``)
@@ -55,9 +58,13 @@ class RankRun:
     wait_ms: float
     peak_memory_bytes: int = 0
     cpu_ms: float | None = None
+    threads: int | None = None
+    cpus: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check(self.rank >= 0, f"rank must be >= 0, got {self.rank}")
+        check(self.threads is None or self.threads >= 1,
+              f"rank {self.rank}: threads must be >= 1, got {self.threads}")
         check(self.cpu_ms is None or self.cpu_ms >= 0,
               f"rank {self.rank}: cpu_ms must be >= 0, got {self.cpu_ms}")
         check(bool(self.iteration_ms), f"rank {self.rank}: iteration_ms is empty")

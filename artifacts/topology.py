@@ -65,7 +65,7 @@ class InterconnectKind(StrEnum):
 
 
 # DeviceSpec fields that override the catalog type's figure of the same name
-OVERRIDES = ("memory_gib", "fp32_tflops", "fp16_tflops", "memory_bandwidth_gb_per_s")
+OVERRIDES = ("memory_gib", "fp32_tflops", "fp16_tflops", "memory_bandwidth_gb_per_s", "cores")
 
 
 @record
@@ -79,6 +79,7 @@ class DeviceSpec:
     fp32_tflops: float | None = None
     fp16_tflops: float | None = None
     memory_bandwidth_gb_per_s: float | None = None
+    cores: int | None = None  # a CPU device's cores (its worker's threads); default one
 
     def __post_init__(self) -> None:
         check(self.count >= 1, f"count must be >= 1, got {self.count}")

@@ -21,8 +21,7 @@ def render(report: RunReport) -> Group:
     head.add_row("plan", f"{report.plan_path or '-'} (sha256 {report.plan_sha256[:12]}...)")
     if report.model:
         head.add_row("model", f"{report.model}, batch {report.batch_size}")
-    head.add_row("steps", f"{report.steps} ({report.warmup} warm-up), {report.threads} thread(s) "
-                          f"per worker")
+    head.add_row("steps", f"{report.steps} ({report.warmup} warm-up)")
     head.add_row("iteration (median)", f"{report.iteration_ms:.3f} ms")
     if report.predicted_iteration_ms is not None:
         pred = report.predicted_iteration_ms
@@ -35,12 +34,24 @@ def render(report: RunReport) -> Group:
     for note in report.notes:
         head.add_row("note", note)
     ranks = Table(title="ranks", title_justify="left")
-    cols = ["rank", "device", "host", "median ms", "compute ms", "wait ms", "cpu ms", "peak memory"]
+    cols = ["rank", "device", "host", "threads", "median ms", "compute ms", "wait ms", "cpu ms",
+            "peak memory"]
     for col in cols:
         ranks.add_column(col, justify="right" if col.endswith(("ms", "memory")) else "left")
     for r in sorted(report.per_rank, key=lambda r: r.rank):
         measured = r.iteration_ms[report.warmup:]
-        ranks.add_row(str(r.rank), r.device, r.host or "-", f"{statistics.median(measured):.3f}",
+        ranks.add_row(str(r.rank), r.device, r.host or "-",
+                      _threads(report.threads if r.threads is None else r.threads, r.cpus),
+                      f"{statistics.median(measured):.3f}",
                       f"{r.compute_ms:.3f}", f"{r.wait_ms:.3f}",
                       "-" if r.cpu_ms is None else f"{r.cpu_ms:.3f}", _bytes(r.peak_memory_bytes))
     return Group(head, ranks)
+
+
+def _threads(threads: int, cpus: tuple[int, ...]) -> str:
+    """``2 @0-1`` (two threads pinned to CPUs 0 and 1), ``1 @3``, ``2`` (not pinned)."""
+    if not cpus:
+        return str(threads)
+    if len(cpus) > 1 and list(cpus) == list(range(cpus[0], cpus[-1] + 1)):
+        return f"{threads} @{cpus[0]}-{cpus[-1]}"
+    return f"{threads} @{','.join(map(str, cpus))}"

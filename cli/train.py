@@ -27,7 +27,8 @@ from .options import JSON_SUFFIXES, Number, deliver, json_option, output_option,
 @click.option("--topology", type=click.Path(dir_okay=False), default=None,
               help="The topology [default: the one the plan records, if found].")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="Threads per worker [default: cores / workers].")
+              help="Threads of every worker [default: its device's cores by the topology; "
+                   "a GPU's worker: this host's cores / workers].")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
               show_default=True, help="auto: NCCL for GPU devices when CUDA is present, else gloo.")
 @click.option("--timeout-s", type=Number(min=1), default=60.0, show_default=True,

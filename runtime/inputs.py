@@ -17,10 +17,52 @@ def default_warmup(steps: int) -> int:
 
 
 def default_threads(local_workers: int) -> int:
-    """Threads per worker when none are asked for: this host's cores shared evenly."""
+    """Threads of a worker whose device states no cores (a GPU, or no topology): this
+    host's cores shared evenly."""
     import os
 
     return max(1, (os.cpu_count() or 1) // max(local_workers, 1))
+
+
+def device_threads(topology, devices, requested: int | None, local_world: int) -> list[int]:
+    """Intra-op threads of the worker of each of ``devices``.
+
+    ``requested`` (``--threads``) when given; else a CPU device's cores as the topology
+    states them (``cores``, one where it says nothing), whatever the number of workers;
+    else (a GPU, or no topology) this host's cores shared by the ``local_world`` workers.
+    """
+    if requested is not None:
+        return [requested] * len(devices)
+    cores = device_cores(topology, devices)
+    return [cores.get(d) or default_threads(local_world) for d in devices]
+
+
+def device_cores(topology, devices) -> dict[str, int]:
+    """Cores of each CPU device of ``devices`` by the topology (GPUs and unknowns left out)."""
+    if topology is None:
+        return {}
+    from dl_nfv.artifacts import cluster_of
+
+    cluster = cluster_of(topology)
+    out = {}
+    for d in devices:
+        cores = cluster.device(d).type.cpu_cores
+        if cores is not None:
+            out[d] = cores
+    return out
+
+
+def cpu_set(threads_of_local_ranks: list[int], local_rank: int,
+            available: list[int]) -> tuple[int, ...]:
+    """The CPUs worker ``local_rank`` of this host is pinned to: consecutive blocks of
+    ``available`` (this process's allowed CPUs, in order), one per local rank in rank order,
+    each as wide as that rank's threads. Empty (no pinning) where the blocks do not all
+    fit, so that an oversubscribed host shares its cores instead of piling workers on some.
+    """
+    if sum(threads_of_local_ranks) > len(available):
+        return ()
+    start = sum(threads_of_local_ranks[:local_rank])
+    return tuple(available[start:start + threads_of_local_ranks[local_rank]])
 
 
 def resolve_path(given: str | None, recorded: str, plan_path: str) -> Path | None:

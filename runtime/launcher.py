@@ -43,7 +43,7 @@ from dl_nfv.artifacts import BadInput, RuntimeFailure, load
 from dl_nfv.artifacts.runreport import RunReport
 from dl_nfv.profilers.allocator import requested_policy
 
-from .inputs import default_threads, default_warmup, load_inputs, trace_path_of
+from .inputs import default_warmup, device_threads, load_inputs, trace_path_of
 from .worker import ENV_LAUNCHER_PID, ENV_RUN_DIR, WorkerOptions
 
 POLL_S = 0.05
@@ -128,24 +128,25 @@ def train(options: WorkerOptions, *, on_start: Callable[[list[int]], None] | Non
         from .model import load_data_factory
 
         load_data_factory(options.data)
-    threads = options.threads or default_threads(n)
+    threads = device_threads(topology, devices, options.threads, n)
     run_dir = Path(tempfile.mkdtemp(prefix="dl-nfv-train-"))
     worker_options = replace(
         options, plan=str(Path(options.plan).resolve()), graph=str(graph_path.resolve()),
         topology=str(Path(options.topology).resolve()) if options.topology else None,
-        threads=threads, warmup=warmup, output=str(run_dir / "run.json"), run_dir=str(run_dir),
+        warmup=warmup, output=str(run_dir / "run.json"), run_dir=str(run_dir),
         trace=str(Path(options.trace).resolve()) if options.trace else None)
     env = dict(os.environ)
     env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                 "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
-                "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                 ENV_LAUNCHER_PID: str(os.getpid()), ENV_RUN_DIR: str(run_dir)})
     procs: list[_Process] = []
     ok = False
     previous = _on_sigterm()
     try:
         for rank in range(n):
-            rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                        "OMP_NUM_THREADS": str(threads[rank]),
+                        "MKL_NUM_THREADS": str(threads[rank])}
             log_path = run_dir / f"rank{rank}.log"
             procs.append(_start(worker_options.argv(), rank_env, log_path, start_method))
         if on_start is not None:

@@ -13,13 +13,14 @@ from dl_nfv.artifacts.runreport import ExecutionMode, RankRun, RunReport, median
 
 def build_report(*, plan: Plan, plan_path: str, graph: OpGraph, mode: ExecutionMode,
                  results: Sequence[dict[str, Any]], losses: Sequence[float], backend: str,
-                 threads: int, steps: int, warmup: int, trace: str = "",
+                 steps: int, warmup: int, trace: str = "",
                  notes: Sequence[str] = ()) -> RunReport:
     """The run report of ``plan`` from the per-rank ``results`` (gathered on rank 0).
 
     Each result holds ``rank``, ``device``, ``host``, ``iteration_ms`` (every
     step), ``compute_ms``/``wait_ms`` (medians over measured steps),
-    ``peak_memory_bytes``, ``device_type`` and ``op_ms`` (``{"F"|"B": {op:
+    ``peak_memory_bytes``, ``device_type``, ``threads`` and ``cpus`` (what the worker
+    ran with) and ``op_ms`` (``{"F"|"B": {op:
     ms}}``, placement mode only). Per-op times are merged by device type (the
     median over the devices of a type that ran the op).
     """
@@ -28,7 +29,8 @@ def build_report(*, plan: Plan, plan_path: str, graph: OpGraph, mode: ExecutionM
                                      compute_ms=round(max(r["compute_ms"], 0.0), 4),
                                      wait_ms=round(max(r["wait_ms"], 0.0), 4),
                                      peak_memory_bytes=int(r["peak_memory_bytes"]),
-                                     cpu_ms=round(r["cpu_ms"], 4) if "cpu_ms" in r else None)
+                                     cpu_ms=round(r["cpu_ms"], 4) if "cpu_ms" in r else None,
+                                     threads=r.get("threads"), cpus=tuple(r.get("cpus", ())))
                              for r in results), key=lambda r: r.rank))
     op_fwd: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     op_bwd: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -41,7 +43,8 @@ def build_report(*, plan: Plan, plan_path: str, graph: OpGraph, mode: ExecutionM
         plan_sha256=fingerprint(plan), planner=plan.planner, plan_path=str(plan_path),
         graph_sha256=plan.graph_sha256, topology_sha256=plan.topology_sha256,
         model=graph.model.name, mode=mode, batch_size=plan.batch_size, world_size=len(per_rank),
-        ranks={r.device: r.rank for r in per_rank}, backend=backend, threads=threads,
+        ranks={r.device: r.rank for r in per_rank}, backend=backend,
+        threads=max((r.threads or 1) for r in per_rank),
         steps=steps, warmup=warmup, iteration_ms=round(median_iteration_ms(per_rank, warmup), 4),
         losses=tuple(float(x) for x in losses), per_rank=per_rank,
         predicted_iteration_ms=plan.prediction.iteration_ms if plan.prediction else None,

@@ -27,7 +27,14 @@ from dl_nfv.profilers.allocator import keep_freed_memory
 
 from .comm import Comm
 from .executor import PlanExecutor, RankContext
-from .inputs import default_threads, default_warmup, device_kinds, load_inputs, trace_path_of
+from .inputs import (
+    cpu_set,
+    default_warmup,
+    device_kinds,
+    device_threads,
+    load_inputs,
+    trace_path_of,
+)
 from .model import build_workload, synthetic_batches, to_device, user_batches
 from .report import build_report
 from .worker import WorkerOptions
@@ -57,6 +64,33 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def pin_threads(topology, devices, requested: int | None, rank: int, local_rank: int,
+                local_world: int) -> tuple[int, tuple[int, ...]]:
+    """Give this worker its device's cores, before any thread pool or process group starts.
+
+    Threads (intra-op and inter-op) as ``device_threads`` says: ``--threads``, else the
+    device's cores by the topology. The process is pinned to its own block of this host's
+    allowed CPUs (``cpu_set``: the host's local ranks side by side) where they all fit, as
+    the device would be; otherwise it shares the host's CPUs. Returns the threads and the
+    CPUs pinned to (empty: not pinned).
+    """
+    first = rank - local_rank  # the host's local ranks are first .. first + local_world - 1
+    local_devices = devices[first:first + local_world]
+    threads_of = device_threads(topology, local_devices, requested, local_world)
+    threads = threads_of[local_rank]
+    cpus: tuple[int, ...] = ()
+    if hasattr(os, "sched_getaffinity"):
+        cpus = cpu_set(threads_of, local_rank, sorted(os.sched_getaffinity(0)))
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(threads)
+    except RuntimeError:  # inter-op work already started in this process (a forked worker)
+        pass
+    return threads, cpus
+
+
 def run_worker(options: WorkerOptions, *, rank: int, on_device: Callable[[str], None]) -> None:
     keep_freed_memory()  # before anything is allocated, as the profiler does
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -74,8 +108,7 @@ def run_worker(options: WorkerOptions, *, rank: int, on_device: Callable[[str], 
     warmup = default_warmup(options.steps) if options.warmup is None else options.warmup
     if not 0 <= warmup < options.steps:
         raise BadInput(f"--warmup must be in [0, {options.steps}), got {warmup}")
-    threads = options.threads or default_threads(local_world)
-    torch.set_num_threads(threads)
+    _, cpus = pin_threads(topology, devices, options.threads, rank, local_rank, local_world)
     kinds = device_kinds(topology, devices)
     backend = choose_backend(options.backend, set(kinds.values()),
                              cuda_available=torch.cuda.is_available(),
@@ -89,14 +122,14 @@ def run_worker(options: WorkerOptions, *, rank: int, on_device: Callable[[str], 
     dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world,
                             timeout=timedelta(seconds=options.timeout_s))
     try:
-        _run(options, plan, graph, topology, rank, world, me, threads, warmup, backend, torch_device)
+        _run(options, plan, graph, topology, rank, world, me, cpus, warmup, backend, torch_device)
     except BaseException:
         raise  # leave the group as is: its peers learn of the failure from the launcher
     else:
         dist.destroy_process_group()
 
 
-def _run(options, plan, graph, topology, rank, world, me, threads, warmup, backend, torch_device):
+def _run(options, plan, graph, topology, rank, world, me, cpus, warmup, backend, torch_device):
     cuda = torch_device.type == "cuda"
     comm = Comm(rank, torch_device, synchronize=cuda)
     rank_of = {d: i for i, d in enumerate(plan.devices)}
@@ -152,17 +185,14 @@ def _run(options, plan, graph, topology, rank, world, me, threads, warmup, backe
         "op_ms": {ph: {op: statistics.median(ts[warmup:] or ts) for op, ts in times.items()}
                   for ph, times in executor.op_times_ms().items()},
         "device_type": _device_type(topology, me),
+        "threads": torch.get_num_threads(), "cpus": list(cpus),
     }
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(result, gathered, dst=0)
     if options.save_params:
         torch.save(executor.held_parameters(), Path(options.save_params) / f"rank{rank}.pt")
     if rank == 0 and options.output:
-        notes = []
-        if graph.profile is not None and graph.profile.threads != threads:
-            notes.append(f"the graph was profiled with {graph.profile.threads} thread(s) per "
-                         f"process, the workers ran with {threads}: profile with --threads "
-                         f"{threads} to compare with the simulator")
+        notes = _thread_notes(graph, gathered)
         allocator = keep_freed_memory()  # the policy in force (applied once, at the start)
         if graph.profile is not None and graph.profile.allocator not in ("", allocator):
             notes.append(f"the graph was profiled with the {graph.profile.allocator!r} heap "
@@ -174,10 +204,27 @@ def _run(options, plan, graph, topology, rank, world, me, threads, warmup, backe
                          f"runtime sent their gradients uncompressed")
         report = build_report(plan=plan, plan_path=options.plan, graph=graph, mode=executor.mode,
                               results=gathered, losses=[float(x) for x in total.cpu()],
-                              backend=backend, threads=threads, steps=options.steps, warmup=warmup,
+                              backend=backend, steps=options.steps, warmup=warmup,
                               trace=options.trace or "", notes=notes)
         save(report, options.output)
     dist.barrier()
+
+
+def _thread_notes(graph, results) -> list[str]:
+    """Where the workers' threads differ from the profile's, and where they were not pinned."""
+    notes = []
+    profiled = graph.profile.threads if graph.profile is not None else None
+    for threads in sorted({r["threads"] for r in results}):
+        if profiled is not None and threads != profiled:
+            devices = [r["device"] for r in results if r["threads"] == threads]
+            notes.append(f"the graph was profiled with {profiled} thread(s), "
+                         f"{', '.join(devices)} ran with {threads}: the simulator's op times "
+                         f"are for {profiled}")
+    loose = [r["device"] for r in results if not r["cpus"]]
+    if loose:
+        notes.append(f"{', '.join(loose)} not pinned to CPUs of their own: the workers' "
+                     f"threads outnumber this host's CPUs")
+    return notes
 
 
 def _device_type(topology, device: str) -> str:

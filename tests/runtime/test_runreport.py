@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -70,3 +71,14 @@ def test_render_and_show(tmp_path):
     result = CliRunner().invoke(cli, ["show", str(path), "--width", "100"])
     assert result.exit_code == 0, result.output
     assert "data-parallel" in result.output
+
+
+def test_each_rank_shows_its_threads_and_cpus():
+    report = _report()
+    first, second = report.per_rank
+    per_rank = (replace(first, threads=2, cpus=(0, 1)), replace(second, threads=1))
+    console = Console(file=io.StringIO(), width=140)
+    console.print(render(replace(report, per_rank=per_rank, threads=2)))
+    rows = {line.split("│")[2].strip(): line.split("│")[4].strip()
+            for line in console.file.getvalue().splitlines() if "local/cpu" in line}
+    assert rows == {"local/cpu0": "2 @0-1", "local/cpu1": "1"}

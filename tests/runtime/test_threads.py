@@ -1,0 +1,68 @@
+"""Each worker runs its device: the topology's cores are its threads, pinned to CPUs of its own."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from dl_nfv.artifacts import from_data, load
+from dl_nfv.artifacts.topology import Topology
+from dl_nfv.runtime.inputs import cpu_set, device_threads
+
+from .helpers import ROOT, devices, dl_nfv, dp_plan, graph_of, write
+
+LOCAL_CPU = ROOT / "examples" / "topologies" / "local-cpu.yaml"
+
+
+def _topology(*cores: int | None) -> Topology:
+    entries = [{"type": "cpu", "count": 1, "memory_gib": 4, **({"cores": c} if c else {})}
+               for c in cores]
+    return from_data(Topology, {
+        "kind": "topology", "schema_version": 1, "name": "cores",
+        "hosts": [{"name": "local", "devices": entries,
+                   "interconnect": {"kind": "loopback", "bandwidth_gbps": 8, "latency_us": 40}}]})
+
+
+def test_a_device_has_the_cores_its_topology_states_whatever_the_workers():
+    topo = _topology(3, None, 2)
+    devs = devices(3)
+    assert device_threads(topo, devs, None, local_world=3) == [3, 1, 2]
+    assert device_threads(topo, devs[:1], None, local_world=1) == [3]
+    assert device_threads(topo, devs, 4, local_world=3) == [4, 4, 4]  # --threads wins
+
+
+def test_cpu_sets_are_side_by_side_blocks_or_none_when_they_do_not_fit():
+    available = [0, 1, 2, 3, 6, 7]
+    assert [cpu_set([2, 1, 3], r, available) for r in range(3)] == [(0, 1), (2,), (3, 6, 7)]
+    assert cpu_set([4, 3], 0, available) == ()  # 7 threads on 6 CPUs: not pinned
+
+
+def test_a_one_device_plan_on_local_cpu_runs_one_thread(tmp_path):
+    """local-cpu has two one-core devices: a plan using one of them runs one thread on one
+    CPU, not the host's cores shared by one worker."""
+    graph, topo = graph_of("mlp-tiny", batch_size=8), load(LOCAL_CPU, expect="topology")
+    write(tmp_path, graph, topo, dp_plan(graph, topo, devices(1)))
+    result = dl_nfv("train", str(tmp_path / "plan.json"), "--steps", "2", "-o",
+                    str(tmp_path / "run.json"))
+    assert result.returncode == 0, result.stderr
+    (rank,) = load(tmp_path / "run.json", expect="run-report").per_rank
+    assert rank.threads == 1
+    assert len(rank.cpus) == 1 and rank.cpus[0] in os.sched_getaffinity(0)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity here")
+def test_workers_of_unequal_devices_run_their_own_cores(tmp_path):
+    graph, topo = graph_of("mlp-tiny", batch_size=8), _topology(2, 1)
+    write(tmp_path, graph, topo, dp_plan(graph, topo, devices(2)))
+    result = dl_nfv("train", str(tmp_path / "plan.json"), "--steps", "2", "-o",
+                    str(tmp_path / "run.json"))
+    assert result.returncode == 0, result.stderr
+    report = load(tmp_path / "run.json", expect="run-report")
+    assert [r.threads for r in report.per_rank] == [2, 1] and report.threads == 2
+    available = sorted(os.sched_getaffinity(0))
+    if len(available) >= 3:
+        assert [r.cpus for r in report.per_rank] == [tuple(available[:2]), (available[2],)]
+    else:  # three threads on fewer CPUs: shared, and said so
+        assert all(r.cpus == () for r in report.per_rank)
+        assert any("not pinned" in n for n in report.notes), report.notes
