@@ -34,6 +34,8 @@ KINDS: dict[str, str] = {
     "run-report": "runreport:RunReport",
     "nf-config": "nfconfig:NfConfig",
     "nfv-report": "nfvreport:NfvReport",
+    "netstar-report": "netstar:NetstarReport",
+    "netstar-bench": "netstar:NetstarBench",
     "plan-comparison": "results:PlanComparison",
     "nfv-bench": "results:NfvBench",
     "network-probe": "results:NetworkProbe",

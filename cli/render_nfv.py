@@ -1,10 +1,12 @@
-"""Rich rendering of NFV artifacts and summaries: nf-config, nfv-report, inspect."""
+"""Rich rendering of NFV artifacts and summaries: nf-config, nfv-report, netstar-report,
+netstar-bench, inspect."""
 
 from __future__ import annotations
 
 from rich.console import Group
 from rich.table import Table
 
+from dl_nfv.artifacts.netstar import NetstarBench, NetstarReport
 from dl_nfv.artifacts.nfconfig import NfConfig
 from dl_nfv.artifacts.nfvreport import NfvReport
 
@@ -122,3 +124,50 @@ def render_inspect(summary: dict) -> Group:
         parts.append("TCP reassembly: " + ", ".join(f"{k[4:]} {v}" for k, v in
                                                     summary["tcp"].items()))
     return Group(*parts)
+
+
+def render_netstar_report(report: NetstarReport) -> Group:
+    head = Table(title=f"{report.config} over {report.trace} ({report.style} style, store "
+                       f"{report.store}{', DNS ' + report.dns if report.dns else ''}): "
+                       f"{report.flows} flows, {report.messages} messages, "
+                       f"{report.messages_per_s:,.0f} messages/s", title_justify="left")
+    for col in ("NF", "messages", "alerts", "dropped messages", "dropped flows", "notes"):
+        head.add_column(col, justify="left" if col == "NF" else "right")
+    for name, o in report.outputs.items():
+        head.add_row(name, str(o.messages), str(o.alerts), str(o.dropped_messages),
+                     str(o.dropped_flows), str(len(o.notes)))
+    services = Table(title="external services", title_justify="left")
+    for col in ("service", "requests", "retries", "cache hits", "held requests", "held flows",
+                "peak outstanding"):
+        services.add_column(col, justify="left" if col == "service" else "right")
+    for name, s in report.services.items():
+        services.add_row(name, str(s.requests), str(s.retries), str(s.cache_hits),
+                         str(s.held_requests), str(s.held_flows), str(s.peak_outstanding))
+    alerts = Table(title=f"alerts ({len(report.alerts)})", title_justify="left")
+    for col in ("NF", "code", "message", "flow", "message #"):
+        alerts.add_column(col, justify="right" if col == "message #" else "left")
+    for a in report.alerts:
+        alerts.add_row(a.nf, a.code, a.msg, _flow(a.flow), str(a.message_index))
+    return Group(head, services, alerts)
+
+
+def render_netstar_bench(bench: NetstarBench) -> Group:
+    styles = list(bench.lines)
+    speed = Table(title=f"{bench.config} over {bench.trace} ({bench.flows} flows, {bench.messages} "
+                        f"messages, store {bench.store}); outputs identical: "
+                        f"{bench.outputs_identical}", title_justify="left")
+    speed.add_column("store latency ms", justify="right")
+    for style in styles:
+        speed.add_column(f"{style} messages/s", justify="right")
+    for row in bench.throughput:
+        speed.add_row(f"{row.store_latency_ms:g}",
+                      *(f"{row.messages_per_s[s]:,.0f}" if s in row.messages_per_s else "-"
+                        for s in styles))
+    lines = Table(title="source lines per NF (no blanks, comments or docstrings)",
+                  title_justify="left")
+    lines.add_column("NF")
+    for style in styles:
+        lines.add_column(style, justify="right")
+    for nf in bench.lines[styles[0]]:
+        lines.add_row(nf, *(str(bench.lines[s].get(nf, "-")) for s in styles))
+    return Group(speed, lines)

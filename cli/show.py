@@ -20,6 +20,8 @@ RENDERERS: dict[str, str] = {
     "run-report": "render_run:render",
     "nf-config": "render_nfv:render_config",
     "nfv-report": "render_nfv:render_report",
+    "netstar-report": "render_nfv:render_netstar_report",
+    "netstar-bench": "render_nfv:render_netstar_bench",
     "plan-comparison": "render_compare:render_comparison",
     "nfv-bench": "render_compare:render_bench",
     "network-probe": "render_compare:render_probe",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -25,6 +26,27 @@ def test_run_writes_a_report(tmp_path):
     assert report["kind"] == "netstar-report" and report["style"] == "callback"
     assert report["messages"] == 58 and report["alerts"]
     assert {a["nf"] for a in report["alerts"]} == {"ids"}
+
+
+def test_show_renders_a_report_and_a_bench(tmp_path):
+    """Both files NetStar writes are typed artifacts: they load as records and `show` renders
+    their figures (each NF's alert count, each style's lines of code)."""
+    from dl_nfv.artifacts import load
+
+    report_path, bench_path = tmp_path / "r.json", tmp_path / "b.json"
+    assert invoke("nfv", "netstar", "run", "--config", EXAMPLES / "netstar-ids.yaml", "--trace",
+                  REAL_TRACE, "-o", report_path).exit_code == 0
+    assert invoke("nfv", "netstar", "bench", "--config", EXAMPLES / "netstar-ids.yaml", "--trace",
+                  REAL_TRACE, "--styles", "async,callback", "--store-latency-ms", "0",
+                  "--repeats", "1", "-o", bench_path).exit_code == 0
+    report, bench = load(report_path), load(bench_path)
+    assert report.outputs["ids"].alerts == len(report.alerts) > 0
+    assert bench.outputs_identical and [r.store_latency_ms for r in bench.throughput] == [0]
+    shown = invoke("show", report_path, "--width", 200).stdout
+    assert f"alerts ({len(report.alerts)})" in shown and report.alerts[0].msg in shown
+    shown = invoke("show", bench_path, "--width", 200).stdout
+    total = bench.lines["async"]["total"]
+    assert re.search(rf"total\s*│\s*{total}\s*│", shown), shown
 
 
 def _bad(tmp_path, *args, config="netstar-ids.yaml"):
