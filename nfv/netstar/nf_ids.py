@@ -31,7 +31,7 @@ class Logic:
     def __init__(self, spec, trace) -> None:
         rules = load_rules(spec.rules)
         self.ids = Ids(spec, FlowTable.of(trace), rules)
-        self.watched = self.ids.watched.tolist()
+        self.watched = self.ids.watched.any(axis=1).tolist()  # per flow: a rule applies in either direction
         self.rule_msg = {r.sid: r.msg for r in rules}
         self.out = Outputs()
 
