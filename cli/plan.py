@@ -204,7 +204,8 @@ class PlannerCommand(click.Command):
             return f"{self.name}: planned in {plan.wall_time_s:.2f} s"
         bound = f", bound {plan.bound_ms:.2f} ms" if plan.bound_ms else ""
         return (f"{self.name}: predicted iteration {plan.prediction.iteration_ms:.2f} ms"
-                f"{bound}, planned in {plan.wall_time_s:.2f} s")
+                f"{bound}, planned in {plan.wall_time_s:.2f} s"
+                + "".join(f"\nnote: {note}" for note in plan.notes))
 
     def _plan(self, graph_path, topology_path, output, as_json, seed, **options) -> None:
         graph = load(graph_path, expect="op-graph")

@@ -31,6 +31,8 @@ def render(report: SimReport) -> Group:
     head.add_row("communication hidden", f"{100 * report.comm_hidden_fraction:.1f}%")
     if report.microbatches > 1:
         head.add_row("microbatches", str(report.microbatches))
+    for note in report.notes:
+        head.add_row("note", note)
     parts = [head]
     if report.comparison is not None:
         c = report.comparison

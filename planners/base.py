@@ -66,7 +66,10 @@ def finish(*, planner: str, graph: OpGraph, topology: Topology, groups: Sequence
     some device overflows, naming the device, the time and the shortfall.
     """
     from dl_nfv.simulator import simulate
+    from dl_nfv.simulator.extrapolation import extrapolation_notes
 
+    used = dict.fromkeys(d for g in groups for d in (*g.devices, *g.ps_servers))
+    notes = (*notes, *extrapolation_notes(used, graph, topology))
     draft = Plan(planner=planner, options=_plain_options(options), seed=seed,
                  graph_sha256=fingerprint(graph), topology_sha256=fingerprint(topology),
                  batch_size=graph.model.batch_size, optimizer=optimizer, groups=tuple(groups),

@@ -17,6 +17,7 @@ from dl_nfv.artifacts import ArtifactMismatch, BadInput, Plan, fingerprint, load
 from dl_nfv.artifacts.simreport import Comparison, SimReport
 
 from . import SimResult, simulate
+from .extrapolation import extrapolation_notes
 
 
 def artifact_path(plan: Plan, plan_path: str | Path, what: str, given: str | Path | None) -> Path:
@@ -68,6 +69,9 @@ def simulate_files(plan_path: str | Path, *, graph: str | Path | None = None,
                 f"for sha256 {recorded[:12]}...; re-plan, or pass the {what} it was made for")
     result = simulate(plan, graph_doc, topology_doc, check_fingerprints=False)
     report = result.to_report()
+    notes = extrapolation_notes(plan.devices, graph_doc, topology_doc)
+    if notes:
+        report = replace(report, notes=(*report.notes, *notes))
     if compare is not None:
         report = compare_with_run(report, result, compare)
     return result, report

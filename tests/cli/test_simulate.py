@@ -205,3 +205,48 @@ def _files_on_gpus(tmp_path):
     g = chain(3, param_bytes=1 << 20, edge_bytes=1024)
     t = mesh(2, bandwidth_gbps=1.0)
     return plan(g, t, [one_group(g, t.device_names)]), g, t
+
+
+def _profiled_with(threads: int, tmp_path, cores: int | None = None):
+    """A chain profiled on a CPU with ``threads`` threads, planned on two CPU devices (of
+    ``cores`` cores each: the topology's default, one, when None)."""
+    from dataclasses import replace as with_
+
+    from dl_nfv.artifacts import ProfileInfo, from_data, to_data
+    from dl_nfv.artifacts.topology import Topology
+
+    g = with_(chain(3), profile=ProfileInfo(device_type="cpu", threads=threads))
+    t = mesh(2, device_type="cpu")
+    if cores is not None:
+        data = to_data(t)
+        data["hosts"][0]["devices"][0]["cores"] = cores
+        t = from_data(Topology, data)
+    save(g, tmp_path / "g.json")
+    save(t, tmp_path / "t.yaml")
+    p = plan(g, t, [one_group(g, t.device_names)], graph_path="g.json", topology_path="t.yaml")
+    save(p, tmp_path / "plan.json")
+    return g, t, p
+
+
+def test_a_profile_of_other_threads_than_the_devices_cores_is_said_extrapolated(tmp_path):
+    g, t, p = _profiled_with(2, tmp_path)
+    result = run("simulate", tmp_path / "plan.json", "-o", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    devices = ", ".join(sorted(t.device_names))
+    expected = (f"{devices} have 1 core, but the graph was profiled with 2 threads: their op "
+                f"times are extrapolated (scaling: none: the op times are used as measured)")
+    assert load(tmp_path / "r.json", expect="sim-report").notes == (expected,)
+    shown = CliRunner().invoke(cli, ["simulate", str(tmp_path / "plan.json")], terminal_width=400)
+    assert expected in " ".join(shown.output.split())  # the table on stdout carries it too
+    from dl_nfv.planners import get
+
+    planned = get("dp")(g, t, seed=0)
+    assert expected in planned.notes
+
+
+@pytest.mark.parametrize("threads, cores", [(1, None), (4, 4)])
+def test_a_profile_matching_the_devices_cores_is_not_noted(tmp_path, threads, cores):
+    _profiled_with(threads, tmp_path, cores)
+    result = run("simulate", tmp_path / "plan.json", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout).get("notes", []) == []
