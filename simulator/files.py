@@ -83,12 +83,10 @@ def compare_with_run(report: SimReport, result: SimResult, run_path: str | Path)
     The measured figure is the run's ``iteration_ms`` (median over measured
     steps of the slowest rank); per device, the median of that rank's measured
     steps, and its compute, wait and CPU time as the run recorded them. Raises
-    ``ArtifactMismatch`` when the run executed another plan.
+    ``ArtifactMismatch`` when the run executed another plan (``check_same_plan``).
     """
     run = load(run_path, expect="run-report")
-    if run.plan_sha256 != report.plan_sha256:
-        raise ArtifactMismatch(f"{run_path}: the run executed plan sha256 {run.plan_sha256[:12]}..., "
-                               f"but this plan has sha256 {report.plan_sha256[:12]}...")
+    check_same_plan(run, report, run_path)
     measured = {}
     for rank in run.per_rank:
         steps = rank.iteration_ms[run.warmup:] or rank.iteration_ms
@@ -105,3 +103,30 @@ def compare_with_run(report: SimReport, result: SimResult, run_path: str | Path)
         measured_cpu_ms_by_device={r.device: r.cpu_ms for r in run.per_rank
                                    if r.cpu_ms is not None})
     return replace(report, comparison=comparison)
+
+
+def check_same_plan(run, report: SimReport, run_path: str | Path) -> None:
+    """Refuse a run of another plan, naming what differs: the graph the run's plan was made
+    for (its model too where the names differ), else its topology, else the plan itself.
+
+    Raises ``ArtifactMismatch`` (exit 2) with one line.
+    """
+    def short(sha: str) -> str:
+        return f"sha256 {sha[:12]}..."
+
+    if run.graph_sha256 and run.graph_sha256 != report.graph_sha256:
+        model = (f" ({run.model!r}, this plan's {report.model!r})"
+                 if run.model and report.model and run.model != report.model else "")
+        raise ArtifactMismatch(
+            f"{run_path}: the run is of another graph{model}: its plan was made for graph "
+            f"{short(run.graph_sha256)}, this plan for {short(report.graph_sha256)}")
+    if run.topology_sha256 and run.topology_sha256 != report.topology_sha256:
+        raise ArtifactMismatch(
+            f"{run_path}: the run is on another topology: its plan was made for topology "
+            f"{short(run.topology_sha256)}, this plan for {short(report.topology_sha256)}")
+    if run.plan_sha256 != report.plan_sha256:
+        same = " (same graph and topology)" if run.graph_sha256 and run.topology_sha256 else ""
+        raise ArtifactMismatch(
+            f"{run_path}: the run is of another plan: it executed a {run.planner} plan "
+            f"{short(run.plan_sha256)}{same}, this is a {report.planner} plan "
+            f"{short(report.plan_sha256)}")

@@ -250,3 +250,33 @@ def test_a_profile_matching_the_devices_cores_is_not_noted(tmp_path, threads, co
     result = run("simulate", tmp_path / "plan.json", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout).get("notes", []) == []
+
+
+def test_compare_with_a_run_on_another_graph_or_topology_names_it(files):
+    from dataclasses import replace as with_
+
+    folder, g, t, p = files
+    run_of = _run_report(p)
+    other_graph = chain(4, param_bytes=4096, edge_bytes=1024)
+    cases = {
+        "graph": with_(run_of, graph_sha256=fingerprint(other_graph), plan_sha256="b" * 64),
+        "topology": with_(run_of, graph_sha256=p.graph_sha256,
+                          topology_sha256=fingerprint(mesh(3)), plan_sha256="b" * 64),
+        "plan": with_(run_of, graph_sha256=p.graph_sha256, topology_sha256=p.topology_sha256,
+                      plan_sha256="b" * 64, planner="dp"),
+    }
+    expected = {
+        "graph": f"the run is of another graph: its plan was made for graph sha256 "
+                 f"{fingerprint(other_graph)[:12]}..., this plan for sha256 {p.graph_sha256[:12]}",
+        "topology": f"the run is on another topology: its plan was made for topology sha256 "
+                    f"{fingerprint(mesh(3))[:12]}..., this plan for sha256 "
+                    f"{p.topology_sha256[:12]}",
+        "plan": f"the run is of another plan: it executed a dp plan sha256 bbbbbbbbbbbb... (same "
+                f"graph and topology), this is a hand plan sha256 {fingerprint(p)[:12]}",
+    }
+    for what, run_report in cases.items():
+        save(run_report, folder / f"run-{what}.json")
+        line = one_line_error(run("simulate", folder / "plan.json", "--compare",
+                                  folder / f"run-{what}.json", "-o", folder / "r.json"))
+        assert expected[what] in line, line
+        assert f"run-{what}.json" in line and not (folder / "r.json").exists()
