@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -67,12 +68,9 @@ def _worker(commands, results, chain: Chain, parent: int) -> None:
     # CPU time since the previous reply: receiving and unpickling a block counts, and so
     # does sending the previous reply (blocking in recv costs none)
     since = time.thread_time()
-    try:
-        import torch
-
+    torch = sys.modules.get("torch")  # loaded by the parent for a tensor path: one thread here
+    if torch is not None:
         torch.set_num_threads(1)
-    except ImportError:  # pragma: no cover
-        pass
     while True:
         try:
             command = commands.recv()

@@ -18,12 +18,12 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from dl_nfv.artifacts.nfvreport import BatchSplit
 
 from ..nfs.base import FlowTable, GpuBatch, Outputs, join_bytes
 from ..nfs.chain import Block, Chain
+from ..nfs.lazy_torch import torch
 from ..traffic.trace import Trace
 from . import EngineChoice
 from .costmodel import PROBE_MODES, BatchSizer, CostModel, candidates
@@ -76,6 +76,16 @@ class _Built:
     build_s: float = 0.0  # wall time this process took to build it
 
 
+class HostOnly:
+    """The device of an engine without a tensor path (``cpu``): its batches' tensor share is
+    always empty, so the engine never needs torch (nor the second its import takes)."""
+
+    type = "cpu"
+
+    def __str__(self) -> str:
+        return "cpu"
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -104,7 +114,7 @@ class Runner:
         self.chain = chain
         self.choice = choice
         self.options = options
-        self.device = resolve_device(options.device)
+        self.device = HostOnly() if choice.kind == "cpu" else resolve_device(options.device)
         self.workers = options.workers or default_workers(choice, self.device)
         if choice.kind == "gpu" or (choice.kind == "fixed" and choice.cpu_fraction == 0):
             self.workers = 0
@@ -204,7 +214,8 @@ class Runner:
 
     # the loop -------------------------------------------------------------------
     def run(self) -> EngineResult:
-        torch.set_num_threads(max(1, self.options.torch_threads))
+        if self.choice.kind != "cpu":
+            torch.set_num_threads(max(1, self.options.torch_threads))
         # The trace's millions of objects would make every full garbage collection
         # (triggered by the per-batch allocations) a long pause: freeze them first.
         gc.collect()

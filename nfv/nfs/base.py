@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from ..traffic.trace import Trace
+from .lazy_torch import torch
 
 PROTO_CODES = {"tcp": 6, "udp": 17}
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from dl_nfv.artifacts.errors import UnknownName
 
@@ -19,6 +18,7 @@ from .base import FlowTable, GpuBatch, Outputs
 from .firewall import Firewall
 from .http_lb import HttpLb
 from .ids import Ids
+from .lazy_torch import torch
 from .monitor import Monitor
 
 NF_CLASSES = {"monitor": Monitor, "http-lb": HttpLb, "ids": Ids, "firewall": Firewall}
@@ -116,9 +116,9 @@ class Chain:
 
     def gpu_run(self, batch: GpuBatch, out: Outputs) -> None:
         """Every NF's batched kernel over the whole share, in chain order."""
-        alive = torch.ones(batch.size, dtype=torch.bool, device=batch.device)
         if batch.size == 0:
             return
+        alive = torch.ones(batch.size, dtype=torch.bool, device=batch.device)
         with torch.inference_mode():
             for nf in self.nfs:
                 alive = nf.gpu(batch, alive, out)

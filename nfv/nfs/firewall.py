@@ -14,9 +14,9 @@ from __future__ import annotations
 import ipaddress
 
 import numpy as np
-import torch
 
 from .base import GpuBatch, Outputs
+from .lazy_torch import torch
 
 NAME = "firewall"
 NEW, ESTABLISHED, DENIED = 0, 1, 2

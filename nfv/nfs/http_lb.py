@@ -22,10 +22,10 @@ is proportional to header lines and extracted bytes, not to whole headers.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ..traffic.http import METHODS
 from .base import GpuBatch, Outputs, join_bytes
+from .lazy_torch import torch
 
 NAME = "http-lb"
 P = 2**31 - 1

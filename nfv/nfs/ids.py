@@ -41,13 +41,11 @@ try:
     import hyperscan
 except ImportError:  # no wheel for this platform: ahocorasick-rs finds the same matches
     hyperscan = None
-import torch
-
 from dl_nfv.artifacts.errors import RuntimeFailure
 
 from .automaton import WORD_BITS, Automaton, Dfa, StrideTable
 from .base import GpuBatch, Outputs, join_bytes
-from .kernels import step_packed
+from .lazy_torch import torch
 from .snort import Rule, load_rules
 
 NAME = "ids"
@@ -78,6 +76,13 @@ class _Side:
 
         self.hs.scan(hay, match_event_handler=on_match)
         return found
+
+
+def _kernels():
+    """The TorchScript kernels, imported (and compiled) on the tensor path's first use."""
+    from . import kernels
+
+    return kernels
 
 
 def _hyperscan_database(patterns: list[bytes]):
@@ -241,7 +246,7 @@ class Ids:
         t = self._tensors(dev)
         state = torch.zeros(2, dtype=torch.int32, device=dev)
         data = torch.zeros(4, dtype=torch.int32, device=dev)
-        step_packed(state, data, torch.empty(4, dtype=torch.int32, device=dev), t["next"],
+        _kernels().step_packed(state, data, torch.empty(4, dtype=torch.int32, device=dev), t["next"],
                     [2, 2], [0, 2])
 
     def step_seconds(self, dev: torch.device, steps: int = 400) -> float:
@@ -255,7 +260,7 @@ class Ids:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         start = time.perf_counter() if dev.type == "cuda" else time.thread_time()
-        step_packed(state, data, traj, t["next"], [1] * steps, list(range(steps)))
+        _kernels().step_packed(state, data, traj, t["next"], [1] * steps, list(range(steps)))
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
             return (time.perf_counter() - start) / steps
@@ -348,7 +353,7 @@ class Ids:
         start = self.nodes[flow[row_first], direction[row_first]] * table.symbols
         tensors = self._tensors(dev)
         traj = torch.empty(total, dtype=torch.int32, device=dev)
-        state = step_packed(torch.from_numpy(start[rank_order].astype(np.int32)).to(dev),
+        state = _kernels().step_packed(torch.from_numpy(start[rank_order].astype(np.int32)).to(dev),
                             torch.from_numpy(packed).to(dev), traj, tensors["next"],
                             active.tolist(), offs.tolist())
         final = np.empty(rows, dtype=np.int64)

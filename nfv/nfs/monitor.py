@@ -9,9 +9,9 @@ merge by sum/min/max, so no state has to follow a flow between sides.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from .base import GpuBatch, Outputs
+from .lazy_torch import torch
 
 NAME = "monitor"
 
