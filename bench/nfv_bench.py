@@ -12,12 +12,16 @@ tensor ("GPU") path ran on CUDA or on the CPU.
 
     python bench/nfv_bench.py                  # full sweep (about 15 minutes on 2 cores)
     python bench/nfv_bench.py --quick --no-record
+    python bench/nfv_bench.py --e2e            # end to end against Suricata (see e2e_main)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -61,6 +65,10 @@ def policies(report) -> str:
 
 
 def main() -> None:
+    if "--e2e" in sys.argv:
+        sys.argv.remove("--e2e")
+        e2e_main()
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--flows", type=int, default=8000)
     ap.add_argument("--batches", default="1024,4096", help="batch sizes (messages)")
@@ -90,16 +98,18 @@ def main() -> None:
                         if digests(r) != ref:
                             raise SystemExit(f"{engine} outputs differ from cpu on {dist} "
                                              f"{chain_name} batch {batch}")
-                    best_base = max(results["cpu"].messages_per_s, results["gpu"].messages_per_s)
+                    best_base = max(_engine_rate(results["cpu"]), _engine_rate(results["gpu"]))
                     fs = results["flowshader"]
                     share = sum(b.gpu_messages for b in fs.batches) / max(fs.messages, 1)
-                    ratio = fs.messages_per_s / best_base
+                    ratio = _engine_rate(fs) / best_base
                     goal = 1.3 if dist in ("zipf:1.2", "zipf:1.6") else (
                         0.95 if dist == "uniform" else None)
                     row = [dist, chain_name, batch, trace.n_messages, f"{mb:.0f}"]
                     for engine in ENGINES:
                         r = results[engine]
-                        row.append(f"{r.gbps:.3f} / {r.messages_per_s / 1e3:.1f}k")
+                        elapsed = max(r.elapsed_s, 1e-9)
+                        row.append(f"{r.payload_bytes * 8 / elapsed / 1e9:.3f} / "
+                                   f"{_engine_rate(r) / 1e3:.1f}k")
                     row += [f"{share:.0%}", policies(fs),
                             f"{fs.calibration.get('parallel_cores', 0):.2f}", f"{ratio:.2f}",
                             "-" if goal is None else ("met" if ratio >= goal else
@@ -136,6 +146,11 @@ def main() -> None:
                    command="python bench/nfv_bench.py")
 
 
+def _engine_rate(report) -> float:
+    """Messages per second of the engine's processing time (``elapsed_s``)."""
+    return report.messages / max(report.elapsed_s, 1e-9)
+
+
 def _summary(ratios: list[tuple[str, float]]) -> str:
     values = [r for _, r in ratios]
     if not values:
@@ -144,6 +159,129 @@ def _summary(ratios: list[tuple[str, float]]) -> str:
     return (f"flowshader / best(cpu, gpu): {min(values):.2f}x-{max(values):.2f}x; >= 0.95x in "
             f"{sum(r >= 0.95 for r in values)} of {len(values)} cells; >= 1.3x in "
             f"{sum(r >= 1.3 for r in skewed)} of {len(skewed)} cells at Zipf >= 1.2.")
+
+
+# end to end -------------------------------------------------------------------------
+E2E_ENGINES = ("cpu", "gpu", "flowshader")
+E2E_TRACES = (("zipf:1.2", 5000, 7), ("uniform", 5000, 7))  # (sizes, flows, seed): ~50 MB each
+MEASURED = ("nfv/traffic", "nfv/engines", "nfv/nfs", "nfv/run.py", "artifacts/nfvreport.py",
+            "bench/nfv_bench.py")
+
+
+def timed(cmd: list[str], cwd: Path) -> tuple[float, float | None, int]:
+    """(wall seconds, peak RSS in MB of the largest process of the run, exit code).
+
+    The peak comes from GNU time (``/usr/bin/time -f %M``), which starts the command from a
+    small process: this one's own memory, copied into a child before it execs, does not
+    count. None when GNU time is not installed."""
+    gnu_time = Path("/usr/bin/time")
+    peak_file = cwd / "peak.txt"
+    prefix = [str(gnu_time), "-f", "%M", "-o", str(peak_file)] if gnu_time.exists() else []
+    t0 = time.perf_counter()
+    code = subprocess.run(prefix + cmd, cwd=cwd, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode
+    wall = time.perf_counter() - t0
+    peak = None
+    if prefix and peak_file.exists():
+        text = peak_file.read_text().split()
+        peak = int(text[-1]) / 1024 if text and text[-1].isdigit() else None
+    return wall, peak, code
+
+
+def e2e_cell(cmd: list[str], cwd: Path, repeats: int) -> dict:
+    """Best wall time of ``repeats`` runs, with its peak memory; raises if a run fails."""
+    best = None
+    for _ in range(repeats):
+        wall, peak_mb, code = timed(cmd, cwd)
+        if code != 0:
+            raise SystemExit(f"exit {code}: {' '.join(cmd)}")
+        if best is None or wall < best["wall_s"]:
+            best = {"wall_s": wall, "peak_mb": peak_mb}
+    return best
+
+
+def e2e_main() -> None:
+    """End to end, process start to exit: ``dl-nfv nfv run`` on the IDS chain (monitor + ids,
+    examples/nf/ids.yaml and its rules) per engine with 1 and 2 workers, and Suricata 7
+    single-threaded (``--runmode single``) on the same pcap and rules when it is installed
+    (bench/install_suricata.sh), on generated Zipf-1.2 and uniform traces of about 50 MB and
+    the real trace in tests/data. Best wall time of ``--repeats`` runs, each tool in turn."""
+    ap = argparse.ArgumentParser(description=e2e_main.__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--engines", default=",".join(E2E_ENGINES))
+    ap.add_argument("--no-record", action="store_true", help="print only")
+    args = ap.parse_args()
+    engines = args.engines.split(",")
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *MEASURED], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    if dirty and not args.no_record:
+        raise SystemExit(f"uncommitted changes in the code measured; commit them or pass "
+                         f"--no-record:\n{dirty}")
+    suricata = shutil.which("suricata")
+    dl_nfv = str(Path(sys.executable).with_name("dl-nfv"))
+    rules = ROOT / "examples/nf/ids.rules"
+    load_before = os.getloadavg()[0]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        traces = []
+        for dist, flows, seed in E2E_TRACES:
+            pcap = work / f"{dist.replace(':', '')}.pcap"
+            generate_trace(TraceSpec(flows=flows, size_dist=dist, seed=seed), pcap)
+            traces.append((f"{dist}, {flows} flows", pcap))
+        traces.append(("real (loopback-http)", ROOT / "tests/data/loopback-http.pcap"))
+        for name, pcap in traces:
+            trace = load_trace(pcap)
+            mb = pcap.stat().st_size / 1e6
+            cells = {}
+            if suricata:
+                (work / "suricata").mkdir(exist_ok=True)
+                cells["suricata"] = e2e_cell([suricata, "-r", str(pcap), "-S", str(rules), "-l",
+                                              str(work / "suricata"), "-k", "none",
+                                              "--runmode", "single"], work, args.repeats)
+            for engine in engines:
+                for workers in (1, 2):
+                    out = work / f"r-{engine}-{workers}.json"
+                    cells[(engine, workers)] = e2e_cell(
+                        [dl_nfv, "nfv", "run", "--config", str(CHAINS["IDS"]), "--trace",
+                         str(pcap), "--engine", engine, "--workers", str(workers), "-o",
+                         str(out)], work, args.repeats)
+                    cells[(engine, workers)]["report"] = json.loads(out.read_text())
+            base = cells.get("suricata", {}).get("wall_s")
+            for who, cell in cells.items():
+                label = "Suricata 7, 1 thread" if who == "suricata" else \
+                    f"dl-nfv {who[0]}, {who[1]} worker{'s' * (who[1] > 1)}"
+                wall = cell["wall_s"]
+                report = cell.get("report")
+                stages = "" if report is None else " ".join(
+                    f"{k} {v:.2f}" for k, v in report["stages_s"].items())
+                rows.append([name, f"{mb:.1f}", f"{trace.packets:,}", label, f"{wall:.2f}",
+                             f"{pcap.stat().st_size * 8 / wall / 1e9:.3f}",
+                             f"{trace.packets / wall / 1e3:.1f}k",
+                             "-" if cell["peak_mb"] is None else f"{cell['peak_mb']:.0f}",
+                             "-" if base is None else f"{base / wall:.2f}x", stages])
+                print(" | ".join(rows[-1]), flush=True)
+    headers = ["trace", "MB", "packets", "tool", "wall s", "Gbps", "packets/s", "peak MB",
+               "speed vs Suricata", "dl-nfv stages (s, from its report)"]
+    table = markdown_table(headers, rows)
+    print(table)
+    if args.no_record:
+        return
+    note = ("" if suricata else "**Suricata was not installed on this machine** "
+            "(bench/install_suricata.sh installs it), so the ratio column is empty. ")
+    body = (f"{note}Wall time from process start to exit (interpreter start, imports, reading "
+            f"the pcap, the NFs, writing the report; Suricata's rule loading likewise), best of "
+            f"{args.repeats} runs, each tool in turn; Gbps and packets/s are the pcap's bytes and "
+            f"packets over it; peak MB is the largest resident size of one process of the run "
+            f"(GNU time's %M; dl-nfv's workers are separate processes). The goal for memory is a peak of at most twice the pcap's size. `speed vs Suricata` is Suricata's wall time over dl-nfv's: "
+            f"1.00x or more meets the goal (the IDS chain at least as fast as Suricata with one "
+            f"thread). The stage times come from dl-nfv's own report of the best run (its "
+            f"`wall_s` starts when the capture is opened, so interpreter start and imports are "
+            f"the difference to the wall column). Load average when it started: "
+            f"{load_before:.1f} on {os.cpu_count()} cores (shared machine: compare within a "
+            f"trace).\n\n{table}")
+    record_section("nfv-e2e", "NFV end to end: dl-nfv against Suricata", body,
+                   command="python bench/nfv_bench.py --e2e")
 
 
 if __name__ == "__main__":
