@@ -132,6 +132,8 @@ def _planner_help(info: PlannerInfo, func) -> str:
                          if defaults.get(k) != v)
         text = f"{info.summary[0].upper()}{info.summary[1:]}."
         if base is not None:
+            # a preset of the defaults names them all: the name pins what the defaults are now
+            fixed = fixed or " ".join(f"--{k.replace('_', '-')} {v}" for k, v in info.preset.items())
             text += f"\n\nThe `{base}` planner with {fixed}."
     else:
         doc = inspect.cleandoc(func.__doc__ or info.summary)

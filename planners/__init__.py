@@ -50,6 +50,18 @@ PLANNERS: dict[str, PlannerInfo] = {p.name: p for p in (
     PlannerInfo("dp-ps", "dp:plan", "data parallelism with a parameter server per host "
                 "(baseline)", "data-parallel", baseline=True, preset={"sync": "ps",
                                                                   "collective": "auto"}),
+    PlannerInfo("dp-even", "dp:plan", "data parallelism over every device, AllReduce, even "
+                "batch shares (baseline)", "data-parallel", baseline=True,
+                preset={"sync": "allreduce", "balance": "even"}),
+    PlannerInfo("dp-prop", "dp:plan", "data parallelism over every device, AllReduce, batch "
+                "shares proportional to device speed (baseline)", "data-parallel", baseline=True,
+                preset={"sync": "allreduce", "balance": "proportional"}),
+    PlannerInfo("ps-even", "dp:plan", "data parallelism with a parameter server per host, even "
+                "batch shares (baseline)", "data-parallel", baseline=True,
+                preset={"sync": "ps", "collective": "auto", "balance": "even"}),
+    PlannerInfo("ps-prop", "dp:plan", "data parallelism with a parameter server per host, batch "
+                "shares proportional to device speed (baseline)", "data-parallel", baseline=True,
+                preset={"sync": "ps", "collective": "auto", "balance": "proportional"}),
     PlannerInfo("single", "single:plan", "the whole model on the fastest device that fits "
                 "(baseline)", "single", baseline=True),
     PlannerInfo("pipeline", "pipeline:plan", "synchronous pipeline: partition, device mapping "
