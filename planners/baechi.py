@@ -129,10 +129,12 @@ def _run(name: str, graph: OpGraph, topology: Topology, seed: int, memory_fracti
 def topo_schedule(sg: StepGraph, capacity: list[float]) -> tuple[OpSchedule, list[str]]:
     """m-TOPO: fill the devices in topological order up to an even cap, then schedule. The
     first op of a colocation group takes the whole group's memory to its device, and the
-    group's other ops follow it there."""
+    group's other ops follow it there; the cap is ``total / devices`` plus the largest op
+    or group."""
     U = sg.U
     need = [sg.static_bytes[u] + sg.act_bytes[u] for u in range(U)]
-    cap = sum(need) / sg.D + max(need)
+    # a colocation group is placed as one block: the largest block, not op, tops up the cap
+    cap = sum(need) / sg.D + max([*need, *sg.group_bytes.values()])
     limits = [min(c, cap) for c in capacity]
     pins: dict[int, int] = {}
     homes: dict[int, int] = {}  # colocation group -> the device of its first op

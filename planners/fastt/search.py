@@ -34,6 +34,7 @@ from ..listsched import (
     plan_groups,
     upward_ranks,
 )
+from ..runnable import batch_norm_rows
 
 BUCKET_BYTES = 25 * 2**20
 MEMORY_RETRIES = 3
@@ -95,6 +96,9 @@ class Context:
         self.base = StepGraph(cm, self.devices, topological_ids=self.topological_ids,
                               optimizer=optimizer)
         self.speeds = device_speeds(cm, self.devices)
+        # the rows a replica's slice must hold: batch norms with one value per channel need 2
+        self.rows_needed = batch_norm_rows(graph)
+        self.min_rows = max(self.rows_needed.values(), default=1)
         self.simulations = 0
 
     def colocated_with(self, op_id: str) -> tuple[str, ...]:
@@ -313,15 +317,29 @@ def data_parallel_starts(ctx: Context, max_split: int) -> list[tuple[str, dict[s
     seen: set[Split] = set()
     for name, devices in subsets:
         devices = sorted(devices)
-        counts = integer_shares(ctx.batch_size, [ctx.speeds[j] for j in devices])
-        kept = [(ctx.devices[j], c) for j, c in zip(devices, counts) if c > 0]
+        kept = sample_counts(ctx.batch_size, devices, ctx.speeds, ctx.min_rows)
         if len(kept) < 2:
             continue
-        split = Split(tuple(d for d, _ in kept), _shares([c for _, c in kept]))
+        split = Split(tuple(ctx.devices[j] for j, _ in kept), _shares([c for _, c in kept]))
         if split not in seen:
             seen.add(split)
             out.append((name, {op.id: split for op in ctx.graph.ops}))
     return out
+
+
+def sample_counts(batch_size: int, devices: Sequence[int], weights: Sequence[float],
+                  min_rows: int) -> list[tuple[int, int]]:
+    """(device, samples) of the devices that get at least ``min_rows`` samples when the
+    batch is split in proportion to ``weights`` (largest remainder); a device that would get
+    fewer is left out (the lightest first) and the batch split again over the rest."""
+    devices = list(devices)
+    while devices:
+        counts = integer_shares(batch_size, [weights[j] for j in devices])
+        short = [(weights[j], -k) for k, (j, c) in enumerate(zip(devices, counts)) if 0 < c < min_rows]
+        if not short:
+            return [(j, c) for j, c in zip(devices, counts) if c > 0]
+        del devices[-min(short)[1]]
+    return []
 
 
 def _shares(counts: Sequence[int]) -> tuple[float, ...]:
@@ -360,7 +378,7 @@ def split_for(ctx: Context, sched: OpSchedule, op_id: str, k: int) -> Split | No
     if len(chosen) < k:
         return None
     counts = integer_shares(ctx.batch_size, [1.0 / max(cost[d], 1e-9) for d in chosen])
-    if min(counts) <= 0:
+    if min(counts) < ctx.rows_needed.get(op_id, 1):  # every replica trains some (enough) rows
         return None
     return Split(tuple(sg.devices[d] for d in chosen), _shares(counts))
 

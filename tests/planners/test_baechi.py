@@ -87,17 +87,21 @@ def test_m_sct_frees_a_favourite_child_when_its_parents_device_fills_up():
     assert devices["a"] == devices["b"] == (V100,) and devices["c"] == (T4,)
 
 
-def test_m_topo_moves_a_colocation_group_whole_to_the_next_device():
-    # as above, but l2 and l3 colocated: at l2 the V100 holds 6 GiB, and the group's 6 GiB
-    # would pass the 9 GiB cap, so both go to the T4
+def test_m_topo_places_a_colocation_group_as_one_block():
+    # six such ops (3 GiB each, 18 in all): alone, the cap is 18 / 2 + 3 = 12 GiB and the
+    # V100 takes l0..l3. With l3 and l4 colocated the largest block is their 6 GiB, the cap
+    # 9 + 6 = 15 GiB: the V100 takes l0..l2 (9 GiB) and the group (15), the T4 l5.
     import dataclasses
 
     gib = 2**30
-    ops = [op(f"l{i}", 1, 2, params=gib, out=1, bwd=(2, 4)) for i in range(4)]
-    graph = graph_of(ops, [(f"l{i}", f"l{i + 1}", 1) for i in range(3)])
-    graph = dataclasses.replace(graph, colocation=(("l2", "l3"),))
+    ops = [op(f"l{i}", 1, 2, params=gib, out=1, bwd=(2, 4)) for i in range(6)]
+    graph = graph_of(ops, [(f"l{i}", f"l{i + 1}", 1) for i in range(5)])
+    blind = run("m-topo", graph, from_document(PAIR))
+    assert blind.order == {V100: ("l0", "l1", "l2", "l3"), T4: ("l4", "l5")}
+    graph = dataclasses.replace(graph, colocation=(("l3", "l4"),))
     plan = run("m-topo", graph, from_document(PAIR))
-    assert plan.order == {V100: ("l0", "l1"), T4: ("l2", "l3")}
+    assert plan.order == {V100: ("l0", "l1", "l2", "l3", "l4"), T4: ("l5",)}
+    assert "cap 15.000 GiB" in plan.notes[0]
 
 
 @pytest.mark.parametrize("planner", ["m-topo", "m-etf", "m-sct"])

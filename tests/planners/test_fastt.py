@@ -266,3 +266,34 @@ def test_fastt_never_splits_a_colocated_op_apart_from_its_group():
     validate_plan(plan, graph, topology)
     big, out = plan.group_of_op["big"], plan.group_of_op["out"]
     assert dict(zip(big.devices, big.shares)) == dict(zip(out.devices, out.shares))
+
+
+def _batch_norm_chain(batch=4):
+    # conv -> batch norm with 8 channels and one position per channel (8 floats per sample
+    # leave it), the norm's two affine parameters 8 floats each -> head
+    ops = [op("conv", 20, 40, params=4096, bwd=(40, 80), out=1000, split=True),
+           {**op("bn", 1, 2, params=64, bwd=(2, 4), out=1000, split=True),
+            "name": "BatchNorm2d", "kind": "norm"},
+           op("head", 1, 2, params=64, bwd=(2, 4), out=100)]
+    return graph_of(ops, [("conv", "bn", batch * 32), ("bn", "head", batch * 32)], batch=batch)
+
+
+def test_data_parallel_starts_give_every_replica_the_rows_a_batch_norm_needs():
+    # 4 samples over two V100s and a T4 by speed would leave some replica one sample, on
+    # which the batch norm sees one value per channel (torch refuses it in training)
+    from dl_nfv.planners.fastt.search import Context, data_parallel_starts, sample_counts
+    from dl_nfv.planners.runnable import batch_norm_rows
+    from dl_nfv.planners.validate import validate_plan
+    from dl_nfv.simulator.costs import CostModel
+
+    graph, topology = _batch_norm_chain(), from_document(TRIO)
+    assert batch_norm_rows(graph) == {"bn": 2}
+    ctx = Context(graph, topology, CostModel(graph, topology), memory_fraction=1.0)
+    assert min(c for _, c in sample_counts(4, range(3), ctx.speeds, 1)) == 1
+    starts = data_parallel_starts(ctx, max_split=3)
+    assert starts
+    for _, splits in starts:
+        split = splits["bn"]
+        assert all(round(s * 4) >= 2 for s in split.shares), split
+    plan = run("fastt", graph, topology)
+    validate_plan(plan, graph, topology)
