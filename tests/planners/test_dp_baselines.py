@@ -24,7 +24,8 @@ V100, T4 = "a/gpu0", "b/gpu0"
 MEMORY_GBPS = {V100: 900, T4: 320}
 
 
-def _topology():
+def v100_t4_topology():
+    """One V100 on host ``a``, one T4 on host ``b``, 25 Gbps, 5 us NICs to one switch."""
     host = lambda name, kind: {"name": name, "devices": [{"type": kind, "count": 1}],  # noqa: E731
                                 "nics": [{"switch": "tor", "bandwidth_gbps": 25, "latency_us": 5}]}
     return from_document({"kind": "topology", "schema_version": 1, "name": "v100-t4",
@@ -78,7 +79,7 @@ def test_registry_presets_fix_sync_and_balance():
 @pytest.mark.parametrize("name,sync", [("dp-even", SyncMethod.ALLREDUCE), ("dp-prop", SyncMethod.ALLREDUCE),
                                        ("ps-even", SyncMethod.PS), ("ps-prop", SyncMethod.PS)])
 def test_batch_shares_and_compute_time_follow_the_split(name, sync):
-    graph, topology = _graph(), _topology()
+    graph, topology = _graph(), v100_t4_topology()
     plan = run(name, graph, topology)
     assert plan.planner == name
     (group,) = plan.groups
@@ -94,7 +95,7 @@ def test_batch_shares_and_compute_time_follow_the_split(name, sync):
 
 
 def test_proportional_split_equalises_compute_and_even_split_does_not():
-    graph, topology = _graph(), _topology()
+    graph, topology = _graph(), v100_t4_topology()
     total = 3 * sum(FWD_MS)  # forward + backward of the chain on the V100, full batch
     prop = _simulated_compute_ms(run("dp-prop", graph, topology), graph, topology)
     even = _simulated_compute_ms(run("dp-even", graph, topology), graph, topology)
@@ -114,7 +115,7 @@ def test_allreduce_and_ps_move_the_same_bytes_between_two_hosts():
     """Two devices on two hosts: a ring AllReduce of S bytes sends 2(N-1)/N x S = S each
     way; with a server per host each replica pushes the other server's half (S/2) and
     pulls it back (S/2): S each way too. Every byte crosses both NICs."""
-    graph, topology = _graph(), _topology()
+    graph, topology = _graph(), v100_t4_topology()
     gradient_bytes = len(FWD_MS) * PARAM_BYTES
     for name in ("dp-even", "ps-even"):
         report = simulate(run(name, graph, topology), graph, topology).to_report()
@@ -124,5 +125,5 @@ def test_allreduce_and_ps_move_the_same_bytes_between_two_hosts():
 
 
 def test_dp_keeps_its_default_of_proportional_shares():
-    graph, topology = _graph(), _topology()
+    graph, topology = _graph(), v100_t4_topology()
     assert run("dp", graph, topology).groups[0].shares == run("dp-prop", graph, topology).groups[0].shares
