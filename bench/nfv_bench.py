@@ -13,6 +13,7 @@ tensor ("GPU") path ran on CUDA or on the CPU.
     python bench/nfv_bench.py                  # full sweep (about 15 minutes on 2 cores)
     python bench/nfv_bench.py --quick --no-record
     python bench/nfv_bench.py --e2e            # end to end against Suricata (see e2e_main)
+    python bench/nfv_bench.py --match          # the IDS's literal matchers (see match_main)
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ def main() -> None:
     if "--e2e" in sys.argv:
         sys.argv.remove("--e2e")
         e2e_main()
+        return
+    if "--match" in sys.argv:
+        sys.argv.remove("--match")
+        match_main()
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--flows", type=int, default=8000)
@@ -250,7 +255,7 @@ def e2e_main() -> None:
             base = cells.get("suricata", {}).get("wall_s")
             for who, cell in cells.items():
                 label = "Suricata 7, 1 thread" if who == "suricata" else \
-                    f"dl-nfv {who[0]}, {who[1]} worker{'s' * (who[1] > 1)}"
+                    f"dl-nfv {who[0]}, --workers {who[1]}"
                 wall = cell["wall_s"]
                 report = cell.get("report")
                 stages = "" if report is None else " ".join(
@@ -277,11 +282,126 @@ def e2e_main() -> None:
             f"1.00x or more meets the goal (the IDS chain at least as fast as Suricata with one "
             f"thread). The stage times come from dl-nfv's own report of the best run (its "
             f"`wall_s` starts when the capture is opened, so interpreter start and imports are "
-            f"the difference to the wall column). Load average when it started: "
+            f"the difference to the wall column). The `gpu` engine runs no workers whatever `--workers` "
+            f"says (its tensor path is in the main process). Load average when it started: "
             f"{load_before:.1f} on {os.cpu_count()} cores (shared machine: compare within a "
             f"trace).\n\n{table}")
     record_section("nfv-e2e", "NFV end to end: dl-nfv against Suricata", body,
                    command="python bench/nfv_bench.py --e2e")
+
+
+# literal matchers ---------------------------------------------------------------------
+def match_main() -> None:
+    """The IDS's CPU matching over the reassembled messages of a generated Zipf-1.2 trace
+    (example rules): ahocorasick-rs and Hyperscan block mode over ``tail + message`` (the
+    IDS's way, its state portable to the tensor path), and Hyperscan streaming mode (one
+    stream per flow direction). Every method must count the same matches; median of 5."""
+    import statistics
+
+    import ahocorasick_rs
+    import hyperscan
+
+    from dl_nfv.nfv.nfs.snort import load_rules
+
+    ap = argparse.ArgumentParser(description=match_main.__doc__.splitlines()[0])
+    ap.add_argument("--flows", type=int, default=5000)
+    ap.add_argument("--no-record", action="store_true", help="print only")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        pcap = Path(tmp) / "t.pcap"
+        generate_trace(TraceSpec(flows=args.flows, size_dist="zipf:1.2", seed=7), pcap)
+        trace = load_trace(pcap)
+    keys = {}
+    for rule in load_rules(ROOT / "examples/nf/ids.rules"):
+        for c in rule.contents:
+            keys.setdefault((c.pattern.lower() if c.nocase else c.pattern, c.nocase), len(keys))
+    sides = [[k[0] for k in keys if not k[1]], [k[0] for k in keys if k[1]]]
+    longest = max(len(p) for side in sides for p in side)
+    msgs = [trace.message_bytes(i) for i in range(trace.n_messages)]
+    owners = list(zip(trace.msg_flow.tolist(), trace.msg_dir.tolist()))
+
+    def database(patterns, mode):
+        db = hyperscan.Database(mode=mode)
+        db.compile(expressions=[b"".join(b"\\x%02x" % b for b in p) for p in patterns],
+                   ids=list(range(len(patterns))), elements=len(patterns),
+                   flags=[0] * len(patterns))
+        return db
+
+    def with_tail(scan_side) -> int:
+        tails: dict = {}
+        hits = 0
+        for owner, payload in zip(owners, msgs):
+            tail = tails.get(owner, (b"", b""))
+            new = []
+            for s, data in enumerate((payload, payload.lower())):
+                hay = tail[s] + data
+                hits += scan_side(s, hay, len(tail[s]))
+                new.append(hay[-longest:])
+            tails[owner] = tuple(new)
+        return hits
+
+    def aho() -> int:
+        matchers = [ahocorasick_rs.BytesAhoCorasick(side) for side in sides]
+        return with_tail(lambda s, hay, skip: sum(
+            1 for _, _, end in matchers[s].find_matches_as_indexes(hay, overlapping=True)
+            if end > skip))
+
+    def block() -> int:
+        dbs = [database(side, hyperscan.HS_MODE_BLOCK) for side in sides]
+
+        def scan(s, hay, skip):
+            found = [0]
+
+            def on(_pid, _start, end, _flags, _ctx):
+                found[0] += end > skip
+            dbs[s].scan(hay, match_event_handler=on)
+            return found[0]
+        return with_tail(scan)
+
+    def stream() -> int:
+        dbs = [database(side, hyperscan.HS_MODE_STREAM) for side in sides]
+        hits = [0]
+
+        def on(*_):
+            hits[0] += 1
+        open_streams: dict = {}
+        for owner, payload in zip(owners, msgs):
+            pair = open_streams.get(owner)
+            if pair is None:
+                pair = open_streams[owner] = [db.stream(match_event_handler=on) for db in dbs]
+                for st in pair:
+                    st.__enter__()
+            pair[0].scan(payload)
+            pair[1].scan(payload.lower())
+        for pair in open_streams.values():
+            for st in pair:
+                st.__exit__(None, None, None)
+        return hits[0]
+
+    rows, counts = [], set()
+    for name, run in (("ahocorasick-rs, tail + message", aho),
+                      ("Hyperscan block mode, tail + message (the IDS)", block),
+                      ("Hyperscan streaming mode", stream)):
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            counts.add(run())
+            times.append(time.perf_counter() - t0)
+        rows.append([name, f"{statistics.median(times):.3f}"])
+        print(" | ".join(rows[-1]), flush=True)
+    if len(counts) != 1:
+        raise SystemExit(f"the matchers disagree: {sorted(counts)} matches")
+    mb = sum(map(len, msgs)) / 1e6
+    table = markdown_table(["matcher", "seconds (median of 5)"], rows)
+    print(table)
+    if args.no_record:
+        return
+    body = (f"{trace.n_messages:,} reassembled messages ({mb:.1f} MB) of a generated Zipf-1.2 "
+            f"trace ({args.flows} flows), the example rules' {sum(map(len, sides))} contents "
+            f"(case-sensitive, and nocase over lower-cased bytes), {counts.pop():,} matches "
+            f"found by each. Python's per-message loop included, as in the IDS.\n\n{table}")
+    record_section("nfv-match", "NFV: the IDS's literal matchers", body,
+                   command="python bench/nfv_bench.py --match")
 
 
 if __name__ == "__main__":

@@ -16,18 +16,8 @@ ends inside the message. The matchers are Hyperscan block-mode databases (the
 engine Suricata uses), or ``ahocorasick-rs`` automata where the ``hyperscan``
 package cannot load; both report every occurrence of every pattern, so the
 alerts are the same. Hyperscan's streaming mode would carry the state itself,
-but its state cannot be handed to the tensor path; the tail can (measured over
-the reassembled messages of a 50 MB trace, block mode with the tail is within
-20% of streaming mode and about 5x faster than ``ahocorasick-rs``). GPU path: the same Aho-Corasick automata, built by
-``automaton.py`` as tries with failure links, joined into one product DFA and
-compressed into a transition table with ``k`` bytes per step, stepped over the
-share's byte streams laid out as a ``[flows x bytes]`` matrix padded to the
-longest flow with a no-op symbol. The matrix is kept length-sorted and packed
-time-major (like ``torch.nn.utils.rnn.PackedSequence``), so step ``t`` touches
-only the rows still running: work is proportional to the bytes, steps to the
-longest flow. Hand-over between the two is exact: the trie node of a state is
-a valid tail, and stepping a tail gives the node back; the portable form of a
-direction's state is the pair of trie nodes.
+but its state cannot be handed to the tensor path; the tail can
+(``bench/nfv_bench.py --match`` times the three ways over reassembled messages).
 """
 
 from __future__ import annotations
