@@ -16,10 +16,17 @@ rank measured:
   process used in a step (all its threads, communication threads included).
   On a machine shared with other jobs, wall times grow but this does not, so
   it tells contention apart from a slow plan;
+* ``breakdown_ms``: every step's time by category: compute (the plan's forward, backward
+  and weight-gradient actions), communication (blocked on a peer, and the gradient
+  exchange after the actions), update (the optimizer), idle (the rest: the runtime's own
+  work between them); the four sum to the step's time;
 * ``threads`` / ``cpus``: the intra-op threads the worker ran with (its device's cores,
   unless ``--threads`` said otherwise) and the CPUs it was pinned to (empty: not pinned).
 
-``threads`` at the top is the most threads any worker ran with. ``iteration_ms`` at the
+``threads`` at the top is the most threads any worker ran with. ``timeline`` holds every
+rank's spans (``TimelineSpan``) in one measured step, ``timeline_step``: the one whose
+slowest rank took the median time, on one clock (a host's monotonic clock; ranks on other
+hosts are only as aligned as their clocks). ``iteration_ms`` at the
 top is the run's figure: the median, over the steps
 after warm-up, of the slowest rank's step time. ``losses`` holds the global
 loss of every step (mean over the global batch). ``op_fwd_ms``/``op_bwd_ms``
@@ -36,6 +43,8 @@ from enum import StrEnum
 from .records import check, record, unique
 
 SCHEMA_VERSION = 1
+# where a rank's step goes (``dl_nfv.runtime.timeline``): what its spans measure, and the rest
+CATEGORIES = ("compute", "communication", "update", "idle")
 
 
 class ExecutionMode(StrEnum):
@@ -60,9 +69,19 @@ class RankRun:
     cpu_ms: float | None = None
     threads: int | None = None
     cpus: tuple[int, ...] = ()
+    # category (compute, communication, update, idle) -> its time in every step
+    breakdown_ms: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check(self.rank >= 0, f"rank must be >= 0, got {self.rank}")
+        for category, times in self.breakdown_ms.items():
+            check(category in CATEGORIES, f"rank {self.rank}: breakdown_ms category must be one "
+                                          f"of {', '.join(CATEGORIES)}, got {category!r}")
+            check(len(times) == len(self.iteration_ms),
+                  f"rank {self.rank}: {len(times)} breakdown_ms.{category} for "
+                  f"{len(self.iteration_ms)} steps")
+            check(all(t >= 0 for t in times),
+                  f"rank {self.rank}: breakdown_ms.{category} must be >= 0, got {min(times)}")
         check(self.threads is None or self.threads >= 1,
               f"rank {self.rank}: threads must be >= 1, got {self.threads}")
         check(self.cpu_ms is None or self.cpu_ms >= 0,
@@ -74,6 +93,26 @@ class RankRun:
         check(self.wait_ms >= 0, f"rank {self.rank}: wait_ms must be >= 0, got {self.wait_ms}")
         check(self.peak_memory_bytes >= 0,
               f"rank {self.rank}: peak_memory_bytes must be >= 0, got {self.peak_memory_bytes}")
+
+
+@record
+class TimelineSpan:
+    """One span of a rank's step: an action (compute), a wait on a peer or the gradient
+    exchange (communication), or the optimizer (update), from the step's start (ms)."""
+
+    rank: int
+    category: str
+    name: str
+    start_ms: float
+    end_ms: float
+
+    def __post_init__(self) -> None:
+        check(self.category in CATEGORIES[:3],
+              f"span {self.name!r}: category must be one of {', '.join(CATEGORIES[:3])}, "
+              f"got {self.category!r}")
+        check(self.end_ms >= self.start_ms,
+              f"span {self.name!r} of rank {self.rank} ends ({self.end_ms}) before it starts "
+              f"({self.start_ms})")
 
 
 @record
@@ -102,6 +141,10 @@ class RunReport:
     op_bwd_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     trace_path: str = ""
     notes: tuple[str, ...] = ()
+    # the spans of every rank in one measured step (``timeline_step``: the one whose slowest
+    # rank took the median time), from the earliest rank's start of that step
+    timeline_step: int | None = None
+    timeline: tuple[TimelineSpan, ...] = ()
 
     def __post_init__(self) -> None:
         import re
@@ -130,6 +173,12 @@ class RunReport:
                   f"rank {r.rank}: {len(r.iteration_ms)} iteration_ms for {self.steps} steps")
         check(not self.losses or len(self.losses) == self.steps,
               f"{len(self.losses)} losses for {self.steps} steps")
+        check(self.timeline_step is None or self.warmup <= self.timeline_step < self.steps,
+              f"timeline_step must be a measured step in [{self.warmup}, {self.steps}), got "
+              f"{self.timeline_step}")
+        for span in self.timeline:
+            check(0 <= span.rank < self.world_size,
+                  f"timeline: rank {span.rank} is not in 0..{self.world_size - 1}")
 
     def rank_of(self, device: str) -> RankRun:
         return next(r for r in self.per_rank if r.device == device)

@@ -102,7 +102,9 @@ class Comparison:
     (``measured_compute_ms_by_device``, ``measured_wait_ms_by_device``), and where the run
     recorded it the CPU time its process used per step (``measured_cpu_ms_by_device``),
     beside the simulated compute time (``predicted_busy_ms_by_device``); the report's
-    ``devices`` hold the rest of the prediction.
+    ``devices`` hold the rest of the prediction. Where the run recorded its timeline, each
+    device's step by category (compute, communication, update, idle: see
+    ``dl_nfv.runtime.timeline`` and ``SimResult.breakdown_ms``), measured and simulated.
     """
 
     run_report: str = ""
@@ -115,6 +117,10 @@ class Comparison:
     measured_compute_ms_by_device: dict[str, float] = field(default_factory=dict)
     measured_wait_ms_by_device: dict[str, float] = field(default_factory=dict)
     measured_cpu_ms_by_device: dict[str, float] = field(default_factory=dict)
+    # device -> category (compute, communication, update, idle) -> ms: the simulated
+    # iteration's, and the median over the run's measured steps of the device's
+    predicted_breakdown_ms_by_device: dict[str, dict[str, float]] = field(default_factory=dict)
+    measured_breakdown_ms_by_device: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check(self.measured_iteration_ms >= 0, "measured_iteration_ms must be >= 0")

@@ -45,6 +45,8 @@ def render(report: SimReport) -> Group:
         cmp_table.add_row("prediction error", f"{100 * c.error_fraction:+.1f}%")
         parts.append(cmp_table)
         parts.append(_per_device(report))
+        if c.measured_breakdown_ms_by_device:
+            parts.append(_breakdown(c))
     devices = Table(title="devices", title_justify="left")
     for col in ("device", "type", "busy ms", "busy", "idle", "comm ms", "hidden", "peak memory",
                 "capacity"):
@@ -115,4 +117,21 @@ def _per_device(report: SimReport) -> Table:
                       _pair(d.busy_ms, c.measured_compute_ms_by_device.get(d.device)),
                       _pair(it - d.busy_ms, c.measured_wait_ms_by_device.get(d.device)),
                       _pair(cpu, c.measured_cpu_ms_by_device.get(d.device)))
+    return table
+
+
+CATEGORIES = ("compute", "communication", "update", "idle")
+
+
+def _breakdown(c) -> Table:
+    """Per device, where the step goes: each category predicted beside measured (the run's
+    median over its measured steps, from its timeline)."""
+    table = Table(title="where the time goes per device: predicted / measured ms "
+                        "(prediction error)", title_justify="left")
+    table.add_column("device")
+    for col in CATEGORIES:
+        table.add_column(col, justify="right")
+    for device, measured in sorted(c.measured_breakdown_ms_by_device.items()):
+        predicted = c.predicted_breakdown_ms_by_device.get(device, {})
+        table.add_row(device, *(_pair(predicted.get(k), measured.get(k)) for k in CATEGORIES))
     return table

@@ -13,7 +13,8 @@ from .options import JSON_SUFFIXES, deliver, json_option, output_option
 @click.command(name="simulate")
 @click.argument("plan", type=click.Path(dir_okay=False))
 @output_option("Write the sim-report to this file (.json or .yaml).")
-@output_option("Write a Chrome/Perfetto trace (.json) of the iteration here.",
+@output_option("Write a Chrome/Perfetto trace (.json) of the iteration here (with --compare: "
+               "the simulated and the measured timelines, one process each).",
                suffixes=JSON_SUFFIXES, flags=("--trace",), name="trace_path")
 @click.option("--graph", type=click.Path(dir_okay=False), default=None,
               help="The op graph (default: the path the plan recorded).")
@@ -22,7 +23,8 @@ from .options import JSON_SUFFIXES, deliver, json_option, output_option
 @json_option
 @click.option("--compare", "compare_path", type=click.Path(dir_okay=False), default=None,
               help="A run-report of this plan from `dl-nfv train`: show the measured time "
-                   "beside the prediction.")
+                   "beside the prediction, per device and by category (compute, "
+                   "communication, update, idle).")
 def command(plan: str, output: Path | None, trace_path: Path | None, graph: str | None,
             topology: str | None, as_json: bool, compare_path: str | None) -> None:
     """Simulate one training iteration of PLAN and report its predicted time.
@@ -38,13 +40,21 @@ def command(plan: str, output: Path | None, trace_path: Path | None, graph: str 
       dl-nfv simulate plan.json -o report.json --trace trace.json
       dl-nfv simulate plan.json --graph g.json --topology t.yaml --json
       dl-nfv simulate plan.json --compare run-report.json
+      dl-nfv simulate plan.json --compare run-report.json --trace both.json
     """
     from dl_nfv.artifacts.io import plain_data, write_text_atomic
     from dl_nfv.simulator.files import simulate_files
 
     result, report = simulate_files(plan, graph=graph, topology=topology, compare=compare_path)
     if trace_path is not None:
-        write_text_atomic(trace_path, json.dumps(plain_data(result.trace()), separators=(",", ":"),
+        if compare_path is None:
+            trace = result.trace()
+        else:
+            from dl_nfv.artifacts import load
+            from dl_nfv.simulator.trace import compared_trace
+
+            trace = compared_trace(result, load(compare_path, expect="run-report"))
+        write_text_atomic(trace_path, json.dumps(plain_data(trace), separators=(",", ":"),
                                                  allow_nan=False))
     from .render_sim import render
 

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from .timeline import StepTimeline
+
 
 class Comm:
     """Timed send/recv and collectives of one rank on one torch device."""
@@ -28,16 +30,19 @@ class Comm:
         self.device = device
         self.synchronize = synchronize  # CUDA: make waits measure the transfer, not the launch
         self.wait_ms = 0.0
+        self.timeline = StepTimeline()  # the step's spans: every wait is one of communication
         self._sends: list[tuple[dist.Work, torch.Tensor]] = []
 
     # ------------------------------------------------------------------ timing
-    def _timed_wait(self, work: dist.Work | None) -> None:
+    def _timed_wait(self, work: dist.Work | None, what: str = "wait") -> None:
         t0 = time.perf_counter()
         if work is not None:
             work.wait()
         if self.synchronize:
             torch.cuda.synchronize(self.device)
-        self.wait_ms += (time.perf_counter() - t0) * 1e3
+        t1 = time.perf_counter()
+        self.wait_ms += (t1 - t0) * 1e3
+        self.timeline.add("communication", what, t0, t1)
 
     def take_wait_ms(self) -> float:
         """The wait time accumulated since the last call (one step's), and reset it."""
@@ -51,24 +56,24 @@ class Comm:
 
     def recv(self, shape: Sequence[int], dtype: torch.dtype, src: int, tag: int) -> torch.Tensor:
         buffer = torch.empty(tuple(shape), dtype=dtype, device=self.device)
-        self._timed_wait(dist.irecv(buffer, src, tag=tag))
+        self._timed_wait(dist.irecv(buffer, src, tag=tag), f"recv from rank {src}")
         return buffer
 
     def drain(self) -> None:
         """Wait for every send still in flight."""
         sends, self._sends = self._sends, []
         for work, _ in sends:
-            self._timed_wait(work)
+            self._timed_wait(work, "send")
 
     # -------------------------------------------------------------- collectives
     def wait(self, work: dist.Work | None) -> None:
         self._timed_wait(work)
 
     def all_reduce(self, tensor: torch.Tensor, group=None) -> None:
-        self._timed_wait(dist.all_reduce(tensor, group=group, async_op=True))
+        self._timed_wait(dist.all_reduce(tensor, group=group, async_op=True), "all_reduce")
 
     def barrier(self) -> None:
-        self._timed_wait(dist.barrier(async_op=True))
+        self._timed_wait(dist.barrier(async_op=True), "barrier")
 
 
 def tag_of(value_index: int, microbatch: int, backward: bool, part: int = 0) -> int:

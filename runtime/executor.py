@@ -289,10 +289,14 @@ class PlanExecutor:
             else:
                 self.runner.backward(uid, mb, split=phase == "I")
         loss = self.runner.end_step()
-        with span("reduce gradients"):
-            for s in self.syncs:
-                s.reduce()
-        with span("update"):
+        timeline = self.ctx.comm.timeline
+        exchanging = [s for s in self.syncs
+                      if not isinstance(s, GradientSync) or s.method is not SyncMethod.NONE]
+        if exchanging:  # (a parameter held by this device alone has nothing to exchange)
+            with span("reduce gradients"), timeline.span("communication", "reduce gradients"):
+                for s in exchanging:
+                    s.reduce()
+        with span("update"), timeline.span("update", "update"):
             if self.optimizer is not None:
                 self.optimizer.step()
             for s in self.syncs:

@@ -37,6 +37,7 @@ from .inputs import (
 )
 from .model import build_workload, synthetic_batches, to_device, user_batches
 from .report import build_report
+from .timeline import CATEGORIES
 from .worker import WorkerOptions
 
 TRACE_STEPS = 3
@@ -147,6 +148,8 @@ def _run(options, plan, graph, topology, rank, world, me, cpus, warmup, backend,
     wait_ms: list[float] = []
     cpu_ms: list[float] = []
     losses: list[float] = []
+    breakdown: dict[str, list[float]] = {c: [] for c in CATEGORIES}
+    spans: dict[int, tuple[float, list]] = {}  # measured step -> (its start, its spans)
     profiler = None
     trace_file = None
     comm.take_wait_ms()
@@ -158,10 +161,15 @@ def _run(options, plan, graph, topology, rank, world, me, cpus, warmup, backend,
         if cuda:
             torch.cuda.synchronize(torch_device)
         t0, c0 = time.perf_counter(), time.process_time()
+        comm.timeline.begin(t0)
         loss = executor.step(inputs, target)
         if cuda:
             torch.cuda.synchronize(torch_device)
         iteration_ms.append((time.perf_counter() - t0) * 1e3)
+        for category, ms in comm.timeline.finish(iteration_ms[-1]).items():
+            breakdown[category].append(ms)
+        if step >= warmup:
+            spans[step] = (t0 * 1e3, comm.timeline.spans)
         cpu_ms.append((time.process_time() - c0) * 1e3)
         wait_ms.append(comm.take_wait_ms())
         losses.append(loss)
@@ -186,6 +194,7 @@ def _run(options, plan, graph, topology, rank, world, me, cpus, warmup, backend,
                   for ph, times in executor.op_times_ms().items()},
         "device_type": _device_type(topology, me),
         "threads": torch.get_num_threads(), "cpus": list(cpus),
+        "breakdown_ms": breakdown, "spans": spans,
     }
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(result, gathered, dst=0)

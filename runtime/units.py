@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,13 +206,19 @@ class UnitRunner:
         return hull, lo
 
     # ----------------------------------------------------------------- actions
+    @contextmanager
+    def _action(self, name: str) -> Iterator[None]:
+        """A compute action: a range in the ``--trace`` and a span of the step's timeline."""
+        with span(name), self.comm.timeline.span("compute", name):
+            yield
+
     def forward(self, uid: str, mb: int) -> None:
-        with span(f"forward {uid} mb{mb}"):
+        with self._action(f"forward {uid} mb{mb}"):
             self._forward(uid, mb)
 
     def backward(self, uid: str, mb: int, *, split: bool = False) -> None:
         """The backward (``B``), or with ``split`` its input gradients alone (``I``)."""
-        with span(f"backward {uid} mb{mb}"):
+        with self._action(f"backward {uid} mb{mb}"):
             self._backward(uid, mb, split)
 
     def weights(self, uid: str, mb: int) -> None:
@@ -222,7 +228,7 @@ class UnitRunner:
             if self._empty(uid):
                 return
             raise RuntimeError(f"W of unit {uid!r} mb{mb} on {self.device!r} before its I")
-        with span(f"weight gradients {uid} mb{mb}"):
+        with self._action(f"weight gradients {uid} mb{mb}"):
             t0, w0 = time.perf_counter(), self.comm.wait_ms
             deferred()
             self._time(uid, "W", t0, w0)

@@ -101,7 +101,14 @@ def compare_with_run(report: SimReport, result: SimResult, run_path: str | Path)
         measured_compute_ms_by_device={r.device: r.compute_ms for r in run.per_rank},
         measured_wait_ms_by_device={r.device: r.wait_ms for r in run.per_rank},
         measured_cpu_ms_by_device={r.device: r.cpu_ms for r in run.per_rank
-                                   if r.cpu_ms is not None})
+                                   if r.cpu_ms is not None},
+        predicted_breakdown_ms_by_device={
+            d: {c: round(ms, 6) for c, ms in parts.items()}
+            for d, parts in result.breakdown_ms().items() if d in measured},
+        measured_breakdown_ms_by_device={
+            r.device: {c: round(statistics.median(times[run.warmup:] or times), 6)
+                       for c, times in r.breakdown_ms.items()}
+            for r in run.per_rank if r.breakdown_ms})
     return replace(report, comparison=comparison)
 
 

@@ -215,6 +215,32 @@ class SimResult:
         hidden = sum(h for _, h in self._overlap.values())
         return hidden / total if total > 0 else 0.0
 
+    def breakdown_ms(self) -> dict[str, dict[str, float]]:
+        """Per device, where the iteration goes, in the categories of the runtime's timeline.
+
+        ``compute``: its forward, backward and recompute tasks; ``update``: its optimizer
+        tasks (a PS server's too); ``communication``: the time its transfers and collectives
+        run while it computes nothing (all of it on a host-driven CPU); ``idle``: the rest of
+        the iteration. The four sum to the iteration time. O(tasks).
+        """
+        tg = self.tasks
+        n = len(tg.device_names)
+        compute, update = [0.0] * n, [0.0] * n
+        for t, d in enumerate(tg.device):
+            if d >= 0:
+                if tg.kind[t] == TaskKind.UPDATE:
+                    update[d] += tg.duration_ms[t]
+                else:
+                    compute[d] += tg.duration_ms[t]
+        out = {}
+        for d, name in enumerate(tg.device_names):
+            comm, hidden = self._overlap.get(d, (0.0, 0.0))
+            exposed = max(comm - hidden, 0.0)
+            idle = max(self.iteration_ms - compute[d] - update[d] - exposed, 0.0)
+            out[name] = {"compute": compute[d], "communication": exposed, "update": update[d],
+                         "idle": idle}
+        return out
+
     # ------------------------------------------------------------ outputs
     def to_report(self) -> SimReport:
         """The ``sim-report`` artifact of this result."""

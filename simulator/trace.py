@@ -88,3 +88,75 @@ def chrome_trace(result) -> dict:
     return {"traceEvents": meta + events + counters, "displayTimeUnit": "ms",
             "otherData": {"iteration_ms": result.iteration_ms, "planner": result.plan.planner,
                           "tasks": len(tg)}}
+
+
+SIMULATED_PID, MEASURED_PID = 1, 2
+CATEGORY_COLOURS = {"compute": "thread_state_running", "communication": "rail_load",
+                    "update": "rail_idle"}
+
+
+def compared_trace(result, run) -> dict:
+    """One trace of the simulated iteration of ``result`` and the measured step of ``run``
+    (a run-report with a timeline), as two processes: ``simulated`` (a thread per track of
+    ``chrome_trace``: each device's compute and collectives, each link) and ``measured`` (a
+    thread per rank: its actions, the waits nested in them, the gradient exchange and the
+    update). Both start at 0, the measured one at the earliest rank's start of the step.
+
+    Raises ``BadInput`` when the run recorded no timeline. Complexity: that of
+    ``chrome_trace`` plus O(spans of the run's timeline).
+    """
+    from dl_nfv.artifacts import BadInput
+
+    if run.timeline_step is None:
+        raise BadInput(f"the run of {run.plan_path or 'this plan'} recorded no timeline to "
+                       f"trace beside the simulation; run it again with dl-nfv train")
+    sim = chrome_trace(result)
+    processes = {e["pid"]: e["args"]["name"] for e in sim["traceEvents"]
+                 if e["ph"] == "M" and e["name"] == "process_name"}
+    events: list[dict] = [
+        {"ph": "M", "name": "process_name", "pid": SIMULATED_PID, "tid": 0,
+         "args": {"name": f"simulated ({result.iteration_ms:.3f} ms)"}},
+        {"ph": "M", "name": "process_sort_index", "pid": SIMULATED_PID, "tid": 0,
+         "args": {"sort_index": SIMULATED_PID}}]
+
+    def tid(pid: int, thread: int) -> int:
+        return pid * 1000 + thread
+
+    for e in sim["traceEvents"]:
+        if e["ph"] == "M":
+            if e["name"] == "thread_name":
+                t = tid(e["pid"], e["tid"])
+                events.append({**e, "pid": SIMULATED_PID, "tid": t,
+                               "args": {"name": f"{processes[e['pid']]} {e['args']['name']}"}})
+                events.append({"ph": "M", "name": "thread_sort_index", "pid": SIMULATED_PID,
+                               "tid": t, "args": {"sort_index": t}})
+        elif e["ph"] == "C":
+            events.append({**e, "pid": SIMULATED_PID, "name": f"memory {processes[e['pid']]}"})
+        else:
+            events.append({**e, "pid": SIMULATED_PID, "tid": tid(e["pid"], e["tid"])})
+    device_of = {rank: device for device, rank in run.ranks.items()}
+    events.append({"ph": "M", "name": "process_name", "pid": MEASURED_PID, "tid": 0,
+                   "args": {"name": f"measured (step {run.timeline_step}, "
+                                    f"{_step_ms(run):.3f} ms)"}})
+    events.append({"ph": "M", "name": "process_sort_index", "pid": MEASURED_PID, "tid": 0,
+                   "args": {"sort_index": MEASURED_PID}})
+    for rank in sorted(device_of):
+        events.append({"ph": "M", "name": "thread_name", "pid": MEASURED_PID, "tid": rank + 1,
+                       "args": {"name": f"{device_of[rank]} (rank {rank})"}})
+    for span in run.timeline:
+        events.append({"ph": "X", "name": span.name, "cat": span.category,
+                       "pid": MEASURED_PID, "tid": span.rank + 1,
+                       "ts": round(span.start_ms * 1e3, 3),
+                       "dur": round((span.end_ms - span.start_ms) * 1e3, 3),
+                       "cname": CATEGORY_COLOURS[span.category]})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"iteration_ms": result.iteration_ms, "planner": result.plan.planner,
+                          "measured_step": run.timeline_step,
+                          "measured_step_ms": _step_ms(run)}}
+
+
+def _step_ms(run) -> float:
+    """The measured step's time: its slowest rank's."""
+    if run.timeline_step is None:
+        return 0.0
+    return max(r.iteration_ms[run.timeline_step] for r in run.per_rank)

@@ -280,3 +280,37 @@ def test_compare_with_a_run_on_another_graph_or_topology_names_it(files):
                                   folder / f"run-{what}.json", "-o", folder / "r.json"))
         assert expected[what] in line, line
         assert f"run-{what}.json" in line and not (folder / "r.json").exists()
+
+
+def test_compare_shows_each_devices_time_by_category(files):
+    from dataclasses import replace as with_
+
+    folder, g, t, p = files
+    base = _run_report(p)
+    breakdown = {"compute": (9.0, 3.0, 3.2, 2.8), "communication": (0.5, 0.6, 0.4, 0.7),
+                 "update": (0.3, 0.2, 0.2, 0.2), "idle": (0.1, 0.2, 0.4, 0.7)}
+    per_rank = tuple(with_(r, breakdown_ms=breakdown) for r in base.per_rank)
+    save(with_(base, per_rank=per_rank), folder / "run.json")
+    result = CliRunner().invoke(cli, ["simulate", str(folder / "plan.json"), "--compare",
+                                      str(folder / "run.json")], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    table = result.output.split("where the time goes per device")[1].split("└")[0]
+    rows = {ln.split("│")[1].strip(): [c.strip() for c in ln.split("│")[2:-1]]
+            for ln in table.splitlines() if ln.startswith("│")}
+    simulated = simulate(p, g, t).breakdown_ms()
+    # medians over the 3 measured steps (the first is warm-up)
+    medians = {"compute": 3.0, "communication": 0.6, "update": 0.2, "idle": 0.4}
+    for device in t.device_names:
+        assert rows[device] == [
+            f"{simulated[device][c]:.1f} / {medians[c]:.1f} "
+            f"({100 * (simulated[device][c] / medians[c] - 1):+.0f}%)"
+            for c in ("compute", "communication", "update", "idle")]
+
+
+def test_a_trace_beside_a_run_without_a_timeline_exits_2(files):
+    folder, g, t, p = files
+    save(_run_report(p), folder / "run.json")  # no timeline recorded
+    line = one_line_error(run("simulate", folder / "plan.json", "--compare", folder / "run.json",
+                              "--trace", folder / "tr.json", "-o", folder / "r.json"))
+    assert "recorded no timeline" in line
+    assert not (folder / "tr.json").exists() and not (folder / "r.json").exists()

@@ -49,6 +49,10 @@ def test_a_one_device_plan_on_local_cpu_runs_one_thread(tmp_path):
     (rank,) = load(tmp_path / "run.json", expect="run-report").per_rank
     assert rank.threads == 1
     assert len(rank.cpus) == 1 and rank.cpus[0] in os.sched_getaffinity(0)
+    # one device: its steps are computation and the update, and no communication
+    assert rank.breakdown_ms["communication"] == (0.0, 0.0)
+    assert all(c > 0 and u > 0 for c, u in zip(rank.breakdown_ms["compute"],
+                                                rank.breakdown_ms["update"]))
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity here")

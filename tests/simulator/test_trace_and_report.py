@@ -88,3 +88,42 @@ def test_single_device_report_has_no_communication():
     assert report.comm_hidden_fraction == 0
     assert [c.kind for c in report.critical_path] == ["forward", "backward", "update"]
     assert report.critical_path[0].tasks == 3
+
+
+def test_breakdown_of_one_device_is_its_ops_and_its_update():
+    """Three ops of 1 ms forward and 2 ms backward on one device: 9 ms of compute, then the
+    update, back to back: no communication, no idle time."""
+    g = chain(3, 1.0, 2.0)
+    t = star(1)
+    result = simulate(plan(g, t, [one_group(g, t.device_names)]), g, t)
+    (parts,) = result.breakdown_ms().values()
+    assert parts["compute"] == pytest.approx(9.0, abs=1e-6)
+    assert parts["update"] == pytest.approx(result.iteration_ms - 9.0, abs=1e-6)
+    assert parts["update"] > 0
+    assert parts["communication"] == 0 and parts["idle"] == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "V100-16GB"])
+def test_breakdown_sums_to_the_iteration_and_counts_communication_once(device_type):
+    """Data parallelism on two devices: the AllReduce is communication on both. A CPU's own
+    cores do it, so all of it is; a GPU's overlaps its backward, and only the rest is."""
+    from dl_nfv.simulator.tasks import TaskKind
+
+    from .helpers import mesh
+
+    g = chain(4, 1.0, 2.0, param_bytes=8 << 20)
+    t = mesh(2, device_type=device_type, bandwidth_gbps=10.0)
+    p = plan(g, t, [one_group(g, t.device_names, sync=SyncMethod.ALLREDUCE)])
+    result = simulate(p, g, t)
+    tg, s = result.tasks, result.schedule
+    allreduce = sum(s.end_ms[i] - s.start_ms[i] for i, k in enumerate(tg.kind)
+                    if k == TaskKind.ALLREDUCE)
+    assert allreduce > 0
+    usage = {d.device: d for d in result.to_report().devices}
+    for device, parts in result.breakdown_ms().items():
+        assert sum(parts.values()) == pytest.approx(result.iteration_ms)
+        assert parts["compute"] + parts["update"] == pytest.approx(result.busy_ms[device])
+        exposed = usage[device].comm_ms - usage[device].hidden_comm_ms
+        assert parts["communication"] == pytest.approx(exposed, abs=1e-6)
+        if device_type == "cpu":
+            assert parts["communication"] == pytest.approx(allreduce)
