@@ -7,7 +7,7 @@ import statistics
 from rich.console import Group
 from rich.table import Table
 
-from dl_nfv.artifacts.runreport import RunReport
+from dl_nfv.artifacts.runreport import CATEGORIES, RunReport
 
 from .render_graph import _bytes
 
@@ -45,7 +45,27 @@ def render(report: RunReport) -> Group:
                       f"{statistics.median(measured):.3f}",
                       f"{r.compute_ms:.3f}", f"{r.wait_ms:.3f}",
                       "-" if r.cpu_ms is None else f"{r.cpu_ms:.3f}", _bytes(r.peak_memory_bytes))
-    return Group(head, ranks)
+    parts = [head, ranks]
+    if any(r.breakdown_ms for r in report.per_rank):
+        parts.append(_breakdown(report))
+    return Group(*parts)
+
+
+def _breakdown(report: RunReport) -> Table:
+    """Per rank, the median over measured steps of each category of its timeline."""
+    table = Table(title="where each rank's step goes (median ms over measured steps)",
+                  title_justify="left")
+    table.add_column("rank")
+    table.add_column("device")
+    for category in CATEGORIES:
+        table.add_column(category, justify="right")
+    for r in sorted(report.per_rank, key=lambda r: r.rank):
+        if not r.breakdown_ms:
+            continue
+        table.add_row(str(r.rank), r.device, *(
+            f"{statistics.median(r.breakdown_ms[c][report.warmup:]):.3f}"
+            if c in r.breakdown_ms else "-" for c in CATEGORIES))
+    return table
 
 
 def _threads(threads: int, cpus: tuple[int, ...]) -> str:

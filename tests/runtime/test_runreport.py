@@ -82,3 +82,17 @@ def test_each_rank_shows_its_threads_and_cpus():
     rows = {line.split("│")[2].strip(): line.split("│")[4].strip()
             for line in console.file.getvalue().splitlines() if "local/cpu" in line}
     assert rows == {"local/cpu0": "2 @0-1", "local/cpu1": "1"}
+
+
+def test_show_gives_each_ranks_median_step_by_category():
+    report = _report()
+    breakdown = {"compute": (7.0, 3.0, 4.0, 5.0), "communication": (1.0, 0.5, 0.25, 0.75),
+                 "update": (0.5, 0.25, 0.5, 0.5), "idle": (0.5, 0.25, 0.25, 0.25)}
+    per_rank = tuple(replace(r, breakdown_ms=breakdown) for r in report.per_rank)
+    console = Console(file=io.StringIO(), width=140)
+    console.print(render(replace(report, per_rank=per_rank)))
+    text = console.file.getvalue().split("where each rank's step goes")[1]
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines()
+            if "local/cpu" in line]
+    # medians of the 3 steps after the warm-up one
+    assert rows == [[str(r), f"local/cpu{r}", "4.000", "0.500", "0.500", "0.250"] for r in (0, 1)]

@@ -70,3 +70,22 @@ def test_workers_of_unequal_devices_run_their_own_cores(tmp_path):
     else:  # three threads on fewer CPUs: shared, and said so
         assert all(r.cpus == () for r in report.per_rank)
         assert any("not pinned" in n for n in report.notes), report.notes
+
+
+def test_a_device_type_may_state_its_cores_and_a_bad_count_is_refused():
+    from dl_nfv.artifacts import InvalidArtifact
+
+    data = {"kind": "topology", "schema_version": 1, "name": "typed",
+            "device_types": [{"name": "xeon-4c", "kind": "cpu", "memory_gib": 8,
+                              "fp32_tflops": 0.4, "fp16_tflops": 0.4,
+                              "memory_bandwidth_gb_per_s": 40, "cores": 4}],
+            "hosts": [{"name": "h", "devices": [{"type": "xeon-4c", "count": 2},
+                                                {"type": "xeon-4c", "prefix": "small",
+                                                 "cores": 2}],
+                       "interconnect": {"kind": "loopback", "bandwidth_gbps": 8}}]}
+    topo = from_data(Topology, data)
+    names = ("h/cpu0", "h/cpu1", "h/small0")
+    assert device_threads(topo, names, None, local_world=3) == [4, 4, 2]
+    data["hosts"][0]["devices"][1]["cores"] = 0
+    with pytest.raises(InvalidArtifact, match="cores must be > 0, got 0"):
+        from_data(Topology, data)
