@@ -39,6 +39,7 @@ KINDS: dict[str, str] = {
     "plan-comparison": "results:PlanComparison",
     "nfv-bench": "results:NfvBench",
     "network-probe": "results:NetworkProbe",
+    "policy": "policy:Policy",
 }
 
 

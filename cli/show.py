@@ -25,6 +25,7 @@ RENDERERS: dict[str, str] = {
     "plan-comparison": "render_compare:render_comparison",
     "nfv-bench": "render_compare:render_bench",
     "network-probe": "render_compare:render_probe",
+    "policy": "render_policy:render",
 }
 
 

@@ -7,7 +7,9 @@
 * ``encoder`` — a graph-attention encoder (PyTorch Geometric) over the op-group graph,
   conditioned on the devices;
 * ``env`` — the simulator as an environment: a strategy per group -> a ``Plan`` ->
-  simulated -> reward (minus the iteration time, memory overflow penalised).
+  simulated -> reward (minus the iteration time, memory overflow penalised);
+* ``policy`` — trained weights in and out of the ``policy`` artifact, refusing a
+  policy of another feature schema.
 
 Import the modules themselves (``features`` needs torch, ``encoder`` PyTorch
 Geometric); importing this package loads neither.
