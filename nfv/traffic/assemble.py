@@ -3,8 +3,8 @@
 ``assemble(cols, ...)`` groups the decoded packets of a ``PacketColumns`` into
 flows and messages with the meaning of ``flows.FlowTable`` (which stays the
 one flow table: every flow this module cannot prove clean goes through it,
-packet by packet). The work is split so that Python runs per flow and per
-message, never per packet, for clean flows:
+packet by packet). For clean flows Python runs per flow and per message; its
+only per-packet work is slicing each segment's payload for one ``bytes.join``:
 
 1. **Keys**: each packet's endpoints are read from the buffer as two 64-bit
    words per address; the 5-tuple, ordered so both directions agree, is
