@@ -18,6 +18,8 @@ import random
 import dpkt
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dl_nfv.nfv.traffic import load_trace
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
@@ -111,6 +113,32 @@ def test_every_kind_of_flow_interleaved(tmp_path, seed):
         q = rng.choice([q for q in queues if q])
         frames.append(q.pop(0))
     assert assert_same_trace(write_pcap(tmp_path / "mix.pcap", frames)) > 20
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31))
+def test_random_subsets_drops_duplicates_and_clock_jumps(tmp_path, seed):
+    """Any mix of the connections, with a frame dropped or duplicated here and there and
+    timestamps that stall, go back or jump past the idle timeout."""
+    from dl_nfv.nfv.traffic.pcap import PcapWriter
+
+    rng = random.Random(seed)
+    queues = [list(c) for c in _connections(rng) if rng.random() < 0.7]
+    for q in queues:
+        if rng.random() < 0.2 and len(q) > 4:
+            del q[rng.randrange(3, len(q))]
+        if rng.random() < 0.2 and len(q) > 4:
+            i = rng.randrange(len(q))
+            q.insert(i, q[i])
+    path = tmp_path / f"r{seed}.pcap"
+    with PcapWriter(path) as w:
+        t = 1_000_000
+        while any(queues):
+            t += rng.choice([0, 1, 5, 1000]) if rng.random() < 0.98 else \
+                rng.choice([-10, 61_000_000])
+            w.write(rng.choice([q for q in queues if q]).pop(0), t)
+    assert_same_trace(path)
 
 
 def test_idle_gap_and_timestamps_going_back(tmp_path):
