@@ -8,6 +8,8 @@
   conditioned on the devices;
 * ``env`` — the simulator as an environment: a strategy per group -> a ``Plan`` ->
   simulated -> reward (minus the iteration time, memory overflow penalised);
+* ``decoder`` — scores each group's candidate strategies from the embeddings, trained
+  by REINFORCE with a baseline on the environment;
 * ``policy`` — trained weights in and out of the ``policy`` artifact, refusing a
   policy of another feature schema.
 
