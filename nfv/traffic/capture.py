@@ -43,6 +43,7 @@ import mmap
 import struct
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -100,17 +101,33 @@ def records(path: str | Path, malformed: Counter) -> Iterator[tuple[int, bytes, 
     docstring); ``BadInput`` for a file that is not a capture, a bad file header
     or a bad pcapng block length.
     """
+    with mapped(path) as data:
+        for ts_us, start, length, linktype in spans(path, data, malformed):
+            yield ts_us, data[start:start + length], linktype
+
+
+@contextmanager
+def mapped(path: str | Path) -> Iterator[mmap.mmap | bytes]:
+    """The capture file's bytes, memory-mapped read-only (``BadInput`` as ``sniff_format``)."""
     path = Path(path)
-    fmt = sniff_format(path)
+    sniff_format(path)  # an empty file has no magic: BadInput before mapping it
     with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        if fmt == "pcap":
-            yield from _pcap(path, data, malformed)
-        else:
-            yield from _pcapng(path, data, malformed)
+        yield data
+
+
+def spans(path: str | Path, data, malformed: Counter) -> Iterator[tuple[int, int, int, int]]:
+    """Yield ``(ts_us, offset, length, linktype)`` of every readable packet record of the
+    capture ``data`` (from ``mapped``): where each frame lies in the file, nothing copied.
+    Counting and errors as ``records``."""
+    path = Path(path)
+    if bytes(data[:4]) in PCAP_MAGICS:
+        yield from _pcap(path, data, malformed)
+    else:
+        yield from _pcapng(path, data, malformed)
 
 
 # pcap -----------------------------------------------------------------------------
-def _pcap(path: Path, data: mmap.mmap, malformed: Counter) -> Iterator[tuple[int, bytes, int]]:
+def _pcap(path: Path, data: mmap.mmap, malformed: Counter) -> Iterator[tuple[int, int, int, int]]:
     size = len(data)
     if size < 24:
         raise BadInput(f"{path}: pcap file header cut short ({size} of 24 bytes)")
@@ -145,7 +162,7 @@ def _pcap(path: Path, data: mmap.mmap, malformed: Counter) -> Iterator[tuple[int
             pos = nxt
             continue
         last_sec = sec
-        yield sec * 1_000_000 + (frac * ns_per_unit + 500) // 1000, data[pos + 16:end], linktype
+        yield sec * 1_000_000 + (frac * ns_per_unit + 500) // 1000, pos + 16, caplen, linktype
         pos = end
 
 
@@ -235,7 +252,7 @@ def _interface(data, pos: int, length: int, order: str) -> _Interface:
 
 
 def _pcapng(path: Path, data: mmap.mmap, malformed: Counter
-            ) -> Iterator[tuple[int, bytes, int]]:
+            ) -> Iterator[tuple[int, int, int, int]]:
     size = len(data)
     if size < 28:
         raise BadInput(f"{path}: pcapng file header cut short ({size} of at least 28 bytes)")
@@ -291,8 +308,9 @@ def _pcapng(path: Path, data: mmap.mmap, malformed: Counter
 
 
 def _packet(data, pos: int, kind: int, length: int, order: str,
-            interfaces: list[_Interface]) -> tuple[int, bytes, int] | None:
-    """(ts_us, frame, linktype) of an EPB, SPB or PB, or None when its header is inconsistent."""
+            interfaces: list[_Interface]) -> tuple[int, int, int, int] | None:
+    """(ts_us, frame offset, frame length, linktype) of an EPB, SPB or PB, or None when its
+    header is inconsistent."""
     if kind == _SPB:
         if length < 16 or not interfaces:
             return None
@@ -301,7 +319,7 @@ def _packet(data, pos: int, kind: int, length: int, order: str,
         caplen = min(origlen, length - 16)
         if iface.snaplen:
             caplen = min(caplen, iface.snaplen)
-        return 0, data[pos + 12:pos + 12 + caplen], iface.linktype
+        return 0, pos + 12, caplen, iface.linktype
     if length < 32:
         return None
     if kind == _EPB:
@@ -311,7 +329,7 @@ def _packet(data, pos: int, kind: int, length: int, order: str,
     if number >= len(interfaces) or caplen > MAX_CAPLEN or 28 + caplen > length - 4:
         return None
     iface = interfaces[number]
-    return iface.ts_us((hi << 32) | lo), data[pos + 28:pos + 28 + caplen], iface.linktype
+    return iface.ts_us((hi << 32) | lo), pos + 28, caplen, iface.linktype
 
 
 _KNOWN_BLOCKS = np.array([_SHB, _IDB, _PB, _SPB, 4, 5, _EPB, 7, 9, 10, 0xBAD, 0x40000BAD],

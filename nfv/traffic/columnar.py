@@ -1,7 +1,8 @@
 """Columnar packet decoding: every frame of a capture decoded at once with numpy.
 
-``decode_frames`` takes the frames ``capture.records`` yields, lays them back
-to back in one buffer and decodes the link (Ethernet with up to two 802.1Q /
+``read_columns`` takes a capture's bytes as one buffer (the frames where
+``capture.spans`` finds them; ``decode_frames`` lays frames given as bytes back
+to back) and decodes the link (Ethernet with up to two 802.1Q /
 802.1ad tags, raw IP, Linux cooked SLL/SLL2, BSD loopback), network (IPv4,
 IPv6) and transport (TCP, UDP) headers as array operations over the frames'
 start offsets: a ``PacketColumns`` of 5-tuple fields, TCP flags and sequence
@@ -17,7 +18,7 @@ hold its answer; ``PacketColumns.fallback`` counts those frames. So the
 columns equal the reference field by field on every frame, malformed reasons
 included, which the tests check on real, generated and corrupted captures.
 
-Complexity: O(frames + bytes) time, one copy of the frames' bytes.
+Complexity: O(frames + bytes) time, one copy of the file.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from .capture import (
     DLT_LOOP,
     DLT_NULL,
     DLT_RAW,
+    mapped,
+    spans,
 )
-from .pcap import TCP, UDP, MalformedCounts, Packet, decode, read_frames
+from .pcap import TCP, UDP, MalformedCounts, Packet, decode
 
 PAD_BYTES = 128  # zeros after the last frame, so header gathers never index past the buffer
 ETH_IP, ETH_IP6, ETH_8021Q = 0x0800, 0x86DD, 0x8100
@@ -109,15 +112,20 @@ class PacketColumns:
 def read_columns(path: str | Path, malformed: MalformedCounts) -> PacketColumns:
     """Every record of a pcap/pcapng file, decoded into columns.
 
-    Unreadable records are counted in ``malformed`` by ``capture.records``;
+    Unreadable records are counted in ``malformed`` (``capture.spans``);
     ``BadInput`` for a file that is not a capture. O(file size).
     """
-    ts, frames, links = [], [], []
-    for t, frame, link in read_frames(path, malformed):
-        ts.append(t)
-        frames.append(frame)
-        links.append(link)
-    return decode_frames(ts, frames, links)
+    with mapped(path) as data:
+        return decode_records(data, list(spans(path, data, malformed)))
+
+
+def decode_records(data, records: list[tuple[int, int, int, int]]) -> PacketColumns:
+    """Decode the frames of the mapped capture ``data`` that ``records`` (``capture.spans``:
+    timestamp, offset, length, link type) locate. The columns' buffer is one copy of the
+    file, the frames where they lie in it: no per-frame objects."""
+    table = np.array(records, dtype=np.int64).reshape(len(records), 4)
+    blob = b"".join((data, bytes(PAD_BYTES)))
+    return _decode(blob, table[:, 1], table[:, 2], table[:, 0], table[:, 3])
 
 
 def decode_frames(ts_us: Iterable[int], frames: list[bytes], linktypes: Iterable[int]
@@ -128,17 +136,28 @@ def decode_frames(ts_us: Iterable[int], frames: list[bytes], linktypes: Iterable
     starts = np.zeros(n, dtype=np.int64)
     if n:
         np.cumsum(lengths[:-1], out=starts[1:])
-    blob = b"".join(frames) + bytes(PAD_BYTES)
+    return _decode(b"".join(frames) + bytes(PAD_BYTES), starts, lengths, ts_us, linktypes)
+
+
+def _decode(blob: bytes, starts: np.ndarray, lengths: np.ndarray, ts_us: Iterable[int],
+            linktypes: Iterable[int]) -> PacketColumns:
+    """The columns of the frames at ``starts``/``lengths`` of ``blob`` (which ends in
+    ``PAD_BYTES`` zeros); frames the fast path leaves go to the reference decoder."""
+    n = len(starts)
     cols = _Decoder(np.frombuffer(blob, dtype=np.uint8), starts, lengths,
                     np.fromiter(linktypes, dtype=np.int64, count=n)).run()
     ts = np.fromiter(ts_us, dtype=np.int64, count=n)
+    starts = np.ascontiguousarray(starts)
+    lengths = np.ascontiguousarray(lengths)
     rows = np.flatnonzero(cols["fallback"])
     extra: list[bytes] = []
     size = len(blob)
     reasons = list(_REASONS)
     for i in rows.tolist():
+        start = int(starts[i])
+        frame = blob[start:start + int(lengths[i])]
         try:
-            pkt = decode(int(ts[i]), frames[i], int(cols["link"][i]))
+            pkt = decode(int(ts[i]), frame, int(cols["link"][i]))
         except Exception:  # dpkt can fail in ways it does not document; never fatal
             pkt = "undecodable"
         if isinstance(pkt, str):
@@ -152,12 +171,17 @@ def decode_frames(ts_us: Iterable[int], frames: list[bytes], linktypes: Iterable
         cols["flags"][i], cols["seq"][i] = pkt.flags, pkt.seq
         for name, part in (("src_off", pkt.src), ("dst_off", pkt.dst),
                            ("payload_off", pkt.payload)):
+            at = frame.find(part)  # the same bytes inside the frame serve as well
+            if at >= 0:
+                cols[name][i] = start + at
+                continue
             cols[name][i] = size
             extra.append(part)
             size += len(part)
         cols["payload_len"][i] = len(pkt.payload)
     if extra:
         blob += b"".join(extra)
+    cols["addr_len"][cols["reason"] != OK] = 0
     return PacketColumns(
         ts_us=ts, wire_bytes=lengths, reason=cols["reason"], proto=cols["proto"],
         addr_len=cols["addr_len"], src_off=cols["src_off"], dst_off=cols["dst_off"],

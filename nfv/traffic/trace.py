@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from .assemble import Assembled, assemble
-from .columnar import decode_frames
-from .pcap import RECORD_REASONS, TCP, MalformedCounts, address_text, read_frames
+from .capture import mapped, spans
+from .columnar import decode_records
+from .pcap import RECORD_REASONS, TCP, MalformedCounts, address_text
 
 PROTO_NAMES = {6: "tcp", 17: "udp"}
 
@@ -127,14 +128,11 @@ def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0, per_packet: bo
     malformed = MalformedCounts()
     stats: Counter = Counter()
     t0 = time.perf_counter()
-    ts, frames, links = [], [], []
-    for t, frame, link in read_frames(path, malformed):
-        ts.append(t)
-        frames.append(frame)
-        links.append(link)
-    t1 = time.perf_counter()
-    cols = decode_frames(ts, frames, links)
-    del frames
+    with mapped(path) as data:
+        records = list(spans(path, data, malformed))
+        t1 = time.perf_counter()
+        cols = decode_records(data, records)
+    del records
     malformed.update(cols.malformed())
     t2 = time.perf_counter()
     table = assemble(cols, stats, idle_timeout_us=int(idle_timeout_s * 1_000_000),
