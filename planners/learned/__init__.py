@@ -10,6 +10,7 @@
   simulated -> reward (minus the iteration time, memory overflow penalised);
 * ``decoder`` — scores each group's candidate strategies from the embeddings, trained
   by REINFORCE with a baseline on the environment;
+* ``refine`` — local search over single-group moves with the simulator, bounded;
 * ``policy`` — trained weights in and out of the ``policy`` artifact, refusing a
   policy of another feature schema.
 

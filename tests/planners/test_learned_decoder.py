@@ -13,6 +13,7 @@ from dl_nfv.planners.learned.coarsen import coarsen
 from dl_nfv.planners.learned.decoder import SINGLE, StrategyPolicy, candidates, greedy, reinforce
 from dl_nfv.planners.learned.env import StrategyEnv
 from dl_nfv.planners.learned.features import group_graph
+from dl_nfv.planners.learned.refine import refine
 from dl_nfv.simulator.costs import CostModel
 from tests.planners.test_dp_baselines import v100_t4_topology
 from tests.planners.test_learned import _graph
@@ -71,3 +72,29 @@ def test_training_is_reproducible_from_its_seed():
     env, gg = _problem(64 * MIB)
     first, second = _trained(env, gg, seed=3)[1], _trained(env, gg, seed=3)[1]
     assert first.rewards == second.rewards
+
+
+# ---------------------------------------------------------------------------- refinement
+@pytest.mark.parametrize("param_bytes", [64 * MIB, 1024])
+def test_refinement_reaches_the_enumerated_best_from_every_start(param_bytes):
+    """On the toy no single-group move from a non-best pair is a dead end: hill climbing
+    from each of the 36 starting pairs ends at the best pair's reward."""
+    env, _ = _problem(param_bytes)
+    rewards = _enumerated(env)
+    best = max(rewards.values())
+    options = candidates(env.devices)
+    for (i, j), start in rewards.items():
+        result = refine(env, [options[i].strategy, options[j].strategy])
+        assert result.start.reward == start
+        assert result.outcome.reward == best and result.local_optimum, (i, j)
+        assert env.evaluate(result.strategies).reward == best
+
+
+def test_refinement_stops_at_its_evaluation_budget_never_worse_than_its_start():
+    env, _ = _problem(1024)
+    options = candidates(env.devices)
+    start = [options[1].strategy, options[1].strategy]  # both groups on the T4
+    result = refine(env, start, max_evaluations=4)
+    assert result.evaluations == 4 and not result.local_optimum
+    assert result.outcome.reward >= result.start.reward
+    assert result.start.reward == env.evaluate(start).reward
