@@ -1,7 +1,9 @@
 """Data parallelism (baseline): every device holds the whole model and a share of the batch.
 
 Batch shares follow device speed (``balance="proportional"``, the
-heterogeneity-aware baseline) or are even (``balance="even"``, plain DDP).
+heterogeneity-aware baseline) or are even (``balance="even"``, plain DDP). A device
+whose share would hold fewer rows than the graph's batch norms need in training
+(``runnable.min_slice_rows``) is left out, and the batch shared again among the rest.
 Gradients are synchronised by AllReduce in DDP-style buckets that overlap the
 backward pass, or through parameter servers (``sync="ps"``: one server per
 host, parameters sharded over them). All ops form one group on every device
@@ -22,6 +24,7 @@ from .base import (
     started,
 )
 from .bounds import lower_bound
+from .runnable import min_slice_rows, require_rows
 
 MB = 2**20
 
@@ -62,7 +65,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, sync: str = "allr
     if balance not in ("proportional", "even"):
         raise BadInput(f"dp: balance must be 'proportional' or 'even', got {balance!r}")
     weights = device_speeds(cm, names) if balance == "proportional" else [1.0] * len(names)
-    used, shares = replicas(names, integer_shares(graph.model.batch_size, weights))
+    used, shares = replicas(*_counts(graph, names, weights))
     ops = tuple(op.id for op in graph.ops)
     servers: tuple[str, ...] = ()
     if method is SyncMethod.PS:
@@ -82,6 +85,23 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, sync: str = "allr
                   options={"sync": sync, "balance": balance, "bucket_mb": bucket_mb,
                            "collective": collective, "devices": devices, "optimizer": optimizer},
                   started_at=t0, bound=bound, fusion=fusion, optimizer=opt, cost_model=cm)
+
+
+def _counts(graph: OpGraph, names: list[str], weights: list[float]
+            ) -> tuple[list[str], list[int]]:
+    """Devices and their samples by ``weights`` (largest remainder), leaving out one at a
+    time (the fewest samples, then the smallest weight, then the last) while some device
+    would get fewer rows than ``min_slice_rows``; ``InfeasiblePlan`` when one device is left
+    short."""
+    batch, rows = graph.model.batch_size, min_slice_rows(graph)
+    names, weights = list(names), list(weights)
+    counts = integer_shares(batch, weights)
+    while len(names) > 1 and (short := [i for i, c in enumerate(counts) if 0 < c < rows]):
+        drop = min(short, key=lambda i: (counts[i], weights[i], -i))
+        del names[drop], weights[drop]
+        counts = integer_shares(batch, weights)
+    require_rows(graph, min(c for c in counts if c > 0), "dp", f"the batch of {batch}")
+    return names, counts
 
 
 def _pick_devices(cm, devices: str) -> list[str]:

@@ -11,7 +11,10 @@ between the cuts that keep every group whole. The schedule is fill-drain
 (``gpipe``: every forward, then every backward) or one-forward-one-backward
 with a flush (``1f1b``). The microbatch count defaults to the largest divisor
 of the batch not above ``4 x stages`` (GPipe's advice of at least four
-microbatches per stage, within the batch).
+microbatches per stage, within the batch) that leaves every replica's slice the rows
+the graph's batch norms need in training (``runnable.min_slice_rows``: two where a
+batch norm has one value per channel and row); ``InfeasiblePlan`` names the batch norm
+when no count (or the count given) does.
 
 These baselines know nothing of heterogeneous devices or links; that is the
 point of comparing against them.
@@ -29,15 +32,19 @@ from .pipeline.build import Replicas, groups_and_pipeline
 from .pipeline.partition import Layout, StageSpec
 from .pipeline.planner import pipeline_bound
 from .pipeline.problem import Problem
+from .runnable import require_rows
 from .schedules import gpipe as gpipe_schedule
 from .schedules import one_f_one_b
 
 
-def default_microbatches(batch_size: int, stages: int, max_replicas: int = 1) -> int:
-    """Largest divisor of the batch <= 4 x stages that leaves every replica a sample."""
+def default_microbatches(batch_size: int, stages: int, max_replicas: int = 1,
+                         min_rows: int = 1) -> int:
+    """Largest divisor of the batch <= 4 x stages that leaves each of ``max_replicas`` even
+    replicas ``min_rows`` samples (1 when none does)."""
     best = 1
     for m in range(1, batch_size + 1):
-        if batch_size % m == 0 and m <= 4 * stages and batch_size // m >= max_replicas:
+        if (batch_size % m == 0 and m <= 4 * stages
+                and batch_size // m >= max_replicas * min_rows):
             best = m
     return best
 
@@ -147,7 +154,10 @@ def _plan(graph: OpGraph, topology: Topology, kind: str, seed: int, stages: int,
     if stages < 0:
         raise BadInput(f"{kind}: stages must be >= 0, got {stages}")
     count = stages or min(len(problem.devices), len(stage_cuts(problem)) - 1)
-    m = microbatches or default_microbatches(problem.batch_size, count)
+    m = microbatches or default_microbatches(problem.batch_size, count,
+                                             min_rows=problem.min_rows)
+    require_rows(graph, problem.batch_size // m, kind,
+                 f"{m} microbatch(es) of the batch of {problem.batch_size}")
     layout = even_layout(problem, count, m, balance, kind)
     groups, pipeline = baseline_draft(problem, layout, kind)
     bound = pipeline_bound(problem)
@@ -170,7 +180,8 @@ def plan_gpipe(graph: OpGraph, topology: Topology, *, seed: int = 0, stages: int
     stages : int
         Number of stages (0: one per device, at most one per op).
     microbatches : int
-        Microbatches per iteration (0: largest divisor of the batch <= 4 x stages).
+        Microbatches per iteration (0: largest divisor of the batch <= 4 x stages
+        leaving the rows a batch norm needs).
     balance : str
         time (forward+backward time on the first device's type) or params.
     optimizer : str
@@ -190,7 +201,8 @@ def plan_1f1b(graph: OpGraph, topology: Topology, *, seed: int = 0, stages: int 
     stages : int
         Number of stages (0: one per device, at most one per op).
     microbatches : int
-        Microbatches per iteration (0: largest divisor of the batch <= 4 x stages).
+        Microbatches per iteration (0: largest divisor of the batch <= 4 x stages
+        leaving the rows a batch norm needs).
     balance : str
         time (forward+backward time on the first device's type) or params.
     optimizer : str

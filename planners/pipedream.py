@@ -20,7 +20,12 @@ order (PipeDream's antichain states are the same thing for a chain):
   (the DP runs over the ranges between those cuts);
 * the memory constraint: parameters, gradients and optimizer state plus the
   stash of ``ceil((N - m) / m')`` in-flight microbatches must fit the smallest
-  device.
+  device;
+* the rows constraint: a stage is replicated on no more devices than leave each
+  replica's even slice of a microbatch the rows the graph's batch norms need in
+  training (``runnable.min_slice_rows``), counting the devices inside each machine of
+  an upper level; ``InfeasiblePlan`` names the batch norm when a microbatch itself is
+  smaller.
 
 The stages and replication factors are then laid on the devices in topology
 order (each upper-level stage on whole hosts, its lower-level stages on runs
@@ -42,6 +47,7 @@ from .gpipe import baseline_draft, check_microbatches, default_microbatches, sta
 from .pipeline.partition import Layout, StageSpec
 from .pipeline.planner import pipeline_bound
 from .pipeline.problem import Problem
+from .runnable import require_rows
 
 INF = float("inf")
 
@@ -72,7 +78,9 @@ class _Level:
     """One level of PipeDream's DP: ``best[i][j][m]`` = (time, split, replicas) for range [i, j)."""
 
     def __init__(self, compute, params, stash, machines: int, bandwidth: float, within: int,
-                 total_machines: int, memory: float, final: bool, ratio: float, out_act):
+                 total_machines: int, memory: float, final: bool, ratio: float, out_act,
+                 wide, most: int):
+        # wide[i][j]: devices per machine a range [i, j) runs on; most: devices a stage may have
         n = len(compute) - 1
         self.n, self.machines = n, machines
         A = [[[(INF, None, None)] * machines for _ in range(n + 1)] for _ in range(n + 1)]
@@ -81,7 +89,7 @@ class _Level:
                 c = compute[i][j]
                 if c == INF:
                     continue
-                for m in range(machines):
+                for m in range(min(machines, most // wide[i][j])):
                     in_flight = math.ceil((total_machines - (m + 1)) / (m + 1))
                     if params[i][j] + stash[i][j] * max(in_flight, 1) > memory:
                         continue
@@ -95,7 +103,7 @@ class _Level:
                     if A[i][j][m - 1][0] < best[0]:  # use fewer machines
                         best = A[i][j][m - 1]
                     for k in range(i + 1, j):
-                        for mp in range(1, m + 1):
+                        for mp in range(1, min(m, most // wide[k][j]) + 1):
                             prev = A[i][k][m - mp][0]
                             if prev == INF or compute[k][j] == INF:
                                 continue
@@ -130,6 +138,11 @@ class _Level:
 
 def pipedream_layout(problem: Problem, microbatches: int, ratio: float = 0.0) -> Layout:
     """PipeDream's partition laid on the devices (see the module docstring)."""
+    rows = problem.batch_size // microbatches
+    require_rows(problem.graph, rows, "pipedream",
+                 f"{microbatches} microbatch(es) of the batch of {problem.batch_size}")
+    # devices a stage may be replicated on (a replica given no rows is simply left out)
+    most = rows // problem.min_rows if problem.min_rows > 1 else len(problem.devices)
     cuts = stage_cuts(problem)  # the DP runs over the ranges between these positions
     n = len(cuts) - 1
     t = int(problem.type_of[0])
@@ -149,14 +162,17 @@ def pipedream_layout(problem: Problem, microbatches: int, ratio: float = 0.0) ->
     out_act = [float(problem.cut_bytes[b]) for b in cuts]
     tiers = []
     within = 1
+    wide = [[1] * (n + 1) for _ in range(n + 1)]
     for k, (machines, bandwidth) in enumerate(levels):
         final = k == len(levels) - 1
         level = _Level(compute, static, stash, machines, bandwidth, within, N, memory, final,
-                       ratio, out_act)
+                       ratio, out_act, wide, most)
         tiers.append(level)
         if not final:
             compute = [[level.A[i][j][machines - 1][0] if j > i else INF for j in range(n + 1)]
                        for i in range(n + 1)]
+            wide = [[max((r for _, _, r in level.splits(i, j)), default=1)
+                     if compute[i][j] < INF else 1 for j in range(n + 1)] for i in range(n + 1)]
         within = machines
     top = tiers[-1]
     if top.A[0][n][top.machines - 1][0] == INF:
@@ -228,6 +244,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
 
 
 def auto_microbatches(problem: Problem, layout: Layout) -> int:
-    """The gpipe rule, keeping a sample per replica."""
+    """The gpipe rule, keeping every replica the rows a batch norm needs (a sample at least)."""
     widest = max(len(s.devices) for s in layout.stages)
-    return default_microbatches(problem.batch_size, len(layout.stages), widest)
+    return default_microbatches(problem.batch_size, len(layout.stages), widest,
+                                min_rows=problem.min_rows)

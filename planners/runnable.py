@@ -10,7 +10,8 @@ norm whose output has one position per channel (after global pooling, or on
 
 ``batch_norm_rows`` reads that from the op graph (an op named like a batch norm,
 its channels from its two affine parameters, its output's size from its outgoing
-edges); ``min_slice_rows`` is what a planner choosing microbatches and shares needs;
+edges); ``min_slice_rows`` is what a planner choosing microbatches and shares needs,
+and ``require_rows`` refuses (``InfeasiblePlan``) a slice size no choice can raise;
 ``slice_rows`` gives the rows of every replica slice of a plan; and
 ``check_batch_norm_rows`` raises naming the op, the group, the device and the rows.
 A batch norm without affine parameters or without outgoing edges is not checked
@@ -23,7 +24,7 @@ Complexity: O(ops + edges + groups x replicas).
 
 from __future__ import annotations
 
-from dl_nfv.artifacts import InvalidArtifact, OpGraph, Plan
+from dl_nfv.artifacts import InfeasiblePlan, InvalidArtifact, OpGraph, Plan
 
 from .base import integer_shares
 
@@ -55,6 +56,17 @@ def min_slice_rows(graph: OpGraph) -> int:
     ``graph``: 2 when a batch norm needs them (``batch_norm_rows``), else 1. A planner that
     picks microbatch counts or batch shares keeps every non-empty slice at least this big."""
     return max(batch_norm_rows(graph).values(), default=1)
+
+
+def require_rows(graph: OpGraph, rows: int, planner: str, why: str) -> None:
+    """Raise ``InfeasiblePlan`` naming the batch norm and the rows when a slice of ``rows``
+    rows (``why`` says what leaves it that few) is too small to train ``graph``."""
+    short = [(op, need) for op, need in batch_norm_rows(graph).items() if rows < need]
+    if short:
+        op, need = short[0]
+        raise InfeasiblePlan(f"{planner}: batch norm {op!r} needs at least {need} rows per "
+                             f"replica slice in training (one value per channel otherwise), "
+                             f"but {why} leaves {rows}")
 
 
 def slice_rows(plan: Plan) -> dict[str, dict[str, int]]:

@@ -19,6 +19,7 @@ from dl_nfv.planners.pipeline.build import Replicas, groups_and_pipeline
 from dl_nfv.planners.pipeline.partition import Layout, StageSpec
 from dl_nfv.planners.pipeline.problem import Problem
 from dl_nfv.planners.pipeline.search import evaluate as time_layout
+from dl_nfv.planners.runnable import min_slice_rows, require_rows
 from dl_nfv.planners.schedules import one_f_one_b
 from dl_nfv.simulator.costs import CostModel
 
@@ -37,7 +38,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     ----------
     microbatches : int
         Microbatches per iteration the loads are counted at (0: the largest divisor of
-        the batch not above 4 x devices).
+        the batch not above 4 x devices that leaves a microbatch the rows the graph's
+        batch norms need in training, ``runnable.min_slice_rows``).
     time_limit : float
         CPU seconds for listing the ideals and the dynamic program; past it the planner
         stops with exit code 2 (building and simulating the plan come after).
@@ -51,7 +53,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     bottleneck load per iteration and per sample) and every stage's load. Raises
     ``ExactLimit`` (exit 2) past the time limit or the ideal cap, ``BadInput`` for a bad
     option or a topology whose routes differ, ``InfeasiblePlan`` when no split fits in
-    memory.
+    memory or a microbatch holds fewer rows than a batch norm needs.
 
     Complexity: O(ideals^2 x count vectors) time (docs/planners/exact.md).
     """
@@ -65,7 +67,10 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     cm = CostModel(graph, topology)
     pair = uniform_route(cm)
     classes = device_classes(cm)
-    m = microbatches or default_microbatches(graph.model.batch_size, len(cm.cluster.devices))
+    batch = graph.model.batch_size
+    m = microbatches or default_microbatches(batch, len(cm.cluster.devices),
+                                             min_rows=min_slice_rows(graph))
+    require_rows(graph, batch // m, "exact", f"{m} microbatch(es) of the batch of {batch}")
     deadline = time.process_time() + time_limit
     blocks = block_graph(graph)
     ideals = enumerate_ideals(blocks, max_ideals=max_ideals, deadline=deadline)

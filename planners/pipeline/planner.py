@@ -38,6 +38,7 @@ from dl_nfv.artifacts import (
 )
 from dl_nfv.planners.base import GIB, finish, gradient_buckets, optimizer_named, started
 from dl_nfv.planners.bounds import Bound, critical_path_ms, stage_balanced_bound_ms, work_bound_ms
+from dl_nfv.planners.runnable import require_rows
 
 from .build import (
     BUCKET_BYTES,
@@ -109,7 +110,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     Returns a ``Plan`` with ``bound_ms`` (work, critical path and the stage-balanced
     bound, see ``pipeline_bound``). Raises ``BadInput`` for a bad option (a microbatch count
     that does not divide the batch, more stages than ops) and ``InfeasiblePlan`` when
-    no plan fits in memory, naming the shortfall.
+    no plan fits in memory, naming the shortfall, or when a microbatch holds fewer rows
+    than a batch norm of the graph needs in training (``runnable.min_slice_rows``).
 
     Complexity: O(orderings x microbatch counts x n^2 D^2) for the DP (n ops, D
     devices), O(layouts x stages^2 x microbatches) for scheduling, plus ~10 simulations.
@@ -121,6 +123,9 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     if max_replicas < 0:
         raise BadInput(f"pipeline: max_replicas must be >= 0, got {max_replicas}")
     _check_memory_floor(problem)
+    m = microbatches or 1
+    require_rows(graph, problem.batch_size // m, "pipeline",
+                 f"{m} microbatch(es) of the batch of {problem.batch_size}")
     policies = SCHEDULES[schedule]
     # the bound first; the search's cut-offs count the plan's CPU time from here, bound
     # included, so that the steps never cut have the rest of the limit whatever it took
@@ -357,7 +362,8 @@ def _seed_drafts(graph, topology, problem: Problem, microbatches: int, max_stage
     for kind in ("gpipe", "1f1b"):
         if schedule not in ("auto", kind):
             continue
-        for m in counts(default_microbatches(problem.batch_size, count)):
+        for m in counts(default_microbatches(problem.batch_size, count,
+                                             min_rows=problem.min_rows)):
             try:
                 layout = even_layout(problem, count, m, "time", kind)
                 groups, pipeline = baseline_draft(problem, layout, kind)

@@ -40,6 +40,7 @@ import numpy as np
 
 from dl_nfv.artifacts import OpGraph, Optimizer, TieSync, Topology, fingerprint
 from dl_nfv.planners.colocation import allowed_cuts
+from dl_nfv.planners.runnable import min_slice_rows
 from dl_nfv.simulator.costs import CostModel
 
 MAX_UNITS = 96
@@ -205,6 +206,11 @@ class Problem:
     def fingerprints(self) -> tuple[str, str]:
         """The sha256 of the graph and of the topology (a plan records them)."""
         return fingerprint(self.graph), fingerprint(self.topology)
+
+    @cached_property
+    def min_rows(self) -> int:
+        """The fewest rows a replica's slice of a microbatch may hold (``min_slice_rows``)."""
+        return min_slice_rows(self.graph)
 
     @property
     def coarsened(self) -> bool:

@@ -1,11 +1,14 @@
 """The pipeline search: orderings x microbatch counts x DP layouts, timed by the scheduler.
 
 1. **Orderings** (``mapping.candidate_orderings``) and **microbatch counts**
-   (divisors of the batch, or the one the user fixed).
+   (divisors of the batch that leave a microbatch ``Problem.min_rows`` rows, the rows
+   the graph's batch norms need in training, or the one the user fixed).
 2. For every pair, the partition DP (``partition.OrderingTables``) finds the smallest
    feasible bottleneck and one layout per cap of the grid above it.
-3. Every distinct layout gets integer replica shares and the scheduler's inputs,
-   and is screened by a closed-form flush estimate (``flush_estimate_ms``); an
+3. Every distinct layout gets integer replica shares and the scheduler's inputs
+   (a layout that leaves a replica fewer than ``Problem.min_rows`` rows is skipped, as
+   one that does not fit; where that is 2, the DP gets no stage wider than the
+   microbatch's rows allow), and is screened by a closed-form flush estimate (``flush_estimate_ms``); an
    (ordering, microbatch count) is scored by the list-scheduled time of its
    ``TOP_PER_EXPLORE`` best layouts by estimate (three list variants, one splitting
    backwards; skipping layouts estimated ``ESTIMATE_SLACK`` above the best time so far).
@@ -155,8 +158,11 @@ class Screened:
 
 
 def screen(problem: Problem, layout: Layout) -> Screened | None:
-    """Replicas, scheduler inputs and the flush estimate; None when a stage cannot hold a microbatch."""
+    """Replicas, scheduler inputs and the flush estimate; None when a stage cannot hold a
+    microbatch, or a replica's slice of one has fewer rows than ``problem.min_rows``."""
     reps = all_replicas(problem, layout)
+    if min(c for r in reps for c in r.counts) < problem.min_rows:
+        return None
     costs = stage_costs(problem, layout, reps)
     if min(costs.caps) < 1:
         return None
@@ -206,7 +212,7 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
         scoring.tie_sync = TieSync.ALLREDUCE
     state = _Search(scoring, policies, max_stages, max_replicas)
     state.consider(extra)
-    options = microbatch_options(problem.batch_size, microbatches)
+    options = microbatch_options(problem.batch_size, microbatches, problem.min_rows)
     per_ordering = []
     for ordering in candidate_orderings(problem.cm, fold=bool(problem.ties)):
         scores = state.explore(ordering, options)
@@ -278,8 +284,12 @@ class _Search:
         base = OrderingTables(self.problem, ordering, self.cache)
         for m in ms:
             tables = base.for_microbatches(m)
-            if self.max_replicas:
-                _limit_replicas(tables, self.max_replicas)
+            most = self.max_replicas
+            if self.problem.min_rows > 1:  # wider stages leave a replica too few rows
+                fit = self.problem.batch_size // m // self.problem.min_rows
+                most = min(most or fit, fit)
+            if most:
+                _limit_replicas(tables, most)
             tau0 = tables.min_bottleneck()
             if tau0 == float("inf"):
                 continue
