@@ -8,8 +8,9 @@
   conditioned on the devices;
 * ``env`` — the simulator as an environment: a strategy per group -> a ``Plan`` ->
   simulated -> reward (minus the iteration time, memory overflow penalised);
-* ``decoder`` — scores each group's candidate strategies from the embeddings, trained
-  by REINFORCE with a baseline on the environment;
+* ``decoder`` — scores each group's candidate strategies from the embeddings;
+* ``reinforce`` — trains encoder and decoder by REINFORCE with a baseline over one or
+  more (graph, cluster) problems on the environment;
 * ``refine`` — local search over single-group moves with the simulator, bounded;
 * ``policy`` — trained weights in and out of the ``policy`` artifact, refusing a
   policy of another feature schema.

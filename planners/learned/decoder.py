@@ -1,4 +1,4 @@
-"""A per-group strategy decoder and its REINFORCE training on the environment.
+"""A per-group strategy decoder: which candidate strategy each op group takes.
 
 Candidates (``candidates``): for a cluster of D devices, each device alone (model
 parallel), the whole cluster replicated with AllReduce and even or speed-proportional
@@ -9,22 +9,14 @@ over the replica set plus the server's embedding) and a learned embedding of its
 the decoder scores ``MLP(group embedding ‖ candidate embedding)`` and samples one
 candidate per group independently (a softmax per group).
 
-Training (``reinforce``): REINFORCE with a moving-average baseline, as HeteroG trains
-its policy: sample a strategy for every group, score it with ``StrategyEnv.evaluate``,
-and push up the log-probability of the sampled strategy in proportion to the reward's
-advantage over the baseline, normalised by the baseline's magnitude so one learning
-rate serves graphs of any iteration time. Seeded: same problem, seed and episodes give
-the same weights.
+``reinforce.py`` trains it; ``greedy`` reads each group's most likely candidate.
 
 Limits: replica sets are the single devices or the whole cluster (no subsets yet);
-groups are decided independently given the embeddings (no autoregressive decoding);
-one (graph, cluster) per training call.
+groups are decided independently given the embeddings (no autoregressive decoding).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +25,7 @@ from torch import nn
 from dl_nfv.artifacts import SyncMethod
 
 from .encoder import GroupEncoder
-from .env import GroupStrategy, Outcome, StrategyEnv
+from .env import GroupStrategy, StrategyEnv
 from .features import GroupGraph
 
 # candidate kinds, in the order of the kind embedding
@@ -87,56 +79,6 @@ class StrategyPolicy(nn.Module):
         return self.score(pairs).squeeze(-1)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Training:
-    """What ``reinforce`` did: the best strategy it sampled and the reward per episode."""
-
-    best: tuple[GroupStrategy, ...]
-    best_outcome: Outcome
-    rewards: tuple[float, ...]
-
-
-def reinforce(policy: StrategyPolicy, env: StrategyEnv, graph: GroupGraph, *, episodes: int,
-              seed: int = 0, learning_rate: float = 0.01, baseline_decay: float = 0.9) -> Training:
-    """Train ``policy`` on one environment by REINFORCE with a moving-average baseline.
-
-    Complexity: ``episodes`` x (one encoder pass + one simulation). The network is small,
-    so it runs on one thread: more threads only contend (tens of times slower on a loaded
-    two-core machine).
-    """
-    with _one_thread():
-        return _reinforce(policy, env, graph, episodes=episodes, seed=seed,
-                          learning_rate=learning_rate, baseline_decay=baseline_decay)
-
-
-def _reinforce(policy: StrategyPolicy, env: StrategyEnv, graph: GroupGraph, *, episodes: int,
-               seed: int, learning_rate: float, baseline_decay: float) -> Training:
-    options = candidates(env.devices)
-    generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=learning_rate)
-    baseline: float | None = None
-    best: tuple[tuple[GroupStrategy, ...], Outcome] | None = None
-    rewards = []
-    for _ in range(episodes):
-        logits = policy(graph, options)
-        dist = torch.distributions.Categorical(logits=logits)
-        picks = torch.multinomial(torch.softmax(logits.detach(), dim=1), 1, generator=generator).squeeze(1)
-        strategies = tuple(options[int(i)].strategy for i in picks)
-        outcome = env.evaluate(strategies)
-        rewards.append(outcome.reward)
-        if best is None or outcome.reward > best[1].reward:
-            best = (strategies, outcome)
-        baseline = outcome.reward if baseline is None else (
-            baseline_decay * baseline + (1 - baseline_decay) * outcome.reward)
-        advantage = (outcome.reward - baseline) / max(abs(baseline), 1e-9)
-        loss = -advantage * dist.log_prob(picks).sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    assert best is not None
-    return Training(best=best[0], best_outcome=best[1], rewards=tuple(rewards))
-
-
 def greedy(policy: StrategyPolicy, env: StrategyEnv, graph: GroupGraph) -> tuple[GroupStrategy, ...]:
     """Each group's most likely candidate."""
     options = candidates(env.devices)
@@ -144,13 +86,3 @@ def greedy(policy: StrategyPolicy, env: StrategyEnv, graph: GroupGraph) -> tuple
         picks = policy(graph, options).argmax(dim=1)
     return tuple(options[int(i)].strategy for i in picks)
 
-
-@contextmanager
-def _one_thread() -> Iterator[None]:
-    """Run torch's CPU kernels on one thread for a while, then restore the count."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)

@@ -191,3 +191,17 @@ def test_memory_overflow_is_penalised_by_its_shortfall():
     assert not outcome.feasible and outcome.shortfall_bytes == short
     assert outcome.reward == pytest.approx(
         -result.iteration_ms * (1 + OVERFLOW_WEIGHT * short / (16 * GIB)))
+
+
+def test_every_candidate_strategy_makes_a_plan_validate_plan_accepts():
+    from dl_nfv.planners.learned.decoder import candidates
+    from dl_nfv.planners.validate import validate_plan
+
+    graph, topology = _graph(colocation=[("l2", "l4")]), _topology()
+    cm = CostModel(graph, topology)
+    env = StrategyEnv(graph, topology, coarsen(cm, target=4), cost_model=cm)
+    options = [c.strategy for c in candidates(env.devices)]
+    for k, option in enumerate(options):  # each candidate, beside a different one elsewhere
+        other = options[(k + 1) % len(options)]
+        strategies = [option if g % 2 == 0 else other for g in range(len(env.coarsening.groups))]
+        validate_plan(env.plan_of(strategies), graph, topology, check_fingerprints=True)

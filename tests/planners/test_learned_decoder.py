@@ -9,11 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dl_nfv.artifacts import BadInput
 from dl_nfv.planners.learned.coarsen import coarsen
-from dl_nfv.planners.learned.decoder import SINGLE, StrategyPolicy, candidates, greedy, reinforce
+from dl_nfv.planners.learned.decoder import SINGLE, StrategyPolicy, candidates, greedy
 from dl_nfv.planners.learned.env import StrategyEnv
 from dl_nfv.planners.learned.features import group_graph
 from dl_nfv.planners.learned.refine import refine
+from dl_nfv.planners.learned.reinforce import Problem, reinforce
 from dl_nfv.simulator.costs import CostModel
 from tests.planners.test_dp_baselines import v100_t4_topology
 from tests.planners.test_learned import _graph
@@ -38,7 +40,7 @@ def _enumerated(env: StrategyEnv) -> dict[tuple[int, int], float]:
 def _trained(env, gg, seed: int = 0):
     torch.manual_seed(seed)
     policy = StrategyPolicy(hidden=32, layers=1, heads=2)
-    return policy, reinforce(policy, env, gg, episodes=EPISODES, seed=seed)
+    return policy, reinforce(policy, [Problem(env=env, graph=gg)], episodes=EPISODES, seed=seed)[0]
 
 
 def test_candidates_are_each_device_and_the_whole_cluster_four_ways():
@@ -68,10 +70,29 @@ def test_reinforce_learns_the_toys_best_strategy(param_bytes):
     assert training.best_outcome.reward == max(training.rewards)
 
 
-def test_training_is_reproducible_from_its_seed():
+def test_one_policy_learns_two_problems_whose_best_strategies_differ():
+    """Trained on both toys in turn, the policy tells them apart by their features: the
+    V100 alone where parameters are heavy, both devices where they are light."""
+    problems = [Problem(env=env, graph=gg) for env, gg in (_problem(64 * MIB), _problem(1024))]
+    torch.manual_seed(0)
+    policy = StrategyPolicy(hidden=32, layers=1, heads=2)
+    trainings = reinforce(policy, problems, episodes=4 * EPISODES, seed=0, learning_rate=0.002)
+    assert [len(t.rewards) for t in trainings] == [2 * EPISODES, 2 * EPISODES]
+    for p in problems:
+        best = max(_enumerated(p.env).values())
+        assert p.env.evaluate(greedy(policy, p.env, p.graph)).reward >= best * (1 + 1e-3)
+
+
+def test_training_is_reproducible_from_its_seed_and_needs_a_problem():
     env, gg = _problem(64 * MIB)
-    first, second = _trained(env, gg, seed=3)[1], _trained(env, gg, seed=3)[1]
-    assert first.rewards == second.rewards
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        policy = StrategyPolicy(hidden=32, layers=1, heads=2)
+        runs.append(reinforce(policy, [Problem(env=env, graph=gg)], episodes=30, seed=3)[0])
+    assert runs[0].rewards == runs[1].rewards and len(set(runs[0].rewards)) > 1
+    with pytest.raises(BadInput, match="at least one problem"):
+        reinforce(policy, [], episodes=10)
 
 
 # ---------------------------------------------------------------------------- refinement
