@@ -180,8 +180,7 @@ def plan_gpipe(graph: OpGraph, topology: Topology, *, seed: int = 0, stages: int
     stages : int
         Number of stages (0: one per device, at most one per op).
     microbatches : int
-        Microbatches per iteration (0: largest divisor of the batch <= 4 x stages
-        leaving the rows a batch norm needs).
+        Microbatches per iteration (0: largest divisor of the batch <= 4 x stages).
     balance : str
         time (forward+backward time on the first device's type) or params.
     optimizer : str
@@ -201,8 +200,7 @@ def plan_1f1b(graph: OpGraph, topology: Topology, *, seed: int = 0, stages: int 
     stages : int
         Number of stages (0: one per device, at most one per op).
     microbatches : int
-        Microbatches per iteration (0: largest divisor of the batch <= 4 x stages
-        leaving the rows a batch norm needs).
+        Microbatches per iteration (0: largest divisor of the batch <= 4 x stages).
     balance : str
         time (forward+backward time on the first device's type) or params.
     optimizer : str

@@ -38,8 +38,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     ----------
     microbatches : int
         Microbatches per iteration the loads are counted at (0: the largest divisor of
-        the batch not above 4 x devices that leaves a microbatch the rows the graph's
-        batch norms need in training, ``runnable.min_slice_rows``).
+        the batch not above 4 x devices).
     time_limit : float
         CPU seconds for listing the ideals and the dynamic program; past it the planner
         stops with exit code 2 (building and simulating the plan come after).
