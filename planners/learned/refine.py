@@ -41,7 +41,7 @@ class Refinement:
 def refine(env: StrategyEnv, start: Sequence[GroupStrategy], *, max_evaluations: int = 2000,
            time_limit_s: float = 30.0) -> Refinement:
     """Hill-climb from ``start`` by single-group moves (see the module docstring)."""
-    options = [c.strategy for c in candidates(env.devices)]
+    options = [c.strategy for c in candidates(env.cm.cluster)]
     current = list(start)
     best = first = env.evaluate(current)
     evaluations, sweeps = 1, 0

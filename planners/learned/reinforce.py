@@ -71,7 +71,7 @@ def reinforce(policy: StrategyPolicy, problems: Sequence[Problem], *, episodes: 
 
 def _train(policy: StrategyPolicy, problems: Sequence[Problem], *, episodes: int, seed: int,
            learning_rate: float, baseline_decay: float) -> tuple[Training, ...]:
-    options = [candidates(p.env.devices) for p in problems]
+    options = [candidates(p.env.cm.cluster) for p in problems]
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=learning_rate)
     baselines: list[float | None] = [None] * len(problems)

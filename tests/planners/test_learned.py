@@ -200,7 +200,7 @@ def test_every_candidate_strategy_makes_a_plan_validate_plan_accepts():
     graph, topology = _graph(colocation=[("l2", "l4")]), _topology()
     cm = CostModel(graph, topology)
     env = StrategyEnv(graph, topology, coarsen(cm, target=4), cost_model=cm)
-    options = [c.strategy for c in candidates(env.devices)]
+    options = [c.strategy for c in candidates(env.cm.cluster)]
     for k, option in enumerate(options):  # each candidate, beside a different one elsewhere
         other = options[(k + 1) % len(options)]
         strategies = [option if g % 2 == 0 else other for g in range(len(env.coarsening.groups))]

@@ -9,9 +9,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dl_nfv.artifacts import BadInput
+from dl_nfv.artifacts import BadInput, cluster_of, load
 from dl_nfv.planners.learned.coarsen import coarsen
-from dl_nfv.planners.learned.decoder import SINGLE, StrategyPolicy, candidates, greedy
+from dl_nfv.planners.learned.decoder import (
+    SINGLE,
+    SUBSET_PROP,
+    StrategyPolicy,
+    candidates,
+    greedy,
+    replica_subsets,
+)
 from dl_nfv.planners.learned.env import StrategyEnv
 from dl_nfv.planners.learned.features import group_graph
 from dl_nfv.planners.learned.refine import refine
@@ -32,7 +39,7 @@ def _problem(param_bytes: int):
 
 
 def _enumerated(env: StrategyEnv) -> dict[tuple[int, int], float]:
-    options = candidates(env.devices)
+    options = candidates(env.cm.cluster)
     return {(i, j): env.evaluate([a.strategy, b.strategy]).reward
             for i, a in enumerate(options) for j, b in enumerate(options)}
 
@@ -44,10 +51,26 @@ def _trained(env, gg, seed: int = 0):
 
 
 def test_candidates_are_each_device_and_the_whole_cluster_four_ways():
-    options = candidates(("a/gpu0", "b/gpu0"))
+    options = candidates(cluster_of(v100_t4_topology()))
+    # one device per type and per host: no replica subsets
     assert len(options) == 2 * 2 + 2
     assert [c.strategy.devices for c in options if c.kind == SINGLE] == [("a/gpu0",), ("b/gpu0",)]
     assert {c.strategy.ps_server for c in options} == {"", "a/gpu0", "b/gpu0"}
+
+
+def test_replica_subsets_are_each_type_and_each_host_once(topology_path):
+    """The HeteroG testbed: hosts v100 (2 V100), gtx0 and gtx1 (2 1080Ti each), p100
+    (2 P100). Types give {v100}, {gtx0, gtx1} (4 devices), {p100}; hosts add gtx0 and
+    gtx1 alone (v100 and p100 repeat their types)."""
+    cluster = cluster_of(load(topology_path))
+    hosts = [[n for n in cluster.device_names if n.startswith(h + "/")]
+             for h in ("v100", "gtx0", "gtx1", "p100")]
+    subsets = [tuple(cluster.device_names[i] for i in s) for s in replica_subsets(cluster)]
+    assert subsets == [tuple(hosts[0]), (*hosts[1], *hosts[2]), tuple(hosts[3]),
+                       tuple(hosts[1]), tuple(hosts[2])]
+    options = candidates(cluster)
+    assert len(options) == 2 * 8 + 2 + 5
+    assert all(c.strategy.balance == "proportional" for c in options if c.kind == SUBSET_PROP)
 
 
 @pytest.mark.parametrize("param_bytes", [64 * MIB, 1024])
@@ -103,7 +126,7 @@ def test_refinement_reaches_the_enumerated_best_from_every_start(param_bytes):
     env, _ = _problem(param_bytes)
     rewards = _enumerated(env)
     best = max(rewards.values())
-    options = candidates(env.devices)
+    options = candidates(env.cm.cluster)
     for (i, j), start in rewards.items():
         result = refine(env, [options[i].strategy, options[j].strategy])
         assert result.start.reward == start
@@ -113,7 +136,7 @@ def test_refinement_reaches_the_enumerated_best_from_every_start(param_bytes):
 
 def test_refinement_stops_at_its_evaluation_budget_never_worse_than_its_start():
     env, _ = _problem(1024)
-    options = candidates(env.devices)
+    options = candidates(env.cm.cluster)
     start = [options[1].strategy, options[1].strategy]  # both groups on the T4
     result = refine(env, start, max_evaluations=4)
     assert result.evaluations == 4 and not result.local_optimum
