@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .columnar import OK, PacketColumns
-from .flows import FlowState, FlowTable, Message, handshake_step
+from .flows import FlowState, FlowTable, Message
 from .http import MAX_HEADER_BYTES, REQUEST, RESPONSE, Framer, looks_like_http_request
 from .pcap import ACK, FIN, RST, SYN, TCP
 
@@ -306,7 +306,7 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[_Part, np
     order = np.lexsort((start, d, closing, when))
     order = order[ok[order]]
     keys = np.flatnonzero(clean & ~rejected)
-    flows = [_flow_state(p, plan, k, i) for i, k in enumerate(keys.tolist())]
+    flows = _flow_states(p, plan, keys)
     fid = np.full(len(clean), -1, dtype=np.int64)
     fid[keys] = np.arange(len(keys))
     messages = [Message(f, dd, msgs[i][3], h, msgs[i][5], t, c) for i, f, dd, h, t, c in zip(
@@ -335,27 +335,35 @@ def _unpaired(key, d, closing, header_pos, msgs, rejected) -> np.ndarray:
     return out
 
 
-def _flow_state(p: _Packets, plan: _Plan, key: int, flow_id: int) -> FlowState:
-    lo, hi = int(p.bounds[key]), int(p.bounds[key + 1])
-    idx = plan.o[lo:hi]
-    cols, first = p.cols, int(p.rows[idx[0]])
-    alen = int(cols.addr_len[first])
-    blob = cols.blob
-    s, d = int(cols.src_off[first]), int(cols.dst_off[first])
-    ts = p.ts[idx]
-    flow = FlowState(flow_id, TCP, (blob[s:s + alen], int(cols.sport[first])),
-                     (blob[d:d + alen], int(cols.dport[first])), int(ts[0]), int(ts.max()))
-    flow.packets = hi - lo
-    flow.wire_bytes = int(p.wire[idx].sum())
-    flow.app = "http"
-    flow.closed = True
-    state = 0
-    for direction, f in zip(plan.direction[lo:hi].tolist(), p.flags[idx].tolist()):
-        state = handshake_step(state, direction, f)
-        if state == 3:  # within the first three packets of a clean flow, as a rule
-            break
-    flow.handshake = state
-    return flow
+def _flow_states(p: _Packets, plan: _Plan, keys: np.ndarray) -> list[FlowState]:
+    """The flow records of the clean ``keys``, ids in order: counters by segment reductions
+    over the key-ordered packets; the handshake as the flow table's state machine reads it
+    (a clean flow opens with the client's SYN and each side's only SYN is its first packet,
+    so: the server's SYN with ACK, then a client ACK after it)."""
+    o, starts = plan.o, p.bounds[:-1]
+    wire = np.add.reduceat(p.wire[o], starts)[keys]
+    last_ts = np.maximum.reduceat(p.ts[o], starts)[keys]
+    key = p.key[o]
+    pos = np.arange(p.n)
+    flags = p.flags[o]
+    server_first = np.full(p.n_keys, p.n, dtype=np.int64)
+    np.minimum.at(server_first, key, np.where(plan.direction == 1, pos, p.n))
+    syn_ack = (server_first < p.n) & ((flags[np.minimum(server_first, p.n - 1)] & ACK) != 0)
+    acked = (plan.direction == 0) & ((flags & ACK) != 0) & (pos > server_first[key])
+    state = (1 + syn_ack + (syn_ack & (np.bincount(key, weights=acked, minlength=p.n_keys) > 0))
+             )[keys]
+    cols, blob = p.cols, p.cols.blob
+    rows = p.rows[o[starts[keys]]]
+    flows = []
+    for flow_id, (row, k, w, last, hs) in enumerate(zip(
+            rows.tolist(), keys.tolist(), wire.tolist(), last_ts.tolist(), state.tolist())):
+        alen, s, d = int(cols.addr_len[row]), int(cols.src_off[row]), int(cols.dst_off[row])
+        flow = FlowState(flow_id, TCP, (blob[s:s + alen], int(cols.sport[row])),
+                         (blob[d:d + alen], int(cols.dport[row])), int(cols.ts_us[row]), last)
+        flow.packets = int(p.bounds[k + 1] - p.bounds[k])
+        flow.wire_bytes, flow.app, flow.closed, flow.handshake = w, "http", True, hs
+        flows.append(flow)
+    return flows
 
 
 def _table_parts(p: _Packets, slow: np.ndarray, stats: Counter, idle_timeout_us: int,
