@@ -31,6 +31,8 @@ Usage:
     python bench/plan_bench.py                       # whole suite, records the section
     python bench/plan_bench.py --models resnet152 --topologies ring8-mixed --no-record
     python bench/plan_bench.py --scales 1            # the measured batch only
+    python bench/plan_bench.py --ops-only            # the operator-level table only, put in
+                                                     # place of its own in the recorded section
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _record import markdown_table, record_section  # noqa: E402
+from _record import DOC, git_revision, markdown_table, record_section  # noqa: E402
 
 from dl_nfv.artifacts import load, save  # noqa: E402
 from dl_nfv.planners.compare import compare  # noqa: E402
@@ -347,8 +349,18 @@ def main(argv: list[str] | None = None) -> int:
                              "profiles the models on this machine)")
     parser.add_argument("--op-models", default=",".join(OP_MODELS),
                         help="operator-level graphs planned against exact ('' for none)")
+    parser.add_argument("--ops-only", action="store_true",
+                        help="only the operator-level graphs; recorded in place of their table "
+                             "in the recorded section, the rest of it left as it is")
     parser.add_argument("--no-record", action="store_true", help="print only")
     args = parser.parse_args(argv)
+    if args.ops_only:
+        graphs = {m: op_graph_for(m, args.cache) for m in args.op_models.split(",") if m}
+        body = op_suite(graphs, OP_TOPOLOGIES) + "\n\n" + OP_NOTE
+        print(body)
+        if not args.no_record:
+            record_op_table(body, " ".join(["python", *sys.argv]))
+        return 0
     measured = {m: graph_for(m, args.cache) for m in args.models.split(",")}
     topologies = args.topologies.split(",")
     parts = []
@@ -361,13 +373,33 @@ def main(argv: list[str] | None = None) -> int:
     op_models = [m for m in args.op_models.split(",") if m]
     if op_models:
         graphs = {m: op_graph_for(m, args.cache) for m in op_models}
-        parts.append("### Operator-level graphs: `pipeline` with one device per stage against "
-                     "`exact`\n\n" + op_suite(graphs, OP_TOPOLOGIES) + "\n\n" + OP_NOTE)
+        parts.append(f"{OP_TITLE}\n\n" + op_suite(graphs, OP_TOPOLOGIES) + "\n\n" + OP_NOTE)
     text = "\n\n".join(parts) + "\n\n" + NOTE
     print(text)
     if not args.no_record:
         record_section("plan_bench", "Pipeline planner vs baselines (bench/plan_bench.py)", text)
     return 0
+
+
+OP_TITLE = "### Operator-level graphs: `pipeline` with one device per stage against `exact`"
+
+
+def record_op_table(body: str, command: str, doc: Path = DOC) -> None:
+    """Put ``body`` in place of the operator-level table (its heading up to the suite's
+    closing note) in the recorded section, saying the command and code it came from."""
+    text = doc.read_text()
+    start, end = "<!-- bench:plan_bench -->", "<!-- /bench:plan_bench -->"
+    if start not in text or end not in text:
+        raise SystemExit(f"{doc} has no recorded plan_bench section: run the whole suite")
+    before, rest = text.split(start, 1)
+    section, after = rest.split(end, 1)
+    if OP_TITLE not in section or NOTE[:60] not in section:
+        raise SystemExit("the recorded section has no operator-level table: run the whole suite")
+    head, tail = section.split(OP_TITLE, 1)
+    tail = tail[tail.index(NOTE[:60]):]
+    table = (f"{OP_TITLE}\n\nRecorded on its own: `{command}` at revision {git_revision()} (the "
+             f"rest of this section at the revision above).\n\n{body.strip()}\n\n")
+    doc.write_text(before + start + head + table + tail + end + after)
 
 
 NOTE = ("Models profiled on this machine's CPU at layer granularity, batch 32 (BERT-large with "

@@ -206,11 +206,12 @@ def cheap_terms(x: Inputs, m: int, shape: Shape) -> CheapTerms:
                       hop=hops.both, forward_only=forward_only)
 
 
-def cheap_bound(x: Inputs, m: int, enough: float) -> float:
+def cheap_bound(x: Inputs, m: int, enough: float, t: CheapTerms | None = None) -> float:
     """The cheap DP's bound for ``m`` microbatches, refined only until it reaches
-    ``enough`` (``x``: the bound's ``Inputs``)."""
+    ``enough`` (``x``: the bound's ``Inputs``; ``t``: its terms, when already built)."""
     shape = Shape(split=x.ranges.split, devices=x.devices, grid=x.grid)
-    t = cheap_terms(x, m, shape)
+    if t is None:
+        t = cheap_terms(x, m, shape)
     if x.grid is not None:
         return _on_grid(t, shape, enough)
     terms = StageTerms(busy=t.staged, chain=t.chain, sync=t.sync, around=t.around,

@@ -25,7 +25,9 @@ then also continues from ``u + 1`` (``continuation``), counting the region for n
 On clusters of more than ``EXACT_COUNTS_UP_TO`` devices the counts ``k`` and ``r`` are
 taken on a grid (``DeviceGrid``), a relaxation of the same DP.
 
-Complexity: O(U^2 x D^2 x O) per DP, vectorised over ``j``, ``k`` and options.
+Complexity: O(U^2 x D^2 x O) per DP: for each first region ``i`` one vectorised pass over
+every ``j`` (up to the last that any stage cost allows), every split ``k + l <= D`` of the
+devices left between the stage and the rest, and every option.
 """
 
 from __future__ import annotations
@@ -139,20 +141,33 @@ def table(busy: np.ndarray, chain: np.ndarray, shape: Shape, around=None,
     g = np.full((G, regions + 2, devices + 1), np.inf)
     g[:, regions, :] = 0.0
     g[:, regions + 1, :] = 0.0
+    # continuation(g) kept row by row: row j is final once g's rows j and j + 1 are
+    cont = np.full((G, regions + 1, devices + 1), np.inf)
+    cont[:, regions] = g[:, regions]
+    # stages [i, j) that some cost allows end before ``stop[i]``: the rest are inf for all
+    allowed = (busy < np.inf).any(axis=(0, 3, 4))  # [i, j]
+    stop = regions + 1 - np.argmax(allowed[:, ::-1], axis=1)
+    # every (k, l): a stage on k devices and l left for the rest, by their sum r = k + l
+    ks = np.array([k for r in range(1, devices + 1) for k in range(1, r + 1)])
+    ls = np.array([r - k for r in range(1, devices + 1) for k in range(1, r + 1)])
+    starts = np.array([r * (r - 1) // 2 for r in range(1, devices + 1)])
     for i in range(regions - 1, -1, -1):
-        cont = continuation(g, shape.split)  # continuation after [i, j)
-        for r in range(1, devices + 1):
-            # stages [i, j) for j > i on k = 1..r devices, r - k left (slices, no copies)
-            busy_ijk = busy[:, i, i + 1:, 1:r + 1]  # [G, j, k, o]
-            chain_ijk = chain[i, i + 1:, 1:r + 1]
-            rest = cont[:, i + 1:, r - 1::-1]  # [G, j, k]
-            val = np.maximum(busy_ijk, chain_ijk[None] + rest[..., None])
+        end = int(stop[i]) if allowed[i].any() else i + 1
+        if end > i + 1:
+            # stages [i, j) for i < j < end, every (k, l) at once: [G, j, pair, o]
+            val = np.maximum(busy[:, i, i + 1:end][:, :, ks],
+                             chain[i, i + 1:end][:, ks][None]
+                             + cont[:, i + 1:end][:, :, ls][..., None])
             if around is not None:
-                beside = around[i, i + 1:, 1:r + 1] + after[i + 1:, r - 1::-1][..., None]
+                beside = around[i, i + 1:end][:, ks] + after[i + 1:end][:, ls][..., None]
                 val = np.maximum(val, beside[None])
-            g[:, i, r] = np.minimum(g[:, i, r - 1], val.reshape(G, -1).min(axis=1))
+            least = val.min(axis=(1, 3))  # [G, pair]
+            # on at most r devices: the least over pairs of sum r and the counts below
+            g[:, i, 1:] = np.minimum.accumulate(np.minimum.reduceat(least, starts, axis=1),
+                                                axis=1)
         if shape.split[i]:
             g[:, i] = np.minimum(g[:, i], g[:, i + 1])
+        cont[:, i] = np.minimum(g[:, i], g[:, i + 1]) if shape.split[i] else g[:, i]
     return g
 
 

@@ -173,54 +173,75 @@ class Boundaries:
     it: nothing.
     """
 
-    def __init__(self, p: Problem, cuts: list[int], split: np.ndarray, devices: list[str]):
-        regions = len(cuts) - 1
-        self.one = np.zeros(regions + 1)  # one sample over the best route (ms)
-        self.per_sample = np.zeros(regions + 1)  # ms per sample through the widest way in
-        self.ways = np.zeros(regions + 1)
+    def __init__(self, p: Problem, cuts: list[int], split: np.ndarray, devices: list[str],
+                 forced: list[int] | None = None):
+        # per forced cut (``forced``, default ``cuts``), then at ``cuts``, a subset of them
+        forced = list(cuts) if forced is None else list(forced)
+        fine_split = (split if forced == list(cuts)
+                      else np.array([b - a > 1 for a, b in zip(forced, forced[1:])]))
+        regions = len(forced) - 1
+        one = np.zeros(regions + 1)  # one sample over the best route (ms)
+        per_sample = np.zeros(regions + 1)  # ms per sample through the widest way in
+        ways = np.zeros(regions + 1)
         self.latency = 0.0  # the least route latency (ms)
         cm = p.cm
         pairs = [(a, b) for a in devices for b in devices if a != b]
-        if not pairs:
-            return
-        self.latency = min(cm.transfer_affine(a, b)[0] for a, b in pairs)
-        # the most bytes per ms any device can receive, all of its links at once
-        inbound = min(cm.inbound_ms_per_byte([d]) for d in devices)
-        largest: dict[tuple[str, str], float] = {}
-        for e in p.graph.edges:
-            largest[(e.src, e.dst)] = max(largest.get((e.src, e.dst), 0.0), float(e.bytes))
-        for i in range(1, regions):
-            if split[i - 1] or split[i]:
-                continue
-            u, v = p.order[cuts[i] - 1], p.order[cuts[i]]
-            nbytes = largest.get((u, v), 0.0) / p.batch_size
-            if nbytes > 0:
-                self.one[i] = min(cm.transfer_ms(a, b, nbytes) for a, b in pairs)
-                self.per_sample[i] = nbytes * inbound
-                self.ways[i] = 2 if p.needs_grad[u] else 1
+        if pairs:
+            self.latency = min(cm.transfer_affine(a, b)[0] for a, b in pairs)
+            # the most bytes per ms any device can receive, all of its links at once
+            inbound = min(cm.inbound_ms_per_byte([d]) for d in devices)
+            largest: dict[tuple[str, str], float] = {}
+            for e in p.graph.edges:
+                largest[(e.src, e.dst)] = max(largest.get((e.src, e.dst), 0.0), float(e.bytes))
+            for i in range(1, regions):
+                if fine_split[i - 1] or fine_split[i]:
+                    continue
+                u, v = p.order[forced[i] - 1], p.order[forced[i]]
+                nbytes = largest.get((u, v), 0.0) / p.batch_size
+                if nbytes > 0:
+                    one[i] = min(cm.transfer_ms(a, b, nbytes) for a, b in pairs)
+                    per_sample[i] = nbytes * inbound
+                    ways[i] = 2 if p.needs_grad[u] else 1
+        self._forced = (one, per_sample, ways)
+        self._at = np.searchsorted(np.asarray(forced), np.asarray(cuts))  # cuts among forced
+        # where a region of ``cuts`` may be split, a cut next to it may fall inside it: nothing
+        alone = np.ones(len(cuts), dtype=bool)
+        alone[1:] &= ~np.asarray(split, dtype=bool)
+        alone[:-1] &= ~np.asarray(split, dtype=bool)
+        self.one, self.per_sample, self.ways = (np.where(alone, x[self._at], 0.0)
+                                                for x in self._forced)
+
+    def _ms(self, arrays, samples: np.ndarray, one_way: bool) -> np.ndarray:
+        samples = np.where(np.isfinite(samples), samples, 0.0)
+        shape = (-1, *[1] * samples.ndim)
+        one, per_sample, ways = (x.reshape(shape) for x in (
+            arrays[0], arrays[1], np.minimum(arrays[2], 1) if one_way else arrays[2]))
+        with np.errstate(invalid="ignore"):
+            out = ways * np.maximum(one, self.latency + per_sample * samples[None])
+        return np.where((samples[None] > 0) & (one > 0), out, 0.0)
 
     def ms(self, samples: np.ndarray, one_way: bool = False) -> np.ndarray:
         """``[i, *samples.shape]``: the boundary before region ``i`` for a replica of
         ``samples``, both ways (or the way in only); 0 where there is nothing to count or
         ``samples`` is not finite."""
-        samples = np.where(np.isfinite(samples), samples, 0.0)
-        shape = (-1, *[1] * samples.ndim)
-        one, per_sample, ways = (x.reshape(shape) for x in (
-            self.one, self.per_sample, np.minimum(self.ways, 1) if one_way else self.ways))
-        with np.errstate(invalid="ignore"):
-            out = ways * np.maximum(one, self.latency + per_sample * samples[None])
-        return np.where((samples[None] > 0) & (one > 0), out, 0.0)
+        return self._ms((self.one, self.per_sample, self.ways), samples, one_way)
+
+    def through(self, samples: float, one_way: bool = False) -> np.ndarray:
+        """``[i]``: the most the boundaries up to the one before region ``i`` take for a
+        replica of ``samples``, summed over every forced cut there (a plan that cuts inside
+        a merged block crosses one of them)."""
+        return np.cumsum(self._ms(self._forced, np.array(samples), one_way))[self._at]
 
     def drain_most(self, backward_fixed: np.ndarray, backward_scalable: np.ndarray,
                    samples: float) -> np.ndarray:
         """``[i]``: the most the stages in front of region ``i`` add to a chain offset beyond
         their forwards: the backward of every op before ``i`` (its fixed and scalable parts
         as the chain takes them, for a whole microbatch) and the way back over every
-        boundary before it. A chain offset less this is at most the forward chain, after
-        which a stage may start; where plans split backwards only that offset holds for the
-        weight gradients, which may overlap the drain of the stages in front."""
-        back = self.ms(np.array(samples), one_way=True)
-        crossings = np.concatenate([[0.0], np.cumsum(back)[:-1]])  # boundaries before i
+        (forced) boundary before it. A chain offset less this is at most the forward chain,
+        after which a stage may start; where plans split backwards only that offset holds
+        for the weight gradients, which may overlap the drain of the stages in front."""
+        back = np.cumsum(self._ms(self._forced, np.array(samples), True))
+        crossings = np.concatenate([[0.0], back[:-1]])[self._at]  # boundaries before i
         return backward_fixed + backward_scalable + crossings
 
 

@@ -20,10 +20,28 @@ the whole batch, both at the fastest device type op by op. The kinds:
   defer the weight gradients (a stage that is not the first and holds an op whose split was
   profiled), else the whole; ``passing_backward`` the backward part of that.
 
+Merged regions: the DPs' work grows with the square of the regions, so on graphs of more
+than ``EXACT_REGIONS_UP_TO`` regions (operator-level graphs of hundreds of ops) each run
+of light regions between heavy ones becomes one block (``coarse_cuts``), which the bound
+treats as it treats a region of several ops: a stage may end inside it, and then it counts
+for neither stage. That is a relaxation of the same bound. A stage of any plan holds every
+region from the first block boundary in it to the last, and each of its terms is at least
+the same term of those regions alone: its work, chain, parameters (AllReduce, upkeep,
+memory) and the backward it may defer are sums over the ops it holds, and the crossing
+before it is counted only where the stage must start there (between two single-op
+regions). Two terms would grow where a cut is no longer counted, because they are taken
+off: the most the stages in front may add to a chain offset (``drain_most``) and the head
+start a split tie's AllReduce may have (``tie_terms``) still sum the crossings over every
+forced cut (``RangeTimes.forced``); and a region holding a user of a tied weight is never
+merged, so a range that holds the later user and none of the earlier one's region belongs
+to a stage that splits the tie. The bound then loses at most the light work of the blocks
+at the ends of each stage: two blocks are never neighbours, so the DP skips at most one
+block before each stage.
+
 Device speeds (``DeviceSpeeds``): a device's ``sigma`` is its best speed relative to the
 fastest type over all ops and parts (so ``scalable / sigma`` never overstates its time).
 
-Complexity: O(ops x types + regions^2).
+Complexity: O(ops x types + regions^2), regions at most about ``EXACT_REGIONS_UP_TO``.
 """
 
 from __future__ import annotations
@@ -37,6 +55,10 @@ if TYPE_CHECKING:
     from dl_nfv.planners.pipeline.problem import Problem
 
 PART_NAMES = ("whole", "forward", "backward", "passing", "passing_backward")
+# the DPs take every forced cut on graphs of at most this many regions; on larger ones, runs
+# of regions are merged into blocks (``coarse_cuts``), each counted as a region that a stage
+# may split: a relaxation of the same bound
+EXACT_REGIONS_UP_TO = 200
 
 
 def forced_cuts(problem: Problem) -> list[int]:
@@ -59,6 +81,47 @@ def forced_cuts(problem: Problem) -> list[int]:
     for v in range(n - 1, -1, -1):
         least_after[v] = min(least_after[v + 1], leading[v])
     return [i for i in range(1, n) if least_after[i] >= i]
+
+
+def coarse_cuts(cuts: list[int], weight: np.ndarray, keep: set[int], most: int) -> list[int]:
+    """``cuts`` (region boundaries ``0, ..., n`` over op positions) with about ``most``
+    regions left: every region whose work (``weight`` per op position, summed) is above a
+    threshold, that holds several ops or a position in ``keep`` stays as it is; each run of
+    the other, light, regions between them becomes one block. The threshold is the least
+    that leaves at most ``most`` regions, or the one below it where that leaves fewer
+    than half as many. Two blocks are never neighbours, so the DP skips at most one
+    before each stage (``dp``)."""
+    if len(cuts) - 1 <= most:
+        return list(cuts)
+    at = np.concatenate([[0.0], np.cumsum(weight)])
+    bounds = np.asarray(cuts)
+    work = at[bounds[1:]] - at[bounds[:-1]]
+    fixed = (bounds[1:] - bounds[:-1] > 1) | np.array(
+        [any(a <= q < b for q in keep) for a, b in zip(cuts, cuts[1:])], dtype=bool)
+
+    def heavy_of(threshold: float) -> np.ndarray:
+        return fixed | (work > threshold)
+
+    def count(heavy: np.ndarray) -> int:  # heavy regions and runs of light ones
+        light = ~heavy
+        return int(heavy.sum() + light[0] + np.sum(light[1:] & ~light[:-1]))
+
+    levels = np.unique(work)
+    lo, hi = 0, len(levels) - 1  # the least level whose threshold leaves at most ``most``
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if count(heavy_of(levels[mid])) <= most:
+            hi = mid
+        else:
+            lo = mid + 1
+    heavy = heavy_of(levels[lo])
+    if lo > 0 and count(heavy) < most // 2:  # the threshold jumped: keep the finer one
+        heavy = heavy_of(levels[lo - 1])
+    out = [cuts[0]]
+    for r in range(len(work)):
+        if heavy[r] or r == 0 or heavy[r - 1]:
+            out.append(cuts[r])
+    return sorted({*out, cuts[-1]})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,6 +162,7 @@ class RangeTimes:
     split: np.ndarray  # [U]: whether region u holds several ops (a stage may end inside it)
     defers: np.ndarray  # [i, j]: whether plans may defer some of the range's backward
     cuts: list[int]  # op positions of the region boundaries: 0, ..., n
+    forced: list[int]  # the forced cuts (with 0 and n): ``cuts`` or a superset of them
     by_class: dict[str, np.ndarray]
     class_sigma: np.ndarray  # [C]: each class's best speed relative to the fastest type
 
@@ -181,7 +245,11 @@ def range_times(p: Problem, devices: list[str], cols: list[int],
     """The work of every range of regions on ``devices`` (type columns ``cols``), with each
     device class's own scalable times (``classes`` from ``device_classes``)."""
     ops = _op_tables(p, cols)
-    cuts = [0, *forced_cuts(p), len(p.order)]
+    cuts = forced = [0, *forced_cuts(p), len(p.order)]
+    if len(cuts) - 1 > EXACT_REGIONS_UP_TO:
+        tied = {p.pos[op] for _, owner, sharer, _ in p.cm.ties for op in (owner, sharer)}
+        work = ops.whole_fixed.min(axis=1) + ops.whole_scalable.min(axis=1)
+        cuts = coarse_cuts(cuts, work, tied, EXACT_REGIONS_UP_TO)
     prefix = _Prefix(len(p.order), cuts)
     rate = min(p.cm.accumulate_ms_per_byte(d) for d in devices)
     params = prefix.ranges(ops.param_bytes)
@@ -203,6 +271,7 @@ def range_times(p: Problem, devices: list[str], cols: list[int],
                       passing_backward=passing_backward, params=params,
                       static=params * (2.0 + p.state_factor),
                       split=np.array([b - a > 1 for a, b in zip(cuts, cuts[1:])]), cuts=cuts,
+                      forced=forced,
                       defers=defers,
                       by_class=by_class, class_sigma=np.array([c[0] for c in classes]))
 

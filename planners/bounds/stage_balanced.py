@@ -33,8 +33,8 @@ sums is not counted, nor any contention; a region of several ops that a stage ma
 (branchy graphs) is counted for neither stage; so the bound is loosest on slow links.
 
 Complexity: O(U^2 x D^2 x O) per cheap DP and O(U^2 x S x K x O) per class DP (U regions,
-D devices, S states and K class vectors, O <= 4 share options), a few DPs per microbatch
-count.
+at most about ``ranges.EXACT_REGIONS_UP_TO`` of them, light ones merged past it; D devices,
+S states and K class vectors, O <= 4 share options), a few DPs per microbatch count.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ import numpy as np
 
 from dl_nfv.artifacts import TieSync
 
-from .cheap import cheap_bound
+from .cheap import cheap_bound, cheap_terms
 from .classes import class_bound, class_states, uncapped_table
-from .dp import EXACT_COUNTS_UP_TO, DeviceGrid
+from .dp import EXACT_COUNTS_UP_TO, DeviceGrid, Shape
 from .network import AllReduceFloors, Boundaries, allreduce_floors, tie_terms
 from .ranges import RangeTimes, device_classes, device_speeds, forced_cuts, range_times
 from .shares import fractional_capacity
@@ -109,7 +109,7 @@ def inputs(p: Problem, devices: list[str], tie_sync: TieSync) -> Inputs:
                                               speeds.column)]
     floors = allreduce_floors(p, devices, device_class,
                               class_states(tuple(c[2] for c in classes))[0])
-    boundaries = Boundaries(p, r.cuts, r.split, devices)
+    boundaries = Boundaries(p, r.cuts, r.split, devices, r.forced)
     update = min(p.cm.update_ms_per_byte(d, p.optimizer) for d in devices)
     zero = min(p.cm.upkeep_ms_per_byte(d, 0) for d in devices)  # zeroing the buckets
     count = np.arange(n + 1)
@@ -117,7 +117,7 @@ def inputs(p: Problem, devices: list[str], tie_sync: TieSync) -> Inputs:
     if n >= 2:
         # a split tie after the chain of the regions before its earlier user
         before = (r.whole.fixed[0] + r.whole.scalable[0] / (p.batch_size * speeds.fastest)
-                  + np.cumsum(boundaries.ms(np.ones(1))[:, 0]))
+                  + boundaries.through(1.0))
         ties = tie_terms(p, r.cuts, before, float(floors.by_size[2]),
                          tie_sync is TieSync.EXCHANGE)
     params = r.params[:, :, None]
@@ -133,18 +133,28 @@ def inputs(p: Problem, devices: list[str], tie_sync: TieSync) -> Inputs:
 
 def _best_first(x: Inputs) -> float:
     """The least bound over microbatch counts, levels taken best first (module docstring).
-    (Each level rebuilds its arrays: keeping every count's would take tens of MB each on a
-    cluster of several classes.)"""
+    (Each level rebuilds its arrays, but for the cheap terms of the count taken first:
+    keeping every count's would take tens of MB each on a cluster of several classes or
+    a graph of many regions.)"""
     last = 1 if len(x.classes) == 1 else 3
-    heap = [(cheap_bound(x, m, enough=0.0), 0, m)
-            for m in range(1, x.batch + 1) if x.batch % m == 0]
+    shape = Shape(split=x.ranges.split, devices=x.devices, grid=x.grid)
+    heap, kept = [], None  # kept: the first value, count and cheap terms of the least
+    for m in (m for m in range(1, x.batch + 1) if x.batch % m == 0):
+        terms = cheap_terms(x, m, shape)
+        heap.append((cheap_bound(x, m, enough=0.0, t=terms), 0, m))
+        if kept is None or heap[-1][:1] + (m,) < kept[:2]:
+            kept = (heap[-1][0], m, terms)
+        del terms
     heapify(heap)
     best = np.inf
     uncapped: dict[int, np.ndarray] = {}  # per count: the class DP's table without caps
     while heap and heap[0][0] < best:
         value, level, m = heappop(heap)
         if level == 0:
-            value = max(value, cheap_bound(x, m, enough=best))
+            terms = kept[2] if kept is not None and kept[1] == m else None
+            kept = None
+            value = max(value, cheap_bound(x, m, enough=best, t=terms))
+            del terms
         elif level == 1:
             uncapped[m] = uncapped_table(x, m)
             value = max(value, float(uncapped[m][0, -1]))

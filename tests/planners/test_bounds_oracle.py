@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,7 +43,7 @@ from dl_nfv.artifacts import (
     fingerprint,
     from_data,
 )
-from dl_nfv.planners.bounds import lower_bound
+from dl_nfv.planners.bounds import lower_bound, ranges, stage_balanced_bound_ms
 from dl_nfv.planners.pipeline.build import (
     BUCKET_CAPS,
     Replicas,
@@ -190,6 +191,20 @@ def test_the_pipeline_bound_is_below_every_pipeline_plan(graph, topology):
                for plan in pipeline_plans(problem))
     bound = pipeline_bound(problem)
     assert bound.ms <= best * (1 + TOLERANCE), (bound.parts, best)
+
+
+@settings(SETTINGS, max_examples=40)
+@given(graphs(), topologies(), st.sampled_from((1, 2, 3)))
+def test_the_bound_over_merged_regions_is_below_every_pipeline_plan(graph, topology, most):
+    """The stage-balanced bound with runs of light regions merged into blocks (the path of
+    graphs of more than ``ranges.EXACT_REGIONS_UP_TO`` regions), here past ``most``."""
+    problem = Problem(graph, topology, tie_sync=TieSync.EXCHANGE)
+    best = min(_simulated_ms(plan, graph, topology, problem.cm)
+               for plan in pipeline_plans(problem))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ranges, "EXACT_REGIONS_UP_TO", most)
+        bound = stage_balanced_bound_ms(problem)
+    assert bound <= best * (1 + TOLERANCE), (bound, best)
 
 
 def test_a_collective_faster_than_its_links_bounds_below_data_parallelism():

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from dl_nfv.artifacts import TieSync, from_data, load
 from dl_nfv.artifacts.topology import Topology
 from dl_nfv.planners import run
-from dl_nfv.planners.bounds import dp, stage_balanced
+from dl_nfv.planners.bounds import dp, ranges, stage_balanced
 from dl_nfv.planners.bounds.dp import (
     DeviceGrid,
     Shape,
@@ -24,7 +24,7 @@ from dl_nfv.planners.bounds.dp import (
     least_chain_after,
 )
 from dl_nfv.planners.bounds.network import _cut_limits, _group_floors, _host_limits
-from dl_nfv.planners.bounds.ranges import forced_cuts
+from dl_nfv.planners.bounds.ranges import coarse_cuts, forced_cuts
 from dl_nfv.planners.bounds.shares import class_share_options, share_buckets, share_options
 from dl_nfv.planners.bounds.stage_balanced import stage_balanced_bound_ms
 from dl_nfv.planners.pipeline.problem import Problem
@@ -274,3 +274,40 @@ def test_device_count_grid():
     assert np.array_equal(c.reduce(x, 1)[0], c.lo.astype(float))  # the least of a bucket
 
 
+
+
+def test_coarse_cuts_keep_heavy_regions_and_never_two_blocks_side_by_side():
+
+    cuts = list(range(11))  # ten single-op regions
+    work = np.array([1, 1, 9, 1, 1, 1, 9, 1, 9, 1.0])
+    # heavy regions 2, 6, 8 stay; the light runs 0-1 and 3-5 become blocks
+    assert coarse_cuts(cuts, work, keep=set(), most=7) == [0, 2, 3, 6, 7, 8, 9, 10]
+    # a kept position's region stays as it is
+    assert coarse_cuts(cuts, work, keep={4}, most=9) == [0, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert coarse_cuts(cuts, work, keep=set(), most=10) == cuts  # few enough already
+    # where the next threshold would merge everything, the finer one stays
+    assert coarse_cuts(cuts, work, keep=set(), most=6) == [0, 2, 3, 6, 7, 8, 9, 10]
+    # a region of several ops stays too
+    assert coarse_cuts([0, 1, 2, 5, 6, 7], np.ones(7), keep=set(), most=4) == [0, 2, 5, 7]
+
+
+def _uneven_chain(layers: int, batch: int):
+    """A chain of heavy layers with two light ones after each."""
+    from dataclasses import replace
+
+    graph = chain(layers, param_bytes=GIB // 16, batch=batch)
+    ops = tuple(replace(op, fwd_ms={V100: 10.0 if i % 3 == 0 else 1.0},
+                        bwd_ms={V100: 20.0 if i % 3 == 0 else 2.0})
+                for i, op in enumerate(graph.ops))
+    return replace(graph, ops=ops)
+
+
+@pytest.mark.parametrize("devices, layers, most", [(4, 12, 8), (3, 15, 10), (8, 30, 20), (4, 12, 5)])
+def test_the_bound_over_merged_regions_is_a_relaxation(monkeypatch, devices, layers, most):
+
+    problem = Problem(_uneven_chain(layers, batch=8), nvlink(devices))
+    exact = stage_balanced_bound_ms(problem)
+    monkeypatch.setattr(ranges, "EXACT_REGIONS_UP_TO", layers)
+    assert stage_balanced_bound_ms(problem) == exact  # every forced cut kept
+    monkeypatch.setattr(ranges, "EXACT_REGIONS_UP_TO", most)
+    assert 0 < stage_balanced_bound_ms(problem) <= exact
