@@ -131,13 +131,27 @@ def least_chain_after(busy: np.ndarray, chain: np.ndarray, shape: Shape) -> np.n
 
 
 def table(busy: np.ndarray, chain: np.ndarray, shape: Shape, around=None,
-          after=None) -> np.ndarray:
+          after=None, sync: np.ndarray | None = None, caps=None) -> np.ndarray:
     """``[G, i, r]``: the min-max DP over regions ``i..`` on at most ``r`` devices, for each
     of ``G`` stage costs ``busy`` (``[G, i, j, k, o]``); ``around`` and ``after``, when
-    given, add the round trip term."""
+    given, add the round trip term. With ``sync`` and ``G`` ``caps``, ``busy`` is one cost
+    (``[i, j, k, o]``) taken for each cap where ``sync`` is at most it (inf elsewhere)."""
+    if caps is not None:
+        caps = np.asarray(caps, dtype=float)
+        if shape.grid is not None:
+            busy = np.where(sync[None] <= caps[:, None, None, None, None], busy[None], np.inf)
+        else:
+            return _table(busy, chain, shape, around, after, sync, caps)
     if shape.grid is not None:
         return _table_on_grid(busy, chain, shape, around, after)
-    G, regions, devices = len(busy), shape.regions, shape.devices
+    return _table(busy, chain, shape, around, after)
+
+
+def _table(busy, chain, shape: Shape, around=None, after=None, sync=None,
+           caps=None) -> np.ndarray:
+    """``table`` over every device count (slices of the stage costs per first region)."""
+    capped = caps is not None
+    G, regions, devices = len(caps) if capped else len(busy), shape.regions, shape.devices
     g = np.full((G, regions + 2, devices + 1), np.inf)
     g[:, regions, :] = 0.0
     g[:, regions + 1, :] = 0.0
@@ -145,7 +159,10 @@ def table(busy: np.ndarray, chain: np.ndarray, shape: Shape, around=None,
     cont = np.full((G, regions + 1, devices + 1), np.inf)
     cont[:, regions] = g[:, regions]
     # stages [i, j) that some cost allows end before ``stop[i]``: the rest are inf for all
-    allowed = (busy < np.inf).any(axis=(0, 3, 4))  # [i, j]
+    if capped:
+        allowed = ((busy < np.inf) & (sync <= caps.max())).any(axis=(2, 3))  # [i, j]
+    else:
+        allowed = (busy < np.inf).any(axis=(0, 3, 4))
     stop = regions + 1 - np.argmax(allowed[:, ::-1], axis=1)
     # every (k, l): a stage on k devices and l left for the rest, by their sum r = k + l
     ks = np.array([k for r in range(1, devices + 1) for k in range(1, r + 1)])
@@ -155,8 +172,12 @@ def table(busy: np.ndarray, chain: np.ndarray, shape: Shape, around=None,
         end = int(stop[i]) if allowed[i].any() else i + 1
         if end > i + 1:
             # stages [i, j) for i < j < end, every (k, l) at once: [G, j, pair, o]
-            val = np.maximum(busy[:, i, i + 1:end][:, :, ks],
-                             chain[i, i + 1:end][:, ks][None]
+            if capped:  # [j, pair, o] for each cap
+                stage = np.where(sync[i, i + 1:end][:, ks][None] <= caps[:, None, None, None],
+                                 busy[i, i + 1:end][:, ks][None], np.inf)
+            else:
+                stage = busy[:, i, i + 1:end][:, :, ks]
+            val = np.maximum(stage, chain[i, i + 1:end][:, ks][None]
                              + cont[:, i + 1:end][:, :, ls][..., None])
             if around is not None:
                 beside = around[i, i + 1:end][:, ks] + after[i + 1:end][:, ls][..., None]
@@ -207,8 +228,7 @@ def capped_min_max(terms: StageTerms, shape: Shape, enough: float = np.inf) -> f
     more than ``enough`` gets the first bound that reaches it (``enough = 0``: the one of
     the first caps)."""
     def solve(caps: np.ndarray, busy=terms.busy, full: bool = False) -> np.ndarray:
-        masked = np.where(sync[None] <= caps[:, None, None, None, None], busy[None], np.inf)
-        g = table(masked, terms.chain, shape, terms.around, terms.after)
+        g = table(busy, terms.chain, shape, terms.around, terms.after, sync=sync, caps=caps)
         return g if full else g[:, 0, -1]
 
     sync = terms.sync
