@@ -119,9 +119,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     t0 = started()
     problem = Problem(graph, topology, tie_sync=TieSync.EXCHANGE,
                       optimizer=optimizer_named("pipeline", optimizer))
-    _check_options(problem, microbatches, max_stages, schedule, time_limit)
-    if max_replicas < 0:
-        raise BadInput(f"pipeline: max_replicas must be >= 0, got {max_replicas}")
+    _check_options(problem, microbatches, max_stages, max_replicas, schedule, time_limit)
     _check_memory_floor(problem)
     m = microbatches or 1
     require_rows(graph, problem.batch_size // m, "pipeline",
@@ -220,8 +218,8 @@ def _pipeline_bound(problem: Problem) -> Bound:
 
 
 # --------------------------------------------------------------------------- checks
-def _check_options(problem: Problem, microbatches: int, max_stages: int, schedule: str,
-                   time_limit: float) -> None:
+def _check_options(problem: Problem, microbatches: int, max_stages: int, max_replicas: int,
+                   schedule: str, time_limit: float) -> None:
     name = problem.graph.model.name
     if schedule not in SCHEDULES:
         raise BadInput(f"pipeline: schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
@@ -240,6 +238,8 @@ def _check_options(problem: Problem, microbatches: int, max_stages: int, schedul
     if max_stages > problem.n:
         raise BadInput(f"pipeline: max_stages {max_stages} exceeds the {problem.n} units the "
                        f"graph of {name!r} is planned in")
+    if max_replicas < 0:
+        raise BadInput(f"pipeline: max_replicas must be >= 0, got {max_replicas}")
     if time_limit <= 0:
         raise BadInput(f"pipeline: time_limit must be > 0 seconds, got {time_limit}")
 
