@@ -16,8 +16,8 @@ asks about a range is O(1) from prefix sums:
 * ``ties``: tied weights (an op using a parameter another op owns) as
   ``(parameter, owner position, sharing position, bytes)``.
 
-Ops that need no gradient (nothing with parameters at or before them) get no
-backward time, as in the simulator.
+Ops that need no gradient get no backward time: the cost model's ``needs_grad``,
+the rule the simulator lowers by.
 
 Positions count *units*, runs of consecutive ops of the order between two
 ``bounds``. A cut is only ever allowed where it keeps every colocation group
@@ -84,8 +84,8 @@ class Problem:
         self.devices: tuple[str, ...] = cm.cluster.device_names
         idx = np.array([cm.op_index[o] for o in self.order], dtype=np.int64)
         fwd = cm.fwd_ms_by_type[idx]
-        needs = self._needs_grad()
-        self.needs_grad = {op: bool(k) for op, k in zip(self.order, needs)}
+        self.needs_grad = {op: cm.needs_grad[op] for op in self.order}  # the simulator's rule
+        needs = np.array([1.0 if self.needs_grad[op] else 0.0 for op in self.order])
         bwd = cm.bwd_ms_by_type[idx] * needs[:, None]
         self.fwd_ms = fwd  # [ops, types], in this order
         self.bwd_ms = bwd
@@ -127,17 +127,6 @@ class Problem:
         self.cache: dict = {}  # memoised per-range results of the planner's helpers
 
     # ----------------------------------------------------------------- set-up
-    def _needs_grad(self) -> np.ndarray:
-        index = self.graph.index
-        preds: dict[str, list[str]] = defaultdict(list)
-        for e in self.graph.edges:
-            preds[e.dst].append(e.src)
-        needs: dict[str, bool] = {}
-        for op in self.order:
-            needs[op] = (index[op].param_bytes > 0 or index[op].runs_backward
-                         or any(needs[p] for p in preds[op]))
-        return np.array([1.0 if needs[o] else 0.0 for o in self.order])
-
     def _cuts(self) -> np.ndarray:
         """Bytes crossing each boundary (one tensor per producing op: its largest edge)."""
         n, pos = self.n, self.pos
