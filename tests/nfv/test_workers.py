@@ -12,26 +12,11 @@ from pathlib import Path
 import pytest
 
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
+from tests.processes import live_children
 
 from .helpers import EXAMPLES
 
 DL_NFV = Path(sys.executable).with_name("dl-nfv")
-
-
-def _children(pid: int) -> list[int]:
-    """Live (not zombie) processes whose parent is ``pid``, from /proc."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        if int(ppid) == pid and state != "Z":
-            out.append(int(entry.name))
-    return out
 
 
 def _alive(pid: int) -> bool:
@@ -57,7 +42,7 @@ def test_workers_exit_when_the_run_is_killed(tmp_path):
         workers: list[int] = []
         while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-            workers = _children(proc.pid)
+            workers = live_children(proc.pid)
         assert len(workers) == 2, "the run never started its two workers"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -69,5 +54,5 @@ def test_workers_exit_when_the_run_is_killed(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for w in _children(proc.pid):
+        for w in live_children(proc.pid):
             os.kill(w, signal.SIGKILL)

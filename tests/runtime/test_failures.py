@@ -14,22 +14,9 @@ import pytest
 from dl_nfv.artifacts import RuntimeFailure
 from dl_nfv.runtime.launcher import train
 from dl_nfv.runtime.worker import WorkerOptions
+from tests.processes import live_children
 
 from .helpers import ROOT, devices, dp_plan, graph_of, topology, write
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(entry.name))
-    return out
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -56,7 +43,7 @@ def test_killed_worker_stops_train_within_60s_naming_the_rank(plan_path):
         deadline = time.monotonic() + 120
         workers: dict[int, int] = {}
         while time.monotonic() < deadline:
-            for pid in _children(proc.pid):
+            for pid in live_children(proc.pid):
                 try:
                     env = _environ(pid)
                 except OSError:
