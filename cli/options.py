@@ -20,7 +20,6 @@ Where output goes (DESIGN.md §10; docs/user-guide.md states it for users):
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -31,7 +30,7 @@ from typing import Any
 import click
 
 from dl_nfv.artifacts import dumps, load, save
-from dl_nfv.artifacts.io import FORMATS, plain_data
+from dl_nfv.artifacts.io import FORMATS
 from dl_nfv.artifacts.records import to_data
 
 # Width a table may take on a stream that is not a terminal: wide enough for any table
@@ -154,15 +153,9 @@ def print_view(renderable: Any, *, width: int | None = None) -> None:
     console(width=width).print(renderable)
 
 
-def json_text(result: Any) -> str:
-    """A record or plain data as indented JSON; NaN and Infinity are refused (``NonFiniteNumber``)."""
-    if isinstance(result, (dict, list)):
-        return json.dumps(plain_data(result), indent=1, allow_nan=False) + "\n"
-    return dumps(result)
-
-
 def print_json(result: Any) -> None:
-    click.echo(json_text(result), nl=False)
+    """A record or plain data as indented JSON; NaN and Infinity are refused (``NonFiniteNumber``)."""
+    click.echo(dumps(result), nl=False)
 
 
 def deliver(result: Any, output: Path | None, as_json: bool, *,
@@ -189,11 +182,6 @@ def deliver(result: Any, output: Path | None, as_json: bool, *,
     show = summary or render
     if show is not None and (err := stderr_console()) is not None:
         err.print(show(result))
-
-
-def emit(record: Any, output: Path | None, as_json: bool) -> None:
-    """``deliver`` for an artifact a later command reads (printed as JSON when asked nowhere)."""
-    deliver(record, output, as_json, document="json")
 
 
 def plain(record: Any) -> dict:

@@ -13,7 +13,6 @@ from dl_nfv.artifacts import CATALOG, Granularity
 from .options import (
     Number,
     deliver,
-    emit,
     json_option,
     output_option,
     print_json,
@@ -313,7 +312,7 @@ def import_pipedream_command(path, output, as_json, device_type, batch_size, nam
 
     graph = import_pipedream(path, device_type=device_type, batch_size=batch_size, name=name,
                              keep_input_time=keep_input_time)
-    emit(graph, output, as_json or output is None)
+    deliver(graph, output, as_json, document="json")
 
 
 @import_group.command(name="placement-json")
@@ -343,4 +342,4 @@ def import_placement_command(path, output, as_json, device_type, batch_size, tra
 
     graph = import_placement_json(path, device_type=device_type, batch_size=batch_size,
                                   transfer_gbps=transfer_gbps, name=name)
-    emit(graph, output, as_json or output is None)
+    deliver(graph, output, as_json, document="json")

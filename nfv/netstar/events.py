@@ -38,10 +38,15 @@ class Message:
     header_len: int
     ts_us: int
 
+    @property
+    def is_file(self) -> bool:
+        """A response that carries a body (a file extracted from it)."""
+        return self.kind == 2 and len(self.payload) > self.header_len
+
     def matches(self, events: frozenset) -> bool:
         if _KIND_EVENT[self.kind] in events:
             return True
-        return FILE in events and self.kind == 2 and len(self.payload) > self.header_len
+        return FILE in events and self.is_file
 
     def header(self, name: str) -> str | None:
         """The value of HTTP header ``name`` (case-insensitive), or None."""

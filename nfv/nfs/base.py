@@ -36,7 +36,7 @@ class FlowTable:
     client_addr: np.ndarray  # [flows, 2] int64 (IPv6 hi, lo; IPv4 mapped)
     server_addr: np.ndarray
     names: list[str]  # proto names
-    established: np.ndarray | None = None  # bool: TCP handshake seen (None: all)
+    established: np.ndarray  # bool: TCP handshake seen
 
     @classmethod
     def of(cls, trace: Trace) -> FlowTable:

@@ -109,7 +109,7 @@ class Ids:
             for p in pids:
                 self.rules_of[p].append(ri)
         n = len(flows)
-        established = flows.established if flows.established is not None else np.ones(n, bool)
+        established = flows.established
         # applies[flow, direction, rule]: that direction's data is the rule's to inspect
         self.applies = np.zeros((n, 2, len(self.rules)), dtype=bool)
         for ri, rule in enumerate(self.rules):

@@ -131,10 +131,6 @@ class _Packets:
         self.size = cols.payload_len[rows]
         self.wire = cols.wire_bytes[rows]
 
-    def of_key(self, key: int) -> np.ndarray:
-        """Indices (into the decoded packets) of ``key``'s packets, in capture order."""
-        return self.order[self.bounds[key]:self.bounds[key + 1]]
-
 
 @dataclass(slots=True)
 class _Part:

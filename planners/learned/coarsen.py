@@ -1,8 +1,7 @@
 """Coarsening an op graph into op groups: the units a learned planner decides for.
 
-Method: the graph's placement units (``colocation.units``: each colocation group
-whole, every other op alone) are laid out in a topological order of the ops, and
-that order is cut into contiguous ranges of about equal work. A cut is only made
+Method: a topological order of the ops is cut into contiguous ranges of about
+equal work. A cut is only made
 where ``colocation.allowed_cuts`` allows one, so no colocation group is ever split.
 Work is an op's forward plus backward (where its backward runs, ``needs_grad``)
 time on its fastest device type, from the cost model.

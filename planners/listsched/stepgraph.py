@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dl_nfv.artifacts import Optimizer
+from dl_nfv.planners.colocation import group_of
 from dl_nfv.simulator.costs import CostModel, scale_table
 
 GIB = 2**30
@@ -209,8 +210,8 @@ class StepGraph:
         """``group[u]``: the colocation group of unit ``u``'s op, -1 for none or for a pinned
         unit (a replica of a split op, whose device is fixed); ``group_bytes[g]``: the
         memory the group's free units need on their one device."""
-        group_of = {op: g for g, ops in enumerate(self.cm.graph.colocation) for op in ops}
-        self.group = [group_of.get(self.op_ids[i], -1) if self.pin[u] < 0 else -1
+        owner = group_of(self.cm.graph)
+        self.group = [owner.get(self.op_ids[i], -1) if self.pin[u] < 0 else -1
                       for u, i in enumerate(self.unit_op)]
         self.group_bytes: dict[int, float] = {}
         for u, g in enumerate(self.group):

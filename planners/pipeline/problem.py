@@ -84,8 +84,8 @@ class Problem:
         self.devices: tuple[str, ...] = cm.cluster.device_names
         idx = np.array([cm.op_index[o] for o in self.order], dtype=np.int64)
         fwd = cm.fwd_ms_by_type[idx]
-        self.needs_grad = {op: cm.needs_grad[op] for op in self.order}  # the simulator's rule
-        needs = np.array([1.0 if self.needs_grad[op] else 0.0 for op in self.order])
+        self.needs_grad = cm.needs_grad  # op -> its backward runs: the simulator's rule
+        needs = cm.bwd_runs[idx]
         bwd = cm.bwd_ms_by_type[idx] * needs[:, None]
         self.fwd_ms = fwd  # [ops, types], in this order
         self.bwd_ms = bwd
