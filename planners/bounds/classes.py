@@ -85,6 +85,23 @@ def scalable(x: Inputs, part: str, used: np.ndarray) -> np.ndarray:
     return np.maximum(out, r.part(part).scalable[:, :, None])[..., None]
 
 
+def slowest_backward(x: Inputs) -> np.ndarray:
+    """``[i]``: the most scalable backward time the class DP's chain offset may take for the
+    regions before ``i`` (for ``drain_most``): per region the largest ``sigma_q
+    scalable_q`` over the classes, or the fastest type's where that is larger, summed. A
+    stage's chain takes its backward at the least ``sigma_q scalable_q`` over its own
+    classes (``scalable``), which may be a slower class's time than the fastest type's: the
+    chain offset less the drain by the fastest type's backward was then above the forward
+    chain, and the busy term after it above plans that start the stage on the forward
+    chain. (A stage's chain less its forward chain is at most the largest such backward of
+    its range, which is at most the sum of its regions' largest.)"""
+    r = x.ranges
+    own = r.by_class["backward"] * r.class_sigma  # [i, j, C]
+    at = np.arange(len(r.split))
+    per_region = np.maximum(own[at, at + 1].max(axis=-1), r.backward.scalable[at, at + 1])
+    return np.concatenate([[0.0], np.cumsum(per_region)])
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ClassTerms:
     """The class DP's terms at ``m`` microbatches, ``[i, j, K, o]`` (module docstring)."""
@@ -147,7 +164,7 @@ def class_terms(x: Inputs, v: _Vectors, m: int) -> ClassTerms:
         passing = np.where(fits, m * fixed["passing"] + scal["passing"] * share, np.inf)
         hop = x.boundaries.ms(first)[:, None]  # [i, 1, K, o]: the boundary before
         hop_in = x.boundaries.ms(first, True)[:, None]
-        drain = x.boundaries.drain_most(r.backward.fixed[0], r.backward.scalable[0]
+        drain = x.boundaries.drain_most(r.backward.fixed[0], slowest_backward(x)
                                         / (m * v.sigma.min()), samples)[:, None, None, None]
         chain = np.where(np.isfinite(first), fixed["passing"] + scal["passing"] * first_share
                          + hop, np.inf)
