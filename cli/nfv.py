@@ -194,6 +194,8 @@ def bench(config_path: str, trace_path: str, batch_size: int | None, workers: in
 
     deliver(from_data(NfvBench, result), output, as_json, render=render_bench)
 
+from .actors import command as actors  # noqa: E402  (the actors group: NFVactor)
 from .netstar import command as netstar  # noqa: E402  (the netstar group: run, bench)
 
 command.add_command(netstar)
+command.add_command(actors)
