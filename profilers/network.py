@@ -131,13 +131,16 @@ class NetworkReport:
     matmul_gflops: list[float] = field(default_factory=list)
     memory_gb_per_s: list[float] = field(default_factory=list)
     memory_gib: dict[str, float] = field(default_factory=dict)
+    # the intra-op threads of every worker where ``--threads`` asked for them (0: torch's
+    # share of the host's cores): the topology's CPU devices get that many ``cores``
+    threads: int = 0
 
     def to_data(self) -> dict:
         return {"backend": self.backend, "world_size": self.world_size, "hosts": self.hosts,
                 "devices": self.devices, "sizes_bytes": self.sizes, "p2p_one_way_s": self.p2p_s,
                 "allreduce_s": self.allreduce_s, "fits": self.fits,
                 "matmul_gflops": self.matmul_gflops, "memory_gb_per_s": self.memory_gb_per_s,
-                "memory_gib": self.memory_gib}
+                "memory_gib": self.memory_gib, "threads": self.threads}
 
     def allreduce_bus_gbps(self, index: int = -1) -> float:
         n = self.world_size
@@ -385,7 +388,7 @@ def probe_network(nprocs: int = 2, *, sizes: Sequence[int] = DEFAULT_SIZES, repe
                            p2p_s=data["p2p_one_way_s"], allreduce_s=data["allreduce_s"],
                            fits=data["fits"], matmul_gflops=data["matmul_gflops"],
                            memory_gb_per_s=data.get("memory_gb_per_s", []),
-                           memory_gib=data["memory_gib"])
+                           memory_gib=data["memory_gib"], threads=threads or 0)
     return topology_from_report(report, name=name), report
 
 
@@ -405,6 +408,7 @@ def _under_torchrun(sizes, repeats, warmup, backend, threads, name, progress):
         dist.destroy_process_group()
     if report is None:
         return None, None
+    report.threads = threads or 0
     return topology_from_report(report, name=name), report
 
 
@@ -490,6 +494,8 @@ def topology_from_report(report: NetworkReport, name: str | None = None) -> Topo
                       if r < len(report.memory_gb_per_s) and report.memory_gb_per_s[r] > 0]
             if memory:
                 spec["memory_bandwidth_gb_per_s"] = round(statistics.median(memory), 2)
+            if report.threads:  # each worker computed with this many threads: its device's cores
+                spec["cores"] = report.threads
         doc: dict = {"name": host_names[h], "devices": [spec]}
         intra = median_fit([(a, b) for a in ranks for b in ranks if a < b])
         if intra is not None:

@@ -68,6 +68,15 @@ def test_two_local_processes_make_one_loopback_host():
     assert "AllReduce" in topo.description
 
 
+def test_threads_asked_for_become_the_cpu_devices_cores():
+    report = _report(["box", "box"], {"0-1": (12.0, 40.0)})
+    assert topology_from_report(report).hosts[0].devices[0].cores is None  # torch's share
+    report.threads = 3
+    topo = topology_from_report(report)
+    assert topo.hosts[0].devices[0].cores == 3
+    assert cluster_of(topo).device("box/cpu1").type.cpu_cores == 3
+
+
 def test_three_processes_get_a_link_per_measured_pair():
     fits = {"0-1": (10.0, 30.0), "0-2": (5.0, 60.0), "1-2": (8.0, 35.0)}
     topo = topology_from_report(_report(["h"] * 3, fits))
