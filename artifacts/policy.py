@@ -50,14 +50,17 @@ class Weight:
 
 @record
 class TrainedOn:
-    """What a policy was trained on: graph and topology names, episodes run."""
+    """What a policy was trained on: graph and topology names, episodes run, and the most
+    devices of any cluster trained on (0: not recorded)."""
 
     graphs: tuple[str, ...] = ()
     topologies: tuple[str, ...] = ()
     episodes: int = 0
+    max_devices: int = 0
 
     def __post_init__(self) -> None:
         check(self.episodes >= 0, f"episodes must be >= 0, got {self.episodes}")
+        check(self.max_devices >= 0, f"max_devices must be >= 0, got {self.max_devices}")
 
 
 @record

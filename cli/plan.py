@@ -35,7 +35,7 @@ from .options import (
 )
 
 # Planner options that name a file, and what the file is (the option's metavar).
-FILE_OPTIONS = {"refine_with": "RUN_REPORT"}
+FILE_OPTIONS = {"refine_with": "RUN_REPORT", "policy": "POLICY"}
 
 
 class PlannerGroup(click.Group):
@@ -301,3 +301,56 @@ def export_command(plan_path, fmt, graph_path, output):
     console = stderr_console()
     if console is not None:
         console.print(f"wrote {', '.join(files)} to {output}")
+
+
+@command.group(name="learn")
+def learn_group() -> None:
+    """Train a learned planner's policy on the simulator.
+
+    \b
+    Example:
+      dl-nfv plan learn heterog --graphs a.json,b.json --topologies t.yaml --episodes 600 -o my.policy.json
+    """
+
+
+def _paths(ctx, param, value: str) -> list[str]:
+    paths = [p.strip() for p in value.split(",") if p.strip()]
+    if not paths:
+        raise click.BadParameter(f"{value!r}: name at least one file, comma-separated")
+    return paths
+
+
+@learn_group.command(name="heterog")
+@click.option("--graphs", "graph_paths", required=True, callback=_paths,
+              help="Comma-separated op graphs to train on.")
+@click.option("--topologies", "topology_paths", required=True, callback=_paths,
+              help="Comma-separated topologies; every graph is trained on every topology.")
+@click.option("--episodes", type=click.IntRange(min=1), default=600, show_default=True,
+              help="Episodes in all (one per (graph, topology) pair per step).")
+@click.option("--search-s", type=Number(min=0), default=10.0, show_default=True,
+              help="CPU seconds of refinement per pair for the strategy the policy imitates.")
+@seed_option
+@output_option("Write the policy here (.json, .yaml or .yml).")
+@json_option
+def learn_heterog(graph_paths, topology_paths, episodes, search_s, seed, output, as_json):
+    """Train a HeteroG policy over every (graph, topology) pair, recording what it saw.
+
+    \b
+    Example:
+      dl-nfv plan learn heterog --graphs a.json,b.json --topologies t.yaml --episodes 600 -o my.policy.json
+    """
+    import shlex
+
+    from dl_nfv.planners.heterog import learn
+
+    from .render_policy import render
+
+    graphs = [(Path(p).stem, load(p, expect="op-graph")) for p in graph_paths]
+    topologies = [(Path(p).stem, load(p, expect="topology")) for p in topology_paths]
+    line = ["dl-nfv", "plan", "learn", "heterog", "--graphs", ",".join(graph_paths),
+            "--topologies", ",".join(topology_paths), "--episodes", str(episodes),
+            "--search-s", f"{search_s:g}", "--seed", str(seed), *(["-o", str(output)] if output else [])]
+    console = stderr_console()
+    policy = learn(graphs, topologies, episodes=episodes, seed=seed, search_s=search_s,
+                   command=shlex.join(line), progress=console.print if console else None)
+    deliver(policy, output, as_json, render=render, document="json")

@@ -21,6 +21,8 @@ def render(policy: Policy) -> Group:
     header.add_row("trained on graphs", ", ".join(policy.trained_on.graphs) or "-")
     header.add_row("trained on topologies", ", ".join(policy.trained_on.topologies) or "-")
     header.add_row("episodes", f"{policy.trained_on.episodes:,}")
+    if policy.trained_on.max_devices:
+        header.add_row("largest cluster", f"{policy.trained_on.max_devices} devices")
     header.add_row("seed", str(policy.seed))
     header.add_row("command", policy.command or "-")
     for note in policy.notes:

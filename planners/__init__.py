@@ -74,6 +74,8 @@ PLANNERS: dict[str, PlannerInfo] = {p.name: p for p in (
                 "(baseline)", "pipeline", baseline=True),
     PlannerInfo("pipedream", "pipedream:plan", "PipeDream's hierarchical DP partitioner with stage "
                 "replication, 1F1B with a flush (baseline)", "pipeline", baseline=True),
+    PlannerInfo("heterog", "heterog:plan", "HeteroG: per op group devices, batch shares and "
+                "AllReduce or PS, from a trained GNN policy refined on the simulator", "hybrid"),
     PlannerInfo("fastt", "fastt:plan", "FastT: op placement and execution order by list "
                 "scheduling (HEFT/CPOP), critical-path op splitting", "placement"),
     PlannerInfo("m-topo", "baechi:plan_topo", "Baechi m-TOPO: topological fill up to total "
