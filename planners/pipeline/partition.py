@@ -51,6 +51,7 @@ import numpy as np
 from dl_nfv.artifacts import Collective
 
 from .problem import Problem
+from .symmetry import collective_key
 
 INF = np.inf
 TAU_GRID = (1.0, 1.02, 1.05, 1.1, 1.17, 1.25, 1.35, 1.5, 1.7, 2.0, 2.5, 3.5)
@@ -192,7 +193,9 @@ class OrderingTables:
     def _sync_coefficients(p: Problem, ordering: Sequence[str], cuts: Sequence[int],
                            cache: dict | None):
         """AllReduce time of every device run as ``min over algorithms of a + b x bytes``, each
-        algorithm's ``(a, b)`` the cost model's (``allreduce_affine``)."""
+        algorithm's ``(a, b)`` the cost model's (``allreduce_affine``), asked once per
+        ``symmetry.collective_key``: per device set, or on a uniform cluster per class of
+        device sets that its automorphisms map onto each other."""
         J = len(cuts)
         algos = (Collective.RING, Collective.TREE, Collective.HIERARCHICAL)
         a = np.zeros((len(algos), J, J))
@@ -203,7 +206,7 @@ class OrderingTables:
                 group = tuple(ordering[cuts[j0]:cuts[j1]])
                 if len(group) < 2:
                     continue
-                key = frozenset(group)
+                key = collective_key(p.cm, p.labels, group)  # a class of groups, exactly
                 coeffs = cache.get(key)
                 if coeffs is None:
                     coeffs = cache[key] = [p.cm.allreduce_affine(group, alg) for alg in algos]

@@ -51,6 +51,7 @@ from .partition import Layout
 from .problem import Problem
 from .scheduler import Policy, schedule_options
 from .search import Evaluated, device_swaps, evaluate, fastest_first, search
+from .symmetry import nested_hosts, sub_topology
 
 SIMULATED_CANDIDATES = 6
 POLISH_ROUNDS = 4  # rounds of device swaps of the winner, judged by the simulator
@@ -81,6 +82,7 @@ class _Draft:
     overflow: str = ""
     source: Evaluated | None = None  # the search's layout it was made from
     cap: float | None = None  # its first stage's gradient bucket cap (None: not bucketed)
+    anytime: bool = False  # made whatever the time limit (``_kept``)
 
 
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int = 0,
@@ -116,6 +118,15 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     Complexity: O(orderings x microbatch counts x n^2 D^2) for the DP (n ops, D
     devices), O(layouts x stages^2 x microbatches) for scheduling, plus ~10 simulations.
     """
+    return _plan(graph, topology, seed=seed, microbatches=microbatches, max_stages=max_stages,
+                 max_replicas=max_replicas, schedule=schedule, time_limit=time_limit,
+                 optimizer=optimizer, with_bound=True)
+
+
+def _plan(graph: OpGraph, topology: Topology, *, seed: int, microbatches: int, max_stages: int,
+          max_replicas: int, schedule: str, time_limit: float, optimizer: str,
+          with_bound: bool) -> Plan:
+    """``plan``; a sub-cluster's plan (``with_bound`` False) skips the bound."""
     t0 = started()
     problem = Problem(graph, topology, tie_sync=TieSync.EXCHANGE,
                       optimizer=optimizer_named("pipeline", optimizer))
@@ -125,10 +136,14 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     require_rows(graph, problem.batch_size // m, "pipeline",
                  f"{m} microbatch(es) of the batch of {problem.batch_size}")
     policies = SCHEDULES[schedule]
-    # the bound first; the search's cut-offs count the plan's CPU time from here, bound
-    # included, so that the steps never cut have the rest of the limit whatever it took
+    options = {"microbatches": microbatches, "max_stages": max_stages,
+               "max_replicas": max_replicas, "schedule": schedule,
+               "time_limit": time_limit, "optimizer": optimizer}
+    # the sub-cluster and the bound first; the search's cut-offs count the plan's CPU time
+    # from here, so that the steps never cut have the rest of the limit whatever they took
     cpu0 = time.process_time()
-    bound = pipeline_bound(problem)
+    incumbent = _sub_cluster_draft(graph, topology, seed, options)
+    bound = pipeline_bound(problem) if with_bound else Bound(0.0, {})
     outcome = search(problem, microbatches=microbatches, max_stages=max_stages,
                      max_replicas=max_replicas, policies=policies, seed=seed,
                      time_limit=time_limit, started=cpu0)
@@ -136,13 +151,13 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     effort = COARSENED_EFFORT if coarse.coarsened else {
         "candidates": SIMULATED_CANDIDATES, "schedules": SCHEDULES_SIMULATED,
         "polish": POLISH_SIMULATED}
-    drafts = [d for ev in outcome.candidates[:effort["candidates"]]
-              for d in _drafts_of(problem, ev, policies)[:2 * effort["schedules"]]]
+    drafts = _search_drafts(problem, outcome, policies, effort)
     # the baselines' layouts also at the microbatch counts the search liked best
-    liked = list(dict.fromkeys(ev.layout.microbatches for ev in outcome.candidates
-                               if ev.layout.microbatches > 1))[:SEED_MICROBATCH_COUNTS]
+    sure = _liked(outcome.base or outcome.candidates)
+    more = [*sure, *(m for m in _liked(outcome.candidates) if m not in sure)]
     drafts.extend(_seed_drafts(graph, topology, coarse, microbatches, max_stages, schedule,
-                               liked))
+                               more, sure))
+    drafts.extend([incumbent] if incumbent is not None else [])
     if max_replicas:
         drafts = [d for d in drafts if all(len(g.devices) <= max_replicas for g in d.groups)]
     for d in drafts:
@@ -151,17 +166,68 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
     if not fitting:
         worst = next((d.overflow for d in drafts if d.overflow), "no candidate layout fits")
         raise InfeasiblePlan(f"pipeline: no plan fits in memory; the closest candidate: {worst}")
-    best = min(fitting, key=lambda d: (round(d.iteration_ms, 9), _stage_count(d), d.origin))
-    best, swaps = _polish(problem, best, policies, effort["polish"])
+    best, swaps = _kept(problem, fitting, policies, effort["polish"])
     notes = _notes(best, outcome, drafts, swaps, bound)
     status = PlanStatus.TIME_LIMIT if outcome.timed_out else PlanStatus.HEURISTIC
     return finish(planner="pipeline", graph=graph, topology=topology, groups=best.groups, seed=seed,
-                  options={"microbatches": microbatches, "max_stages": max_stages,
-                           "max_replicas": max_replicas, "schedule": schedule,
-                           "time_limit": time_limit, "optimizer": optimizer},
+                  options=options,
                   started_at=t0, bound=bound, status=status, pipeline=best.pipeline,
                   fusion=best.fusion, optimizer=problem.optimizer, cost_model=problem.cm, notes=notes,
                   tie_sync=problem.tie_sync)
+
+
+def _fastest(drafts: Sequence[_Draft]) -> _Draft:
+    return min(drafts, key=lambda d: (round(d.iteration_ms, 9), _stage_count(d), d.origin))
+
+
+def _kept(problem: Problem, fitting: Sequence[_Draft], policies, simulated: int
+          ) -> tuple[_Draft, int]:
+    """The fastest of ``fitting`` polished, and the fastest of the drafts any time limit
+    makes (``anytime``) polished, whichever is faster: a plan given more time keeps every
+    draft a shorter limit makes, so it is never slower."""
+    best, swaps = _polish(problem, _fastest(fitting), policies, simulated)
+    sure = [d for d in fitting if d.anytime]
+    if sure and _fastest(sure) is not _fastest(fitting):
+        other, more = _polish(problem, _fastest(sure), policies, simulated)
+        if _fastest([best, other]) is other:
+            return other, more
+    return best, swaps
+
+
+def _liked(candidates: Sequence[Evaluated]) -> list[int]:
+    return list(dict.fromkeys(ev.layout.microbatches for ev in candidates
+                              if ev.layout.microbatches > 1))[:SEED_MICROBATCH_COUNTS]
+
+
+def _search_drafts(problem: Problem, outcome, policies, effort: dict) -> list[_Draft]:
+    """Drafts of the search's best candidates, and of the best it had before the steps a
+    time limit may cut (``Outcome.base``), those marked ``anytime``."""
+    top = outcome.candidates[:effort["candidates"]]
+    seen = {ev.layout.key for ev in top}
+    base = [ev for ev in (outcome.base or outcome.candidates)[:effort["candidates"]]]
+    out = []
+    for ev in [*top, *(ev for ev in base if ev.layout.key not in seen)]:
+        for d in _drafts_of(problem, ev, policies)[:2 * effort["schedules"]]:
+            d.anytime = any(ev is b or ev.layout.key == b.layout.key for b in base)
+            out.append(d)
+    return out
+
+
+def _sub_cluster_draft(graph: OpGraph, topology: Topology, seed: int, options: dict
+                       ) -> _Draft | None:
+    """The plan of the first half of a uniform cluster's hosts (``symmetry.nested_hosts``,
+    planned the same way, so recursively from one host), as a draft on the whole cluster:
+    every route between its devices stays inside it, so it simulates as it did there.
+    None when the cluster has no such part or nothing fits on it."""
+    hosts = nested_hosts(topology)
+    if not hosts:
+        return None
+    try:
+        sub = _plan(graph, sub_topology(topology, hosts), seed=seed, with_bound=False, **options)
+    except InfeasiblePlan:
+        return None
+    return _Draft(f"sub-cluster of the first {hosts} host(s) ({sub.notes[0]})", list(sub.groups),
+                  sub.pipeline, sub.fusion, anytime=True)
 
 
 def _notes(best: _Draft, outcome, drafts: Sequence[_Draft], swaps: int, bound: Bound) -> list[str]:
@@ -338,9 +404,11 @@ def _data_parallel_draft(problem: Problem, layout: Layout, reps: Replicas, origi
 
 
 def _seed_drafts(graph, topology, problem: Problem, microbatches: int, max_stages: int,
-                 schedule: str, more_counts: Sequence[int] = ()) -> list[_Draft]:
+                 schedule: str, more_counts: Sequence[int] = (),
+                 sure_counts: Sequence[int] = ()) -> list[_Draft]:
     """The plans of the dp, gpipe, 1f1b and pipedream baselines (each in this search space),
-    each also at the microbatch counts ``more_counts`` when the user fixed none."""
+    each also at the microbatch counts ``more_counts`` when the user fixed none; all but
+    those at a count of ``more_counts`` outside ``sure_counts`` are ``anytime``."""
     from dl_nfv.planners import dp
     from dl_nfv.planners.gpipe import baseline_draft, default_microbatches, even_layout
     from dl_nfv.planners.pipedream import auto_microbatches, pipedream_layout
@@ -349,7 +417,8 @@ def _seed_drafts(graph, topology, problem: Problem, microbatches: int, max_stage
     if not microbatches or microbatches == 1:
         try:
             ddp = dp.plan(graph, topology, optimizer=problem.optimizer.value)
-            out.append(_Draft("seed: dp baseline", list(ddp.groups), None, ddp.fusion))
+            out.append(_Draft("seed: dp baseline", list(ddp.groups), None, ddp.fusion,
+                              anytime=True))
         except BadInput:
             pass
     count = min(len(problem.devices), problem.n)
@@ -359,16 +428,19 @@ def _seed_drafts(graph, topology, problem: Problem, microbatches: int, max_stage
     def counts(own: int) -> list[int]:
         return [microbatches] if microbatches else list(dict.fromkeys((own, *more_counts)))
 
+    def sure(m: int, own: int) -> bool:
+        return bool(microbatches) or m == own or m in sure_counts
+
     for kind in ("gpipe", "1f1b"):
         if schedule not in ("auto", kind):
             continue
-        for m in counts(default_microbatches(problem.batch_size, count,
-                                             min_rows=problem.min_rows)):
+        own_m = default_microbatches(problem.batch_size, count, min_rows=problem.min_rows)
+        for m in counts(own_m):
             try:
                 layout = even_layout(problem, count, m, "time", kind)
                 groups, pipeline = baseline_draft(problem, layout, kind)
                 out.append(_Draft(f"seed: {kind} baseline" + _at(m, microbatches), groups,
-                                  pipeline, None))
+                                  pipeline, None, anytime=sure(m, own_m)))
             except BadInput:
                 pass
     if schedule in ("auto", "1f1b"):
@@ -383,7 +455,7 @@ def _seed_drafts(graph, topology, problem: Problem, microbatches: int, max_stage
                 if not max_stages or len(layout.stages) <= max_stages:
                     groups, pipeline = baseline_draft(problem, layout, "1f1b")
                     out.append(_Draft("seed: pipedream baseline" + _at(m, microbatches), groups,
-                                      pipeline, None))
+                                      pipeline, None, anytime=sure(m, own)))
             except BadInput:
                 pass
     return out

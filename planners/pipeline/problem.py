@@ -197,6 +197,13 @@ class Problem:
         return fingerprint(self.graph), fingerprint(self.topology)
 
     @cached_property
+    def labels(self) -> dict[str, tuple[str, str]] | None:
+        """``device -> (leaf, host)`` on a uniform cluster, else None (``symmetry``)."""
+        from .symmetry import uniform_labels
+
+        return uniform_labels(self.topology)
+
+    @cached_property
     def min_rows(self) -> int:
         """The fewest rows a replica's slice of a microbatch may hold (``min_slice_rows``)."""
         return min_slice_rows(self.graph)

@@ -76,6 +76,7 @@ from .scheduler import (
     round_trip_caps,
     run,
 )
+from .symmetry import canonical
 
 MAX_MICROBATCH_OPTIONS = 7
 # shares of the plan's time limit after which the local search and the climbs stop (CPU
@@ -121,6 +122,8 @@ class Outcome:
     """What the search found: candidates fastest first, and how the search went."""
 
     candidates: list[Evaluated]
+    # the candidates as they stood before the steps a time limit may cut (empty: the same)
+    base: list[Evaluated] = field(default_factory=list)
     problem: Problem | None = None  # the units the candidates are on (finer than given)
     orderings_tried: int = 0
     layouts_timed: int = 0
@@ -218,9 +221,11 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
         scores = state.explore(ordering, options)
         per_ordering.append((min(scores.values(), default=float("inf")), ordering, scores))
     per_ordering.sort(key=lambda x: x[0])
-    if per_ordering and per_ordering[0][0] < float("inf") and len(problem.devices) > 2:
-        state.local_search(per_ordering[0], seed, t0 + time_limit * LOCAL_SEARCH_SHARE)
     refined = problem.coarsened
+    if per_ordering and per_ordering[0][0] < float("inf") and len(problem.devices) > 2:
+        if not refined:  # what a plan cut at once by its time limit would be made from
+            state.outcome.base = state.scheduled(problem)
+        state.local_search(per_ordering[0], seed, t0 + time_limit * LOCAL_SEARCH_SHARE)
     for _ in range(REFINE_PASSES if refined else 0):
         state, problem = state.on_finer_units(problem)
     final = state.scheduled(problem)
@@ -253,6 +258,7 @@ class _Search:
         self.best_ms = float("inf")  # the best list-scheduled time so far
         self.outcome = Outcome(candidates=[])
         self.scores: dict[tuple[tuple[str, ...], int], float] = {}  # (ordering, m) -> score
+        self.forms: dict[tuple, dict[int, float]] = {}  # (canonical ordering, ms) -> scores
 
     def timed(self, sc: Screened) -> Evaluated | None:
         key = sc.layout.key
@@ -280,6 +286,9 @@ class _Search:
 
     def explore(self, ordering: Sequence[str], ms: Sequence[int]) -> dict[int, float]:
         """Per microbatch count, the score of the DP's layouts of ``ordering``."""
+        form = canonical(self.problem.labels, ordering) if self.problem.labels else None
+        if form is not None and (form, tuple(ms)) in self.forms:
+            return dict(self.forms[form, tuple(ms)])  # an equivalent ordering (``symmetry``)
         scores = {}
         base = OrderingTables(self.problem, ordering, self.cache)
         for m in ms:
@@ -297,6 +306,8 @@ class _Search:
                                                      self.max_stages))
             self.scores[(tuple(ordering), m)] = scores[m]
         self.outcome.orderings_tried += 1
+        if form is not None:
+            self.forms[form, tuple(ms)] = dict(scores)
         return scores
 
     def local_search(self, start: tuple, seed: int, deadline: float) -> None:
