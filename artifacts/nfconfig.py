@@ -183,20 +183,155 @@ class EngineSpec:
         check(self.reprofile_every >= 0, f"reprofile_every must be >= 0, got {self.reprofile_every}")
         check(self.torch_threads >= 1, f"torch_threads must be >= 1, got {self.torch_threads}")
 
+class L4NfKind(StrEnum):
+    """The packet NFs of an ``l4_chain`` (``dl-nfv nfv chain``)."""
+
+    FIREWALL = "firewall"
+    NAT = "nat"
+    LB = "lb"
+    MONITOR = "monitor"
+    RATE_LIMIT = "rate-limit"
+
+
+def _is_prime(n: int) -> bool:
+    if n < 2:
+        return False
+    k = 2
+    while k * k <= n:
+        if n % k == 0:
+            return False
+        k += 1
+    return True
+
+
+def _endpoint_ok(text: str) -> bool:
+    """``a.b.c.d`` or ``a.b.c.d:port``."""
+    address, _, port = text.partition(":")
+    try:
+        ipaddress.IPv4Address(address)
+    except ValueError:
+        return False
+    return not port or (port.isdigit() and 0 < int(port) <= 65535)
+
+
+@record
+class L4Timeouts:
+    """Idle time-outs of per-flow state, by connection state (seconds)."""
+
+    syn_s: float = 30.0
+    established_s: float = 300.0
+    fin_s: float = 60.0
+    closing_s: float = 10.0
+    udp_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("syn_s", "established_s", "fin_s", "closing_s", "udp_s"):
+            value = getattr(self, name)
+            check(0 < value <= 86_400, f"{name} must be in (0, 86400] s, got {value}")
+
+
+MAX_NAT_PORTS = 1 << 22
+
+
+@record
+class L4NfSpec:
+    """One NF of ``l4_chain``. ``acl``/``default`` (firewall), ``pool``/``ports`` (nat),
+    ``vip``/``backends``/``table_size`` (lb), ``rate_bytes_per_s``/``burst_bytes``
+    (rate-limit) apply to their NF only; ``timeouts`` to every stateful NF."""
+
+    nf: L4NfKind
+    acl: tuple[AclRule, ...] = ()
+    default: AclAction = AclAction.ALLOW
+    pool: tuple[str, ...] = ()
+    ports: str = "1024-65535"
+    vip: str = "any"
+    backends: tuple[str, ...] = ()
+    table_size: int = 65537
+    rate_bytes_per_s: int = 0
+    burst_bytes: int = 0
+    timeouts: L4Timeouts = L4Timeouts()
+
+    def __post_init__(self) -> None:
+        own = {"acl": L4NfKind.FIREWALL, "pool": L4NfKind.NAT, "backends": L4NfKind.LB,
+               "rate_bytes_per_s": L4NfKind.RATE_LIMIT, "burst_bytes": L4NfKind.RATE_LIMIT}
+        for name, kind in own.items():
+            check(self.nf == kind or not getattr(self, name),
+                  f"{name!r} applies to nf {kind.value!r}, not {self.nf.value!r}")
+        if self.nf == L4NfKind.NAT:
+            self._check_nat()
+        if self.nf == L4NfKind.LB:
+            check(len(self.backends) > 0, "nf 'lb' needs a non-empty 'backends' list")
+            for k, backend in enumerate(self.backends):
+                check(_endpoint_ok(backend), f"backends[{k}]: {backend!r} is not an IPv4 "
+                                             f"address or address:port")
+            check(self.vip == "any" or _endpoint_ok(self.vip),
+                  f"vip: {self.vip!r} is not 'any', an IPv4 address or address:port")
+            check(_is_prime(self.table_size), f"table_size: {self.table_size} is not prime "
+                  f"(Maglev needs a prime table size, e.g. 65537)")
+            check(self.table_size >= len(self.backends),
+                  f"table_size: {self.table_size} is smaller than {len(self.backends)} backends")
+        if self.nf == L4NfKind.RATE_LIMIT:
+            check(self.rate_bytes_per_s > 0,
+                  f"rate_bytes_per_s must be > 0, got {self.rate_bytes_per_s}")
+            check(0 < self.burst_bytes <= 1 << 40,
+                  f"burst_bytes must be in (0, 2^40], got {self.burst_bytes}")
+
+    def _check_nat(self) -> None:
+        check(len(self.pool) > 0, "pool: nf 'nat' needs a non-empty list of IPv4 addresses")
+        for k, address in enumerate(self.pool):
+            try:
+                ipaddress.IPv4Address(address)
+            except ValueError:
+                raise ValueError(f"pool[{k}]: {address!r} is not an IPv4 address") from None
+        check(_ports_ok(self.ports) and self.ports != "any",
+              f"ports: {self.ports!r} is not a port range lo-hi within 0-65535")
+        lo, _, hi = self.ports.partition("-")
+        size = len(self.pool) * (int(hi or lo) - int(lo) + 1)
+        check(size <= MAX_NAT_PORTS, f"pool: {len(self.pool)} addresses x ports {self.ports} "
+                                     f"is {size} bindings, over the {MAX_NAT_PORTS} allowed")
+
+
+@record
+class L4EngineSpec:
+    """How ``dl-nfv nfv chain`` runs the l4_chain."""
+
+    name: str = "tensor"
+    batch_size: int = 8192
+    device: str = "cpu"
+    sweep_interval_s: float = 1.0
+    table_capacity: int = 1024
+
+    def __post_init__(self) -> None:
+        check(self.name in ("tensor", "cpu"), f"name must be tensor or cpu, got {self.name!r}")
+        check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        check(self.device in ("auto", "cpu") or self.device.startswith("cuda"),
+              f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        check(self.sweep_interval_s > 0,
+              f"sweep_interval_s must be > 0, got {self.sweep_interval_s}")
+        check(self.table_capacity >= 16 and self.table_capacity & (self.table_capacity - 1) == 0,
+              f"table_capacity must be a power of two >= 16, got {self.table_capacity}")
+
 
 @record
 class NfConfig:
-    """An NF chain and its engine."""
+    """An NF chain and its engine; ``l4_chain`` a chain of L3/L4 packet NFs
+    (``dl-nfv nfv chain``, see ``l4chain.py``)."""
 
     kind: str = "nf-config"
     schema_version: int = 1
     name: str
-    chain: tuple[NfSpec, ...]
+    chain: tuple[NfSpec, ...] = ()
     engine: EngineSpec = EngineSpec()
+    l4_chain: tuple[L4NfSpec, ...] = ()
+    l4_engine: L4EngineSpec = L4EngineSpec()
 
     def __post_init__(self) -> None:
         check(self.kind == "nf-config", f"kind must be 'nf-config', got {self.kind!r}")
-        check(len(self.chain) > 0, "chain must list at least one NF")
+        check(len(self.chain) > 0 or len(self.l4_chain) > 0,
+              "chain (or l4_chain) must list at least one NF")
+        l4 = [s.nf for s in self.l4_chain]
+        for kind in set(l4):
+            check(l4.count(kind) == 1, f"l4_chain lists nf {kind.value!r} twice")
         kinds = [s.nf for s in self.chain]
         for kind in set(kinds):
             check(kinds.count(kind) == 1, f"chain lists nf {kind.value!r} twice")

@@ -1,0 +1,131 @@
+"""A flow table on the device: open addressing over int64 tensors, batched operations.
+
+Keys are the two words of ``packets.key_pair`` (``k2`` is never negative, so
+``k2 == EMPTY`` marks a free slot and ``k2 == TOMB`` a deleted one); values are
+named int64 columns indexed by slot. Every operation takes a batch of keys:
+
+* ``lookup(k1, k2)`` — linear probing from ``flow_hash % capacity``, all keys at
+  once, one probe step per round for the keys still searching; a key stops at its
+  slot or at an empty slot (not found; tombstones are probed past).
+* ``insert(k1, k2)`` — keys that are distinct and absent. Each round, every key
+  still looking tries its current probe slot; when several want the same free
+  slot one scatter picks a winner and the others probe on (collision handling
+  within the batch). Tombstones are reused.
+* ``delete(slots)`` — tombstones; ``reserve`` (called by ``insert``) grows and
+  rehashes the table when live entries plus tombstones would pass half the
+  capacity, which moves every entry: callers holding slots look them up again.
+
+Expected probes per key are O(1) at load <= 1/2; the rounds of a batch are as
+many as its longest probe sequence. No host round-trip per key: the loops run
+over tensors and stop when no key is left searching.
+"""
+
+from __future__ import annotations
+
+from ..nfs.lazy_torch import torch
+from .packets import flow_hash
+
+EMPTY, TOMB = -1, -2
+MAX_LOAD = 0.5
+
+
+class DeviceFlowTable:
+    """Open-addressing flow table with int64 value ``columns`` (name -> fill value)."""
+
+    def __init__(self, capacity: int, device, columns: dict[str, int]):
+        self.device = device
+        self.fills = dict(columns)
+        self._alloc(capacity)
+        self.live = 0
+        self.used = 0  # live entries + tombstones
+
+    def _alloc(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.k1 = torch.zeros(capacity, dtype=torch.int64, device=self.device)
+        self.k2 = torch.full((capacity,), EMPTY, dtype=torch.int64, device=self.device)
+        self.cols = {name: torch.full((capacity,), fill, dtype=torch.int64, device=self.device)
+                     for name, fill in self.fills.items()}
+
+    def _home(self, k1, k2):
+        return flow_hash(k1, k2) & (self.capacity - 1)
+
+    def lookup(self, k1, k2):
+        """Slots of the keys, -1 where absent."""
+        n = k1.shape[0]
+        found = torch.full((n,), -1, dtype=torch.int64, device=self.device)
+        todo = torch.arange(n, device=self.device)
+        slot = self._home(k1, k2)
+        mask = self.capacity - 1
+        while todo.numel():
+            s = slot[todo]
+            t2 = self.k2[s]
+            hit = (t2 == k2[todo]) & (self.k1[s] == k1[todo])
+            found[todo[hit]] = s[hit]
+            more = ~hit & (t2 != EMPTY)
+            todo = todo[more]
+            slot[todo] = (slot[todo] + 1) & mask
+        return found
+
+    def insert(self, k1, k2):
+        """Slots given to the keys (distinct, absent), with their columns at the fill values."""
+        n = int(k1.shape[0])
+        if n == 0:
+            return torch.zeros(0, dtype=torch.int64, device=self.device)
+        self.reserve(n)
+        got = torch.full((n,), -1, dtype=torch.int64, device=self.device)
+        owner = torch.full((self.capacity,), -1, dtype=torch.int64, device=self.device)
+        todo = torch.arange(n, device=self.device)
+        slot = self._home(k1, k2)
+        mask = self.capacity - 1
+        fresh = 0
+        while todo.numel():
+            s = slot[todo]
+            free = self.k2[s] < 0
+            owner[s[free]] = todo[free]
+            win = free & (owner[s] == todo)
+            ws = s[win]
+            fresh += int((self.k2[ws] == EMPTY).sum())
+            self.k1[ws], self.k2[ws] = k1[todo[win]], k2[todo[win]]
+            got[todo[win]] = ws
+            todo = todo[~win]
+            slot[todo] = (slot[todo] + 1) & mask
+        for name, fill in self.fills.items():
+            self.cols[name][got] = fill
+        self.live += n
+        self.used += fresh
+        return got
+
+    def reserve(self, n: int) -> bool:
+        """Make room for ``n`` more keys; True if the table was rehashed (slots moved)."""
+        if self.used + n <= MAX_LOAD * self.capacity:
+            return False
+        self._rehash(self.live + n)
+        return True
+
+    def delete(self, slots) -> None:
+        if slots.numel():
+            self.k2[slots] = TOMB
+            self.live -= int(slots.numel())
+
+    def live_slots(self):
+        return torch.nonzero(self.k2 >= 0).squeeze(1)
+
+    def _rehash(self, need: int) -> None:
+        capacity = self.capacity
+        while need > MAX_LOAD * capacity / 2:
+            capacity *= 2
+        slots = self.live_slots()
+        k1, k2 = self.k1[slots], self.k2[slots]
+        values = {name: col[slots] for name, col in self.cols.items()}
+        self._alloc(capacity)
+        self.live = self.used = 0
+        fresh = self.insert(k1, k2)
+        for name, col in values.items():
+            self.cols[name][fresh] = col
+
+    def items(self) -> dict[tuple[int, int], tuple[int, ...]]:
+        """Every live entry: key -> values in column order (host copy, for tests/reports)."""
+        slots = self.live_slots()
+        k1, k2 = self.k1[slots].tolist(), self.k2[slots].tolist()
+        cols = [self.cols[name][slots].tolist() for name in self.fills]
+        return {(a, b): tuple(c[i] for c in cols) for i, (a, b) in enumerate(zip(k1, k2))}

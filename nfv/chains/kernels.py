@@ -1,0 +1,413 @@
+"""The L3/L4 NFs as batched torch kernels over a flow-sorted batch.
+
+Each kernel keeps its per-flow state in its own ``DeviceFlowTable`` and processes
+the packets that reached it (``Sub``: a subset of the batch, still sorted by flow
+then arrival) with tensor operations only: one table lookup per flow of the batch,
+the state machine as a segmented scan (``scan.fsm_scan``), per-packet outcomes by
+table gathers, state written back once per flow. The meaning is the reference's
+(``reference.py``); where the reference's order across flows matters (NAT port
+allocation, releases, sweeps) the kernel orders events by arrival or by flow key
+the same way. ``process`` returns the per-packet verdict and rewrites ``Sub``'s
+fields in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..nfs.lazy_torch import torch
+from . import states as st
+from .flowtable import DeviceFlowTable
+from .packets import flow_hash
+from .reference import Backends, compile_acl, endpoint, pool_bindings
+from .scan import Segments, fsm_scan, last_marked, previous_gap
+
+
+@dataclass(slots=True)
+class Sub:
+    """The packets an NF sees, flow-sorted; ``arrival`` is the position in the batch."""
+
+    ts: object
+    src: object
+    dst: object
+    sport: object
+    dport: object
+    proto: object
+    flags: object
+    wire: object
+    k1: object
+    k2: object
+    dir: object
+    arrival: object
+    seg: Segments
+
+
+def _tensor(values, device):
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+def _orient(code):
+    return torch.where(code == 0, torch.zeros_like(code), (code - 1) % 2)
+
+
+def _sorted_keys(k1, k2):
+    order = torch.sort(k2, stable=True).indices
+    return order[torch.sort(k1[order], stable=True).indices]
+
+
+class _Stateful:
+    """Lookup of the batch's flows, and time-out sweeps, over one flow table."""
+
+    columns: dict[str, int] = {}
+
+    def __init__(self, capacity: int, device):
+        self.device = device
+        self.table = DeviceFlowTable(capacity, device, self.columns)
+
+    def _flows(self, sub: Sub):
+        heads = sub.seg.first
+        slots = self.table.lookup(sub.k1[heads], sub.k2[heads])
+        return slots, slots >= 0
+
+    def _column(self, name, slots, existed, fill=0):
+        safe = torch.clamp(slots, min=0)
+        return torch.where(existed, self.table.cols[name][safe], torch.full_like(safe, fill))
+
+    def _store(self, sub: Sub, slots, existed, keep, values: dict):
+        """Write per-flow ``values``; flows not kept are deleted (or never inserted)."""
+        heads = sub.seg.first
+        self.table.delete(slots[existed & ~keep])
+        new = ~existed & keep
+        if self.table.reserve(int(new.sum())):
+            slots = self.table.lookup(sub.k1[heads], sub.k2[heads])
+        slots = slots.clone()
+        slots[new] = self.table.insert(sub.k1[heads][new], sub.k2[heads][new])
+        rows = torch.nonzero(keep).squeeze(1)
+        for name, value in values.items():
+            self.table.cols[name][slots[rows]] = value[rows]
+
+    def _expired(self, now_us: int):
+        slots = self.table.live_slots()
+        last = self.table.cols["last"][slots]
+        return slots[now_us - last > self._timeout_of(slots)]
+
+    def sweep(self, now_us: int) -> None:
+        self.table.delete(self._expired(now_us))
+
+    def end_batch(self) -> None:
+        pass
+
+    def snapshot(self) -> dict:
+        return self.table.items()
+
+
+class FirewallKernel(_Stateful):
+    """ACL + connection tracking; state (encoded with orientation, see ``states``), last."""
+
+    columns = {"state": 0, "last": 0}
+
+    def __init__(self, spec, capacity: int, device):
+        super().__init__(capacity, device)
+        self.rules = compile_acl(spec)
+        self.default_allow = spec.default.value == "allow"
+        nxt, verdict, _, width = st.table("conn")
+        self.next, self.verdict = _tensor(nxt, device), _tensor(verdict, device)
+        timeouts = st.conn_timeouts_us(spec.timeouts)
+        self.timeouts = _tensor([timeouts[st.Conn(st.decode(c)[0])] for c in range(width)],
+                                device)
+
+    def _timeout_of(self, slots):
+        return self.timeouts[self.table.cols["state"][slots]]
+
+    def snapshot(self) -> dict:
+        """key -> (state, orient, last), the reference's form."""
+        return {k: (*st.decode(v[0]), v[1]) for k, v in self.table.items().items()}
+
+    def _acl(self, sub: Sub):
+        allow = torch.full_like(sub.src, int(self.default_allow))
+        matched = torch.zeros_like(sub.src, dtype=torch.bool)
+        for ok, proto, src, smask, dst, dmask, slo, shi, dlo, dhi in self.rules:
+            if smask < 0 or dmask < 0:
+                continue
+            hit = ((sub.src & smask) == src) & ((sub.dst & dmask) == dst) \
+                & (sub.sport >= slo) & (sub.sport <= shi) & (sub.dport >= dlo) & (sub.dport <= dhi)
+            if proto:
+                hit &= sub.proto == proto
+            hit &= ~matched
+            allow[hit] = ok
+            matched |= hit
+        return allow
+
+    def process(self, sub: Sub):
+        slots, existed = self._flows(sub)
+        s0 = self._column("state", slots, existed)
+        gap = previous_gap(sub.ts, sub.seg, self._column("last", slots, existed), existed)
+        cls = st.packet_class(sub.flags, sub.proto, self._acl(sub)) * 2 + sub.dir
+        found, after, _ = fsm_scan(self.next, self.timeouts, cls, gap, sub.seg, s0)
+        verdict = self.verdict.reshape(-1)[cls * self.next.shape[1] + found]
+        last = sub.seg.last
+        final = after[last]
+        self._store(sub, slots, existed, final != 0, {"state": final, "last": sub.ts[last]})
+        return verdict
+
+
+class _SessionKernel(_Stateful):
+    """NAT and LB: sessions (``states.session_step``) with a binding and a peer per flow."""
+
+    columns = {"state": 0, "last": 0, "binding": -1, "peer_ip": 0, "peer_port": 0}
+
+    def __init__(self, spec, capacity: int, device):
+        super().__init__(capacity, device)
+        nxt, verdict, event, width = st.table("session")
+        self.next, self.verdict = _tensor(nxt, device), _tensor(verdict, device)
+        self.event = _tensor(event, device)
+        timeouts = st.session_timeouts_us(spec.timeouts)
+        self.timeouts = _tensor([timeouts[st.Session(st.decode(c)[0])] for c in range(width)],
+                                device)
+
+    def _timeout_of(self, slots):
+        return self.timeouts[self.table.cols["state"][slots]]
+
+    def snapshot(self) -> dict:
+        """key -> (state, orient, last, binding, peer address, peer port), the reference's."""
+        return {k: (*st.decode(v[0]), *v[1:]) for k, v in self.table.items().items()}
+
+    def process(self, sub: Sub):
+        seg = sub.seg
+        slots, existed = self._flows(sub)
+        s0 = self._column("state", slots, existed)
+        gap = previous_gap(sub.ts, seg, self._column("last", slots, existed), existed)
+        cls = st.packet_class(sub.flags, sub.proto, 0) * 2 + sub.dir
+        found, after, timed_out = fsm_scan(self.next, self.timeouts, cls, gap, seg, s0)
+        at = cls * self.next.shape[1] + found
+        verdict, event = self.verdict.reshape(-1)[at], self.event.reshape(-1)[at]
+        ok = verdict == st.Verdict.PASS
+        start = ok & (event == st.Event.START)
+        start_rows = torch.nonzero(start).squeeze(1)
+        begun = torch.full_like(sub.ts, -1)
+        begun[start_rows] = self.start(sub, start_rows)
+        peer_ip, peer_port = self.peer(sub)
+        table_binding = self._column("binding", slots, existed, -1)[seg.index]
+        latest = last_marked(start, seg)
+        has = latest >= 0
+        safe = torch.clamp(latest, min=0)
+        binding = torch.where(has, begun[safe], table_binding)
+        p_ip = torch.where(has, peer_ip[safe], self._column("peer_ip", slots, existed)[seg.index])
+        p_port = torch.where(has, peer_port[safe],
+                             self._column("peer_port", slots, existed)[seg.index])
+        self._releases(sub, seg, timed_out, event, ok, binding, begun, table_binding)
+        orient = torch.where(found != 0, _orient(found), sub.dir)
+        verdict = self.rewrite(sub, ok, sub.dir == orient, binding, p_ip, p_port, verdict)
+        last = seg.last
+        self._store(sub, slots, existed, after[last] != 0,
+                    {"state": after[last], "last": sub.ts[last], "binding": binding[last],
+                     "peer_ip": p_ip[last], "peer_port": p_port[last]})
+        return verdict
+
+    def _releases(self, sub, seg, timed_out, event, ok, binding, begun, table_binding):
+        """Bindings of sessions that ended in this batch, in arrival order."""
+        n = sub.ts.shape[0]
+        idx = torch.arange(n, device=sub.ts.device)
+        prev_pos = torch.where(seg.pos > 0, idx - 1, torch.full_like(idx, -1))
+        prev_binding = torch.where(prev_pos >= 0, binding[torch.clamp(prev_pos, min=0)],
+                                   table_binding)
+        ended = ok & (event == st.Event.END)
+        rows = torch.nonzero(timed_out | ended).squeeze(1)
+        values = torch.where(timed_out[rows], prev_binding[rows], binding[rows])
+        order = torch.argsort(sub.arrival[rows])
+        self.released(values[order])
+
+    def released(self, bindings) -> None:
+        pass
+
+
+class NatKernel(_SessionKernel):
+    """Source NAT; the free bindings are a ring buffer (``head``, ``free``) on the device."""
+
+    def __init__(self, spec, capacity: int, device):
+        super().__init__(spec, capacity, device)
+        pool = pool_bindings(spec)
+        self.pool_ip = _tensor([a for a, _ in pool], device)
+        self.pool_port = _tensor([p for _, p in pool], device)
+        self.size = len(pool)
+        self.ring = torch.arange(self.size, dtype=torch.int64, device=device)
+        self.head, self.free = 0, self.size
+        self.pending = []
+        self.translations = self.exhausted = self.peak_in_use = 0
+
+    def start(self, sub: Sub, rows):
+        order = torch.argsort(sub.arrival[rows])
+        k = torch.empty_like(order)
+        k[order] = torch.arange(order.numel(), device=order.device)
+        ok = k < self.free
+        got = self.ring[(self.head + k) % self.size]
+        taken = int(ok.sum())
+        self.translations += taken
+        self.exhausted += int(order.numel()) - taken
+        if taken:
+            self.peak_in_use = max(self.peak_in_use, self.size - (self.free - taken))
+        self.head = (self.head + taken) % self.size
+        self.free -= taken
+        return torch.where(ok, got, torch.full_like(got, -1))
+
+    def peer(self, sub: Sub):
+        return sub.src, sub.sport
+
+    def rewrite(self, sub, ok, forward, binding, p_ip, p_port, verdict):
+        bound = binding >= 0
+        verdict = torch.where(ok & ~bound, torch.full_like(verdict, st.Verdict.POOL_EXHAUSTED),
+                              verdict)
+        fwd = ok & bound & forward
+        rev = ok & bound & ~forward
+        b = torch.clamp(binding, min=0)
+        sub.src = torch.where(fwd, self.pool_ip[b], sub.src)
+        sub.sport = torch.where(fwd, self.pool_port[b], sub.sport)
+        sub.dst = torch.where(rev, p_ip, sub.dst)
+        sub.dport = torch.where(rev, p_port, sub.dport)
+        return verdict
+
+    def released(self, bindings) -> None:
+        self.pending.append(bindings[bindings >= 0])
+
+    def _push(self, bindings) -> None:
+        r = int(bindings.numel())
+        if r:
+            at = (self.head + self.free + torch.arange(r, device=self.device)) % self.size
+            self.ring[at] = bindings
+            self.free += r
+
+    def end_batch(self) -> None:
+        for part in self.pending:
+            self._push(part)
+        self.pending = []
+
+    def sweep(self, now_us: int) -> None:
+        slots = self._expired(now_us)
+        order = _sorted_keys(self.table.k1[slots], self.table.k2[slots])
+        slots = slots[order]
+        bindings = self.table.cols["binding"][slots]
+        self._push(bindings[bindings >= 0])
+        self.table.delete(slots)
+
+    def in_use(self) -> int:
+        return self.size - self.free - sum(int(p.numel()) for p in self.pending)
+
+
+class LoadBalancerKernel(_SessionKernel):
+    """Maglev load balancer; the table and backend endpoints as tensors."""
+
+    def __init__(self, spec, capacity: int, device, backends: Backends | None = None):
+        super().__init__(spec, capacity, device)
+        self.backends = backends or Backends(list(spec.backends), spec.table_size)
+        self.vip = None if spec.vip == "any" else endpoint(spec.vip)
+        self._load()
+        self.flows_per_backend: dict[int, int] = {}
+
+    def _load(self) -> None:
+        self.maglev = _tensor(self.backends.table, self.device)
+        self.ep_ip = _tensor([a for a, _ in self.backends.endpoints], self.device)
+        self.ep_port = _tensor([p for _, p in self.backends.endpoints], self.device)
+
+    def set_backends(self, names: list[str]) -> None:
+        self.backends.set(names)
+        self._load()
+
+    def start(self, sub: Sub, rows):
+        chosen = self.maglev[flow_hash(sub.k1[rows], sub.k2[rows]) % self.backends.size]
+        if self.vip is not None:
+            to_vip = sub.dst[rows] == self.vip[0]
+            if self.vip[1]:
+                to_vip &= sub.dport[rows] == self.vip[1]
+            chosen = torch.where(to_vip, chosen, torch.full_like(chosen, -1))
+        counts = torch.bincount(chosen[chosen >= 0], minlength=len(self.backends.names))
+        for b, c in enumerate(counts.tolist()):
+            if c:
+                self.flows_per_backend[b] = self.flows_per_backend.get(b, 0) + c
+        return chosen
+
+    def peer(self, sub: Sub):
+        return sub.dst, sub.dport
+
+    def rewrite(self, sub, ok, forward, binding, p_ip, p_port, verdict):
+        bound = ok & (binding >= 0)
+        fwd, rev = bound & forward, bound & ~forward
+        b = torch.clamp(binding, min=0)
+        port = self.ep_port[b]
+        sub.dst = torch.where(fwd, self.ep_ip[b], sub.dst)
+        sub.dport = torch.where(fwd & (port > 0), port, sub.dport)
+        sub.src = torch.where(rev, p_ip, sub.src)
+        sub.sport = torch.where(rev, p_port, sub.sport)
+        return verdict
+
+
+class MonitorKernel(_Stateful):
+    """Packets, bytes, first and last seen per flow (segmented sums)."""
+
+    columns = {"packets": 0, "bytes": 0, "first": 0, "last": 0}
+
+    def __init__(self, spec, capacity: int, device):
+        super().__init__(capacity, device)
+        self.idle_us = int(round(spec.timeouts.established_s * 1e6))
+        self.exported = 0
+
+    def process(self, sub: Sub):
+        seg = sub.seg
+        slots, existed = self._flows(sub)
+        count = torch.bincount(seg.index, minlength=seg.count)
+        size = torch.zeros(seg.count, dtype=torch.int64, device=self.device)
+        size.index_add_(0, seg.index, sub.wire)
+        first = torch.where(existed, self._column("first", slots, existed), sub.ts[seg.first])
+        self._store(sub, slots, existed, torch.ones_like(existed),
+                    {"packets": self._column("packets", slots, existed) + count,
+                     "bytes": self._column("bytes", slots, existed) + size,
+                     "first": first, "last": sub.ts[seg.last]})
+        return torch.zeros_like(sub.ts)
+
+    def sweep(self, now_us: int) -> None:
+        slots = self.table.live_slots()
+        idle = slots[now_us - self.table.cols["last"][slots] > self.idle_us]
+        self.exported += int(idle.numel())
+        self.table.delete(idle)
+
+
+class RateLimiterKernel(_Stateful):
+    """Token bucket per flow; the packets of a flow in rounds by their place in it."""
+
+    columns = {"tokens": 0, "last": 0}
+
+    def __init__(self, spec, capacity: int, device):
+        super().__init__(capacity, device)
+        self.rate = spec.rate_bytes_per_s
+        self.cap = spec.burst_bytes * 1_000_000
+        self.max_dt = -(-self.cap // self.rate)
+        self.idle_us = int(round(spec.timeouts.established_s * 1e6))
+
+    def _timeout_of(self, slots):
+        return torch.full_like(slots, self.idle_us)
+
+    def process(self, sub: Sub):
+        seg = sub.seg
+        slots, existed = self._flows(sub)
+        tokens = self._column("tokens", slots, existed)
+        last = self._column("last", slots, existed)
+        fresh = ~existed
+        verdict = torch.zeros_like(sub.ts)
+        order = torch.argsort(seg.pos, stable=True)
+        counts = torch.bincount(seg.pos).tolist() if seg.pos.numel() else []
+        at = 0
+        for rnd, c in enumerate(counts):
+            rows = order[at:at + c]
+            at += c
+            s = seg.index[rows]
+            dt = torch.clamp(sub.ts[rows] - last[s], min=0, max=self.max_dt)
+            tok = torch.clamp(tokens[s] + self.rate * dt, max=self.cap)
+            if rnd == 0:
+                tok = torch.where(fresh[s], torch.full_like(tok, self.cap), tok)
+            cost = sub.wire[rows] * 1_000_000
+            passed = tok >= cost
+            tokens[s] = tok - cost * passed
+            last[s] = sub.ts[rows]
+            verdict[rows] = torch.where(passed, 0, int(st.Verdict.RATE))
+        self._store(sub, slots, existed, torch.ones_like(existed),
+                    {"tokens": tokens, "last": last})
+        return verdict

@@ -1,0 +1,238 @@
+"""Packets of an L3/L4 chain as columns, their flow keys, hashes, checksums and output.
+
+``ChainPackets`` holds IPv4 TCP/UDP packets as int64 columns (timestamps,
+addresses as unsigned 32-bit values, ports, protocol, TCP flags, wire bytes,
+the IPv4 and TCP/UDP checksums as captured) plus where each header lies in its
+frame, so the chain's rewrites can be written back. ``load_packets`` builds it
+from a capture with dl-nfv's reader (``traffic.capture.spans`` and
+``traffic.columnar.decode_records``); frames that are not IPv4 TCP/UDP are
+counted by reason and not forwarded.
+
+The flow key is direction-free: the lower (address, port) endpoint first, so
+both directions of a conversation share it; ``dir`` says which side sent the
+packet. ``key_pair`` packs it into two int64 words (``k1``: the two addresses,
+``k2``: the two ports and the protocol, never negative).
+
+``hash32`` is the 32-bit integer mix used for table slots and Maglev flow
+hashing. It only multiplies 32-bit values by a 28-bit constant, so Python
+integers and torch int64 tensors give the same bits without overflow.
+
+Checksums follow RFC 1624 (eqn. 3): ``HC' = ~(~HC + ~m + m')`` over every
+16-bit word that changed, so a rewrite costs O(1) per packet and a checksum
+that was wrong on capture (e.g. loopback checksum offload) stays wrong by
+the same amount. A UDP checksum of 0 (none) stays 0; a computed 0 is sent
+as 0xFFFF.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from ..traffic.capture import mapped, spans
+from ..traffic.columnar import OK, decode_records
+from ..traffic.pcap import TCP, UDP, MalformedCounts
+
+MASK32 = 0xFFFFFFFF
+HASH_MUL = 0x45D9F3B
+NO_CSUM = -1  # a UDP packet sent without a checksum
+
+
+@dataclass(slots=True)
+class ChainPackets:
+    """IPv4 TCP/UDP packets as int64 columns; row ``i`` is the ``i``-th forwarded candidate."""
+
+    ts_us: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    sport: np.ndarray
+    dport: np.ndarray
+    proto: np.ndarray
+    flags: np.ndarray
+    wire_bytes: np.ndarray
+    ip_csum: np.ndarray
+    l4_csum: np.ndarray  # NO_CSUM for UDP without a checksum
+
+    def __len__(self) -> int:
+        return int(self.ts_us.shape[0])
+
+    def slice(self, start: int, stop: int) -> ChainPackets:
+        return ChainPackets(**{f.name: getattr(self, f.name)[start:stop] for f in fields(self)})
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(slots=True)
+class Capture:
+    """A capture's chain packets and what is needed to write them back."""
+
+    packets: ChainPackets
+    blob: np.ndarray  # uint8: the file's bytes
+    frame_start: np.ndarray  # per chain packet
+    frame_len: np.ndarray
+    ip_off: np.ndarray  # absolute offsets into blob
+    l4_off: np.ndarray
+    linktype: int
+    frames: int  # every record of the file
+    ingress_drops: dict[str, int]  # frames not forwarded, by reason
+
+
+def _u16(buf: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    return (buf[pos].astype(np.int64) << 8) | buf[pos + 1]
+
+
+def load_packets(path: str | Path) -> Capture:
+    """The IPv4 TCP/UDP packets of a pcap/pcapng file as ``ChainPackets``.
+
+    Frames of other kinds (IPv6, other protocols, malformed) are counted in
+    ``ingress_drops`` by the reader's reason. ``BadInput`` for a file that is
+    not a capture. O(file size).
+    """
+    malformed = MalformedCounts()
+    with mapped(path) as data:
+        records = list(spans(path, data, malformed))
+        cols = decode_records(data, records)
+    table = np.array(records, dtype=np.int64).reshape(len(records), 4)
+    drops: Counter = Counter(malformed)
+    for name, count in cols.malformed().items():
+        drops[name] += count
+    ok = cols.reason == OK
+    v6 = ok & (cols.addr_len != 4)
+    drops["not_ipv4"] += int(v6.sum())
+    rows = np.flatnonzero(ok & (cols.addr_len == 4))
+    buf = cols.buf
+    ip = cols.src_off[rows] - 12
+    body = ip + (buf[ip].astype(np.int64) & 0x0F) * 4
+    proto = cols.proto[rows].astype(np.int64)
+    l4_csum = np.where(proto == TCP, _u16(buf, body + 16), _u16(buf, body + 6))
+    l4_csum = np.where((proto == UDP) & (l4_csum == 0), NO_CSUM, l4_csum)
+    src = np.frombuffer(buf[(cols.src_off[rows][:, None] + np.arange(4)).ravel()].tobytes(),
+                        dtype=">u4").astype(np.int64)
+    dst = np.frombuffer(buf[(cols.dst_off[rows][:, None] + np.arange(4)).ravel()].tobytes(),
+                        dtype=">u4").astype(np.int64)
+    packets = ChainPackets(
+        ts_us=cols.ts_us[rows], src=src, dst=dst, sport=cols.sport[rows].astype(np.int64),
+        dport=cols.dport[rows].astype(np.int64), proto=proto,
+        flags=cols.flags[rows].astype(np.int64), wire_bytes=cols.wire_bytes[rows].astype(np.int64),
+        ip_csum=_u16(buf, ip + 10), l4_csum=l4_csum)
+    links = set(table[rows, 3].tolist()) if len(rows) else {1}
+    return Capture(packets=packets, blob=buf, frame_start=table[rows, 1], frame_len=table[rows, 2],
+                   ip_off=ip, l4_off=body, linktype=int(min(links)), frames=len(records),
+                   ingress_drops={k: int(v) for k, v in drops.items() if v})
+
+
+def key_pair(src, sport, dst, dport, proto):
+    """(k1, k2, dir) of packets given as ints or int64 arrays/tensors: the direction-free
+    flow key and 1 where the packet runs from the higher endpoint to the lower."""
+    swap = (src > dst) | ((src == dst) & (sport > dport))
+    if isinstance(swap, bool):
+        lo_ip, hi_ip = (dst, src) if swap else (src, dst)
+        lo_port, hi_port = (dport, sport) if swap else (sport, dport)
+        k1 = (lo_ip << 32) | hi_ip
+        k1 = k1 - (1 << 64) if k1 >= 1 << 63 else k1
+        return k1, (lo_port << 24) | (hi_port << 8) | proto, int(swap)
+    where = np.where if isinstance(swap, np.ndarray) else _torch_where
+    lo_ip, hi_ip = where(swap, dst, src), where(swap, src, dst)
+    lo_port, hi_port = where(swap, dport, sport), where(swap, sport, dport)
+    return (lo_ip << 32) | hi_ip, (lo_port << 24) | (hi_port << 8) | proto, swap.long() \
+        if hasattr(swap, "long") else swap.astype(np.int64)
+
+
+def _torch_where(cond, a, b):
+    import torch
+
+    return torch.where(cond, a, b)
+
+
+def hash32(x):
+    """A 32-bit integer mix of ``x`` (an int in 0..2^32-1 or an int64 array/tensor of them)."""
+    x = (((x >> 16) ^ x) * HASH_MUL) & MASK32
+    x = (((x >> 16) ^ x) * HASH_MUL) & MASK32
+    return ((x >> 16) ^ x) & MASK32
+
+
+def flow_hash(k1, k2):
+    """The 32-bit hash of a flow key (``key_pair``); equal for ints and int64 tensors."""
+    h = hash32((k1 >> 32) & MASK32)
+    h = hash32(h ^ (k1 & MASK32))
+    h = hash32(h ^ (k2 & MASK32))
+    return hash32(h ^ ((k2 >> 32) & MASK32))
+
+
+def _fold(s):
+    s = (s & 0xFFFF) + (s >> 16)
+    return (s & 0xFFFF) + (s >> 16)
+
+
+def _words32(v):
+    return (v >> 16) & 0xFFFF, v & 0xFFFF
+
+
+def csum_update(hc, old_words, new_words):
+    """RFC 1624 eqn. 3 over the 16-bit words that changed (ints or int64 arrays/tensors)."""
+    s = (~hc) & 0xFFFF
+    for old, new in zip(old_words, new_words):
+        s = s + ((~old) & 0xFFFF) + new
+    return (~_fold(_fold(s))) & 0xFFFF
+
+
+def rewrite_checksums(old: dict, new: dict, ip_csum, l4_csum, proto):
+    """New (IPv4, TCP/UDP) checksums after ``old`` -> ``new`` (src, dst, sport, dport)."""
+    addr_old = [*_words32(old["src"]), *_words32(old["dst"])]
+    addr_new = [*_words32(new["src"]), *_words32(new["dst"])]
+    ip_new = csum_update(ip_csum, addr_old, addr_new)
+    l4_new = csum_update(l4_csum, addr_old + [old["sport"], old["dport"]],
+                         addr_new + [new["sport"], new["dport"]])
+    if isinstance(proto, int):
+        if l4_csum == NO_CSUM:
+            return ip_new, NO_CSUM
+        return ip_new, (0xFFFF if proto == UDP and l4_new == 0 else l4_new)
+    udp_zero = (proto == UDP) & (l4_new == 0)
+    l4_new = l4_new + udp_zero * 0xFFFF
+    keep = l4_csum == NO_CSUM
+    return ip_new, l4_new * ~keep + NO_CSUM * keep
+
+
+def _put16(blob: np.ndarray, pos: np.ndarray, value: np.ndarray) -> None:
+    blob[pos] = (value >> 8) & 0xFF
+    blob[pos + 1] = value & 0xFF
+
+
+def _put32(blob: np.ndarray, pos: np.ndarray, value: np.ndarray) -> None:
+    for k in range(4):
+        blob[pos + k] = (value >> (24 - 8 * k)) & 0xFF
+
+
+def write_output(path: str | Path, capture: Capture, rows: np.ndarray,
+                 fields_out: dict[str, np.ndarray]) -> int:
+    """Write the forwarded packets ``rows`` of ``capture`` with the chain's header fields
+    ``fields_out`` (src, dst, sport, dport, ip_csum, l4_csum: one value per row) as a
+    classic pcap (microseconds) of the capture's link type. Returns the packets written."""
+    blob = capture.blob.copy()
+    ip, l4 = capture.ip_off[rows], capture.l4_off[rows]
+    tcp = capture.packets.proto[rows] == TCP
+    _put32(blob, ip + 12, fields_out["src"])
+    _put32(blob, ip + 16, fields_out["dst"])
+    _put16(blob, ip + 10, fields_out["ip_csum"])
+    _put16(blob, l4, fields_out["sport"])
+    _put16(blob, l4 + 2, fields_out["dport"])
+    csum = np.where(fields_out["l4_csum"] == NO_CSUM, 0, fields_out["l4_csum"])
+    _put16(blob, np.where(tcp, l4 + 16, l4 + 6), csum)
+    ts = capture.packets.ts_us[rows]
+    length = capture.frame_len[rows]
+    header = np.zeros((len(rows), 4), dtype="<u4")
+    header[:, 0], header[:, 1] = ts // 1_000_000, ts % 1_000_000
+    header[:, 2] = header[:, 3] = length
+    out = Path(path)
+    with out.open("wb") as fh:
+        fh.write(np.array([0xA1B2C3D4], "<u4").tobytes() + np.array([2, 4], "<u2").tobytes()
+                 + np.array([0, 0, 262_144, capture.linktype], "<u4").tobytes())
+        starts = capture.frame_start[rows]
+        for k in range(len(rows)):
+            fh.write(header[k].tobytes())
+            fh.write(blob[starts[k]:starts[k] + length[k]].tobytes())
+    return len(rows)

@@ -1,0 +1,103 @@
+"""Segments of a flow-sorted batch, and the segmented scan that runs a state machine.
+
+A batch is sorted by flow key, then by arrival (two stable sorts), so each flow's
+packets form one *segment* in arrival order. ``Segments`` numbers them and
+places every packet in its segment.
+
+``fsm_scan`` runs a per-flow state machine over every segment at once. Each
+packet ``i`` is a function ``F_i`` from the state before it to the state after it
+(the machine's table row for the packet's class, with the time-out applied:
+a state whose idle time-out is shorter than the gap to the flow's previous
+packet counts as NONE). Function composition is associative, so an inclusive
+segmented scan (Hillis–Steele: ``P_i <- P_i o P_{i-d}`` for ``d = 1, 2, 4, ...``
+within the segment) gives every prefix composition; the state each packet finds
+is ``P_{i-1}(s0)`` with ``s0`` the flow's state in the table. That is exactly
+the packet-by-packet result for any interleaving of flows.
+
+Complexity: O(n * W * log L) for n packets, W states and L the longest segment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..nfs.lazy_torch import torch
+
+
+@dataclass(slots=True)
+class Segments:
+    """Packets of a flow-sorted batch grouped by flow."""
+
+    index: object  # [n] segment of each packet, 0..count-1
+    first: object  # [count] position of each segment's first packet
+    last: object  # [count] position of its last packet
+    pos: object  # [n] position of the packet within its segment
+    longest: int
+
+    @property
+    def count(self) -> int:
+        return int(self.first.shape[0])
+
+    @classmethod
+    def of(cls, k1, k2) -> Segments:
+        n = k1.shape[0]
+        start = torch.ones(n, dtype=torch.bool, device=k1.device)
+        if n > 1:
+            start[1:] = (k1[1:] != k1[:-1]) | (k2[1:] != k2[:-1])
+        index = torch.cumsum(start.long(), 0) - 1
+        first = torch.nonzero(start).squeeze(1)
+        last = torch.empty_like(first)
+        if first.numel():
+            last[:-1] = first[1:] - 1
+            last[-1] = n - 1
+        pos = torch.arange(n, device=k1.device) - first[index]
+        longest = int((last - first).max()) + 1 if first.numel() else 0
+        return cls(index=index, first=first, last=last, pos=pos, longest=longest)
+
+
+def previous_gap(ts, seg: Segments, last_seen, existed):
+    """Gap to the flow's previous packet (the table's last-seen time for a segment's first
+    packet of a known flow; 0 for a new one)."""
+    gap = torch.zeros_like(ts)
+    inner = seg.pos > 0
+    idx = torch.nonzero(inner).squeeze(1)
+    gap[idx] = ts[idx] - ts[idx - 1]
+    head = seg.first
+    gap[head] = torch.where(existed, ts[head] - last_seen, torch.zeros_like(last_seen))
+    return gap
+
+
+def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0):
+    """Run the machine ``next_table`` ([classes, W]) over the segments from states ``s0``.
+
+    Returns (state each packet finds after time-outs, state after each packet,
+    whether the packet found its flow timed out)."""
+    width = next_table.shape[1]
+    flat = next_table.reshape(-1)
+    states = torch.arange(width, device=cls.device)
+    expired = gap[:, None] > timeouts[None, :]
+    eff = torch.where(expired, torch.zeros_like(states), states)
+    prefix = flat[cls[:, None] * width + eff]
+    d = 1
+    while d < seg.longest:
+        rows = torch.nonzero(seg.pos >= d).squeeze(1)
+        prefix[rows] = torch.gather(prefix[rows], 1, prefix[rows - d])
+        d *= 2
+    start = s0[seg.index]
+    after = prefix.gather(1, start[:, None]).squeeze(1)
+    found = start.clone()
+    inner = torch.nonzero(seg.pos > 0).squeeze(1)
+    found[inner] = after[inner - 1]
+    timed_out = (found != 0) & (gap > timeouts[found])
+    found_eff = torch.where(timed_out, torch.zeros_like(found), found)
+    return found_eff, after, timed_out
+
+
+def last_marked(mask, seg: Segments):
+    """For each packet, the position of the latest marked packet at or before it in its
+    segment, or -1."""
+    n = mask.shape[0]
+    marks = torch.where(mask, torch.arange(n, device=mask.device),
+                        torch.full((n,), -1, dtype=torch.int64, device=mask.device))
+    latest = torch.cummax(marks, 0).values if n else marks
+    return torch.where(latest >= seg.first[seg.index], latest, torch.full_like(latest, -1))
