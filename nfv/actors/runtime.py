@@ -1,0 +1,297 @@
+"""An NFVactor runtime: one OS process hosting many flow actors.
+
+A flow actor is one small object per flow and role: a *primary* processes the flow's
+packets through the chain; a *replica* (on another runtime) holds a copy of its state.
+Every packet the switch forwards carries the flow's sequence number ``seq`` (1, 2, ...),
+the replica's name and the switch's *committed* mark (the highest ``seq`` whose output
+the switch has let out). The runtime's rules:
+
+* **Process once.** A primary processes ``seq`` only if it is its last ``seq`` + 1; a
+  lower one is a copy resent after a failover and is ignored (its effect is already in
+  the state). The output of every ``seq`` above the committed mark stays in the actor's
+  log until the switch commits it.
+* **Output commit.** After processing, the primary sends the delta and the output to the
+  replica; the replica applies deltas strictly in sequence (a duplicate is ignored, one
+  ahead of a gap waits) and only then acknowledges the output to the switch, which lets
+  the packet leave. Without a replica the primary acknowledges it itself.
+* **Snapshots** (state, ``seq`` and the output log) make or refresh a replica: applied
+  when not older than the replica, they acknowledge every logged output again (the
+  switch drops what it has).
+* **Promote** turns a replica into the primary (or makes a fresh actor when the replica
+  had not seen the flow yet) and snapshots it to the new replica; **rereplicate**
+  snapshots a primary to a new replica.
+* **Migration** (decentralised): ``prepare`` makes an actor that holds the packets the
+  switch now routes here; ``migrate_out`` sends the source actors' states straight to
+  the destination in one message; ``migrate_in`` installs them, snapshots them to their
+  replicas and replays the held packets in order. **Central** (OpenNF): ``export``
+  sends each flow's state to the switch's controller, ``import`` installs one.
+
+Messages from a runtime the switch declared dead are ignored. Run as
+``python -m dl_nfv.nfv.actors.runtime CLUSTER NAME``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import defaultdict
+
+from .chain import Chain, apply_delta, build_chain
+from .cluster import ClusterSpec, load_cluster
+from .wire import Endpoint
+
+ORPHAN_CHECK_S = 0.5  # how often a runtime checks that its parent and switch are alive
+
+
+class FlowActor:
+    """The state of one flow on one runtime, and what the actor still owes the switch."""
+
+    __slots__ = ("flow", "seq", "states", "log", "replica", "held", "ahead")
+
+    def __init__(self, flow: int, states: tuple, replica: str | None = None) -> None:
+        self.flow = flow
+        self.seq = 0
+        self.states = states
+        self.log: dict[int, tuple] = {}  # seq -> output not yet committed by the switch
+        self.replica = replica
+        self.held: list | None = None  # packets held while the state is on its way
+        self.ahead: dict[int, tuple] = {}  # replica: deltas that arrived ahead of a gap
+
+    def trim(self, committed: int) -> None:
+        if self.log and min(self.log) <= committed:
+            self.log = {s: o for s, o in self.log.items() if s > committed}
+
+    def snapshot(self) -> tuple:
+        return (self.flow, self.seq, self.states, dict(self.log))
+
+
+class Runtime:
+    """The runtime's actors and its message handlers (one per message kind)."""
+
+    def __init__(self, spec: ClusterSpec, name: str) -> None:
+        self.spec = spec
+        self.name = name
+        self.addresses = {m.name: m.endpoint for m in (spec.switch, *spec.runtimes)}
+        self.switch = spec.switch.endpoint
+        self.endpoint = Endpoint(name, spec.member(name).endpoint)
+        self.chain: Chain = build_chain({"chain": [{"nf": "flow-monitor"}]})
+        self.primaries: dict[int, FlowActor] = {}
+        self.replicas: dict[int, FlowActor] = {}
+        self.dead: set[str] = set()
+        self.processed = 0
+        self.running = True
+        self.last_ping = time.monotonic()
+        # Batches built while handling one round of messages, sent at its end.
+        self.deltas: dict[str, list] = defaultdict(list)
+        self.snapshots: dict[str, list] = defaultdict(list)
+        self.acks: list = []
+
+    # The loop ------------------------------------------------------------------------
+    def serve(self) -> None:
+        parent = os.getppid()
+        next_check = time.monotonic() + ORPHAN_CHECK_S
+        while self.running:
+            for kind, sender, payload in self.endpoint.receive(0.05):
+                if sender in self.dead:
+                    continue
+                handler = getattr(self, f"on_{kind}", None)
+                if handler is not None:
+                    handler(sender, payload)
+            self.flush()
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + ORPHAN_CHECK_S
+                silent_s = 20 * self.spec.heartbeat_timeout_ms / 1000
+                if os.getppid() != parent or now - self.last_ping > max(silent_s, 10.0):
+                    break  # the process that started us, or the switch, is gone
+        self.endpoint.close()
+
+    def flush(self) -> None:
+        # Snapshots before deltas: a delta made after a snapshot must not overtake it.
+        for name, batch in self.snapshots.items():
+            if batch:
+                self.endpoint.send(self.addresses[name], "snapshot", batch)
+        for name, batch in self.deltas.items():
+            if batch:
+                self.endpoint.send(self.addresses[name], "deltas", batch)
+        if self.acks:
+            self.endpoint.send(self.switch, "acks", self.acks)
+        self.deltas.clear()
+        self.snapshots.clear()
+        self.acks = []
+
+    # Control ---------------------------------------------------------------------------
+    def on_ping(self, sender: str, payload) -> None:
+        self.last_ping = time.monotonic()
+        self.endpoint.send(self.switch, "pong", {
+            "sent": payload, "pid": os.getpid(), "primaries": len(self.primaries),
+            "replicas": len(self.replicas), "processed": self.processed})
+
+    def on_load(self, sender: str, document: dict) -> None:
+        self.chain = build_chain(document)
+        self.primaries.clear()
+        self.replicas.clear()
+        self.processed = 0
+        self.endpoint.send(self.switch, "loaded", self.name)
+
+    def on_dead(self, sender: str, name: str) -> None:
+        self.dead.add(name)
+        self.endpoint.forget(self.addresses[name])
+
+    def on_exit(self, sender: str, payload) -> None:
+        self.running = False
+
+    def on_dump(self, sender: str, payload) -> None:
+        self.endpoint.send(self.switch, "dump", {
+            "runtime": self.name,
+            "flows": {f: (a.seq, a.states) for f, a in self.primaries.items()},
+            "replicas": {f: a.seq for f, a in self.replicas.items()}})
+
+    # Packets and replication -------------------------------------------------------------
+    def on_packets(self, sender: str, batch: list) -> None:
+        for flow, seq, replica, committed, packet in batch:
+            actor = self.primaries.get(flow)
+            if actor is None:
+                actor = self.primaries[flow] = FlowActor(flow, self.chain.initial(), replica)
+            if actor.held is not None:
+                actor.held.append((seq, committed, packet))
+            else:
+                self.process(actor, seq, committed, packet)
+
+    def process(self, actor: FlowActor, seq: int, committed: int, packet) -> None:
+        if seq <= actor.seq:
+            return  # resent after a failover: already in the state
+        output, actor.states, delta = self.chain.process(actor.flow, actor.states, packet)
+        actor.seq = seq
+        actor.trim(committed)
+        actor.log[seq] = output
+        self.processed += 1
+        if actor.replica is not None:
+            self.deltas[actor.replica].append((actor.flow, seq, delta, output, committed))
+        else:
+            self.acks.append((actor.flow, seq, output))
+
+    def on_deltas(self, sender: str, batch: list) -> None:
+        for flow, seq, delta, output, committed in batch:
+            if flow in self.primaries:
+                continue  # this runtime took the flow over; the old primary is stale
+            actor = self.replicas.get(flow)
+            if actor is None:
+                actor = self.replicas[flow] = FlowActor(flow, self.chain.initial())
+            if seq <= actor.seq:
+                continue
+            actor.ahead[seq] = (delta, output, committed)
+            self.advance(actor)
+
+    def advance(self, actor: FlowActor) -> None:
+        """Apply the replica's deltas that now follow its ``seq`` without a gap."""
+        while (step := actor.ahead.pop(actor.seq + 1, None)) is not None:
+            delta, output, committed = step
+            actor.seq += 1
+            actor.states = apply_delta(actor.states, delta)
+            actor.trim(committed)
+            actor.log[actor.seq] = output
+            self.acks.append((actor.flow, actor.seq, output))
+
+    def on_snapshot(self, sender: str, batch: list) -> None:
+        installed = []
+        for flow, seq, states, log in batch:
+            if flow in self.primaries:
+                continue
+            actor = self.replicas.get(flow)
+            if actor is None:
+                actor = self.replicas[flow] = FlowActor(flow, states)
+            if seq >= actor.seq:
+                actor.seq, actor.states = seq, states
+                actor.log.update(log)
+                actor.ahead = {s: v for s, v in actor.ahead.items() if s > seq}
+                self.acks.extend((flow, s, o) for s, o in sorted(log.items()))
+                self.advance(actor)
+            installed.append(flow)
+        self.endpoint.send(self.switch, "replicated", installed)
+
+    # Failover -------------------------------------------------------------------------
+    def on_promote(self, sender: str, batch: list) -> None:
+        for flow, replica, committed in batch:
+            actor = self.replicas.pop(flow, None)
+            if actor is None:
+                actor = FlowActor(flow, self.chain.initial())
+            actor.replica, actor.ahead = replica, {}
+            actor.trim(committed)
+            self.primaries[flow] = actor
+            if replica is not None:
+                self.snapshots[replica].append(actor.snapshot())
+        self.endpoint.send(self.switch, "promoted", [flow for flow, _, _ in batch])
+
+    def on_rereplicate(self, sender: str, batch: list) -> None:
+        for flow, replica, committed in batch:
+            actor = self.primaries.get(flow)
+            if actor is None:
+                continue
+            actor.replica = replica
+            actor.trim(committed)
+            if replica is not None:
+                self.snapshots[replica].append(actor.snapshot())
+            else:  # no runtime left to replicate to: what the replica owed, the primary sends
+                self.acks.extend((flow, s, o) for s, o in sorted(actor.log.items()))
+
+    # Migration ----------------------------------------------------------------------------
+    def on_prepare(self, sender: str, batch: list) -> None:
+        for flow, replica in batch:
+            self.replicas.pop(flow, None)
+            actor = self.primaries[flow] = FlowActor(flow, self.chain.initial(), replica)
+            actor.held = []
+
+    def on_migrate_out(self, sender: str, payload) -> None:
+        destination, flows = payload
+        states = [actor.snapshot() for f in flows
+                  if (actor := self.primaries.pop(f, None)) is not None]
+        self.endpoint.send(self.addresses[destination], "migrate_in", states)
+
+    def on_migrate_in(self, sender: str, batch: list) -> None:
+        for flow, seq, states, log in batch:
+            actor = self.primaries.get(flow)
+            if actor is None or actor.held is None:
+                continue
+            held, actor.held = actor.held, None
+            actor.seq, actor.states, actor.log = seq, states, dict(log)
+            if actor.replica is not None:
+                self.snapshots[actor.replica].append(actor.snapshot())
+            for seq, committed, packet in held:
+                self.process(actor, seq, committed, packet)
+        self.endpoint.send(self.switch, "migrated", [flow for flow, *_ in batch])
+
+    def on_export(self, sender: str, flows: list) -> None:
+        for flow in flows:
+            actor = self.primaries.pop(flow, None)
+            if actor is not None:
+                self.endpoint.send(self.switch, "state", actor.snapshot())
+
+    def on_import(self, sender: str, payload) -> None:
+        (flow, seq, states, log), replica = payload
+        self.replicas.pop(flow, None)
+        actor = self.primaries[flow] = FlowActor(flow, states, replica)
+        actor.seq, actor.log = seq, dict(log)
+        if replica is not None:
+            self.snapshots[replica].append(actor.snapshot())
+        self.endpoint.send(self.switch, "imported", flow)
+
+
+def main(argv: list[str]) -> int:
+    cluster_path, name = argv
+    runtime = Runtime(load_cluster(cluster_path), name)
+    runtime.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    from dl_nfv.artifacts.errors import DlNfvError
+
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except DlNfvError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,451 @@
+"""NFVactor's flow switch: maps flows to runtimes, commits outputs, detects failures.
+
+The switch classifies each packet into its flow (both directions one flow), gives it
+the flow's next sequence number, keeps it until its output is acknowledged (the
+*un-acked buffer*) and forwards it to the flow's primary runtime, naming the replica.
+Acknowledgements come from the replica once it has applied the packet's state delta
+(output commit); the switch lets outputs out strictly in sequence per flow and drops
+duplicates, so every packet leaves exactly once and in order.
+
+Heartbeats: the switch pings every runtime each ``heartbeat_ms``; a runtime that has
+answered once and then stays silent for ``heartbeat_timeout_ms`` is declared dead. From
+then on its messages are ignored (here and, once told, at every runtime). Each of its
+flows' replicas is promoted to primary with a new replica on another runtime, and the
+flow's un-acked packets are resent to it in order; each flow it replicated gets a new
+replica, made from a snapshot of the primary. The switch records the detection time
+(silence until declaration) and the takeover time (declaration until every affected
+flow has committed what was outstanding and every new replica is installed).
+
+Migration of N flows from one runtime to another: ``actor`` mode (NFVactor) and
+``central`` mode (an OpenNF-style controller, run here); ``runtime.py`` says what each
+runtime does. Run as ``python -m dl_nfv.nfv.actors.switch CLUSTER``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import defaultdict
+
+from .chain import flow_key
+from .cluster import ClusterSpec, load_cluster
+from .wire import Endpoint
+
+NORMAL, BUFFERED = 0, 1  # a flow's routing: to its primary, or held by the controller
+
+
+class Flow:
+    """The switch's view of one flow."""
+
+    __slots__ = ("id", "primary", "replica", "next_seq", "committed", "unacked", "acked",
+                 "mode", "buffer")
+
+    def __init__(self, flow_id: int, primary: str, replica: str | None) -> None:
+        self.id = flow_id
+        self.primary = primary
+        self.replica = replica
+        self.next_seq = 1
+        self.committed = 0
+        self.unacked: dict[int, tuple] = {}  # seq -> packet, until its output is let out
+        self.acked: dict[int, tuple] = {}  # seq -> output acknowledged ahead of a gap
+        self.mode = NORMAL
+        self.buffer: list[int] = []  # seqs held by the central controller
+
+
+class RuntimeView:
+    """What the switch knows of one runtime."""
+
+    __slots__ = ("name", "address", "joined", "live", "last_heard", "pid", "report",
+                 "declared_at")
+
+    def __init__(self, name: str, address: str) -> None:
+        self.name, self.address = name, address
+        self.joined = self.live = False
+        self.last_heard = 0.0
+        self.pid = 0
+        self.report: dict = {}
+        self.declared_at = 0.0
+
+
+class Migration:
+    __slots__ = ("reply", "mode", "source", "destination", "waiting", "started", "flows")
+
+    def __init__(self, reply, mode, source, destination, flows) -> None:
+        self.reply, self.mode = reply, mode
+        self.source, self.destination = source, destination
+        self.flows = [f.id for f in flows]
+        self.waiting = set(self.flows)
+        self.started = time.perf_counter()
+
+
+class Switch:
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.endpoint = Endpoint(spec.switch.name, spec.switch.endpoint)
+        self.runtimes = {r.name: RuntimeView(r.name, r.endpoint) for r in spec.runtimes}
+        self.order = [r.name for r in spec.runtimes]
+        self.replication = spec.replication
+        self.running = True
+        self.reset()
+        self.events: list[dict] = []
+        self.recoveries: list[dict] = []  # takeovers still in progress
+        self.migrations: dict[int, Migration] = {}  # flow id -> its migration
+        self.pending: dict[str, list] = defaultdict(list)  # runtime -> packets to forward
+        self.outputs: list = []
+        self.sink: str | None = None
+        self.loading: dict | None = None
+        self.dumping: dict | None = None
+        self.next_primary = 0
+
+    def reset(self) -> None:
+        self.flows: dict[tuple, Flow] = {}
+        self.by_id: list[Flow] = []
+        self.lost_flows = 0
+
+    # The loop --------------------------------------------------------------------------
+    def serve(self) -> None:
+        parent = os.getppid()
+        interval = self.spec.heartbeat_ms / 1000
+        next_ping = 0.0
+        while self.running:
+            for kind, sender, payload in self.endpoint.receive(min(interval, 0.01)):
+                view = self.runtimes.get(sender)
+                if view is not None and view.joined and not view.live:
+                    continue  # declared dead: fenced off
+                handler = getattr(self, f"on_{kind}", None)
+                if handler is not None:
+                    handler(sender, payload)
+            now = time.monotonic()
+            if now >= next_ping:
+                next_ping = now + interval
+                for view in self.runtimes.values():
+                    if view.live or not view.joined:
+                        self.endpoint.send(view.address, "ping", now)
+                if os.getppid() != parent:
+                    self.on_stop("", None)
+            self.check_heartbeats(now)
+            self.flush()
+        self.endpoint.close()
+
+    def flush(self) -> None:
+        for name, batch in self.pending.items():
+            if batch:
+                self.endpoint.send(self.runtimes[name].address, "packets", batch)
+        self.pending.clear()
+        if self.outputs and self.sink is not None:
+            self.endpoint.send(self.sink, "outputs", self.outputs)
+        self.outputs = []
+
+    def live(self) -> list[str]:
+        return [n for n in self.order if self.runtimes[n].live]
+
+    def replica_for(self, primary: str) -> str | None:
+        """The next live runtime after ``primary`` in the cluster's order, if replicating."""
+        if not self.replication:
+            return None
+        live = self.live()
+        if primary not in self.order:
+            return None
+        start = self.order.index(primary)
+        for step in range(1, len(self.order)):
+            name = self.order[(start + step) % len(self.order)]
+            if name in live:
+                return name
+        return None
+
+    # Clients -------------------------------------------------------------------------
+    def on_hello(self, sender: str, reply: str) -> None:
+        self.endpoint.send(reply, "hello", self.status())
+
+    def on_status(self, sender: str, reply: str) -> None:
+        self.endpoint.send(reply, "status", self.status())
+
+    def on_stop(self, sender: str, reply) -> None:
+        for view in self.runtimes.values():
+            self.endpoint.send(view.address, "exit")
+        if reply:
+            self.endpoint.send(reply, "stopped")
+        self.running = False
+
+    def on_load(self, sender: str, payload) -> None:
+        reply, document, replication = payload
+        self.reset()
+        self.replication = self.spec.replication if replication is None else replication
+        self.sink = reply
+        live = self.live()
+        self.loading = {"reply": reply, "waiting": set(live)}
+        for name in live:
+            self.endpoint.send(self.runtimes[name].address, "load", document)
+
+    def on_loaded(self, sender: str, name: str) -> None:
+        if self.loading is not None:
+            self.loading["waiting"].discard(name)
+            if not self.loading["waiting"]:
+                self.endpoint.send(self.loading["reply"], "loaded", self.live())
+                self.loading = None
+
+    def on_dump(self, sender: str, payload) -> None:
+        if sender not in self.runtimes:  # a client asks
+            live = self.live()
+            self.dumping = {"reply": payload, "waiting": set(live), "flows": {},
+                            "replicas": {}}
+            for name in live:
+                self.endpoint.send(self.runtimes[name].address, "dump")
+            return
+        if self.dumping is None:
+            return
+        self.dumping["flows"].update(payload["flows"])
+        for flow, seq in payload["replicas"].items():
+            self.dumping["replicas"].setdefault(flow, []).append((payload["runtime"], seq))
+        self.dumping["waiting"].discard(sender)
+        if not self.dumping["waiting"]:
+            self.endpoint.send(self.dumping["reply"], "dump", {
+                "flows": self.dumping["flows"], "replicas": self.dumping["replicas"],
+                "status": self.status()})
+            self.dumping = None
+
+    # Packets and outputs ------------------------------------------------------------------
+    def on_packets(self, sender: str, packets: list) -> None:
+        for packet in packets:
+            key = flow_key(packet)
+            flow = self.flows.get(key)
+            if flow is None:
+                live = self.live()
+                primary = live[self.next_primary % len(live)]
+                self.next_primary += 1
+                flow = self.flows[key] = Flow(len(self.by_id), primary,
+                                              self.replica_for(primary))
+                self.by_id.append(flow)
+            seq = flow.next_seq
+            flow.next_seq += 1
+            flow.unacked[seq] = packet
+            if flow.mode == BUFFERED:
+                flow.buffer.append(seq)
+            else:
+                self.pending[flow.primary].append((flow.id, seq, flow.replica, flow.committed,
+                                                   packet))
+
+    def on_acks(self, sender: str, acks: list) -> None:
+        for flow_id, seq, output in acks:
+            if flow_id >= len(self.by_id):
+                continue  # from before the last load
+            flow = self.by_id[flow_id]
+            if seq <= flow.committed:
+                continue
+            flow.acked[seq] = output
+            while (output := flow.acked.pop(flow.committed + 1, None)) is not None:
+                flow.committed += 1
+                flow.unacked.pop(flow.committed, None)
+                self.outputs.append(output)
+        if self.recoveries:
+            self.progress_recoveries()
+
+    # Failures ------------------------------------------------------------------------------
+    def on_pong(self, sender: str, report: dict) -> None:
+        view = self.runtimes.get(sender)
+        if view is None:
+            return
+        view.joined = view.live = True
+        view.last_heard = time.monotonic()
+        view.pid, view.report = report["pid"], report
+
+    def check_heartbeats(self, now: float) -> None:
+        timeout_s = self.spec.heartbeat_timeout_ms / 1000
+        for view in self.runtimes.values():
+            if view.live and now - view.last_heard > timeout_s:
+                self.declare_dead(view, now)
+
+    def declare_dead(self, view: RuntimeView, now: float) -> None:
+        """Fence ``view`` off and hand its flows to their replicas (module docstring)."""
+        view.live = False
+        view.declared_at = now
+        dead = view.name
+        self.pending.pop(dead, None)
+        self.endpoint.send(view.address, "exit")
+        if self.dumping is not None:
+            self.dumping["waiting"].discard(dead)
+        for name in self.live():
+            self.endpoint.send(self.runtimes[name].address, "dead", dead)
+        promote, rereplicate = defaultdict(list), defaultdict(list)
+        outstanding, replicas = {}, set()
+        for flow in self.by_id:
+            if flow.primary == dead:
+                if flow.replica is not None and self.runtimes[flow.replica].live:
+                    flow.primary = flow.replica
+                else:  # primary and replica both gone (or none): the state is lost
+                    self.lost_flows += 1
+                    live = self.live()
+                    flow.primary = live[flow.id % len(live)]
+                flow.replica = self.replica_for(flow.primary)
+                promote[flow.primary].append((flow.id, flow.replica, flow.committed))
+            elif flow.replica == dead:
+                flow.replica = self.replica_for(flow.primary)
+                rereplicate[flow.primary].append((flow.id, flow.replica, flow.committed))
+            else:
+                continue
+            if flow.unacked:
+                outstanding[flow.id] = max(flow.unacked)
+            if flow.replica is not None:
+                replicas.add(flow.id)
+        for name, batch in promote.items():
+            self.endpoint.send(self.runtimes[name].address, "promote", batch)
+        for name, batch in rereplicate.items():
+            self.endpoint.send(self.runtimes[name].address, "rereplicate", batch)
+        for name, batch in promote.items():  # resend what was not acknowledged, in order
+            for flow_id, replica, committed in batch:
+                flow = self.by_id[flow_id]
+                if flow.mode == NORMAL:
+                    self.pending[name].extend((flow_id, seq, replica, committed, packet)
+                                              for seq, packet in sorted(flow.unacked.items()))
+        event = {"runtime": dead, "detection_ms": (now - view.last_heard) * 1000,
+                 "declared_at": now, "promoted": sum(map(len, promote.values())),
+                 "rereplicated": sum(map(len, rereplicate.values())), "takeover_ms": None,
+                 "lost_flows": self.lost_flows}
+        self.events.append(event)
+        self.recoveries.append({"event": event, "outstanding": outstanding,
+                                "replicas": replicas})
+        self.progress_recoveries()
+
+    def on_replicated(self, sender: str, flows: list) -> None:
+        for recovery in self.recoveries:
+            recovery["replicas"].difference_update(flows)
+        self.progress_recoveries()
+
+    def on_promoted(self, sender: str, flows: list) -> None:
+        pass
+
+    def progress_recoveries(self) -> None:
+        done = []
+        for recovery in self.recoveries:
+            outstanding = recovery["outstanding"]
+            for flow_id in [f for f, seq in outstanding.items()
+                            if self.by_id[f].committed >= seq]:
+                del outstanding[flow_id]
+            if not outstanding and not recovery["replicas"]:
+                event = recovery["event"]
+                event["takeover_ms"] = (time.monotonic() - event["declared_at"]) * 1000
+                done.append(recovery)
+        for recovery in done:
+            self.recoveries.remove(recovery)
+
+    # Migration -------------------------------------------------------------------------------
+    def on_migrate(self, sender: str, payload: dict) -> None:
+        reply, source, destination = payload["reply"], payload["source"], payload["destination"]
+        problem = None
+        for name in (source, destination):
+            if name not in self.runtimes:
+                problem = f"no runtime {name!r} in the cluster"
+            elif not self.runtimes[name].live:
+                problem = f"runtime {name!r} is not live"
+        if problem is None and source == destination:
+            problem = f"the flows are on {source!r} already: migrate them to another runtime"
+        candidates = [f for f in self.by_id if f.primary == source and f.mode == NORMAL
+                      and f.id not in self.migrations]
+        if problem is None and len(candidates) < payload["flows"]:
+            problem = (f"runtime {source!r} holds {len(candidates)} flows that can move, "
+                       f"fewer than the {payload['flows']} asked for")
+        if problem is not None:
+            self.endpoint.send(reply, "migrate_error", problem)
+            return
+        flows = candidates[:payload["flows"]]
+        migration = Migration(reply, payload["mode"], source, destination, flows)
+        for flow in flows:
+            self.migrations[flow.id] = migration
+        self.flush()  # packets routed to the source so far go before the commands
+        if payload["mode"] == "central":
+            for flow in flows:
+                flow.mode = BUFFERED
+            self.endpoint.send(self.runtimes[source].address, "export", migration.flows)
+            return
+        batch = []
+        for flow in flows:
+            if flow.replica == destination:
+                flow.replica = source if self.replication else None
+            flow.primary = destination
+            batch.append((flow.id, flow.replica))
+        self.endpoint.send(self.runtimes[destination].address, "prepare", batch)
+        self.endpoint.send(self.runtimes[source].address, "migrate_out",
+                           (destination, migration.flows))
+
+    def on_migrated(self, sender: str, flows: list) -> None:
+        for flow_id in flows:
+            self.finish_migration(flow_id)
+
+    def on_state(self, sender: str, snapshot: tuple) -> None:
+        """The controller (central mode) forwards one flow's exported state to its destination."""
+        migration = self.migrations.get(snapshot[0])
+        if migration is None:
+            return
+        flow = self.by_id[snapshot[0]]
+        if flow.replica == migration.destination:
+            flow.replica = migration.source if self.replication else None
+        self.endpoint.send(self.runtimes[migration.destination].address, "import",
+                           (snapshot, flow.replica))
+
+    def on_imported(self, sender: str, flow_id: int) -> None:
+        """Central mode: the state is in; route the flow there and release what was held."""
+        migration = self.migrations.get(flow_id)
+        if migration is None:
+            return
+        flow = self.by_id[flow_id]
+        flow.primary, flow.mode = migration.destination, NORMAL
+        self.pending[flow.primary].extend((flow.id, seq, flow.replica, flow.committed,
+                                           flow.unacked[seq]) for seq in flow.buffer
+                                          if seq in flow.unacked)
+        flow.buffer = []
+        self.finish_migration(flow_id)
+
+    def finish_migration(self, flow_id: int) -> None:
+        migration = self.migrations.pop(flow_id, None)
+        if migration is None:
+            return
+        migration.waiting.discard(flow_id)
+        if not migration.waiting:
+            self.flush()
+            ms = (time.perf_counter() - migration.started) * 1000
+            result = {"mode": migration.mode, "source": migration.source,
+                      "destination": migration.destination, "flows": len(migration.flows),
+                      "completion_ms": ms}
+            self.events.append({"migration": result})
+            self.endpoint.send(migration.reply, "migrated", result)
+
+    # Status ------------------------------------------------------------------------------------
+    def status(self) -> dict:
+        now = time.monotonic()
+        primaries, replicas, lag = defaultdict(int), defaultdict(int), defaultdict(int)
+        for flow in self.by_id:
+            primaries[flow.primary] += 1
+            if flow.replica is not None:
+                replicas[flow.replica] += 1
+            lag[flow.primary] += len(flow.unacked)
+        runtimes = {}
+        for name, view in self.runtimes.items():
+            runtimes[name] = {
+                "address": view.address, "joined": view.joined, "live": view.live,
+                "pid": view.pid, "flows": primaries[name], "replicas": replicas[name],
+                "unacked_packets": lag[name],
+                "silent_ms": round((now - view.last_heard) * 1000, 1) if view.joined else None,
+                "processed": view.report.get("processed", 0)}
+        return {"switch": self.spec.switch.name, "switch_pid": os.getpid(),
+                "replication": self.replication, "flows": len(self.by_id),
+                "lost_flows": self.lost_flows, "runtimes": runtimes,
+                "events": [dict(e) for e in self.events]}
+
+
+def main(argv: list[str]) -> int:
+    switch = Switch(load_cluster(argv[0]))
+    switch.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    from dl_nfv.artifacts.errors import DlNfvError
+
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except DlNfvError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)

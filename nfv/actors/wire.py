@@ -1,0 +1,95 @@
+"""The messaging layer between NFVactor's processes: ZeroMQ PUSH/PULL over TCP.
+
+Each process binds one PULL socket at its address and keeps one PUSH socket per peer
+it sends to. A message is ``(kind, sender, payload)`` pickled; ZeroMQ keeps the
+messages of one sender to one receiver in order (TCP), which the protocols rely on
+(a command sent after packets is handled after them). Sends never block: a peer that
+is gone queues up to ``QUEUE_LIMIT`` messages and then loses them, which is what a
+dead runtime's traffic should do; the protocols above recover what matters.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from typing import Any
+
+import zmq
+
+from dl_nfv.artifacts.errors import BadInput
+
+QUEUE_LIMIT = 1_000_000  # messages queued towards one peer before sends are dropped
+
+
+class Endpoint:
+    """A process's inbox (bound PULL) and its outboxes (one PUSH per peer address)."""
+
+    def __init__(self, name: str, bind: str | None = None):
+        self.name = name
+        self.context = zmq.Context()
+        self.inbox = self.context.socket(zmq.PULL)
+        self.inbox.setsockopt(zmq.RCVHWM, QUEUE_LIMIT)
+        self.inbox.setsockopt(zmq.LINGER, 0)
+        try:
+            self.inbox.bind(bind or "tcp://127.0.0.1:*")
+        except zmq.ZMQError as exc:
+            self.close()
+            raise BadInput(f"{name}: cannot listen on {bind}: {exc.strerror}") from None
+        self.address = self.inbox.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.peers: dict[str, zmq.Socket] = {}
+        self.poller = zmq.Poller()
+        self.poller.register(self.inbox, zmq.POLLIN)
+
+    def send(self, address: str, kind: str, payload: Any = None) -> bool:
+        """Queue one message to ``address``; False if it was dropped (the peer's queue is full)."""
+        sock = self.peers.get(address)
+        if sock is None:
+            sock = self.peers[address] = self.context.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, QUEUE_LIMIT)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(address)
+        try:
+            sock.send(pickle.dumps((kind, self.name, payload), protocol=pickle.HIGHEST_PROTOCOL),
+                      zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def forget(self, address: str) -> None:
+        """Drop the outbox to ``address`` and whatever it still queues (a dead peer)."""
+        sock = self.peers.pop(address, None)
+        if sock is not None:
+            sock.close(linger=0)
+
+    def receive(self, timeout_s: float) -> list[tuple[str, str, Any]]:
+        """Every message waiting, after waiting up to ``timeout_s`` for the first one."""
+        out = []
+        if self.poller.poll(max(0, int(timeout_s * 1000))):
+            while True:
+                try:
+                    raw = self.inbox.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                out.append(pickle.loads(raw))
+                if len(out) >= 4096:
+                    break
+        return out
+
+    def request(self, address: str, kind: str, payload: Any, expect: str, timeout_s: float,
+                what: str) -> Any:
+        """Send one message and wait for the first reply of kind ``expect``; ``BadInput``
+        naming ``what`` if none comes within ``timeout_s`` (a dead or absent process)."""
+        self.send(address, kind, payload)
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            for got, _, reply in self.receive(min(left, 0.1)):
+                if got == expect:
+                    return reply
+        raise BadInput(f"{what} is not answering (no reply in {timeout_s:g} s)")
+
+    def close(self) -> None:
+        for sock in self.peers.values():
+            sock.close(linger=0)
+        self.peers = {}
+        self.inbox.close(linger=0)
+        self.context.term()
