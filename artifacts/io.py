@@ -40,6 +40,8 @@ KINDS: dict[str, str] = {
     "nfv-bench": "results:NfvBench",
     "network-probe": "results:NetworkProbe",
     "policy": "policy:Policy",
+    "chain-report": "chainreport:ChainReport",
+    "chain-bench": "chainreport:ChainBench",
 }
 
 

@@ -165,34 +165,114 @@ def _names(ctx, param, value: str) -> list[str]:
     return names
 
 
+def _sizes(ctx, param, value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        sizes = [int(n) for n in value.split(",") if n.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated integers") from None
+    if not sizes or min(sizes) < 1:
+        raise click.BadParameter(f"{value!r}: name at least one batch size, each >= 1")
+    return sizes
+
+
 @command.command(name="bench")
 @_with(_run_options)
-@click.option("--engines", default="cpu,gpu,flowshader", show_default=True, callback=_names,
-              help="Comma-separated engines to compare.")
+@click.option("--engines", default=None, callback=lambda c, p, v: None if v is None else
+              _names(c, p, v),
+              help="Comma-separated engines to compare [default: cpu,gpu,flowshader; "
+                   "cpu,tensor for a config with an l4_chain].")
+@click.option("--batch-sizes", default=None, callback=_sizes,
+              help="l4_chain only: comma-separated batch sizes (packets) to run each engine at "
+                   "[default: the config's].")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs per engine; the fastest counts.")
-@output_option("Write the comparison (an nfv-bench) to this file (.json, .yaml or .yml).")
+@output_option("Write the comparison (an nfv-bench, or a chain-bench for an l4_chain) to this "
+               "file (.json, .yaml or .yml).")
 @json_option
 def bench(config_path: str, trace_path: str, batch_size: int | None, workers: int | None,
-          device: str | None, engines: list[str], repeats: int, output: Path | None,
-          as_json: bool) -> None:
+          device: str | None, engines: list[str] | None, batch_sizes: list[int] | None,
+          repeats: int, output: Path | None, as_json: bool) -> None:
     """Compare engines on one trace: throughput, GPU share, and identical NF outputs.
 
-    Fails (exit 1) if two engines' NF outputs differ.
+    Fails (exit 1) if two engines' NF outputs differ. A config with an
+    l4_chain and no L7 chain is benched as `nfv chain` runs it: every engine
+    at every batch size, packet for packet the same outcome.
 
     \b
     Example:
       dl-nfv nfv bench --config examples/nf/ids.yaml --trace skewed.pcap --engines cpu,gpu,flowshader
+      dl-nfv nfv bench --config examples/nf/fw-nat-lb.yaml --trace t.pcap --engines cpu,tensor --batch-sizes 1024,8192,65536
     """
     from dl_nfv.artifacts import from_data
+    from dl_nfv.nfv.chains.run import bench_chain, is_chain_config
+
+    if is_chain_config(config_path):
+        from dl_nfv.artifacts.chainreport import ChainBench
+
+        from .render_chain import render_bench as render_chain_bench
+
+        sizes = batch_sizes or ([batch_size] if batch_size else None)
+        result = bench_chain(config_path, trace_path, engines or ["cpu", "tensor"], sizes,
+                             device=device)
+        deliver(from_data(ChainBench, result), output, as_json, render=render_chain_bench)
+        return
     from dl_nfv.artifacts.results import NfvBench
     from dl_nfv.nfv.run import bench as run_bench
 
-    result = run_bench(config_path, trace_path, engines, repeats=repeats, batch_size=batch_size,
-                       workers=workers, device=device)
+    result = run_bench(config_path, trace_path, engines or ["cpu", "gpu", "flowshader"],
+                       repeats=repeats, batch_size=batch_size, workers=workers, device=device)
     from .render_compare import render_bench
 
     deliver(from_data(NfvBench, result), output, as_json, render=render_bench)
+
+
+@command.command(name="chain")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
+              help="The nf-config (YAML) whose l4_chain to run.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), required=True,
+              help="The pcap or pcapng trace.")
+@click.option("--engine", type=click.Choice(["tensor", "cpu"]), default=None,
+              help="tensor (batched torch kernels) or cpu (the per-packet reference) "
+                   "[default: the config's l4_engine].")
+@click.option("--device", default=None, callback=_device,
+              help="auto, cpu or cuda[:N] for the tensor engine.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Packets per batch [default: the config's l4_engine.batch_size].")
+@output_option("Write the chain-report to this file (.json, .yaml or .yml).")
+@click.option("-w", "--write", "write_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the forwarded, rewritten packets to this pcap.")
+@json_option
+def chain(config_path: str, trace_path: str, engine: str | None, device: str | None,
+          batch_size: int | None, output: Path | None, write_path: str | None,
+          as_json: bool) -> None:
+    """Run a stateful L3/L4 service chain (firewall, NAT, Maglev LB, monitor, rate
+    limiter) over a trace, packet by packet or as batched tensor kernels.
+
+    Every NF keeps per-flow state (a flow table on the device for the tensor
+    engine); the report counts packets in/out/dropped per NF and reason, NAT
+    bindings, LB flows per backend, time per stage, Mpps, Gbps and per-batch
+    latency. -w writes the forwarded packets with their rewritten addresses,
+    ports and checksums.
+
+    \b
+    Example:
+      dl-nfv nfv chain --config examples/nf/fw-nat-lb.yaml --trace t.pcap --engine tensor -o report.json -w out.pcap
+      dl-nfv nfv chain --config examples/nf/fw-nat-lb.yaml --trace t.pcap --engine cpu --json
+    """
+    from dl_nfv.artifacts import from_data
+    from dl_nfv.artifacts.chainreport import ChainReport
+    from dl_nfv.nfv.chains.run import run_chain
+
+    if write_path is not None and not Path(write_path).resolve().parent.is_dir():
+        raise click.BadParameter(f"{write_path}: its folder does not exist", param_hint="-w")
+    report = run_chain(config_path, trace_path, engine=engine, device=device,
+                       batch_size=batch_size, write=write_path)
+    from .render_chain import render_report
+
+    deliver(from_data(ChainReport, report), output, as_json, render=render_report)
+
 
 from .actors import command as actors  # noqa: E402  (the actors group: NFVactor)
 from .netstar import command as netstar  # noqa: E402  (the netstar group: run, bench)

@@ -26,6 +26,8 @@ RENDERERS: dict[str, str] = {
     "nfv-bench": "render_compare:render_bench",
     "network-probe": "render_compare:render_probe",
     "policy": "render_policy:render",
+    "chain-report": "render_chain:render_report",
+    "chain-bench": "render_chain:render_bench",
 }
 
 
