@@ -253,6 +253,7 @@ def _result(packets: list, run: _Run, final: dict, wall_s: float) -> dict:
         "reordered": run.reordered, "wall_s": wall_s,
         "packets_per_s": len(packets) / wall_s if wall_s > 0 else 0.0,
         "latency_us": {**pct, "max": float(latency_us.max()) if len(latency_us) else 0.0},
+        "replicas": dict(sorted(final["replicas"].items())),
         "digest": digest(outputs, states), "migrations": run.migrations,
         "actions": run.actions, "status": final["status"]}
 

@@ -37,6 +37,8 @@ def _kill_run(cluster_file, seed: int) -> None:
     assert result["states"] == expected_states
     assert result["counters"]["packets_in_states"] == len(PACKETS)  # nothing applied twice
     assert result["digest"] == digest(expected_outputs, expected_states)
+    assert {f: [seq for _, seq in r] for f, r in result["replicas"].items()} == {
+        f: [seq] for f, (seq, _) in expected_states.items()}  # replicated again, up to date
     event = next(e for e in result["status"]["events"] if e.get("runtime") == victim)
     assert event["lost_flows"] == 0 and event["promoted"] > 0
 
