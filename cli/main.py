@@ -9,6 +9,7 @@ tells more); any other exception is reported as an internal error (exit 1).
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -36,8 +37,24 @@ def _usage_line(exc: click.UsageError) -> click.UsageError:
     return CliError(f"{exc.format_message()} ({where})", exc.exit_code)
 
 
+# command name -> the module of this package that defines it (as ``command``), imported when
+# the command is looked up: ``dl-nfv nfv run`` does not pay for the planners' imports
+COMMAND_MODULES = {"profile": "profile", "plan": "plan", "simulate": "simulate",
+                   "train": "train", "nfv": "nfv", "show": "show"}
+
+
 class RootGroup(click.Group):
-    """Maps library and usage errors to one-line messages and exit codes."""
+    """Maps library and usage errors to one-line messages and exit codes; loads each
+    subcommand's module on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMAND_MODULES})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in COMMAND_MODULES and name not in self.commands:
+            module = importlib.import_module(f"{__package__}.{COMMAND_MODULES[name]}")
+            self.add_command(module.command)
+        return super().get_command(ctx, name)
 
     def make_context(self, info_name, args, parent=None, **extra):
         try:
@@ -78,16 +95,6 @@ def cli(debug: bool) -> None:
     Example:
       dl-nfv show examples/topologies/tag-hetero16.yaml
     """
-
-
-def _register() -> None:
-    from . import nfv, plan, profile, show, simulate, train
-
-    for module in (profile, plan, simulate, train, nfv, show):
-        cli.add_command(module.command)
-
-
-_register()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,7 +4,8 @@ Workers are forked once per run and keep the state of the flows pinned to
 them between batches. A worker exits when the process that forked it dies,
 even by SIGKILL (``PR_SET_PDEATHSIG``, or a parent-pid watch where that does
 not exist). A batch share arrives as a ``Block`` (columns plus the bytes of
-its messages) with the portable state of flows handed over from the
+its messages, or their offsets into the trace's payload the workers inherited
+when forked) with the portable state of flows handed over from the
 tensor path; an ``export`` request hands flows back. A worker that fails
 reports the error, and the engine raises ``RuntimeFailure``.
 """
@@ -62,7 +63,7 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="dl-nfv-parent-watch", daemon=True).start()
 
 
-def _worker(commands, results, chain: Chain, parent: int) -> None:
+def _worker(commands, results, chain: Chain, parent: int, payload: bytes | None) -> None:
     _die_with_parent(parent)
     states: dict[int, list] = {}
     # CPU time since the previous reply: receiving and unpickling a block counts, and so
@@ -84,7 +85,7 @@ def _worker(commands, results, chain: Chain, parent: int) -> None:
                 for flow, value in imports.items():
                     states[flow] = chain.cpu_import(flow, value)
                 out = Outputs()
-                chain.cpu_run(block, states, out)
+                chain.cpu_run(block, states, out, payload)
                 packed = _pack(out)
                 now = time.thread_time()  # CPU time: other load does not count
                 results.send(("ok", now - since, packed))
@@ -99,12 +100,16 @@ def _worker(commands, results, chain: Chain, parent: int) -> None:
 class WorkerPool:
     """``workers`` forked processes; ``pin(flow)`` is the worker a flow belongs to.
 
+    ``payload`` (the trace's message bytes) is inherited by the forked workers,
+    pages shared with this process, so blocks can name messages by offset
+    (``Block.offset``) instead of carrying their bytes through the pipes.
+
     Each worker has a command pipe and a result pipe. Commands are written by
     one sender thread per worker, so this process never blocks on a full pipe
     while a worker blocks writing its results (batches are queued ahead).
     """
 
-    def __init__(self, chain: Chain, workers: int):
+    def __init__(self, chain: Chain, workers: int, payload: bytes | None = None):
         self.size = workers
         context = mp.get_context("fork" if hasattr(os, "fork") else "spawn")
         self.results = []
@@ -114,8 +119,8 @@ class WorkerPool:
         for _ in range(workers):
             cmd_read, cmd_write = context.Pipe(duplex=False)
             res_read, res_write = context.Pipe(duplex=False)
-            proc = context.Process(target=_worker, args=(cmd_read, res_write, chain, os.getpid()),
-                                   daemon=True)
+            proc = context.Process(target=_worker, daemon=True,
+                                   args=(cmd_read, res_write, chain, os.getpid(), payload))
             proc.start()
             cmd_read.close()
             res_write.close()

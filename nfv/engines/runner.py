@@ -21,7 +21,7 @@ import numpy as np
 
 from dl_nfv.artifacts.nfvreport import BatchSplit
 
-from ..nfs.base import FlowTable, GpuBatch, Outputs, join_bytes
+from ..nfs.base import FlowTable, GpuBatch, Outputs
 from ..nfs.chain import Block, Chain
 from ..nfs.lazy_torch import torch
 from ..traffic.trace import Trace
@@ -132,8 +132,8 @@ class Runner:
         self.sizer = BatchSizer(options.batch_size, step=options.batch_step,
                                 enabled=options.adaptive_batch and choice.kind == "flowshader")
         self.loc = np.full(len(trace.flows), UNTOUCHED, dtype=np.int64)
-        self.stride = 1
-        if ids is not None and ids.sides:
+        self.stride = 1  # bytes per step of the tensor path's automaton; 1 without one
+        if ids is not None and ids.sides and choice.kind != "cpu":
             self.stride = ids.stride()
 
     # batch building ------------------------------------------------------------
@@ -200,9 +200,8 @@ class Runner:
                                       index=t.msg_index[sel], length=t.msg_len[sel],
                                       header_len=t.msg_header_len[sel],
                                       kind=t.msg_kind[sel].astype(np.int64), ts_us=t.msg_ts_us[sel],
-                                      packets=t.msg_packets[sel],
-                                      blob=join_bytes(t.blob, t.msg_offset[sel],
-                                                      t.msg_len[sel]))
+                                      packets=t.msg_packets[sel], blob=b"",
+                                      offset=t.msg_offset[sel])
         enqueue_s = time.thread_time() - enqueue_start
         features = {"steps": float(c.steps[i]), "waves": float(c.waves[i]),
                     "gpu_bytes": float(c.gpu_bytes[i]), "gpu_msgs": float(c.gpu_msgs[i]),
@@ -227,7 +226,7 @@ class Runner:
 
     def _run(self) -> EngineResult:
         t0 = time.perf_counter()
-        pool = WorkerPool(self.chain, self.workers) if self.workers else None
+        pool = WorkerPool(self.chain, self.workers, self.trace.blob) if self.workers else None
         if pool is not None:
             pool.warm_up(_empty_block())
         if self.choice.kind != "cpu":

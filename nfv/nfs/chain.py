@@ -39,7 +39,13 @@ class MessageContext:
 
 @dataclass(slots=True)
 class Block:
-    """Messages handed to a CPU worker: columns plus their bytes back to back."""
+    """Messages handed to a CPU worker: columns, and where their bytes are.
+
+    Either ``blob`` holds the messages' bytes back to back (``offset`` None), or
+    ``offset`` says where each message starts in the trace's payload, which a
+    worker forked after the trace was read already holds (``cpu_run``'s
+    ``payload``): then no message byte is copied or pickled to hand a block over.
+    """
 
     flow: np.ndarray
     direction: np.ndarray
@@ -50,6 +56,21 @@ class Block:
     ts_us: np.ndarray
     packets: np.ndarray
     blob: bytes
+    offset: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.flow.shape[0])
+
+    def bytes_and_starts(self, payload: bytes | None = None) -> tuple[bytes, np.ndarray]:
+        """The buffer the messages lie in and each message's start in it."""
+        if self.offset is not None:
+            if payload is None:
+                raise ValueError("a block of trace offsets needs the trace's payload")
+            return payload, self.offset
+        starts = np.zeros(len(self.length), dtype=np.int64)
+        if len(starts):
+            np.cumsum(self.length[:-1], out=starts[1:])
+        return self.blob, starts
 
 
 class Chain:
@@ -78,26 +99,47 @@ class Chain:
     def cpu_export(self, state: list) -> list:
         return [nf.export_flow(s) if nf.portable else None for nf, s in zip(self.nfs, state)]
 
-    def cpu_run(self, block: Block, states: dict, out: Outputs) -> None:
-        """Per-flow logic, one message at a time, in the block's order. O(bytes + messages)."""
+    def cpu_run(self, block: Block, states: dict, out: Outputs,
+                payload: bytes | None = None) -> None:
+        """Per-flow logic over a block, in the block's order per flow. O(bytes + messages).
+
+        NF by NF over the whole block, each seeing the messages the NFs before it
+        let through: the same as message by message through the chain, because an
+        NF's state is its own and output rows are merged as sets. An NF with a
+        ``cpu_block`` method (monitor, IDS) takes the block at once; the others run
+        ``cpu`` per message. ``payload``: the trace's payload, for a block of offsets.
+        """
+        data, starts = block.bytes_and_starts(payload)
+        for flow in np.unique(block.flow).tolist():
+            if flow not in states:
+                states[flow] = [nf.cpu_state(flow) for nf in self.nfs]
+        alive = np.ones(len(block), dtype=bool)
+        for position, nf in enumerate(self.nfs):
+            if not alive.any():
+                return
+            whole = getattr(nf, "cpu_block", None)
+            if whole is not None:
+                alive = whole(block, data, starts, alive, states, position, out)
+            else:
+                alive = self._per_message(nf, position, block, data, starts, alive, states, out)
+
+    @staticmethod
+    def _per_message(nf, position: int, block: Block, data: bytes, starts: np.ndarray,
+                     alive: np.ndarray, states: dict, out: Outputs) -> np.ndarray:
+        """``nf.cpu`` on each live message of ``block`` in order; the messages it keeps."""
         ctx = MessageContext()
-        nfs = self.nfs
-        blob = block.blob
-        pos = 0
-        cols = zip(block.flow.tolist(), block.direction.tolist(), block.index.tolist(),
-                   block.length.tolist(), block.header_len.tolist(), block.kind.tolist(),
-                   block.ts_us.tolist(), block.packets.tolist())
-        for flow, direction, index, length, header_len, kind, ts_us, packets in cols:
-            state = states.get(flow)
-            if state is None:
-                state = states[flow] = [nf.cpu_state(flow) for nf in nfs]
+        rows = np.flatnonzero(alive)
+        kept = alive.copy()
+        cols = zip(rows.tolist(), block.flow[rows].tolist(), block.direction[rows].tolist(),
+                   block.index[rows].tolist(), starts[rows].tolist(), block.length[rows].tolist(),
+                   block.header_len[rows].tolist(), block.kind[rows].tolist(),
+                   block.ts_us[rows].tolist(), block.packets[rows].tolist())
+        for row, flow, direction, index, start, length, header_len, kind, ts_us, packets in cols:
             ctx.flow, ctx.index, ctx.direction, ctx.kind = flow, index, direction, kind
             ctx.header_len, ctx.ts_us, ctx.packets = header_len, ts_us, packets
-            payload = blob[pos:pos + length]
-            pos += length
-            for nf, nf_state in zip(nfs, state):
-                if not nf.cpu(nf_state, ctx, payload, out):
-                    break
+            if not nf.cpu(states[flow][position], ctx, data[start:start + length], out):
+                kept[row] = False
+        return kept
 
     # GPU path -----------------------------------------------------------------
     def gpu_export(self, flow: int) -> list:

@@ -30,9 +30,22 @@ from .lazy_torch import torch
 NAME = "http-lb"
 P = 2**31 - 1
 MAX_HEADER = 64 * 1024
-_POW256 = np.ones(MAX_HEADER + 16, dtype=np.int64)
-for _i in range(1, len(_POW256)):
-    _POW256[_i] = _POW256[_i - 1] * 256 % P
+
+
+def _powers_of_256(n: int) -> np.ndarray:
+    """``256**i % P`` for ``i < n``: 256 powers times the powers of ``256**256`` (products
+    of two residues below 2**31 fit in int64), not a Python loop over ``n``."""
+    low = np.ones(256, dtype=np.int64)
+    for i in range(1, 256):
+        low[i] = low[i - 1] * 256 % P
+    high = np.ones(-(-n // 256), dtype=np.int64)
+    step = pow(256, 256, P)
+    for i in range(1, len(high)):
+        high[i] = high[i - 1] * step % P
+    return (high[:, None] * low[None, :] % P).ravel()[:n]
+
+
+_POW256 = _powers_of_256(MAX_HEADER + 16)
 _POW10 = 10 ** np.arange(16, dtype=np.int64)
 _LOWER = np.arange(256, dtype=np.int64)
 _LOWER[65:91] += 32

@@ -49,6 +49,7 @@ class _Side:
         self.first_pid = first_pid
         self.automaton = Automaton.build(patterns)
         self.max_len = self.automaton.max_len
+        self.lengths = np.array([len(p) for p in patterns], dtype=np.int64)
         self.node_text = list(self.automaton.node_text)
         self.hs = _hyperscan_database(patterns) if hyperscan is not None else None
         self.matcher = None if self.hs is not None else ahocorasick_rs.BytesAhoCorasick(patterns)
@@ -66,6 +67,22 @@ class _Side:
 
         self.hs.scan(hay, match_event_handler=on_match)
         return found
+
+    def occurrences(self, hay: bytes) -> tuple[np.ndarray, np.ndarray]:
+        """(pattern ids, end offsets) of every occurrence of every pattern in ``hay``."""
+        if self.hs is None:
+            found = self.matcher.find_matches_as_indexes(hay, overlapping=True)
+            pids = [m[0] for m in found]
+            ends = [m[2] for m in found]
+        else:
+            pids, ends = [], []
+
+            def on_match(pid: int, _start: int, end: int, _flags: int, _ctx) -> None:
+                pids.append(pid)
+                ends.append(end)
+
+            self.hs.scan(hay, match_event_handler=on_match)
+        return np.array(pids, dtype=np.int64), np.array(ends, dtype=np.int64)
 
 
 def _kernels():
@@ -170,6 +187,71 @@ class Ids:
         if found:
             self.on_matches(seen, ctx.flow, d, ctx.index, found, out)
         return True
+
+    def cpu_block(self, block, data: bytes, starts: np.ndarray, alive: np.ndarray,
+                  states: dict, position: int, out: Outputs) -> np.ndarray:
+        """``cpu`` over a whole block: one scan per matcher instead of one per message.
+
+        The block's live, watched messages are grouped into streams (flow,
+        direction) in block order; each matcher scans one buffer holding, per
+        stream, its tail and then its messages. An occurrence counts when it
+        lies inside one stream's part and ends after the tail, and belongs to
+        the message holding its last byte: exactly the occurrences ``cpu``
+        finds message by message. ``on_matches`` then runs per message with a
+        match, in block order (the order decides which direction completes a
+        rule first), and each stream keeps its last ``max_len`` bytes as the tail.
+        """
+        rows = np.flatnonzero(alive & self.watched[block.flow, block.direction])
+        if len(rows) == 0 or not self.sides:
+            return alive
+        key = block.flow[rows] * 2 + block.direction[rows]
+        order = rows[np.argsort(key, kind="stable")]  # messages by stream, in block order
+        key = key[np.argsort(key, kind="stable")]
+        first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        length = block.length[order]
+        msg_start = np.cumsum(length) - length  # in ``raw``: the messages back to back
+        stream_start = msg_start[first]
+        stream_end = np.r_[stream_start[1:], msg_start[-1] + length[-1]]
+        raw = join_bytes(data, starts[order], length)
+        owners = list(zip((key[first] // 2).tolist(), (key[first] % 2).tolist()))
+        hit_msg, hit_pid = [], []
+        for s, side in enumerate(self.sides):
+            text = raw.lower() if side.fold else raw
+            view = memoryview(text)
+            tails = [states[f][position][0][s][d] for f, d in owners]
+            pieces = []
+            for tail, a, b in zip(tails, stream_start.tolist(), stream_end.tolist()):
+                pieces.append(tail)
+                pieces.append(view[a:b])
+            hay = b"".join(pieces)
+            tail_len = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
+            # where each stream's part (tail, then messages) starts in ``hay``
+            part = stream_start + np.cumsum(tail_len) - tail_len
+            for (f, d), a, b in zip(owners, part.tolist(), (part + tail_len + stream_end
+                                                             - stream_start).tolist()):
+                states[f][position][0][s][d] = hay[max(a, b - side.max_len):b]
+            pids, ends = side.occurrences(hay)
+            if not len(pids):
+                continue
+            j = np.searchsorted(part, ends - 1, side="right") - 1
+            inside = (ends - side.lengths[pids] >= part[j]) & (ends > part[j] + tail_len[j])
+            pids, ends, j = pids[inside], ends[inside], j[inside]
+            last = ends - 1 - part[j] - tail_len[j] + stream_start[j]  # last byte, in ``raw``
+            hit_msg.append(np.searchsorted(msg_start, last, side="right") - 1)
+            hit_pid.append(pids + side.first_pid)
+        if not hit_msg:
+            return alive
+        msg = order[np.concatenate(hit_msg)]  # block rows
+        pid = np.concatenate(hit_pid)
+        by_row = np.argsort(msg, kind="stable")
+        msg, pid = msg[by_row], pid[by_row]
+        bounds = np.flatnonzero(np.r_[True, msg[1:] != msg[:-1], True])
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            row = int(msg[a])
+            flow, d = int(block.flow[row]), int(block.direction[row])
+            self.on_matches(states[flow][position][1], flow, d, int(block.index[row]),
+                            pid[a:b].tolist(), out)
+        return alive
 
     def _pair(self, nodes_by_side: list[int]) -> tuple[int, int]:
         pair = [0, 0]

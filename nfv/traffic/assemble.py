@@ -21,7 +21,7 @@ only per-packet work is slicing each segment's payload for one ``bytes.join``:
    starts with an HTTP request. These are the flows whose messages follow
    from the in-order streams alone.
 3. **Messages** of a clean flow: each direction's stream is the
-   concatenation of its segments; ``http.Framer`` frames it in one pass
+   concatenation of its segments; ``http.frame_whole`` frames it in one pass
    (the same framer the flow table uses). A message completes at the packet
    holding its last byte (found with ``np.searchsorted`` over the segments'
    end offsets), which gives its timestamp and its place in the trace's
@@ -50,21 +50,61 @@ import numpy as np
 
 from .columnar import OK, PacketColumns
 from .flows import FlowState, FlowTable, Message
-from .http import MAX_HEADER_BYTES, REQUEST, RESPONSE, Framer, looks_like_http_request
+from .http import REQUEST, RESPONSE, frame_whole, looks_like_http_request
 from .pcap import ACK, FIN, RST, SYN, TCP
 
 SEQ_MOD = 1 << 32
-MAX_CHUNK_LINE = 1023  # a longer chunk-size line can fail framing fed packet by packet
+
+
+@dataclass(slots=True)
+class MessageColumns:
+    """Messages as columns; message ``i``'s bytes are ``buffer[start[i]:start[i] + length[i]]``."""
+
+    flow: np.ndarray  # int64, every column
+    direction: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    header_len: np.ndarray
+    kind: np.ndarray
+    ts_us: np.ndarray
+    packets: np.ndarray
+    buffer: bytes
+
+    @classmethod
+    def of(cls, messages: list[Message]) -> MessageColumns:
+        n = len(messages)
+
+        def column(name: str) -> np.ndarray:
+            return np.fromiter((getattr(m, name) for m in messages), dtype=np.int64, count=n)
+
+        length = np.fromiter((len(m.payload) for m in messages), dtype=np.int64, count=n)
+        return cls(flow=column("flow"), direction=column("direction"),
+                   start=np.cumsum(length) - length, length=length,
+                   header_len=column("header_len"), kind=column("kind"), ts_us=column("ts_us"),
+                   packets=column("packets"), buffer=b"".join(m.payload for m in messages))
+
+    def __len__(self) -> int:
+        return int(self.flow.shape[0])
 
 
 @dataclass(slots=True)
 class Assembled:
-    """Flows (ids in creation order) and messages (in completion order), as FlowTable's."""
+    """Flows (ids in creation order) and messages (in completion order), as FlowTable's:
+    the messages as columns over ``payload``, their bytes back to back in that order."""
 
     flows: list[FlowState]
-    messages: list[Message]
+    columns: MessageColumns
     stats: Counter
     clean_flows: int  # flows assembled by array operations; the rest by the flow table
+
+    @property
+    def messages(self) -> list[Message]:
+        """The messages as the flow table's ``Message`` records."""
+        c = self.columns
+        buf = c.buffer
+        return [Message(f, d, buf[a:a + n], h, k, t, p) for f, d, a, n, h, k, t, p in zip(
+            c.flow.tolist(), c.direction.tolist(), c.start.tolist(), c.length.tolist(),
+            c.header_len.tolist(), c.kind.tolist(), c.ts_us.tolist(), c.packets.tolist())]
 
 
 def assemble(cols: PacketColumns, stats: Counter, *, idle_timeout_us: int = 60_000_000,
@@ -79,7 +119,7 @@ def assemble(cols: PacketColumns, stats: Counter, *, idle_timeout_us: int = 60_0
         for pkt in cols.packets(rows):
             table.add(pkt)
         table.close_all()
-        return Assembled(table.flows, table.messages, stats, 0)
+        return Assembled(table.flows, MessageColumns.of(table.messages), stats, 0)
     p = _Packets(cols, rows)
     clean, plan = _clean_keys(p, idle_timeout_us)
     part, rejected = _clean_flows(p, plan, clean)
@@ -138,8 +178,8 @@ class _Part:
 
     flows: list[FlowState]
     flow_at: list[int]  # decoded-packet index that created each flow
-    messages: list[Message]
-    msg_at: list[int]  # completion packet; close-at-end messages: n + the key's first packet
+    messages: MessageColumns  # flows by their ids in ``flows``
+    msg_at: np.ndarray  # completion packet; close-at-end messages: n + the key's first packet
 
 
 @dataclass(slots=True)
@@ -234,38 +274,32 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[_Part, np
     cols, o = p.cols, plan.o
     keep = clean[plan.seg_group // 2]
     seg_rows = p.rows[o[plan.seg_pos[keep]]]
-    blob = cols.blob
-    streams = b"".join([blob[a:a + n] for a, n in zip(cols.payload_off[seg_rows].tolist(),
+    view = memoryview(cols.blob)
+    streams = b"".join([view[a:a + n] for a, n in zip(cols.payload_off[seg_rows].tolist(),
                                                        cols.payload_len[seg_rows].tolist())])
     # offsets of each clean group's stream within ``streams``
     kept_len = np.bincount(plan.seg_group[keep], weights=plan.seg_end[keep] - plan.seg_start[keep],
                            minlength=len(plan.group_bytes)).astype(np.int64)
     local_base = np.cumsum(kept_len) - kept_len
     rejected = np.zeros(len(clean), dtype=bool)
-    msgs: list[tuple] = []  # (key, direction, start, payload, header_len, kind, closing)
-    for k in np.flatnonzero(clean).tolist():
-        stats: Counter = Counter()
-        requests: deque = deque()
-        framers = (Framer(REQUEST, requests, stats), Framer(RESPONSE, requests, stats))
-        out = []
-        for d in (0, 1):
-            g = 2 * k + d
-            base, n = int(local_base[g]), int(kept_len[g])
-            framed = framers[d].feed(streams[base:base + n], 0) if n else []
-            out.extend((k, d, m[0], m[1], m[2], m[3], False) for m in framed)
-        for d in (0, 1):
-            out.extend((k, d, m[0], m[1], m[2], m[3], True) for m in framers[d].finish())
-        if (stats or max(f.longest_chunk_line for f in framers) > MAX_CHUNK_LINE
-                or any(m[4] > MAX_HEADER_BYTES for m in out)):
+    msgs: list[tuple] = []  # (key, direction, start, length, header_len, kind, closing)
+    for k, base0, n0, base1, n1 in zip(np.flatnonzero(clean).tolist(),
+                                       *_pairs(local_base, kept_len, clean)):
+        methods: deque = deque()
+        requests = frame_whole(streams, REQUEST, methods, base0, base0 + n0)
+        responses = None if requests is None else frame_whole(streams, RESPONSE, methods,
+                                                              base1, base1 + n1)
+        if responses is None:
             rejected[k] = True
             continue
-        msgs.extend(out)
+        msgs.extend((k, 0, m[0], m[1], m[2], REQUEST, m[3]) for m in requests)
+        msgs.extend((k, 1, m[0], m[1], m[2], RESPONSE, m[3]) for m in responses)
     if not msgs:
-        return _Part([], [], [], []), rejected
+        return _Part([], [], MessageColumns.of([]), np.zeros(0, dtype=np.int64)), rejected
     key = np.fromiter((m[0] for m in msgs), dtype=np.int64, count=len(msgs))
     d = np.fromiter((m[1] for m in msgs), dtype=np.int64, count=len(msgs))
     start = np.fromiter((m[2] for m in msgs), dtype=np.int64, count=len(msgs))
-    length = np.fromiter((len(m[3]) for m in msgs), dtype=np.int64, count=len(msgs))
+    length = np.fromiter((m[3] for m in msgs), dtype=np.int64, count=len(msgs))
     header = np.fromiter((m[4] for m in msgs), dtype=np.int64, count=len(msgs))
     closing = np.fromiter((m[6] for m in msgs), dtype=bool, count=len(msgs))
     base = plan.group_base[2 * key + d]
@@ -297,7 +331,9 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[_Part, np
                     o[last_pos])
     ts_sorted = p.ts[o]
     ts = np.where(closing, ts_sorted[end_pos], ts_sorted[last_pos])
-    rejected |= _unpaired(key, d, closing, header_pos, msgs, rejected)
+    at = local_base[2 * key + d] + start  # each message in ``streams``
+    digit = np.frombuffer(streams, dtype=np.uint8)[np.minimum(at + 9, max(len(streams) - 1, 0))]
+    rejected |= _unpaired(key, d, closing, header_pos, digit, len(rejected))
     ok = ~rejected[key]
     order = np.lexsort((start, d, closing, when))
     order = order[ok[order]]
@@ -305,29 +341,39 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[_Part, np
     flows = _flow_states(p, plan, keys)
     fid = np.full(len(clean), -1, dtype=np.int64)
     fid[keys] = np.arange(len(keys))
-    messages = [Message(f, dd, msgs[i][3], h, msgs[i][5], t, c) for i, f, dd, h, t, c in zip(
-        order.tolist(), fid[key[order]].tolist(), d[order].tolist(), header[order].tolist(),
-        ts[order].tolist(), packets[order].tolist())]
-    return _Part(flows, o[p.bounds[keys]].tolist(), messages, when[order].tolist()), rejected
+    messages = MessageColumns(flow=fid[key[order]], direction=d[order], start=at[order],
+                              length=length[order], header_len=header[order],
+                              kind=np.where(d[order] == 0, REQUEST, RESPONSE),
+                              ts_us=ts[order], packets=packets[order], buffer=streams)
+    return _Part(flows, o[p.bounds[keys]].tolist(), messages, when[order]), rejected
 
 
-def _unpaired(key, d, closing, header_pos, msgs, rejected) -> np.ndarray:
+def _pairs(local_base: np.ndarray, kept_len: np.ndarray, clean: np.ndarray):
+    """Per clean key: where its request and its response stream lie in ``streams``."""
+    keys = np.flatnonzero(clean)
+    return (local_base[2 * keys].tolist(), kept_len[2 * keys].tolist(),
+            local_base[2 * keys + 1].tolist(), kept_len[2 * keys + 1].tolist())
+
+
+def _unpaired(key, d, closing, header_pos, status_digit, n_keys: int) -> np.ndarray:
     """Keys where a response was framed before its request in capture order (the flow
-    table pairs responses with requests as it frames them; one pass pairs them all)."""
-    out = np.zeros(len(rejected), dtype=bool)
-    requests: dict[int, list[int]] = {}
-    seen: dict[int, int] = {}
-    for i in np.flatnonzero(~closing & (d == 0)).tolist():
-        requests.setdefault(int(key[i]), []).append(int(header_pos[i]))
-    for i in np.flatnonzero(~closing & (d == 1)).tolist():
-        k = int(key[i])
-        if msgs[i][3][9:10] == b"1":  # 1xx: not paired with a request
-            continue
-        j = seen.get(k, 0)
-        seen[k] = j + 1
-        req = requests.get(k, [])
-        if j < len(req) and req[j] >= header_pos[i]:
-            out[k] = True
+    table pairs responses with requests as it frames them): the ``j``-th response of a
+    key (1xx not counted) pairs with its ``j``-th request. Messages grouped by key, each
+    direction in stream order."""
+    out = np.zeros(n_keys, dtype=bool)
+    req = np.flatnonzero(~closing & (d == 0))
+    resp = np.flatnonzero(~closing & (d == 1) & (status_digit != ord("1")))
+    if len(req) == 0 or len(resp) == 0:
+        return out
+    req = req[np.argsort(key[req], kind="stable")]
+    resp = resp[np.argsort(key[resp], kind="stable")]
+    req_count = np.bincount(key[req], minlength=n_keys)
+    resp_count = np.bincount(key[resp], minlength=n_keys)
+    k = key[resp]
+    j = np.arange(len(resp)) - (np.cumsum(resp_count) - resp_count)[k]
+    paired = j < req_count[k]
+    request = req[np.minimum((np.cumsum(req_count) - req_count)[k] + j, len(req) - 1)]
+    out[k[paired & (header_pos[request] >= header_pos[resp])]] = True
     return out
 
 
@@ -381,28 +427,45 @@ def _table_parts(p: _Packets, slow: np.ndarray, stats: Counter, idle_timeout_us:
     table.close_all()
     key_first = p.order[p.bounds[:-1]]
     msg_at.extend(p.n + int(key_first[flow_key[m.flow]]) for m in table.messages[n_msgs:])
-    return [_Part(table.flows, flow_at, table.messages, msg_at)]
+    return [_Part(table.flows, flow_at, MessageColumns.of(table.messages),
+                  np.asarray(msg_at, dtype=np.int64))]
 
 
 def _merge(parts: list[_Part], stats: Counter, clean_flows: int) -> Assembled:
-    """One flow list in creation order and one message list in completion order."""
-    created, flows, owners = [], [], []
-    for k, part in enumerate(parts):
-        created.extend(part.flow_at)
-        flows.extend(part.flows)
-        owners.extend((k, flow.id) for flow in part.flows)
-    new_id = {}
-    out_flows = []
-    for new, i in enumerate(np.argsort(np.asarray(created, dtype=np.int64), kind="stable").tolist()):
-        new_id[owners[i]] = new
-        flows[i].id = new
-        out_flows.append(flows[i])
-    messages, when, rank = [], [], []
-    for k, part in enumerate(parts):
-        for j, (msg, at) in enumerate(zip(part.messages, part.msg_at)):
-            msg.flow = new_id[(k, msg.flow)]
-            messages.append(msg)
-            when.append(at)
-            rank.append(j)
-    order = np.lexsort((np.asarray(rank, dtype=np.int64), np.asarray(when, dtype=np.int64)))
-    return Assembled(out_flows, [messages[i] for i in order.tolist()], stats, clean_flows)
+    """One flow list in creation order and one message list in completion order (ties,
+    within one part, in the part's order), the messages' bytes joined in that order."""
+    created = np.asarray([at for part in parts for at in part.flow_at], dtype=np.int64)
+    flows = [flow for part in parts for flow in part.flows]
+    new_of = np.empty(len(flows), dtype=np.int64)
+    new_of[np.argsort(created, kind="stable")] = np.arange(len(flows))
+    renamed, first = [], 0
+    for part in parts:  # each part's flow ids, as the merged list numbers them
+        ids = np.asarray([flow.id for flow in part.flows], dtype=np.int64)
+        local = np.zeros(int(ids.max(initial=-1)) + 1, dtype=np.int64)
+        local[ids] = new_of[first:first + len(ids)]
+        renamed.append(local)
+        first += len(ids)
+    for flow, new in zip(flows, new_of.tolist()):
+        flow.id = new
+    out_flows = [None] * len(flows)
+    for flow in flows:
+        out_flows[flow.id] = flow
+    which = np.concatenate([np.full(len(part.messages), k, dtype=np.int64)
+                            for k, part in enumerate(parts)])
+    rank = np.concatenate([np.arange(len(part.messages)) for part in parts])
+    when = np.concatenate([part.msg_at for part in parts])
+    order = np.lexsort((rank, when))
+
+    def column(name: str) -> np.ndarray:
+        return np.concatenate([getattr(part.messages, name) for part in parts])[order]
+
+    flow = np.concatenate([renamed[k][part.messages.flow] for k, part in enumerate(parts)])
+    views = [memoryview(part.messages.buffer) for part in parts]
+    start, length = column("start"), column("length")
+    payload = b"".join([views[k][a:a + n] for k, a, n in zip(
+        which[order].tolist(), start.tolist(), length.tolist())])
+    columns = MessageColumns(flow=flow[order], direction=column("direction"),
+                             start=np.cumsum(length) - length, length=length,
+                             header_len=column("header_len"), kind=column("kind"),
+                             ts_us=column("ts_us"), packets=column("packets"), buffer=payload)
+    return Assembled(out_flows, columns, stats, clean_flows)

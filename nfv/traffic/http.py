@@ -241,3 +241,118 @@ class Framer:
         out = list(self._raw)
         self._raw.clear()
         return out
+
+
+# whole streams --------------------------------------------------------------------
+def frame_whole(stream: bytes, side: int, methods: deque, begin: int = 0,
+                stop: int | None = None) -> list[tuple[int, int, int, bool]] | None:
+    """Frame one complete direction held in memory, ``stream[begin:stop]``: ``(start,
+    length, header_len, close_delimited)`` per message (``start`` from ``begin``), or None where a ``Framer`` fed the same bytes would
+    count anything (a framing error, an incomplete message) or where fed packet by packet
+    it could frame differently (a header over ``MAX_HEADER_BYTES``, a chunk-size line over
+    ``MAX_CHUNK_LINE`` bytes).
+
+    The same rules as ``Framer`` (the tests compare the two), over offsets into ``stream``
+    instead of a growing buffer: no message is copied. ``methods`` pairs responses with
+    requests as in ``Framer``: the request side appends, the response side pops.
+    O(stream bytes) in C, Python per message.
+    """
+    out = []
+    pos, size = begin, len(stream) if stop is None else stop
+    while pos < size:
+        end = stream.find(b"\r\n\r\n", pos, size)
+        if end < 0 or end + 4 - pos > MAX_HEADER_BYTES:
+            return None
+        header_len = end + 4 - pos
+        body = _whole_header(stream, pos, end, side, methods)
+        if body is None:
+            return None
+        kind, need = body
+        if kind == "close":
+            out.append((pos - begin, size - pos, header_len, True))
+            return out
+        if kind == "chunked":
+            done = _whole_chunks(stream, pos + header_len, size)
+            if done < 0:
+                return None
+        else:
+            done = pos + header_len + need
+            if done > size:
+                return None
+        out.append((pos - begin, done - pos, header_len, False))
+        pos = done
+    return out
+
+
+MAX_CHUNK_LINE = 1023  # a longer chunk-size line can fail framing fed packet by packet
+
+
+def _whole_header(stream: bytes, pos: int, end: int, side: int, methods: deque
+                  ) -> tuple[str, int] | None:
+    """``Framer._parse_header`` on ``stream[pos:end]``: (body kind, body length) or None."""
+    lines = stream[pos:end].split(b"\r\n")
+    if side == REQUEST:
+        m = _REQUEST_LINE.match(lines[0])
+        status = 0
+    else:
+        m = _STATUS_LINE.match(lines[0])
+        status = int(m.group(1)) if m else 0
+    if not m:
+        return None
+    length = None
+    chunked = False
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep:
+            return None
+        if len(name) < 14:  # shorter than both names, blanks included: neither
+            continue
+        name = name.strip().lower()
+        if name == b"content-length":
+            value = value.strip()
+            if not value.isdigit() or len(value) > 15 or (length is not None
+                                                          and int(value) != length):
+                return None
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = value.strip().lower().split(b",")[-1].strip() == b"chunked"
+    if side == REQUEST:
+        methods.append(m.group(1))
+        return ("chunked", 0) if chunked else ("length", length or 0)
+    if 100 <= status < 200:
+        return "length", 0
+    request = methods.popleft() if methods else b""
+    if request == b"HEAD" or status in (204, 304):
+        return "length", 0
+    if chunked:
+        return "chunked", 0
+    if length is not None:
+        return "length", length
+    return "close", 0
+
+
+def _whole_chunks(stream: bytes, pos: int, size: int) -> int:
+    """``Framer._chunked`` from the first chunk at ``pos`` (the stream ends at ``size``):
+    the end of the message, or -1."""
+    while True:
+        eol = stream.find(b"\r\n", pos, size)
+        if eol < 0 or eol - pos > MAX_CHUNK_LINE:
+            return -1
+        size_text = stream[pos:eol].split(b";", 1)[0].strip()
+        try:
+            chunk = int(size_text, 16)
+        except ValueError:
+            return -1
+        if chunk < 0 or len(size_text) > 15:
+            return -1
+        if chunk == 0:
+            p = eol + 2
+            if size < p + 2:
+                return -1
+            if stream[p:p + 2] == b"\r\n":
+                return p + 2
+            end = stream.find(b"\r\n\r\n", p, size)
+            return -1 if end < 0 else end + 4
+        if size < eol + 4 + chunk or stream[eol + 2 + chunk:eol + 4 + chunk] != b"\r\n":
+            return -1
+        pos = eol + 4 + chunk

@@ -7,6 +7,9 @@ tags), raw IP, Linux cooked capture (SLL and SLL2), BSD loopback. Network
 layers: IPv4 and IPv6; transport: TCP and UDP. Nothing here raises on a bad
 packet: every malformed, truncated or non-IP frame is counted by reason.
 A file that is not a pcap or pcapng at all is ``BadInput``.
+
+dpkt is imported on the first frame ``decode`` walks (the columnar decoder hands it only
+the frames its array path leaves), so reading a capture does not pay dpkt's import.
 """
 
 from __future__ import annotations
@@ -17,8 +20,6 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import dpkt
 
 from dl_nfv.artifacts.errors import BadInput
 
@@ -80,6 +81,8 @@ def read_frames(path: str | Path, malformed: MalformedCounts) -> Iterator[tuple[
 def _network_layer(frame: bytes, linktype: int) -> tuple[int, bytes] | str:
     """(ethertype-like version 4/6, IP bytes) or a skip reason."""
     if linktype == DLT_EN10MB:
+        import dpkt
+
         try:
             eth = dpkt.ethernet.Ethernet(frame)
         except (dpkt.Error, struct.error, ValueError):
@@ -139,6 +142,8 @@ def decode(ts_us: int, frame: bytes, linktype: int) -> Packet | str:
     if isinstance(layer, str):
         return layer
     version, raw = layer
+    import dpkt
+
     try:
         ip = dpkt.ip.IP(raw) if version == 4 else dpkt.ip6.IP6(raw)
     except (dpkt.NeedData, struct.error):
@@ -199,6 +204,8 @@ class PcapWriter:
         self.path = Path(path)
         if not self.path.parent.exists():
             raise BadInput(f"{self.path}: folder {self.path.parent} does not exist")
+        import dpkt
+
         self._fh = self.path.open("wb")
         if self.path.suffix == ".pcapng":
             self._writer = dpkt.pcapng.Writer(self._fh, linktype=DLT_EN10MB)

@@ -146,20 +146,16 @@ def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0, per_packet: bo
 
 def _columns(source: str, table: Assembled, packets: int, wire: int, malformed: Counter,
              stats: Counter) -> Trace:
-    msgs = table.messages
-    n = len(msgs)
-    lengths = np.fromiter((len(m.payload) for m in msgs), dtype=np.int64, count=n)
-    offsets = np.zeros(n, dtype=np.int64)
-    if n:
-        np.cumsum(lengths[:-1], out=offsets[1:])
-    blob = b"".join(m.payload for m in msgs)
+    msgs = table.columns
+    blob = msgs.buffer
     payload = np.frombuffer(blob, dtype=np.uint8)
-    msg_flow = np.fromiter((m.flow for m in msgs), dtype=np.int64, count=n)
-    counts: dict[int, int] = {}
-    index = np.empty(n, dtype=np.int64)
-    for i, f in enumerate(msg_flow.tolist()):
-        index[i] = counts.get(f, 0)
-        counts[f] = index[i] + 1
+    msg_flow = msgs.flow
+    # each message's place within its flow: its rank among the flow's messages
+    by_flow = np.argsort(msg_flow, kind="stable")
+    firsts = np.zeros(len(table.flows) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(msg_flow, minlength=len(table.flows)), out=firsts[1:])
+    index = np.empty(len(msg_flow), dtype=np.int64)
+    index[by_flow] = np.arange(len(msg_flow)) - firsts[msg_flow[by_flow]]
     flows = [FlowInfo(proto=PROTO_NAMES.get(f.proto, str(f.proto)),
                       client=address_text(f.client[0]), client_port=f.client[1],
                       server=address_text(f.server[0]), server_port=f.server[1],
@@ -173,12 +169,9 @@ def _columns(source: str, table: Assembled, packets: int, wire: int, malformed: 
     bad.update(http_errors)
     return Trace(
         source=source, flows=flows, payload=payload, blob=blob, msg_flow=msg_flow,
-        msg_dir=np.fromiter((m.direction for m in msgs), dtype=np.int8, count=n),
-        msg_index=index, msg_offset=offsets, msg_len=lengths,
-        msg_header_len=np.fromiter((m.header_len for m in msgs), dtype=np.int64, count=n),
-        msg_kind=np.fromiter((m.kind for m in msgs), dtype=np.int8, count=n),
-        msg_ts_us=np.fromiter((m.ts_us for m in msgs), dtype=np.int64, count=n),
-        msg_packets=np.fromiter((m.packets for m in msgs), dtype=np.int64, count=n),
+        msg_dir=msgs.direction.astype(np.int8), msg_index=index, msg_offset=msgs.start,
+        msg_len=msgs.length, msg_header_len=msgs.header_len, msg_kind=msgs.kind.astype(np.int8),
+        msg_ts_us=msgs.ts_us, msg_packets=msgs.packets,
         packets=packets, wire_bytes=wire, malformed=dict(sorted(bad.items())),
         tcp=dict(sorted(tcp.items())),
         addresses=np.array([[_raw_pair(f.client[0]), _raw_pair(f.server[0])] for f in table.flows],
