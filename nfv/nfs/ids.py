@@ -239,9 +239,9 @@ class Ids:
             last = ends - 1 - part[j] - tail_len[j] + stream_start[j]  # last byte, in ``raw``
             hit_msg.append(np.searchsorted(msg_start, last, side="right") - 1)
             hit_pid.append(pids + side.first_pid)
-        if not hit_msg:
+        msg = order[np.concatenate(hit_msg)] if hit_msg else order[:0]  # block rows
+        if len(msg) == 0:
             return alive
-        msg = order[np.concatenate(hit_msg)]  # block rows
         pid = np.concatenate(hit_pid)
         by_row = np.argsort(msg, kind="stable")
         msg, pid = msg[by_row], pid[by_row]
