@@ -443,7 +443,7 @@ def _seed_drafts(graph, topology, problem: Problem, microbatches: int, max_stage
                                   pipeline, None, anytime=sure(m, own_m)))
             except BadInput:
                 pass
-    if schedule in ("auto", "1f1b"):
+    if schedule in ("auto", "1f1b") and len(problem.devices) > 1:  # (PipeDream's DP needs two)
         try:
             first = pipedream_layout(problem, microbatches or 1)
             own = microbatches or auto_microbatches(problem, first)
