@@ -120,31 +120,38 @@ def apply_delta(states: tuple, delta: tuple) -> tuple:
 
 
 def chain_document(path: str | Path | None) -> dict:
-    """The chain part of an nf-config file (``{"chain": [...], "base": folder}``), read
-    here so runtimes on other hosts need not see the file; no path: a flow monitor."""
+    """The chain of an nf-config file as plain data, read here so that runtimes on other
+    hosts need not see the file: ``{"l4_chain": [...]}`` (the L3/L4 NFs of
+    ``nfv/chains``, see ``l4.py``) or ``{"chain": [...]}`` (NFs of ``NF_FACTORIES``);
+    no path: a flow monitor. Checked by building it once here."""
     if path is None:
-        return {"chain": [{"nf": "flow-monitor"}], "base": "."}
+        return {"chain": [{"nf": "flow-monitor"}]}
     doc = read_document(path)
-    chain = doc.get("chain")
+    name = "l4_chain" if doc.get("l4_chain") else "chain"
+    chain = doc.get(name)
     if not isinstance(chain, list) or not chain or not all(isinstance(s, dict) for s in chain):
-        raise InvalidArtifact("expected a non-empty list of NF mappings", field="chain",
+        raise InvalidArtifact("expected a non-empty list of NF mappings", field=name,
                               file=str(path))
-    build_chain({"chain": chain, "base": str(Path(path).parent)}, where=str(path))
-    return {"chain": chain, "base": str(Path(path).parent)}
+    document = {name: chain}
+    build_chain(document, where=str(path))
+    return document
 
 
-def build_chain(document: dict, where: str = "chain") -> Chain:
-    """The ``Chain`` of a chain document; ``UnknownName`` / ``InvalidArtifact`` naming the NF."""
+def build_chain(document: dict, where: str = "chain"):
+    """The chain of a chain document; ``UnknownName`` / ``InvalidArtifact`` naming the NF."""
+    if "l4_chain" in document:
+        from .l4 import L4Chain
+
+        return L4Chain(document["l4_chain"], where=where)
     nfs = []
     for index, spec in enumerate(document["chain"]):
         name = spec.get("nf")
         factory = NF_FACTORIES.get(str(name))
         if factory is None:
             raise UnknownName(f"{where}: chain[{index}].nf: unknown NF {name!r} for flow actors; "
-                              f"valid: {', '.join(sorted(NF_FACTORIES))}")
+                              f"valid: {', '.join(sorted(NF_FACTORIES))} (or an l4_chain)")
         try:
-            nfs.append(factory({**spec, "_base": document.get("base", ".")})
-                       if getattr(factory, "wants_base", False) else factory(spec))
+            nfs.append(factory(spec))
         except (ValueError, TypeError) as exc:
             raise InvalidArtifact(str(exc), field=f"chain[{index}]", file=where) from None
     return Chain(nfs)

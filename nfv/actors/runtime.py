@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections import defaultdict
 
@@ -81,6 +82,7 @@ class Runtime:
         self.dead: set[str] = set()
         self.processed = 0
         self.running = True
+        self.loader: tuple | None = None
         self.last_ping = time.monotonic()
         # Batches built while handling one round of messages, sent at its end.
         self.deltas: dict[str, list] = defaultdict(list)
@@ -99,6 +101,8 @@ class Runtime:
                 if handler is not None:
                     handler(sender, payload)
             self.flush()
+            if self.loader is not None:
+                self.loaded()
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + ORPHAN_CHECK_S
@@ -129,11 +133,23 @@ class Runtime:
             "replicas": len(self.replicas), "processed": self.processed})
 
     def on_load(self, sender: str, document: dict) -> None:
-        self.chain = build_chain(document)
+        """Build the chain on a thread, so that heartbeats are answered meanwhile (a Maglev
+        table takes longer than a heartbeat time-out); ``serve`` reports it loaded."""
         self.primaries.clear()
         self.replicas.clear()
         self.processed = 0
-        self.endpoint.send(self.switch, "loaded", self.name)
+        built: list = []
+        self.loader = (threading.Thread(target=lambda: built.append(build_chain(document)),
+                                        daemon=True), built)
+        self.loader[0].start()
+
+    def loaded(self) -> None:
+        thread, built = self.loader
+        if not thread.is_alive():
+            self.loader = None
+            if built:
+                self.chain = built[0]
+                self.endpoint.send(self.switch, "loaded", self.name)
 
     def on_dead(self, sender: str, name: str) -> None:
         self.dead.add(name)
@@ -280,6 +296,7 @@ class Runtime:
 
 def main(argv: list[str]) -> int:
     cluster_path, name = argv
+    from . import l4  # noqa: F401  (imported before joining, not while heartbeats run)
     runtime = Runtime(load_cluster(cluster_path), name)
     runtime.serve()
     return 0

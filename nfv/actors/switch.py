@@ -124,7 +124,8 @@ class Switch:
                         self.endpoint.send(view.address, "ping", now)
                 if os.getppid() != parent:
                     self.on_stop("", None)
-            self.check_heartbeats(now)
+            if self.loading is None:  # a runtime building a chain may miss heartbeats
+                self.check_heartbeats(now)
             self.flush()
         self.endpoint.close()
 
@@ -179,6 +180,7 @@ class Switch:
             self.endpoint.send(self.runtimes[name].address, "load", document)
 
     def on_loaded(self, sender: str, name: str) -> None:
+        self.on_pong(sender, {**self.runtimes[sender].report, "pid": self.runtimes[sender].pid})
         if self.loading is not None:
             self.loading["waiting"].discard(name)
             if not self.loading["waiting"]:

@@ -1,10 +1,11 @@
 """Packets for exercising flow actors without a capture: many flows, all active at once.
 
 ``interleaved(flows, packets_per_flow, seed)`` makes ``flows`` TCP conversations between
-10.1.0.0/16 clients and 10.2.0.0/16 servers on port 80 and interleaves their packets in a
-seeded random order that keeps each flow's own order (SYN first, then data both ways,
-FIN last), so that every flow has packets throughout the run: the traffic a migration
-or a failure meets midway.
+10.1.0.0/16 clients (every seventh from 10.0.1.0/24, which the example firewall denies)
+and 10.2.0.0/16 servers on port 80, and interleaves their packets in a seeded random
+order that keeps each flow's own order (the handshake, data both ways, a FIN from each
+side), so that every flow has packets throughout the run: the traffic a migration or a
+failure meets midway.
 """
 
 from __future__ import annotations
@@ -21,14 +22,16 @@ def interleaved(flows: int, packets_per_flow: int, seed: int = 0) -> list[ActorP
     rng = random.Random(seed)
     lanes = []
     for flow in range(flows):
-        client = bytes((10, 1, flow >> 8 & 255, flow & 255))
+        client = bytes((10, 0, 1, flow & 255) if flow % 7 == 6
+                       else (10, 1, flow >> 8 & 255, flow & 255))
         server = bytes((10, 2, flow % 7, 1 + flow % 200))
         port = 20_000 + flow % 40_000
         lane = []
         for k in range(packets_per_flow):
             to_server = k % 2 == 0
-            flags = SYN if k == 0 else FIN | ACK if k == packets_per_flow - 1 else ACK | PSH
-            length = 0 if k == 0 else rng.randrange(0, 1460)
+            flags = (SYN if k == 0 else SYN | ACK if k == 1 else ACK if k == 2
+                     else FIN | ACK if k >= packets_per_flow - 2 else ACK | PSH)
+            length = 0 if k < 3 else rng.randrange(0, 1460)
             src, sport, dst, dport = ((client, port, server, 80) if to_server
                                       else (server, 80, client, port))
             lane.append((src, sport, dst, dport, flags, length))

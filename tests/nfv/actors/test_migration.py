@@ -11,6 +11,7 @@ from dl_nfv.nfv.actors.client import Action, migrate, replay
 from dl_nfv.nfv.actors.cluster import load_cluster
 from dl_nfv.nfv.actors.processes import ClusterProcesses
 from dl_nfv.nfv.actors.traffic import interleaved
+from tests.conftest import EXAMPLES
 
 from .conftest import sequential
 
@@ -19,8 +20,9 @@ PACKETS = interleaved(flows=90, packets_per_flow=12, seed=3)
 
 def test_migration_under_traffic_loses_and_reorders_nothing(cluster_file):
     spec = load_cluster(cluster_file)
-    document = chain_document(None)
+    document = chain_document(EXAMPLES / "nf" / "fw-nat-lb.yaml")
     outputs, states = sequential(PACKETS, document)
+    assert {o.dropped_by for o in outputs} == {"", "firewall:acl", "firewall:no_conn"}
     quarter = len(PACKETS) // 4
     with ClusterProcesses(cluster_file, spec):
         for mode in ("actor", "central"):

@@ -14,17 +14,19 @@ from dl_nfv.nfv.actors.client import Action, digest, replay, status
 from dl_nfv.nfv.actors.cluster import load_cluster
 from dl_nfv.nfv.actors.processes import ClusterProcesses
 from dl_nfv.nfv.actors.traffic import interleaved
+from tests.conftest import EXAMPLES
 
 from .conftest import HEARTBEAT_MS, TIMEOUT_MS, sequential
 
 PACKETS = interleaved(flows=60, packets_per_flow=12, seed=7)
+FW_NAT_LB = EXAMPLES / "nf" / "fw-nat-lb.yaml"
 RATE_PPS = 1500  # about half a second of traffic, so a kill lands mid-stream
 
 
 def _kill_run(cluster_file, seed: int) -> None:
     rng = random.Random(seed)
     spec = load_cluster(cluster_file)
-    document = chain_document(None)
+    document = chain_document(FW_NAT_LB)
     expected_outputs, expected_states = sequential(PACKETS, document)
     victim = rng.choice(spec.runtime_names)
     at = rng.randrange(len(PACKETS) // 10, len(PACKETS) * 9 // 10)
@@ -45,10 +47,10 @@ def _kill_run(cluster_file, seed: int) -> None:
 
 def test_fault_free_run_equals_the_sequential_chain(cluster_file):
     spec = load_cluster(cluster_file)
-    document = chain_document(None)
-    outputs, states = sequential(PACKETS, document)
     with ClusterProcesses(cluster_file, spec):
-        for replication in (True, False):
+        for replication, path in ((True, None), (False, None), (True, FW_NAT_LB)):
+            document = chain_document(path)
+            outputs, states = sequential(PACKETS, document)
             result = replay(spec, PACKETS, document, replication=replication)
             assert result["outputs"] == outputs and result["states"] == states
             assert (result["lost"], result["duplicates"], result["reordered"]) == (0, 0, 0)
