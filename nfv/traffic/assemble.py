@@ -90,7 +90,8 @@ class MessageColumns:
 @dataclass(slots=True)
 class Assembled:
     """Flows (ids in creation order) and messages (in completion order), as FlowTable's:
-    the messages as columns over ``payload``, their bytes back to back in that order."""
+    the messages as columns over one buffer (where each lies in it, in no particular
+    order; bytes of no message may lie between them)."""
 
     flows: list[FlowState]
     columns: MessageColumns
@@ -152,8 +153,7 @@ class _Packets:
         low = np.where(src_low[:, None], src, dst)
         high = np.where(src_low[:, None], dst, src)
         table = np.column_stack([proto, alen.astype(np.uint64), low, high])
-        keys = np.ascontiguousarray(table).view(np.dtype((np.void, table.shape[1] * 8))).ravel()
-        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        first, inverse = _group_rows(table)
         # number keys by their first packet (the flow table's order of first appearance)
         rank = np.empty(len(first), dtype=np.int64)
         rank[np.argsort(first, kind="stable")] = np.arange(len(first))
@@ -170,6 +170,24 @@ class _Packets:
         self.ts = cols.ts_us[rows]
         self.size = cols.payload_len[rows]
         self.wire = cols.wire_bytes[rows]
+
+
+def _group_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, return_index=True, return_inverse=True)``'s index and inverse for
+    the rows of the uint64 ``table``, (groups numbered in an order of their own): rows are
+    grouped by a 64-bit hash with an integer sort, and where two different rows share a
+    hash (checked against each group's first row) by the rows themselves."""
+    h = np.zeros(len(table), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for col in table.T:
+            h = (h ^ col) * np.uint64(0x9E3779B97F4A7C15)
+            h ^= h >> np.uint64(29)
+    _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    if not (table == table[first[inverse]]).all():  # a hash shared by different rows
+        keys = np.ascontiguousarray(table).view(np.dtype((np.void, table.shape[1] * 8)))
+        _, first, inverse = np.unique(keys.ravel(), return_index=True, return_inverse=True)
+    return first, inverse.ravel()
 
 
 @dataclass(slots=True)
@@ -433,7 +451,7 @@ def _table_parts(p: _Packets, slow: np.ndarray, stats: Counter, idle_timeout_us:
 
 def _merge(parts: list[_Part], stats: Counter, clean_flows: int) -> Assembled:
     """One flow list in creation order and one message list in completion order (ties,
-    within one part, in the part's order), the messages' bytes joined in that order."""
+    within one part, in the part's order) over one buffer: the parts' buffers joined."""
     created = np.asarray([at for part in parts for at in part.flow_at], dtype=np.int64)
     flows = [flow for part in parts for flow in part.flows]
     new_of = np.empty(len(flows), dtype=np.int64)
@@ -460,12 +478,18 @@ def _merge(parts: list[_Part], stats: Counter, clean_flows: int) -> Assembled:
         return np.concatenate([getattr(part.messages, name) for part in parts])[order]
 
     flow = np.concatenate([renamed[k][part.messages.flow] for k, part in enumerate(parts)])
-    views = [memoryview(part.messages.buffer) for part in parts]
-    start, length = column("start"), column("length")
-    payload = b"".join([views[k][a:a + n] for k, a, n in zip(
-        which[order].tolist(), start.tolist(), length.tolist())])
+    # the parts' buffers as they are (one of them: no copy), each message where it lies
+    used = [k for k, part in enumerate(parts) if len(part.messages)]
+    base = np.zeros(len(parts), dtype=np.int64)
+    if len(used) == 1:
+        payload = parts[used[0]].messages.buffer
+    else:
+        sizes = [len(part.messages.buffer) if k in used else 0 for k, part in enumerate(parts)]
+        base[1:] = np.cumsum(sizes)[:-1]
+        payload = b"".join(parts[k].messages.buffer for k in used)
+    start = column("start") + base[which[order]]
     columns = MessageColumns(flow=flow[order], direction=column("direction"),
-                             start=np.cumsum(length) - length, length=length,
+                             start=start, length=column("length"),
                              header_len=column("header_len"), kind=column("kind"),
                              ts_us=column("ts_us"), packets=column("packets"), buffer=payload)
     return Assembled(out_flows, columns, stats, clean_flows)

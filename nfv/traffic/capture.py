@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+from array import array
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -115,6 +116,23 @@ def mapped(path: str | Path) -> Iterator[mmap.mmap | bytes]:
         yield data
 
 
+def open_mapped(path: str | Path) -> mmap.mmap:
+    """The capture file's bytes, memory-mapped read-only, for as long as anything uses them
+    (numpy views keep the mapping alive; it is unmapped when the last one goes)."""
+    path = Path(path)
+    sniff_format(path)
+    with path.open("rb") as fh:
+        return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def span_table(path: str | Path, data, malformed: Counter) -> np.ndarray:
+    """``spans`` as one [records, 4] int64 array (timestamp, offset, length, link type)."""
+    path = Path(path)
+    if bytes(data[:4]) in PCAP_MAGICS:
+        return _pcap_table(path, data, malformed)
+    return np.array(list(_pcapng(path, data, malformed)), dtype=np.int64).reshape(-1, 4)
+
+
 def spans(path: str | Path, data, malformed: Counter) -> Iterator[tuple[int, int, int, int]]:
     """Yield ``(ts_us, offset, length, linktype)`` of every readable packet record of the
     capture ``data`` (from ``mapped``): where each frame lies in the file, nothing copied.
@@ -128,6 +146,12 @@ def spans(path: str | Path, data, malformed: Counter) -> Iterator[tuple[int, int
 
 # pcap -----------------------------------------------------------------------------
 def _pcap(path: Path, data: mmap.mmap, malformed: Counter) -> Iterator[tuple[int, int, int, int]]:
+    yield from map(tuple, _pcap_table(path, data, malformed).tolist())
+
+
+def _pcap_table(path: Path, data, malformed: Counter) -> np.ndarray:
+    """[records, 4] int64: timestamp (us), frame offset, frame length, link type of every
+    readable record (the walk is one tight loop; timestamps are converted as arrays)."""
     size = len(data)
     if size < 24:
         raise BadInput(f"{path}: pcap file header cut short ({size} of 24 bytes)")
@@ -139,31 +163,42 @@ def _pcap(path: Path, data: mmap.mmap, malformed: Counter) -> Iterator[tuple[int
     _check_linktype(path, linktype)
     units = 1_000_000_000 // ns_per_unit  # sub-second units per second
     header = struct.Struct(order + "IIII")
+    unpack = header.unpack_from
+    secs, fracs, offsets, lengths = array("q"), array("q"), array("q"), array("q")
     pos, last_sec = 24, None
     while pos < size:
         if pos + 16 > size:
             malformed["truncated_file"] += 1
-            return
-        sec, frac, caplen, origlen = header.unpack_from(data, pos)
+            break
+        sec, frac, caplen, origlen = unpack(data, pos)
         end = pos + 16 + caplen
-        bad = ("oversized_record" if caplen > MAX_CAPLEN else
-               "bad_record_header" if caplen > origlen else None)
-        if bad is not None or end > size:
+        if caplen > MAX_CAPLEN or caplen > origlen or end > size:
+            bad = ("oversized_record" if caplen > MAX_CAPLEN else
+                   "bad_record_header" if caplen > origlen else None)
             nxt = _resync(data, pos + 16, header, units, last_sec)
             if bad is None:  # past the end: a cut file, unless records follow after all
                 malformed["truncated_file" if nxt is None else "bad_record_header"] += 1
-                if nxt is None:
-                    return
             else:
                 malformed[bad] += 1
                 if nxt is None:
                     malformed["unreadable_bytes"] += size - pos - 16
-                    return
+            if nxt is None:
+                break
             pos = nxt
             continue
         last_sec = sec
-        yield sec * 1_000_000 + (frac * ns_per_unit + 500) // 1000, pos + 16, caplen, linktype
+        secs.append(sec)
+        fracs.append(frac)
+        offsets.append(pos + 16)
+        lengths.append(caplen)
         pos = end
+    table = np.empty((len(secs), 4), dtype=np.int64)
+    table[:, 0] = np.frombuffer(secs, dtype=np.int64) * 1_000_000 + (
+        np.frombuffer(fracs, dtype=np.int64) * ns_per_unit + 500) // 1000
+    table[:, 1] = np.frombuffer(offsets, dtype=np.int64)
+    table[:, 2] = np.frombuffer(lengths, dtype=np.int64)
+    table[:, 3] = linktype
+    return table
 
 
 def _plausible(header: struct.Struct, data, at: int, units: int, last_sec: int | None) -> int:

@@ -119,12 +119,16 @@ def read_columns(path: str | Path, malformed: MalformedCounts) -> PacketColumns:
         return decode_records(data, list(spans(path, data, malformed)))
 
 
-def decode_records(data, records: list[tuple[int, int, int, int]]) -> PacketColumns:
+def decode_records(data, records: list[tuple[int, int, int, int]] | np.ndarray, *,
+                   copy: bool = True) -> PacketColumns:
     """Decode the frames of the mapped capture ``data`` that ``records`` (``capture.spans``:
     timestamp, offset, length, link type) locate. The columns' buffer is one copy of the
-    file, the frames where they lie in it: no per-frame objects."""
-    table = np.array(records, dtype=np.int64).reshape(len(records), 4)
-    blob = b"".join((data, bytes(PAD_BYTES)))
+    file, the frames where they lie in it: no per-frame objects. ``copy=False`` keeps
+    ``data`` itself as the buffer (no copy of the file; the mapping must then stay open
+    while the columns are used) unless frames the reference decoder rewrote need bytes
+    appended."""
+    table = np.asarray(records, dtype=np.int64).reshape(len(records), 4)
+    blob = b"".join((data, bytes(PAD_BYTES))) if copy else data
     return _decode(blob, table[:, 1], table[:, 2], table[:, 0], table[:, 3])
 
 
@@ -141,8 +145,8 @@ def decode_frames(ts_us: Iterable[int], frames: list[bytes], linktypes: Iterable
 
 def _decode(blob: bytes, starts: np.ndarray, lengths: np.ndarray, ts_us: Iterable[int],
             linktypes: Iterable[int]) -> PacketColumns:
-    """The columns of the frames at ``starts``/``lengths`` of ``blob`` (which ends in
-    ``PAD_BYTES`` zeros); frames the fast path leaves go to the reference decoder."""
+    """The columns of the frames at ``starts``/``lengths`` of ``blob``; frames the fast path
+    leaves go to the reference decoder."""
     n = len(starts)
     cols = _Decoder(np.frombuffer(blob, dtype=np.uint8), starts, lengths,
                     np.fromiter(linktypes, dtype=np.int64, count=n)).run()
@@ -179,8 +183,8 @@ def _decode(blob: bytes, starts: np.ndarray, lengths: np.ndarray, ts_us: Iterabl
             extra.append(part)
             size += len(part)
         cols["payload_len"][i] = len(pkt.payload)
-    if extra:
-        blob += b"".join(extra)
+    if extra:  # (a mapped file's bytes are copied here: bytes cannot be appended to it)
+        blob = b"".join((blob, *extra))
     cols["addr_len"][cols["reason"] != OK] = 0
     return PacketColumns(
         ts_us=ts, wire_bytes=lengths, reason=cols["reason"], proto=cols["proto"],
@@ -202,13 +206,16 @@ class _Decoder:
     def __init__(self, buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                  links: np.ndarray):
         self.buf, self.starts, self.ends, self.links = buf, starts, starts + lengths, links
+        self.last = max(len(buf) - 1, 0)
         n = len(starts)
         self.reason = np.zeros(n, dtype=np.int16)
         self.fallback = np.zeros(n, dtype=bool)
         self.open = np.ones(n, dtype=bool)  # still being decoded by the fast path
 
     def u8(self, pos: np.ndarray) -> np.ndarray:
-        return self.buf[pos].astype(np.int64)
+        # a frame's header fields are read only where its length allows; a position past
+        # the buffer (a short last frame) is read as its last byte, never used
+        return self.buf[np.minimum(pos, self.last)].astype(np.int64)
 
     def u16(self, pos: np.ndarray) -> np.ndarray:
         return (self.u8(pos) << 8) | self.u8(pos + 1)

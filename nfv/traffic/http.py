@@ -264,7 +264,7 @@ def frame_whole(stream: bytes, side: int, methods: deque, begin: int = 0,
         if end < 0 or end + 4 - pos > MAX_HEADER_BYTES:
             return None
         header_len = end + 4 - pos
-        body = _whole_header(stream, pos, end, side, methods)
+        body = _header_lines(stream[pos:end].split(b"\r\n"), side, methods)
         if body is None:
             return None
         kind, need = body
@@ -287,16 +287,13 @@ def frame_whole(stream: bytes, side: int, methods: deque, begin: int = 0,
 MAX_CHUNK_LINE = 1023  # a longer chunk-size line can fail framing fed packet by packet
 
 
-def _whole_header(stream: bytes, pos: int, end: int, side: int, methods: deque
-                  ) -> tuple[str, int] | None:
-    """``Framer._parse_header`` on ``stream[pos:end]``: (body kind, body length) or None."""
-    lines = stream[pos:end].split(b"\r\n")
+def _header_lines(lines: list[bytes], side: int, methods: deque) -> tuple[str, int] | None:
+    """``Framer._parse_header`` over the header's lines: how the body is framed (kind,
+    length), or None where the framer fails."""
     if side == REQUEST:
         m = _REQUEST_LINE.match(lines[0])
-        status = 0
     else:
         m = _STATUS_LINE.match(lines[0])
-        status = int(m.group(1)) if m else 0
     if not m:
         return None
     length = None
@@ -316,6 +313,7 @@ def _whole_header(stream: bytes, pos: int, end: int, side: int, methods: deque
             length = int(value)
         elif name == b"transfer-encoding":
             chunked = value.strip().lower().split(b",")[-1].strip() == b"chunked"
+    status = int(m.group(1)) if side == RESPONSE else 0
     if side == REQUEST:
         methods.append(m.group(1))
         return ("chunked", 0) if chunked else ("length", length or 0)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .assemble import Assembled, assemble
-from .capture import mapped, spans
+from .capture import open_mapped, span_table
 from .columnar import decode_records
 from .pcap import RECORD_REASONS, TCP, MalformedCounts, address_text
 
@@ -53,7 +53,7 @@ class Trace:
     source: str
     flows: list[FlowInfo]
     payload: np.ndarray  # uint8 view of ``blob``
-    blob: bytes  # every message's bytes back to back
+    blob: bytes  # holds every message's bytes, message i at msg_offset[i] (in no set order)
     msg_flow: np.ndarray  # int64
     msg_dir: np.ndarray  # int8
     msg_index: np.ndarray  # int64, position of the message within its flow
@@ -128,11 +128,11 @@ def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0, per_packet: bo
     malformed = MalformedCounts()
     stats: Counter = Counter()
     t0 = time.perf_counter()
-    with mapped(path) as data:
-        records = list(spans(path, data, malformed))
-        t1 = time.perf_counter()
-        cols = decode_records(data, records)
-    del records
+    data = open_mapped(path)  # the columns read the mapped file itself: no copy of it
+    records = span_table(path, data, malformed)
+    t1 = time.perf_counter()
+    cols = decode_records(data, records, copy=False)
+    del records, data
     malformed.update(cols.malformed())
     t2 = time.perf_counter()
     table = assemble(cols, stats, idle_timeout_us=int(idle_timeout_s * 1_000_000),
