@@ -28,7 +28,7 @@ from .chain import ActorPacket, Output
 from .cluster import ClusterSpec, is_local
 from .wire import Endpoint
 
-REPLY_TIMEOUT_S = 5.0
+REPLY_TIMEOUT_S = 3.0
 
 
 def read_packets(path: str | Path) -> list[ActorPacket]:

@@ -27,6 +27,7 @@ class Endpoint:
     def __init__(self, name: str, bind: str | None = None):
         self.name = name
         self.context = zmq.Context()
+        self.peers: dict[str, zmq.Socket] = {}
         self.inbox = self.context.socket(zmq.PULL)
         self.inbox.setsockopt(zmq.RCVHWM, QUEUE_LIMIT)
         self.inbox.setsockopt(zmq.LINGER, 0)
@@ -36,7 +37,6 @@ class Endpoint:
             self.close()
             raise BadInput(f"{name}: cannot listen on {bind}: {exc.strerror}") from None
         self.address = self.inbox.getsockopt(zmq.LAST_ENDPOINT).decode()
-        self.peers: dict[str, zmq.Socket] = {}
         self.poller = zmq.Poller()
         self.poller.register(self.inbox, zmq.POLLIN)
 
