@@ -102,10 +102,11 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
         auto (the fastest of gpipe, 1f1b and the list scheduler), gpipe, 1f1b or custom
         (the list scheduler only).
     time_limit : float
-        CPU seconds for the plan: the bound is computed first, the ordering search stops
-        early once the plan has used 60% of the limit and the boundary climbs at 80% (both
-        normally end sooner); the bound, the first orderings, the final scheduling and the
-        simulations are never cut, so a limit of a few seconds can be exceeded.
+        CPU seconds for the plan: a uniform cluster's nested sub-clusters are planned
+        first, then the bound; on every cluster of that chain the ordering search stops
+        early once the whole plan has used 60% of the limit and the boundary climbs at 80%
+        (both normally end sooner); the bound, the first orderings, the final scheduling and
+        the simulations are never cut, so a limit of a few seconds can be exceeded.
     optimizer : str
         sgd (with momentum) or adam: its state and step are planned for.
 
@@ -125,8 +126,9 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
 
 def _plan(graph: OpGraph, topology: Topology, *, seed: int, microbatches: int, max_stages: int,
           max_replicas: int, schedule: str, time_limit: float, optimizer: str,
-          with_bound: bool) -> Plan:
-    """``plan``; a sub-cluster's plan (``with_bound`` False) skips the bound."""
+          with_bound: bool, started_cpu: float | None = None) -> Plan:
+    """``plan``; a sub-cluster's plan (``with_bound`` False) skips the bound and counts its
+    time limit from the CPU time the whole plan started at (``started_cpu``)."""
     t0 = started()
     problem = Problem(graph, topology, tie_sync=TieSync.EXCHANGE,
                       optimizer=optimizer_named("pipeline", optimizer))
@@ -141,8 +143,8 @@ def _plan(graph: OpGraph, topology: Topology, *, seed: int, microbatches: int, m
                "time_limit": time_limit, "optimizer": optimizer}
     # the sub-cluster and the bound first; the search's cut-offs count the plan's CPU time
     # from here, so that the steps never cut have the rest of the limit whatever they took
-    cpu0 = time.process_time()
-    incumbent = _sub_cluster_draft(graph, topology, seed, options)
+    cpu0 = time.process_time() if started_cpu is None else started_cpu
+    incumbent = _sub_cluster_draft(graph, topology, seed, options, cpu0)
     bound = pipeline_bound(problem) if with_bound else Bound(0.0, {})
     outcome = search(problem, microbatches=microbatches, max_stages=max_stages,
                      max_replicas=max_replicas, policies=policies, seed=seed,
@@ -213,17 +215,19 @@ def _search_drafts(problem: Problem, outcome, policies, effort: dict) -> list[_D
     return out
 
 
-def _sub_cluster_draft(graph: OpGraph, topology: Topology, seed: int, options: dict
-                       ) -> _Draft | None:
-    """The plan of the first half of a uniform cluster's hosts (``symmetry.nested_hosts``,
-    planned the same way, so recursively from one host), as a draft on the whole cluster:
+def _sub_cluster_draft(graph: OpGraph, topology: Topology, seed: int, options: dict,
+                       started_cpu: float) -> _Draft | None:
+    """The plan of the first half of a uniform cluster's leaves (``symmetry.nested_hosts``,
+    planned the same way, so recursively down to one host; its cut-offs counted from
+    ``started_cpu``, the whole plan's start), as a draft on the whole cluster:
     every route between its devices stays inside it, so it simulates as it did there.
     None when the cluster has no such part or nothing fits on it."""
     hosts = nested_hosts(topology)
     if not hosts:
         return None
     try:
-        sub = _plan(graph, sub_topology(topology, hosts), seed=seed, with_bound=False, **options)
+        sub = _plan(graph, sub_topology(topology, hosts), seed=seed, with_bound=False,
+                    started_cpu=started_cpu, **options)
     except InfeasiblePlan:
         return None
     return _Draft(f"sub-cluster of the first {hosts} host(s) ({sub.notes[0]})", list(sub.groups),

@@ -412,7 +412,8 @@ def shift_moves(layout: Layout) -> list[Layout]:
 
 def device_swaps(problem: Problem, layout: Layout) -> list[Layout]:
     """Layouts with two devices of different stages swapped, or a device of a stage swapped
-    for one the layout leaves idle (stages, shares' order and microbatches kept)."""
+    for one the layout leaves idle (stages, shares' order and microbatches kept); on a
+    uniform cluster one of each class of swaps its symmetry makes alike."""
     stage_of = {d: s for s, st in enumerate(layout.stages) for d in st.devices}
     idle = [d for d in problem.devices if d not in stage_of]
     used = [d for st in layout.stages for d in st.devices]
@@ -424,7 +425,20 @@ def device_swaps(problem: Problem, layout: Layout) -> list[Layout]:
             swap = {a: b, b: a}
             out.append(Layout(tuple(replace(st, devices=tuple(swap.get(d, d) for d in st.devices))
                                     for st in layout.stages), layout.microbatches, layout.origin))
-    return out
+    if problem.labels is None:
+        return out
+    # on a uniform cluster, one swap of each class that the cluster's symmetry maps onto
+    # each other (a stage's device for any idle device of one host, say) (``symmetry``)
+    forms: dict[tuple, Layout] = {}
+    for lay in out:
+        forms.setdefault(_form(problem, lay), lay)
+    return list(forms.values())
+
+
+def _form(problem: Problem, layout: Layout) -> tuple:
+    """A layout's stages with its devices renamed by ``symmetry.canonical``."""
+    return (tuple((st.start, st.stop, len(st.devices)) for st in layout.stages),
+            canonical(problem.labels, [d for st in layout.stages for d in st.devices]))
 
 
 def refine(problem: Problem, ev: Evaluated, policies: Sequence[Policy],

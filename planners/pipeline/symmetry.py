@@ -23,8 +23,9 @@ benchmark are uniform; a cluster of mixed hosts is not.
 * ``sub_topology(topology, hosts)``: the first ``hosts`` hosts with the switches and links
   among them. In a uniform cluster every route between two of its devices stays inside
   it, so a plan on the sub-cluster runs and simulates identically on the whole cluster:
-  ``planner.py`` plans the first half of the hosts first (recursively: one host, then two,
-  four, ...) and keeps that plan as the incumbent of the larger cluster.
+  ``planner.py`` plans the hosts of the first half of the leaves first (``nested_hosts``;
+  on one leaf, its first host), recursively, and keeps that plan as the incumbent of the
+  larger cluster.
 
 Limits: only this shape of symmetry is recognised (no partial symmetry of mixed clusters,
 no symmetry of explicit device-device links), and the checks are on the topology record,
@@ -125,9 +126,12 @@ def sub_topology(topology: Topology, hosts: int) -> Topology:
 
 
 def nested_hosts(topology: Topology) -> int:
-    """Hosts of the sub-cluster a uniform cluster's plan starts from (half of them), or 0
-    (a single host, or a cluster that is not uniform)."""
+    """Hosts of the sub-cluster a uniform cluster's plan starts from: the first half of its
+    leaves' hosts, or on a single leaf its first host; 0 for a single host or a cluster that
+    is not uniform."""
+    labels = uniform_labels(topology)
     count = len(topology.hosts)
-    if count < 2 or uniform_labels(topology) is None:
+    if count < 2 or labels is None:
         return 0
-    return count // 2
+    leaves = len({leaf for leaf, _ in labels.values()})
+    return 1 if leaves == 1 else leaves // 2 * (count // leaves)

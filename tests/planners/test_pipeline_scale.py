@@ -49,7 +49,8 @@ def test_uniform_clusters_are_recognised_and_mixed_ones_are_not():
     assert uniform_labels(leaf_spine(4, 2, 2, types=[A100, A100, A100, "V100-16GB"])) is None
     assert uniform_labels(leaf_spine(3, 2, 2)) is None  # leaves of 2 and 1 hosts
     assert canonical(labels, ["h2/gpu0", "h3/gpu1", "h0/gpu0"]) == ((0, 0), (0, 1), (1, 2))
-    assert nested_hosts(leaf_spine(8, 2, 2)) == 4 and nested_hosts(leaf_spine(1, 2, 2)) == 0
+    assert nested_hosts(leaf_spine(8, 2, 2)) == 4 and nested_hosts(leaf_spine(12, 2, 2)) == 6
+    assert nested_hosts(leaf_spine(4, 2, 4)) == 1 and nested_hosts(leaf_spine(1, 2, 2)) == 0
 
 
 def test_collective_key_classes_have_equal_allreduce_costs():
