@@ -101,6 +101,21 @@ def _hyperscan_database(patterns: list[bytes]):
     return db
 
 
+def _stream_ranges(key: np.ndarray, start: np.ndarray, length: np.ndarray
+                   ) -> list[tuple[int, int, int]]:
+    """The messages (grouped by stream ``key``, ``start`` in the buffer) as ranges of the
+    buffer: consecutive messages of a stream that follow each other there (a clean flow's
+    messages do) make one range. ``(stream, start, end)``, ``stream`` the stream's number
+    on its first range and -1 on the others."""
+    end = start + length
+    new_stream = np.r_[True, key[1:] != key[:-1]]
+    new_range = new_stream | np.r_[True, start[1:] != end[:-1]]
+    firsts = np.flatnonzero(new_range)
+    lasts = np.r_[firsts[1:] - 1, len(key) - 1]
+    stream = np.where(new_stream[firsts], np.cumsum(new_stream)[firsts] - 1, -1)
+    return list(zip(stream.tolist(), start[firsts].tolist(), end[lasts].tolist()))
+
+
 class Ids:
     kind = NAME
     portable = True
@@ -212,18 +227,20 @@ class Ids:
         msg_start = np.cumsum(length) - length  # in ``raw``: the messages back to back
         stream_start = msg_start[first]
         stream_end = np.r_[stream_start[1:], msg_start[-1] + length[-1]]
-        raw = join_bytes(data, starts[order], length)
+        ranges = _stream_ranges(key, starts[order], length)
         owners = list(zip((key[first] // 2).tolist(), (key[first] % 2).tolist()))
+        view = memoryview(data)
         hit_msg, hit_pid = [], []
         for s, side in enumerate(self.sides):
-            text = raw.lower() if side.fold else raw
-            view = memoryview(text)
             tails = [states[f][position][0][s][d] for f, d in owners]
             pieces = []
-            for tail, a, b in zip(tails, stream_start.tolist(), stream_end.tolist()):
-                pieces.append(tail)
+            for stream, a, b in ranges:
+                if stream >= 0:
+                    pieces.append(tails[stream])
                 pieces.append(view[a:b])
             hay = b"".join(pieces)
+            if side.fold:  # the tails are lower-cased already: lowering them again keeps them
+                hay = hay.lower()
             tail_len = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
             # where each stream's part (tail, then messages) starts in ``hay``
             part = stream_start + np.cumsum(tail_len) - tail_len
