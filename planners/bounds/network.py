@@ -187,7 +187,9 @@ class Boundaries:
         cm = p.cm
         pairs = [(a, b) for a in devices for b in devices if a != b]
         if pairs:
-            self.latency = min(cm.transfer_affine(a, b)[0] for a, b in pairs)
+            # every pair's transfer as the cost model's affine figures, asked once
+            affine = np.array([cm.transfer_affine(a, b) for a, b in pairs])
+            self.latency = float(affine[:, 0].min())
             # the most bytes per ms any device can receive, all of its links at once
             inbound = min(cm.inbound_ms_per_byte([d]) for d in devices)
             largest: dict[tuple[str, str], float] = {}
@@ -199,7 +201,7 @@ class Boundaries:
                 u, v = p.order[forced[i] - 1], p.order[forced[i]]
                 nbytes = largest.get((u, v), 0.0) / p.batch_size
                 if nbytes > 0:
-                    one[i] = min(cm.transfer_ms(a, b, nbytes) for a, b in pairs)
+                    one[i] = float((affine[:, 0] + nbytes * affine[:, 1]).min())
                     per_sample[i] = nbytes * inbound
                     ways[i] = 2 if p.needs_grad[u] else 1
         self._forced = (one, per_sample, ways)
