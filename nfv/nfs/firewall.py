@@ -103,6 +103,35 @@ class Firewall:
         out.drops.append((ctx.flow, ctx.index))
         return False
 
+    def cpu_block(self, block, data, starts, alive, states, position, out: Outputs
+                  ) -> np.ndarray:
+        """``cpu`` over a whole block: each NEW flow decided once, at its first client
+        message in the block; the messages that pass by array operations."""
+        rows = np.flatnonzero(alive)
+        if len(rows) == 0:
+            return alive
+        flow, client = block.flow[rows], block.direction[rows] == 0
+        flows, inv = np.unique(flow, return_inverse=True)
+        cells = [states[f][position] for f in flows.tolist()]
+        state = np.array([c[0] for c in cells], dtype=np.int64)
+        pos = np.arange(len(rows))
+        first_client = np.full(len(flows), len(rows), dtype=np.int64)
+        np.minimum.at(first_client, inv, np.where(client, pos, len(rows)))
+        verdict = state.copy()
+        for k in np.flatnonzero((state == NEW) & (first_client < len(rows))).tolist():
+            verdict[k] = ESTABLISHED if self.allowed(int(flows[k])) else DENIED
+        for cell, value in zip(cells, verdict.tolist()):
+            cell[0] = value
+        before = state[inv]
+        passes = (before == ESTABLISHED) | ((before == NEW) & (pos >= first_client[inv])
+                                            & (verdict[inv] == ESTABLISHED))
+        dropped = rows[~passes]
+        if len(dropped):
+            out.add_chunk("drops", np.column_stack([block.flow[dropped], block.index[dropped]]))
+        kept = alive.copy()
+        kept[dropped] = False
+        return kept
+
     def export_flow(self, state) -> int:
         return state[0]
 

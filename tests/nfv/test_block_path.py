@@ -3,7 +3,7 @@
 * ``http.frame_whole`` (clean flows' streams framed over offsets) against ``http.Framer``
   fed the same stream: the same messages where the framer counts nothing, and None
   wherever it would count something or frame differently packet by packet.
-* ``Ids.cpu_block`` and ``Monitor.cpu_block`` (a worker's block at once, one Hyperscan
+* ``Firewall.cpu_block``, ``Ids.cpu_block`` and ``Monitor.cpu_block`` (a worker's block at once, one Hyperscan
   scan per matcher) against ``cpu`` called message by message: the same alerts, monitor
   rows and per-flow state (tails and patterns seen), over several blocks, with patterns
   split across messages and blocks, both directions interleaved and messages dropped
@@ -21,9 +21,11 @@ import pytest
 from dl_nfv.nfv.nfs import ids as ids_module
 from dl_nfv.nfv.nfs.base import FlowTable, Outputs
 from dl_nfv.nfv.nfs.chain import Block, MessageContext
+from dl_nfv.nfv.nfs.firewall import Firewall
 from dl_nfv.nfv.nfs.ids import Ids
 from dl_nfv.nfv.nfs.monitor import Monitor
 from dl_nfv.nfv.nfs.snort import parse_rules
+from dl_nfv.nfv.run import load_config
 from dl_nfv.nfv.traffic.http import (
     MAX_CHUNK_LINE,
     MAX_HEADER_BYTES,
@@ -32,6 +34,8 @@ from dl_nfv.nfv.traffic.http import (
     Framer,
     frame_whole,
 )
+
+from .helpers import EXAMPLES
 
 # framing -------------------------------------------------------------------------------
 
@@ -115,12 +119,20 @@ alert tcp any any -> any any (msg:"e"; content:"b"; content:"aa"; flow:establish
 """)
 
 
+def _v4(rng: random.Random, net: tuple[int, ...]) -> list[int]:
+    """An address of ``net`` (its first 3 bytes) as the NFs keep it: IPv4 mapped into IPv6."""
+    addr = bytes(net) + bytes([rng.randrange(1, 255)])
+    return [0, (0xFFFF << 32) | int.from_bytes(addr, "big")]
+
+
 def _flows(n: int, rng: random.Random) -> FlowTable:
     return FlowTable(proto=np.full(n, 6, dtype=np.int64),
                      client_port=np.array([rng.choice([1024, 80, 5000]) for _ in range(n)]),
                      server_port=np.array([rng.choice([80, 80, 8080]) for _ in range(n)]),
-                     client_addr=np.zeros((n, 2), dtype=np.int64),
-                     server_addr=np.zeros((n, 2), dtype=np.int64), names=["tcp"] * n,
+                     client_addr=np.array([_v4(rng, rng.choice([(10, 0, 1), (10, 0, 2)]))
+                                           for _ in range(n)], dtype=np.int64),
+                     server_addr=np.array([_v4(rng, (10, 1, 0)) for _ in range(n)],
+                                          dtype=np.int64), names=["tcp"] * n,
                      established=np.array([rng.random() < 0.7 for _ in range(n)]))
 
 
@@ -159,7 +171,8 @@ def test_block_nfs_equal_message_by_message(monkeypatch, backend):
     for seed in range(6):
         rng = random.Random(seed)
         flows = _flows(8, rng)
-        nfs = [Monitor(None, flows), Ids(None, flows, rules=_RULES)]
+        firewall = load_config(EXAMPLES / "firewall.yaml").chain[0]  # denies 10.0.1.0/24
+        nfs = [Firewall(firewall, flows), Monitor(None, flows), Ids(None, flows, rules=_RULES)]
         ref_states: dict = {}
         states: dict = {}
         ref_out, out = Outputs(), Outputs()
@@ -174,17 +187,19 @@ def test_block_nfs_equal_message_by_message(monkeypatch, backend):
                 ctx.packets = int(block.packets[row])
                 start = int(starts[row])
                 for nf, s in zip(nfs, state):
-                    nf.cpu(s, ctx, data[start:start + int(block.length[row])], ref_out)
+                    if not nf.cpu(s, ctx, data[start:start + int(block.length[row])], ref_out):
+                        break
             for flow in np.unique(block.flow).tolist():
                 states.setdefault(flow, [nf.cpu_state(flow) for nf in nfs])
             for position, nf in enumerate(nfs):
-                assert nf.cpu_block(block, data, starts, alive, states, position, out) is alive
+                alive = nf.cpu_block(block, data, starts, alive, states, position, out)
         assert sorted(out.alerts) == sorted(ref_out.alerts)
-        ids = nfs[1]
+        assert sorted(map(tuple, out.table("drops", 2).tolist())) == sorted(ref_out.drops)
         for flow, state in ref_states.items():
-            assert ids.export_flow(states[flow][1]) == ids.export_flow(state[1])
+            assert [nf.export_flow(s) for nf, s in zip(nfs, states[flow]) if nf.portable] == \
+                [nf.export_flow(s) for nf, s in zip(nfs, state) if nf.portable]
         assert _monitor_rows(out) == _monitor_rows(ref_out)
-    assert ref_out.alerts  # the seeds do reach alerts
+        assert ref_out.alerts and ref_out.drops  # the seeds do reach alerts and drops
 
 
 def _monitor_rows(out: Outputs) -> dict:
