@@ -65,7 +65,7 @@ def bench(spec: ClusterSpec, packets: list, chain: dict, *, sizes: tuple[int, ..
     for size in sizes:
         flows = interleaved(size * runtimes, 3, seed=size)
         for mode in ("actor", "central"):
-            replay(spec, flows, chain, window=8192, batch=256)
+            replay(spec, flows, chain, window=2048, batch=64)
             done = migrate(spec, size, first, second, mode)
             migration.append({"flows": size, "mode": mode,
                               "completion_ms": done["completion_ms"]})

@@ -33,16 +33,23 @@ Messages from a runtime the switch declared dead are ignored. Run as
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import threading
 import time
 from collections import defaultdict
+
+import zmq
 
 from .chain import Chain, apply_delta, build_chain
 from .cluster import ClusterSpec, load_cluster
 from .wire import Endpoint
 
 ORPHAN_CHECK_S = 0.5  # how often a runtime checks that its parent and switch are alive
+# Messages about flows carry the session (one per load): a message of an earlier session
+# that arrives late (another sender's, so not ordered with the load) is dropped.
+SESSION_KINDS = frozenset({"deltas", "snapshot", "migrate_in", "acks", "replicated",
+                           "promoted", "migrated", "state", "imported"})
 
 
 class FlowActor:
@@ -83,6 +90,7 @@ class Runtime:
         self.processed = 0
         self.running = True
         self.loader: tuple | None = None
+        self.session = 0
         self.last_ping = time.monotonic()
         # Batches built while handling one round of messages, sent at its end.
         self.deltas: dict[str, list] = defaultdict(list)
@@ -92,11 +100,18 @@ class Runtime:
     # The loop ------------------------------------------------------------------------
     def serve(self) -> None:
         parent = os.getppid()
+        stop = threading.Event()
+        beacon = threading.Thread(target=self.beacon, args=(stop,), daemon=True)
+        beacon.start()
         next_check = time.monotonic() + ORPHAN_CHECK_S
         while self.running:
-            for kind, sender, payload in self.endpoint.receive(0.05):
+            for kind, sender, payload in self.endpoint.receive(0.05, limit=16):
                 if sender in self.dead:
                     continue
+                if kind in SESSION_KINDS:
+                    session, payload = payload
+                    if session != self.session:
+                        continue
                 handler = getattr(self, f"on_{kind}", None)
                 if handler is not None:
                     handler(sender, payload)
@@ -109,18 +124,20 @@ class Runtime:
                 silent_s = 20 * self.spec.heartbeat_timeout_ms / 1000
                 if os.getppid() != parent or now - self.last_ping > max(silent_s, 10.0):
                     break  # the process that started us, or the switch, is gone
+        stop.set()
+        beacon.join()
         self.endpoint.close()
 
     def flush(self) -> None:
         # Snapshots before deltas: a delta made after a snapshot must not overtake it.
         for name, batch in self.snapshots.items():
             if batch:
-                self.endpoint.send(self.addresses[name], "snapshot", batch)
+                self.tell(self.addresses[name], "snapshot", batch)
         for name, batch in self.deltas.items():
             if batch:
-                self.endpoint.send(self.addresses[name], "deltas", batch)
+                self.tell(self.addresses[name], "deltas", batch)
         if self.acks:
-            self.endpoint.send(self.switch, "acks", self.acks)
+            self.tell(self.switch, "acks", self.acks)
         self.deltas.clear()
         self.snapshots.clear()
         self.acks = []
@@ -128,13 +145,34 @@ class Runtime:
     # Control ---------------------------------------------------------------------------
     def on_ping(self, sender: str, payload) -> None:
         self.last_ping = time.monotonic()
-        self.endpoint.send(self.switch, "pong", {
-            "sent": payload, "pid": os.getpid(), "primaries": len(self.primaries),
-            "replicas": len(self.replicas), "processed": self.processed})
 
-    def on_load(self, sender: str, document: dict) -> None:
+    def beacon(self, stop: threading.Event) -> None:
+        """Tell the switch this process is alive every heartbeat, from a thread of its own
+        (its own socket), so that a long round of packet work does not silence it; a
+        stopped or killed process sends nothing."""
+        sock = self.endpoint.context.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.switch)
+        interval = self.spec.heartbeat_ms / 1000
+        try:
+            while not stop.wait(interval):
+                report = {"pid": os.getpid(), "primaries": len(self.primaries),
+                          "replicas": len(self.replicas), "processed": self.processed}
+                try:
+                    sock.send(pickle.dumps(("pong", self.name, report)), zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+        finally:
+            sock.close(linger=0)
+
+    def tell(self, address: str, kind: str, body) -> None:
+        """Send a message about flows, marked with this session."""
+        self.endpoint.send(address, kind, (self.session, body))
+
+    def on_load(self, sender: str, payload: tuple) -> None:
         """Build the chain on a thread, so that heartbeats are answered meanwhile (a Maglev
         table takes longer than a heartbeat time-out); ``serve`` reports it loaded."""
+        document, self.session = payload
         self.primaries.clear()
         self.replicas.clear()
         self.processed = 0
@@ -225,7 +263,7 @@ class Runtime:
                 self.acks.extend((flow, s, o) for s, o in sorted(log.items()))
                 self.advance(actor)
             installed.append(flow)
-        self.endpoint.send(self.switch, "replicated", installed)
+        self.tell(self.switch, "replicated", installed)
 
     # Failover -------------------------------------------------------------------------
     def on_promote(self, sender: str, batch: list) -> None:
@@ -238,7 +276,7 @@ class Runtime:
             self.primaries[flow] = actor
             if replica is not None:
                 self.snapshots[replica].append(actor.snapshot())
-        self.endpoint.send(self.switch, "promoted", [flow for flow, _, _ in batch])
+        self.tell(self.switch, "promoted", [flow for flow, _, _ in batch])
 
     def on_rereplicate(self, sender: str, batch: list) -> None:
         for flow, replica, committed in batch:
@@ -263,7 +301,7 @@ class Runtime:
         destination, flows = payload
         states = [actor.snapshot() for f in flows
                   if (actor := self.primaries.pop(f, None)) is not None]
-        self.endpoint.send(self.addresses[destination], "migrate_in", states)
+        self.tell(self.addresses[destination], "migrate_in", states)
 
     def on_migrate_in(self, sender: str, batch: list) -> None:
         for flow, seq, states, log in batch:
@@ -276,13 +314,13 @@ class Runtime:
                 self.snapshots[actor.replica].append(actor.snapshot())
             for seq, committed, packet in held:
                 self.process(actor, seq, committed, packet)
-        self.endpoint.send(self.switch, "migrated", [flow for flow, *_ in batch])
+        self.tell(self.switch, "migrated", [flow for flow, *_ in batch])
 
     def on_export(self, sender: str, flows: list) -> None:
         for flow in flows:
             actor = self.primaries.pop(flow, None)
             if actor is not None:
-                self.endpoint.send(self.switch, "state", actor.snapshot())
+                self.tell(self.switch, "state", actor.snapshot())
 
     def on_import(self, sender: str, payload) -> None:
         (flow, seq, states, log), replica = payload
@@ -291,7 +329,7 @@ class Runtime:
         actor.seq, actor.log = seq, dict(log)
         if replica is not None:
             self.snapshots[replica].append(actor.snapshot())
-        self.endpoint.send(self.switch, "imported", flow)
+        self.tell(self.switch, "imported", flow)
 
 
 def main(argv: list[str]) -> int:

@@ -7,8 +7,12 @@ Acknowledgements come from the replica once it has applied the packet's state de
 (output commit); the switch lets outputs out strictly in sequence per flow and drops
 duplicates, so every packet leaves exactly once and in order.
 
-Heartbeats: the switch pings every runtime each ``heartbeat_ms``; a runtime that has
-answered once and then stays silent for ``heartbeat_timeout_ms`` is declared dead. From
+Heartbeats: every runtime sends the switch a beacon each ``heartbeat_ms`` from a thread
+of its own (so a long round of packet work does not silence it), and the switch pings
+every runtime as often (so runtimes notice a dead switch and exit). A runtime that has
+been heard once and then stays silent for ``heartbeat_timeout_ms`` is declared dead;
+silence is counted only while the switch itself runs (a switch that was descheduled
+does not declare every runtime dead on waking). From
 then on its messages are ignored (here and, once told, at every runtime). Each of its
 flows' replicas is promoted to primary with a new replica on another runtime, and the
 flow's un-acked packets are resent to it in order; each flow it replicated gets a new
@@ -30,6 +34,7 @@ from collections import defaultdict
 
 from .chain import flow_key
 from .cluster import ClusterSpec, load_cluster
+from .runtime import SESSION_KINDS
 from .wire import Endpoint
 
 NORMAL, BUFFERED = 0, 1  # a flow's routing: to its primary, or held by the controller
@@ -97,6 +102,7 @@ class Switch:
         self.loading: dict | None = None
         self.dumping: dict | None = None
         self.next_primary = 0
+        self.session = 0
 
     def reset(self) -> None:
         self.flows: dict[tuple, Flow] = {}
@@ -108,15 +114,27 @@ class Switch:
         parent = os.getppid()
         interval = self.spec.heartbeat_ms / 1000
         next_ping = 0.0
+        last_round = time.monotonic()
         while self.running:
-            for kind, sender, payload in self.endpoint.receive(min(interval, 0.01)):
+            for kind, sender, payload in self.endpoint.receive(min(interval, 0.01), limit=64):
                 view = self.runtimes.get(sender)
                 if view is not None and view.joined and not view.live:
                     continue  # declared dead: fenced off
+                if kind in SESSION_KINDS:
+                    session, payload = payload
+                    if session != self.session:
+                        continue  # about flows of an earlier load
                 handler = getattr(self, f"on_{kind}", None)
                 if handler is not None:
                     handler(sender, payload)
             now = time.monotonic()
+            if now - last_round > 2 * interval:
+                # The switch itself did not run (descheduled, or a long round): silence
+                # counts only while the switch listens, or it would declare every runtime
+                # dead at once after its own pause.
+                for view in self.runtimes.values():
+                    view.last_heard += now - last_round - interval
+            last_round = now
             if now >= next_ping:
                 next_ping = now + interval
                 for view in self.runtimes.values():
@@ -176,8 +194,9 @@ class Switch:
         self.sink = reply
         live = self.live()
         self.loading = {"reply": reply, "waiting": set(live)}
+        self.session += 1
         for name in live:
-            self.endpoint.send(self.runtimes[name].address, "load", document)
+            self.endpoint.send(self.runtimes[name].address, "load", (document, self.session))
 
     def on_loaded(self, sender: str, name: str) -> None:
         self.on_pong(sender, {**self.runtimes[sender].report, "pid": self.runtimes[sender].pid})
@@ -214,6 +233,8 @@ class Switch:
             flow = self.flows.get(key)
             if flow is None:
                 live = self.live()
+                if not live:
+                    continue  # no runtime left to run the flow: the packet is not routed
                 primary = live[self.next_primary % len(live)]
                 self.next_primary += 1
                 flow = self.flows[key] = Flow(len(self.by_id), primary,
@@ -275,6 +296,8 @@ class Switch:
             if flow.primary == dead:
                 if flow.replica is not None and self.runtimes[flow.replica].live:
                     flow.primary = flow.replica
+                elif not self.live():
+                    break  # no runtime left: nothing to hand the flows to
                 else:  # primary and replica both gone (or none): the state is lost
                     self.lost_flows += 1
                     live = self.live()

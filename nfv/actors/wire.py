@@ -61,8 +61,10 @@ class Endpoint:
         if sock is not None:
             sock.close(linger=0)
 
-    def receive(self, timeout_s: float) -> list[tuple[str, str, Any]]:
-        """Every message waiting, after waiting up to ``timeout_s`` for the first one."""
+    def receive(self, timeout_s: float, limit: int = 4096) -> list[tuple[str, str, Any]]:
+        """The messages waiting (``limit`` at most), after waiting up to ``timeout_s`` for
+        the first one; heartbeats (``ping``, ``pong``) first, so that a long round of work
+        does not delay them."""
         out = []
         if self.poller.poll(max(0, int(timeout_s * 1000))):
             while True:
@@ -71,8 +73,10 @@ class Endpoint:
                 except zmq.Again:
                     break
                 out.append(pickle.loads(raw))
-                if len(out) >= 4096:
+                if len(out) >= limit:
                     break
+        if len(out) > 1:
+            out.sort(key=lambda message: message[0] not in ("ping", "pong"))
         return out
 
     def request(self, address: str, kind: str, payload: Any, expect: str, timeout_s: float,
