@@ -173,122 +173,168 @@ MEASURED = ("nfv/traffic", "nfv/engines", "nfv/nfs", "nfv/run.py", "artifacts/nf
             "bench/nfv_bench.py")
 
 
-def timed(cmd: list[str], cwd: Path) -> tuple[float, float | None, int]:
-    """(wall seconds, peak RSS in MB of the largest process of the run, exit code).
+def timed(cmd: list[str], cwd: Path) -> tuple[float, float | None, float | None, int]:
+    """(wall seconds, peak RSS in MB of the largest process of the run, CPU seconds of the
+    run (user + system, its child processes included), exit code).
 
-    The peak comes from GNU time (``/usr/bin/time -f %M``), which starts the command from a
-    small process: this one's own memory, copied into a child before it execs, does not
-    count. None when GNU time is not installed."""
+    The peak and the CPU time come from GNU time (``/usr/bin/time -f '%M %U %S'``), which
+    starts the command from a small process: this one's own memory, copied into a child
+    before it execs, does not count. None when GNU time is not installed."""
     gnu_time = Path("/usr/bin/time")
-    peak_file = cwd / "peak.txt"
-    prefix = [str(gnu_time), "-f", "%M", "-o", str(peak_file)] if gnu_time.exists() else []
+    stats_file = cwd / "time.txt"
+    prefix = [str(gnu_time), "-f", "%M %U %S", "-o", str(stats_file)] if gnu_time.exists() else []
     t0 = time.perf_counter()
     code = subprocess.run(prefix + cmd, cwd=cwd, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL).returncode
     wall = time.perf_counter() - t0
-    peak = None
-    if prefix and peak_file.exists():
-        text = peak_file.read_text().split()
-        peak = int(text[-1]) / 1024 if text and text[-1].isdigit() else None
-    return wall, peak, code
+    peak = cpu = None
+    if prefix and stats_file.exists():
+        text = stats_file.read_text().split()
+        if len(text) >= 3:
+            peak, cpu = int(text[-3]) / 1024, float(text[-2]) + float(text[-1])
+    return wall, peak, cpu, code
 
 
 def e2e_cell(cmd: list[str], cwd: Path, repeats: int, report: Path | None = None) -> dict:
-    """Best wall time of ``repeats`` runs, with its peak memory and (``report``: the file the
-    command writes) its report; raises if a run fails."""
+    """Best wall time of ``repeats`` runs, with its peak memory, the least CPU time of the
+    runs and (``report``: the file the command writes) the best run's report; raises if a
+    run fails."""
     best = None
     for _ in range(repeats):
-        wall, peak_mb, code = timed(cmd, cwd)
+        wall, peak_mb, cpu_s, code = timed(cmd, cwd)
         if code != 0:
             raise SystemExit(f"exit {code}: {' '.join(cmd)}")
+        least_cpu = cpu_s if best is None or best["cpu_s"] is None else min(best["cpu_s"], cpu_s)
         if best is None or wall < best["wall_s"]:
             best = {"wall_s": wall, "peak_mb": peak_mb,
                     "report": json.loads(report.read_text()) if report else None}
+        best["cpu_s"] = least_cpu
     return best
+
+
+def _chain_configs(work: Path) -> dict[str, Path]:
+    """The chains the end-to-end table runs: the IDS chain (monitor + ids, the one compared
+    with Suricata), and a firewall-only and a monitor-only chain written next to it."""
+    firewall = (ROOT / "examples/nf/firewall.yaml").read_text().split("  - nf: monitor")[0]
+    configs = {"ids": CHAINS["IDS"], "firewall": work / "firewall-only.yaml",
+               "monitor": work / "monitor-only.yaml"}
+    configs["firewall"].write_text(firewall.replace("name: firewall", "name: firewall-only"))
+    configs["monitor"].write_text("kind: nf-config\nschema_version: 1\nname: monitor-only\n"
+                                  "chain:\n  - nf: monitor\n")
+    return configs
 
 
 def e2e_main() -> None:
     """End to end, process start to exit: ``dl-nfv nfv run`` on the IDS chain (monitor + ids,
-    examples/nf/ids.yaml and its rules) per engine with 1 and 2 workers, and Suricata 7
-    single-threaded (``--runmode single``) on the same pcap and rules when it is installed
+    examples/nf/ids.yaml and its rules) per engine with 1 and 2 workers, the ``cpu`` engine
+    on a firewall-only and a monitor-only chain, and Suricata 7 single-threaded
+    (``--runmode single``) on the same pcap and rules when it is installed
     (bench/install_suricata.sh), on generated Zipf-1.2 and uniform traces of about 50 MB and
-    the real trace in tests/data. Best wall time of ``--repeats`` runs, each tool in turn."""
+    the real trace in tests/data. Best wall time of ``--repeats`` runs, each tool in turn;
+    the least CPU time (user + system) of the runs beside it, the figure that other load on
+    a shared machine disturbs least."""
     ap = argparse.ArgumentParser(description=e2e_main.__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--engines", default=",".join(E2E_ENGINES))
+    ap.add_argument("--quick", action="store_true",
+                    help="1000-flow traces, the cpu engine, 1 run each (a smoke run)")
     ap.add_argument("--no-record", action="store_true", help="print only")
     args = ap.parse_args()
     engines = args.engines.split(",")
+    specs = E2E_TRACES
+    if args.quick:
+        engines, args.repeats = ["cpu"], 1
+        specs = tuple((dist, 1000, seed) for dist, _, seed in E2E_TRACES)
     dirty = subprocess.run(["git", "status", "--porcelain", "--", *MEASURED], cwd=ROOT,
                            capture_output=True, text=True).stdout.strip()
     if dirty and not args.no_record:
         raise SystemExit(f"uncommitted changes in the code measured; commit them or pass "
                          f"--no-record:\n{dirty}")
     suricata = shutil.which("suricata")
-    dl_nfv = str(Path(sys.executable).with_name("dl-nfv"))
-    rules = ROOT / "examples/nf/ids.rules"
     load_before = os.getloadavg()[0]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        configs = _chain_configs(work)
         traces = []
-        for dist, flows, seed in E2E_TRACES:
+        for dist, flows, seed in specs:
             pcap = work / f"{dist.replace(':', '')}.pcap"
             generate_trace(TraceSpec(flows=flows, size_dist=dist, seed=seed), pcap)
             traces.append((f"{dist}, {flows} flows", pcap))
         traces.append(("real (loopback-http)", ROOT / "tests/data/loopback-http.pcap"))
         for name, pcap in traces:
-            trace = load_trace(pcap)
-            mb = pcap.stat().st_size / 1e6
-            cells = {}
-            if suricata:
-                (work / "suricata").mkdir(exist_ok=True)
-                cells["suricata"] = e2e_cell([suricata, "-r", str(pcap), "-S", str(rules), "-l",
-                                              str(work / "suricata"), "-k", "none",
-                                              "--runmode", "single"], work, args.repeats)
-            for engine in engines:
-                for workers in (1, 2):
-                    out = work / f"r-{engine}-{workers}.json"
-                    cells[(engine, workers)] = e2e_cell(
-                        [dl_nfv, "nfv", "run", "--config", str(CHAINS["IDS"]), "--trace",
-                         str(pcap), "--engine", engine, "--workers", str(workers), "-o",
-                         str(out)], work, args.repeats, report=out)
-            base = cells.get("suricata", {}).get("wall_s")
-            for who, cell in cells.items():
-                label = "Suricata 7, 1 thread" if who == "suricata" else \
-                    f"dl-nfv {who[0]}, --workers {who[1]}"
-                wall = cell["wall_s"]
-                report = cell.get("report")
-                stages = "" if report is None else " ".join(
-                    f"{k} {v:.2f}" for k, v in report["stages_s"].items())
-                rows.append([name, f"{mb:.1f}", f"{trace.packets:,}", label, f"{wall:.2f}",
-                             f"{pcap.stat().st_size * 8 / wall / 1e9:.3f}",
-                             f"{trace.packets / wall / 1e3:.1f}k",
-                             "-" if cell["peak_mb"] is None else f"{cell['peak_mb']:.0f}",
-                             "-" if base is None else f"{base / wall:.2f}x", stages])
-                print(" | ".join(rows[-1]), flush=True)
-    headers = ["trace", "MB", "packets", "tool", "wall s", "Gbps", "packets/s", "peak MB",
-               "speed vs Suricata", "dl-nfv stages (s, from its report)"]
+            rows += _e2e_trace(name, pcap, work, configs, engines, suricata, args.repeats)
+    load_after = os.getloadavg()[0]
+    headers = ["trace", "MB", "packets", "tool", "chain", "wall s", "CPU s", "Gbps",
+               "packets/s", "peak MB", "speed vs Suricata (wall / CPU)",
+               "dl-nfv stages (s, from its report)"]
     table = markdown_table(headers, rows)
     print(table)
+    print(f"load average {load_before:.1f} before, {load_after:.1f} after, on "
+          f"{os.cpu_count()} cores")
     if args.no_record:
         return
     note = ("" if suricata else "**Suricata was not installed on this machine** "
             "(bench/install_suricata.sh installs it), so the ratio column is empty. ")
     body = (f"{note}Wall time from process start to exit (interpreter start, imports, reading "
             f"the pcap, the NFs, writing the report; Suricata's rule loading likewise), best of "
-            f"{args.repeats} runs, each tool in turn; Gbps and packets/s are the pcap's bytes and "
-            f"packets over it; peak MB is the largest resident size of one process of the run "
-            f"(GNU time's %M; dl-nfv's workers are separate processes). The goal for memory is a peak of at most twice the pcap's size. `speed vs Suricata` is Suricata's wall time over dl-nfv's: "
-            f"1.00x or more meets the goal (the IDS chain at least as fast as Suricata with one "
-            f"thread). The stage times come from dl-nfv's own report of the best run (its "
-            f"`wall_s` starts when the capture is opened, so interpreter start and imports are "
-            f"the difference to the wall column). The `gpu` engine runs no workers whatever `--workers` "
-            f"says (its tensor path is in the main process). Load average when it started: "
-            f"{load_before:.1f} on {os.cpu_count()} cores (shared machine: compare within a "
-            f"trace).\n\n{table}")
+            f"{args.repeats} runs, each tool in turn; `CPU s` is the least user + system time "
+            f"of those runs, the process's children included (what a run costs on one core, "
+            f"and what other load disturbs least); Gbps and packets/s are the pcap's bytes and "
+            f"packets over the wall time; peak MB is the largest resident size of one process "
+            f"of the run (GNU time's %M; dl-nfv's workers are separate processes, and pages of "
+            f"the mapped capture count). The goal for memory is a peak of at most twice the "
+            f"pcap's size. `speed vs Suricata` is Suricata's time over dl-nfv's, by wall time "
+            f"and by CPU time: 1.00x or more meets the goal (the IDS chain at least as fast as "
+            f"Suricata with one thread); the firewall-only and monitor-only rows are compared "
+            f"with Suricata's IDS run. The stage times come from dl-nfv's own report of the "
+            f"best run (its `wall_s` starts when the capture is opened, so interpreter start "
+            f"and imports are the difference to the wall column). The `gpu` engine runs no "
+            f"workers whatever `--workers` says (its tensor path is in the main process). Load "
+            f"average: {load_before:.1f} when it started, {load_after:.1f} when it ended, on "
+            f"{os.cpu_count()} cores (shared machine: compare within a trace).\n\n{table}")
     record_section("nfv-e2e", "NFV end to end: dl-nfv against Suricata", body,
                    command="python bench/nfv_bench.py --e2e")
+
+
+def _e2e_trace(name: str, pcap: Path, work: Path, configs: dict[str, Path],
+               engines: list[str], suricata: str | None, repeats: int) -> list[list[str]]:
+    """The table's rows for one trace: Suricata, then dl-nfv per engine and workers on the
+    IDS chain, then the cpu engine on the other chains."""
+    trace = load_trace(pcap)
+    size = pcap.stat().st_size
+    dl_nfv = str(Path(sys.executable).with_name("dl-nfv"))
+    cells = {}
+    if suricata:
+        (work / "suricata").mkdir(exist_ok=True)
+        cells[("suricata", 1, "ids")] = e2e_cell(
+            [suricata, "-r", str(pcap), "-S", str(ROOT / "examples/nf/ids.rules"), "-l",
+             str(work / "suricata"), "-k", "none", "--runmode", "single"], work, repeats)
+    runs = [(engine, workers, "ids") for engine in engines for workers in (1, 2)]
+    runs += [("cpu", workers, chain) for chain in ("firewall", "monitor") for workers in (1, 2)]
+    for engine, workers, chain in runs:
+        out = work / f"r-{engine}-{workers}-{chain}.json"
+        cells[(engine, workers, chain)] = e2e_cell(
+            [dl_nfv, "nfv", "run", "--config", str(configs[chain]), "--trace", str(pcap),
+             "--engine", engine, "--workers", str(workers), "-o", str(out)], work, repeats,
+            report=out)
+    base = cells.get(("suricata", 1, "ids"))
+    rows = []
+    for (who, workers, chain), cell in cells.items():
+        label = "Suricata 7, 1 thread" if who == "suricata" else \
+            f"dl-nfv {who}, --workers {workers}"
+        wall, cpu = cell["wall_s"], cell["cpu_s"]
+        report = cell.get("report")
+        stages = "" if report is None else " ".join(
+            f"{k} {v:.2f}" for k, v in report["stages_s"].items())
+        ratio = "-" if base is None else f"{base['wall_s'] / wall:.2f}x / " + (
+            "-" if cpu is None or base["cpu_s"] is None else f"{base['cpu_s'] / cpu:.2f}x")
+        rows.append([name, f"{size / 1e6:.1f}", f"{trace.packets:,}", label, chain,
+                     f"{wall:.2f}", "-" if cpu is None else f"{cpu:.2f}",
+                     f"{size * 8 / wall / 1e9:.3f}", f"{trace.packets / wall / 1e3:.1f}k",
+                     "-" if cell["peak_mb"] is None else f"{cell['peak_mb']:.0f}", ratio, stages])
+        print(" | ".join(rows[-1]), flush=True)
+    return rows
 
 
 # literal matchers ---------------------------------------------------------------------

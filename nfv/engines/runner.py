@@ -215,9 +215,10 @@ class Runner:
     def run(self) -> EngineResult:
         if self.choice.kind != "cpu":
             torch.set_num_threads(max(1, self.options.torch_threads))
-        # The trace's millions of objects would make every full garbage collection
-        # (triggered by the per-batch allocations) a long pause: freeze them first.
-        gc.collect()
+        # Every object alive now (modules, the flow records) would be walked by each full
+        # garbage collection the per-batch allocations trigger, and by the forked workers'
+        # collections, which would copy the pages they touch: freeze them first (without a
+        # collection: what little garbage exists now is not worth a walk of everything).
         gc.freeze()
         try:
             return self._run()
