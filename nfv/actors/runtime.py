@@ -32,6 +32,7 @@ Messages from a runtime the switch declared dead are ignored. Run as
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import sys
@@ -45,6 +46,9 @@ from .chain import Chain, apply_delta, build_chain
 from .cluster import ClusterSpec, load_cluster
 from .wire import Endpoint
 
+# Python's cyclic collector, run every 700 allocations by default, walks every flow's
+# state again and again (collections grow with the flows); actors make no cycles.
+GC_THRESHOLD = 200_000
 ORPHAN_CHECK_S = 0.5  # how often a runtime checks that its parent and switch are alive
 # Messages about flows carry the session (one per load): a message of an earlier session
 # that arrives late (another sender's, so not ordered with the load) is dropped.
@@ -334,6 +338,7 @@ class Runtime:
 
 def main(argv: list[str]) -> int:
     cluster_path, name = argv
+    gc.set_threshold(GC_THRESHOLD, 20, 100)  # many small long-lived objects
     from . import l4  # noqa: F401  (imported before joining, not while heartbeats run)
     runtime = Runtime(load_cluster(cluster_path), name)
     runtime.serve()

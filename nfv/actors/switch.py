@@ -27,6 +27,7 @@ runtime does. Run as ``python -m dl_nfv.nfv.actors.switch CLUSTER``.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -34,7 +35,7 @@ from collections import defaultdict
 
 from .chain import flow_key
 from .cluster import ClusterSpec, load_cluster
-from .runtime import SESSION_KINDS
+from .runtime import GC_THRESHOLD, SESSION_KINDS
 from .wire import Endpoint
 
 NORMAL, BUFFERED = 0, 1  # a flow's routing: to its primary, or held by the controller
@@ -459,6 +460,7 @@ class Switch:
 
 
 def main(argv: list[str]) -> int:
+    gc.set_threshold(GC_THRESHOLD, 20, 100)  # many small long-lived objects
     switch = Switch(load_cluster(argv[0]))
     switch.serve()
     return 0
