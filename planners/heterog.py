@@ -14,7 +14,9 @@ Method, ``plan``:
    features (``learned.features``) and each group takes its most likely candidate.
    The shipped policy (``DEFAULT_POLICY``) serves unless ``policy`` names another;
    ``start`` may instead be ``greedy`` (``greedy_start``, a list-scheduling heuristic)
-   or ``random`` (seeded), to measure what the learning contributes.
+   or ``random`` (seeded), to measure what the learning contributes. Where a uniform
+   strategy (every group the same candidate: data parallelism over a device set, or
+   the whole model on one device) simulates faster, refinement starts from that.
 2. **Refinement.** First-improvement hill climbing over single-group moves on the
    simulator (``learned.refine``), bounded by ``max_evaluations`` simulations and
    ``search_s`` seconds of CPU time.
@@ -24,8 +26,8 @@ Method, ``plan``:
    plan, with a note saying so.
 
 ``learn`` trains a policy over (graph, topology) pairs: each pair's strategy is first
-refined from the greedy start and from uniform data parallelism, and REINFORCE with a
-baseline then trains the policy with self-imitation of the best strategy known
+refined from the better of the greedy start and the uniform strategies, and REINFORCE
+with a baseline then trains the policy with self-imitation of the best strategy known
 (``learned.reinforce``).
 
 Limits: the plan has one group per op group and no per-device order (the simulator's
@@ -110,10 +112,11 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
         first = greedy_start(problem.env)
     else:
         first = random_start(problem.env, seed)
+    first, origin = _better_start(problem.env, first, start)
     refined = refine(problem.env, first, max_evaluations=max_evaluations, time_limit_s=search_s)
     options = {"policy": policy, "search_s": search_s, "max_evaluations": max_evaluations,
                "groups": groups, "start": start, "optimizer": optimizer}
-    notes.append(f"refined from the {start} start: {refined.start.iteration_ms:.2f} -> "
+    notes.append(f"refined from {origin}: {refined.start.iteration_ms:.2f} -> "
                  f"{refined.outcome.iteration_ms:.2f} ms in {refined.evaluations} simulations")
     baseline = best_baseline(graph, topology, optimizer)
     if baseline is not None and (not refined.outcome.feasible or
@@ -126,6 +129,22 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
     return finish(planner=PLANNER, graph=graph, topology=topology, groups=chosen.groups, seed=seed,
                   options=options, started_at=t0, optimizer=opt, notes=notes,
                   cost_model=problem.env.cm)
+
+
+def _better_start(env: StrategyEnv, first: Sequence[GroupStrategy], start: str
+                  ) -> tuple[tuple[GroupStrategy, ...], str]:
+    """The better of ``first`` and every uniform strategy (each group the same candidate:
+    data parallelism over a device set, or the whole model on one device), by the
+    simulator, with a word on which it is."""
+    best, origin = tuple(first), f"the {start} start"
+    score = env.evaluate(best).reward
+    n = len(env.coarsening.groups)
+    for c in candidates(env.cm.cluster):
+        uniform = (c.strategy,) * n
+        reward = env.evaluate(uniform).reward
+        if reward > score:
+            best, score, origin = uniform, reward, "a uniform strategy"
+    return best, origin
 
 
 def problem_of(graph: OpGraph, topology: Topology, *, groups: int = DEFAULT_GROUPS,
@@ -237,9 +256,8 @@ def learn(pairs: Sequence[tuple[str, OpGraph]], topologies: Sequence[tuple[str, 
         for tname, topology in topologies:
             problem = problem_of(graph, topology, groups=groups)
             env = problem.env
-            uniform = [GroupStrategy(devices=env.devices, balance="proportional")] * len(env.coarsening.groups)
-            best = max((refine(env, s, max_evaluations=max_evaluations // 2, time_limit_s=search_s / 2)
-                        for s in (greedy_start(env), uniform)), key=lambda r: r.outcome.reward)
+            first, _ = _better_start(env, greedy_start(env), "greedy")
+            best = refine(env, first, max_evaluations=max_evaluations, time_limit_s=search_s)
             if progress is not None:
                 progress(f"{gname} on {tname}: {len(env.coarsening.groups)} groups, refined "
                          f"{best.outcome.iteration_ms:.2f} ms")
