@@ -151,7 +151,8 @@ def _pcap(path: Path, data: mmap.mmap, malformed: Counter) -> Iterator[tuple[int
 
 def _pcap_table(path: Path, data, malformed: Counter) -> np.ndarray:
     """[records, 4] int64: timestamp (us), frame offset, frame length, link type of every
-    readable record (the walk is one tight loop; timestamps are converted as arrays)."""
+    readable record. The walk is one tight loop that keeps where each header starts; the
+    headers' fields are then read as arrays."""
     size = len(data)
     if size < 24:
         raise BadInput(f"{path}: pcap file header cut short ({size} of 24 bytes)")
@@ -164,7 +165,7 @@ def _pcap_table(path: Path, data, malformed: Counter) -> np.ndarray:
     units = 1_000_000_000 // ns_per_unit  # sub-second units per second
     header = struct.Struct(order + "IIII")
     unpack = header.unpack_from
-    secs, fracs, offsets, lengths = array("q"), array("q"), array("q"), array("q")
+    heads = array("q")  # where each readable record's header starts
     pos, last_sec = 24, None
     while pos < size:
         if pos + 16 > size:
@@ -187,16 +188,16 @@ def _pcap_table(path: Path, data, malformed: Counter) -> np.ndarray:
             pos = nxt
             continue
         last_sec = sec
-        secs.append(sec)
-        fracs.append(frac)
-        offsets.append(pos + 16)
-        lengths.append(caplen)
+        heads.append(pos)
         pos = end
-    table = np.empty((len(secs), 4), dtype=np.int64)
-    table[:, 0] = np.frombuffer(secs, dtype=np.int64) * 1_000_000 + (
-        np.frombuffer(fracs, dtype=np.int64) * ns_per_unit + 500) // 1000
-    table[:, 1] = np.frombuffer(offsets, dtype=np.int64)
-    table[:, 2] = np.frombuffer(lengths, dtype=np.int64)
+    at = np.frombuffer(heads, dtype=np.int64)
+    # the headers' four fields, read again as arrays: seconds, sub-seconds, captured length
+    fields = np.frombuffer(data, dtype=np.uint8)[at[:, None] + np.arange(16)].view(
+        np.dtype(order + "u4")).astype(np.int64)
+    table = np.empty((len(at), 4), dtype=np.int64)
+    table[:, 0] = fields[:, 0] * 1_000_000 + (fields[:, 1] * ns_per_unit + 500) // 1000
+    table[:, 1] = at + 16
+    table[:, 2] = fields[:, 2]
     table[:, 3] = linktype
     return table
 

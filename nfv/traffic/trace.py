@@ -101,6 +101,15 @@ def _raw_pair(addr: bytes) -> tuple[int, int]:
     return _signed(value >> 64), _signed(value & ((1 << 64) - 1))
 
 
+def _raw_pairs(addrs: list[bytes]) -> np.ndarray:
+    """``_raw_pair`` of every address at once: [addresses, 2] int64 (IPv4 mapped)."""
+    mapped = b"".join(a if len(a) == 16 else _V4_MAPPED + a for a in addrs)
+    return np.frombuffer(mapped, dtype=">u8").astype(np.uint64).view(np.int64).reshape(-1, 2)
+
+
+_V4_MAPPED = bytes(10) + b"\xff\xff"  # ::ffff:0:0/96
+
+
 def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
@@ -174,5 +183,5 @@ def _columns(source: str, table: Assembled, packets: int, wire: int, malformed: 
         msg_ts_us=msgs.ts_us, msg_packets=msgs.packets,
         packets=packets, wire_bytes=wire, malformed=dict(sorted(bad.items())),
         tcp=dict(sorted(tcp.items())),
-        addresses=np.array([[_raw_pair(f.client[0]), _raw_pair(f.server[0])] for f in table.flows],
-                           dtype=np.int64).reshape(len(table.flows), 2, 2))
+        addresses=_raw_pairs([a for f in table.flows for a in (f.client[0], f.server[0])]
+                             ).reshape(len(table.flows), 2, 2))
