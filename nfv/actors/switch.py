@@ -75,13 +75,15 @@ class RuntimeView:
 
 
 class Migration:
-    __slots__ = ("reply", "mode", "source", "destination", "waiting", "started", "flows")
+    __slots__ = ("reply", "mode", "source", "destination", "waiting", "started", "flows",
+                 "imported")
 
     def __init__(self, reply, mode, source, destination, flows) -> None:
         self.reply, self.mode = reply, mode
         self.source, self.destination = source, destination
         self.flows = [f.id for f in flows]
         self.waiting = set(self.flows)
+        self.imported: set[int] = set()  # central mode: flows whose state is in
         self.started = time.perf_counter()
 
 
@@ -410,17 +412,22 @@ class Switch:
                            (snapshot, flow.replica))
 
     def on_imported(self, sender: str, flow_id: int) -> None:
-        """Central mode: the state is in; route the flow there and release what was held."""
+        """Central mode, as OpenNF's move: once every flow's state is in at the destination,
+        route the flows there and release the packets the controller held, in order."""
         migration = self.migrations.get(flow_id)
-        if migration is None:
+        if migration is None or flow_id not in migration.waiting:
             return
-        flow = self.by_id[flow_id]
-        flow.primary, flow.mode = migration.destination, NORMAL
-        self.pending[flow.primary].extend((flow.id, seq, flow.replica, flow.committed,
-                                           flow.unacked[seq]) for seq in flow.buffer
-                                          if seq in flow.unacked)
-        flow.buffer = []
-        self.finish_migration(flow_id)
+        migration.imported.add(flow_id)
+        if len(migration.imported) < len(migration.flows):
+            return
+        for moved in migration.flows:
+            flow = self.by_id[moved]
+            flow.primary, flow.mode = migration.destination, NORMAL
+            self.pending[flow.primary].extend((flow.id, seq, flow.replica, flow.committed,
+                                               flow.unacked[seq]) for seq in flow.buffer
+                                              if seq in flow.unacked)
+            flow.buffer = []
+            self.finish_migration(moved)
 
     def finish_migration(self, flow_id: int) -> None:
         migration = self.migrations.pop(flow_id, None)
