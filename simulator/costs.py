@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -82,6 +82,8 @@ import numpy as np
 
 from dl_nfv.artifacts import Cluster, Collective, OpGraph, OpKind, Optimizer, Topology, cluster_of
 from dl_nfv.artifacts.devices import DeviceType
+
+from .extrapolation import at_threads, thread_points
 
 MIN_EFFICIENCY = 0.05
 DEFAULT_COMPUTE_EFFICIENCY = 0.5
@@ -170,6 +172,11 @@ class NetworkCosts:
         self.cluster = topology if isinstance(topology, Cluster) else cluster_of(topology)
         # collective cost expressions per (algorithm, device tuple): see _Expression
         self._expressions: dict[tuple, _Expression] = {}
+        # optional, set by a caller that knows the cluster's symmetry: a key under which
+        # device sets whose AllReduce costs are equal share them (``_allreduce_terms``), and
+        # the table they are kept in (a caller may share it between clusters alike)
+        self.group_class: Callable[[tuple[str, ...]], Hashable] | None = None
+        self.class_terms: dict[tuple, list] = {}
         self._phases: dict[tuple, tuple[float, float, dict]] = {}
         # directed hop -> (capacity key, latency, bandwidth, collective latency, collective bandwidth)
         self._hops: dict[tuple[str, str], tuple] = {}
@@ -285,7 +292,18 @@ class NetworkCosts:
                        for a in (Collective.RING, Collective.TREE, Collective.HIERARCHICAL))
         if algorithm not in (Collective.RING, Collective.TREE, Collective.HIERARCHICAL):
             raise ValueError(f"unknown collective {algorithm!r}")
-        return self._expression(Collective(algorithm).value, devices).ms(nbytes)
+        return _Expression(self._allreduce_terms(Collective(algorithm).value, devices)).ms(nbytes)
+
+    def _allreduce_terms(self, name: str, devices: tuple[str, ...]) -> list:
+        """The cost terms of AllReduce ``name`` over ``devices`` (``_Expression.terms``); with a
+        ``group_class``, built once per class of device sets (their links stay per set)."""
+        if self.group_class is None:
+            return self._expression(name, devices).terms
+        key = (name, self.group_class(devices))
+        terms = self.class_terms.get(key)
+        if terms is None:
+            terms = self.class_terms[key] = self._expression(name, devices).terms
+        return terms
 
     def allreduce_ms_per_byte(self, devices: Sequence[str]) -> float:
         """The least ms per byte any AllReduce over ``devices`` takes, whatever its size.
@@ -298,7 +316,7 @@ class NetworkCosts:
         if len(devices) <= 1:
             return 0.0
         return min(sum(max(b for _, b in term)
-                       for term in self._expression(Collective(a).value, devices).terms)
+                       for term in self._allreduce_terms(Collective(a).value, devices))
                    for a in (Collective.RING, Collective.TREE, Collective.HIERARCHICAL))
 
     def allreduce_algorithm(self, devices: Sequence[str], nbytes: float,
@@ -548,7 +566,7 @@ class NetworkCosts:
             raise ValueError(f"no affine form for collective {algorithm!r}")
         if len(devices) <= 1:
             return 0.0, 0.0
-        terms = self._expression(Collective(algorithm).value, devices).terms
+        terms = self._allreduce_terms(Collective(algorithm).value, devices)
         return (sum(max(a for a, _ in term) for term in terms),
                 sum(max(b for _, b in term) for term in terms))
 
@@ -630,12 +648,18 @@ class CostModel(NetworkCosts):
         self.graph = graph
         self.op_ids: list[str] = [op.id for op in graph.ops]
         self.op_index: dict[str, int] = {op_id: i for i, op_id in enumerate(self.op_ids)}
-        types: dict[str, DeviceType] = {}
+        # one column per device type and core count: a CPU profile's op times scale to a
+        # device's cores (``extrapolation.at_threads``); ``type_index`` names each type's first
+        types: dict[tuple[str, int | None], DeviceType] = {}
         for d in self.cluster.devices:
-            types.setdefault(d.type.name, d.type)
+            types.setdefault((d.type.name, d.type.cpu_cores), d.type)
         self.device_types: list[DeviceType] = list(types.values())
-        self.type_index = {t.name: i for i, t in enumerate(self.device_types)}
-        self.device_type_index = {d.name: self.type_index[d.type.name] for d in self.cluster.devices}
+        column = {key: i for i, key in enumerate(types)}
+        self.type_index: dict[str, int] = {}
+        for i, t in enumerate(self.device_types):
+            self.type_index.setdefault(t.name, i)
+        self.device_type_index = {d.name: column[(d.type.name, d.type.cpu_cores)]
+                                  for d in self.cluster.devices}
         self.reference = reference or _reference_type(graph)
         self.launch_ms_by_type = np.array([t.launch_overhead_us / 1e3 for t in self.device_types])
         (self.fwd_ms_by_type, self.bwd_ms_by_type, self.fwd_fixed_by_type,
@@ -731,10 +755,31 @@ class CostModel(NetworkCosts):
                     bwd_flops, 2 * op.bytes_accessed, t, eff_b, self.graph.model.dtype) + extra
                     if (op.bwd_ms or op.flops or op.param_bytes) else 0.0)
                 launch = self.launch_ms_by_type[j]
-                fwd_fixed[i, j] = min(op.fwd_fixed_ms.get(t.name, launch), fwd[i, j])
-                bwd_fixed[i, j] = min(op.bwd_fixed_ms.get(t.name, launch + tie), bwd[i, j])
+                f_scale, b_scale = self._thread_scaling(op, t, fwd[i, j], bwd[i, j])
+                fwd[i, j] *= f_scale
+                bwd[i, j] *= b_scale
+                fwd_fixed[i, j] = min(op.fwd_fixed_ms.get(t.name, launch) * f_scale, fwd[i, j])
+                bwd_fixed[i, j] = min(op.bwd_fixed_ms.get(t.name, launch + tie) * b_scale,
+                                      bwd[i, j])
                 tie_sum[i, j] = min(tie, bwd_fixed[i, j])
         return fwd, bwd, fwd_fixed, bwd_fixed, tie_sum
+
+    def _thread_scaling(self, op, t: DeviceType, fwd_ms: float, bwd_ms: float
+                        ) -> tuple[float, float]:
+        """Factors that carry ``op``'s measured forward and backward times to the cores of a
+        CPU type ``t`` (``extrapolation.at_threads``; the batch-independent parts scale
+        with them); 1 where the profile timed no other thread count or ``t`` has its
+        threads."""
+        profile, cores = self.graph.profile, t.cpu_cores
+        if (profile is None or cores is None or cores == profile.threads
+                or not op.fwd_ms_by_threads):
+            return 1.0, 1.0
+        factors = []
+        for measured, by_threads, ms in ((op.fwd_ms, op.fwd_ms_by_threads, fwd_ms),
+                                         (op.bwd_ms, op.bwd_ms_by_threads, bwd_ms)):
+            points = thread_points(profile, t.name, measured, by_threads)
+            factors.append(at_threads(points, cores) / ms if points and ms > 0 else 1.0)
+        return factors[0], factors[1]
 
     @staticmethod
     def _tie_sum_ms(op, t: DeviceType, lent: dict[str, float] | None, tie_ref: float | None,

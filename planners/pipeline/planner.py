@@ -126,12 +126,17 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
 
 def _plan(graph: OpGraph, topology: Topology, *, seed: int, microbatches: int, max_stages: int,
           max_replicas: int, schedule: str, time_limit: float, optimizer: str,
-          with_bound: bool, started_cpu: float | None = None) -> Plan:
+          with_bound: bool, started_cpu: float | None = None,
+          class_terms: dict | None = None) -> Plan:
     """``plan``; a sub-cluster's plan (``with_bound`` False) skips the bound and counts its
     time limit from the CPU time the whole plan started at (``started_cpu``)."""
     t0 = started()
     problem = Problem(graph, topology, tie_sync=TieSync.EXCHANGE,
                       optimizer=optimizer_named("pipeline", optimizer))
+    if class_terms is not None and problem.labels is not None:
+        # the nested clusters' AllReduce costs per class of device sets are the same
+        # (``symmetry``: a group of a sub-cluster has the routes it has in the whole)
+        problem.cm.class_terms = class_terms
     _check_options(problem, microbatches, max_stages, max_replicas, schedule, time_limit)
     _check_memory_floor(problem)
     m = microbatches or 1
@@ -144,7 +149,7 @@ def _plan(graph: OpGraph, topology: Topology, *, seed: int, microbatches: int, m
     # the sub-cluster and the bound first; the search's cut-offs count the plan's CPU time
     # from here, so that the steps never cut have the rest of the limit whatever they took
     cpu0 = time.process_time() if started_cpu is None else started_cpu
-    incumbent = _sub_cluster_draft(graph, topology, seed, options, cpu0)
+    incumbent = _sub_cluster_draft(graph, topology, seed, options, cpu0, problem.cm.class_terms)
     bound = pipeline_bound(problem) if with_bound else Bound(0.0, {})
     outcome = search(problem, microbatches=microbatches, max_stages=max_stages,
                      max_replicas=max_replicas, policies=policies, seed=seed,
@@ -216,7 +221,7 @@ def _search_drafts(problem: Problem, outcome, policies, effort: dict) -> list[_D
 
 
 def _sub_cluster_draft(graph: OpGraph, topology: Topology, seed: int, options: dict,
-                       started_cpu: float) -> _Draft | None:
+                       started_cpu: float, class_terms: dict) -> _Draft | None:
     """The plan of the first half of a uniform cluster's leaves (``symmetry.nested_hosts``,
     planned the same way, so recursively down to one host; its cut-offs counted from
     ``started_cpu``, the whole plan's start), as a draft on the whole cluster:
@@ -227,7 +232,7 @@ def _sub_cluster_draft(graph: OpGraph, topology: Topology, seed: int, options: d
         return None
     try:
         sub = _plan(graph, sub_topology(topology, hosts), seed=seed, with_bound=False,
-                    started_cpu=started_cpu, **options)
+                    started_cpu=started_cpu, class_terms=class_terms, **options)
     except InfeasiblePlan:
         return None
     return _Draft(f"sub-cluster of the first {hosts} host(s) ({sub.notes[0]})", list(sub.groups),

@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 from collections.abc import Sequence
-from functools import cached_property
+from functools import cached_property, partial
 
 import numpy as np
 
@@ -42,6 +42,8 @@ from dl_nfv.artifacts import OpGraph, Optimizer, TieSync, Topology, fingerprint
 from dl_nfv.planners.colocation import allowed_cuts
 from dl_nfv.planners.runnable import min_slice_rows
 from dl_nfv.simulator.costs import CostModel
+
+from .symmetry import collective_key
 
 MAX_UNITS = 96
 
@@ -75,6 +77,9 @@ class Problem:
         self.topology = topology
         self.cm = cm = cost_model or CostModel(graph, topology)
         self.default_cost_model = cost_model is None  # the graph and topology decide it
+        if self.labels is not None and cm.group_class is None:
+            # AllReduce costs built once per class of device sets (exact: ``symmetry``)
+            cm.group_class = partial(collective_key, cm, self.labels)
         self.optimizer = optimizer
         self.state_factor = optimizer.state_factor
         self.order: list[str] = list(order) if order is not None else graph.topological_ids()
