@@ -1,0 +1,170 @@
+"""`dl-nfv nfv chain` end to end: reports, rewritten pcaps whose checksums verify, bad input."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import dpkt
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from dl_nfv.artifacts import load
+from dl_nfv.cli.main import cli
+from dl_nfv.nfv.chains.flowtable import DeviceFlowTable
+from dl_nfv.nfv.chains.packets import rewrite_checksums
+from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
+
+from ..helpers import EXAMPLES, REAL_TRACE
+
+CONFIG = EXAMPLES / "fw-nat-lb.yaml"
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def ones_sum(data: bytes) -> int:
+    """The 16-bit ones' complement sum of ``data`` (padded), written out independently."""
+    if len(data) % 2:
+        data += b"\0"
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return total
+
+
+def residues(path) -> list[tuple[int, int, tuple]]:
+    """Per IPv4 packet: IP header sum, TCP/UDP sum with pseudo-header (0xFFFF: valid), tuple."""
+    out = []
+    with open(path, "rb") as fh:
+        for _, frame in dpkt.pcap.Reader(fh):
+            ip = dpkt.ethernet.Ethernet(frame).data
+            raw = bytes(ip)
+            l4 = raw[ip.hl * 4:ip.len]
+            pseudo = ip.src + ip.dst + bytes([0, ip.p]) + struct.pack("!H", len(l4))
+            out.append((ones_sum(raw[:ip.hl * 4]), ones_sum(pseudo + l4),
+                        (ip.src, ip.data.sport, ip.dst, ip.data.dport)))
+    return out
+
+
+def test_chain_on_generated_trace_checksums_verify(tmp_path):
+    pcap = tmp_path / "t.pcap"
+    generate_trace(TraceSpec(flows=30, size_dist="uniform", seed=3), pcap)
+    assert all(ip == l4 == 0xFFFF for ip, l4, _ in residues(pcap))
+    reports = {}
+    for engine in ("cpu", "tensor"):
+        out, wpcap = tmp_path / f"{engine}.json", tmp_path / f"{engine}.pcap"
+        r = invoke("nfv", "chain", "--config", CONFIG, "--trace", pcap, "--engine", engine,
+                   "--batch-size", 97, "-o", out, "-w", wpcap)
+        assert r.exit_code == 0, r.output
+        reports[engine] = load(out, expect="chain-report")
+        written = residues(wpcap)
+        assert len(written) == reports[engine].packets_out == reports[engine].written
+        assert all(ip == l4 == 0xFFFF for ip, l4, _ in written)
+    a, b = reports["cpu"], reports["tensor"]
+    assert a.packets_out == b.packets_out and a.nat == b.nat and a.lb == b.lb
+    assert a.nat.translations == 30 and sum(a.lb.values()) == 30
+    assert (tmp_path / "cpu.pcap").read_bytes() == (tmp_path / "tensor.pcap").read_bytes()
+    tuples = [t for _, _, t in residues(tmp_path / "cpu.pcap")]
+    assert bytes([203, 0, 113, 10]) in {src for src, _, _, _ in tuples}  # NAT's pool
+    backends = {bytes([10, 2, 0, k]) for k in range(1, 5)}
+    assert {dst for _, _, dst, _ in tuples} & backends  # the LB's backends
+    r = invoke("show", tmp_path / "tensor.json")
+    assert r.exit_code == 0 and "translations" in r.output and "firewall" in r.output
+
+
+def test_real_trace_rewrites_keep_the_checksum_residue(tmp_path):
+    """Loopback captures carry TCP checksums left to offload (wrong); the incremental
+    update must keep each packet's residue, and make the IP header checksums valid."""
+    out = tmp_path / "o.pcap"
+    r = invoke("nfv", "chain", "--config", CONFIG, "--trace", REAL_TRACE, "--engine", "tensor",
+               "-w", out, "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output)
+    before, after = residues(REAL_TRACE), residues(out)
+    assert len(after) == report["packets_out"] == len(before)
+    assert all(ip == 0xFFFF for ip, _, _ in after)
+    assert [l4 for _, l4, _ in before] == [l4 for _, l4, _ in after]
+    assert any(b[2] != a[2] for b, a in zip(before, after))  # rewritten for real
+
+
+@settings(max_examples=200, deadline=None)
+@given(hs.lists(hs.integers(0, 0xFFFF), min_size=10, max_size=30),
+       hs.tuples(*[hs.integers(0, 0xFFFFFFFF)] * 2, *[hs.integers(0, 0xFFFF)] * 2))
+def test_incremental_checksum_equals_full(words, new):
+    """RFC 1624 update == recomputing the sum over (addresses, ports, the rest)."""
+    old = {"src": words[0] << 16 | words[1], "dst": words[2] << 16 | words[3],
+           "sport": words[4], "dport": words[5]}
+    rest = [*words[6:], 6]  # the pseudo-header's protocol: a real sum is never +0
+    new = dict(zip(("src", "dst", "sport", "dport"), new))
+
+    def full(f):
+        data = struct.pack("!IIHH", f["src"], f["dst"], f["sport"], f["dport"])
+        return 0xFFFF - ones_sum(data + struct.pack(f"!{len(rest)}H", *rest))
+
+    ip_new, l4_new = rewrite_checksums(old, new, full(old), full(old), 6)
+    assert ones_sum(struct.pack("!IIHH", new["src"], new["dst"], new["sport"], new["dport"])
+                    + struct.pack(f"!{len(rest)}H", *rest) + struct.pack("!H", l4_new)) == 0xFFFF
+
+
+@settings(max_examples=40, deadline=None)
+@given(hs.lists(hs.tuples(hs.sampled_from(["ins", "del"]),
+                          hs.lists(hs.integers(0, 40), max_size=30)), max_size=8))
+def test_flow_table_matches_a_dict(ops):
+    """Batched insert/delete/lookup with heavy collisions (tiny capacity, rehashes)."""
+    import torch
+
+    table = DeviceFlowTable(16, "cpu", {"v": -1})
+    model: dict[tuple[int, int], int] = {}
+    for op, keys in ops:
+        keys = sorted(set(keys))
+        k1 = torch.tensor([k * 7919 - 100 for k in keys], dtype=torch.int64)
+        k2 = torch.tensor([k % 3 for k in keys], dtype=torch.int64)
+        slots = table.lookup(k1, k2)
+        for k, a, b, s in zip(keys, k1.tolist(), k2.tolist(), slots.tolist()):
+            assert (s >= 0) == ((a, b) in model), k
+        if op == "ins":
+            new = slots < 0
+            got = table.insert(k1[new], k2[new])
+            table.cols["v"][got] = k1[new]
+            model.update({(a, b): a for a, b in zip(k1[new].tolist(), k2[new].tolist())})
+        else:
+            table.delete(slots[slots >= 0])
+            for a, b in zip(k1.tolist(), k2.tolist()):
+                model.pop((a, b), None)
+        assert table.items() == {k: (v,) for k, v in model.items()}
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (("pool: [203.0.113.10, 203.0.113.11]", "pool: []"), "l4_chain[1]: pool:"),
+    (("pool: [203.0.113.10, 203.0.113.11]", "pool: [203.0.113.300]"), "l4_chain[1]: pool[0]: '203.0.113.300'"),
+    (("src: 10.0.1.0/24}", "src: 10.0.1.0/33}"), "l4_chain[0].acl[0]: src:"),
+    (("dst_port: \"8000-8999\"", "dst_port: \"8999-8000\""), "l4_chain[0].acl[1]: dst_port:"),
+    (("table_size: 65537", "table_size: 65536"), "not prime"),
+    (("ports: \"20000-29999\"", "ports: \"20000-70000\""), "l4_chain[1]: ports:"),
+])
+def test_bad_config_exit_2(tmp_path, edit, needle):
+    bad = tmp_path / "bad.yaml"
+    text = CONFIG.read_text()
+    assert edit[0] in text
+    bad.write_text(text.replace(*edit))
+    r = invoke("nfv", "chain", "--config", bad, "--trace", REAL_TRACE)
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_bench_chain_path(tmp_path):
+    out = tmp_path / "b.json"
+    r = invoke("nfv", "bench", "--config", CONFIG, "--trace", REAL_TRACE, "--engines",
+               "cpu,tensor", "--batch-sizes", "16,1000", "-o", out)
+    assert r.exit_code == 0, r.output
+    bench = load(out, expect="chain-bench")
+    assert [(row.engine, row.batch_size) for row in bench.rows] == [
+        ("cpu", 16), ("tensor", 16), ("cpu", 1000), ("tensor", 1000)]
+    assert len({row.packets_out for row in bench.rows}) == 1
+    assert np.all([row.mpps > 0 for row in bench.rows])
