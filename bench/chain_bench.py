@@ -1,0 +1,100 @@
+"""Throughput of the L3/L4 chain (firewall -> NAT -> LB -> monitor): cpu vs tensor.
+
+Traces are generated in memory as columns (``nfv.chains.synth``): 64- and 512-byte
+packets, 10k and 1M flows, batch sizes 1k-64k; the tensor engine runs with one
+torch thread (and on CUDA when present, ``--device cuda``). The per-packet
+reference is timed on a prefix of each trace (it is ~100x slower); Mpps is packets
+over engine time, Gbps counts wire bytes. Every tensor run is checked against the
+reference on that prefix, packet for packet.
+
+    python bench/chain_bench.py            # full table, recorded in docs/benchmarks.md
+    python bench/chain_bench.py --quick --no-record
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _record import markdown_table, record_section  # noqa: E402
+
+from dl_nfv.artifacts import load  # noqa: E402
+from dl_nfv.nfv.chains.engine import build_chain  # noqa: E402
+from dl_nfv.nfv.chains.run import drive, merge, same_outcome  # noqa: E402
+from dl_nfv.nfv.chains.synth import synthetic_packets  # noqa: E402
+
+CONFIG = Path(__file__).resolve().parents[1] / "examples" / "nf" / "fw-nat-lb.yaml"
+
+
+def _time(chain, packets, batch_size):
+    t0 = time.perf_counter()
+    results, latency = drive(chain, packets, batch_size)
+    return time.perf_counter() - t0, results, latency
+
+
+def measure(specs, *, flows, packets, size, batch, device, ref_packets):
+    trace = synthetic_packets(flows=flows, packets=packets, packet_bytes=size, seed=1,
+                              duration_s=packets / 2e6)
+    chain = build_chain(specs, "tensor", device=device, capacity=1 << 12)
+    elapsed, results, latency = _time(chain, trace, batch)
+    n = len(trace)
+    prefix = trace.slice(0, min(ref_packets, n))
+    ref_s, ref_results, _ = _time(build_chain(specs, "cpu"), prefix, batch)
+    check = build_chain(specs, "tensor", device=device, capacity=1 << 12)
+    _, ten_results, _ = _time(check, prefix, batch)
+    assert same_outcome(merge(ref_results), merge(ten_results)), "tensor != reference"
+    mpps = n / elapsed / 1e6
+    ref_mpps = len(prefix) / ref_s / 1e6
+    return {"flows": flows, "bytes": size, "batch": batch, "packets": n,
+            "tensor_mpps": mpps, "tensor_gbps": n * size * 8 / elapsed / 1e9,
+            "p99_ms": float(np.percentile(np.array(latency) * 1e3, 99)),
+            "cpu_mpps": ref_mpps, "speedup": mpps / ref_mpps}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small traces, two batch sizes")
+    parser.add_argument("--no-record", action="store_true", help="print only")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] for the tensor engine")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    specs = load(CONFIG).l4_chain
+    if args.quick:
+        grid = [(10_000, 200_000)]
+        batches, sizes, ref_packets = [1024, 65536], [64], 20_000
+    else:
+        grid = [(10_000, 2_000_000), (1_000_000, 6_000_000)]
+        batches, sizes, ref_packets = [1024, 8192, 65536], [64, 512], 100_000
+    rows = []
+    for flows, packets in grid:
+        for size in sizes:
+            for batch in batches:
+                r = measure(specs, flows=flows, packets=packets, size=size, batch=batch,
+                            device=args.device, ref_packets=ref_packets)
+                rows.append(r)
+                print(f"{flows:>9} flows {size:>4} B batch {batch:>6}: tensor "
+                      f"{r['tensor_mpps']:.3f} Mpps {r['tensor_gbps']:.3f} Gbps "
+                      f"(p99 batch {r['p99_ms']:.1f} ms), reference {r['cpu_mpps']:.4f} Mpps, "
+                      f"{r['speedup']:.1f}x", flush=True)
+    table = markdown_table(
+        ["flows", "packet B", "batch", "packets", "tensor Mpps", "tensor Gbps", "p99 batch ms",
+         "reference Mpps", "speed-up"],
+        [[f"{r['flows']:,}", r["bytes"], r["batch"], f"{r['packets']:,}",
+          f"{r['tensor_mpps']:.3f}", f"{r['tensor_gbps']:.3f}", f"{r['p99_ms']:.1f}",
+          f"{r['cpu_mpps']:.4f}", f"{r['speedup']:.1f}x"] for r in rows])
+    if not args.no_record:
+        record_section("chain", f"L3/L4 chain (FW -> NAT -> LB -> monitor), tensor on "
+                                f"{args.device} with {args.threads} thread(s) vs the reference",
+                       table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
