@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
-from ..nfs.lazy_torch import torch
 from .kernels import (
     FirewallKernel,
     LoadBalancerKernel,
@@ -33,7 +33,7 @@ from .kernels import (
     RateLimiterKernel,
     Sub,
 )
-from .packets import ChainPackets, key_pair, rewrite_checksums
+from .packets import ChainPackets, flow_hash, key_pair, rewrite_checksums
 from .reference import (
     FirewallRef,
     LoadBalancerRef,
@@ -43,7 +43,7 @@ from .reference import (
     RateLimiterRef,
 )
 from .scan import Segments
-from .states import Verdict
+from .states import Verdict, packet_class
 
 REFERENCE = {"firewall": FirewallRef, "nat": NatRef, "lb": LoadBalancerRef,
              "monitor": MonitorRef, "rate-limit": RateLimiterRef}
@@ -146,7 +146,10 @@ class TensorChain:
         s = {name: cols[name][order] for name in ("ts_us", "src", "dst", "sport", "dport",
                                                   "proto", "flags", "wire_bytes")}
         k1, k2, direction = k1[order], k2[order], direction[order]
-        seg_id = Segments.of(k1, k2).index
+        full = Segments.of(k1, k2)
+        seg_id = full.index
+        hashes = flow_hash(k1, k2)
+        base_cls = packet_class(s["flags"], s["proto"], 0)
         stage = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         reason = torch.zeros(n, dtype=torch.int64, device=self.device)
         alive = torch.ones(n, dtype=torch.bool, device=self.device)
@@ -155,16 +158,25 @@ class TensorChain:
         for k, nf in enumerate(self.nfs):
             t0 = time.perf_counter()
             rows = torch.nonzero(alive).squeeze(1)
+            everyone = rows.numel() == n  # nothing dropped yet: no gathers, no scatters
+
+            def take(t, rows=rows, everyone=everyone):
+                return t if everyone else t[rows]
+
             sid = seg_id[rows]
-            sub = Sub(ts=s["ts_us"][rows], src=s["src"][rows], dst=s["dst"][rows],
-                      sport=s["sport"][rows], dport=s["dport"][rows], proto=s["proto"][rows],
-                      flags=s["flags"][rows], wire=s["wire_bytes"][rows], k1=k1[rows],
-                      k2=k2[rows], dir=direction[rows], arrival=order[rows],
-                      seg=Segments.of(sid, torch.zeros_like(sid)))
+            sub = Sub(ts=take(s["ts_us"]), src=take(s["src"]), dst=take(s["dst"]),
+                      sport=take(s["sport"]), dport=take(s["dport"]), proto=take(s["proto"]),
+                      flags=take(s["flags"]), wire=take(s["wire_bytes"]), k1=take(k1),
+                      k2=take(k2), dir=take(direction), arrival=take(order),
+                      seg=full if everyone else Segments.of(sid, torch.zeros_like(sid)),
+                      hash=take(hashes), cls=take(base_cls))
             verdict = nf.process(sub)
             for name, value in (("src", sub.src), ("dst", sub.dst), ("sport", sub.sport),
                                 ("dport", sub.dport)):
-                s[name][rows] = value
+                if everyone:
+                    s[name] = value
+                else:
+                    s[name][rows] = value
             dropped = verdict != 0
             gone = rows[dropped]
             stage[gone], reason[gone] = k, verdict[dropped]

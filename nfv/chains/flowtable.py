@@ -22,7 +22,8 @@ over tensors and stop when no key is left searching.
 
 from __future__ import annotations
 
-from ..nfs.lazy_torch import torch
+import torch
+
 from .packets import flow_hash
 
 EMPTY, TOMB = -1, -2
@@ -46,15 +47,15 @@ class DeviceFlowTable:
         self.cols = {name: torch.full((capacity,), fill, dtype=torch.int64, device=self.device)
                      for name, fill in self.fills.items()}
 
-    def _home(self, k1, k2):
-        return flow_hash(k1, k2) & (self.capacity - 1)
+    def _home(self, k1, k2, hashes=None):
+        return (flow_hash(k1, k2) if hashes is None else hashes) & (self.capacity - 1)
 
-    def lookup(self, k1, k2):
-        """Slots of the keys, -1 where absent."""
+    def lookup(self, k1, k2, hashes=None):
+        """Slots of the keys, -1 where absent; ``hashes``: their ``flow_hash`` if known."""
         n = k1.shape[0]
         found = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         todo = torch.arange(n, device=self.device)
-        slot = self._home(k1, k2)
+        slot = self._home(k1, k2, hashes)
         mask = self.capacity - 1
         while todo.numel():
             s = slot[todo]
@@ -66,7 +67,7 @@ class DeviceFlowTable:
             slot[todo] = (slot[todo] + 1) & mask
         return found
 
-    def insert(self, k1, k2):
+    def insert(self, k1, k2, hashes=None):
         """Slots given to the keys (distinct, absent), with their columns at the fill values."""
         n = int(k1.shape[0])
         if n == 0:
@@ -75,7 +76,7 @@ class DeviceFlowTable:
         got = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         owner = torch.full((self.capacity,), -1, dtype=torch.int64, device=self.device)
         todo = torch.arange(n, device=self.device)
-        slot = self._home(k1, k2)
+        slot = self._home(k1, k2, hashes)
         mask = self.capacity - 1
         fresh = 0
         while todo.numel():

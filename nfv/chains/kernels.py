@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..nfs.lazy_torch import torch
+import torch
+
 from . import states as st
 from .flowtable import DeviceFlowTable
-from .packets import flow_hash
 from .reference import Backends, compile_acl, endpoint, pool_bindings
 from .scan import Segments, fsm_scan, last_marked, previous_gap
 
@@ -40,6 +40,8 @@ class Sub:
     dir: object
     arrival: object
     seg: Segments
+    hash: object  # flow_hash of the key
+    cls: object  # states.packet_class without the ACL bit
 
 
 def _tensor(values, device):
@@ -66,7 +68,7 @@ class _Stateful:
 
     def _flows(self, sub: Sub):
         heads = sub.seg.first
-        slots = self.table.lookup(sub.k1[heads], sub.k2[heads])
+        slots = self.table.lookup(sub.k1[heads], sub.k2[heads], sub.hash[heads])
         return slots, slots >= 0
 
     def _column(self, name, slots, existed, fill=0):
@@ -79,9 +81,10 @@ class _Stateful:
         self.table.delete(slots[existed & ~keep])
         new = ~existed & keep
         if self.table.reserve(int(new.sum())):
-            slots = self.table.lookup(sub.k1[heads], sub.k2[heads])
+            slots = self.table.lookup(sub.k1[heads], sub.k2[heads], sub.hash[heads])
         slots = slots.clone()
-        slots[new] = self.table.insert(sub.k1[heads][new], sub.k2[heads][new])
+        slots[new] = self.table.insert(sub.k1[heads][new], sub.k2[heads][new],
+                                       sub.hash[heads][new])
         rows = torch.nonzero(keep).squeeze(1)
         for name, value in values.items():
             self.table.cols[name][slots[rows]] = value[rows]
@@ -142,7 +145,7 @@ class FirewallKernel(_Stateful):
         slots, existed = self._flows(sub)
         s0 = self._column("state", slots, existed)
         gap = previous_gap(sub.ts, sub.seg, self._column("last", slots, existed), existed)
-        cls = st.packet_class(sub.flags, sub.proto, self._acl(sub)) * 2 + sub.dir
+        cls = (sub.cls + self._acl(sub) * 32) * 2 + sub.dir
         found, after, _ = fsm_scan(self.next, self.timeouts, cls, gap, sub.seg, s0)
         verdict = self.verdict.reshape(-1)[cls * self.next.shape[1] + found]
         last = sub.seg.last
@@ -177,7 +180,7 @@ class _SessionKernel(_Stateful):
         slots, existed = self._flows(sub)
         s0 = self._column("state", slots, existed)
         gap = previous_gap(sub.ts, seg, self._column("last", slots, existed), existed)
-        cls = st.packet_class(sub.flags, sub.proto, 0) * 2 + sub.dir
+        cls = sub.cls * 2 + sub.dir
         found, after, timed_out = fsm_scan(self.next, self.timeouts, cls, gap, seg, s0)
         at = cls * self.next.shape[1] + found
         verdict, event = self.verdict.reshape(-1)[at], self.event.reshape(-1)[at]
@@ -313,7 +316,7 @@ class LoadBalancerKernel(_SessionKernel):
         self._load()
 
     def start(self, sub: Sub, rows):
-        chosen = self.maglev[flow_hash(sub.k1[rows], sub.k2[rows]) % self.backends.size]
+        chosen = self.maglev[sub.hash[rows] % self.backends.size]
         if self.vip is not None:
             to_vip = sub.dst[rows] == self.vip[0]
             if self.vip[1]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..nfs.lazy_torch import torch
+import torch
 
 
 @dataclass(slots=True)
