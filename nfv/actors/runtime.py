@@ -93,7 +93,8 @@ class Runtime:
         self.dead: set[str] = set()
         self.processed = 0
         self.running = True
-        self.loader: tuple | None = None
+        self.loader: threading.Thread | None = None  # building the chain of a load
+        self.built: list = []  # the chain it built
         self.session = 0
         self.last_ping = time.monotonic()
         # Batches built while handling one round of messages, sent at its end.
@@ -174,23 +175,22 @@ class Runtime:
         self.endpoint.send(address, kind, (self.session, body))
 
     def on_load(self, sender: str, payload: tuple) -> None:
-        """Build the chain on a thread, so that heartbeats are answered meanwhile (a Maglev
-        table takes longer than a heartbeat time-out); ``serve`` reports it loaded."""
+        """Build the chain on a thread, so that the runtime keeps handling messages (a
+        Maglev table takes longer than a heartbeat time-out); ``serve`` reports it loaded."""
         document, self.session = payload
         self.primaries.clear()
         self.replicas.clear()
         self.processed = 0
-        built: list = []
-        self.loader = (threading.Thread(target=lambda: built.append(build_chain(document)),
-                                        daemon=True), built)
-        self.loader[0].start()
+        self.built = built = []
+        self.loader = threading.Thread(target=lambda: built.append(build_chain(document)),
+                                       daemon=True)
+        self.loader.start()
 
     def loaded(self) -> None:
-        thread, built = self.loader
-        if not thread.is_alive():
+        if not self.loader.is_alive():
             self.loader = None
-            if built:
-                self.chain = built[0]
+            if self.built:
+                self.chain = self.built.pop()
                 self.endpoint.send(self.switch, "loaded", self.name)
 
     def on_dead(self, sender: str, name: str) -> None:
