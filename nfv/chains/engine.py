@@ -158,6 +158,8 @@ class TensorChain:
         for k, nf in enumerate(self.nfs):
             t0 = time.perf_counter()
             rows = torch.nonzero(alive).squeeze(1)
+            if rows.numel() == 0:  # every packet dropped before this stage
+                continue
             everyone = rows.numel() == n  # nothing dropped yet: no gathers, no scatters
 
             def take(t, rows=rows, everyone=everyone):

@@ -12,10 +12,10 @@ named int64 columns indexed by slot. Every operation takes a batch of keys:
   slot one scatter picks a winner and the others probe on (collision handling
   within the batch). Tombstones are reused.
 * ``delete(slots)`` — tombstones; ``reserve`` (called by ``insert``) grows and
-  rehashes the table when live entries plus tombstones would pass half the
-  capacity, which moves every entry: callers holding slots look them up again.
+  rehashes the table when live entries plus tombstones would pass a quarter of
+  the capacity, which moves every entry: callers holding slots look them up again.
 
-Expected probes per key are O(1) at load <= 1/2; the rounds of a batch are as
+Expected probes per key are O(1) at load <= 1/4; the rounds of a batch are as
 many as its longest probe sequence. No host round-trip per key: the loops run
 over tensors and stop when no key is left searching.
 """
@@ -27,7 +27,7 @@ import torch
 from .packets import flow_hash
 
 EMPTY, TOMB = -1, -2
-MAX_LOAD = 0.5
+MAX_LOAD = 0.25  # short probe sequences: a batch's lookup takes as many rounds as its longest
 
 
 class DeviceFlowTable:
@@ -46,6 +46,9 @@ class DeviceFlowTable:
         self.k2 = torch.full((capacity,), EMPTY, dtype=torch.int64, device=self.device)
         self.cols = {name: torch.full((capacity,), fill, dtype=torch.int64, device=self.device)
                      for name, fill in self.fills.items()}
+        # which key claimed a slot in an insert round; every claimant of a free slot writes
+        # it in that round, so values left from earlier rounds are never read
+        self._owner = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
 
     def _home(self, k1, k2, hashes=None):
         return (flow_hash(k1, k2) if hashes is None else hashes) & (self.capacity - 1)
@@ -74,7 +77,7 @@ class DeviceFlowTable:
             return torch.zeros(0, dtype=torch.int64, device=self.device)
         self.reserve(n)
         got = torch.full((n,), -1, dtype=torch.int64, device=self.device)
-        owner = torch.full((self.capacity,), -1, dtype=torch.int64, device=self.device)
+        owner = self._owner
         todo = torch.arange(n, device=self.device)
         slot = self._home(k1, k2, hashes)
         mask = self.capacity - 1

@@ -395,12 +395,7 @@ class RateLimiterKernel(_Stateful):
         last = self._column("last", slots, existed)
         fresh = ~existed
         verdict = torch.zeros_like(sub.ts)
-        order = torch.argsort(seg.pos, stable=True)
-        counts = torch.bincount(seg.pos).tolist() if seg.pos.numel() else []
-        at = 0
-        for rnd, c in enumerate(counts):
-            rows = order[at:at + c]
-            at += c
+        for rnd, rows in enumerate(seg.rounds()):
             s = seg.index[rows]
             dt = torch.clamp(sub.ts[rows] - last[s], min=0, max=self.max_dt)
             tok = torch.clamp(tokens[s] + self.rate * dt, max=self.cap)

@@ -36,20 +36,25 @@ class Segments:
     last: object  # [count] position of its last packet
     pos: object  # [n] position of the packet within its segment
     longest: int
+    cached_order: tuple | None = None
 
     @property
     def count(self) -> int:
         return int(self.first.shape[0])
 
+    def round_order(self) -> tuple:
+        """(positions sorted by place in their flow, packets per place), computed once."""
+        if self.cached_order is None:
+            order = torch.sort(self.pos, stable=True).indices
+            counts = torch.bincount(self.pos).tolist() if self.pos.numel() else []
+            self.cached_order = (order, counts)
+        return self.cached_order
+
     def rounds(self):
         """Packet positions by their place in their flow: round ``r`` holds every flow's
-        ``r``-th packet (one per flow), rounds in order."""
-        order = torch.sort(self.pos, stable=True).indices
-        counts = torch.bincount(self.pos).tolist() if self.pos.numel() else []
-        at = 0
-        for count in counts:
-            yield order[at:at + count]
-            at += count
+        ``r``-th packet (one per flow), rounds in order (computed once per segmentation)."""
+        order, counts = self.round_order()
+        return list(torch.split(order, counts)) if counts else []
 
     @classmethod
     def of(cls, k1, k2) -> Segments:
@@ -87,18 +92,27 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0):
     whether the packet found its flow timed out)."""
     width = next_table.shape[1]
     flat = next_table.reshape(-1)
-    n = cls.shape[0]
-    found = torch.empty(n, dtype=torch.int64, device=cls.device)
-    after = torch.empty_like(found)
+    order, sizes = seg.round_order()
+    # per round, contiguous slices of these (views): no gathers inside the loop
+    flows = torch.split(seg.index[order], sizes)
+    gaps = torch.split(gap[order], sizes)
+    rows = torch.split(cls[order] * width, sizes)
+    found_r = torch.empty_like(order)
+    after_r = torch.empty_like(order)
+    found_parts = torch.split(found_r, sizes)
+    after_parts = torch.split(after_r, sizes)
     cur = s0.clone()
-    for rows in seg.rounds():
-        at = seg.index[rows]
+    for at, g, base, found_out, after_out in zip(flows, gaps, rows, found_parts, after_parts):
         state = cur[at]
-        found[rows] = state
-        state = torch.where(gap[rows] > timeouts[state], torch.zeros_like(state), state)
-        nxt = flat[cls[rows] * width + state]
-        after[rows] = nxt
+        found_out.copy_(state)
+        state = torch.where(g > timeouts[state], 0, state)
+        nxt = flat[base + state]
+        after_out.copy_(nxt)
         cur[at] = nxt
+    found = torch.empty_like(found_r)
+    after = torch.empty_like(after_r)
+    found[order] = found_r
+    after[order] = after_r
     timed_out = (found != 0) & (gap > timeouts[found])
     found_eff = torch.where(timed_out, torch.zeros_like(found), found)
     return found_eff, after, timed_out
