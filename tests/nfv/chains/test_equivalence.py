@@ -154,3 +154,13 @@ def test_maglev_balance_and_affinity():
     fewer = maglev_table(names[:-1], 65537)
     kept = sum(1 for a, b in zip(table, fewer) if a == b and a != 6)
     assert kept / (65537 - counts[6]) > 0.9  # Maglev's minimal disruption (paper: ~1-2% move)
+
+
+def test_a_batch_the_firewall_drops_whole():
+    flood = _syn_flood(5)
+    flood.src[:] = (10 << 24) + 3  # the ACL's blocked client
+    chains = run_both(small_chain().l4_chain, flood, [5])
+    for chain in chains:
+        assert chain.nfs[1].translations == 0 and chain.nfs[3].snapshot() == {}
+    for chain in chains:
+        assert len(chain.run_batch(flood.slice(0, 0)).stage) == 0
