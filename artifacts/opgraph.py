@@ -93,10 +93,29 @@ class ProfileInfo:
     scaling_batch_size: int | None = None  # the smaller batch the ops' fixed parts came from
     # heap policy while timing (``dl_nfv.profilers.allocator``): kept, system; "" not recorded
     allocator: str = ""
+    # every intra-op thread count the ops were timed with (``threads`` among them; the
+    # others in ``Op.fwd_ms_by_threads``); empty: ``threads`` alone
+    thread_counts: tuple[int, ...] = ()
+    # spread over the timed rounds at ``threads``, as the interquartile range over the median
+    # (None: not recorded): of the per-op sum of a round, of the whole step, and of each op
+    # (the median over ops, weighted by their time)
+    op_sum_spread: float | None = None
+    step_spread: float | None = None
+    op_spread: float | None = None
+    # share of the per-op sum in ops whose median was still uncertain by more than the
+    # profiler's tolerance when it stopped adding rounds (None: not recorded)
+    noisy_share: float | None = None
     note: str = ""
 
     def __post_init__(self) -> None:
         check(self.threads >= 1, f"threads must be >= 1, got {self.threads}")
+        check(all(n >= 1 for n in self.thread_counts),
+              f"thread_counts must be >= 1, got {list(self.thread_counts)}")
+        check(not self.thread_counts or self.threads in self.thread_counts,
+              f"thread_counts {list(self.thread_counts)} must include threads ({self.threads})")
+        for name in ("op_sum_spread", "step_spread", "op_spread", "noisy_share"):
+            value = getattr(self, name)
+            check(value is None or value >= 0, f"{name} must be >= 0, got {value}")
         check(self.step_ms is None or self.step_ms >= 0, f"step_ms must be >= 0, got {self.step_ms}")
 
 
@@ -130,6 +149,11 @@ class Op:
     # of bwd_ms, the time autograd spends summing the gradients of the tied weights the op
     # owns from their uses (batch-independent; gone where a plan splits the uses)
     tie_sum_ms: dict[str, float] = field(default_factory=dict)
+    # the op's times on the profile's device type at other intra-op thread counts than the
+    # profile's ``threads`` (key: the thread count, as text), timed in the same profile run;
+    # the cost model scales the op to a CPU device's cores from them (``ProfileInfo``)
+    fwd_ms_by_threads: dict[str, float] = field(default_factory=dict)
+    bwd_ms_by_threads: dict[str, float] = field(default_factory=dict)
     splittable_dims: tuple[int, ...] = ()
     module: str = ""
 
@@ -143,9 +167,14 @@ class Op:
             check(0 <= self.bwd_input_flops <= self.bwd_flops * (1 + 1e-9),
                   f"op {self.id!r}: bwd_input_flops must be in [0, bwd_flops = {self.bwd_flops}], "
                   f"got {self.bwd_input_flops}")
-        for name in ("fwd_ms", "bwd_ms", "fwd_fixed_ms", "bwd_fixed_ms", "tie_sum_ms"):
+        for name in ("fwd_ms", "bwd_ms", "fwd_fixed_ms", "bwd_fixed_ms", "tie_sum_ms",
+                     "fwd_ms_by_threads", "bwd_ms_by_threads"):
             for device_type, ms in getattr(self, name).items():
                 check(ms >= 0, f"op {self.id!r}: {name}[{device_type!r}] must be >= 0, got {ms}")
+        for name in ("fwd_ms_by_threads", "bwd_ms_by_threads"):
+            for threads in getattr(self, name):
+                check(threads.isdigit() and int(threads) >= 1,
+                      f"op {self.id!r}: {name} keys are thread counts >= 1, got {threads!r}")
         for device_type, ms in self.tie_sum_ms.items():
             check(device_type in self.bwd_ms,
                   f"op {self.id!r}: tie_sum_ms[{device_type!r}] is part of a backward time, but "

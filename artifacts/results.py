@@ -120,8 +120,10 @@ class NetworkProbe:
     matmul_gflops: tuple[float, ...] = ()  # per rank
     memory_gb_per_s: tuple[float, ...] = ()  # per rank
     memory_gib: dict[str, float] = field(default_factory=dict)  # per host
+    threads: int = 0  # every rank's intra-op threads where --threads gave them; 0: not given
 
     def __post_init__(self) -> None:
+        check(self.threads >= 0, f"threads must be >= 0, got {self.threads}")
         check(self.kind == "network-probe", f"kind must be 'network-probe', got {self.kind!r}")
         check(len(self.hosts) == len(self.devices) == self.world_size,
               f"hosts ({len(self.hosts)}) and devices ({len(self.devices)}) must name every one "

@@ -13,9 +13,12 @@ Steps
     3. ``warmup`` more plain steps, untimed (default none: the counting pass
        already ran every kernel at full size).
     4. ``repeats`` rounds of one plain step (timed whole) and one instrumented
-       step (timed per op); the graph records per-op medians and the median
-       whole step, and ``ProfileInfo`` states the ratio of the per-op sum to
-       the step. An op that owns a tied weight also records the part of its
+       step (timed per op), and more (up to ``MAX_ROUND_FACTOR`` times as many)
+       while the medians are not yet known well enough (``rounds``: the per-op
+       sum within 2%, noisy ops under a tenth of it); the graph records per-op
+       medians and the median whole step, and ``ProfileInfo`` states the ratio
+       of the per-op sum to the step and the spread of the rounds. The process
+       is pinned to as many CPUs as it has threads, as the runtime pins a worker. An op that owns a tied weight also records the part of its
        backward that sums the weight's gradients from its uses (``tie_sum_ms``,
        the median of the same rounds; ``measure`` says how it is cut out).
     5. With ``batch_scaling`` (the default) and a batch of at least 2, each
@@ -32,18 +35,27 @@ Steps
        ``f = b / B``, clipped to ``[0, t]`` (``fwd_fixed_ms``/``bwd_fixed_ms``).
        On a CPU most of it is reading and packing the weights of small-batch
        matmuls; it decides how data-parallel replicas and microbatches scale.
+    6. On a CPU (``thread_scaling``, the default), every op is timed again at
+       1 thread and at this process's CPU count, where the profile's own
+       threads are neither (pinned, one settling step, rounds by the same
+       rule): ``Op.fwd_ms_by_threads`` / ``bwd_ms_by_threads``, and
+       ``ProfileInfo.thread_counts``. The cost model interpolates each op
+       between them to a device's cores, so one profile serves a plan whatever
+       cores its devices have (``simulator/extrapolation.py``).
 
-Costs scale with the model: the two counting passes plus ``warmup + 2 * repeats``
-training steps (and ``repeats`` small-batch steps), and O(nodes) bookkeeping
-per step.
+Costs scale with the model: the two counting passes plus ``warmup + 2 * rounds``
+training steps (and ``rounds`` small-batch steps; ``repeats <= rounds <= 4 repeats``),
+``1 + rounds`` steps per other thread count, and O(nodes) bookkeeping per step.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 import torch
 
@@ -65,6 +77,7 @@ from .devices import catalog_name_of_cuda
 from .graph import build_ops
 from .measure import LOSS, Recorder, make_clock
 from .probe import PROBE_ROWS, colocation_groups, probe
+from .rounds import MAX_ROUND_FACTOR, allowed_cpus, pin, relative_iqr, stability
 
 Progress = Callable[[str, int, int], None]
 # the fixed parts of op times are measured at batch B // SCALING_DIVISOR (at least 1)
@@ -124,7 +137,7 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
                   repeats: int = 3, warmup: int = 0, threads: int | None = None, seed: int = 0,
                   device: str = "auto", device_type: str | None = None,
                   leaf_modules: Iterable[str] = (), batch_scaling: bool = True,
-                  progress: Progress | None = None) -> OpGraph:
+                  thread_scaling: bool = True, progress: Progress | None = None) -> OpGraph:
     """Profile ``model`` on the local device into an ``OpGraph`` (see the module doc).
 
     Parameters
@@ -140,6 +153,8 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
     leaf_modules : module names or classes traced as opaque ops.
     batch_scaling : also time every op at an eighth of the batch, to measure the part of
         its time that does not shrink with the batch (see the module doc).
+    thread_scaling : on a CPU, also time every op at 1 thread and at this process's CPU
+        count where ``threads`` is neither (module doc, step 6).
     progress : called as ``progress(description, done, total)`` after each step.
 
     Raises ``BadInput`` (unknown model, bad shapes, a model that fails on its
@@ -159,26 +174,33 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
     leaves = tuple(leaf_modules)
     allocator = keep_freed_memory()
     previous_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
+    cpus = allowed_cpus() if dev.type == "cpu" else []
+    main = threads or previous_threads
+    counts = sorted({main, 1, len(cpus)} - {0}) if thread_scaling and cpus else [main]
     try:
+        torch.set_num_threads(main)
+        pin(main, cpus)
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(seed)
             return _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves,
-                            batch_scaling, progress, allocator)
+                            batch_scaling, progress, allocator, counts)
     finally:
         torch.set_num_threads(previous_threads)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
 
 
 def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, batch_scaling,
-             progress, allocator):
+             progress, allocator, thread_counts):
     small = max(1, model.batch_size // SCALING_DIVISOR) if batch_scaling and model.batch_size > 1 else 0
-    total = 2 + warmup + 2 * repeats + (repeats if small else 0)
+    per_round = 3 if small else 2
+    others = [n for n in thread_counts if n != torch.get_num_threads()]
+    total = 2 + warmup + per_round * repeats + sum(1 + repeats for _ in others)
     done = 0
 
-    def tick(what: str) -> None:
-        nonlocal done
-        done += 1
+    def tick(what: str, more: int = 0) -> None:
+        nonlocal done, total
+        done, total = done + 1, total + more
         if progress is not None:
             progress(what, done, total)
 
@@ -224,9 +246,12 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         steps, fwd_runs, bwd_runs = [], defaultdict(list), defaultdict(list)
         tie_runs = defaultdict(list)
         smaller = _SmallBatchRounds(cap, workload, small, seed, dev) if small else None
-        for _ in range(repeats):
+        for r in range(MAX_ROUND_FACTOR * repeats):
+            if r >= repeats and stability(fwd_runs, bwd_runs, cap.op_ids).stable:
+                break
+            more = per_round if r >= repeats else 0  # a round beyond --repeats: noisy ops
             steps.append(plain_step())
-            tick("timing the whole step")
+            tick("timing the whole step", more)
             if dev.type == "cuda" and len(steps) == 1:
                 peak_bytes = torch.cuda.max_memory_allocated(dev)
             _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, [*cap.op_ids, LOSS],
@@ -235,6 +260,8 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
             if smaller is not None:  # right after the full batch's round, on the same machine state
                 smaller.run(clock, module)
                 tick(f"timing every op at batch {small}")
+        at_threads = {n: _thread_pass(n, cap, clock, module, inputs, loss_fn, plain_step, repeats, tick)
+                      for n in others}
     module.zero_grad(set_to_none=True)
 
     round_sums = _round_sums_s(fwd_runs, bwd_runs, cap.op_ids)
@@ -244,6 +271,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     fixed, scaling_note = smaller.fixed_parts(model.batch_size, fwd_ms, bwd_ms) if smaller else ({}, "")
     ops, edges = build_ops(cap, counter, recorder.value_meta, fwd_ms, bwd_ms, type_name,
                            model.batch_size, fixed, tie_ms, input_counter.bwd_flops)
+    ops = _with_thread_times(ops, at_threads)
     step_ms = statistics.median(steps) * 1e3
     op_sum_ms = sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids)
     loss_ms = fwd_ms[LOSS] + bwd_ms[LOSS]
@@ -253,16 +281,20 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     colocation, colocation_note = _runtime_colocation(cap, workload, seed, dev)
     ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,
                    dtype=model.dtype, inputs=model.inputs, options=options)
+    spread = stability(fwd_runs, bwd_runs, cap.op_ids)
     info = ProfileInfo(
         device_type=type_name, threads=torch.get_num_threads(), torch_version=torch.__version__,
-        repeats=repeats, warmup=warmup, step_ms=round(step_ms, 4), op_sum_ms=round(op_sum_ms, 4),
+        repeats=len(steps), warmup=warmup, step_ms=round(step_ms, 4), op_sum_ms=round(op_sum_ms, 4),
         peak_memory_bytes=int(peak_bytes), scaling_batch_size=small if fixed else None,
         allocator=allocator,
+        thread_counts=tuple(sorted({torch.get_num_threads(), *at_threads})) if at_threads else (),
+        op_sum_spread=round(spread.sum_spread, 4), step_spread=round(relative_iqr(steps), 4),
+        op_spread=round(spread.op_spread, 4), noisy_share=round(spread.noisy_share, 4),
         note=(f"op sum / step = {op_sum_ms / step_ms:.3f} (medians), "
               f"{min(round_sums) / min(steps):.3f} (fastest round of each), "
               f"{_per_round(round_sums)}; loss outside the "
-              f"graph {loss_ms:.2f} ms; {scaling_note}seed {seed}; {_machine(dev)}"
-              f"{colocation_note}"))
+              f"graph {loss_ms:.2f} ms; {scaling_note}{_threads_note(at_threads, op_sum_ms)}"
+              f"seed {seed}; {_machine(dev)}{colocation_note}"))
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges,
                    colocation=colocation)
 
@@ -337,6 +369,56 @@ def _round_sums_s(fwd_runs: dict, bwd_runs: dict, ops: list[str]) -> list[float]
 
 def _per_round(sums_s: list[float]) -> str:
     return f"op sum per round {min(sums_s) * 1e3:.1f}-{max(sums_s) * 1e3:.1f} ms"
+
+
+def _thread_pass(threads: int, cap, clock, module, inputs, loss_fn, plain_step, repeats: int,
+                 tick) -> tuple[dict[str, float], dict[str, float], float]:
+    """Every op timed at ``threads`` intra-op threads, pinned as a worker of that many
+    (module doc, step 6): one untimed step to settle the thread pool, then rounds as at the
+    profile's own threads, by the same rule. Returns per-op median forward and backward
+    milliseconds and the spread of the round sums; the caller restores the threads."""
+    main = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    cpus = allowed_cpus()
+    pin(threads, cpus)
+    fwd_runs, bwd_runs = defaultdict(list), defaultdict(list)
+    try:
+        plain_step()
+        tick(f"warming up {threads} thread(s)")
+        for r in range(MAX_ROUND_FACTOR * repeats):
+            if r >= repeats and stability(fwd_runs, bwd_runs, cap.op_ids).stable:
+                break
+            _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, cap.op_ids)
+            tick(f"timing every op at {threads} thread(s)", 1 if r >= repeats else 0)
+    finally:
+        torch.set_num_threads(main)
+        pin(main, cpus)
+    return ({o: statistics.median(fwd_runs[o]) * 1e3 for o in cap.op_ids},
+            {o: statistics.median(bwd_runs[o]) * 1e3 for o in cap.op_ids},
+            stability(fwd_runs, bwd_runs, cap.op_ids).sum_spread)
+
+
+def _with_thread_times(ops, at_threads: dict) -> tuple:
+    """``ops`` with their times at the other thread counts (``Op.fwd_ms_by_threads``)."""
+    if not at_threads:
+        return tuple(ops)
+    out = []
+    for op in ops:
+        if not op.fwd_ms:  # an op the profile does not time (an input)
+            out.append(op)
+            continue
+        fwd = {str(n): round(f[op.id], 6) for n, (f, _, _) in sorted(at_threads.items())}
+        bwd = {str(n): round(b[op.id], 6) for n, (_, b, _) in sorted(at_threads.items())}
+        out.append(replace(op, fwd_ms_by_threads=fwd,
+                           bwd_ms_by_threads=bwd if op.bwd_ms else {}))
+    return tuple(out)
+
+
+def _threads_note(at_threads: dict, op_sum_ms: float) -> str:
+    parts = [f"{sum(f.values()) + sum(b.values()):.1f} ms (spread {spread:.1%}) at {n} thread(s)"
+             for n, (f, b, spread) in sorted(at_threads.items())]
+    return f"op sum {op_sum_ms:.1f} ms at {torch.get_num_threads()} thread(s), " + ", ".join(
+        parts) + "; " if parts else ""
 
 
 def fixed_part(t_ms: float, t_small_ms: float, fraction: float) -> float:

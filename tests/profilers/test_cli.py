@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from dl_nfv.artifacts import load
 from dl_nfv.cli.main import cli
 from dl_nfv.profilers.allocator import keep_freed_memory
+from dl_nfv.profilers.rounds import MAX_ROUND_FACTOR
 from tests.conftest import ROOT
 
 DATA = ROOT / "tests" / "data"
@@ -68,7 +69,8 @@ def test_profile_a_zoo_model_to_a_file(tmp_path):
     assert result.exit_code == 0, result.output
     graph = load(out, expect="op-graph")
     assert graph.model.batch_size == 2 and graph.granularity.value == "layer"
-    assert graph.profile.threads == 1 and graph.profile.repeats == 1
+    # --repeats is the least number of rounds; more while the medians are not yet stable
+    assert graph.profile.threads == 1 and 1 <= graph.profile.repeats <= MAX_ROUND_FACTOR
     assert graph.profile.allocator == keep_freed_memory()  # the heap policy it timed under
     assert result.output == ""  # nothing on stdout when writing a file
 

@@ -14,8 +14,11 @@ from hypothesis import strategies as st
 from dl_nfv.artifacts import BadInput, Granularity, OpKind, from_document, to_data
 from dl_nfv.profilers import profile_model, zoo
 from dl_nfv.profilers.model import fixed_part
+from dl_nfv.profilers.rounds import MAX_ROUND_FACTOR, allowed_cpus
 
-FAST = {"repeats": 1, "warmup": 0}
+# one thread count: the tests of thread scaling ask for it (a second pass on a busy
+# two-core machine can take seconds)
+FAST = {"repeats": 1, "warmup": 0, "thread_scaling": False}
 
 
 def _profile(name, granularity=None, **kwargs):
@@ -95,11 +98,21 @@ def test_edges_carry_tensor_bytes_and_form_a_dag():
 
 
 def test_profile_records_measurements_and_is_deterministic_except_times():
-    a = _profile("gpt2-tiny", repeats=2, warmup=1, seed=7)
-    b = _profile("gpt2-tiny", repeats=2, warmup=1, seed=7)
+    a = _profile("gpt2-tiny", repeats=2, warmup=1, seed=7, thread_scaling=True)
+    b = _profile("gpt2-tiny", repeats=2, warmup=1, seed=7, thread_scaling=True)
     info = a.profile
-    assert info.device_type == "cpu" and info.repeats == 2 and info.warmup == 1
-    assert info.threads == torch.get_num_threads()
+    # --repeats is the least number of rounds (more while the medians are unstable)
+    assert info.device_type == "cpu" and 2 <= info.repeats <= 2 * MAX_ROUND_FACTOR
+    assert info.warmup == 1 and info.threads == torch.get_num_threads()
+    # every op timed at 1 thread and at the CPU count too, and the rounds' spread recorded
+    counts = sorted({info.threads, 1, len(allowed_cpus())})
+    assert info.thread_counts == (tuple(counts) if len(counts) > 1 else ())
+    others = {str(n) for n in counts if n != info.threads}
+    for op in a.ops:
+        if op.kind is not OpKind.INPUT:
+            assert set(op.fwd_ms_by_threads) == others
+    assert all(x is not None and x >= 0 for x in (info.op_sum_spread, info.step_spread,
+                                                  info.op_spread, info.noisy_share))
     assert info.step_ms > 0 and info.op_sum_ms > 0 and "op sum / step" in info.note
     assert info.peak_memory_bytes >= 2 * a.total_param_bytes  # parameters and their gradients
     for op in a.ops:
@@ -112,7 +125,8 @@ def test_profile_records_measurements_and_is_deterministic_except_times():
         data = to_data(graph)
         data.pop("profile")
         for op in data["ops"]:
-            for key in ("fwd_ms", "bwd_ms", "fwd_fixed_ms", "bwd_fixed_ms", "tie_sum_ms"):
+            for key in ("fwd_ms", "bwd_ms", "fwd_fixed_ms", "bwd_fixed_ms", "tie_sum_ms",
+                        "fwd_ms_by_threads", "bwd_ms_by_threads"):
                 op.pop(key, None)
         return data
 
@@ -126,9 +140,15 @@ def test_profile_records_measurements_and_is_deterministic_except_times():
 
 def test_progress_is_reported_for_every_step():
     seen = []
-    _profile("mlp-tiny", repeats=2, warmup=1, progress=lambda what, done, total: seen.append((done, total)))
-    # 2 counting passes, 1 warm-up, 2 x (whole step + per-op step), 2 per-op steps at B / 8
-    assert seen == [(i, 9) for i in range(1, 10)]
+    _profile("mlp-tiny", repeats=2, warmup=1, thread_scaling=True,
+             progress=lambda what, done, total: seen.append((done, total)))
+    # 2 counting passes, 1 warm-up, 2 x (whole step + per-op step), 2 per-op steps at B / 8,
+    # and per other thread count a settling step and 2 per-op steps; the total grows by the
+    # steps of every round added while the medians are unstable, and is reached at the end
+    others = len({torch.get_num_threads(), 1, len(allowed_cpus())}) - 1
+    assert seen[0][1] == 9 + 3 * others
+    assert [done for done, _ in seen] == list(range(1, len(seen) + 1))
+    assert seen[-1][0] == seen[-1][1] and all(b >= a for (_, a), (_, b) in zip(seen, seen[1:]))
 
 
 def test_fixed_part_inverts_the_cost_models_batch_scaling():
@@ -167,7 +187,8 @@ def test_a_model_that_cannot_run_at_the_smaller_batch_keeps_its_full_batch_times
     # batch norm in training needs 2 samples: the rounds at B / 8 = 1 fail, the profile stands
     path = tmp_path / "normed.py"
     path.write_text(NORMED_MODEL)
-    graph = profile_model(zoo.model_ref(f"{path}:build", input_shapes=[(8, 12)]), repeats=2)
+    graph = profile_model(zoo.model_ref(f"{path}:build", input_shapes=[(8, 12)]), repeats=2,
+                          thread_scaling=False)
     assert graph.profile.scaling_batch_size is None
     assert all(not op.fwd_fixed_ms and not op.bwd_fixed_ms for op in graph.ops)
     assert "fixed parts not measured (batch 1 failed: Expected more than 1 value" in graph.profile.note
