@@ -25,3 +25,25 @@ def test_pairs_apart_by_more_than_the_noise_and_swapped_pairs():
     assert fidelity.separable_pairs(pred, meas) == (3, 5)
     # 0-3 and 1-3 measured the other way; 2-3 predicted equal: a tie, not a swap
     assert fidelity.discordant_pairs(pred, meas) == [(0, 3), (1, 3)]
+
+
+def _row(model, plan, predicted, measured):
+    return {"model": model, "plan": plan, "predicted_ms": predicted, "measured_ms": measured,
+            "rel_error": (predicted - measured) / measured}
+
+
+def test_per_model_summary_of_errors_best_plan_and_pairs():
+    rows = [_row("a", "x", 11.0, 10.0), _row("a", "y", 18.0, 20.0), _row("a", "z", 30.0, 24.0),
+            _row("b", "x", 10.0, 10.0), _row("b", "y", 9.0, 10.5), {"model": "b", "plan": "f",
+                                                                      "error": "failed"}]
+    a, b = fidelity.model_summary(rows)
+    # |errors| 10%, 10%, 25%: median 10%, worst 25%; x leads y by 2x and is predicted best;
+    # pairs apart by > 10%: x-y, x-z, y-z (20 vs 24), all ordered right
+    assert a == ["a", "3", "10.0%", "25.0%", "yes", "3 / 3"]
+    # within 10% of each other: no best plan to name, no pair to order
+    assert b == ["b", "2", "7.1%", "14.3%", "- (lead <= 10%)", "0 / 0"]
+
+
+def test_a_best_plan_predicted_second_is_reported():
+    rows = [_row("a", "x", 12.0, 10.0), _row("a", "y", 11.0, 20.0)]
+    assert fidelity.model_summary(rows)[0][4:] == ["no", "0 / 1"]
