@@ -21,7 +21,8 @@ Model (shared with the kernels):
   (address, port) bindings; forward packets leave with the binding as source,
   replies with the client's address as destination. A start that finds the pool
   empty leaves the session without binding: its packets are dropped
-  (``pool_exhausted``) until it ends. Bindings come back at the end of the batch
+  (``pool_exhausted``) until it ends. A session closed by both FINs keeps its
+  binding for ``closing_s``. Bindings come back at the end of the batch
   in which their session ended (RST, or a packet that found it timed out), or at
   a sweep (in flow-key order).
 * **lb** — Maglev (Eisenbud et al., NSDI 2016): a prime-size lookup table filled
