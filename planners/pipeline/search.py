@@ -222,7 +222,10 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
         per_ordering.append((min(scores.values(), default=float("inf")), ordering, scores))
     per_ordering.sort(key=lambda x: x[0])
     refined = problem.coarsened
-    if per_ordering and per_ordering[0][0] < float("inf") and len(problem.devices) > 2:
+    # on a uniform cluster a host-block move either permutes alike hosts (an equivalent
+    # ordering) or splits a leaf's hosts apart: no local search (``symmetry``)
+    if (per_ordering and per_ordering[0][0] < float("inf") and len(problem.devices) > 2
+            and problem.labels is None):
         if not refined:  # what a plan cut at once by its time limit would be made from
             state.outcome.base = state.scheduled(problem)
         state.local_search(per_ordering[0], seed, t0 + time_limit * LOCAL_SEARCH_SHARE)
