@@ -15,7 +15,9 @@
 4. **Local search over orderings**: host-block moves of the best ordering
    (seeded ``random.Random(seed)``, a fixed number of rounds), re-running 2–3
    for the microbatch counts that did best; a move is kept when its score is
-   better.
+   better. None on a uniform cluster (``symmetry``), whose orderings equal up to its
+   symmetry are explored once in any case. The candidates as they stood before it are
+   kept (``Outcome.base``) for a plan given more time to keep what a shorter one has.
 5. **Finer units** (graphs the problem coarsened): every allowed cut within a unit of a
    stage boundary of the fastest layout so far becomes a unit boundary
    (``finer_units``: op by op where the cuts are, coarse elsewhere), the best layouts so
