@@ -192,7 +192,7 @@ def main(argv=None) -> None:
                         help="heterog's refinement budget (simulations)")
     parser.add_argument("--budget", type=int, default=300,
                         help="simulations per start in the learning section")
-    parser.add_argument("--episodes", type=int, default=6000,
+    parser.add_argument("--episodes", type=int, default=4500,
                         help="episodes for the policy that sees every case")
     parser.add_argument("--train-search-s", type=float, default=15.0)
     parser.add_argument("--no-record", action="store_true", help="print only")

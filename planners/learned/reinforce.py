@@ -123,7 +123,7 @@ def _train(policy: StrategyPolicy, problems: Sequence[Problem], *, episodes: int
             dist = torch.distributions.Categorical(logits=logits)
             loss = loss - advantage * dist.log_prob(picks).sum()
             if imitation_weight > 0:
-                loss = loss - imitation_weight * dist.log_prob(best_picks[k]).mean()
+                loss = loss - imitation_weight * dist.log_prob(best_picks[k]).sum()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
