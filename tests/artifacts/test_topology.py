@@ -38,7 +38,8 @@ def test_every_example_loads_and_compiles(path):
 
 def test_expected_example_sizes():
     sizes = {p.stem: len(cluster_of(load(p)).devices) for p in TOPOLOGIES}
-    assert sizes == {"a100-2x4-100g": 8, "a100-2x4-25g": 8, "heterog-testbed8": 8, "local-cpu": 2,
+    assert sizes == {"a100-2x4-100g": 8, "a100-2x4-25g": 8, "a100-4x8-leafspine": 32,
+                     "heterog-testbed8": 8, "local-cpu": 2, "mixed-a100-t4-2rack": 12,
                      "ring8-mixed": 8, "tag-hetero16": 16, "v100x8-nvlink": 8}
     tag = cluster_of(load([p for p in TOPOLOGIES if p.stem == "tag-hetero16"][0]))
     kinds = sorted(d.type.name for d in tag.devices)
