@@ -4,18 +4,24 @@ A batch is sorted by flow key, then by arrival (two stable sorts), so each flow'
 packets form one *segment* in arrival order. ``Segments`` numbers them and
 places every packet in its segment.
 
-``fsm_scan`` runs a per-flow state machine over every segment at once, the way
-GPUNFV's kernel gives each flow a thread that walks its packets: round ``r``
-takes the ``r``-th packet of every flow (one vector operation over all flows),
-looks up the state its flow is in, applies the time-out (a state whose idle
-time-out is shorter than the gap to the flow's previous packet counts as NONE)
-and the machine's table for the packet's class, and writes the flow's new state.
+``fsm_scan`` runs a per-flow state machine over every segment at once. The
+state a packet finds is the one left by its flow's previous packet (after the
+time-out: a state whose idle time-out is shorter than the gap to the flow's
+previous packet counts as NONE); since most packets leave the state as it was,
+the scan iterates over state changes, not packets (a fixed point, see
+``fsm_scan``). ``Segments.rounds`` gives the other order, GPUNFV's thread per
+flow walking its packets: round ``r`` holds the ``r``-th packet of every flow
+(used where a step is not a table lookup, the rate limiter's token bucket).
 Packets of one flow are applied in arrival order and flows are independent, so
-this is exactly the packet-by-packet result for any interleaving of flows.
+both are exactly the packet-by-packet result for any interleaving of flows.
 
-Complexity: O(n) work in L rounds, L the longest segment. (The associative form,
-a Hillis–Steele scan over the packets' transition functions, needs O(n W log L)
-work with W the number of states; its [n, W] gathers measured slower on a CPU.)
+Complexity: rounds take O(n) work in L vector steps, L the longest segment, each
+over one packet per flow; ``fsm_scan`` instead iterates to a fixed point over the
+state *changes* (see its docstring): O(n) work per pass and C + 1 passes, C the most
+state changes in one flow (a TCP flow's handshake and teardown: about 6, however
+many packets it carries). (The associative form, a Hillis–Steele scan over the
+packets' transition functions, needs O(n W log L) work with W the number of states;
+its [n, W] gathers measured slower on a CPU.)
 
 Monitor counters are plain segmented sums (``index_add_`` over segment ids).
 """
@@ -89,31 +95,39 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0):
     """Run the machine ``next_table`` ([classes, W]) over the segments from states ``s0``.
 
     Returns (state each packet finds after time-outs, state after each packet,
-    whether the packet found its flow timed out)."""
+    whether the packet found its flow timed out).
+
+    Fixed-point form: a packet finds the state left by the latest packet before it in
+    its flow that *changed* the state (``s0`` if none). Starting from every packet
+    finding ``s0``, each pass applies every packet's step to the state it is given,
+    marks the changes and gives every packet the result of the latest change before it
+    (a running maximum of change positions). A pass makes every packet up to and
+    including the first wrong one in each flow right, so passes stop, at the exact
+    packet-by-packet result, after (most state changes in one flow) + 1 passes, at most
+    the longest segment; each pass is O(n) vector work."""
+    n = cls.shape[0]
     width = next_table.shape[1]
     flat = next_table.reshape(-1)
-    order, sizes = seg.round_order()
-    # per round, contiguous slices of these (views): no gathers inside the loop
-    flows = torch.split(seg.index[order], sizes)
-    gaps = torch.split(gap[order], sizes)
-    rows = torch.split(cls[order] * width, sizes)
-    found_r = torch.empty_like(order)
-    after_r = torch.empty_like(order)
-    found_parts = torch.split(found_r, sizes)
-    after_parts = torch.split(after_r, sizes)
-    cur = s0.clone()
-    for at, g, base, found_out, after_out in zip(flows, gaps, rows, found_parts, after_parts):
-        state = cur[at]
-        found_out.copy_(state)
-        state = torch.where(g > timeouts[state], 0, state)
-        nxt = flat[base + state]
-        after_out.copy_(nxt)
-        cur[at] = nxt
-    found = torch.empty_like(found_r)
-    after = torch.empty_like(after_r)
-    found[order] = found_r
-    after[order] = after_r
-    timed_out = (found != 0) & (gap > timeouts[found])
+    base = cls * width
+    head_state = s0[seg.index]
+    start = seg.first[seg.index]
+    idx = torch.arange(n, device=cls.device)
+    found = head_state
+    marks = torch.empty_like(idx)
+    while True:
+        lapsed = gap > timeouts[found]
+        after = flat[base + torch.where(lapsed, torch.zeros_like(found), found)]
+        changed = after != found
+        marks[0] = -1
+        if n > 1:
+            marks[1:] = torch.where(changed[:-1], idx[:-1], -1)
+        latest = torch.cummax(marks, 0).values if n else marks
+        inside = latest >= start
+        nxt = torch.where(inside, after[torch.clamp(latest, min=0)], head_state)
+        if torch.equal(nxt, found):
+            break
+        found = nxt
+    timed_out = (found != 0) & lapsed
     found_eff = torch.where(timed_out, torch.zeros_like(found), found)
     return found_eff, after, timed_out
 
