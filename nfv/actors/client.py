@@ -74,6 +74,14 @@ def status(spec: ClusterSpec) -> dict:
     return result
 
 
+def runtime_of(spec: ClusterSpec, name: str):
+    """The runtime ``name`` of the cluster file; ``BadInput`` for the switch or no runtime."""
+    member = spec.member(name)
+    if member is spec.switch:
+        raise BadInput(f"{name!r} is the cluster's switch, not a runtime")
+    return member
+
+
 def signal_runtime(spec: ClusterSpec, runtime: str, status: dict, sig: int) -> int:
     """Send ``sig`` to ``runtime``'s process (it must run on this machine); its pid."""
     member = spec.member(runtime)
@@ -89,6 +97,7 @@ def signal_runtime(spec: ClusterSpec, runtime: str, status: dict, sig: int) -> i
 def fail(spec: ClusterSpec, runtime: str, wait_s: float = 10.0) -> dict:
     """kill -9 ``runtime`` and wait up to ``wait_s`` for the switch to declare it dead and
     finish the takeover; the switch's event for it (detection and takeover times)."""
+    runtime_of(spec, runtime)
     endpoint, before = connect(spec)
     try:
         pid = signal_runtime(spec, runtime, before, signal.SIGKILL)
@@ -107,7 +116,13 @@ def fail(spec: ClusterSpec, runtime: str, wait_s: float = 10.0) -> dict:
 
 def migrate(spec: ClusterSpec, flows: int, source: str, destination: str, mode: str,
             timeout_s: float = 60.0) -> dict:
-    """Move ``flows`` flows from ``source`` to ``destination``; the completion time."""
+    """Move ``flows`` flows from ``source`` to ``destination``; the completion time.
+
+    The names are checked against the cluster file before the switch is asked."""
+    runtime_of(spec, source)
+    runtime_of(spec, destination)
+    if source == destination:
+        raise BadInput(f"the flows are on {source!r} already: --from and --to name the same runtime")
     endpoint, _ = connect(spec)
     try:
         endpoint.send(spec.switch.endpoint, "migrate", {

@@ -97,6 +97,8 @@ B = {name: "{bad_" + name + "}" for name in BAD_FILES}
 PLAN_IO = ["--graph", "{g}", "--topology", "{t}"]
 RUN = ["--config", "{cfg}", "--trace", "{pcap}"]
 NETSTAR = str(TOPOLOGY.parents[1] / "nf" / "netstar-ids.yaml")
+L4 = str(TOPOLOGY.parents[1] / "nf" / "fw-nat-lb.yaml")
+ACTORS = ["--cluster", str(TOPOLOGY.parents[1] / "nf" / "actors-local.yaml")]
 OUT = ["-o", "{pre}"]  # a file that exists before every case and must not change
 
 CASES: list[tuple[str, list[str]]] = [
@@ -311,6 +313,27 @@ CASES: list[tuple[str, list[str]]] = [
                                               "--store-latency-ms", "nan", *OUT]),
     ("netstar bench --store-latency-ms -3", ["nfv", "netstar", "bench", "--config", NETSTAR,
                                              "--store-latency-ms", "-3", *OUT]),
+    ("chain without l4_chain", ["nfv", "chain", *RUN, *OUT]),
+    ("chain --device", ["nfv", "chain", "--config", L4, "--trace", "{pcap}", "--device", "tpu",
+                        *OUT]),
+    ("chain --batch-size 0", ["nfv", "chain", "--config", L4, "--trace", "{pcap}",
+                              "--batch-size", "0", *OUT]),
+    ("chain -o .txt", ["nfv", "chain", "--config", L4, "--trace", "{pcap}", "-o", "{dir}/c.txt"]),
+    ("learn heterog graph missing", ["plan", "learn", "heterog", "--graphs", "{dir}/nope.json",
+                                     "--topologies", "{t}", *OUT]),
+    ("learn heterog --search-s nan", ["plan", "learn", "heterog", "--graphs", "{g}",
+                                      "--topologies", "{t}", "--search-s", "nan", *OUT]),
+    ("learn heterog --episodes 0", ["plan", "learn", "heterog", "--graphs", "{g}",
+                                    "--topologies", "{t}", "--episodes", "0", *OUT]),
+    ("actors up cluster of another kind", ["nfv", "actors", "up", "--cluster", "{cfg}"]),
+    ("actors status cluster missing", ["nfv", "actors", "status", "--cluster", "{dir}/no.yaml"]),
+    ("actors replay --rate", ["nfv", "actors", "replay", *ACTORS, "--rate", "fast"]),
+    ("actors migrate same runtime", ["nfv", "actors", "migrate", *ACTORS, "--flows", "5",
+                                     "--from", "rt1", "--to", "rt1"]),
+    ("actors migrate unknown runtime", ["nfv", "actors", "migrate", *ACTORS, "--flows", "5",
+                                        "--from", "rt1", "--to", "rt9"]),
+    ("actors fail the switch", ["nfv", "actors", "fail", *ACTORS, "--runtime", "switch"]),
+    ("actors bench --sizes 0", ["nfv", "actors", "bench", *ACTORS, "--sizes", "0", *OUT]),
 ]
 
 
