@@ -49,6 +49,7 @@ REFERENCE = {"firewall": FirewallRef, "nat": NatRef, "lb": LoadBalancerRef,
              "monitor": MonitorRef, "rate-limit": RateLimiterRef}
 KERNELS = {"firewall": FirewallKernel, "nat": NatKernel, "lb": LoadBalancerKernel,
            "monitor": MonitorKernel, "rate-limit": RateLimiterKernel}
+REWRITING = ("nat", "lb")  # NFs that rewrite addresses and ports
 OUT_FIELDS = ("src", "dst", "sport", "dport", "ip_csum", "l4_csum")
 
 
@@ -75,6 +76,23 @@ class _Sweeper:
             self.last_us = now_us
             return True
         return False
+
+
+def _flow_order(k1, k2, hashes):
+    """A permutation that groups the batch's packets by flow, each flow in arrival order.
+
+    One sort of (32-bit flow hash, arrival) packed in an int64; where two flows of the
+    batch share a hash (their packets may interleave) two stable sorts by key instead."""
+    n = k1.shape[0]
+    order = torch.sort((hashes << max(1, (n - 1).bit_length()))
+                       | torch.arange(n, device=k1.device)).indices
+    if n < 2:
+        return order
+    h, a, b = hashes[order], k1[order], k2[order]
+    if bool(((h[1:] == h[:-1]) & ((a[1:] != a[:-1]) | (b[1:] != b[:-1]))).any()):
+        order = torch.sort(k2, stable=True).indices
+        order = order[torch.sort(k1[order], stable=True).indices]
+    return order
 
 
 class ReferenceChain:
@@ -141,14 +159,13 @@ class TensorChain:
                 nf.sweep(int(batch.ts_us[0]))
         k1, k2, direction = key_pair(cols["src"], cols["sport"], cols["dst"], cols["dport"],
                                      cols["proto"])
-        order = torch.sort(k2, stable=True).indices
-        order = order[torch.sort(k1[order], stable=True).indices]
+        hashes = flow_hash(k1, k2)
+        order = _flow_order(k1, k2, hashes)
         s = {name: cols[name][order] for name in ("ts_us", "src", "dst", "sport", "dport",
                                                   "proto", "flags", "wire_bytes")}
-        k1, k2, direction = k1[order], k2[order], direction[order]
+        k1, k2, direction, hashes = k1[order], k2[order], direction[order], hashes[order]
         full = Segments.of(k1, k2)
         seg_id = full.index
-        hashes = flow_hash(k1, k2)
         base_cls = packet_class(s["flags"], s["proto"], 0)
         stage = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         reason = torch.zeros(n, dtype=torch.int64, device=self.device)
@@ -171,7 +188,8 @@ class TensorChain:
                       flags=take(s["flags"]), wire=take(s["wire_bytes"]), k1=take(k1),
                       k2=take(k2), dir=take(direction), arrival=take(order),
                       seg=full if everyone else Segments.of(sid, torch.zeros_like(sid)),
-                      hash=take(hashes), cls=take(base_cls))
+                      hash=take(hashes), cls=take(base_cls),
+                      original=not any(m in REWRITING for m in self.names[:k]))
             verdict = nf.process(sub)
             for name, value in (("src", sub.src), ("dst", sub.dst), ("sport", sub.sport),
                                 ("dport", sub.dport)):

@@ -42,6 +42,7 @@ class Sub:
     seg: Segments
     hash: object  # flow_hash of the key
     cls: object  # states.packet_class without the ACL bit
+    original: bool = True  # addresses and ports as captured (no NAT/LB stage before)
 
 
 def _tensor(values, device):
@@ -126,20 +127,36 @@ class FirewallKernel(_Stateful):
         """key -> (state, orient, last), the reference's form."""
         return {k: (*st.decode(v[0]), v[1]) for k, v in self.table.items().items()}
 
-    def _acl(self, sub: Sub):
-        allow = torch.full_like(sub.src, int(self.default_allow))
-        matched = torch.zeros_like(sub.src, dtype=torch.bool)
-        for ok, proto, src, smask, dst, dmask, slo, shi, dlo, dhi in self.rules:
+    def _match(self, src, dst, sport, dport, proto):
+        allow = torch.full_like(src, int(self.default_allow))
+        matched = torch.zeros_like(src, dtype=torch.bool)
+        for ok, rproto, rsrc, smask, rdst, dmask, slo, shi, dlo, dhi in self.rules:
             if smask < 0 or dmask < 0:
                 continue
-            hit = ((sub.src & smask) == src) & ((sub.dst & dmask) == dst) \
-                & (sub.sport >= slo) & (sub.sport <= shi) & (sub.dport >= dlo) & (sub.dport <= dhi)
-            if proto:
-                hit &= sub.proto == proto
+            hit = ((src & smask) == rsrc) & ((dst & dmask) == rdst) \
+                & (sport >= slo) & (sport <= shi) & (dport >= dlo) & (dport <= dhi)
+            if rproto:
+                hit &= proto == rproto
             hit &= ~matched
-            allow[hit] = ok
+            allow = torch.where(hit, ok, allow)
             matched |= hit
         return allow
+
+    def _acl(self, sub: Sub):
+        """Per packet, whether the ACL allows it as client -> server. On unrewritten headers
+        a flow's packets carry its key's two endpoints, one way or the other, so the rules
+        are matched twice per flow (as its first packet's direction and reversed) and each
+        packet takes the answer for its direction."""
+        if not sub.original:
+            return self._match(sub.src, sub.dst, sub.sport, sub.dport, sub.proto)
+        seg = sub.seg
+        h = seg.first
+        src, dst, sport, dport, proto = (sub.src[h], sub.dst[h], sub.sport[h], sub.dport[h],
+                                         sub.proto[h])
+        same = self._match(src, dst, sport, dport, proto)
+        back = self._match(dst, src, dport, sport, proto)
+        as_head = sub.dir == sub.dir[h][seg.index]
+        return torch.where(as_head, same[seg.index], back[seg.index])
 
     def process(self, sub: Sub):
         slots, existed = self._flows(sub)

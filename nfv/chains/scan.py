@@ -82,10 +82,10 @@ class Segments:
 def previous_gap(ts, seg: Segments, last_seen, existed):
     """Gap to the flow's previous packet (the table's last-seen time for a segment's first
     packet of a known flow; 0 for a new one)."""
-    gap = torch.zeros_like(ts)
-    inner = seg.pos > 0
-    idx = torch.nonzero(inner).squeeze(1)
-    gap[idx] = ts[idx] - ts[idx - 1]
+    gap = torch.empty_like(ts)
+    if ts.shape[0]:
+        gap[0] = 0
+        gap[1:] = ts[1:] - ts[:-1]  # the previous packet of the flow, except at heads
     head = seg.first
     gap[head] = torch.where(existed, ts[head] - last_seen, torch.zeros_like(last_seen))
     return gap
