@@ -73,10 +73,16 @@ def _zone_ok(text: str) -> bool:
 def _ports_ok(text: str) -> bool:
     if text == "any":
         return True
-    lo, _, hi = text.partition("-")
-    if not lo.isdigit() or (hi and not hi.isdigit()):
+    lo, dash, hi = text.partition("-")
+    if not lo.isdigit() or (dash and not hi.isdigit()):
         return False
     return 0 <= int(lo) <= int(hi or lo) <= 65535
+
+
+def port_range(text: str) -> tuple[int, int]:
+    """``(lo, hi)`` of a checked port field: ``"80"``, ``"1024-2047"`` or ``"any"`` (0-65535)."""
+    lo, _, hi = ("0-65535" if text == "any" else text).partition("-")
+    return int(lo), int(hi or lo)
 
 
 @record
@@ -285,8 +291,8 @@ class L4NfSpec:
                 raise ValueError(f"pool[{k}]: {address!r} is not an IPv4 address") from None
         check(_ports_ok(self.ports) and self.ports != "any",
               f"ports: {self.ports!r} is not a port range lo-hi within 0-65535")
-        lo, _, hi = self.ports.partition("-")
-        size = len(self.pool) * (int(hi or lo) - int(lo) + 1)
+        lo, hi = port_range(self.ports)
+        size = len(self.pool) * (hi - lo + 1)
         check(size <= MAX_NAT_PORTS, f"pool: {len(self.pool)} addresses x ports {self.ports} "
                                      f"is {size} bindings, over the {MAX_NAT_PORTS} allowed")
 

@@ -41,6 +41,8 @@ import ipaddress
 from collections import deque
 from dataclasses import dataclass
 
+from dl_nfv.artifacts.nfconfig import port_range
+
 from .packets import flow_hash
 from .states import (
     Conn,
@@ -89,8 +91,7 @@ def compile_acl(spec) -> list[tuple[int, int, int, int, int, int, int, int, int,
             nets += [int(net.network_address), int(net.netmask)]
         ports = []
         for text in (rule.src_port, rule.dst_port):
-            lo, _, hi = ("0-65535" if text == "any" else text).partition("-")
-            ports += [int(lo), int(hi or lo)]
+            ports += port_range(text)
         proto = {"any": ANY_PROTO, "tcp": 6, "udp": 17}[rule.proto.value]
         rules.append((int(rule.action.value == "allow"), proto, *nets, *ports))
     return rules
@@ -142,8 +143,8 @@ class FirewallRef:
 
 def pool_bindings(spec) -> list[tuple[int, int]]:
     """The NAT pool's (address, port) bindings in allocation order, address-major."""
-    lo, _, hi = spec.ports.partition("-")
-    ports = range(int(lo), int(hi or lo) + 1)
+    lo, hi = port_range(spec.ports)
+    ports = range(lo, hi + 1)
     return [(int(ipaddress.IPv4Address(a)), port) for a in spec.pool for port in ports]
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from dl_nfv.artifacts.nfconfig import port_range
+
 from .runtime import BlockingNf, CallbackNf
 
 NAME = "nat"
@@ -26,8 +28,8 @@ UNMAPPED = b"-"
 class Logic:
     def __init__(self, spec, trace) -> None:
         self.pool = [str(ipaddress.IPv4Address(a)) for a in spec.pool]
-        lo, _, hi = spec.ports.partition("-")
-        self.port_lo, ports = int(lo), int(hi or lo) - int(lo) + 1
+        lo, hi = port_range(spec.ports)
+        self.port_lo, ports = lo, hi - lo + 1
         self.ports = ports
         self.capacity = len(self.pool) * ports
 

@@ -146,6 +146,8 @@ def test_flow_table_matches_a_dict(ops):
     (("dst_port: \"8000-8999\"", "dst_port: \"8999-8000\""), "l4_chain[0].acl[1]: dst_port:"),
     (("table_size: 65537", "table_size: 65536"), "not prime"),
     (("ports: \"20000-29999\"", "ports: \"20000-70000\""), "l4_chain[1]: ports:"),
+    (("ports: \"20000-29999\"", "ports: \"20000-\""), "l4_chain[1]: ports:"),
+    (("dst_port: \"8000-8999\"", "dst_port: \"8000-\""), "l4_chain[0].acl[1]: dst_port:"),
 ])
 def test_bad_config_exit_2(tmp_path, edit, needle):
     bad = tmp_path / "bad.yaml"
