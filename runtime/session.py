@@ -221,14 +221,16 @@ def _run(options, plan, graph, topology, rank, world, me, cpus, warmup, backend,
 
 def _thread_notes(graph, results) -> list[str]:
     """Where the workers' threads differ from the profile's, and where they were not pinned."""
+    from dl_nfv.simulator.extrapolation import measured_counts
+
     notes = []
-    profiled = graph.profile.threads if graph.profile is not None else None
+    timed = measured_counts(graph.profile) if graph.profile is not None else ()
     for threads in sorted({r["threads"] for r in results}):
-        if profiled is not None and threads != profiled:
+        if timed and threads not in timed:
             devices = [r["device"] for r in results if r["threads"] == threads]
-            notes.append(f"the graph was profiled with {profiled} thread(s), "
+            notes.append(f"the graph's ops were timed at {', '.join(map(str, timed))} thread(s), "
                          f"{', '.join(devices)} ran with {threads}: the simulator's op times "
-                         f"are for {profiled}")
+                         f"for them are scaled from those (docs/cost-model.md, Threads)")
     loose = [r["device"] for r in results if not r["cpus"]]
     if loose:
         notes.append(f"{', '.join(loose)} not pinned to CPUs of their own: the workers' "

@@ -89,3 +89,17 @@ def test_a_device_type_may_state_its_cores_and_a_bad_count_is_refused():
     data["hosts"][0]["devices"][1]["cores"] = 0
     with pytest.raises(InvalidArtifact, match="cores must be > 0, got 0"):
         from_data(Topology, data)
+
+
+def test_a_worker_at_a_thread_count_the_profile_did_not_time_is_noted():
+    from types import SimpleNamespace
+
+    from dl_nfv.artifacts import ProfileInfo
+    from dl_nfv.runtime.session import _thread_notes
+
+    graph = SimpleNamespace(profile=ProfileInfo(device_type="cpu", threads=2, thread_counts=(1, 2)))
+    results = [{"device": "h/cpu0", "threads": 1, "cpus": (0,)},
+               {"device": "h/cpu1", "threads": 3, "cpus": (1, 2, 3)}]
+    assert _thread_notes(graph, results) == [
+        "the graph's ops were timed at 1, 2 thread(s), h/cpu1 ran with 3: the simulator's op "
+        "times for them are scaled from those (docs/cost-model.md, Threads)"]
