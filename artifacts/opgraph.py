@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from dataclasses import field
 from enum import StrEnum
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidArtifact
 from .records import check, record, unique
+
+if TYPE_CHECKING:  # networkx is imported where a graph is built: it costs ~0.1 s at start-up
+    import networkx as nx
 
 SCHEMA_VERSION = 1
 
@@ -232,6 +233,8 @@ class OpGraph:
                 check(end in ids, f"edge {edge.src}->{edge.dst} names unknown op {end!r}")
             check((edge.src, edge.dst) not in pairs, f"duplicate edge {edge.src}->{edge.dst}")
             pairs.add((edge.src, edge.dst))
+        import networkx as nx
+
         graph = nx.DiGraph()
         graph.add_nodes_from(op.id for op in self.ops)
         graph.add_edges_from((e.src, e.dst) for e in self.edges)
@@ -269,6 +272,8 @@ class OpGraph:
 
     def to_networkx(self) -> nx.DiGraph:
         """A DiGraph with every op as a node (attribute ``op``) and edges with ``bytes``."""
+        import networkx as nx
+
         graph = nx.DiGraph()
         for op in self.ops:
             graph.add_node(op.id, op=op)
@@ -278,6 +283,8 @@ class OpGraph:
 
     def topological_ids(self) -> list[str]:
         """Op ids in a topological order that keeps file order among independent ops."""
+        import networkx as nx
+
         position = {op.id: i for i, op in enumerate(self.ops)}
         return list(nx.lexicographical_topological_sort(self.to_networkx(), key=position.__getitem__))
 

@@ -40,12 +40,14 @@ import heapq
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import lru_cache
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from .devices import DeviceKind, DeviceType, lookup
 from .errors import InvalidArtifact, UnknownName
 from .records import check, record, unique
+
+if TYPE_CHECKING:  # networkx is imported where a graph is built: it costs ~0.1 s at start-up
+    import networkx as nx
 
 SCHEMA_VERSION = 1
 # The most devices one host may hold (summed over its device entries): far above any real
@@ -222,6 +224,8 @@ class Topology:
             for end in link.endpoints:
                 if end not in endpoints:
                     raise InvalidArtifact(f"unknown endpoint {end!r}", field=f"links[{i}].endpoints")
+        import networkx as nx
+
         graph = _build_graph(self)
         components = list(nx.connected_components(graph))
         if len(components) > 1:
@@ -249,6 +253,8 @@ def _device_entries(topology: Topology):
 
 
 def _build_graph(topology: Topology) -> nx.Graph:
+    import networkx as nx
+
     graph = nx.Graph()
     for s in topology.switches:
         graph.add_node(s.name, role="switch")

@@ -153,9 +153,14 @@ def run(config_path: str, trace_path: str, batch_size: int | None, workers: int 
 
     report = run_config(config_path, trace_path, engine=engine, batch_size=batch_size,
                         workers=workers, device=device)
+    deliver(report, output, as_json, render=_render_report)
+
+
+def _render_report(report):
+    """The report's tables; rich is imported only when they are drawn (~0.06 s)."""
     from .render_nfv import render_report
 
-    deliver(report, output, as_json, render=render_report)
+    return render_report(report)
 
 
 def _names(ctx, param, value: str) -> list[str]:
