@@ -18,6 +18,15 @@ def _flow(f) -> str:
 
 
 def render_config(config: NfConfig) -> Group:
+    parts = []
+    if config.chain or not config.l4_chain:
+        parts.append(_l7_chain_table(config))
+    if config.l4_chain:
+        parts.append(_l4_chain_table(config))
+    return Group(*parts)
+
+
+def _l7_chain_table(config: NfConfig) -> Table:
     table = Table(title=f"nf-config {config.name}: engine {config.engine.name}, batch "
                         f"{config.engine.batch_size}", title_justify="left")
     for col in ("#", "nf", "parameters"):
@@ -31,7 +40,32 @@ def render_config(config: NfConfig) -> Group:
         if spec.nf.value == "firewall":
             params.append(f"{len(spec.acl)} ACL rules, default {spec.default.value}")
         table.add_row(str(i), spec.nf.value, " ".join(params) or "-")
-    return Group(table)
+    return table
+
+
+def _l4_parameters(spec) -> str:
+    """One line of what an L3/L4 NF of the chain is set to."""
+    kind = spec.nf.value
+    if kind == "firewall":
+        return f"{len(spec.acl)} ACL rules, default {spec.default.value}"
+    if kind == "nat":
+        return f"pool {','.join(spec.pool)} ports {spec.ports}"
+    if kind == "lb":
+        return f"vip {spec.vip}, backends {','.join(spec.backends)}, Maglev table {spec.table_size}"
+    if kind == "rate-limit":
+        return f"{spec.rate_bytes_per_s} B/s per flow, burst {spec.burst_bytes} B"
+    return "-"
+
+
+def _l4_chain_table(config: NfConfig) -> Table:
+    engine = config.l4_engine
+    table = Table(title=f"nf-config {config.name}: l4_chain (nfv chain), engine {engine.name} "
+                        f"on {engine.device}, batch {engine.batch_size}", title_justify="left")
+    for col in ("#", "nf", "parameters"):
+        table.add_column(col)
+    for i, spec in enumerate(config.l4_chain):
+        table.add_row(str(i), spec.nf.value, _l4_parameters(spec))
+    return table
 
 
 def render_report(report: NfvReport) -> Group:

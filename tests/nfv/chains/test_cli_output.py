@@ -170,3 +170,15 @@ def test_bench_chain_path(tmp_path):
         ("cpu", 16), ("tensor", 16), ("cpu", 1000), ("tensor", 1000)]
     assert len({row.packets_out for row in bench.rows}) == 1
     assert np.all([row.mpps > 0 for row in bench.rows])
+
+
+def test_show_renders_the_l4_chain():
+    r = invoke("show", CONFIG, "--width", "200")
+    assert r.exit_code == 0, r.output
+    config = load(CONFIG)
+    for i, spec in enumerate(config.l4_chain):
+        assert f"│ {i} │ {spec.nf.value}" in r.output
+    nat = next(s for s in config.l4_chain if s.nf.value == "nat")
+    lb = next(s for s in config.l4_chain if s.nf.value == "lb")
+    assert f"pool {','.join(nat.pool)} ports {nat.ports}" in r.output
+    assert f"Maglev table {lb.table_size}" in r.output
