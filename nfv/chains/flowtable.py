@@ -70,8 +70,9 @@ class DeviceFlowTable:
             slot[todo] = (slot[todo] + 1) & mask
         return found
 
-    def insert(self, k1, k2, hashes=None):
-        """Slots given to the keys (distinct, absent), with their columns at the fill values."""
+    def insert(self, k1, k2, hashes=None, *, fill: bool = True):
+        """Slots given to the keys (distinct, absent), with their columns at the fill values
+        (left as they were with ``fill=False``, for callers that write every column)."""
         n = int(k1.shape[0])
         if n == 0:
             return torch.zeros(0, dtype=torch.int64, device=self.device)
@@ -93,8 +94,9 @@ class DeviceFlowTable:
             got[todo[win]] = ws
             todo = todo[~win]
             slot[todo] = (slot[todo] + 1) & mask
-        for name, fill in self.fills.items():
-            self.cols[name][got] = fill
+        if fill:
+            for name, value in self.fills.items():
+                self.cols[name][got] = value
         self.live += n
         self.used += fresh
         return got
@@ -123,7 +125,7 @@ class DeviceFlowTable:
         values = {name: col[slots] for name, col in self.cols.items()}
         self._alloc(capacity)
         self.live = self.used = 0
-        fresh = self.insert(k1, k2)
+        fresh = self.insert(k1, k2, fill=False)
         for name, col in values.items():
             self.cols[name][fresh] = col
 

@@ -85,7 +85,8 @@ class _Stateful:
             slots = self.table.lookup(sub.k1[heads], sub.k2[heads], sub.hash[heads])
         slots = slots.clone()
         slots[new] = self.table.insert(sub.k1[heads][new], sub.k2[heads][new],
-                                       sub.hash[heads][new])
+                                       sub.hash[heads][new],
+                                       fill=values.keys() != self.table.cols.keys())
         rows = torch.nonzero(keep).squeeze(1)
         for name, value in values.items():
             self.table.cols[name][slots[rows]] = value[rows]
