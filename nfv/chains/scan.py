@@ -1,23 +1,24 @@
 """Segments of a flow-sorted batch, and the segmented scan that runs a state machine.
 
-A batch is sorted by flow key, then by arrival (two stable sorts), so each flow's
+A batch is sorted by flow, then by arrival (``engine._flow_order``), so each flow's
 packets form one *segment* in arrival order. ``Segments`` numbers them and
 places every packet in its segment.
 
 ``fsm_scan`` runs a per-flow state machine over every segment at once. The
 state a packet finds is the one left by its flow's previous packet (after the
 time-out: a state whose idle time-out is shorter than the gap to the flow's
-previous packet counts as NONE); since most packets leave the state as it was,
-the scan iterates over state changes, not packets (a fixed point, see
-``fsm_scan``). ``Segments.rounds`` gives the other order, GPUNFV's thread per
-flow walking its packets: round ``r`` holds the ``r``-th packet of every flow
-(used where a step is not a table lookup, the rate limiter's token bucket).
+previous packet counts as NONE), by one of two methods. By rounds, GPUNFV's
+thread per flow walking its packets (``Segments.rounds``): round ``r`` steps the
+``r``-th packet of every flow, one vector operation over all flows (also how the
+rate limiter's token bucket runs). To a fixed point over state changes: most
+packets leave the state as it was, so whole-batch passes propagate only the
+changes (``scan_to_fixed_point``); the pass count does not grow with flow length.
 Packets of one flow are applied in arrival order and flows are independent, so
 both are exactly the packet-by-packet result for any interleaving of flows.
 
 Complexity: rounds take O(n) work in L vector steps, L the longest segment, each
-over one packet per flow; ``fsm_scan`` instead iterates to a fixed point over the
-state *changes* (see its docstring): O(n) work per pass and C + 1 passes, C the most
+over one packet per flow; the fixed point takes O(n) work per pass and C + 1
+passes, C the most
 state changes in one flow (a TCP flow's handshake and teardown: about 6, however
 many packets it carries). (The associative form, a Hillis–Steele scan over the
 packets' transition functions, needs O(n W log L) work with W the number of states;
@@ -31,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+ROUND_STEPS_PER_PASS = 12  # rounds while the longest segment is under this per 8k packets
 
 
 @dataclass(slots=True)
@@ -95,9 +98,53 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0):
     """Run the machine ``next_table`` ([classes, W]) over the segments from states ``s0``.
 
     Returns (state each packet finds after time-outs, state after each packet,
-    whether the packet found its flow timed out).
+    whether the packet found its flow timed out). Both methods give that exact result;
+    the cheaper is chosen by a cost estimate: rounds cost a few small vector steps per
+    packet of the longest segment, a fixed-point pass a dozen steps over the whole batch
+    (about six passes for TCP flows), and a step's fixed cost is worth about 8k packets
+    of work on one core."""
+    n = int(cls.shape[0])
+    if seg.longest <= ROUND_STEPS_PER_PASS * (1 + n // 8192):
+        found, after = scan_by_rounds(next_table, timeouts, cls, gap, seg, s0)
+    else:
+        found, after = scan_to_fixed_point(next_table, timeouts, cls, gap, seg, s0)
+    timed_out = (found != 0) & (gap > timeouts[found])
+    found_eff = torch.where(timed_out, torch.zeros_like(found), found)
+    return found_eff, after, timed_out
 
-    Fixed-point form: a packet finds the state left by the latest packet before it in
+
+def scan_by_rounds(next_table, timeouts, cls, gap, seg: Segments, s0):
+    """(found, after) by rounds: round ``r`` steps every flow's ``r``-th packet."""
+    width = next_table.shape[1]
+    flat = next_table.reshape(-1)
+    order, sizes = seg.round_order()
+    # per round, contiguous slices of these (views): no gathers inside the loop
+    flows = torch.split(seg.index[order], sizes)
+    gaps = torch.split(gap[order], sizes)
+    rows = torch.split(cls[order] * width, sizes)
+    found_r = torch.empty_like(order)
+    after_r = torch.empty_like(order)
+    found_parts = torch.split(found_r, sizes)
+    after_parts = torch.split(after_r, sizes)
+    cur = s0.clone()
+    for at, g, base, found_out, after_out in zip(flows, gaps, rows, found_parts, after_parts):
+        state = cur[at]
+        found_out.copy_(state)
+        state = torch.where(g > timeouts[state], 0, state)
+        nxt = flat[base + state]
+        after_out.copy_(nxt)
+        cur[at] = nxt
+    found = torch.empty_like(found_r)
+    after = torch.empty_like(after_r)
+    found[order] = found_r
+    after[order] = after_r
+    return found, after
+
+
+def scan_to_fixed_point(next_table, timeouts, cls, gap, seg: Segments, s0):
+    """(found, after) by passes over state changes.
+
+    A packet finds the state left by the latest packet before it in
     its flow that *changed* the state (``s0`` if none). Starting from every packet
     finding ``s0``, each pass applies every packet's step to the state it is given,
     marks the changes and gives every packet the result of the latest change before it
@@ -118,7 +165,7 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0):
         lapsed = gap > timeouts[found]
         after = flat[base + torch.where(lapsed, torch.zeros_like(found), found)]
         changed = after != found
-        marks[0] = -1
+        marks[:1] = -1
         if n > 1:
             marks[1:] = torch.where(changed[:-1], idx[:-1], -1)
         latest = torch.cummax(marks, 0).values if n else marks
@@ -127,9 +174,7 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0):
         if torch.equal(nxt, found):
             break
         found = nxt
-    timed_out = (found != 0) & lapsed
-    found_eff = torch.where(timed_out, torch.zeros_like(found), found)
-    return found_eff, after, timed_out
+    return found, after
 
 
 def last_marked(mask, seg: Segments):
