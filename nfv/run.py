@@ -35,7 +35,7 @@ from dl_nfv.artifacts.nfvreport import (
 )
 
 from .engines import parse_engine
-from .engines.runner import EngineOptions, EngineResult, run_engine
+from .engines.runner import EngineOptions, EngineResult, run_engine, usable_cores
 from .nfs.snort import load_rules
 from .traffic.http import METHODS
 from .traffic.trace import Trace, load_trace
@@ -79,13 +79,14 @@ def run_config(config_path: str | Path, trace_path: str | Path, *, engine: str |
     """
     config = load_config(config_path)
     choice = parse_engine(engine or config.engine.name)
+    options = engine_options(config, **overrides)
     t0 = time.perf_counter()
     stages = {}
-    if trace is None:
-        trace = load_trace(trace_path)
+    if trace is None:  # flows built by as many processes as the NFs get cores
+        trace = load_trace(trace_path, workers=options.workers or usable_cores())
         stages.update(trace.stages_s)
     parse_s = time.perf_counter() - t0
-    result = run_engine(trace, config.chain, choice, engine_options(config, **overrides))
+    result = run_engine(trace, config.chain, choice, options)
     # building the chain (rules compiled, NF tables) before the engine's own clock starts
     stages["setup"] = time.perf_counter() - t0 - parse_s - result.startup_s - result.elapsed_s
     return build_report(config, trace, str(choice), result, parse_s, started=t0, stages=stages)

@@ -121,38 +121,65 @@ def assemble(cols: PacketColumns, stats: Counter, *, idle_timeout_us: int = 60_0
             table.add(pkt)
         table.close_all()
         return Assembled(table.flows, MessageColumns.of(table.messages), stats, 0)
-    p = _Packets(cols, rows)
+    parts, clean_flows = assemble_parts(cols, rows, stats, idle_timeout_us, window_bytes)
+    return merge_parts(parts, stats, clean_flows)
+
+
+def assemble_parts(cols: PacketColumns, rows: np.ndarray, stats: Counter, idle_timeout_us: int,
+                   window_bytes: int, keys: tuple[np.ndarray, np.ndarray] | None = None
+                   ) -> tuple[list[Part], int]:
+    """The parts ``merge_parts`` joins for the packets ``rows`` of ``cols`` (every packet of
+    a 5-tuple among them, in capture order), and how many flows were clean. Their packet
+    positions (``Part.flow_at``, ``Part.msg_at``) index ``rows``. ``keys``: ``key_table``
+    of ``rows`` where the caller has it."""
+    p = _Packets(cols, rows, keys)
     clean, plan = _clean_keys(p, idle_timeout_us)
     part, rejected = _clean_flows(p, plan, clean)
     slow = ~clean | rejected
-    parts = [part, *_table_parts(p, slow, stats, idle_timeout_us, window_bytes)]
-    return _merge(parts, stats, len(part.flows))
+    return [part, *_table_parts(p, slow, stats, idle_timeout_us, window_bytes)], len(part.flows)
+
+
+def key_table(cols: PacketColumns, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each packet's 5-tuple as one uint64 row (proto, address length, the lower endpoint's
+    two address words and port, the higher one's), the same for both directions; and
+    whether the packet's source is the lower endpoint."""
+    buf = cols.buf
+    alen = cols.addr_len[rows]
+    span = np.arange(16)
+    words = {}
+    for name, offs in (("src", cols.src_off[rows]), ("dst", cols.dst_off[rows])):
+        at = np.minimum(offs[:, None] + span[None, :], len(buf) - 1)
+        raw = buf[at] * (span[None, :] < alen[:, None])
+        words[name] = raw.astype(np.uint8).view(">u8").astype(np.uint64)
+    src = np.column_stack([words["src"], cols.sport[rows].astype(np.uint64)])
+    dst = np.column_stack([words["dst"], cols.dport[rows].astype(np.uint64)])
+    # the endpoint that sorts first, as 3 words, decides the key's orientation
+    n = len(rows)
+    first_diff = np.argmax(src != dst, axis=1)
+    src_low = src[np.arange(n), first_diff] <= dst[np.arange(n), first_diff]
+    low = np.where(src_low[:, None], src, dst)
+    high = np.where(src_low[:, None], dst, src)
+    proto = cols.proto[rows].astype(np.uint64)
+    return np.column_stack([proto, alen.astype(np.uint64), low, high]), src_low
+
+
+def row_hash(table: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each row of the uint64 ``table`` (multiply-xorshift per column)."""
+    h = np.zeros(len(table), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for col in table.T:
+            h = (h ^ col) * np.uint64(0x9E3779B97F4A7C15)
+            h ^= h >> np.uint64(29)
+    return h
 
 
 class _Packets:
     """The decoded packets, their 5-tuple keys and their order within each key."""
 
-    def __init__(self, cols: PacketColumns, rows: np.ndarray):
+    def __init__(self, cols: PacketColumns, rows: np.ndarray,
+                 keys: tuple[np.ndarray, np.ndarray] | None = None):
         self.cols, self.rows, self.n = cols, rows, len(rows)
-        buf = cols.buf
-        alen = cols.addr_len[rows]
-        span = np.arange(16)
-        words = {}
-        for name, offs in (("src", cols.src_off[rows]), ("dst", cols.dst_off[rows])):
-            at = np.minimum(offs[:, None] + span[None, :], len(buf) - 1)
-            raw = buf[at] * (span[None, :] < alen[:, None])
-            words[name] = raw.astype(np.uint8).view(">u8").astype(np.uint64)
-        sport, dport = cols.sport[rows], cols.dport[rows]
-        proto = cols.proto[rows].astype(np.uint64)
-        src = np.column_stack([words["src"], sport.astype(np.uint64)])
-        dst = np.column_stack([words["dst"], dport.astype(np.uint64)])
-        # the endpoint that sorts first, as 3 words, decides the key's orientation
-        d = src != dst
-        first_diff = np.argmax(d, axis=1)
-        src_low = src[np.arange(self.n), first_diff] <= dst[np.arange(self.n), first_diff]
-        low = np.where(src_low[:, None], src, dst)
-        high = np.where(src_low[:, None], dst, src)
-        table = np.column_stack([proto, alen.astype(np.uint64), low, high])
+        table, src_low = keys if keys is not None else key_table(cols, rows)
         first, inverse = _group_rows(table)
         # number keys by their first packet (the flow table's order of first appearance)
         rank = np.empty(len(first), dtype=np.int64)
@@ -177,11 +204,7 @@ def _group_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     the rows of the uint64 ``table``, (groups numbered in an order of their own): rows are
     grouped by a 64-bit hash with an integer sort, and where two different rows share a
     hash (checked against each group's first row) by the rows themselves."""
-    h = np.zeros(len(table), dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for col in table.T:
-            h = (h ^ col) * np.uint64(0x9E3779B97F4A7C15)
-            h ^= h >> np.uint64(29)
+    h = row_hash(table)
     _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
     inverse = inverse.ravel()
     if not (table == table[first[inverse]]).all():  # a hash shared by different rows
@@ -191,7 +214,7 @@ def _group_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @dataclass(slots=True)
-class _Part:
+class Part:
     """Flows and messages of one source, with the packet that created / completed each."""
 
     flows: list[FlowState]
@@ -286,7 +309,7 @@ def _clean_keys(p: _Packets, idle_timeout_us: int) -> tuple[np.ndarray, _Plan]:
     return clean, plan
 
 
-def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[_Part, np.ndarray]:
+def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[Part, np.ndarray]:
     """Flows and messages of the clean keys; the keys whose framing must run packet by packet
     after all (returned as a mask)."""
     cols, o = p.cols, plan.o
@@ -313,7 +336,7 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[_Part, np
         msgs.extend((k, 0, m[0], m[1], m[2], REQUEST, m[3]) for m in requests)
         msgs.extend((k, 1, m[0], m[1], m[2], RESPONSE, m[3]) for m in responses)
     if not msgs:
-        return _Part([], [], MessageColumns.of([]), np.zeros(0, dtype=np.int64)), rejected
+        return Part([], [], MessageColumns.of([]), np.zeros(0, dtype=np.int64)), rejected
     key = np.fromiter((m[0] for m in msgs), dtype=np.int64, count=len(msgs))
     d = np.fromiter((m[1] for m in msgs), dtype=np.int64, count=len(msgs))
     start = np.fromiter((m[2] for m in msgs), dtype=np.int64, count=len(msgs))
@@ -363,7 +386,7 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[_Part, np
                               length=length[order], header_len=header[order],
                               kind=np.where(d[order] == 0, REQUEST, RESPONSE),
                               ts_us=ts[order], packets=packets[order], buffer=streams)
-    return _Part(flows, o[p.bounds[keys]].tolist(), messages, when[order]), rejected
+    return Part(flows, o[p.bounds[keys]].tolist(), messages, when[order]), rejected
 
 
 def _pairs(local_base: np.ndarray, kept_len: np.ndarray, clean: np.ndarray):
@@ -427,7 +450,7 @@ def _flow_states(p: _Packets, plan: _Plan, keys: np.ndarray) -> list[FlowState]:
 
 
 def _table_parts(p: _Packets, slow: np.ndarray, stats: Counter, idle_timeout_us: int,
-                 window_bytes: int) -> list[_Part]:
+                 window_bytes: int) -> list[Part]:
     """The flows of the ``slow`` keys through the flow table, in capture order."""
     picked = np.flatnonzero(slow[p.key])
     if len(picked) == 0:
@@ -445,11 +468,11 @@ def _table_parts(p: _Packets, slow: np.ndarray, stats: Counter, idle_timeout_us:
     table.close_all()
     key_first = p.order[p.bounds[:-1]]
     msg_at.extend(p.n + int(key_first[flow_key[m.flow]]) for m in table.messages[n_msgs:])
-    return [_Part(table.flows, flow_at, MessageColumns.of(table.messages),
+    return [Part(table.flows, flow_at, MessageColumns.of(table.messages),
                   np.asarray(msg_at, dtype=np.int64))]
 
 
-def _merge(parts: list[_Part], stats: Counter, clean_flows: int) -> Assembled:
+def merge_parts(parts: list[Part], stats: Counter, clean_flows: int) -> Assembled:
     """One flow list in creation order and one message list in completion order (ties,
     within one part, in the part's order) over one buffer: the parts' buffers joined."""
     created = np.asarray([at for part in parts for at in part.flow_at], dtype=np.int64)

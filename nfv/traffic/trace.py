@@ -21,6 +21,7 @@ from .assemble import Assembled, assemble
 from .capture import open_mapped, span_table
 from .columnar import decode_records
 from .pcap import RECORD_REASONS, TCP, MalformedCounts, address_text
+from .shards import assemble_sharded
 
 PROTO_NAMES = {6: "tcp", 17: "udp"}
 
@@ -121,8 +122,8 @@ def ip_as_v6(text: str) -> ipaddress.IPv6Address:
     return addr
 
 
-def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0, per_packet: bool = False
-               ) -> Trace:
+def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0, per_packet: bool = False,
+               workers: int = 1) -> Trace:
     """Read ``path`` (pcap or pcapng) into a ``Trace``.
 
     Raises ``BadInput`` when the file is not a pcap/pcapng; malformed packets
@@ -132,7 +133,9 @@ def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0, per_packet: bo
     ``per_packet=True`` feeds every packet to the flow table instead (the
     reference the tests compare with). ``Trace.stages_s`` has the seconds spent
     reading the records, decoding them and building flows and messages.
-    O(packets log packets + payload bytes).
+    ``workers > 1`` builds the flows in that many processes, the packets sharded
+    by 5-tuple (``shards.py``; the same ``Trace``). O(packets log packets +
+    payload bytes).
     """
     malformed = MalformedCounts()
     stats: Counter = Counter()
@@ -144,8 +147,11 @@ def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0, per_packet: bo
     del records, data
     malformed.update(cols.malformed())
     t2 = time.perf_counter()
-    table = assemble(cols, stats, idle_timeout_us=int(idle_timeout_s * 1_000_000),
-                     per_packet=per_packet)
+    idle_us = int(idle_timeout_s * 1_000_000)
+    if workers > 1 and not per_packet:
+        table = assemble_sharded(cols, stats, workers, idle_timeout_us=idle_us)
+    else:
+        table = assemble(cols, stats, idle_timeout_us=idle_us, per_packet=per_packet)
     # every record of the file: the frames read, and those counted as never yielded
     packets = len(cols) + sum(malformed[reason] for reason in RECORD_REASONS)
     trace = _columns(str(path), table, packets, int(cols.wire_bytes.sum()), malformed, stats)

@@ -1,0 +1,136 @@
+"""Flows and messages assembled by several processes, the packets sharded by 5-tuple.
+
+``assemble_sharded(cols, stats, shards)`` gives what ``assemble.assemble`` gives
+(flows, their ids and counters, messages, their order, bytes, timestamps and
+packet counts, TCP and HTTP statistics) with the per-flow work split over
+``shards`` processes, as receive-side scaling splits a NIC's queues:
+
+1. This process hashes each decoded packet's 5-tuple (``assemble.key_table``,
+   the same for both directions; vectorised) and gives the packet to shard
+   ``hash % shards``. Every packet of a 5-tuple lands in one shard, in capture
+   order, and the flow table's work on a 5-tuple depends on that 5-tuple's
+   packets alone, so each shard's flows and messages are exactly the whole
+   trace's flows and messages of those 5-tuples.
+2. Shards 1.. run ``assemble.assemble_parts`` in forked processes (the decoded
+   columns and the mapped file are inherited, not copied); this process runs
+   shard 0 meanwhile. A forked shard sends back its flows (without their
+   reassembly state) and message columns, and its message bytes as one buffer.
+3. Each part's packet positions are mapped back to record numbers of the
+   whole capture (a message completed by the flow's end sorts after every
+   packet, by its flow's first packet, as in one process), and
+   ``assemble.merge_parts`` numbers the flows by the packet that created them
+   and orders the messages by the packet that completed them: the same ids and
+   order as one process gives.
+
+Limits: a shard's message bytes cross a pipe once and are joined once more in
+this process; fork is needed (elsewhere one process does all). A shard that
+fails raises ``RuntimeFailure``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import traceback
+from collections import Counter
+
+import numpy as np
+
+from dl_nfv.artifacts.errors import RuntimeFailure
+
+from .assemble import Assembled, Part, assemble, assemble_parts, key_table, merge_parts, row_hash
+from .columnar import OK, PacketColumns
+from .flows import FlowState
+
+MIN_SHARD_PACKETS = 4096  # fewer packets per shard do not pay for a fork
+_SENT = ("id", "proto", "client", "server", "first_ts_us", "last_ts_us", "packets", "wire_bytes",
+         "app", "handshake", "closed")  # the FlowState fields a Trace reads
+
+
+def assemble_sharded(cols: PacketColumns, stats: Counter, shards: int, *,
+                     idle_timeout_us: int = 60_000_000, window_bytes: int = 1 << 20) -> Assembled:
+    """``assemble(cols, stats, ...)`` computed by ``shards`` processes (see the module
+    docstring); fewer when the capture has under ``MIN_SHARD_PACKETS`` packets per shard."""
+    rows = np.flatnonzero(cols.reason == OK)
+    shards = min(shards, len(rows) // MIN_SHARD_PACKETS)
+    if shards < 2 or not hasattr(os, "fork"):
+        return assemble(cols, stats, idle_timeout_us=idle_timeout_us, window_bytes=window_bytes)
+    keys = key_table(cols, rows)
+    which = (row_hash(keys[0]) % np.uint64(shards)).astype(np.int64)
+    context = mp.get_context("fork")
+    children = []
+    for k in range(1, shards):
+        read, write = context.Pipe(duplex=False)
+        proc = context.Process(target=_shard, daemon=True, args=(
+            write, cols, rows, keys, which == k, idle_timeout_us, window_bytes))
+        proc.start()
+        write.close()
+        children.append((k, read, proc))
+    mine = which == 0
+    parts, clean = _parts(cols, rows, keys, mine, stats, idle_timeout_us, window_bytes)
+    parts = [_global(part, rows[mine], len(cols)) for part in parts]
+    for k, read, proc in children:
+        shard_parts, shard_clean, shard_stats = _receive(k, read)
+        proc.join()
+        parts.extend(_global(part, rows[which == k], len(cols)) for part in shard_parts)
+        clean += shard_clean
+        stats.update(shard_stats)
+    return merge_parts(parts, stats, clean)
+
+
+def _parts(cols: PacketColumns, rows: np.ndarray, keys: tuple[np.ndarray, np.ndarray],
+           mask: np.ndarray, stats: Counter, idle_timeout_us: int, window_bytes: int
+           ) -> tuple[list[Part], int]:
+    """The parts of the packets ``rows[mask]``."""
+    if not mask.any():
+        return [], 0
+    return assemble_parts(cols, rows[mask], stats, idle_timeout_us, window_bytes,
+                          (keys[0][mask], keys[1][mask]))
+
+
+def _global(part: Part, rows: np.ndarray, records: int) -> Part:
+    """``part`` with its packet positions (indices into ``rows``) as record numbers; a
+    position past the shard's packets (a message the flow's end completed) maps past
+    every record, kept in the order of the record it names."""
+    n = len(rows)
+    at = part.msg_at
+    late = at >= n
+    msg_at = np.where(late, records + rows[np.where(late, at - n, 0)], rows[np.minimum(at, n - 1)])
+    flow_at = rows[np.asarray(part.flow_at, dtype=np.int64)].tolist()
+    return Part(part.flows, flow_at, part.messages, msg_at.astype(np.int64))
+
+
+def _shard(conn, cols: PacketColumns, rows: np.ndarray, keys: tuple[np.ndarray, np.ndarray],
+           mask: np.ndarray, idle_timeout_us: int, window_bytes: int) -> None:
+    """A forked shard: assemble ``rows[mask]``, send the parts (bytes apart), exit."""
+    try:
+        stats: Counter = Counter()
+        parts, clean = _parts(cols, rows, keys, mask, stats, idle_timeout_us, window_bytes)
+        buffers = []
+        for part in parts:  # flows as their fields (reassembly state is done with): unpickled fast
+            part.flows = [tuple(getattr(flow, name) for name in _SENT) for flow in part.flows]
+            buffers.append(part.messages.buffer)
+            part.messages.buffer = b""
+        conn.send(("ok", parts, clean, stats, len(buffers)))
+        for buffer in buffers:
+            conn.send_bytes(buffer)
+    except Exception as exc:  # reported to the parent, which raises RuntimeFailure
+        conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        conn.close()
+
+
+def _receive(k: int, conn) -> tuple[list[Part], int, Counter]:
+    try:
+        reply = conn.recv()
+        if reply[0] == "error":
+            raise RuntimeFailure(f"flow shard {k} failed: {reply[1].splitlines()[0]}")
+        _, parts, clean, stats, n_buffers = reply
+        for part, _ in zip(parts, range(n_buffers)):
+            part.messages.buffer = conn.recv_bytes()
+            part.flows = [FlowState(**dict(zip(_SENT, fields))) for fields in part.flows]
+    except EOFError:
+        raise RuntimeFailure(f"flow shard {k} exited unexpectedly") from None
+    finally:
+        conn.close()
+    return parts, clean, stats
