@@ -241,30 +241,14 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         for _ in range(warmup):
             plain_step()
             tick("warming up")
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(dev)
-        steps, fwd_runs, bwd_runs = [], defaultdict(list), defaultdict(list)
-        tie_runs = defaultdict(list)
         smaller = _SmallBatchRounds(cap, workload, small, seed, dev) if small else None
-        for r in range(MAX_ROUND_FACTOR * repeats):
-            if r >= repeats and stability(fwd_runs, bwd_runs, cap.op_ids).stable:
-                break
-            more = per_round if r >= repeats else 0  # a round beyond --repeats: noisy ops
-            steps.append(plain_step())
-            tick("timing the whole step", more)
-            if dev.type == "cuda" and len(steps) == 1:
-                peak_bytes = torch.cuda.max_memory_allocated(dev)
-            _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, [*cap.op_ids, LOSS],
-                         tie_runs)
-            tick("timing every op")
-            if smaller is not None:  # right after the full batch's round, on the same machine state
-                smaller.run(clock, module)
-                tick(f"timing every op at batch {small}")
+        steps, fwd_runs, bwd_runs, tie_runs, cuda_peak = _rounds(
+            cap, clock, module, inputs, loss_fn, plain_step, smaller, repeats, dev, tick)
+        peak_bytes = cuda_peak if cuda_peak is not None else peak_bytes
         at_threads = {n: _thread_pass(n, cap, clock, module, inputs, loss_fn, plain_step, repeats, tick)
                       for n in others}
     module.zero_grad(set_to_none=True)
 
-    round_sums = _round_sums_s(fwd_runs, bwd_runs, cap.op_ids)
     fwd_ms = {k: statistics.median(v) * 1e3 for k, v in fwd_runs.items()}
     bwd_ms = {k: statistics.median(v) * 1e3 for k, v in bwd_runs.items()}
     tie_ms = {k: statistics.median(v) * 1e3 for k, v in tie_runs.items()}  # capped by build_ops
@@ -272,31 +256,65 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     ops, edges = build_ops(cap, counter, recorder.value_meta, fwd_ms, bwd_ms, type_name,
                            model.batch_size, fixed, tie_ms, input_counter.bwd_flops)
     ops = _with_thread_times(ops, at_threads)
-    step_ms = statistics.median(steps) * 1e3
-    op_sum_ms = sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids)
-    loss_ms = fwd_ms[LOSS] + bwd_ms[LOSS]
     options = dict(model.options)
     if leaves:
         options["leaf_modules"] = list(leaves)
     colocation, colocation_note = _runtime_colocation(cap, workload, seed, dev)
     ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,
                    dtype=model.dtype, inputs=model.inputs, options=options)
+    info = _info(cap, steps, fwd_runs, bwd_runs, fwd_ms, bwd_ms, at_threads, type_name, warmup,
+                 peak_bytes, small if fixed else None, allocator,
+                 f"{scaling_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
+                 f"seed {seed}; {_machine(dev)}{colocation_note}")
+    return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges,
+                   colocation=colocation)
+
+
+def _info(cap, steps, fwd_runs, bwd_runs, fwd_ms, bwd_ms, at_threads, type_name, warmup,
+          peak_bytes, scaling_batch_size, allocator, note_tail) -> ProfileInfo:
+    """The ``ProfileInfo`` of the rounds: medians, their spread and the check's ratios."""
+    round_sums = _round_sums_s(fwd_runs, bwd_runs, cap.op_ids)
+    step_ms = statistics.median(steps) * 1e3
+    op_sum_ms = sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids)
+    loss_ms = fwd_ms[LOSS] + bwd_ms[LOSS]
     spread = stability(fwd_runs, bwd_runs, cap.op_ids)
-    info = ProfileInfo(
+    return ProfileInfo(
         device_type=type_name, threads=torch.get_num_threads(), torch_version=torch.__version__,
         repeats=len(steps), warmup=warmup, step_ms=round(step_ms, 4), op_sum_ms=round(op_sum_ms, 4),
-        peak_memory_bytes=int(peak_bytes), scaling_batch_size=small if fixed else None,
+        peak_memory_bytes=int(peak_bytes), scaling_batch_size=scaling_batch_size,
         allocator=allocator,
         thread_counts=tuple(sorted({torch.get_num_threads(), *at_threads})) if at_threads else (),
         op_sum_spread=round(spread.sum_spread, 4), step_spread=round(relative_iqr(steps), 4),
         op_spread=round(spread.op_spread, 4), noisy_share=round(spread.noisy_share, 4),
         note=(f"op sum / step = {op_sum_ms / step_ms:.3f} (medians), "
               f"{min(round_sums) / min(steps):.3f} (fastest round of each), "
-              f"{_per_round(round_sums)}; loss outside the "
-              f"graph {loss_ms:.2f} ms; {scaling_note}{_threads_note(at_threads, op_sum_ms)}"
-              f"seed {seed}; {_machine(dev)}{colocation_note}"))
-    return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges,
-                   colocation=colocation)
+              f"{_per_round(round_sums)}; loss outside the graph {loss_ms:.2f} ms; {note_tail}"))
+
+
+def _rounds(cap, clock, module, inputs, loss_fn, plain_step, smaller, repeats: int, dev, tick):
+    """Module doc, steps 4 and 5: rounds of a whole step, an instrumented step and (with
+    ``smaller``) one at the smaller batch, ``repeats`` and more while ``stability`` is not
+    reached. Returns the step seconds, per-op forward / backward / tie seconds per round,
+    and the CUDA peak of the first step (None on a CPU)."""
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    steps, fwd_runs, bwd_runs, tie_runs = [], defaultdict(list), defaultdict(list), defaultdict(list)
+    peak = None
+    for r in range(MAX_ROUND_FACTOR * repeats):
+        if r >= repeats and stability(fwd_runs, bwd_runs, cap.op_ids).stable:
+            break
+        more = (3 if smaller is not None else 2) if r >= repeats else 0  # beyond --repeats
+        steps.append(plain_step())
+        tick("timing the whole step", more)
+        if dev.type == "cuda" and len(steps) == 1:
+            peak = torch.cuda.max_memory_allocated(dev)
+        _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, [*cap.op_ids, LOSS],
+                     tie_runs)
+        tick("timing every op")
+        if smaller is not None:  # right after the full batch's round, on the same machine state
+            smaller.run(clock, module)
+            tick(f"timing every op at batch {smaller.small}")
+    return steps, fwd_runs, bwd_runs, tie_runs, peak
 
 
 def _runtime_colocation(cap, workload, seed: int, dev: torch.device
