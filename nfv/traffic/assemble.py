@@ -143,16 +143,11 @@ def key_table(cols: PacketColumns, rows: np.ndarray) -> tuple[np.ndarray, np.nda
     """Each packet's 5-tuple as one uint64 row (proto, address length, the lower endpoint's
     two address words and port, the higher one's), the same for both directions; and
     whether the packet's source is the lower endpoint."""
-    buf = cols.buf
     alen = cols.addr_len[rows]
-    span = np.arange(16)
-    words = {}
-    for name, offs in (("src", cols.src_off[rows]), ("dst", cols.dst_off[rows])):
-        at = np.minimum(offs[:, None] + span[None, :], len(buf) - 1)
-        raw = buf[at] * (span[None, :] < alen[:, None])
-        words[name] = raw.astype(np.uint8).view(">u8").astype(np.uint64)
-    src = np.column_stack([words["src"], cols.sport[rows].astype(np.uint64)])
-    dst = np.column_stack([words["dst"], cols.dport[rows].astype(np.uint64)])
+    src = np.column_stack([*_address_words(cols.buf, cols.src_off[rows], alen),
+                           cols.sport[rows].astype(np.uint64)])
+    dst = np.column_stack([*_address_words(cols.buf, cols.dst_off[rows], alen),
+                           cols.dport[rows].astype(np.uint64)])
     # the endpoint that sorts first, as 3 words, decides the key's orientation
     n = len(rows)
     first_diff = np.argmax(src != dst, axis=1)
@@ -161,6 +156,20 @@ def key_table(cols: PacketColumns, rows: np.ndarray) -> tuple[np.ndarray, np.nda
     high = np.where(src_low[:, None], dst, src)
     proto = cols.proto[rows].astype(np.uint64)
     return np.column_stack([proto, alen.astype(np.uint64), low, high]), src_low
+
+
+def _address_words(buf: np.ndarray, offs: np.ndarray, alen: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The address at each offset as two big-endian 64-bit words, zero past its length
+    (4 or 16 bytes); gathered one byte position at a time, so the temporaries are one
+    column, not a [packets, 16] index."""
+    words = (np.zeros(len(offs), dtype=np.uint64), np.zeros(len(offs), dtype=np.uint64))
+    last = len(buf) - 1
+    for j in range(16):
+        byte = buf[np.minimum(offs + j, last)].astype(np.uint64)
+        byte[alen <= j] = 0
+        words[j // 8][:] |= byte << np.uint64(8 * (7 - j % 8))
+    return words
 
 
 def row_hash(table: np.ndarray) -> np.ndarray:
@@ -472,9 +481,11 @@ def _table_parts(p: _Packets, slow: np.ndarray, stats: Counter, idle_timeout_us:
                   np.asarray(msg_at, dtype=np.int64))]
 
 
-def merge_parts(parts: list[Part], stats: Counter, clean_flows: int) -> Assembled:
+def merge_parts(parts: list[Part], stats: Counter, clean_flows: int,
+                placed: tuple[bytes, np.ndarray] | None = None) -> Assembled:
     """One flow list in creation order and one message list in completion order (ties,
-    within one part, in the part's order) over one buffer: the parts' buffers joined."""
+    within one part, in the part's order) over one buffer: the parts' buffers joined, or
+    ``placed``: one buffer already holding part ``k``'s at offset ``placed[1][k]``."""
     created = np.asarray([at for part in parts for at in part.flow_at], dtype=np.int64)
     flows = [flow for part in parts for flow in part.flows]
     new_of = np.empty(len(flows), dtype=np.int64)
@@ -504,7 +515,9 @@ def merge_parts(parts: list[Part], stats: Counter, clean_flows: int) -> Assemble
     # the parts' buffers as they are (one of them: no copy), each message where it lies
     used = [k for k, part in enumerate(parts) if len(part.messages)]
     base = np.zeros(len(parts), dtype=np.int64)
-    if len(used) == 1:
+    if placed is not None:
+        payload, base = placed
+    elif len(used) == 1:
         payload = parts[used[0]].messages.buffer
     else:
         sizes = [len(part.messages.buffer) if k in used else 0 for k, part in enumerate(parts)]

@@ -29,6 +29,7 @@ fails raises ``RuntimeFailure``.
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing as mp
 import os
 import traceback
@@ -57,25 +58,52 @@ def assemble_sharded(cols: PacketColumns, stats: Counter, shards: int, *,
         return assemble(cols, stats, idle_timeout_us=idle_timeout_us, window_bytes=window_bytes)
     keys = key_table(cols, rows)
     which = (row_hash(keys[0]) % np.uint64(shards)).astype(np.int64)
+    # shard k's message bytes go to region k of one shared buffer: at most its payload
+    region = np.zeros(shards + 1, dtype=np.int64)
+    np.cumsum(np.bincount(which, weights=cols.payload_len[rows], minlength=shards), out=region[1:])
+    shared = mmap.mmap(-1, max(int(region[-1]), 1))
     context = mp.get_context("fork")
     children = []
     for k in range(1, shards):
         read, write = context.Pipe(duplex=False)
         proc = context.Process(target=_shard, daemon=True, args=(
-            write, cols, rows, keys, which == k, idle_timeout_us, window_bytes))
+            write, cols, rows, keys, which == k, shared, region[k:k + 2].tolist(),
+            idle_timeout_us, window_bytes))
         proc.start()
         write.close()
         children.append((k, read, proc))
     mine = which == 0
     parts, clean = _parts(cols, rows, keys, mine, stats, idle_timeout_us, window_bytes)
+    where = _place(parts, shared, *region[:2].tolist())
     parts = [_global(part, rows[mine], len(cols)) for part in parts]
     for k, read, proc in children:
-        shard_parts, shard_clean, shard_stats = _receive(k, read)
+        shard_parts, shard_clean, shard_stats, shard_where = _receive(k, read)
         proc.join()
         parts.extend(_global(part, rows[which == k], len(cols)) for part in shard_parts)
+        where.extend(shard_where)
         clean += shard_clean
         stats.update(shard_stats)
+    if all(at is not None for at in where):
+        return merge_parts(parts, stats, clean, (shared, np.asarray(where, dtype=np.int64)))
+    for part, at in zip(parts, where):  # a shard's bytes overflowed its region: joined
+        if at is not None:
+            part.messages.buffer = shared[at:at + part.messages.buffer]
     return merge_parts(parts, stats, clean)
+
+
+def _place(parts: list[Part], shared: mmap.mmap, lo: int, hi: int) -> list[int | None]:
+    """Copy the parts' message bytes to ``shared[lo:hi]``, each part's buffer replaced by
+    its length; the offset of each (all None, buffers kept, if they do not fit)."""
+    if lo + sum(len(part.messages.buffer) for part in parts) > hi:
+        return [None] * len(parts)
+    where = []
+    for part in parts:
+        buffer = part.messages.buffer
+        shared[lo:lo + len(buffer)] = buffer
+        where.append(lo)
+        part.messages.buffer = len(buffer)
+        lo += len(buffer)
+    return where
 
 
 def _parts(cols: PacketColumns, rows: np.ndarray, keys: tuple[np.ndarray, np.ndarray],
@@ -101,17 +129,20 @@ def _global(part: Part, rows: np.ndarray, records: int) -> Part:
 
 
 def _shard(conn, cols: PacketColumns, rows: np.ndarray, keys: tuple[np.ndarray, np.ndarray],
-           mask: np.ndarray, idle_timeout_us: int, window_bytes: int) -> None:
-    """A forked shard: assemble ``rows[mask]``, send the parts (bytes apart), exit."""
+           mask: np.ndarray, shared: mmap.mmap, region: list[int], idle_timeout_us: int,
+           window_bytes: int) -> None:
+    """A forked shard: assemble ``rows[mask]``, place its message bytes in its region of
+    ``shared`` (or send them, bytes apart, where they do not fit), send the parts, exit."""
     try:
         stats: Counter = Counter()
         parts, clean = _parts(cols, rows, keys, mask, stats, idle_timeout_us, window_bytes)
-        buffers = []
+        where = _place(parts, shared, *region)
+        buffers = [part.messages.buffer for part, at in zip(parts, where) if at is None]
         for part in parts:  # flows as their fields (reassembly state is done with): unpickled fast
             part.flows = [tuple(getattr(flow, name) for name in _SENT) for flow in part.flows]
-            buffers.append(part.messages.buffer)
-            part.messages.buffer = b""
-        conn.send(("ok", parts, clean, stats, len(buffers)))
+            if not isinstance(part.messages.buffer, int):
+                part.messages.buffer = b""
+        conn.send(("ok", parts, clean, stats, where))
         for buffer in buffers:
             conn.send_bytes(buffer)
     except Exception as exc:  # reported to the parent, which raises RuntimeFailure
@@ -120,17 +151,18 @@ def _shard(conn, cols: PacketColumns, rows: np.ndarray, keys: tuple[np.ndarray, 
         conn.close()
 
 
-def _receive(k: int, conn) -> tuple[list[Part], int, Counter]:
+def _receive(k: int, conn) -> tuple[list[Part], int, Counter, list[int | None]]:
     try:
         reply = conn.recv()
         if reply[0] == "error":
             raise RuntimeFailure(f"flow shard {k} failed: {reply[1].splitlines()[0]}")
-        _, parts, clean, stats, n_buffers = reply
-        for part, _ in zip(parts, range(n_buffers)):
-            part.messages.buffer = conn.recv_bytes()
+        _, parts, clean, stats, where = reply
+        for part, at in zip(parts, where):
+            if at is None:
+                part.messages.buffer = conn.recv_bytes()
             part.flows = [FlowState(**dict(zip(_SENT, fields))) for fields in part.flows]
     except EOFError:
         raise RuntimeFailure(f"flow shard {k} exited unexpectedly") from None
     finally:
         conn.close()
-    return parts, clean, stats
+    return parts, clean, stats, where

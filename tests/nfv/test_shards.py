@@ -78,3 +78,12 @@ def test_shards_split_the_flows(tmp_path, small_shards):
         per_key[key, shard] += 1
     assert len({k for k, _ in per_key}) == len(per_key) == 60  # one shard per 5-tuple
     assert set(which.tolist()) == {0, 1, 2}
+
+
+def test_bytes_that_do_not_fit_their_region_go_through_the_pipe(tmp_path, small_shards,
+                                                                  monkeypatch):
+    """The fallback when a shard's message bytes exceed its region of the shared buffer."""
+    monkeypatch.setattr(shards, "_place", lambda parts, shared, lo, hi: [None] * len(parts))
+    path = tmp_path / "g.pcap"
+    generate_trace(TraceSpec(flows=40, size_dist="zipf:1.2", seed=4), path)
+    assert assert_sharded_same(path, 3) > 50
