@@ -13,8 +13,11 @@ packet counts, TCP and HTTP statistics) with the per-flow work split over
    trace's flows and messages of those 5-tuples.
 2. Shards 1.. run ``assemble.assemble_parts`` in forked processes (the decoded
    columns and the mapped file are inherited, not copied); this process runs
-   shard 0 meanwhile. A forked shard sends back its flows (without their
-   reassembly state) and message columns, and its message bytes as one buffer.
+   shard 0 meanwhile. Each shard copies its message bytes into its region of
+   one shared anonymous mapping (region ``k`` as large as shard ``k``'s packet
+   payload, which bounds its streams) and sends back its flows (their fields,
+   without reassembly state) and message columns; the mapping becomes the
+   trace's buffer, so no message byte crosses a pipe.
 3. Each part's packet positions are mapped back to record numbers of the
    whole capture (a message completed by the flow's end sorts after every
    packet, by its flow's first packet, as in one process), and
@@ -22,8 +25,10 @@ packet counts, TCP and HTTP statistics) with the per-flow work split over
    and orders the messages by the packet that completed them: the same ids and
    order as one process gives.
 
-Limits: a shard's message bytes cross a pipe once and are joined once more in
-this process; fork is needed (elsewhere one process does all). A shard that
+Limits: the record walk, decoding, hashing and the merge stay in this process;
+fork is needed (elsewhere one process does all). Bytes that would overflow a
+region (not expected: the bound holds for both the clean streams and the flow
+table's messages) are sent through the pipe and joined instead. A shard that
 fails raises ``RuntimeFailure``.
 """
 
