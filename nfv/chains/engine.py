@@ -49,6 +49,7 @@ REFERENCE = {"firewall": FirewallRef, "nat": NatRef, "lb": LoadBalancerRef,
              "monitor": MonitorRef, "rate-limit": RateLimiterRef}
 KERNELS = {"firewall": FirewallKernel, "nat": NatKernel, "lb": LoadBalancerKernel,
            "monitor": MonitorKernel, "rate-limit": RateLimiterKernel}
+ONE_SORT_FROM = 16384  # batch size from which _flow_order sorts once, by hash
 REWRITING = ("nat", "lb")  # NFs that rewrite addresses and ports
 OUT_FIELDS = ("src", "dst", "sport", "dport", "ip_csum", "l4_csum")
 
@@ -81,18 +82,18 @@ class _Sweeper:
 def _flow_order(k1, k2, hashes):
     """A permutation that groups the batch's packets by flow, each flow in arrival order.
 
-    One sort of (32-bit flow hash, arrival) packed in an int64; where two flows of the
-    batch share a hash (their packets may interleave) two stable sorts by key instead."""
+    In large batches, one sort of (32-bit flow hash, arrival) packed in an int64; in
+    small ones (where a step's fixed cost outweighs a sort), or where two flows of the
+    batch share a hash (their packets may interleave), two stable sorts by key."""
     n = k1.shape[0]
-    order = torch.sort((hashes << max(1, (n - 1).bit_length()))
-                       | torch.arange(n, device=k1.device)).indices
-    if n < 2:
-        return order
-    h, a, b = hashes[order], k1[order], k2[order]
-    if bool(((h[1:] == h[:-1]) & ((a[1:] != a[:-1]) | (b[1:] != b[:-1]))).any()):
-        order = torch.sort(k2, stable=True).indices
-        order = order[torch.sort(k1[order], stable=True).indices]
-    return order
+    if n >= max(2, ONE_SORT_FROM):
+        order = torch.sort((hashes << (n - 1).bit_length())
+                           | torch.arange(n, device=k1.device)).indices
+        h, a, b = hashes[order], k1[order], k2[order]
+        if not bool(((h[1:] == h[:-1]) & ((a[1:] != a[:-1]) | (b[1:] != b[:-1]))).any()):
+            return order
+    order = torch.sort(k2, stable=True).indices
+    return order[torch.sort(k1[order], stable=True).indices]
 
 
 class ReferenceChain:
