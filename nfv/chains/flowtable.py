@@ -5,8 +5,9 @@ Keys are the two words of ``packets.key_pair`` (``k2`` is never negative, so
 named int64 columns indexed by slot. Every operation takes a batch of keys:
 
 * ``lookup(k1, k2)`` — linear probing from ``flow_hash % capacity``, all keys at
-  once, one probe step per round for the keys still searching; a key stops at its
-  slot or at an empty slot (not found; tombstones are probed past).
+  once: the home slot, then a window of slots per round for the keys still
+  searching (a long probe sequence costs few rounds); a key stops at its slot or
+  at an empty slot (not found; tombstones are probed past).
 * ``insert(k1, k2)`` — keys that are distinct and absent. Each round, every key
   still looking tries its current probe slot; when several want the same free
   slot one scatter picks a winner and the others probe on (collision handling
@@ -27,6 +28,7 @@ import torch
 from .packets import flow_hash
 
 EMPTY, TOMB = -1, -2
+PROBE_WINDOW = 8  # slots a lookup probes per round after the home slot
 MAX_LOAD = 0.25  # short probe sequences: a batch's lookup takes as many rounds as its longest
 
 
@@ -54,20 +56,31 @@ class DeviceFlowTable:
         return (flow_hash(k1, k2) if hashes is None else hashes) & (self.capacity - 1)
 
     def lookup(self, k1, k2, hashes=None):
-        """Slots of the keys, -1 where absent; ``hashes``: their ``flow_hash`` if known."""
+        """Slots of the keys, -1 where absent; ``hashes``: their ``flow_hash`` if known.
+
+        The first round probes each key's home slot (where most keys end); the keys still
+        searching then probe ``PROBE_WINDOW`` consecutive slots per round and stop at the
+        window's first hit or empty slot, the order linear probing visits them in."""
         n = k1.shape[0]
         found = torch.full((n,), -1, dtype=torch.int64, device=self.device)
-        todo = torch.arange(n, device=self.device)
         slot = self._home(k1, k2, hashes)
         mask = self.capacity - 1
+        t2 = self.k2[slot]
+        hit = (t2 == k2) & (self.k1[slot] == k1)
+        found[hit] = slot[hit]
+        todo = torch.nonzero(~hit & (t2 != EMPTY)).squeeze(1)
+        step = torch.arange(1, PROBE_WINDOW + 1, device=self.device)
         while todo.numel():
-            s = slot[todo]
+            s = (slot[todo].unsqueeze(1) + step) & mask  # [keys, window]
             t2 = self.k2[s]
-            hit = (t2 == k2[todo]) & (self.k1[s] == k1[todo])
-            found[todo[hit]] = s[hit]
-            more = ~hit & (t2 != EMPTY)
-            todo = todo[more]
-            slot[todo] = (slot[todo] + 1) & mask
+            hit = (t2 == k2[todo].unsqueeze(1)) & (self.k1[s] == k1[todo].unsqueeze(1))
+            stop = hit | (t2 == EMPTY)
+            first = torch.argmax(stop.to(torch.uint8), dim=1, keepdim=True)
+            ended = stop.gather(1, first).squeeze(1)
+            got = hit.gather(1, first).squeeze(1) & ended
+            found[todo[got]] = s.gather(1, first).squeeze(1)[got]
+            todo = todo[~ended]
+            slot[todo] = (slot[todo] + PROBE_WINDOW) & mask
         return found
 
     def insert(self, k1, k2, hashes=None, *, fill: bool = True):
