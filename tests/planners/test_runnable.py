@@ -1,9 +1,10 @@
 """Plans the runtime runs: every registered planner, on zoo models and user models, passes
 ``validate_plan`` and then trains for real (``train``, 2 steps, ``local-cpu``).
 
-The user models (``user_models.py``) are what zoo models lack: a top-2 Mixture of
-Experts (``torch.topk``, ``torch.where``, ``index_add``: tuples and shapes that depend
-on the data) and residual blocks that ``torch.chunk`` their input. Graphs are profiled
+The user models are what zoo models lack: the fidelity bench's top-2 Mixture of
+Experts (``bench/models/moe.py``: ``torch.topk``, ``torch.where``, ``index_add``: tuples
+and shapes that depend on the data) and residual blocks that ``torch.chunk`` their
+input (``user_models.py``). Graphs are profiled
 for real (one repetition). By default both user models run with every planner; the
 zoo's ``-tiny`` models with every planner need ``--runslow`` (profiling the zoo alone
 takes minutes on two cores). The one skip: ``exact`` on a graph past its limits
@@ -28,7 +29,8 @@ from dl_nfv.runtime.worker import WorkerOptions
 from tests.conftest import EXAMPLES
 
 USER_MODELS = Path(__file__).resolve().parent / "user_models.py"
-USER = {"moe": (f"{USER_MODELS}:moe", (32, 256)),
+BENCH_MOE = Path(__file__).resolve().parents[2] / "bench" / "models" / "moe.py"
+USER = {"moe": (f"{BENCH_MOE}:build", (32, 256)),
         "chunked-residual": (f"{USER_MODELS}:chunked_residual", (16, 4, 8))}
 TOPOLOGY = EXAMPLES / "topologies" / "local-cpu.yaml"
 STEPS = 2

@@ -1,39 +1,16 @@
 """User models (``file.py:callable``) that the planners' runnable-plan tests profile, plan and train.
 
-Both are written as a user outside the project would write them, with the kind of
-structure zoo models lack: a data-dependent routing (``torch.topk``, ``index_add``,
-boolean masks) and a model whose ops return tuples (``torch.chunk``) and take
-shapes from their input (``x.size``), with skip connections.
+Written as a user outside the project would write them, with the kind of structure zoo
+models lack: a model whose ops return tuples (``torch.chunk``) and take shapes from their
+input (``x.size``), with skip connections, and one with a fixed batch. The top-2
+Mixture-of-Experts (data-dependent routing: ``torch.topk``, ``index_add``, boolean masks)
+is the fidelity bench's, ``bench/models/moe.py``.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-
-
-class TopTwoMoE(nn.Module):
-    """A top-2 Mixture-of-Experts MLP: a router scores ``experts`` expert MLPs per sample,
-    each sample goes to its two best experts (masked compute per expert), and their
-    outputs are summed back by ``index_add`` with the router's weights."""
-
-    def __init__(self, d_model: int = 256, hidden: int = 1024, experts: int = 4, classes: int = 10):
-        super().__init__()
-        self.experts_count = experts
-        self.router = nn.Linear(d_model, experts)
-        self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(d_model, hidden), nn.ReLU(), nn.Linear(hidden, d_model))
-            for _ in range(experts))
-        self.head = nn.Linear(d_model, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, chosen = torch.topk(torch.softmax(self.router(x), dim=-1), k=2, dim=-1)
-        out = torch.zeros_like(x)
-        for e, expert in enumerate(self.experts):
-            rows, slot = torch.where(chosen == e)
-            gate = weights[rows, slot].unsqueeze(-1)
-            out = out.index_add(0, rows, expert(x[rows]) * gate)
-        return self.head(out + x)
 
 
 class ChunkedResidual(nn.Module):
@@ -53,11 +30,6 @@ class ChunkedResidual(nn.Module):
             a, b = torch.chunk(h, 2, dim=-1)
             h = h + block(a * torch.sigmoid(b))
         return self.head(h)
-
-
-def moe() -> nn.Module:
-    """Top-2 MoE over 4 experts for ``--input-shape 32,256``."""
-    return TopTwoMoE()
 
 
 def chunked_residual() -> nn.Module:
