@@ -35,7 +35,6 @@ from __future__ import annotations
 import gc
 import os
 import pickle
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -346,12 +345,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from dl_nfv.artifacts.errors import DlNfvError
+    from .wire import exit_with
 
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except DlNfvError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    exit_with(main)

@@ -97,3 +97,19 @@ class Endpoint:
         self.peers = {}
         self.inbox.close(linger=0)
         self.context.term()
+
+
+def exit_with(main) -> None:
+    """Run a process's ``main(argv)`` and exit with its code: a ``DlNfvError`` as one
+    ``error:`` line and its exit code, Ctrl-C as 130."""
+    import sys
+
+    from dl_nfv.artifacts.errors import DlNfvError
+
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except DlNfvError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
