@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from dl_nfv.artifacts import load
-from dl_nfv.artifacts.errors import RuntimeFailure
+from dl_nfv.artifacts.errors import InvalidArtifact, RuntimeFailure
 from dl_nfv.artifacts.nfconfig import NfConfig, NfKind
 from dl_nfv.artifacts.nfvreport import (
     Alert,
@@ -46,6 +46,10 @@ MAX_LISTED_DROPS = 1000
 def load_config(path: str | Path) -> NfConfig:
     """Load an ``nf-config`` and resolve/validate its rules files (relative to the config)."""
     config: NfConfig = load(path, expect="nf-config")
+    if not config.chain:
+        raise InvalidArtifact("no chain: list the NFs to run over the trace's messages"
+                              + (" (its l4_chain runs with `nfv chain`)" if config.l4_chain
+                                 else ""), field="chain", file=str(path))
     base = Path(path).resolve().parent
     chain = []
     for spec in config.chain:

@@ -314,6 +314,7 @@ CASES: list[tuple[str, list[str]]] = [
     ("netstar bench --store-latency-ms -3", ["nfv", "netstar", "bench", "--config", NETSTAR,
                                              "--store-latency-ms", "-3", *OUT]),
     ("chain without l4_chain", ["nfv", "chain", *RUN, *OUT]),
+    ("run an l4_chain config", ["nfv", "run", "--config", L4, "--trace", "{pcap}", *OUT]),
     ("chain --device", ["nfv", "chain", "--config", L4, "--trace", "{pcap}", "--device", "tpu",
                         *OUT]),
     ("chain --batch-size 0", ["nfv", "chain", "--config", L4, "--trace", "{pcap}",
