@@ -106,7 +106,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
         first, then the bound; on every cluster of that chain the ordering search stops
         early once the whole plan has used 60% of the limit and the boundary climbs at 80%
         (both normally end sooner); the bound, the first orderings, the final scheduling and
-        the simulations are never cut, so a limit of a few seconds can be exceeded.
+        the simulations are never cut, so they can exceed a limit: a few seconds
+        on small clusters, more than the limit again on a few hundred devices.
     optimizer : str
         sgd (with momentum) or adam: its state and step are planned for.
 
