@@ -32,20 +32,10 @@ from dl_nfv.artifacts.errors import InvalidArtifact
 from dl_nfv.artifacts.nfconfig import L4NfSpec
 from dl_nfv.artifacts.records import from_data
 from dl_nfv.nfv.chains.packets import flow_hash, key_pair
-from dl_nfv.nfv.chains.reference import (
-    FirewallRef,
-    LoadBalancerRef,
-    MonitorRef,
-    NatRef,
-    Pkt,
-    RateLimiterRef,
-)
+from dl_nfv.nfv.chains.reference import REFERENCE, NatRef, Pkt
 from dl_nfv.nfv.chains.states import DROP_REASONS, Verdict
 
 from .chain import ActorPacket, Output
-
-REFERENCE = {"firewall": FirewallRef, "nat": NatRef, "lb": LoadBalancerRef,
-             "monitor": MonitorRef, "rate-limit": RateLimiterRef}
 
 
 class L4Chain:

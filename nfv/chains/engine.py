@@ -34,19 +34,10 @@ from .kernels import (
     Sub,
 )
 from .packets import ChainPackets, flow_hash, key_pair, rewrite_checksums
-from .reference import (
-    FirewallRef,
-    LoadBalancerRef,
-    MonitorRef,
-    NatRef,
-    Pkt,
-    RateLimiterRef,
-)
+from .reference import REFERENCE, Pkt
 from .scan import Segments
 from .states import Verdict, packet_class
 
-REFERENCE = {"firewall": FirewallRef, "nat": NatRef, "lb": LoadBalancerRef,
-             "monitor": MonitorRef, "rate-limit": RateLimiterRef}
 KERNELS = {"firewall": FirewallKernel, "nat": NatKernel, "lb": LoadBalancerKernel,
            "monitor": MonitorKernel, "rate-limit": RateLimiterKernel}
 ONE_SORT_FROM = 16384  # batch size from which _flow_order sorts once, by hash

@@ -381,3 +381,8 @@ class RateLimiterRef:
 
     def snapshot(self) -> dict:
         return {k: tuple(v) for k, v in self.flows.items()}
+
+
+# each L3/L4 NF of an l4_chain by its config name (``L4NfSpec.nf``)
+REFERENCE = {"firewall": FirewallRef, "nat": NatRef, "lb": LoadBalancerRef,
+             "monitor": MonitorRef, "rate-limit": RateLimiterRef}
