@@ -116,7 +116,8 @@ def up(cluster_path: str) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of generated traffic.")
 @click.option("-o", "--output", "output", type=click.Path(file_okay=False, path_type=Path),
               default=None, callback=lambda c, p, v: check_output_folder(v),
-              help="Folder for report.json and outputs.jsonl (one line per packet).")
+              help="Folder for report.json (what the chain produced), run.json (how the "
+                   "run went) and outputs.jsonl (one line per packet).")
 @json_option
 def replay(cluster_path: str, trace_path: str | None, flows: int, packets_per_flow: int,
            chain_path: str | None, rate: float, window: int, replication: bool | None,
@@ -135,7 +136,7 @@ def replay(cluster_path: str, trace_path: str | None, flows: int, packets_per_fl
     from dl_nfv.nfv.actors.chain import chain_document
     from dl_nfv.nfv.actors.client import read_packets
     from dl_nfv.nfv.actors.client import replay as run_replay
-    from dl_nfv.nfv.actors.report import replay_report, write_replay
+    from dl_nfv.nfv.actors.report import replay_report, replay_run, write_replay
     from dl_nfv.nfv.actors.traffic import interleaved
 
     spec = _load(cluster_path)
@@ -147,7 +148,7 @@ def replay(cluster_path: str, trace_path: str | None, flows: int, packets_per_fl
     report = replay_report(result, trace_path or f"generated: {flows} flows, seed {seed}")
     summary = _text([
         f"{report['packets']} packets, {report['passed']} out, {report['flows']} flows, "
-        f"{report['packets_per_s']:.0f} packets/s, p99 {report['latency_us']['p99']:.0f} us; "
+        f"{result['packets_per_s']:.0f} packets/s, p99 {result['latency_us']['p99']:.0f} us; "
         f"lost {report['lost']}, duplicated {report['duplicates']}, "
         f"reordered {report['reordered']}"])
     if output is not None:
@@ -156,7 +157,7 @@ def replay(cluster_path: str, trace_path: str | None, flows: int, packets_per_fl
             if (err := stderr_console()) is not None:
                 err.print(summary)
             return
-    deliver(report, None, as_json, render=lambda _: summary)
+    deliver({**report, "run": replay_run(result)}, None, as_json, render=lambda _: summary)
 
 
 @command.command(name="migrate")

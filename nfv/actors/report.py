@@ -12,14 +12,21 @@ from .chain import Output
 
 
 def replay_report(result: dict, source: str) -> dict:
-    """A replay's result as plain data, without the per-packet outputs and states."""
+    """What a replay produced, as plain data: counts and the digest of the outputs and final
+    NF states. The same trace and chain give the same report whatever failed or migrated
+    meanwhile; how the run went is ``replay_run``'s."""
     counters = result["counters"]
     return {"kind": "actors-replay", "source": source, "packets": result["packets"],
             "passed": counters["passed"], "dropped": counters["dropped"],
             "flows": counters["flows"], "lost": result["lost"],
             "duplicates": result["duplicates"], "reordered": result["reordered"],
-            "wall_s": result["wall_s"], "packets_per_s": result["packets_per_s"],
-            "latency_us": result["latency_us"], "digest": result["digest"],
+            "digest": result["digest"]}
+
+
+def replay_run(result: dict) -> dict:
+    """How a replay went: its speed, packet latency, migrations and the cluster's state."""
+    return {"kind": "actors-run", "wall_s": result["wall_s"],
+            "packets_per_s": result["packets_per_s"], "latency_us": result["latency_us"],
             "migrations": result["migrations"], "status": result["status"]}
 
 
@@ -38,9 +45,12 @@ def output_row(output: Output) -> dict:
 
 
 def write_replay(result: dict, report: dict, folder: Path) -> None:
-    """``report.json`` and ``outputs.jsonl`` (one packet a line, in packet order)."""
+    """``report.json`` (``replay_report``), ``run.json`` (``replay_run``) and
+    ``outputs.jsonl`` (one packet a line, in packet order)."""
     make_folder(folder)
     write_text_atomic(folder / "report.json", json.dumps(report, indent=2, default=str) + "\n")
+    write_text_atomic(folder / "run.json",
+                      json.dumps(replay_run(result), indent=2, default=str) + "\n")
     write_text_atomic(folder / "outputs.jsonl", "".join(
         json.dumps(output_row(o)) + "\n" for o in result["outputs"]))
 
