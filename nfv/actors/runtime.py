@@ -23,7 +23,9 @@ the switch has let out). The runtime's rules:
 * **Migration** (decentralised): ``prepare`` makes an actor that holds the packets the
   switch now routes here; ``migrate_out`` sends the source actors' states straight to
   the destination in one message; ``migrate_in`` installs them, snapshots them to their
-  replicas and replays the held packets in order. **Central** (OpenNF): ``export``
+  replicas and replays the held packets in order. The state may arrive before
+  ``prepare`` (the two come from different senders, and a receiver takes its senders'
+  messages in turn): it waits for ``prepare``, which then installs it. **Central** (OpenNF): ``export``
   sends each flow's state to the switch's controller, ``import`` installs one.
 
 Messages from a runtime the switch declared dead are ignored. Run as
@@ -89,6 +91,7 @@ class Runtime:
         self.chain: Chain = build_chain({"chain": [{"nf": "flow-monitor"}]})
         self.primaries: dict[int, FlowActor] = {}
         self.replicas: dict[int, FlowActor] = {}
+        self.early: dict[int, tuple] = {}  # migrated states that arrived before ``prepare``
         self.dead: set[str] = set()
         self.processed = 0
         self.running = True
@@ -179,6 +182,7 @@ class Runtime:
         document, self.session = payload
         self.primaries.clear()
         self.replicas.clear()
+        self.early.clear()
         self.processed = 0
         self.built = built = []
         self.loader = threading.Thread(target=lambda: built.append(build_chain(document)),
@@ -295,10 +299,16 @@ class Runtime:
 
     # Migration ----------------------------------------------------------------------------
     def on_prepare(self, sender: str, batch: list) -> None:
+        installed = []
         for flow, replica in batch:
             self.replicas.pop(flow, None)
             actor = self.primaries[flow] = FlowActor(flow, self.chain.initial(), replica)
             actor.held = []
+            if (snapshot := self.early.pop(flow, None)) is not None:
+                self.install(actor, snapshot)
+                installed.append(flow)
+        if installed:
+            self.tell(self.switch, "migrated", installed)
 
     def on_migrate_out(self, sender: str, payload) -> None:
         destination, flows = payload
@@ -307,17 +317,30 @@ class Runtime:
         self.tell(self.addresses[destination], "migrate_in", states)
 
     def on_migrate_in(self, sender: str, batch: list) -> None:
-        for flow, seq, states, log in batch:
+        installed = []
+        for snapshot in batch:
+            flow = snapshot[0]
             actor = self.primaries.get(flow)
-            if actor is None or actor.held is None:
-                continue
-            held, actor.held = actor.held, None
-            actor.seq, actor.states, actor.log = seq, states, dict(log)
-            if actor.replica is not None:
-                self.snapshots[actor.replica].append(actor.snapshot())
-            for seq, committed, packet in held:
-                self.process(actor, seq, committed, packet)
-        self.tell(self.switch, "migrated", [flow for flow, *_ in batch])
+            if actor is None:
+                # The state overtook the switch's ``prepare`` (another sender: a backlog
+                # of packets ahead of it from the switch); kept until ``prepare`` comes.
+                self.early[flow] = snapshot
+            elif actor.held is not None:
+                self.install(actor, snapshot)
+                installed.append(flow)
+        if installed:
+            self.tell(self.switch, "migrated", installed)
+
+    def install(self, actor: FlowActor, snapshot: tuple) -> None:
+        """Install a migrated flow's state in its prepared actor, snapshot it to the
+        replica and process the packets held meanwhile, in order."""
+        _, seq, states, log = snapshot
+        held, actor.held = actor.held, None
+        actor.seq, actor.states, actor.log = seq, states, dict(log)
+        if actor.replica is not None:
+            self.snapshots[actor.replica].append(actor.snapshot())
+        for seq, committed, packet in held:
+            self.process(actor, seq, committed, packet)
 
     def on_export(self, sender: str, flows: list) -> None:
         for flow in flows:

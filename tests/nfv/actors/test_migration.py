@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dl_nfv.artifacts.errors import BadInput
-from dl_nfv.nfv.actors.chain import chain_document
+from dl_nfv.nfv.actors.chain import build_chain, chain_document, flow_key
 from dl_nfv.nfv.actors.client import Action, migrate, replay
 from dl_nfv.nfv.actors.cluster import load_cluster
 from dl_nfv.nfv.actors.processes import ClusterProcesses
@@ -67,3 +67,47 @@ def test_bad_migrations_name_the_problem(cluster):
         migrate(spec, 1, "rt1", "rt9", "central")
     done = migrate(spec, 3, "rt1", "rt3", "central")
     assert done["flows"] == 3 and done["completion_ms"] > 0
+
+
+@pytest.mark.parametrize("state_first", [False, True])
+def test_migrated_state_may_arrive_before_prepare(tmp_path, state_first):
+    """The destination takes its senders' messages in turn, so the source's state can
+    overtake the switch's ``prepare``: either order installs the state, processes the
+    held packets after it, and reports the flow migrated once."""
+    from dl_nfv.nfv.actors.runtime import Runtime
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text(cluster_text(free_ports(4)))
+    spec = load_cluster(path)
+    document = chain_document(EXAMPLES / "nf" / "fw-nat-lb.yaml")
+    lane = [p for p in PACKETS if flow_key(p) == flow_key(PACKETS[0])]
+    _, expected = sequential(lane, document)
+    source, destination = Runtime(spec, "rt1"), Runtime(spec, "rt2")
+    try:
+        source.chain = destination.chain = build_chain(document)
+        half = len(lane) // 2
+        source.on_packets("switch", [(0, s + 1, None, 0, p) for s, p in enumerate(lane[:half])])
+        told = []
+        destination.tell = lambda address, kind, body: told.append((kind, body))
+        source.tell = lambda address, kind, body: told.append((kind, body))
+        source.on_migrate_out("switch", ("rt2", [0]))
+        (_, states), = told
+        told.clear()
+        later = [(0, half + 1 + s, None, 0, p) for s, p in enumerate(lane[half:])]
+        if state_first:
+            destination.on_migrate_in("rt1", states)
+            assert told == []
+            destination.on_prepare("switch", [(0, None)])
+            destination.on_packets("switch", later)
+        else:
+            destination.on_prepare("switch", [(0, None)])
+            destination.on_packets("switch", later)  # held until the state is in
+            assert destination.primaries[0].seq == 0
+            destination.on_migrate_in("rt1", states)
+        assert told == [("migrated", [0])]
+        actor = destination.primaries[0]
+        assert actor.held is None and 0 not in source.primaries
+        assert (actor.seq, actor.states) == expected[0]
+    finally:
+        source.endpoint.close()
+        destination.endpoint.close()
