@@ -116,23 +116,29 @@ def up(cluster_path: str) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of generated traffic.")
 @click.option("-o", "--output", "output", type=click.Path(file_okay=False, path_type=Path),
               default=None, callback=lambda c, p, v: check_output_folder(v),
-              help="Folder for report.json (what the chain produced), run.json (how the "
-                   "run went) and outputs.jsonl (one line per packet).")
+              help="Folder for what the chain produced, nothing else: report.json and "
+                   "outputs.jsonl (one line per packet).")
+@output_option("Write how the run went (speed, latency, migrations, the cluster's state) "
+               "to this file (.json).", suffixes=JSON_SUFFIXES, flags=("--stats",),
+               name="stats")
 @json_option
 def replay(cluster_path: str, trace_path: str | None, flows: int, packets_per_flow: int,
            chain_path: str | None, rate: float, window: int, replication: bool | None,
-           seed: int, output: Path | None, as_json: bool) -> None:
+           seed: int, output: Path | None, stats: Path | None, as_json: bool) -> None:
     """Replay a trace through a running cluster: outputs, final NF state, latency.
 
     The report has packets in and out, drops per NF, flows, lost / duplicated /
-    reordered packets (0 when the guarantees hold), packets/s, latency
-    percentiles, a digest of every output and final per-flow state (equal across
-    runs that must agree, failures or not) and the switch's events.
+    reordered packets (0 when the guarantees hold) and a digest of every output
+    and final per-flow state: the same for runs that must agree, failures and
+    migrations or not, so `-o` folders of two such runs are byte-identical. How
+    the run went (packets/s, latency percentiles, migrations, the switch's
+    events) is measured, not produced: --stats writes it, --json prints both.
 
     \b
     Example:
       dl-nfv nfv actors replay --cluster examples/nf/actors-local.yaml --trace t.pcap --rate 200000pps --chain examples/nf/fw-nat-lb.yaml -o out/
     """
+    from dl_nfv.artifacts import save
     from dl_nfv.nfv.actors.chain import chain_document
     from dl_nfv.nfv.actors.client import read_packets
     from dl_nfv.nfv.actors.client import replay as run_replay
@@ -151,13 +157,16 @@ def replay(cluster_path: str, trace_path: str | None, flows: int, packets_per_fl
         f"{result['packets_per_s']:.0f} packets/s, p99 {result['latency_us']['p99']:.0f} us; "
         f"lost {report['lost']}, duplicated {report['duplicates']}, "
         f"reordered {report['reordered']}"])
+    run = replay_run(result)
+    if stats is not None:
+        save(run, stats)
     if output is not None:
         write_replay(result, report, output)
         if not as_json:
             if (err := stderr_console()) is not None:
                 err.print(summary)
             return
-    deliver({**report, "run": replay_run(result)}, None, as_json, render=lambda _: summary)
+    deliver({**report, "run": run}, None, as_json, render=lambda _: summary)
 
 
 @command.command(name="migrate")

@@ -45,12 +45,11 @@ def output_row(output: Output) -> dict:
 
 
 def write_replay(result: dict, report: dict, folder: Path) -> None:
-    """``report.json`` (``replay_report``), ``run.json`` (``replay_run``) and
-    ``outputs.jsonl`` (one packet a line, in packet order)."""
+    """What the chain produced, nothing measured: ``report.json`` (``replay_report``) and
+    ``outputs.jsonl`` (one packet a line, in packet order). Two runs that must agree (a
+    fault-free one and one with a runtime killed) write byte-identical folders."""
     make_folder(folder)
     write_text_atomic(folder / "report.json", json.dumps(report, indent=2, default=str) + "\n")
-    write_text_atomic(folder / "run.json",
-                      json.dumps(replay_run(result), indent=2, default=str) + "\n")
     write_text_atomic(folder / "outputs.jsonl", "".join(
         json.dumps(output_row(o)) + "\n" for o in result["outputs"]))
 

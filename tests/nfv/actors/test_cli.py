@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -109,3 +110,39 @@ def test_up_that_cannot_start_a_runtime_stops_the_rest(cluster_file):
         assert _actors_processes(cluster_file) == []
     finally:
         busy.close()
+
+
+def test_replay_folder_holds_only_what_the_chain_produced(tmp_path, cluster_file):
+    """``replay -o`` writes report.json and outputs.jsonl only, byte-identical for a run with
+    a runtime killed midway; how the run went goes to --stats."""
+    from dl_nfv.nfv.actors.chain import chain_document
+    from dl_nfv.nfv.actors.client import Action, replay
+    from dl_nfv.nfv.actors.processes import ClusterProcesses
+    from dl_nfv.nfv.actors.report import replay_report, write_replay
+    from dl_nfv.nfv.actors.traffic import interleaved
+    from tests.conftest import EXAMPLES
+
+    chain = EXAMPLES / "nf" / "fw-nat-lb.yaml"
+    spec = load_cluster(cluster_file)
+    with ClusterProcesses(cluster_file, spec):
+        result = _run("replay", "--cluster", str(cluster_file), "--flows", "60",
+                      "--packets-per-flow", "12", "--chain", str(chain), "-o",
+                      str(tmp_path / "ok"), "--stats", str(tmp_path / "stats.json"))
+        assert result.exit_code == 0, result.output
+        assert result.output == ""  # -o: stdout stays empty
+        killed = replay(spec, interleaved(60, 12, 0), chain_document(chain), rate_pps=1500,
+                        window=256, batch=8, actions=(Action(300, "kill", "rt2"),))
+        assert killed["status"]["runtimes"]["rt2"]["live"] is False
+        write_replay(killed, replay_report(killed, "generated: 60 flows, seed 0"),
+                     tmp_path / "killed")
+    files = sorted(p.name for p in (tmp_path / "ok").iterdir())
+    assert files == ["outputs.jsonl", "report.json"]
+    for name in files:
+        assert (tmp_path / "ok" / name).read_bytes() == (tmp_path / "killed" / name).read_bytes()
+    report = json.loads((tmp_path / "ok" / "report.json").read_text())
+    assert (report["packets"], report["lost"], report["duplicates"]) == (720, 0, 0)
+    assert len((tmp_path / "ok" / "outputs.jsonl").read_text().splitlines()) == 720
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["kind"] == "actors-run" and stats["packets_per_s"] > 0
+    assert stats["latency_us"]["p50"] <= stats["latency_us"]["p99"]
+    assert set(stats["status"]["runtimes"]) == {"rt1", "rt2", "rt3"}
