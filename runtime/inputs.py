@@ -99,6 +99,9 @@ def load_inputs(plan_path: str, graph_path: str | None, topology_path: str | Non
     elif fingerprint(graph) != plan.graph_sha256:
         raise ArtifactMismatch(f"the plan was made for a graph with sha256 {plan.graph_sha256[:12]}..., "
                                f"but {gpath} has sha256 {fingerprint(graph)[:12]}...")
+    from dl_nfv.simulator.lower import check_fusion
+
+    check_fusion(plan, graph)
     return plan, graph, topology, gpath
 
 
