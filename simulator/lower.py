@@ -117,6 +117,102 @@ def lower(plan: Plan, graph: OpGraph, topology: Topology, cost_model: CostModel)
     return _Lowering(plan, graph, topology, cost_model).build()
 
 
+def check_fusion(plan: Plan, graph: OpGraph) -> None:
+    """Raise ``BadInput`` naming the first way ``plan.fusion`` does not fit ``graph``.
+
+    A fused op group names ops of the graph, all of one plan group, that form a
+    connected subgraph (through the graph's edges between them), and the fused units
+    leave the graph acyclic: no path leaves a group and re-enters it, and no two groups
+    wait on each other. A gradient bucket names ops with parameters, all of one plan
+    group; a group with any bucket has every op with parameters in one. (A gradient in
+    two buckets is refused when the plan loads.) O(ops + edges).
+    """
+    fusion = plan.fusion
+    if fusion is None:
+        return
+    index = graph.index
+    group_of = {op: g.id for g in plan.groups for op in g.ops}
+    adjacent: dict[str, list[str]] = defaultdict(list)
+    for e in graph.edges:
+        adjacent[e.src].append(e.dst)
+        adjacent[e.dst].append(e.src)
+    unit_of: dict[str, int] = {}
+    for k, ops in enumerate(fusion.op_groups):
+        where = f"plan fusion.op_groups[{k}]"
+        absent = [op for op in ops if op not in index]
+        if absent:
+            raise BadInput(f"{where} names op {absent[0]!r}, which the graph "
+                           f"{graph.model.name!r} does not have")
+        gs = sorted({group_of[op] for op in ops})
+        if len(gs) > 1:
+            raise BadInput(f"{where} fuses ops of groups {gs}; a fused kernel must run in one group")
+        unit_of.update((op, k) for op in ops)
+    _check_fused_acyclic(graph, fusion.op_groups, unit_of)
+    for k, ops in enumerate(fusion.op_groups):
+        if not ops:
+            continue
+        inside, seen, todo = set(ops), {ops[0]}, [ops[0]]
+        while todo:
+            for nb in adjacent[todo.pop()]:
+                if nb in inside and nb not in seen:
+                    seen.add(nb)
+                    todo.append(nb)
+        if len(seen) < len(inside):
+            apart = next(op for op in ops if op not in seen)
+            raise BadInput(f"plan fusion.op_groups[{k}] fuses {apart!r}, which no edge between "
+                           f"the group's ops joins to {ops[0]!r}; a fused kernel holds adjacent ops")
+    bucketed: set[str] = set()
+    for k, bucket in enumerate(fusion.gradient_buckets):
+        where = f"plan fusion.gradient_buckets[{k}]"
+        for op in bucket:
+            if op not in index:
+                raise BadInput(f"{where} names op {op!r}, which the graph {graph.model.name!r} "
+                               f"does not have")
+            if index[op].param_bytes == 0:
+                raise BadInput(f"{where} names op {op!r}, which has no parameters")
+        gs = sorted({group_of[op] for op in bucket})
+        if len(gs) > 1:
+            raise BadInput(f"{where} mixes ops of groups {gs}; a bucket is synchronised over "
+                           f"one group's devices")
+        bucketed.update(bucket)
+    in_buckets = {group_of[op] for op in bucketed}
+    for g in plan.groups:
+        loose = [op for op in g.ops if index[op].param_bytes > 0 and op not in bucketed] \
+            if g.id in in_buckets else []
+        if loose:
+            raise BadInput(f"plan fusion.gradient_buckets: op {loose[0]!r} of group {g.id!r} has "
+                           f"parameters but is in no bucket, while the group's other gradients "
+                           f"are bucketed")
+
+
+def _check_fused_acyclic(graph: OpGraph, op_groups, unit_of: dict[str, int]) -> None:
+    """``BadInput`` naming a fused op group that sits on a cycle of the unit graph (ops
+    outside every group are units of their own), by Kahn's algorithm."""
+    unit = {op.id: unit_of.get(op.id, f"op {op.id}") for op in graph.ops}
+    succ: dict[object, set] = defaultdict(set)
+    indeg: dict[object, int] = dict.fromkeys(unit.values(), 0)
+    for e in graph.edges:
+        ua, ub = unit[e.src], unit[e.dst]
+        if ua != ub and ub not in succ[ua]:
+            succ[ua].add(ub)
+            indeg[ub] += 1
+    ready = [u for u, n in indeg.items() if n == 0]
+    done = 0
+    while ready:
+        u = ready.pop()
+        done += 1
+        for v in succ[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                ready.append(v)
+    if done < len(indeg):
+        k = min(u for u, n in indeg.items() if n > 0 and isinstance(u, int))
+        raise BadInput(f"plan fusion.op_groups[{k}] {list(op_groups[k])} forms a cycle with the "
+                       f"ops between them (a path leaves the group and re-enters it, or two "
+                       f"groups wait on each other); a fused kernel cannot both feed and wait "
+                       f"for them")
+
+
 class _Lowering:
     def __init__(self, plan: Plan, graph: OpGraph, topology: Topology, cm: CostModel):
         self.plan = plan
@@ -152,16 +248,8 @@ class _Lowering:
         unit_of: dict[str, int] = {}
         members: list[list[str]] = []
         fused: list[bool] = []
-        if plan.fusion is not None:
-            for k, ops in enumerate(plan.fusion.op_groups):
-                for op in ops:
-                    if op not in self.op_group:
-                        raise BadInput(f"plan fusion.op_groups[{k}] names op {op!r}, which the "
-                                       f"graph {graph.model.name!r} does not have")
-                gs = {plan.groups[self.op_group[op]].id for op in ops}
-                if len(gs) > 1:
-                    raise BadInput(f"plan fusion.op_groups[{k}] fuses ops of groups "
-                                   f"{sorted(gs)}; a fused kernel must run in one group")
+        if plan.fusion is not None:  # (check_fusion has vetted its ops and groups)
+            for ops in plan.fusion.op_groups:
                 if len(ops) < 2:
                     continue
                 u = len(members)
@@ -282,17 +370,7 @@ class _Lowering:
                 raise BadInput(f"plan order of {device!r} lists {len(ops)} of the "
                                f"{len(on_device)} ops that run there (missing {missing[0]!r}); "
                                f"an order must list every op of the device")
-        if plan.fusion is not None:
-            for k, bucket in enumerate(plan.fusion.gradient_buckets):
-                gs = {g.id for g in plan.groups for op in bucket if op in g.ops}
-                absent = [op for op in bucket if op not in self.op_group]
-                if absent:
-                    raise BadInput(f"plan fusion.gradient_buckets[{k}] names op {absent[0]!r}, "
-                                   f"which no group holds")
-                if len(gs) > 1:
-                    raise BadInput(f"plan fusion.gradient_buckets[{k}] mixes ops of groups "
-                                   f"{sorted(gs)}; a bucket is synchronised over one group's "
-                                   f"devices")
+        check_fusion(plan, self.graph)
         for g in plan.groups:
             if g.compression == Compression.SFB and g.sync != SyncMethod.ALLREDUCE:
                 raise BadInput(f"plan group {g.id!r}: compression 'sfb' is modelled with sync "
