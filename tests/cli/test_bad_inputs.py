@@ -93,7 +93,15 @@ BAD_FILES = {
     "placement_not_json": (".json", "not json"),
 }
 
-B = {name: "{bad_" + name + "}" for name in BAD_FILES}
+# name -> the fusion field put into the workspace's data-parallel plan of mlp-tiny
+BAD_FUSIONS = {
+    "fuse_unknown_op": {"op_groups": [["layers_fc0", "no_such_op"]]},
+    "fuse_non_adjacent": {"op_groups": [["flatten", "layers_relu0"]]},
+    "gradient_in_two_buckets": {"gradient_buckets": [["head", "layers_fc1"], ["layers_fc1",
+                                                                              "layers_fc0"]]},
+    "gradient_in_no_bucket": {"gradient_buckets": [["head"], ["layers_fc1"]]},
+}
+B = {name: "{bad_" + name + "}" for name in (*BAD_FILES, *BAD_FUSIONS)}
 PLAN_IO = ["--graph", "{g}", "--topology", "{t}"]
 RUN = ["--config", "{cfg}", "--trace", "{pcap}"]
 NETSTAR = str(TOPOLOGY.parents[1] / "nf" / "netstar-ids.yaml")
@@ -199,6 +207,8 @@ CASES: list[tuple[str, list[str]]] = [
     ("simulate --trace .yaml", ["simulate", "{plan}", "--trace", "{dir}/trace.yaml", *OUT]),
     ("simulate --trace missing folder", ["simulate", "{plan}", "--trace", "{dir}/no/trace.json",
                                          *OUT]),
+    *[(f"simulate {name}", ["simulate", B[name], *OUT]) for name in BAD_FUSIONS],
+    *[(f"train {name}", ["train", B[name], *OUT]) for name in BAD_FUSIONS],
     ("simulate --compare missing", ["simulate", "{plan}", "--compare", "{dir}/nope.json", *OUT]),
     ("simulate --compare a plan", ["simulate", "{plan}", "--compare", "{plan}", *OUT]),
     # train: refused before any worker starts
@@ -354,6 +364,10 @@ def workspace(tmp_path_factory):
         else:
             path.write_text(yaml.safe_dump(content))
         bad[name] = path
+    plan_doc = json.loads(files["plan"].read_text())
+    for name, fusion in BAD_FUSIONS.items():
+        bad[name] = folder / f"bad-{name}.json"
+        bad[name].write_text(json.dumps({**plan_doc, "fusion": fusion}))
     (folder / "sub.json").mkdir()
     return folder, files, bad
 
