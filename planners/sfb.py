@@ -59,20 +59,25 @@ import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pulp
 
 from dl_nfv.artifacts import (
+    ArtifactMismatch,
     BadInput,
     Compression,
     Group,
+    InfeasiblePlan,
     OpGraph,
     Plan,
     Prediction,
     SolverError,
     SyncMethod,
     Topology,
+    fingerprint,
+    load,
 )
 from dl_nfv.simulator import CostModel, SimResult, simulate
 from dl_nfv.simulator.lower import ELEMENT_BYTES
@@ -115,6 +120,35 @@ def sfb_ops(cm: CostModel, group: Group, ops: Sequence[str], elem_bytes: int = 4
     return out
 
 
+def sfb_files(plan_path: str | Path, *, graph: str | Path | None = None,
+              topology: str | Path | None = None, time_limit_s: float = 30.0
+              ) -> tuple[Plan, dict[str, Any], Path, Path]:
+    """Load the plan at ``plan_path`` and its graph and topology (``graph``/``topology``, else
+    the paths it records), check their sha256 against the plan's, and ``apply_sfb``.
+
+    Returns the plan, the report and the graph and topology paths read. Raises
+    ``InvalidArtifact`` for a file that is not a plan, ``ArtifactMismatch`` naming the file
+    whose sha256 differs from the plan's, and what ``apply_sfb`` raises.
+    """
+    from dl_nfv.simulator.files import artifact_path
+
+    plan = load(plan_path, expect="plan")
+    graph_path = artifact_path(plan, plan_path, "graph", graph)
+    topology_path = artifact_path(plan, plan_path, "topology", topology)
+    graph_doc = load(graph_path, expect="op-graph")
+    topology_doc = load(topology_path, expect="topology")
+    for what, path, doc, recorded in (("graph", graph_path, graph_doc, plan.graph_sha256),
+                                      ("topology", topology_path, topology_doc,
+                                       plan.topology_sha256)):
+        actual = fingerprint(doc)
+        if actual != recorded:
+            raise ArtifactMismatch(
+                f"{path}: this {what} has sha256 {actual[:12]}..., but plan {plan_path} was made "
+                f"for sha256 {recorded[:12]}...; pass the {what} it was made for")
+    out, report = apply_sfb(plan, graph_doc, topology_doc, time_limit_s=time_limit_s)
+    return out, report, graph_path, topology_path
+
+
 def apply_sfb(plan: Plan, graph: OpGraph, topology: Topology, *,
               time_limit_s: float = 30.0) -> tuple[Plan, dict[str, Any]]:
     """Choose the groups of ``plan`` that synchronise by SFB; return the plan and a report.
@@ -133,7 +167,7 @@ def apply_sfb(plan: Plan, graph: OpGraph, topology: Topology, *,
 
     Raises
     ------
-    BadInput
+    InfeasiblePlan
         The ILP is infeasible (a device's simulated peak exceeds its memory), naming
         the device and the bytes.
     SolverError
@@ -321,7 +355,7 @@ def _check_memory(base: SimResult, candidates: list[SfbCandidate], cm: CostModel
         capacity = cm.memory_bytes(device)
         if peak > capacity:
             factors = max((c.held_bytes.get(device, 0.0) for c in candidates), default=0.0)
-            raise BadInput(
+            raise InfeasiblePlan(
                 f"plan sfb: infeasible: device {device!r} needs {peak / GIB:.3f} GiB at its "
                 f"peak without SFB ({peak} bytes) but has {capacity / GIB:.3f} GiB ({capacity} "
                 f"bytes); SFB would hold up to {int(factors)} bytes of factors more")
