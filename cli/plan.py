@@ -354,3 +354,4 @@ def learn_heterog(graph_paths, topology_paths, episodes, search_s, seed, output,
     policy = learn(graphs, topologies, episodes=episodes, seed=seed, search_s=search_s,
                    command=shlex.join(line), progress=console.print if console else None)
     deliver(policy, output, as_json, render=render, document="json")
+from . import plan_sfb  # noqa: E402, F401  (registers `plan sfb` on this group)
