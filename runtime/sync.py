@@ -36,6 +36,7 @@ import torch.distributed as dist
 from dl_nfv.artifacts import SyncMethod
 
 from .comm import Comm
+from .sfb import allreduce_sent_bytes
 
 PS_TAG = 1 << 30  # tags of parameter-server pushes, apart from the units' transfers
 
@@ -91,6 +92,7 @@ class GradientSync:
         self._hooks = []
         self._expected = {id(p): (accumulations or {}).get(id(p), 1) for p in self.params}
         self._seen: dict[int, int] = {}
+        self.sent_bytes = 0  # this step's AllReduce bytes sent by this rank (ring algorithm)
         if self.overlap:
             for index, bucket in enumerate(self._buckets):
                 for p in bucket.params:
@@ -153,6 +155,7 @@ class GradientSync:
             b.works = []
         self._next = 0
         self._seen.clear()
+        self.sent_bytes = 0
 
     def _grad_ready(self, index: int, param: torch.nn.Parameter) -> None:
         key = id(param)
@@ -173,6 +176,8 @@ class GradientSync:
         bucket.launched = True
         if self.method is SyncMethod.ALLREDUCE:
             bucket.works.append(dist.all_reduce(bucket.grad, group=self.group, async_op=True))
+            self.sent_bytes += allreduce_sent_bytes(bucket.grad.numel() * bucket.grad.element_size(),
+                                                    len(self.ranks))
         elif self.method is SyncMethod.PS:
             for part, (server, lo, hi) in enumerate(bucket.parts):
                 tag = PS_TAG + bucket.index * 256 + part
