@@ -39,6 +39,7 @@ from dl_nfv.simulator.costs import exchangeable, lookup_rows, tied_weights
 from .comm import Comm
 from .model import Workload, to_device
 from .partition import probe, split
+from .sfb import sfb_syncs
 from .sync import GradientSync, TieExchange
 from .units import Placement, UnitRunner, accumulations, span
 
@@ -195,11 +196,14 @@ class PlanExecutor:
         bucket_of = self._bucket_of(plan)
         rank_of = self.ctx.rank_of
         exchanged = self._exchanged(plan, holders, groups_of)
+        sfb_ids, sfb, self.sfb_groups = sfb_syncs(
+            plan, self.capture, module, holders, rank=self.ctx.rank, rank_of=rank_of,
+            world_size=self.ctx.world_size, comm=self.ctx.comm)
         keyed: dict[tuple, list[torch.nn.Parameter]] = {}
-        syncs: list = []
+        syncs: list = list(sfb)
         tied: dict[str, torch.nn.Parameter] = {}
         for name, p in module.named_parameters():
-            if id(p) not in holders or not p.requires_grad:
+            if id(p) not in holders or not p.requires_grad or id(p) in sfb_ids:
                 continue
             if name in exchanged:
                 tied[name] = p
