@@ -37,6 +37,7 @@ from .inputs import (
 )
 from .model import build_workload, synthetic_batches, to_device, user_batches
 from .report import build_report
+from .sfb import sent_bytes
 from .timeline import CATEGORIES
 from .worker import WorkerOptions
 
@@ -194,7 +195,7 @@ def _run(options, plan, graph, topology, rank, world, me, cpus, warmup, backend,
                   for ph, times in executor.op_times_ms().items()},
         "device_type": _device_type(topology, me),
         "threads": torch.get_num_threads(), "cpus": list(cpus),
-        "breakdown_ms": breakdown, "spans": spans,
+        "breakdown_ms": breakdown, "spans": spans, "sent_bytes": sent_bytes(executor.syncs),
     }
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(result, gathered, dst=0)
@@ -207,7 +208,8 @@ def _run(options, plan, graph, topology, rank, world, me, cpus, warmup, backend,
             notes.append(f"the graph was profiled with the {graph.profile.allocator!r} heap "
                          f"policy, the workers ran with {allocator!r} ({ALLOCATOR_ENV}): "
                          f"profile under the same policy to compare with the simulator")
-        compressed = [g.id for g in plan.groups if g.compression.value != "none"]
+        compressed = [g.id for g in plan.groups if g.compression.value != "none"
+                      and g.id not in executor.sfb_groups]
         if compressed:
             notes.append(f"group(s) {', '.join(compressed)} plan gradient compression; the "
                          f"runtime sent their gradients uncompressed")
