@@ -39,7 +39,8 @@ def build_report(*, plan: Plan, plan_path: str, graph: OpGraph, mode: ExecutionM
                                      cpu_ms=round(r["cpu_ms"], 4) if "cpu_ms" in r else None,
                                      threads=r.get("threads"), cpus=tuple(r.get("cpus", ())),
                                      breakdown_ms={c: tuple(v) for c, v in
-                                                   r.get("breakdown_ms", {}).items()})
+                                                   r.get("breakdown_ms", {}).items()},
+                                     sent_bytes=dict(r.get("sent_bytes", {})))
                              for r in results), key=lambda r: r.rank))
     op_fwd: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     op_bwd: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
