@@ -71,9 +71,14 @@ class RankRun:
     cpus: tuple[int, ...] = ()
     # category (compute, communication, update, idle) -> its time in every step
     breakdown_ms: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # bytes this rank sent to synchronise gradients in its last step, by method (allreduce,
+    # sfb), as the ring algorithms send them; empty in reports of older runs
+    sent_bytes: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check(self.rank >= 0, f"rank must be >= 0, got {self.rank}")
+        check(all(n >= 0 for n in self.sent_bytes.values()),
+              f"rank {self.rank}: sent_bytes must be >= 0, got {self.sent_bytes}")
         for category, times in self.breakdown_ms.items():
             check(category in CATEGORIES, f"rank {self.rank}: breakdown_ms category must be one "
                                           f"of {', '.join(CATEGORIES)}, got {category!r}")
