@@ -36,6 +36,7 @@ from dl_nfv.artifacts.nfvreport import (
 
 from .engines import parse_engine
 from .engines.runner import EngineOptions, EngineResult, run_engine, usable_cores
+from .engines.sharded import run_sharded
 from .nfs.snort import load_rules
 from .traffic.http import METHODS
 from .traffic.trace import Trace, load_trace
@@ -87,7 +88,14 @@ def run_config(config_path: str | Path, trace_path: str | Path, *, engine: str |
     t0 = time.perf_counter()
     stages = {}
     if trace is None:  # flows built by as many processes as the NFs get cores
-        trace = load_trace(trace_path, workers=options.workers or usable_cores())
+        shards = options.workers or usable_cores()
+        if choice.kind == "cpu" and shards > 1:  # each shard its flows and their NFs
+            trace, result = run_sharded(trace_path, config.chain, choice, options, shards)
+            stages.update(trace.stages_s)
+            parse_s = stages["read"] + stages["decode"] + stages["flows"]
+            return build_report(config, trace, str(choice), result, parse_s, started=t0,
+                                stages=stages)
+        trace = load_trace(trace_path, workers=shards)
         stages.update(trace.stages_s)
     parse_s = time.perf_counter() - t0
     result = run_engine(trace, config.chain, choice, options)
@@ -161,8 +169,7 @@ def build_report(config: NfConfig, trace: Trace, engine: str, result: EngineResu
         parse_s + result.startup_s + result.elapsed_s
     stages = dict(stages or {})
     stages.update(startup=result.startup_s, nfs=result.elapsed_s)
-    stages["report"] = max(0.0, wall - parse_s - stages.get("setup", 0.0) - result.startup_s
-                           - result.elapsed_s)
+    stages["report"] = max(0.0, wall - sum(v for k, v in stages.items() if k != "report"))
     elapsed = max(wall, 1e-9)
     return NfvReport(
         config=config.name, trace=str(trace.source), engine=engine, device=result.device,

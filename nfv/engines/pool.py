@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 
 import numpy as np
 
@@ -37,7 +38,7 @@ def _pack(out: Outputs) -> dict:
             "alerts": list(out.alerts), "monitor": out.table("monitor", 6)}
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """End this worker when the process that forked it dies, however it dies (SIGKILL too).
 
     On Linux the kernel does it (``PR_SET_PDEATHSIG``); elsewhere a daemon thread
@@ -64,7 +65,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _worker(commands, results, chain: Chain, parent: int, payload: bytes | None) -> None:
-    _die_with_parent(parent)
+    die_with_parent(parent)
     states: dict[int, list] = {}
     # CPU time since the previous reply: receiving and unpickling a block counts, and so
     # does sending the previous reply (blocking in recv costs none)
@@ -170,6 +171,43 @@ class WorkerPool:
                 proc.terminate()
         for conn in self.results:
             conn.close()
+
+
+class InlinePool:
+    """One "worker" that is this process: ``WorkerPool``'s interface, each command run as
+    it is submitted and its reply queued for ``receive``, in order. For the ``cpu``
+    engine with one worker there is nothing to run concurrently with, so a forked
+    process would only add the fork and the pipes."""
+
+    size = 1
+    pin = staticmethod(WorkerPool.pin)
+
+    def __init__(self, chain: Chain, payload: bytes | None = None):
+        self.chain = chain
+        self.payload = payload
+        self.states: dict[int, list] = {}
+        self.replies: deque = deque()
+
+    def submit(self, worker: int, block: Block, imports: dict) -> None:
+        began = time.thread_time()
+        for flow, value in imports.items():
+            self.states[flow] = self.chain.cpu_import(flow, value)
+        out = Outputs()
+        self.chain.cpu_run(block, self.states, out, self.payload)
+        self.replies.append(("ok", time.thread_time() - began, _pack(out)))
+
+    def warm_up(self, block: Block) -> None:
+        """Nothing to warm up: no pipes."""
+
+    def request_export(self, worker: int, flows: list[int]) -> None:
+        self.replies.append(("exports", {f: self.chain.cpu_export(self.states.pop(f))
+                                         for f in flows if f in self.states}))
+
+    def receive(self, worker: int):
+        return self.replies.popleft()
+
+    def close(self) -> None:
+        self.replies.clear()
 
 
 def _send_loop(q: queue.Queue, conn) -> None:

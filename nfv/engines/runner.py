@@ -27,7 +27,7 @@ from ..nfs.lazy_torch import torch
 from ..traffic.trace import Trace
 from . import EngineChoice
 from .costmodel import PROBE_MODES, BatchSizer, CostModel, candidates
-from .pool import WorkerPool
+from .pool import InlinePool, WorkerPool
 
 UNTOUCHED, ON_GPU = -2, -1
 
@@ -227,7 +227,11 @@ class Runner:
 
     def _run(self) -> EngineResult:
         t0 = time.perf_counter()
-        pool = WorkerPool(self.chain, self.workers, self.trace.blob) if self.workers else None
+        pool = None
+        if self.workers == 1 and self.choice.kind == "cpu":  # nothing to overlap with: no fork
+            pool = InlinePool(self.chain, self.trace.blob)
+        elif self.workers:
+            pool = WorkerPool(self.chain, self.workers, self.trace.blob)
         if pool is not None:
             pool.warm_up(_empty_block())
         if self.choice.kind != "cpu":
@@ -301,8 +305,8 @@ class Runner:
         finally:
             if pool is not None:
                 pool.close()
-        return EngineResult(http=_sorted(merged.table("http", 9)),
-                            drops=_sorted(merged.table("drops", 2)),
+        return EngineResult(http=sorted_rows(merged.table("http", 9)),
+                            drops=sorted_rows(merged.table("drops", 2)),
                             alerts=sorted(merged.alerts), monitor=_monitor(merged),
                             batches=stats, elapsed_s=elapsed, startup_s=startup,
                             latency_us=latency, device=str(self.device), workers=self.workers,
@@ -381,7 +385,7 @@ def _merge(into: Outputs, part: Outputs) -> None:
     into.alerts.extend(part.alerts)
 
 
-def _sorted(table: np.ndarray) -> np.ndarray:
+def sorted_rows(table: np.ndarray) -> np.ndarray:
     if len(table) == 0:
         return table
     return table[np.lexsort(table.T[::-1])]

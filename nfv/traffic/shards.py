@@ -80,11 +80,11 @@ def assemble_sharded(cols: PacketColumns, stats: Counter, shards: int, *,
     mine = which == 0
     parts, clean = _parts(cols, rows, keys, mine, stats, idle_timeout_us, window_bytes)
     where = _place(parts, shared, *region[:2].tolist())
-    parts = [_global(part, rows[mine], len(cols)) for part in parts]
+    parts = [to_records(part, rows[mine], len(cols)) for part in parts]
     for k, read, proc in children:
         shard_parts, shard_clean, shard_stats, shard_where = _receive(k, read)
         proc.join()
-        parts.extend(_global(part, rows[which == k], len(cols)) for part in shard_parts)
+        parts.extend(to_records(part, rows[which == k], len(cols)) for part in shard_parts)
         where.extend(shard_where)
         clean += shard_clean
         stats.update(shard_stats)
@@ -121,10 +121,11 @@ def _parts(cols: PacketColumns, rows: np.ndarray, keys: tuple[np.ndarray, np.nda
                           (keys[0][mask], keys[1][mask]))
 
 
-def _global(part: Part, rows: np.ndarray, records: int) -> Part:
-    """``part`` with its packet positions (indices into ``rows``) as record numbers; a
-    position past the shard's packets (a message the flow's end completed) maps past
-    every record, kept in the order of the record it names."""
+def to_records(part: Part, rows: np.ndarray, records: int) -> Part:
+    """``part`` of the packets ``rows`` (increasing) of a capture of ``records`` decoded
+    rows, with its packet positions (indices into ``rows``) as row numbers of the whole
+    capture; a position past the shard's packets (a message the flow's end completed)
+    maps past every row, kept in the order of the row it names."""
     n = len(rows)
     at = part.msg_at
     late = at >= n

@@ -19,7 +19,7 @@ import numpy as np
 
 from .assemble import Assembled, assemble
 from .capture import open_mapped, span_table
-from .columnar import decode_records
+from .columnar import PacketColumns, decode_records
 from .pcap import RECORD_REASONS, TCP, MalformedCounts, address_text
 from .shards import assemble_sharded
 
@@ -137,30 +137,52 @@ def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0, per_packet: bo
     by 5-tuple (``shards.py``; the same ``Trace``). O(packets log packets +
     payload bytes).
     """
-    malformed = MalformedCounts()
     stats: Counter = Counter()
-    t0 = time.perf_counter()
-    data = open_mapped(path)  # the columns read the mapped file itself: no copy of it
-    records = span_table(path, data, malformed)
-    t1 = time.perf_counter()
-    cols = decode_records(data, records, copy=False)
-    del records, data
-    malformed.update(cols.malformed())
+    capture = read_capture(path)
+    cols, malformed = capture.cols, capture.malformed
     t2 = time.perf_counter()
     idle_us = int(idle_timeout_s * 1_000_000)
     if workers > 1 and not per_packet:
         table = assemble_sharded(cols, stats, workers, idle_timeout_us=idle_us)
     else:
         table = assemble(cols, stats, idle_timeout_us=idle_us, per_packet=per_packet)
-    # every record of the file: the frames read, and those counted as never yielded
-    packets = len(cols) + sum(malformed[reason] for reason in RECORD_REASONS)
-    trace = _columns(str(path), table, packets, int(cols.wire_bytes.sum()), malformed, stats)
-    trace.stages_s = {"read": t1 - t0, "decode": t2 - t1, "flows": time.perf_counter() - t2}
+    trace = trace_of(str(path), table, capture.packets, capture.wire_bytes, malformed, stats)
+    trace.stages_s = {**capture.stages_s, "flows": time.perf_counter() - t2}
     return trace
 
 
-def _columns(source: str, table: Assembled, packets: int, wire: int, malformed: Counter,
+@dataclass(slots=True)
+class Capture:
+    """A capture's records decoded into columns over its mapped file, before flows."""
+
+    cols: PacketColumns
+    malformed: MalformedCounts  # per record and per packet reasons
+    packets: int  # every record of the file: the frames read, and those never yielded
+    wire_bytes: int
+    stages_s: dict[str, float]  # read, decode: seconds
+
+
+def read_capture(path: str | Path) -> Capture:
+    """Map ``path``, walk its records (``capture.span_table``) and decode their headers as
+    columns (``columnar.decode_records``) over the mapping itself (no copy of the file).
+    ``BadInput`` when it is not a pcap/pcapng."""
+    malformed = MalformedCounts()
+    t0 = time.perf_counter()
+    data = open_mapped(path)
+    records = span_table(path, data, malformed)
+    t1 = time.perf_counter()
+    cols = decode_records(data, records, copy=False)
+    del records, data
+    malformed.update(cols.malformed())
+    packets = len(cols) + sum(malformed[reason] for reason in RECORD_REASONS)
+    return Capture(cols, malformed, packets, int(cols.wire_bytes.sum()),
+                   {"read": t1 - t0, "decode": time.perf_counter() - t1})
+
+
+def trace_of(source: str, table: Assembled, packets: int, wire: int, malformed: Counter,
              stats: Counter) -> Trace:
+    """The ``Trace`` of assembled flows and messages (``malformed``: the packet reasons,
+    joined here with the HTTP framing ones of ``stats``)."""
     msgs = table.columns
     blob = msgs.buffer
     payload = np.frombuffer(blob, dtype=np.uint8)

@@ -40,10 +40,11 @@ def test_workers_exit_when_the_run_is_killed(tmp_path):
     try:
         deadline = time.monotonic() + 60
         workers: list[int] = []
-        while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        # two workers: this process is the first shard, one forked process the second
+        while not workers and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
             workers = live_children(proc.pid)
-        assert len(workers) == 2, "the run never started its two workers"
+        assert workers, "the run never started its second worker"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + 5

@@ -1,0 +1,218 @@
+"""The ``cpu`` engine end to end over shards: each process builds the flows of its
+5-tuples and runs the whole chain over them.
+
+``run_sharded(path, specs, choice, options, shards)`` gives the ``Trace`` and
+``EngineResult`` that reading the capture in one process and running the
+engine over it give (flows, their ids, messages, their order and every NF
+output row), with everything after the record walk and the header decoding
+split over ``shards`` processes, as receive-side scaling splits a NIC's queues:
+
+1. This process maps the capture, walks its records and decodes the headers
+   as columns (``trace.read_capture``), hashes each packet's 5-tuple (the same
+   in both directions) and forks one process per further shard; the decoded
+   columns and the mapped file are inherited, not copied.
+2. Each shard (this process is shard 0) builds the flows and messages of the
+   packets whose hash falls in it (``assemble.assemble_parts``: the in-order
+   checks, the streams, HTTP framing, the flow table for the rest), numbers
+   them by the records that created and completed them, and runs the chain
+   over its messages in process (``run_engine`` with one in-process worker).
+   A 5-tuple's flows depend on its packets alone and an NF's output for a flow
+   on that flow's messages alone, so each shard's flows, messages and output
+   rows are the whole trace's for its 5-tuples.
+3. A shard sends back only what is per flow or per message (flow fields,
+   message columns without bytes, output rows, latencies); this process
+   numbers the flows by the record that created each and orders the messages
+   by the record that completed each (no two shards share a record), so ids,
+   order and sorted output rows are the one-process ones.
+
+The message bytes stay in the shard that framed them: the merged ``Trace`` has
+no payload (``blob`` empty, ``msg_offset`` -1), only what a report reads.
+Fewer than ``shards.MIN_SHARD_PACKETS`` packets per shard, or no ``fork``: one
+process builds the trace and the engine runs with the worker pool as usual. A
+shard that fails raises ``RuntimeFailure``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import time
+import traceback
+from collections import Counter
+
+import numpy as np
+
+from dl_nfv.artifacts.errors import RuntimeFailure
+
+from ..traffic import shards as flow_shards
+from ..traffic.assemble import assemble, assemble_parts, key_table, merge_parts, row_hash
+from ..traffic.columnar import OK, PacketColumns
+from ..traffic.trace import FlowInfo, Trace, read_capture, trace_of
+from . import EngineChoice
+from .pool import die_with_parent
+from .runner import EngineOptions, EngineResult, run_engine, sorted_rows
+
+WINDOW_BYTES = 1 << 20  # the flow table's out-of-order window, as ``load_trace``'s
+_FLOW_FIELDS = tuple(f.name for f in dataclasses.fields(FlowInfo))
+_MESSAGE = ("msg_flow", "msg_dir", "msg_index", "msg_len", "msg_header_len", "msg_kind",
+            "msg_ts_us", "msg_packets")
+
+
+def run_sharded(path, specs, choice: EngineChoice, options: EngineOptions, shards: int, *,
+                idle_timeout_us: int = 60_000_000) -> tuple[Trace, EngineResult]:
+    """Read ``path`` and run the chain ``specs`` over it in ``shards`` processes (see the
+    module docstring). The trace's ``stages_s``: ``read`` and ``decode`` (this process),
+    ``flows`` (hashing here and the slowest shard's flow building) and ``merge``
+    (what the shards' section took beyond its slowest flows, start-up and NFs: waiting
+    for the slowest shard, the transfer and the merge); the result's ``startup_s`` and
+    ``elapsed_s`` are the slowest shard's."""
+    capture = read_capture(path)
+    cols = capture.cols
+    t0 = time.perf_counter()
+    rows = np.flatnonzero(cols.reason == OK)
+    shards = min(shards, len(rows) // flow_shards.MIN_SHARD_PACKETS)
+    if shards < 2 or not hasattr(os, "fork"):
+        stats: Counter = Counter()
+        table = assemble(cols, stats, idle_timeout_us=idle_timeout_us)
+        trace = trace_of(str(path), table, capture.packets, capture.wire_bytes,
+                         capture.malformed, stats)
+        trace.stages_s = {**capture.stages_s, "flows": time.perf_counter() - t0}
+        return trace, run_engine(trace, specs, choice, options)
+    keys = key_table(cols, rows)
+    which = (row_hash(keys[0]) % np.uint64(shards)).astype(np.int64)
+    hashed_s = time.perf_counter() - t0
+    job = _Job(cols, rows, keys, which, specs, choice,
+               dataclasses.replace(options, workers=1), idle_timeout_us, str(path),
+               os.getpid())
+    context = mp.get_context("fork")
+    children = []
+    for k in range(1, shards):
+        read, write = context.Pipe(duplex=False)
+        proc = context.Process(target=_child, args=(write, job, k), daemon=True)
+        proc.start()
+        write.close()
+        children.append((k, read, proc))
+    parts = [job.run(0)]
+    for k, read, proc in children:
+        parts.append(_receive(k, read))
+        proc.join()
+    trace, result = _merge(parts, capture, str(path))
+    flows_s = hashed_s + max(p["flows_s"] for p in parts)
+    merge_s = time.perf_counter() - t0 - flows_s - result.startup_s - result.elapsed_s
+    trace.stages_s = {**capture.stages_s, "flows": flows_s, "merge": max(0.0, merge_s)}
+    return trace, result
+
+
+@dataclasses.dataclass(slots=True)
+class _Job:
+    """What every shard shares: the decoded capture, its packets' keys and shards."""
+
+    cols: PacketColumns
+    rows: np.ndarray  # decoded rows (OK)
+    keys: tuple[np.ndarray, np.ndarray]  # key_table of rows
+    which: np.ndarray  # shard of each of rows
+    specs: tuple
+    choice: EngineChoice
+    options: EngineOptions
+    idle_timeout_us: int
+    source: str
+    parent: int = 0  # pid of the process that forks the shards
+
+    def run(self, k: int) -> dict:
+        """Shard ``k``: its flows and messages, and the chain run over them."""
+        t0 = time.perf_counter()
+        mask = self.which == k
+        mine = self.rows[mask]
+        stats: Counter = Counter()
+        parts, clean = assemble_parts(self.cols, mine, stats, self.idle_timeout_us,
+                                      WINDOW_BYTES, (self.keys[0][mask], self.keys[1][mask]))
+        parts = [flow_shards.to_records(part, mine, len(self.cols)) for part in parts]
+        # merge_parts numbers flows by creating record and orders messages by completing one
+        created = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)] + [
+            np.asarray(part.flow_at, dtype=np.int64) for part in parts]))
+        when = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)]
+                                      + [part.msg_at for part in parts]))
+        trace = trace_of(self.source, merge_parts(parts, stats, clean), 0, 0, Counter(), stats)
+        flows_s = time.perf_counter() - t0
+        result = run_engine(trace, self.specs, self.choice, self.options)
+        return {"flows": [tuple(getattr(f, n) for n in _FLOW_FIELDS) for f in trace.flows],
+                "addresses": trace.addresses, "created": created, "when": when,
+                "messages": [getattr(trace, name) for name in _MESSAGE],
+                "stats": stats, "flows_s": flows_s, "result": result}
+
+
+def _merge(parts: list[dict], capture, source: str) -> tuple[Trace, EngineResult]:
+    """One trace and one result from the shards' (flow ids by creating record, messages
+    by completing record)."""
+    created = np.concatenate([p["created"] for p in parts])
+    order = np.argsort(created, kind="stable")
+    new_id = np.empty(len(created), dtype=np.int64)
+    new_id[order] = np.arange(len(created))
+    renamed, first = [], 0
+    for p in parts:
+        renamed.append(new_id[first:first + len(p["created"])])
+        first += len(p["created"])
+    infos = [f for p in parts for f in p["flows"]]
+    flows = [FlowInfo(*infos[i]) for i in order.tolist()]
+    addresses = np.concatenate([p["addresses"] for p in parts])[order]
+    when = np.concatenate([p["when"] for p in parts])
+    m_order = np.argsort(when, kind="stable")
+    columns = [np.concatenate([p["messages"][j] for p in parts]) for j in range(len(_MESSAGE))]
+    columns[0] = np.concatenate([renamed[k][p["messages"][0]] for k, p in enumerate(parts)])
+    columns = [c[m_order] for c in columns]
+    stats: Counter = Counter()
+    for p in parts:
+        stats.update(p["stats"])
+    malformed = dict(capture.malformed)
+    malformed.update({k: v for k, v in stats.items() if k.startswith("http_")})
+    n = len(m_order)
+    trace = Trace(source=source, flows=flows, payload=np.zeros(0, dtype=np.uint8), blob=b"",
+                  **dict(zip(_MESSAGE, columns)), msg_offset=np.full(n, -1, dtype=np.int64),
+                  packets=capture.packets, wire_bytes=capture.wire_bytes,
+                  malformed=dict(sorted(malformed.items())),
+                  tcp=dict(sorted((k, v) for k, v in stats.items() if k.startswith("tcp_"))),
+                  addresses=addresses)
+    results = [p["result"] for p in parts]
+
+    def table(name: str) -> np.ndarray:
+        tables = [getattr(r, name).copy() for r in results]
+        for k, t in enumerate(tables):
+            if len(t):
+                t[:, 0] = renamed[k][t[:, 0]]
+        return sorted_rows(np.concatenate(tables))
+
+    alerts = sorted((int(renamed[k][f]), i, s) for k, r in enumerate(results)
+                    for f, i, s in r.alerts)
+    batches = [dataclasses.replace(b, index=j) for j, b in
+               enumerate(b for r in results for b in r.batches)]
+    latency = np.concatenate([r.latency_us for r in results])[m_order]
+    result = EngineResult(
+        http=table("http"), drops=table("drops"), alerts=alerts,
+        monitor=table("monitor"), batches=batches,
+        elapsed_s=max(r.elapsed_s for r in results), startup_s=max(r.startup_s for r in results),
+        latency_us=latency, device=results[0].device, workers=len(parts),
+        stride=results[0].stride)
+    return trace, result
+
+
+def _child(conn, job: _Job, k: int) -> None:
+    die_with_parent(job.parent)
+    try:
+        conn.send(("ok", job.run(k)))
+    except Exception as exc:  # reported to the parent, which raises RuntimeFailure
+        conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        conn.close()
+
+
+def _receive(k: int, conn) -> dict:
+    try:
+        status, value = conn.recv()
+    except EOFError:
+        raise RuntimeFailure(f"shard {k} exited unexpectedly") from None
+    finally:
+        conn.close()
+    if status == "error":
+        raise RuntimeFailure(f"shard {k} failed: {value.splitlines()[0]}")
+    return value

@@ -1,0 +1,113 @@
+"""The ``cpu`` engine over shards (``run_sharded``) equals one process reading the trace
+and running the engine over it: flows, messages and every NF output row.
+
+Each shard builds the flows of its 5-tuples and runs the chain over them in its own
+process; the merge numbers flows and orders messages by record. The shard threshold is
+lowered so that small traces split.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from dl_nfv.artifacts.errors import RuntimeFailure
+from dl_nfv.nfv.engines import parse_engine, sharded
+from dl_nfv.nfv.engines.runner import EngineOptions, run_engine
+from dl_nfv.nfv.run import digests, run_config
+from dl_nfv.nfv.traffic import load_trace, shards
+from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
+
+from .helpers import DATA, EXAMPLES, write_pcap
+from .test_assemble import FIELDS, _connections
+from .test_engines import _chain
+
+CPU = parse_engine("cpu")
+
+
+@pytest.fixture
+def small_shards(monkeypatch):
+    monkeypatch.setattr(shards, "MIN_SHARD_PACKETS", 1)
+
+
+def assert_same_run(path, workers: int, firewall: bool = True) -> int:
+    """``run_sharded`` over ``workers`` shards equals ``load_trace`` + ``run_engine`` with
+    one worker; the number of messages."""
+    specs = _chain(firewall)
+    options = EngineOptions(batch_size=64, workers=workers)
+    split, result = sharded.run_sharded(path, specs, CPU, options, workers)
+    ref = load_trace(path)
+    expected = run_engine(ref, specs, CPU, EngineOptions(batch_size=64, workers=1))
+    assert split.flows == ref.flows
+    for name in FIELDS:
+        assert np.array_equal(getattr(split, name), getattr(ref, name)), name
+    assert (split.packets, split.wire_bytes, split.malformed, split.tcp) == \
+        (ref.packets, ref.wire_bytes, ref.malformed, ref.tcp)
+    for name in ("http", "drops", "monitor"):
+        assert np.array_equal(getattr(result, name), getattr(expected, name)), name
+    assert result.alerts == expected.alerts
+    assert len(result.latency_us) == ref.n_messages
+    assert sum(b.messages for b in result.batches) == ref.n_messages
+    assert set(split.stages_s) == {"read", "decode", "flows", "merge"}
+    return ref.n_messages
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_real_and_generated_traces(tmp_path, small_shards, workers):
+    for path in sorted(DATA.glob("*.pcap")):
+        assert assert_same_run(path, workers) > 0
+    for dist, suffix in (("zipf:1.2", ".pcap"), ("uniform", ".pcapng")):
+        path = tmp_path / f"g{suffix}"
+        generate_trace(TraceSpec(flows=60, size_dist=dist, attack_rate=0.1, seed=9), path)
+        assert assert_same_run(path, workers, firewall=dist == "uniform") > 100
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_kind_of_flow_interleaved(tmp_path, small_shards, seed):
+    """Clean and table flows (reordering, resets, re-used ports, UDP, ...) in every shard."""
+    rng = random.Random(seed)
+    queues = [list(c) for c in _connections(rng)]
+    frames = []
+    while any(queues):
+        frames.append(rng.choice([q for q in queues if q]).pop(0))
+    assert assert_same_run(write_pcap(tmp_path / "mix.pcap", frames), 3) > 20
+
+
+def test_nfv_run_reports_equal_across_worker_counts(tmp_path, small_shards):
+    path = tmp_path / "t.pcap"
+    generate_trace(TraceSpec(flows=40, attack_rate=0.2, seed=3), path)
+    reports = [run_config(EXAMPLES / "ids.yaml", path, engine="cpu", workers=w)
+               for w in (1, 2, 3)]
+    assert reports[0].alerts
+    for r in reports[1:]:
+        assert digests(r) == digests(reports[0])
+        assert (r.alerts, r.outputs, r.packets, r.flows, r.messages, r.malformed, r.tcp) == \
+            (reports[0].alerts, reports[0].outputs, reports[0].packets, reports[0].flows,
+             reports[0].messages, reports[0].malformed, reports[0].tcp)
+    assert reports[1].workers == 2 and reports[0].workers == 1
+
+
+def test_a_failing_shard_is_a_runtime_failure(tmp_path, small_shards, monkeypatch):
+    path = tmp_path / "t.pcap"
+    generate_trace(TraceSpec(flows=20, seed=4), path)
+    run = sharded._Job.run
+
+    def failing(self, k):
+        if k == 1:
+            raise ValueError("broken shard")
+        return run(self, k)
+
+    monkeypatch.setattr(sharded._Job, "run", failing)
+    with pytest.raises(RuntimeFailure, match="shard 1 failed: ValueError: broken shard"):
+        sharded.run_sharded(path, _chain(False), CPU, EngineOptions(workers=2), 2)
+
+
+def test_few_packets_run_in_one_process(tmp_path):
+    """Under ``MIN_SHARD_PACKETS`` packets per shard: one trace, the usual worker pool."""
+    path = tmp_path / "t.pcap"
+    generate_trace(TraceSpec(flows=10, seed=4), path)
+    trace, result = sharded.run_sharded(path, _chain(False), CPU, EngineOptions(workers=2), 2)
+    assert len(trace.blob) == int(trace.msg_len.sum()) > 0  # the bytes are here
+    assert result.workers == 2 and "merge" not in trace.stages_s
