@@ -76,6 +76,15 @@ PLANNERS: dict[str, PlannerInfo] = {p.name: p for p in (
                 "replication, 1F1B with a flush (baseline)", "pipeline", baseline=True),
     PlannerInfo("heterog", "heterog:plan", "HeteroG: per op group devices, batch shares and "
                 "AllReduce or PS, from a trained GNN policy refined on the simulator", "hybrid"),
+    PlannerInfo("disco", "disco.planner:plan", "DisCo: data parallelism with op fusion and "
+                "gradient buckets chosen jointly by a backtracking search", "data-parallel"),
+    PlannerInfo("dp-no-fusion", "disco.baselines:plan_no_fusion", "PyTorch DDP: no op fusion, "
+                "25 MiB buckets, the first 1 MiB (baseline)", "data-parallel", baseline=True),
+    PlannerInfo("dp-horovod", "disco.baselines:plan_horovod", "Horovod tensor fusion: gradients "
+                "ready within a 5 ms cycle fused up to 64 MiB (baseline)", "data-parallel",
+                baseline=True),
+    PlannerInfo("dp-xla-like", "disco.baselines:plan_xla_like", "greedy maximal op fusion with "
+                "DDP's buckets (baseline)", "data-parallel", baseline=True),
     PlannerInfo("fastt", "fastt:plan", "FastT: op placement and execution order by list "
                 "scheduling (HEFT/CPOP), critical-path op splitting", "placement"),
     PlannerInfo("m-topo", "baechi:plan_topo", "Baechi m-TOPO: topological fill up to total "
