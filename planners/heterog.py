@@ -112,7 +112,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
         first = greedy_start(problem.env)
     else:
         first = random_start(problem.env, seed)
-    first, origin = _better_start(problem.env, first, start)
+    first, origin = better_start(problem.env, first, start)
     refined = refine(problem.env, first, max_evaluations=max_evaluations, time_limit_s=search_s)
     options = {"policy": policy, "search_s": search_s, "max_evaluations": max_evaluations,
                "groups": groups, "start": start, "optimizer": optimizer}
@@ -131,7 +131,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
                   cost_model=problem.env.cm)
 
 
-def _better_start(env: StrategyEnv, first: Sequence[GroupStrategy], start: str
+def better_start(env: StrategyEnv, first: Sequence[GroupStrategy], start: str
                   ) -> tuple[tuple[GroupStrategy, ...], str]:
     """The better of ``first`` and every uniform strategy (each group the same candidate:
     data parallelism over a device set, or the whole model on one device), by the
@@ -256,7 +256,7 @@ def learn(pairs: Sequence[tuple[str, OpGraph]], topologies: Sequence[tuple[str, 
         for tname, topology in topologies:
             problem = problem_of(graph, topology, groups=groups)
             env = problem.env
-            first, _ = _better_start(env, greedy_start(env), "greedy")
+            first, _ = better_start(env, greedy_start(env), "greedy")
             best = refine(env, first, max_evaluations=max_evaluations, time_limit_s=search_s)
             if progress is not None:
                 progress(f"{gname} on {tname}: {len(env.coarsening.groups)} groups, refined "

@@ -97,17 +97,24 @@ class StrategyPolicy(nn.Module):
 
     def forward(self, graph: GroupGraph, options: list[Candidate]) -> torch.Tensor:
         groups, devices = self.encoder(graph)
-        none = torch.zeros_like(devices[0])
-        rows = []
-        for c in options:
-            members = devices[list(c.members)].mean(dim=0)
-            server = devices[c.server] if c.server >= 0 else none
-            rows.append(members + server + self.kind.weight[c.kind])
-        cands = torch.stack(rows)  # [C, H]
+        cands = candidate_embeddings(devices, options, self.kind)  # [C, H]
         g, k = groups.shape[0], cands.shape[0]
         pairs = torch.cat([groups.unsqueeze(1).expand(g, k, -1), cands.unsqueeze(0).expand(g, k, -1)],
                           dim=2)
         return self.score(pairs).squeeze(-1)
+
+
+def candidate_embeddings(devices: torch.Tensor, options: list[Candidate],
+                         kind: nn.Embedding) -> torch.Tensor:
+    """``[candidates, hidden]``: each candidate's mean device embedding, plus its
+    parameter server's embedding (if any), plus its kind's embedding."""
+    none = torch.zeros_like(devices[0])
+    rows = []
+    for c in options:
+        members = devices[list(c.members)].mean(dim=0)
+        server = devices[c.server] if c.server >= 0 else none
+        rows.append(members + server + kind.weight[c.kind])
+    return torch.stack(rows)
 
 
 def greedy(policy: StrategyPolicy, env: StrategyEnv, graph: GroupGraph) -> tuple[GroupStrategy, ...]:

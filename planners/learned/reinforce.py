@@ -74,7 +74,7 @@ def reinforce(policy: StrategyPolicy, problems: Sequence[Problem], *, episodes: 
         raise BadInput("training needs at least one problem")
     if episodes < len(problems):
         raise BadInput(f"{episodes} episodes cannot visit {len(problems)} problems")
-    with _one_thread():
+    with one_thread():
         return _train(policy, problems, episodes=episodes, seed=seed,
                       learning_rate=learning_rate, baseline_decay=baseline_decay,
                       starts=starts or [None] * len(problems), imitation_weight=imitation_weight)
@@ -140,7 +140,7 @@ def _advantage(reward: float, baseline: float | None) -> float:
 
 
 @contextmanager
-def _one_thread() -> Iterator[None]:
+def one_thread() -> Iterator[None]:
     """Run torch's CPU kernels on one thread for a while, then restore the count."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
