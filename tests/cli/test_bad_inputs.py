@@ -197,6 +197,13 @@ CASES: list[tuple[str, list[str]]] = [
     ("export a plan without a pipeline", ["plan", "export", "{plan}", "-o", "{dir}/exp"]),
     ("export --format", ["plan", "export", "{plan}", "--format", "megatron", "-o", "{dir}/exp"]),
     ("export -o under a file", ["plan", "export", "{plan}", "-o", "{pre}/exp"]),
+    ("sfb missing plan", ["plan", "sfb", "{dir}/nope.json", *OUT]),
+    ("sfb a graph", ["plan", "sfb", "{g}", *OUT]),
+    ("sfb another graph", ["plan", "sfb", "{plan}", "--graph", B["other_graph"], *OUT]),
+    ("sfb another topology", ["plan", "sfb", "{plan}", "--topology",
+                              str(TOPOLOGY.parent / "a100-2x4-25g.yaml"), *OUT]),
+    ("sfb --time-limit -1", ["plan", "sfb", "{plan}", "--time-limit", "-1", *OUT]),
+    ("sfb -o .txt", ["plan", "sfb", "{plan}", "-o", "{dir}/p.txt"]),
     # simulate
     ("simulate missing plan", ["simulate", "{dir}/nope.json", *OUT]),
     ("simulate a topology", ["simulate", "{t}", *OUT]),
