@@ -76,6 +76,8 @@ PLANNERS: dict[str, PlannerInfo] = {p.name: p for p in (
                 "replication, 1F1B with a flush (baseline)", "pipeline", baseline=True),
     PlannerInfo("heterog", "heterog:plan", "HeteroG: per op group devices, batch shares and "
                 "AllReduce or PS, from a trained GNN policy refined on the simulator", "hybrid"),
+    PlannerInfo("tag", "tag.planner:plan", "TAG: per op group devices and replication by a tree "
+                "search guided by a GNN over the joint model-and-topology graph, then SFB", "hybrid"),
     PlannerInfo("disco", "disco.planner:plan", "DisCo: data parallelism with op fusion and "
                 "gradient buckets chosen jointly by a backtracking search", "data-parallel"),
     PlannerInfo("dp-no-fusion", "disco.baselines:plan_no_fusion", "PyTorch DDP: no op fusion, "
