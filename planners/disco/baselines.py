@@ -172,19 +172,43 @@ def _plan(name: str, graph: OpGraph, topology: Topology, seed: int, optimizer: s
 def plan_no_fusion(graph: OpGraph, topology: Topology, *, seed: int = 0, optimizer: str = "sgd",
                    collective: str = "auto") -> Plan:
     """PyTorch DDP: data parallelism, no op fusion, 25 MiB gradient buckets (the first 1 MiB)
-    in reverse parameter order. Complexity: O(ops) plus three simulations."""
+    in reverse parameter order. Complexity: O(ops) plus three simulations.
+
+    Parameters
+    ----------
+    optimizer : str
+        sgd (with momentum) or adam: its state and step are planned for.
+    collective : str
+        AllReduce algorithm: auto, ring, tree or hierarchical.
+    """
     return _plan("dp-no-fusion", graph, topology, seed, optimizer, collective)
 
 
 def plan_horovod(graph: OpGraph, topology: Topology, *, seed: int = 0, optimizer: str = "sgd",
                  collective: str = "auto") -> Plan:
     """Horovod: data parallelism, no op fusion, the gradients ready within each 5 ms cycle
-    fused up to 64 MiB. Complexity: O(ops log ops) plus three simulations."""
+    fused up to 64 MiB. Complexity: O(ops log ops) plus three simulations.
+
+    Parameters
+    ----------
+    optimizer : str
+        sgd (with momentum) or adam: its state and step are planned for.
+    collective : str
+        AllReduce algorithm: auto, ring, tree or hierarchical.
+    """
     return _plan("dp-horovod", graph, topology, seed, optimizer, collective)
 
 
 def plan_xla_like(graph: OpGraph, topology: Topology, *, seed: int = 0, optimizer: str = "sgd",
                   collective: str = "auto") -> Plan:
     """XLA-like: data parallelism, greedy maximal fusion of fusible chains, DDP's buckets.
-    Complexity: O(ops x (ops + edges)) for the fusion plus three simulations."""
+    Complexity: O(ops x (ops + edges)) for the fusion plus three simulations.
+
+    Parameters
+    ----------
+    optimizer : str
+        sgd (with momentum) or adam: its state and step are planned for.
+    collective : str
+        AllReduce algorithm: auto, ring, tree or hierarchical.
+    """
     return _plan("dp-xla-like", graph, topology, seed, optimizer, collective)

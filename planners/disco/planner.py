@@ -49,9 +49,11 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, time_limit: float
     max_evaluations : int
         Candidates the search may simulate (the deterministic cap).
     fusion_moves : int
-        Fusion moves tried from every node of the search (drawn with ``seed``).
-    optimizer, collective : str
-        As for ``dp``.
+        Fusion moves tried from every node of the search (drawn with the seed).
+    optimizer : str
+        sgd (with momentum) or adam: its state and step are planned for.
+    collective : str
+        AllReduce algorithm: auto, ring, tree or hierarchical.
 
     Raises ``BadInput`` for a non-positive or non-finite limit.
     Complexity: O(evaluations x one simulation) plus the seeds' greedy fusion.
