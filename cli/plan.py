@@ -354,4 +354,41 @@ def learn_heterog(graph_paths, topology_paths, episodes, search_s, seed, output,
     policy = learn(graphs, topologies, episodes=episodes, seed=seed, search_s=search_s,
                    command=shlex.join(line), progress=console.print if console else None)
     deliver(policy, output, as_json, render=render, document="json")
+
+
+@learn_group.command(name="tag")
+@click.option("--graphs", "graph_paths", required=True, callback=_paths,
+              help="Comma-separated op graphs to train on.")
+@click.option("--topologies", "topology_specs", required=True, callback=_paths,
+              help="Comma-separated topology files or random:N[:SEED] (N generated topologies).")
+@click.option("--iterations", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Rounds of one search per (graph, topology) pair and a few training steps.")
+@click.option("--playouts", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Tree-search playouts per search.")
+@seed_option
+@output_option("Write the policy here (.json, .yaml or .yml).")
+@json_option
+def learn_tag(graph_paths, topology_specs, iterations, playouts, seed, output, as_json):
+    """Train a TAG policy from its own tree searches over every (graph, topology) pair.
+
+    \b
+    Example:
+      dl-nfv plan learn tag --graphs a.json --topologies random:8,t.yaml --iterations 20 -o tag.policy.json
+    """
+    import shlex
+
+    from dl_nfv.planners.tag.learn import learn
+    from dl_nfv.planners.tag.topogen import topologies_of
+
+    from .render_policy import render
+
+    topologies = topologies_of(topology_specs)
+    graphs = [(Path(p).stem, load(p, expect="op-graph")) for p in graph_paths]
+    line = ["dl-nfv", "plan", "learn", "tag", "--graphs", ",".join(graph_paths), "--topologies",
+            ",".join(topology_specs), "--iterations", str(iterations), "--playouts", str(playouts),
+            "--seed", str(seed), *(["-o", str(output)] if output else [])]
+    console = stderr_console()
+    policy = learn(graphs, topologies, iterations=iterations, playouts=playouts, seed=seed,
+                   command=shlex.join(line), progress=console.print if console else None)
+    deliver(policy, output, as_json, render=render, document="json")
 from . import plan_sfb  # noqa: E402, F401  (registers `plan sfb` on this group)
