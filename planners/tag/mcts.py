@@ -1,0 +1,239 @@
+"""PUCT Monte Carlo tree search over TAG's placement decisions, group by group.
+
+State: a strategy chosen for each of the first k op groups of a fixed decision order,
+**largest first** (the group's forward plus backward ms on its fastest device type,
+descending; ties in topological order), so the search spends itself on the groups that
+weigh most. Actions at depth k: the candidates of ``learned.decoder.candidates`` for
+group ``order[k]`` (a device, or a replica set with its batch shares and AllReduce or a
+parameter server).
+
+Values are in log units relative to a reference time ``ref_ms`` (the best data-parallel
+baseline's simulated iteration, or the start where none fits): a strategy whose
+effective time is ``ms`` (``-StrategyEnv.evaluate(...).reward``: the iteration time,
+scaled up for a memory overflow) is worth ``log(ref_ms / ms)``.
+
+Method (AlphaZero's search, after Silver et al. 2017, with exact rollouts):
+
+* A playout descends from the root by PUCT, ``argmax_a Q(a) + c_puct P(a) sqrt(N) /
+  (1 + N(a))``, an unvisited action valued at its parent's value, to a leaf; expanding
+  the leaf reads its priors ``P`` (and a value) from the joint-graph network
+  (``joint.JointNet``), or uniform priors where no network is given.
+* The leaf's value: the partial strategy completed with the incumbent's choices for the
+  groups not yet decided, simulated exactly (``StrategyEnv.evaluate``, memoised); with a
+  network, mixed with its value head (``value_weight``). A finished strategy is valued by
+  its simulation alone. Every simulated strategy that beats the incumbent becomes it.
+* The incumbent starts as the best given start (the planner seeds it with HeteroG's
+  greedy start and the uniform strategies), so the result is never worse than it.
+* Decisions are committed in turn, AlphaZero's way: ``ceil(playouts / groups)`` playouts
+  from the current root (its subtree kept), then the most visited action (ties: the
+  better mean value, then the lower index) is committed and becomes the root. Each
+  committed decision leaves a training sample: the state, its visit distribution, and
+  (once the strategy is finished) the log of its simulated time relative to ``ref_ms``.
+
+Determinism: the root's priors take seeded Dirichlet noise (``noise``; the ties of
+uniform priors are broken by it); the network runs on one thread; with the same inputs
+and seed the search makes the same choices unless the CPU time limit stops it.
+
+Limits: one decision per group in one fixed order (no backtracking over the order
+itself); values relative to one reference; the time limit is checked between playouts.
+Complexity: ``playouts`` x (one network pass + one simulation) at most.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..learned.decoder import candidates
+from ..learned.env import GroupStrategy, Outcome, StrategyEnv
+from ..learned.features import GroupGraph
+from ..learned.reinforce import one_thread
+from .joint import JointNet, JointStatic, joint_graph
+
+C_PUCT = 1.0
+NOISE_ALPHA = 0.3
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sample:
+    """One committed decision: the placement before it (candidate index per group, None
+    where undecided), the group decided, its visit distribution, and the log of the
+    finished strategy's time relative to the reference."""
+
+    decided: tuple[int | None, ...]
+    current: int
+    visits: tuple[float, ...]
+    log_ratio: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Search:
+    """The best strategy met, its outcome, what the search spent and its samples."""
+
+    strategies: tuple[GroupStrategy, ...]
+    outcome: Outcome
+    start: Outcome
+    order: tuple[int, ...]
+    playouts: int
+    evaluations: int
+    samples: tuple[Sample, ...]
+    stopped_by_time: bool
+
+
+@dataclass(slots=True)
+class _Node:
+    prior: np.ndarray | None = None
+    value: float = 0.0
+    visits: np.ndarray | None = None
+    totals: np.ndarray | None = None
+    children: dict[int, _Node] = field(default_factory=dict)
+
+
+def decision_order(features: GroupGraph) -> tuple[int, ...]:
+    """Groups largest first: fastest-type ms descending, ties in topological order."""
+    work = features.x[:, 0].tolist()  # log1p of the group's ms on its fastest type
+    return tuple(sorted(range(len(work)), key=lambda g: (-work[g], g)))
+
+
+class _Tree:
+    """The search's state: environment, network, incumbent and memoised evaluations."""
+
+    def __init__(self, env: StrategyEnv, features: GroupGraph, net: JointNet | None,
+                 start: Sequence[GroupStrategy], ref_ms: float, value_weight: float, seed: int):
+        self.env, self.net = env, net
+        self.options = candidates(env.cm.cluster)
+        self.index = {c.strategy: i for i, c in enumerate(self.options)}
+        self.order = decision_order(features)
+        self.static = JointStatic(features, self.options) if net is not None else None
+        self.ref_ms, self.value_weight = ref_ms, value_weight
+        self.rng = np.random.default_rng(seed)
+        self.cache: dict[tuple[int, ...], Outcome] = {}
+        self.best_picks = tuple(self.index[s] for s in start)  # by group
+        self.best: Outcome | None = None
+        self.start = self.outcome(self.best_picks)
+
+    def outcome(self, by_group: tuple[int, ...]) -> Outcome:
+        if by_group not in self.cache:
+            self.cache[by_group] = self.env.evaluate([self.options[i].strategy for i in by_group])
+            got = self.cache[by_group]
+            if self.best is None or got.reward > self.best.reward:
+                self.best_picks, self.best = by_group, got
+        return self.cache[by_group]
+
+    def log_ratio(self, outcome: Outcome) -> float:
+        """log(effective ms / ref ms): lower is better."""
+        return math.log(max(-outcome.reward, 1e-12) / self.ref_ms)
+
+    def complete(self, path: Sequence[int]) -> tuple[int, ...]:
+        """By group: ``path`` (in decision order) and the incumbent for the rest."""
+        picks = list(self.best_picks)
+        for k, a in enumerate(path):
+            picks[self.order[k]] = a
+        return tuple(picks)
+
+    def decided(self, path: Sequence[int]) -> list[int | None]:
+        out: list[int | None] = [None] * len(self.order)
+        for k, a in enumerate(path):
+            out[self.order[k]] = a
+        return out
+
+    def expand(self, node: _Node, path: Sequence[int]) -> float:
+        """Set the node's priors; return its value (see the module docstring)."""
+        n = len(self.options)
+        rollout = -self.log_ratio(self.outcome(self.complete(path)))
+        if self.net is None:
+            node.prior, value = np.full(n, 1.0 / n), rollout
+        else:
+            data = joint_graph(self.static, self.decided(path), self.order[len(path)])
+            with torch.no_grad():
+                logits, head = self.net(data, self.order[len(path)], self.options)
+            node.prior = torch.softmax(logits, dim=0).double().numpy()
+            value = self.value_weight * -float(head) + (1 - self.value_weight) * rollout
+        node.visits, node.totals, node.value = np.zeros(n), np.zeros(n), value
+        return value
+
+    def playout(self, root: _Node, committed: list[int]) -> None:
+        node, path, trail = root, list(committed), []
+        while True:
+            if len(path) == len(self.order):
+                value = -self.log_ratio(self.outcome(self.complete(path)))
+                break
+            if node.prior is None:
+                value = self.expand(node, path)
+                break
+            a = self._select(node)
+            trail.append((node, a))
+            path.append(a)
+            node = node.children.setdefault(a, _Node())
+        for parent, a in trail:
+            parent.visits[a] += 1
+            parent.totals[a] += value
+
+    def _select(self, node: _Node) -> int:
+        visited = node.visits > 0
+        q = np.where(visited, node.totals / np.maximum(node.visits, 1), node.value)
+        u = C_PUCT * node.prior * math.sqrt(max(node.visits.sum(), 1.0)) / (1 + node.visits)
+        return int(np.argmax(q + u))
+
+    def add_noise(self, node: _Node, weight: float) -> None:
+        if weight > 0 and node.prior is not None:
+            noise = self.rng.dirichlet(np.full(len(node.prior), NOISE_ALPHA))
+            node.prior = (1 - weight) * node.prior + weight * noise
+
+
+def search(env: StrategyEnv, features: GroupGraph, start: Sequence[GroupStrategy], *,
+           ref_ms: float, net: JointNet | None = None, playouts: int = 400,
+           time_limit_s: float = 60.0, seed: int = 0, value_weight: float = 0.5,
+           noise: float = 0.25) -> Search:
+    """Search for a strategy per group from the incumbent ``start`` (module docstring).
+
+    Parameters
+    ----------
+    env, features
+        The problem and its group features.
+    start
+        The incumbent to beat: one ``learned.decoder.candidates`` strategy per group.
+    ref_ms
+        The reference time of the value scale (> 0).
+    net
+        The joint-graph network for priors and values; None: uniform priors, rollout values.
+    playouts, time_limit_s
+        Playouts in all (at least one per decision), and a CPU-time safety net.
+    value_weight, noise
+        The value head's share of a leaf's value; the Dirichlet noise's share of the root priors.
+    """
+    tree = _Tree(env, features, net, start, ref_ms, value_weight, seed)
+    per_decision = max(1, math.ceil(playouts / len(tree.order)))
+    deadline = time.process_time() + time_limit_s
+    root, committed, pending, spent, stopped = _Node(), [], [], 0, False
+    with one_thread():
+        for _ in tree.order:
+            for p in range(per_decision):
+                if time.process_time() > deadline:
+                    stopped = True
+                    break
+                tree.playout(root, committed)
+                spent += 1
+                if p == 0:
+                    tree.add_noise(root, noise)
+            if stopped or root.visits is None or root.visits.sum() == 0:
+                stopped = stopped or root.visits is None
+                break
+            mean = root.totals / np.maximum(root.visits, 1)
+            a = int(np.lexsort((np.arange(len(mean)), -mean, -root.visits))[0])
+            pending.append((tuple(tree.decided(committed)), tree.order[len(committed)],
+                            tuple(float(v) for v in root.visits / root.visits.sum())))
+            committed.append(a)
+            root = root.children.setdefault(a, _Node())
+    samples: tuple[Sample, ...] = ()
+    if len(committed) == len(tree.order):
+        final = tree.log_ratio(tree.outcome(tree.complete(committed)))
+        samples = tuple(Sample(decided=d, current=c, visits=v, log_ratio=final) for d, c, v in pending)
+    return Search(strategies=tuple(tree.options[i].strategy for i in tree.best_picks),
+                  outcome=tree.best, start=tree.start, order=tree.order, playouts=spent,
+                  evaluations=len(tree.cache), samples=samples, stopped_by_time=stopped)

@@ -1,0 +1,165 @@
+"""TAG: a GNN over the joint model-and-topology graph guiding a Monte Carlo tree search.
+
+After "TAG: topology-aware graph deployment" (TPDS 2023): the op graph and the device
+topology are read together by one graph network, whose priors and values guide a search
+for a per-group strategy; a lossless gradient compression (sufficient-factor
+broadcasting, SFB) is then applied where an ILP finds it pays.
+
+Method, ``plan``:
+
+1. **Problem.** The op graph is coarsened into op groups (``learned.coarsen``); each
+   group's strategy is one of ``learned.decoder.candidates`` (a device, or a replica set
+   with even or speed-proportional batch shares and AllReduce or a parameter server).
+2. **Incumbent.** HeteroG's greedy list-scheduling start, or the best uniform strategy
+   where one simulates faster (``heterog.greedy_start``, ``heterog.better_start``).
+3. **Search.** PUCT Monte Carlo tree search over the groups, largest first
+   (``tag.mcts``), priors and leaf values from the joint-graph network (``tag.joint``; the
+   shipped policy, ``DEFAULT_POLICY``, unless ``policy`` names another) or uniform priors
+   (``priors: uniform``); every strategy the search finishes or rolls out is simulated
+   exactly, and the best one met is kept.
+4. **Refinement.** Hill climbing over single-group moves on the simulator
+   (``learned.refine``), as HeteroG does, within ``max_evaluations`` simulations and the
+   CPU time the search left of ``time_limit``.
+5. **Never worse than data parallelism.** The four DP baselines are planned; where the
+   fastest that fits beats the refined strategy, it is the plan, with a note.
+6. **SFB.** Unless ``sfb`` is off, ``planners.sfb.apply_sfb`` chooses which replicated
+   groups all-gather sufficient factors instead of all-reducing their gradients.
+
+Limits: those of the candidates (replica sets are single devices, the cluster, and the
+per-type and per-host subsets) and of the environment (one synchronisation per group,
+no per-device order); the search decides each group once in one fixed order; the CPU
+time limit can make the result depend on the machine's speed (the playout and
+evaluation caps are deterministic).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from dl_nfv.artifacts import BadInput, OpGraph, Plan, Topology
+from dl_nfv.artifacts.policy import Policy
+
+from ..base import finish, optimizer_named, started
+from ..heterog import best_baseline, better_start, greedy_start, problem_of
+from ..learned.policy import load_weights, read_policy
+from ..learned.refine import refine
+from .joint import JointNet
+from .mcts import search
+
+PLANNER = "tag"
+DEFAULT_POLICY = Path(__file__).parent / "tag.policy.json"
+ARCHITECTURE = {"hidden": 48, "layers": 2, "heads": 2}
+DEFAULT_GROUPS = 16
+PRIORS = ("gnn", "uniform")
+
+
+def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, playouts: int = 400,
+         policy: str = "", priors: str = "gnn", time_limit: float = 60.0,
+         max_evaluations: int = 1000, groups: int = DEFAULT_GROUPS, sfb: bool = True,
+         optimizer: str = "sgd") -> Plan:
+    """TAG: a strategy per op group found by a Monte Carlo tree search guided by a GNN
+    over the joint op-group and device graph, refined on the simulator, never slower
+    than the best data-parallel baseline, with SFB where it pays.
+
+    Parameters
+    ----------
+    playouts : int
+        Tree-search playouts in all (>= 1; spread over the groups' decisions).
+    policy : str
+        A policy file from `dl-nfv plan learn tag` (default: the shipped policy).
+    priors : str
+        gnn (the policy's priors and values) or uniform (no network: rollouts only).
+    time_limit : float
+        Seconds of CPU time the search and the refinement may take together.
+    max_evaluations : int
+        Simulations the refinement may run after the search.
+    groups : int
+        The most op groups the graph is coarsened into.
+    sfb : bool
+        Apply sufficient-factor broadcasting where the SFB ILP finds it pays.
+    optimizer : str
+        sgd (with momentum) or adam: its state and step are planned for.
+
+    Complexity: ``playouts`` network passes and simulations, ``max_evaluations``
+    simulations, four DP plans and, with ``sfb``, one ILP.
+    """
+    t0 = started()
+    opt = optimizer_named(PLANNER, optimizer)
+    if playouts < 1:
+        raise BadInput(f"{PLANNER}: playouts must be at least 1, got {playouts}")
+    if priors not in PRIORS:
+        raise BadInput(f"{PLANNER}: priors must be one of {', '.join(PRIORS)}, got {priors!r}")
+    problem = problem_of(graph, topology, groups=groups, optimizer=opt)
+    env = problem.env
+    net, notes = None, []
+    if priors == "gnn":
+        source = read_policy(policy or DEFAULT_POLICY)
+        net = load_net(source)
+        seen = source.trained_on.max_devices
+        if seen and len(env.devices) > seen:
+            notes.append(f"the policy was trained on clusters of at most {seen} devices, this one "
+                         f"has {len(env.devices)}: its priors are extrapolated")
+    start, origin = better_start(env, greedy_start(env), "greedy")
+    baseline = best_baseline(graph, topology, optimizer)
+    ref_ms = (baseline.prediction.iteration_ms if baseline is not None
+              else -env.evaluate(start).reward)
+    cpu0 = time.process_time()
+    found = search(env, problem.graph, start, ref_ms=ref_ms, net=net, playouts=playouts,
+                   time_limit_s=time_limit, seed=seed)
+    left = max(0.0, time_limit - (time.process_time() - cpu0))
+    refined = refine(env, found.strategies, max_evaluations=max_evaluations, time_limit_s=left)
+    notes.append(f"search from {origin} ({found.start.iteration_ms:.2f} ms): {found.playouts} "
+                 f"playouts, {found.evaluations} simulations -> {found.outcome.iteration_ms:.2f} ms"
+                 + ("; stopped by the time limit" if found.stopped_by_time else ""))
+    notes.append(f"refined -> {refined.outcome.iteration_ms:.2f} ms in {refined.evaluations} "
+                 f"simulations")
+    options = {"playouts": playouts, "policy": policy, "priors": priors, "time_limit": time_limit,
+               "max_evaluations": max_evaluations, "groups": groups, "sfb": sfb,
+               "optimizer": optimizer}
+    if baseline is not None and (not refined.outcome.feasible or
+                                 baseline.prediction.iteration_ms < refined.outcome.iteration_ms):
+        notes.append(f"kept the best data-parallel baseline, {baseline.planner}")
+        chosen = replace(baseline, planner=PLANNER, options=options, seed=seed,
+                         notes=(*baseline.notes, *notes))
+    else:
+        groups_ = env.plan_of(refined.strategies, planner=PLANNER).groups
+        chosen = finish(planner=PLANNER, graph=graph, topology=topology, groups=groups_, seed=seed,
+                        options=options, started_at=t0, optimizer=opt, notes=notes,
+                        cost_model=env.cm)
+    if sfb:
+        chosen = with_sfb(chosen, graph, topology, time_limit_s=max(1.0, left))
+    return replace(chosen, wall_time_s=round(time.perf_counter() - t0, 4))
+
+
+def with_sfb(chosen: Plan, graph: OpGraph, topology: Topology, *, time_limit_s: float) -> Plan:
+    """``chosen`` with SFB applied by ``planners.sfb.apply_sfb`` where that is available;
+    otherwise ``chosen`` with a note that SFB was not applied."""
+    try:
+        from ..sfb import apply_sfb
+    except ImportError:
+        return replace(chosen, notes=(*chosen.notes, "SFB not applied: this dl-nfv has no SFB "
+                                                     "planner (planners/sfb.py)"))
+    compressed, _report = apply_sfb(chosen, graph, topology, time_limit_s=time_limit_s)
+    return compressed
+
+
+def load_net(source: Policy) -> JointNet:
+    """A ``JointNet`` holding ``source``'s weights (``BadInput`` naming what differs)."""
+    unknown = sorted(set(source.architecture) - set(ARCHITECTURE))
+    if unknown:
+        raise BadInput(f"the policy's architecture names {unknown[0]!r}, which this network "
+                       f"does not have (it has {', '.join(ARCHITECTURE)})")
+    net = JointNet(**{**ARCHITECTURE, **source.architecture})
+    load_weights(source, net, planner=PLANNER)
+    net.eval()
+    return net
+
+
+def new_net(seed: int) -> JointNet:
+    """A freshly initialised ``JointNet`` of the shipped architecture (seeded)."""
+    torch.manual_seed(seed)
+    return JointNet(**ARCHITECTURE)
