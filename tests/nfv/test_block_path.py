@@ -209,3 +209,36 @@ def _monitor_rows(out: Outputs) -> dict:
         r[0], r[1], r[2] = r[0] + m, r[1] + p, r[2] + b
         r[3], r[4] = min(r[3], first), max(r[4], last)
     return rows
+
+
+_NAMES = (b"Content-Length", b"content-length", b" CONTENT-LENGTH\t", b"Content-Lengthx",
+          b"Transfer-Encoding", b"\x0btransfer-encoding ", b"Host", b"X", b"", b"\rContent-Length",
+          b"Content-Length\n", b"a: Content-Length")
+_VALUES = (b" 3", b"3", b" 03 ", b"-1", b"1x", b" chunked", b"gzip, Chunked ", b"chunked, gzip",
+           b"", b" \r", b"\n3", b"9" * 16, b":3")
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_header_lines_equal_the_framer(seed):
+    """Header lines of every odd shape (blanks and stray CR/LF around names and values,
+    missing colons, repeated or conflicting lengths, encodings) frame as ``Framer`` does."""
+    rng = random.Random(seed)
+    for _ in range(1500):
+        lines = []
+        for _ in range(rng.randrange(0, 5)):
+            line = rng.choice(_NAMES)
+            if rng.random() < 0.93:
+                line += b":" + rng.choice(_VALUES)
+            lines.append(line)
+        body = b"abc\r\n0\r\n\r\n" if rng.random() < 0.5 else b"abcdefgh"
+        side = rng.choice([REQUEST, RESPONSE])
+        start = b"POST /x HTTP/1.1" if side == REQUEST else b"HTTP/1.1 200 OK"
+        stream = b"\r\n".join([start, *lines]) + b"\r\n\r\n" + body
+        ref_q, fast_q = deque([b"GET"]), deque([b"GET"])
+        ref = _framer(stream, side, ref_q)
+        fast = frame_whole(stream, side, fast_q)
+        if ref is None:
+            assert fast is None, stream
+            continue
+        assert fast is not None, stream
+        assert [(a, stream[a:a + n], h, c) for a, n, h, c in fast] == ref, stream
