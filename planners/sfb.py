@@ -302,8 +302,9 @@ def _solve(base: SimResult, candidates: list[SfbCandidate], cm: CostModel,
     rid = {name: r for r, name in enumerate(tg.resource_names)}
     group_of = {g.id: g for g in base.plan.groups}
     prob = pulp.LpProblem("sfb", pulp.LpMinimize)
-    x = {c.group: pulp.LpVariable(f"x{i}", cat="Binary") for i, c in enumerate(candidates)}
-    T = pulp.LpVariable("T", lowBound=0)
+    x = {c.group: prob.add_variable(f"x{i}", lowBound=0, upBound=1, cat="Integer")
+         for i, c in enumerate(candidates)}
+    T = prob.add_variable("T", lowBound=0)
     prob += T + TIE_BREAK * pulp.lpSum(c.net_ms * x[c.group] for c in candidates)
     gather_res: dict[int, list[SfbCandidate]] = defaultdict(list)
     saved_res: dict[int, list[SfbCandidate]] = defaultdict(list)
