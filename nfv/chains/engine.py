@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .flowtable import DeviceFlowTable
 from .kernels import (
+    HOLDERS,
     FirewallKernel,
     LoadBalancerKernel,
     MonitorKernel,
@@ -41,6 +43,7 @@ from .states import Verdict, packet_class
 KERNELS = {"firewall": FirewallKernel, "nat": NatKernel, "lb": LoadBalancerKernel,
            "monitor": MonitorKernel, "rate-limit": RateLimiterKernel}
 ONE_SORT_FROM = 16384  # batch size from which _flow_order sorts once, by hash
+SORT_MUL = (0x9E3779B97F4A7C15 - (1 << 64), 0xC2B2AE3D27D4EB4F - (1 << 64))  # odd, as int64
 REWRITING = ("nat", "lb")  # NFs that rewrite addresses and ports
 OUT_FIELDS = ("src", "dst", "sport", "dport", "ip_csum", "l4_csum")
 
@@ -70,21 +73,44 @@ class _Sweeper:
         return False
 
 
-def _flow_order(k1, k2, hashes):
+def sort_hash(k1, k2, bits: int):
+    """A ``bits``-bit hash of flow keys for grouping a batch (multiply and take the high
+    bits; int64 products wrap): a few vector steps where ``flow_hash`` takes dozens."""
+    mixed = (k1 * SORT_MUL[0] + k2) * SORT_MUL[1]
+    return (mixed >> (64 - bits)) & ((1 << bits) - 1)
+
+
+def _flow_order(k1, k2, hashes=None):
     """A permutation that groups the batch's packets by flow, each flow in arrival order.
 
-    In large batches, one sort of (32-bit flow hash, arrival) packed in an int64; in
-    small ones (where a step's fixed cost outweighs a sort), or where two flows of the
-    batch share a hash (their packets may interleave), two stable sorts by key."""
+    In large batches, one sort of (flow hash, arrival) packed in an int64 (``hashes``, or
+    ``sort_hash`` in the bits arrival leaves); in small ones (where a step's fixed cost
+    outweighs a sort), or where two flows of the batch share a hash (their packets may
+    interleave), two stable sorts by key."""
     n = k1.shape[0]
     if n >= max(2, ONE_SORT_FROM):
-        order = torch.sort((hashes << (n - 1).bit_length())
-                           | torch.arange(n, device=k1.device)).indices
+        shift = (n - 1).bit_length()
+        if hashes is None:
+            hashes = sort_hash(k1, k2, 63 - shift)
+        order = torch.sort((hashes << shift) | torch.arange(n, device=k1.device)).indices
         h, a, b = hashes[order], k1[order], k2[order]
         if not bool(((h[1:] == h[:-1]) & ((a[1:] != a[:-1]) | (b[1:] != b[:-1]))).any()):
             return order
     order = torch.sort(k2, stable=True).indices
     return order[torch.sort(k1[order], stable=True).indices]
+
+
+def _compact(sub: Sub, kept) -> Sub:
+    """The packets ``kept`` (positions in ``sub``) of ``sub``, as a new ``Sub``."""
+    sid = sub.seg.index[kept]
+    seg = Segments.of(sid, torch.zeros_like(sid))
+    flows = sid[seg.first]
+    return Sub(ts=sub.ts[kept], src=sub.src[kept], dst=sub.dst[kept], sport=sub.sport[kept],
+               dport=sub.dport[kept], proto=sub.proto[kept], flags=sub.flags[kept],
+               wire=sub.wire[kept], k1=sub.k1[kept], k2=sub.k2[kept], dir=sub.dir[kept],
+               arrival=sub.arrival[kept], seg=seg, slots=sub.slots[flows],
+               held=sub.held[flows], fhash=sub.fhash[flows], cls=sub.cls[kept],
+               original=sub.original)
 
 
 class ReferenceChain:
@@ -133,12 +159,33 @@ class TensorChain:
                  sweep_interval_s: float = 1.0):
         self.device = torch.device(device)
         self.names = [s.nf.value for s in specs]
-        self.nfs = [KERNELS[s.nf.value](s, capacity, self.device) for s in specs]
+        self.table = DeviceFlowTable(capacity, self.device, {HOLDERS: 0})
+        self.nfs = [KERNELS[s.nf.value](s, self.table, k, self.device)
+                    for k, s in enumerate(specs)]
         self.sweeper = _Sweeper(sweep_interval_s)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def _sweep(self, now_us: int) -> None:
+        for nf in self.nfs:
+            nf.sweep(now_us)
+        slots = self.table.live_slots()
+        self.table.delete(slots[self.table.cols[HOLDERS][slots] == 0])
+
+    def _flows(self, k1, k2, seg: Segments):
+        """Every flow of the batch in the table: (slots, holder bits, flow hashes). The
+        table grows before the lookup, so that inserting the new flows moves nothing."""
+        heads = seg.first
+        hk1, hk2 = k1[heads], k2[heads]
+        fhash = flow_hash(hk1, hk2)
+        self.table.reserve(seg.count)
+        slots = self.table.lookup(hk1, hk2, fhash)
+        new = torch.nonzero(slots < 0).squeeze(1)
+        if new.numel():
+            slots[new] = self.table.insert(hk1[new], hk2[new], fhash[new], fill=False)
+        return slots, self.table.cols[HOLDERS][slots], fhash
 
     def run_batch(self, batch: ChainPackets) -> BatchResult:
         n = len(batch)
@@ -147,61 +194,59 @@ class TensorChain:
         times = [0.0] * (len(self.nfs) + 1)
         t0 = time.perf_counter()
         if n and self.sweeper.due(int(batch.ts_us[0])):
-            for nf in self.nfs:
-                nf.sweep(int(batch.ts_us[0]))
+            self._sweep(int(batch.ts_us[0]))
         k1, k2, direction = key_pair(cols["src"], cols["sport"], cols["dst"], cols["dport"],
                                      cols["proto"])
-        hashes = flow_hash(k1, k2)
-        order = _flow_order(k1, k2, hashes)
+        order = _flow_order(k1, k2)
         s = {name: cols[name][order] for name in ("ts_us", "src", "dst", "sport", "dport",
                                                   "proto", "flags", "wire_bytes")}
-        k1, k2, direction, hashes = k1[order], k2[order], direction[order], hashes[order]
+        k1, k2, direction = k1[order], k2[order], direction[order]
         full = Segments.of(k1, k2)
-        seg_id = full.index
-        base_cls = packet_class(s["flags"], s["proto"], 0)
+        slots, held, fhash = self._flows(k1, k2, full)
+        sub = Sub(ts=s["ts_us"], src=s["src"], dst=s["dst"], sport=s["sport"], dport=s["dport"],
+                  proto=s["proto"], flags=s["flags"], wire=s["wire_bytes"], k1=k1, k2=k2,
+                  dir=direction, arrival=order, seg=full, slots=slots, held=held, fhash=fhash,
+                  cls=packet_class(s["flags"], s["proto"], 0))
         stage = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         reason = torch.zeros(n, dtype=torch.int64, device=self.device)
-        alive = torch.ones(n, dtype=torch.bool, device=self.device)
+        rows = None  # the packets still alive (None: all of them)
         self._sync()
         times[0] = time.perf_counter() - t0
         for k, nf in enumerate(self.nfs):
             t0 = time.perf_counter()
-            rows = torch.nonzero(alive).squeeze(1)
-            if rows.numel() == 0:  # every packet dropped before this stage
-                continue
-            everyone = rows.numel() == n  # nothing dropped yet: no gathers, no scatters
-
-            def take(t, rows=rows, everyone=everyone):
-                return t if everyone else t[rows]
-
-            sid = seg_id[rows]
-            sub = Sub(ts=take(s["ts_us"]), src=take(s["src"]), dst=take(s["dst"]),
-                      sport=take(s["sport"]), dport=take(s["dport"]), proto=take(s["proto"]),
-                      flags=take(s["flags"]), wire=take(s["wire_bytes"]), k1=take(k1),
-                      k2=take(k2), dir=take(direction), arrival=take(order),
-                      seg=full if everyone else Segments.of(sid, torch.zeros_like(sid)),
-                      hash=take(hashes), cls=take(base_cls),
-                      original=not any(m in REWRITING for m in self.names[:k]))
+            sub.original = not any(m in REWRITING for m in self.names[:k])
             verdict = nf.process(sub)
-            for name, value in (("src", sub.src), ("dst", sub.dst), ("sport", sub.sport),
-                                ("dport", sub.dport)):
-                if everyone:
-                    s[name] = value
-                else:
-                    s[name][rows] = value
-            dropped = verdict != 0
-            gone = rows[dropped]
-            stage[gone], reason[gone] = k, verdict[dropped]
-            alive[gone] = False
+            dropped = torch.nonzero(verdict).squeeze(1)
+            if dropped.numel():
+                gone = dropped if rows is None else rows[dropped]
+                stage[gone], reason[gone] = k, verdict[dropped]
+                self._put_back(s, sub, rows)
+                kept = torch.nonzero(verdict == 0).squeeze(1)
+                rows = kept if rows is None else rows[kept]
+                sub = _compact(sub, kept)
             self._sync()
             times[k + 1] = time.perf_counter() - t0
+            if rows is not None and rows.numel() == 0:  # every packet dropped
+                break
         t0 = time.perf_counter()
+        self._put_back(s, sub, rows)
         for nf in self.nfs:
             nf.end_batch()
+        gone = slots[self.table.cols[HOLDERS][slots] == 0]
+        self.table.delete(gone)
         result = self._egress(cols, s, order, stage, reason)
         times[0] += time.perf_counter() - t0
         return BatchResult(stage=result["stage"], reason=result["reason"],
                            fields={name: result[name] for name in OUT_FIELDS}, stage_s=times)
+
+    @staticmethod
+    def _put_back(s, sub: Sub, rows) -> None:
+        """The rewritten addresses and ports of ``sub``'s packets into the batch's columns."""
+        for name in ("src", "dst", "sport", "dport"):
+            if rows is None:
+                s[name] = getattr(sub, name)
+            elif rows.numel():
+                s[name][rows] = getattr(sub, name)
 
     def _egress(self, cols, s, order, stage, reason) -> dict[str, np.ndarray]:
         """Checksums, then every per-packet output back in arrival order, on the host."""

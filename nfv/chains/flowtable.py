@@ -42,6 +42,13 @@ class DeviceFlowTable:
         self.live = 0
         self.used = 0  # live entries + tombstones
 
+    def add_columns(self, columns: dict[str, int]) -> None:
+        """More value columns (name -> fill value), at their fill in every slot."""
+        self.fills.update(columns)
+        for name, fill in columns.items():
+            self.cols[name] = torch.full((self.capacity,), fill, dtype=torch.int64,
+                                         device=self.device)
+
     def _alloc(self, capacity: int) -> None:
         self.capacity = capacity
         self.k1 = torch.zeros(capacity, dtype=torch.int64, device=self.device)
@@ -142,9 +149,10 @@ class DeviceFlowTable:
         for name, col in values.items():
             self.cols[name][fresh] = col
 
-    def items(self) -> dict[tuple[int, int], tuple[int, ...]]:
-        """Every live entry: key -> values in column order (host copy, for tests/reports)."""
-        slots = self.live_slots()
+    def items(self, slots=None, names=None) -> dict[tuple[int, int], tuple[int, ...]]:
+        """Every live entry (or those at ``slots``): key -> values of ``names`` (default:
+        every column, in column order); a host copy, for tests and reports."""
+        slots = self.live_slots() if slots is None else slots
         k1, k2 = self.k1[slots].tolist(), self.k2[slots].tolist()
-        cols = [self.cols[name][slots].tolist() for name in self.fills]
+        cols = [self.cols[name][slots].tolist() for name in (names or self.fills)]
         return {(a, b): tuple(c[i] for c in cols) for i, (a, b) in enumerate(zip(k1, k2))}

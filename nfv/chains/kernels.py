@@ -1,10 +1,14 @@
 """The L3/L4 NFs as batched torch kernels over a flow-sorted batch.
 
-Each kernel keeps its per-flow state in its own ``DeviceFlowTable`` and processes
-the packets that reached it (``Sub``: a subset of the batch, still sorted by flow
-then arrival) with tensor operations only: one table lookup per flow of the batch,
-the state machine as a segmented scan (``scan.fsm_scan``), per-packet outcomes by
-table gathers, state written back once per flow. The meaning is the reference's
+The chain keeps every NF's per-flow state in one ``DeviceFlowTable`` (the NFs all
+key on the packet's flow key as captured, so one lookup serves them all): each NF
+owns its named columns and one bit of the ``holders`` column, set while it keeps
+the flow. The engine looks the batch's flows up once and inserts the new ones
+(``Sub.slots``, ``Sub.held``); a kernel then gathers each of its columns once per
+flow, runs on the packets that reached it (``Sub``: a subset of the batch, still
+sorted by flow then arrival) with tensor operations only — the state machine as a
+segmented scan (``scan.fsm_scan``), per-packet outcomes by table gathers — and
+scatters each column back once per flow. The meaning is the reference's
 (``reference.py``); where the reference's order across flows matters (NAT port
 allocation, releases, sweeps) the kernel orders events by arrival or by flow key
 the same way. ``process`` returns the per-packet verdict and rewrites ``Sub``'s
@@ -13,22 +17,26 @@ fields in place.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from ..traffic.pcap import ACK, TCP, UDP
 from . import states as st
 from .flowtable import DeviceFlowTable
 from .reference import Backends, compile_acl, endpoint, pool_bindings
-from .scan import Segments, fsm_scan, last_marked, previous_gap
+from .scan import Segments, fsm_scan, last_marked, previous_gap, quiet_rows
 
 STEP_COST = 8192  # a vector step's fixed cost, in packets of work (one CPU core)
 FLOWS_PER_PACKET = 16  # the per-flow ACL needs more than this many packets per flow
+HOLDERS = "holders"  # the table column with one bit per NF that keeps the flow
 
 
 @dataclass(slots=True)
 class Sub:
-    """The packets an NF sees, flow-sorted; ``arrival`` is the position in the batch."""
+    """The packets an NF sees, flow-sorted; ``arrival`` is the position in the batch.
+    Per flow (segment): its table ``slots``, the ``held`` bits at the batch's start and
+    its ``fhash`` (``packets.flow_hash``)."""
 
     ts: object
     src: object
@@ -43,9 +51,12 @@ class Sub:
     dir: object
     arrival: object
     seg: Segments
-    hash: object  # flow_hash of the key
+    slots: object
+    held: object
+    fhash: object
     cls: object  # states.packet_class without the ACL bit
     original: bool = True  # addresses and ports as captured (no NAT/LB stage before)
+    memo: dict = field(default_factory=dict)  # results NFs of this Sub may share
 
 
 def _tensor(values, device):
@@ -62,74 +73,115 @@ def _sorted_keys(k1, k2):
 
 
 class _Stateful:
-    """Lookup of the batch's flows, and time-out sweeps, over one flow table."""
+    """An NF's columns and holder bit in the chain's flow table; time-out sweeps."""
 
     columns: dict[str, int] = {}
 
-    def __init__(self, capacity: int, device):
+    def __init__(self, table: DeviceFlowTable, index: int, device):
         self.device = device
-        self.table = DeviceFlowTable(capacity, device, self.columns)
+        self.table = table
+        self.bit = 1 << index
+        self.names = {name: f"{index}.{name}" for name in self.columns}
+        table.add_columns({self.names[n]: v for n, v in self.columns.items()})
+
+    def col(self, name):
+        return self.table.cols[self.names[name]]
 
     def _flows(self, sub: Sub):
-        heads = sub.seg.first
-        slots = self.table.lookup(sub.k1[heads], sub.k2[heads], sub.hash[heads])
-        return slots, slots >= 0
+        return sub.slots, (sub.held & self.bit) != 0
 
     def _column(self, name, slots, existed, fill=0):
-        safe = torch.clamp(slots, min=0)
-        return torch.where(existed, self.table.cols[name][safe], torch.full_like(safe, fill))
+        return torch.where(existed, self.col(name)[slots], fill)
 
     def _store(self, sub: Sub, slots, existed, keep, values: dict):
-        """Write per-flow ``values``; flows not kept are deleted (or never inserted)."""
-        heads = sub.seg.first
-        self.table.delete(slots[existed & ~keep])
-        new = ~existed & keep
-        if self.table.reserve(int(new.sum())):
-            slots = self.table.lookup(sub.k1[heads], sub.k2[heads], sub.hash[heads])
-        slots = slots.clone()
-        slots[new] = self.table.insert(sub.k1[heads][new], sub.k2[heads][new],
-                                       sub.hash[heads][new],
-                                       fill=values.keys() != self.table.cols.keys())
-        rows = torch.nonzero(keep).squeeze(1)
+        """Write per-flow ``values`` (every flow: the holder bit says which are kept)."""
+        holders = self.table.cols[HOLDERS]
+        if keep is None:
+            if not bool(existed.all()):
+                holders[slots] = holders[slots] | self.bit
+        else:
+            now = holders[slots]
+            holders[slots] = torch.where(keep, now | self.bit, now & ~self.bit)
         for name, value in values.items():
-            self.table.cols[name][slots[rows]] = value[rows]
+            self.col(name)[slots] = value
+
+    def held_slots(self):
+        slots = self.table.live_slots()
+        return slots[(self.table.cols[HOLDERS][slots] & self.bit) != 0]
+
+    def forget(self, slots) -> None:
+        """The NF no longer keeps these flows (the engine deletes entries nobody keeps)."""
+        holders = self.table.cols[HOLDERS]
+        holders[slots] = holders[slots] & ~self.bit
 
     def _expired(self, now_us: int):
-        slots = self.table.live_slots()
-        last = self.table.cols["last"][slots]
+        slots = self.held_slots()
+        last = self.col("last")[slots]
         return slots[now_us - last > self._timeout_of(slots)]
 
     def sweep(self, now_us: int) -> None:
-        self.table.delete(self._expired(now_us))
+        self.forget(self._expired(now_us))
 
     def end_batch(self) -> None:
         pass
 
+    def items(self) -> dict:
+        return self.table.items(self.held_slots(), list(self.names.values()))
+
     def snapshot(self) -> dict:
-        return self.table.items()
+        return self.items()
 
 
-class FirewallKernel(_Stateful):
+class _Machine(_Stateful):
+    """A flow's connection state as one of ``states``' machines, with per-state time-outs."""
+
+    machine = ""
+
+    def __init__(self, table, index: int, device, timeouts: dict):
+        super().__init__(table, index, device)
+        nxt, verdict, event, width = st.table(self.machine)
+        self.next, self.verdict = _tensor(nxt, device), _tensor(verdict, device)
+        self.event = _tensor(event, device)
+        kind = st.Conn if self.machine == "conn" else st.Session
+        self.timeouts = _tensor([timeouts[kind(st.decode(c)[0])] for c in range(width)],
+                                device)
+        data = [(st.packet_class(flags, proto, acl) * 2 + d) for flags, proto in
+                ((ACK, TCP), (0, UDP)) for acl in (0, 1) for d in (0, 1)]
+        self.quiet = quiet_rows(self.next, data)
+
+    def _timeout_of(self, slots):
+        return self.timeouts[self.col("state")[slots]]
+
+    def _scan(self, sub: Sub, cls, slots, existed):
+        """``fsm_scan`` from the flows' stored states; shared by NFs of one ``Sub`` that run
+        the same machine from equal states (NAT then LB)."""
+        s0 = self._column("state", slots, existed)
+        last = self._column("last", slots, existed)
+        key = (self.machine, "scan")
+        got = sub.memo.get(key)
+        if got is not None and torch.equal(got[0], self.timeouts) and torch.equal(got[1], s0) \
+                and torch.equal(got[2], last) and torch.equal(got[3], cls):
+            return got[4]
+        gap = previous_gap(sub.ts, sub.seg, last, existed)
+        result = fsm_scan(self.next, self.timeouts, cls, gap, sub.seg, s0, self.quiet)
+        sub.memo[key] = (self.timeouts, s0, last, cls, result)
+        return result
+
+
+class FirewallKernel(_Machine):
     """ACL + connection tracking; state (encoded with orientation, see ``states``), last."""
 
     columns = {"state": 0, "last": 0}
+    machine = "conn"
 
-    def __init__(self, spec, capacity: int, device):
-        super().__init__(capacity, device)
+    def __init__(self, spec, table, index: int, device):
+        super().__init__(table, index, device, st.conn_timeouts_us(spec.timeouts))
         self.rules = compile_acl(spec)
         self.default_allow = spec.default.value == "allow"
-        nxt, verdict, _, width = st.table("conn")
-        self.next, self.verdict = _tensor(nxt, device), _tensor(verdict, device)
-        timeouts = st.conn_timeouts_us(spec.timeouts)
-        self.timeouts = _tensor([timeouts[st.Conn(st.decode(c)[0])] for c in range(width)],
-                                device)
-
-    def _timeout_of(self, slots):
-        return self.timeouts[self.table.cols["state"][slots]]
 
     def snapshot(self) -> dict:
         """key -> (state, orient, last), the reference's form."""
-        return {k: (*st.decode(v[0]), v[1]) for k, v in self.table.items().items()}
+        return {k: (*st.decode(v[0]), v[1]) for k, v in self.items().items()}
 
     def _match(self, src, dst, sport, dport, proto):
         allow = torch.full_like(src, int(self.default_allow))
@@ -168,10 +220,8 @@ class FirewallKernel(_Stateful):
 
     def process(self, sub: Sub):
         slots, existed = self._flows(sub)
-        s0 = self._column("state", slots, existed)
-        gap = previous_gap(sub.ts, sub.seg, self._column("last", slots, existed), existed)
         cls = (sub.cls + self._acl(sub) * 32) * 2 + sub.dir
-        found, after, _ = fsm_scan(self.next, self.timeouts, cls, gap, sub.seg, s0)
+        found, after, _ = self._scan(sub, cls, slots, existed)
         verdict = self.verdict.reshape(-1)[cls * self.next.shape[1] + found]
         last = sub.seg.last
         final = after[last]
@@ -179,34 +229,24 @@ class FirewallKernel(_Stateful):
         return verdict
 
 
-class _SessionKernel(_Stateful):
+class _SessionKernel(_Machine):
     """NAT and LB: sessions (``states.session_step``) with a binding and a peer per flow."""
 
     columns = {"state": 0, "last": 0, "binding": -1, "peer_ip": 0, "peer_port": 0}
+    machine = "session"
 
-    def __init__(self, spec, capacity: int, device):
-        super().__init__(capacity, device)
-        nxt, verdict, event, width = st.table("session")
-        self.next, self.verdict = _tensor(nxt, device), _tensor(verdict, device)
-        self.event = _tensor(event, device)
-        timeouts = st.session_timeouts_us(spec.timeouts)
-        self.timeouts = _tensor([timeouts[st.Session(st.decode(c)[0])] for c in range(width)],
-                                device)
-
-    def _timeout_of(self, slots):
-        return self.timeouts[self.table.cols["state"][slots]]
+    def __init__(self, spec, table, index: int, device):
+        super().__init__(table, index, device, st.session_timeouts_us(spec.timeouts))
 
     def snapshot(self) -> dict:
         """key -> (state, orient, last, binding, peer address, peer port), the reference's."""
-        return {k: (*st.decode(v[0]), *v[1:]) for k, v in self.table.items().items()}
+        return {k: (*st.decode(v[0]), *v[1:]) for k, v in self.items().items()}
 
     def process(self, sub: Sub):
         seg = sub.seg
         slots, existed = self._flows(sub)
-        s0 = self._column("state", slots, existed)
-        gap = previous_gap(sub.ts, seg, self._column("last", slots, existed), existed)
         cls = sub.cls * 2 + sub.dir
-        found, after, timed_out = fsm_scan(self.next, self.timeouts, cls, gap, seg, s0)
+        found, after, timed_out = self._scan(sub, cls, slots, existed)
         at = cls * self.next.shape[1] + found
         verdict, event = self.verdict.reshape(-1)[at], self.event.reshape(-1)[at]
         ok = verdict == st.Verdict.PASS
@@ -252,8 +292,8 @@ class _SessionKernel(_Stateful):
 class NatKernel(_SessionKernel):
     """Source NAT; the free bindings are a ring buffer (``head``, ``free``) on the device."""
 
-    def __init__(self, spec, capacity: int, device):
-        super().__init__(spec, capacity, device)
+    def __init__(self, spec, table, index: int, device):
+        super().__init__(spec, table, index, device)
         pool = pool_bindings(spec)
         self.pool_ip = _tensor([a for a, _ in pool], device)
         self.pool_port = _tensor([p for _, p in pool], device)
@@ -313,9 +353,9 @@ class NatKernel(_SessionKernel):
         slots = self._expired(now_us)
         order = _sorted_keys(self.table.k1[slots], self.table.k2[slots])
         slots = slots[order]
-        bindings = self.table.cols["binding"][slots]
+        bindings = self.col("binding")[slots]
         self._push(bindings[bindings >= 0])
-        self.table.delete(slots)
+        self.forget(slots)
 
     def in_use(self) -> int:
         return self.size - self.free - sum(int(p.numel()) for p in self.pending)
@@ -324,8 +364,8 @@ class NatKernel(_SessionKernel):
 class LoadBalancerKernel(_SessionKernel):
     """Maglev load balancer; the table and backend endpoints as tensors."""
 
-    def __init__(self, spec, capacity: int, device, backends: Backends | None = None):
-        super().__init__(spec, capacity, device)
+    def __init__(self, spec, table, index: int, device, backends: Backends | None = None):
+        super().__init__(spec, table, index, device)
         self.backends = backends or Backends(list(spec.backends), spec.table_size)
         self.vip = None if spec.vip == "any" else endpoint(spec.vip)
         self._load()
@@ -341,7 +381,7 @@ class LoadBalancerKernel(_SessionKernel):
         self._load()
 
     def start(self, sub: Sub, rows):
-        chosen = self.maglev[sub.hash[rows] % self.backends.size]
+        chosen = self.maglev[sub.fhash[sub.seg.index[rows]] % self.backends.size]
         if self.vip is not None:
             to_vip = sub.dst[rows] == self.vip[0]
             if self.vip[1]:
@@ -373,8 +413,8 @@ class MonitorKernel(_Stateful):
 
     columns = {"packets": 0, "bytes": 0, "first": 0, "last": 0}
 
-    def __init__(self, spec, capacity: int, device):
-        super().__init__(capacity, device)
+    def __init__(self, spec, table, index: int, device):
+        super().__init__(table, index, device)
         self.idle_us = int(round(spec.timeouts.established_s * 1e6))
         self.exported = 0
 
@@ -385,17 +425,17 @@ class MonitorKernel(_Stateful):
         size = torch.zeros(seg.count, dtype=torch.int64, device=self.device)
         size.index_add_(0, seg.index, sub.wire)
         first = torch.where(existed, self._column("first", slots, existed), sub.ts[seg.first])
-        self._store(sub, slots, existed, torch.ones_like(existed),
+        self._store(sub, slots, existed, None,
                     {"packets": self._column("packets", slots, existed) + count,
                      "bytes": self._column("bytes", slots, existed) + size,
                      "first": first, "last": sub.ts[seg.last]})
         return torch.zeros_like(sub.ts)
 
     def sweep(self, now_us: int) -> None:
-        slots = self.table.live_slots()
-        idle = slots[now_us - self.table.cols["last"][slots] > self.idle_us]
+        slots = self.held_slots()
+        idle = slots[now_us - self.col("last")[slots] > self.idle_us]
         self.exported += int(idle.numel())
-        self.table.delete(idle)
+        self.forget(idle)
 
 
 class RateLimiterKernel(_Stateful):
@@ -403,8 +443,8 @@ class RateLimiterKernel(_Stateful):
 
     columns = {"tokens": 0, "last": 0}
 
-    def __init__(self, spec, capacity: int, device):
-        super().__init__(capacity, device)
+    def __init__(self, spec, table, index: int, device):
+        super().__init__(table, index, device)
         self.rate = spec.rate_bytes_per_s
         self.cap = spec.burst_bytes * 1_000_000
         self.max_dt = -(-self.cap // self.rate)
@@ -431,6 +471,5 @@ class RateLimiterKernel(_Stateful):
             tokens[s] = tok - cost * passed
             last[s] = sub.ts[rows]
             verdict[rows] = torch.where(passed, 0, int(st.Verdict.RATE))
-        self._store(sub, slots, existed, torch.ones_like(existed),
-                    {"tokens": tokens, "last": last})
+        self._store(sub, slots, existed, None, {"tokens": tokens, "last": last})
         return verdict

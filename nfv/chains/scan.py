@@ -94,23 +94,74 @@ def previous_gap(ts, seg: Segments, last_seen, existed):
     return gap
 
 
-def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0):
+def quiet_rows(next_table, data_rows):
+    """Rows of ``next_table`` that keep every state the ``data_rows`` keep (for TCP: a
+    plain ACK keeps every state but the half-open one and NONE): packets of such rows
+    seldom change their flow's state."""
+    width = next_table.shape[1]
+    states = torch.arange(width, device=next_table.device)
+    kept = (next_table == states).all(0) if not data_rows else \
+        (next_table[data_rows] == states).all(0)
+    return ((next_table == states) | ~kept).all(1)
+
+
+def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
     """Run the machine ``next_table`` ([classes, W]) over the segments from states ``s0``.
 
     Returns (state each packet finds after time-outs, state after each packet,
-    whether the packet found its flow timed out). Both methods give that exact result;
-    the cheaper is chosen by a cost estimate: rounds cost a few small vector steps per
-    packet of the longest segment, a fixed-point pass a dozen steps over the whole batch
-    (about six passes for TCP flows), and a step's fixed cost is worth about 8k packets
-    of work on one core."""
+    whether the packet found its flow timed out).
+
+    Only the packets that may change their flow's state are stepped (``candidates``):
+    each flow's first packet, packets whose gap could pass a time-out and packets of
+    rows not ``quiet``. Every other packet finds the state its flow's latest candidate
+    left, one vectorised pass. That holds if each of them keeps the state it finds; the
+    ones that do not (a plain ACK finding a half-open TCP flow) join the candidates and
+    the candidates are stepped again, until none is left: the first such packet of each
+    flow is right after one more step, so this ends, and then every packet's state is
+    exactly the packet-by-packet one. The candidates are stepped by the cheaper of
+    rounds and the fixed point (``_step``)."""
     n = int(cls.shape[0])
-    if seg.longest <= ROUND_STEPS_PER_PASS * (1 + n // 8192):
-        found, after = scan_by_rounds(next_table, timeouts, cls, gap, seg, s0)
+    if n == 0:
+        empty = torch.zeros(0, dtype=torch.int64, device=cls.device)
+        return empty, empty, empty.bool()
+    flat = next_table.reshape(-1)
+    base = cls * next_table.shape[1]
+    start = torch.zeros(n, dtype=torch.bool, device=cls.device)
+    start[seg.first] = True
+    if quiet is None:
+        cand = torch.ones_like(start)
     else:
-        found, after = scan_to_fixed_point(next_table, timeouts, cls, gap, seg, s0)
+        cand = start | (gap > timeouts[1:].min()) | ~quiet[cls]
+    while True:
+        rows = torch.nonzero(cand).squeeze(1)
+        if rows.numel() == n:
+            found, after = _step(next_table, timeouts, cls, gap, seg, s0)
+            break
+        sid = seg.index[rows]
+        sub = Segments.of(sid, torch.zeros_like(sid))
+        c_found, c_after = _step(next_table, timeouts, cls[rows], gap[rows], sub, s0)
+        rank = torch.cumsum(cand, 0) - 1  # the latest candidate at or before each packet
+        after = c_after[rank]
+        found = after.clone()
+        found[rows] = c_found
+        wrong = ~cand & (flat[base + after] != after)
+        if not bool(wrong.any()):
+            break
+        cand |= wrong
     timed_out = (found != 0) & (gap > timeouts[found])
     found_eff = torch.where(timed_out, torch.zeros_like(found), found)
     return found_eff, after, timed_out
+
+
+def _step(next_table, timeouts, cls, gap, seg: Segments, s0):
+    """(found, after) by rounds or the fixed point, whichever a cost estimate says is
+    cheaper: rounds cost a few small vector steps per packet of the longest segment, a
+    fixed-point pass a dozen steps over the whole batch (about six passes for TCP
+    flows), and a step's fixed cost is worth about 8k packets of work on one core."""
+    n = int(cls.shape[0])
+    if seg.longest <= ROUND_STEPS_PER_PASS * (1 + n // 8192):
+        return scan_by_rounds(next_table, timeouts, cls, gap, seg, s0)
+    return scan_to_fixed_point(next_table, timeouts, cls, gap, seg, s0)
 
 
 def scan_by_rounds(next_table, timeouts, cls, gap, seg: Segments, s0):
