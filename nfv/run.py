@@ -164,7 +164,7 @@ def build_report(config: NfConfig, trace: Trace, engine: str, result: EngineResu
             digest=_digest(m))
     payload = int(trace.msg_len.sum())
     lat = result.latency_us if len(result.latency_us) else np.zeros(1)
-    p50, p90, p99 = np.percentile(lat, [50, 90, 99])
+    p50, p90, p99 = _percentiles(lat, (50, 90, 99))
     wall = time.perf_counter() - started if started is not None else \
         parse_s + result.startup_s + result.elapsed_s
     stages = dict(stages or {})
@@ -185,6 +185,16 @@ def build_report(config: NfConfig, trace: Trace, engine: str, result: EngineResu
         calibration={k: float(v) for k, v in result.rates.items()},
         malformed=dict(trace.malformed), tcp=dict(trace.tcp), alerts=alerts,
         outputs=NfOutputs(**outputs))
+
+
+def _percentiles(values: np.ndarray, qs: tuple[float, ...]) -> list[float]:
+    """``np.percentile(values, qs)`` (linear interpolation between the closest ranks),
+    without its import of ``numpy.ma`` (10 ms of a run)."""
+    s = np.sort(values)
+    pos = np.asarray(qs, dtype=np.float64) / 100 * (len(s) - 1)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, len(s) - 1)
+    return (s[lo] + (s[hi] - s[lo]) * (pos - lo)).tolist()
 
 
 def digests(report: NfvReport) -> dict[str, str]:

@@ -110,7 +110,8 @@ class Chain:
         ``cpu`` per message. ``payload``: the trace's payload, for a block of offsets.
         """
         data, starts = block.bytes_and_starts(payload)
-        for flow in np.unique(block.flow).tolist():
+        # (counts asked for: a plain np.unique imports numpy.ma, 10 ms of a run)
+        for flow in np.unique(block.flow, return_counts=True)[0].tolist():
             if flow not in states:
                 states[flow] = [nf.cpu_state(flow) for nf in self.nfs]
         alive = np.ones(len(block), dtype=bool)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import time
 
-import ahocorasick_rs
 import numpy as np
 
 try:
@@ -52,7 +51,10 @@ class _Side:
         self.lengths = np.array([len(p) for p in patterns], dtype=np.int64)
         self.node_text = list(self.automaton.node_text)
         self.hs = _hyperscan_database(patterns) if hyperscan is not None else None
-        self.matcher = None if self.hs is not None else ahocorasick_rs.BytesAhoCorasick(patterns)
+        self.matcher = None
+        if self.hs is None:  # imported only here: most runs have hyperscan
+            import ahocorasick_rs
+            self.matcher = ahocorasick_rs.BytesAhoCorasick(patterns)
 
     def ending_after(self, hay: bytes, skip: int) -> list[int]:
         """Pattern ids of every occurrence in ``hay`` that ends after its first ``skip`` bytes."""
