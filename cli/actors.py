@@ -240,7 +240,7 @@ def status(cluster_path: str, as_json: bool) -> None:
 @click.option("--sizes", default="100,500,2000", show_default=True,
               help="Comma-separated numbers of flows to migrate.")
 @click.option("--no-recovery", is_flag=True,
-              help="Skip the recovery measurement (it kills the third runtime).")
+              help="Skip the recovery measurement (it kills the third live runtime).")
 @output_option("Write the measurements to this file (.json).", suffixes=JSON_SUFFIXES)
 @json_option
 def bench(cluster_path: str, trace_path: str | None, chain_path: str | None, sizes: str,
@@ -248,8 +248,10 @@ def bench(cluster_path: str, trace_path: str | None, chain_path: str | None, siz
     """Measure a running cluster: packets/s and latency with and without replication,
     migration time actor vs central, recovery time after kill -9.
 
-    The recovery measurement kills the cluster's third runtime (last, so the
-    others are measured on the whole cluster).
+    Measured on the runtimes live now: a cluster that lost one is measured on
+    the rest. The recovery measurement kills the third live runtime (last, so
+    the others are measured on the whole cluster); with fewer than three live
+    it is skipped, with a note.
 
     \b
     Example:

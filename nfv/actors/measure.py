@@ -1,18 +1,24 @@
 """NFVactor's measurements: throughput, latency, migration time, recovery time.
 
-``bench`` runs, against one running cluster of at least three runtimes:
+``bench`` runs against the live runtimes of one running cluster (two at least; a
+cluster that lost a runtime is measured on the rest):
 
 * **throughput**: the trace replayed as fast as a window of outstanding packets allows,
   with replication on and off; packets/s in all and per runtime (all / runtimes);
-* **latency**: the trace at a fixed rate low enough not to queue, with replication on
-  and off; p50/p99 of send-to-output time per packet (the added latency of output
-  commit is the difference);
-* **migration**: for each size N, 3N idle flows (so the first runtime holds N), then N
-  of them moved from the first runtime to the second, in actor and in central mode;
-  completion time from the switch's command to the last flow's confirmation;
-* **recovery** (last, as it kills a runtime): kill -9 of the third runtime midway through
-  a replay; detection (silence until declared dead) and takeover (declaration until
-  every affected flow has committed what was outstanding and has a new replica).
+* **latency**: the trace's first packets (2,000) at a fixed rate far below saturation
+  (1,000 packets/s, one packet a message), with replication off and on in turn, five
+  pairs of runs: p50/p99 of send-to-output time per packet, the median over the runs,
+  and the added latency of output commit as the on-minus-off difference of each pair
+  (median, least and most: the spread says how much of it is scheduling noise);
+* **migration**: for each size N, N idle flows per live runtime (so the first holds N),
+  then N of them moved from the first live runtime to the second, in actor and in
+  central mode; completion time from the switch's command to the last flow's
+  confirmation; ``speedup`` is central over actor at the size nearest 500 flows;
+* **recovery** (last, as it kills a runtime): kill -9 of the third live runtime midway
+  through a replay; detection (silence until declared dead) and takeover (declaration
+  until every affected flow has committed what was outstanding and has a new replica).
+  It needs three live runtimes (two remain to take over), and is skipped with a note
+  (``recovery_skipped``) otherwise.
 
 Every replay's outputs are checked against the first run's (and a failure is
 ``DlNfvError``), so the figures are of runs that lost and duplicated nothing.
@@ -20,11 +26,15 @@ Every replay's outputs are checked against the first run's (and a failure is
 
 from __future__ import annotations
 
+import numpy as np
+
 from dl_nfv.artifacts.errors import DlNfvError
 
-from .client import Action, migrate, replay
+from .client import Action, migrate, replay, status
 from .cluster import ClusterSpec
 from .traffic import interleaved
+
+GOAL_FLOWS = 500  # the size the migration goal is stated at (``speedup``)
 
 
 def _checked(result: dict, reference: str | None, what: str) -> dict:
@@ -36,17 +46,26 @@ def _checked(result: dict, reference: str | None, what: str) -> dict:
     return result
 
 
+def live_runtimes(spec: ClusterSpec) -> list[str]:
+    """The runtimes the switch holds live now, in the cluster file's order."""
+    runtimes = status(spec)["runtimes"]
+    return [name for name in spec.runtime_names if runtimes[name]["live"]]
+
+
 def bench(spec: ClusterSpec, packets: list, chain: dict, *, sizes: tuple[int, ...] = (100, 500,
                                                                                       2000),
-          latency_rate_pps: float = 1000, repeats: int = 1, recovery: bool = True) -> dict:
-    """The measurements of the module docstring, as plain data."""
-    if len(spec.runtimes) < 3:
-        raise DlNfvError(f"the bench needs 3 runtimes or more, the cluster has "
-                         f"{len(spec.runtimes)}")
-    first, second, third = spec.runtime_names[:3]
-    runtimes = len(spec.runtimes)
+          latency_rate_pps: float = 1000, latency_packets: int = 2000, latency_repeats: int = 5,
+          repeats: int = 1, recovery: bool = True) -> dict:
+    """The measurements of the module docstring, as plain data, on the runtimes that are
+    live now (a cluster that lost a runtime is measured on the rest)."""
+    live = live_runtimes(spec)
+    if len(live) < 2:
+        raise DlNfvError(f"the bench needs 2 live runtimes or more, the cluster has "
+                         f"{len(live)} ({', '.join(live) or 'none'})")
+    first, second = live[:2]
+    runtimes = len(live)
     reference = None
-    throughput, latency = {}, {}
+    throughput = {}
     for replication in (False, True):
         key = "replication" if replication else "no_replication"
         best = None
@@ -57,33 +76,73 @@ def bench(spec: ClusterSpec, packets: list, chain: dict, *, sizes: tuple[int, ..
             best = run if best is None or run["packets_per_s"] > best["packets_per_s"] else best
         throughput[key] = {"packets_per_s": best["packets_per_s"],
                            "per_runtime": best["packets_per_s"] / runtimes}
-        run = _checked(replay(spec, packets, chain, replication=replication,
-                              rate_pps=latency_rate_pps, batch=1), reference,
-                       f"latency run ({key})")
-        latency[key] = {k: run["latency_us"][k] for k in ("p50", "p99")}
+    latency = _latency(spec, packets[:latency_packets], chain, latency_rate_pps,
+                       latency_repeats)
+    migration = _migrations(spec, chain, sizes, first, second, runtimes)
+    ratios = speedups({"migration": migration})
+    goal = min(ratios, key=lambda n: abs(n - GOAL_FLOWS))
+    result = {"kind": "actors-bench", "speedup": ratios[goal], "speedup_flows": goal,
+              "packets": len(packets), "runtimes": runtimes, "live": live,
+              "throughput": throughput, "latency_us": latency,
+              "latency_rate_pps": latency_rate_pps,
+              "latency_packets": min(latency_packets, len(packets)), "migration": migration}
+    if not recovery:
+        return result
+    if len(live) < 3:
+        result["recovery_skipped"] = (f"recovery needs a third live runtime to kill (and two "
+                                      f"to take over), the cluster has {len(live)}")
+        return result
+    victim = live[2]
+    run = _checked(replay(spec, packets, chain, rate_pps=max(len(packets) / 2, 100),
+                          window=512, batch=8, actions=(Action(len(packets) // 2, "kill", victim),)),
+                   reference, "recovery run")
+    event = [e for e in run["status"]["events"] if e.get("runtime") == victim][-1]
+    result["recovery"] = {"runtime": victim, "detection_ms": event["detection_ms"],
+                          "takeover_ms": event["takeover_ms"],
+                          "flows_promoted": event["promoted"],
+                          "flows_rereplicated": event["rereplicated"],
+                          "heartbeat_timeout_ms": spec.heartbeat_timeout_ms}
+    return result
+
+
+def _latency(spec: ClusterSpec, packets: list, chain: dict, rate_pps: float,
+             repeats: int) -> dict:
+    """Send-to-output latency of ``packets`` at ``rate_pps``, one packet a message, with
+    replication off and on in turn, ``repeats`` pairs: per setting the median over the runs
+    of each run's p50 and p99 (and every run's), and ``added``: replication on minus off
+    per pair, its median, least and most."""
+    runs: dict[str, list] = {"no_replication": [], "replication": []}
+    reference = None
+    for _ in range(repeats):
+        for replication in (False, True):
+            key = "replication" if replication else "no_replication"
+            run = _checked(replay(spec, packets, chain, replication=replication,
+                                  rate_pps=rate_pps, batch=1), reference, f"latency run ({key})")
+            reference = reference or run["digest"]
+            runs[key].append(run["latency_us"])
+    result: dict = {}
+    for key, got in runs.items():
+        result[key] = {q: float(np.median([r[q] for r in got])) for q in ("p50", "p99")}
+        result[key]["runs"] = [{q: r[q] for q in ("p50", "p99")} for r in got]
+    added = {}
+    for q in ("p50", "p99"):
+        diffs = [on[q] - off[q] for on, off in zip(runs["replication"], runs["no_replication"])]
+        added[q] = {"median": float(np.median(diffs)), "min": min(diffs), "max": max(diffs)}
+    result["added"] = added
+    return result
+
+
+def _migrations(spec: ClusterSpec, chain: dict, sizes: tuple[int, ...], source: str,
+                destination: str, runtimes: int) -> list[dict]:
     migration = []
     for size in sizes:
         flows = interleaved(size * runtimes, 3, seed=size)
         for mode in ("actor", "central"):
             replay(spec, flows, chain, window=2048, batch=64)
-            done = migrate(spec, size, first, second, mode)
+            done = migrate(spec, size, source, destination, mode)
             migration.append({"flows": size, "mode": mode,
                               "completion_ms": done["completion_ms"]})
-    result = {"packets": len(packets), "runtimes": runtimes, "throughput": throughput,
-              "latency_us": latency, "latency_rate_pps": latency_rate_pps,
-              "migration": migration}
-    if recovery:
-        run = _checked(replay(spec, packets, chain, rate_pps=max(len(packets) / 2, 100),
-                              window=512, batch=8,
-                              actions=(Action(len(packets) // 2, "kill", third),)),
-                       reference, "recovery run")
-        event = next(e for e in run["status"]["events"] if e.get("runtime") == third)
-        result["recovery"] = {"runtime": third, "detection_ms": event["detection_ms"],
-                              "takeover_ms": event["takeover_ms"],
-                              "flows_promoted": event["promoted"],
-                              "flows_rereplicated": event["rereplicated"],
-                              "heartbeat_timeout_ms": spec.heartbeat_timeout_ms}
-    return result
+    return migration
 
 
 def speedups(result: dict) -> dict[int, float]:

@@ -92,6 +92,13 @@ def render_bench(result: dict):
         t, lat = result["throughput"][key], result["latency_us"][key]
         rates.add_row(label, f"{t['packets_per_s']:.0f}", f"{t['per_runtime']:.0f}",
                       f"{lat['p50']:.0f}", f"{lat['p99']:.0f}")
+    added = result["latency_us"].get("added")
+    if added is not None:
+        p99 = added["p99"]
+        rates.caption = (f"replication adds {p99['median']:.0f} us at p99 (median of "
+                         f"{len(result['latency_us']['replication']['runs'])} pairs, "
+                         f"{p99['min']:.0f} to {p99['max']:.0f}) at "
+                         f"{result['latency_rate_pps']:.0f} packets/s")
     moves = Table(title="migration completion")
     for name in ("flows", "actor ms", "central ms", "central / actor"):
         moves.add_column(name, justify="right")
@@ -109,4 +116,6 @@ def render_bench(result: dict):
                     f"{r['takeover_ms']:.1f}", str(r["flows_promoted"]),
                     str(r["flows_rereplicated"]))
         parts.append(rec)
+    elif "recovery_skipped" in result:
+        parts.append(f"recovery not measured: {result['recovery_skipped']}")
     return Group(*parts)

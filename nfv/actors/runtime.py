@@ -20,13 +20,17 @@ the switch has let out). The runtime's rules:
 * **Promote** turns a replica into the primary (or makes a fresh actor when the replica
   had not seen the flow yet) and snapshots it to the new replica; **rereplicate**
   snapshots a primary to a new replica.
-* **Migration** (decentralised): ``prepare`` makes an actor that holds the packets the
-  switch now routes here; ``migrate_out`` sends the source actors' states straight to
-  the destination in one message; ``migrate_in`` installs them, snapshots them to their
-  replicas and replays the held packets in order. The state may arrive before
-  ``prepare`` (the two come from different senders, and a receiver takes its senders'
-  messages in turn): it waits for ``prepare``, which then installs it. **Central** (OpenNF): ``export``
-  sends each flow's state to the switch's controller, ``import`` installs one.
+* **Migration** (decentralised): ``migrate_out`` sends the source actors' states
+  straight to the destination in one message, and the switch routes the flows' next
+  packets to the destination. A packet of a flow with no primary here that is not the
+  flow's first (``seq`` > 1) belongs to a flow whose state is on its way: the runtime
+  makes a *held* actor that keeps the packets. ``migrate_in`` installs the states and
+  replays the held packets in order. Either may come first (they come from different
+  senders, and a receiver takes its senders' messages in turn). The replica needs no
+  snapshot: an unchanged replica applies the source's deltas and then the
+  destination's, in sequence; when a flow moves onto its replica's runtime, the source
+  keeps the state it sent as the new replica. **Central** (OpenNF): ``export`` sends
+  each flow's state to the switch's controller, ``import`` installs one.
 
 Messages from a runtime the switch declared dead are ignored. Run as
 ``python -m dl_nfv.nfv.actors.runtime CLUSTER NAME``.
@@ -60,7 +64,7 @@ SESSION_KINDS = frozenset({"deltas", "snapshot", "migrate_in", "acks", "replicat
 class FlowActor:
     """The state of one flow on one runtime, and what the actor still owes the switch."""
 
-    __slots__ = ("flow", "seq", "states", "log", "replica", "held", "ahead")
+    __slots__ = ("flow", "seq", "states", "log", "replica", "held", "ahead", "backup")
 
     def __init__(self, flow: int, states: tuple, replica: str | None = None) -> None:
         self.flow = flow
@@ -70,6 +74,7 @@ class FlowActor:
         self.replica = replica
         self.held: list | None = None  # packets held while the state is on its way
         self.ahead: dict[int, tuple] = {}  # replica: deltas that arrived ahead of a gap
+        self.backup: FlowActor | None = None  # held: this runtime's replica of the flow
 
     def trim(self, committed: int) -> None:
         if self.log and min(self.log) <= committed:
@@ -91,7 +96,6 @@ class Runtime:
         self.chain: Chain = build_chain({"chain": [{"nf": "flow-monitor"}]})
         self.primaries: dict[int, FlowActor] = {}
         self.replicas: dict[int, FlowActor] = {}
-        self.early: dict[int, tuple] = {}  # migrated states that arrived before ``prepare``
         self.dead: set[str] = set()
         self.processed = 0
         self.running = True
@@ -182,7 +186,6 @@ class Runtime:
         document, self.session = payload
         self.primaries.clear()
         self.replicas.clear()
-        self.early.clear()
         self.processed = 0
         self.built = built = []
         self.loader = threading.Thread(target=lambda: built.append(build_chain(document)),
@@ -215,6 +218,9 @@ class Runtime:
             actor = self.primaries.get(flow)
             if actor is None:
                 actor = self.primaries[flow] = FlowActor(flow, self.chain.initial(), replica)
+                if seq > 1:  # not the flow's first packet: its state is migrating here
+                    actor.held = []
+                    actor.backup = self.replicas.pop(flow, None)
             if actor.held is not None:
                 actor.held.append((seq, committed, packet))
             else:
@@ -298,63 +304,73 @@ class Runtime:
                 self.acks.extend((flow, s, o) for s, o in sorted(actor.log.items()))
 
     # Migration ----------------------------------------------------------------------------
-    def on_prepare(self, sender: str, batch: list) -> None:
-        installed = []
-        for flow, replica in batch:
-            self.replicas.pop(flow, None)
-            actor = self.primaries[flow] = FlowActor(flow, self.chain.initial(), replica)
-            actor.held = []
-            if (snapshot := self.early.pop(flow, None)) is not None:
-                self.install(actor, snapshot)
-                installed.append(flow)
-        if installed:
-            self.tell(self.switch, "migrated", installed)
+    def give_away(self, flows: list) -> list[tuple]:
+        """The states of the primaries ``flows`` (``(flow, committed, replica)``) for a
+        migration: ``(flow, seq, states, log, replica)``, the log trimmed to what the
+        switch has not let out. An actor whose new replica is this runtime (the flow moves
+        onto its replica's runtime) stays here as the replica: it holds the state sent."""
+        given = []
+        pop, name, replicas = self.primaries.pop, self.name, self.replicas
+        for flow, committed, replica in flows:
+            actor = pop(flow, None)
+            if actor is None:
+                continue
+            log = actor.log
+            if log:
+                log = {s: o for s, o in log.items() if s > committed} if max(log) > committed \
+                    else {}
+            given.append((flow, actor.seq, actor.states, log, replica))
+            if replica == name:
+                actor.replica, actor.log = None, dict(log)
+                replicas[flow] = actor
+        return given
 
     def on_migrate_out(self, sender: str, payload) -> None:
         destination, flows = payload
-        states = [actor.snapshot() for f in flows
-                  if (actor := self.primaries.pop(f, None)) is not None]
-        self.tell(self.addresses[destination], "migrate_in", states)
+        self.tell(self.addresses[destination], "migrate_in", self.give_away(flows))
 
     def on_migrate_in(self, sender: str, batch: list) -> None:
         installed = []
-        for snapshot in batch:
-            flow = snapshot[0]
-            actor = self.primaries.get(flow)
-            if actor is None:
-                # The state overtook the switch's ``prepare`` (another sender: a backlog
-                # of packets ahead of it from the switch); kept until ``prepare`` comes.
-                self.early[flow] = snapshot
+        primaries, replicas = self.primaries, self.replicas
+        for flow, seq, states, log, replica in batch:
+            actor = primaries.get(flow)
+            if actor is None:  # before any packet of the flow came here
+                replicas.pop(flow, None)
+                actor = primaries[flow] = FlowActor(flow, states, replica)
+                actor.seq, actor.log = seq, log
+                if log and replica == sender:
+                    self.acks.extend((flow, s, o) for s, o in sorted(log.items()))
             elif actor.held is not None:
-                self.install(actor, snapshot)
-                installed.append(flow)
-        if installed:
-            self.tell(self.switch, "migrated", installed)
+                self.install(actor, seq, states, log, sender)
+            else:
+                continue  # installed already
+            installed.append(flow)
+        self.tell(self.switch, "migrated", installed)
 
-    def install(self, actor: FlowActor, snapshot: tuple) -> None:
-        """Install a migrated flow's state in its prepared actor, snapshot it to the
-        replica and process the packets held meanwhile, in order."""
-        _, seq, states, log = snapshot
-        held, actor.held = actor.held, None
-        actor.seq, actor.states, actor.log = seq, states, dict(log)
-        if actor.replica is not None:
-            self.snapshots[actor.replica].append(actor.snapshot())
+    def install(self, actor: FlowActor, seq: int, states: tuple, log: dict, source: str
+                ) -> None:
+        """Install a migrated flow's state in its held actor and process the packets held
+        meanwhile, in order. The replica needs no snapshot (module docstring); when it is
+        the source, which holds this very state, the outputs logged are replicated, and
+        acknowledged here."""
+        held, actor.held, actor.backup = actor.held, None, None
+        actor.seq, actor.states, actor.log = seq, states, log
+        if log and actor.replica is not None and actor.replica == source:
+            self.acks.extend((actor.flow, s, o) for s, o in sorted(log.items()))
         for seq, committed, packet in held:
             self.process(actor, seq, committed, packet)
 
     def on_export(self, sender: str, flows: list) -> None:
-        for flow in flows:
-            actor = self.primaries.pop(flow, None)
-            if actor is not None:
-                self.tell(self.switch, "state", actor.snapshot())
+        for state in self.give_away(flows):
+            self.tell(self.switch, "state", state)
 
     def on_import(self, sender: str, payload) -> None:
-        (flow, seq, states, log), replica = payload
+        (flow, seq, states, log, replica), source = payload
         self.replicas.pop(flow, None)
         actor = self.primaries[flow] = FlowActor(flow, states, replica)
-        actor.seq, actor.log = seq, dict(log)
-        if replica is not None:
-            self.snapshots[replica].append(actor.snapshot())
+        actor.seq, actor.log = seq, log
+        if log and replica is not None and replica == source:  # as ``install``
+            self.acks.extend((flow, s, o) for s, o in sorted(log.items()))
         self.tell(self.switch, "imported", flow)
 
 

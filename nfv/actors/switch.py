@@ -31,6 +31,7 @@ import gc
 import os
 import time
 from collections import defaultdict
+from itertools import islice
 
 from .chain import flow_key
 from .cluster import ClusterSpec, load_cluster
@@ -75,7 +76,7 @@ class RuntimeView:
 
 class Migration:
     __slots__ = ("reply", "mode", "source", "destination", "waiting", "started", "flows",
-                 "imported")
+                 "imported", "replicas")
 
     def __init__(self, reply, mode, source, destination, flows) -> None:
         self.reply, self.mode = reply, mode
@@ -83,6 +84,7 @@ class Migration:
         self.flows = [f.id for f in flows]
         self.waiting = set(self.flows)
         self.imported: set[int] = set()  # central mode: flows whose state is in
+        self.replicas: dict[int, str | None] = {}  # each flow's replica before the move
         self.started = time.perf_counter()
 
 
@@ -364,36 +366,39 @@ class Switch:
             if name not in self.runtimes:
                 problem = f"no runtime {name!r} in the cluster"
             elif not self.runtimes[name].live:
-                problem = f"runtime {name!r} is not live"
+                problem = (f"runtime {name!r} is not live (live: "
+                           f"{', '.join(self.live()) or 'none'})")
         if problem is None and source == destination:
             problem = f"the flows are on {source!r} already: migrate them to another runtime"
-        candidates = [f for f in self.by_id if f.primary == source and f.mode == NORMAL
-                      and f.id not in self.migrations]
-        if problem is None and len(candidates) < payload["flows"]:
-            problem = (f"runtime {source!r} holds {len(candidates)} flows that can move, "
+        movable = (f for f in self.by_id if f.primary == source and f.mode == NORMAL
+                   and f.id not in self.migrations)
+        flows = list(islice(movable, payload["flows"]))
+        if problem is None and len(flows) < payload["flows"]:
+            problem = (f"runtime {source!r} holds {len(flows)} flows that can move, "
                        f"fewer than the {payload['flows']} asked for")
         if problem is not None:
             self.endpoint.send(reply, "migrate_error", problem)
             return
-        flows = candidates[:payload["flows"]]
         migration = Migration(reply, payload["mode"], source, destination, flows)
         for flow in flows:
             self.migrations[flow.id] = migration
-        self.flush()  # packets routed to the source so far go before the commands
+        self.flush()  # packets routed to the source so far go before the command
+        # A flow moved onto its replica's runtime gets the source as its replica, which
+        # keeps the state it sends as the replica's copy.
+        given = []
+        for flow in flows:
+            migration.replicas[flow.id] = flow.replica
+            if flow.replica == destination:
+                flow.replica = source
+            given.append((flow.id, flow.committed, flow.replica))
         if payload["mode"] == "central":
             for flow in flows:
                 flow.mode = BUFFERED
-            self.endpoint.send(self.runtimes[source].address, "export", migration.flows)
+            self.endpoint.send(self.runtimes[source].address, "export", given)
             return
-        batch = []
-        for flow in flows:
-            if flow.replica == destination:
-                flow.replica = source if self.replication else None
+        self.endpoint.send(self.runtimes[source].address, "migrate_out", (destination, given))
+        for flow in flows:  # the flows' next packets go to the destination, which holds them
             flow.primary = destination
-            batch.append((flow.id, flow.replica))
-        self.endpoint.send(self.runtimes[destination].address, "prepare", batch)
-        self.endpoint.send(self.runtimes[source].address, "migrate_out",
-                           (destination, migration.flows))
 
     def on_migrated(self, sender: str, flows: list) -> None:
         for flow_id in flows:
@@ -404,11 +409,8 @@ class Switch:
         migration = self.migrations.get(snapshot[0])
         if migration is None:
             return
-        flow = self.by_id[snapshot[0]]
-        if flow.replica == migration.destination:
-            flow.replica = migration.source if self.replication else None
         self.endpoint.send(self.runtimes[migration.destination].address, "import",
-                           (snapshot, flow.replica))
+                           (snapshot, migration.source))
 
     def on_imported(self, sender: str, flow_id: int) -> None:
         """Central mode, as OpenNF's move: once every flow's state is in at the destination,

@@ -70,10 +70,14 @@ def test_bad_migrations_name_the_problem(cluster):
 
 
 @pytest.mark.parametrize("state_first", [False, True])
-def test_migrated_state_may_arrive_before_prepare(tmp_path, state_first):
+@pytest.mark.parametrize("replica", [None, "rt1"])
+def test_migrated_state_may_arrive_before_or_after_the_packets(tmp_path, state_first, replica):
     """The destination takes its senders' messages in turn, so the source's state can
-    overtake the switch's ``prepare``: either order installs the state, processes the
-    held packets after it, and reports the flow migrated once."""
+    come before or after the flow's next packets from the switch: either order installs
+    the state, processes the held packets after it, and reports the flow migrated once.
+    Moving a flow onto its replica's runtime (replica "rt1", the source) leaves the
+    source holding the state as the replica, which then applies the destination's
+    deltas."""
     from dl_nfv.nfv.actors.runtime import Runtime
 
     path = tmp_path / "cluster.yaml"
@@ -87,27 +91,36 @@ def test_migrated_state_may_arrive_before_prepare(tmp_path, state_first):
         source.chain = destination.chain = build_chain(document)
         half = len(lane) // 2
         source.on_packets("switch", [(0, s + 1, None, 0, p) for s, p in enumerate(lane[:half])])
+        assert [seq for _, seq, _ in source.acks] == list(range(1, half + 1))
         told = []
         destination.tell = lambda address, kind, body: told.append((kind, body))
         source.tell = lambda address, kind, body: told.append((kind, body))
-        source.on_migrate_out("switch", ("rt2", [0]))
-        (_, states), = told
+        source.on_migrate_out("switch", ("rt2", [(0, half, replica)]))
+        (kind, states), = told
+        assert kind == "migrate_in" and 0 not in source.primaries
+        assert (0 in source.replicas) == (replica == "rt1")
         told.clear()
-        later = [(0, half + 1 + s, None, 0, p) for s, p in enumerate(lane[half:])]
+        later = [(0, half + 1 + s, replica, half, p) for s, p in enumerate(lane[half:])]
         if state_first:
             destination.on_migrate_in("rt1", states)
-            assert told == []
-            destination.on_prepare("switch", [(0, None)])
             destination.on_packets("switch", later)
         else:
-            destination.on_prepare("switch", [(0, None)])
             destination.on_packets("switch", later)  # held until the state is in
-            assert destination.primaries[0].seq == 0
+            assert destination.primaries[0].seq == 0 and destination.primaries[0].held
+            assert told == []
             destination.on_migrate_in("rt1", states)
         assert told == [("migrated", [0])]
         actor = destination.primaries[0]
-        assert actor.held is None and 0 not in source.primaries
-        assert (actor.seq, actor.states) == expected[0]
+        assert actor.held is None and (actor.seq, actor.states) == expected[0]
+        if replica == "rt1":
+            source.on_deltas("rt2", destination.deltas["rt1"])
+            copy = source.replicas[0]
+            assert (copy.seq, copy.states) == expected[0]
+            assert [seq for _, seq, _ in source.acks[half:]] == list(range(half + 1,
+                                                                           len(lane) + 1))
+        else:
+            assert [seq for _, seq, _ in destination.acks] == list(range(half + 1,
+                                                                        len(lane) + 1))
     finally:
         source.endpoint.close()
         destination.endpoint.close()
