@@ -166,15 +166,18 @@ def test_plan_sfb_command_writes_the_plan_and_refuses_an_infeasible_one(tmp_path
     assert len(result.stderr.splitlines()) == 1 and result.stdout == ""
 
 
-@pytest.mark.parametrize("batch_size, seq_len", [(8, 64)])
-def test_gpt2_small_across_a_slow_link_switches_its_large_linear_layers(batch_size, seq_len):
-    # GPT-2 small (12 blocks, d 768), data parallel over 2 hosts x 4 A100s joined by 25 Gbps:
-    # 64 rows per replica, so a block's qkv (768 x 2304), fc (768 x 3072) and mlp
-    # (3072 x 768) gradients dwarf their factors; the embedding and the norms have none
+def _gpt2_small(batch_size: int, seq_len: int):
     g = gpt2(layers=12, d_model=768, heads=12, seq_len=seq_len, batch_size=batch_size,
              name="gpt2")
     t = load(EXAMPLES / "topologies" / "a100-2x4-25g.yaml", expect="topology")
-    dp = get("dp")(g, t, seed=0)
+    return g, t, get("dp")(g, t, seed=0)
+
+
+def test_gpt2_small_across_a_slow_link_switches_its_large_linear_layers():
+    # GPT-2 small (12 blocks, d 768), data parallel over 2 hosts x 4 A100s joined by 25 Gbps,
+    # 8 sequences of 64 tokens: 64 rows per replica, so a block's qkv (768 x 2304), fc
+    # (768 x 3072) and mlp (3072 x 768) gradients dwarf their factors
+    g, t, dp = _gpt2_small(8, 64)
     out, report = apply_sfb(dp, g, t)
     big = {f"h{i}_{name}" for i in range(12) for name in ("qkv", "fc", "mlp")}
     assert big <= set(report["layers"])
@@ -183,3 +186,12 @@ def test_gpt2_small_across_a_slow_link_switches_its_large_linear_layers(batch_si
     slow = report["bytes_by_link_class"]["25 Gbps"]
     assert slow["after"] < slow["before"]
     json.dumps(report)  # a plain document
+
+
+def test_gpt2_small_at_a_large_batch_keeps_allreduce():
+    # 32 x 1024 tokens: 4096 rows per replica x (768 + 3072) outweighs 768 x 3072
+    g, t, dp = _gpt2_small(32, 1024)
+    out, report = apply_sfb(dp, g, t)
+    assert report["candidates"] == [] and report["layers"] == []
+    assert out.prediction.iteration_ms == pytest.approx(dp.prediction.iteration_ms, abs=1e-6)
+    assert all(x.compression is Compression.NONE for x in out.groups)
