@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..traffic.pcap import TCP, UDP
 from .flowtable import DeviceFlowTable
 from .kernels import (
     HOLDERS,
@@ -163,6 +164,9 @@ class TensorChain:
         self.nfs = [KERNELS[s.nf.value](s, self.table, k, self.device)
                     for k, s in enumerate(specs)]
         self.sweeper = _Sweeper(sweep_interval_s)
+        # states.packet_class of a TCP packet by its flags' low five bits (SYN, ACK, FIN, RST)
+        self.flag_class = torch.tensor([packet_class(f, TCP, 0) for f in range(32)],
+                                       dtype=torch.int64, device=self.device)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -206,7 +210,7 @@ class TensorChain:
         sub = Sub(ts=s["ts_us"], src=s["src"], dst=s["dst"], sport=s["sport"], dport=s["dport"],
                   proto=s["proto"], flags=s["flags"], wire=s["wire_bytes"], k1=k1, k2=k2,
                   dir=direction, arrival=order, seg=full, slots=slots, held=held, fhash=fhash,
-                  cls=packet_class(s["flags"], s["proto"], 0))
+                  cls=self.flag_class[s["flags"] & 0x1F] + (s["proto"] == UDP) * 16)
         stage = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         reason = torch.zeros(n, dtype=torch.int64, device=self.device)
         rows = None  # the packets still alive (None: all of them)

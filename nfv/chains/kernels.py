@@ -274,14 +274,14 @@ class _SessionKernel(_Machine):
 
     def _releases(self, sub, seg, timed_out, event, ok, binding, begun, table_binding):
         """Bindings of sessions that ended in this batch, in arrival order."""
-        n = sub.ts.shape[0]
-        idx = torch.arange(n, device=sub.ts.device)
-        prev_pos = torch.where(seg.pos > 0, idx - 1, torch.full_like(idx, -1))
-        prev_binding = torch.where(prev_pos >= 0, binding[torch.clamp(prev_pos, min=0)],
-                                   table_binding)
         ended = ok & (event == st.Event.END)
         rows = torch.nonzero(timed_out | ended).squeeze(1)
-        values = torch.where(timed_out[rows], prev_binding[rows], binding[rows])
+        if rows.numel() == 0:
+            return
+        # a time-out ends the session the flow's previous packet left
+        prev_binding = torch.where(seg.pos[rows] > 0, binding[torch.clamp(rows - 1, min=0)],
+                                   table_binding[rows])
+        values = torch.where(timed_out[rows], prev_binding, binding[rows])
         order = torch.argsort(sub.arrival[rows])
         self.released(values[order])
 

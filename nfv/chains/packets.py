@@ -168,25 +168,23 @@ def _fold(s):
     return (s & 0xFFFF) + (s >> 16)
 
 
-def _words32(v):
-    return (v >> 16) & 0xFFFF, v & 0xFFFF
-
-
-def csum_update(hc, old_words, new_words):
-    """RFC 1624 eqn. 3 over the 16-bit words that changed (ints or int64 arrays/tensors)."""
-    s = (~hc) & 0xFFFF
-    for old, new in zip(old_words, new_words):
-        s = s + ((~old) & 0xFFFF) + new
-    return (~_fold(_fold(s))) & 0xFFFF
+def _word_sum(v):
+    """The sum of a 32-bit value's two 16-bit words."""
+    return (v >> 16) + (v & 0xFFFF)
 
 
 def rewrite_checksums(old: dict, new: dict, ip_csum, l4_csum, proto):
-    """New (IPv4, TCP/UDP) checksums after ``old`` -> ``new`` (src, dst, sport, dport)."""
-    addr_old = [*_words32(old["src"]), *_words32(old["dst"])]
-    addr_new = [*_words32(new["src"]), *_words32(new["dst"])]
-    ip_new = csum_update(ip_csum, addr_old, addr_new)
-    l4_new = csum_update(l4_csum, addr_old + [old["sport"], old["dport"]],
-                         addr_new + [new["sport"], new["dport"]])
+    """New (IPv4, TCP/UDP) checksums after ``old`` -> ``new`` (src, dst, sport, dport).
+
+    RFC 1624 eqn. 3 over the 16-bit words that may change, ``HC' = ~(~HC + sum(~m + m'))``,
+    with the sum gathered: for a 16-bit word ``~w & 0xFFFF == 0xFFFF - w``, so the sum over
+    the address words is the words' sums of ``new`` minus those of ``old`` plus 4 * 0xFFFF
+    (a handful of vector steps), shared by the IP header and the pseudo-header."""
+    addr = (_word_sum(new["src"]) + _word_sum(new["dst"]) - _word_sum(old["src"])
+            - _word_sum(old["dst"]) + 4 * 0xFFFF)
+    ports = new["sport"] + new["dport"] - old["sport"] - old["dport"] + 2 * 0xFFFF
+    ip_new = 0xFFFF - _fold(_fold(0xFFFF - ip_csum + addr))
+    l4_new = 0xFFFF - _fold(_fold(0xFFFF - l4_csum + addr + ports))
     if isinstance(proto, int):
         if l4_csum == NO_CSUM:
             return ip_new, NO_CSUM

@@ -131,7 +131,9 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
     if quiet is None:
         cand = torch.ones_like(start)
     else:
-        cand = start | (gap > timeouts[1:].min()) | ~quiet[cls]
+        moves = ~quiet[cls]
+        cand = start | (gap > timeouts[1:].min()) | moves
+        cand[1:] |= moves[:-1]  # e.g. the ACK after a SYN+ACK
     while True:
         rows = torch.nonzero(cand).squeeze(1)
         if rows.numel() == n:

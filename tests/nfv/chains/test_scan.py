@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from dl_nfv.nfv.chains import states as st
-from dl_nfv.nfv.chains.scan import Segments, fsm_scan, scan_by_rounds, scan_to_fixed_point
+from dl_nfv.nfv.chains.scan import (
+    Segments,
+    fsm_scan,
+    quiet_rows,
+    scan_by_rounds,
+    scan_to_fixed_point,
+)
+from dl_nfv.nfv.traffic.pcap import ACK, TCP, UDP
 
 
 def walk(nxt, timeouts, cls, gap, flow, s0):
@@ -47,4 +54,33 @@ def test_both_methods_equal_a_walk(machine, seed):
     found_eff, after, timed_out = fsm_scan(*args)
     lapsed = [f != 0 and g > timeouts[f] for f, g in zip(want_found, gap)]
     assert timed_out.tolist() == lapsed
+    assert found_eff.tolist() == [0 if t else f for f, t in zip(want_found, lapsed)]
+
+
+@pytest.mark.parametrize("machine", ["conn", "session"])
+@pytest.mark.parametrize("seed", range(8))
+def test_stepping_only_candidates_equals_a_walk(machine, seed):
+    """Mostly quiet packets (plain ACKs, UDP), a few of every class, long flows, gaps
+    that sometimes pass a time-out: the candidates-only scan is the walk."""
+    rng = np.random.default_rng(100 + seed)
+    nxt, _, _, width = st.table(machine)
+    data = [st.packet_class(f, p, a) * 2 + d for f, p in ((ACK, TCP), (0, UDP))
+            for a in (0, 1) for d in (0, 1)]
+    quiet = quiet_rows(torch.tensor(nxt), data)
+    assert bool(quiet[data].all()) and not bool(quiet.all())
+    flows, n = int(rng.integers(1, 30)), int(rng.integers(1, 600))
+    flow = np.sort(rng.integers(0, flows, n))
+    flow = np.searchsorted(np.unique(flow), flow)
+    timeouts = [1 << 62] + rng.integers(40, 90, width - 1).tolist()
+    some = rng.random(n) < 0.15
+    cls = np.where(some, rng.integers(0, len(nxt), n), rng.choice(data, n)).tolist()
+    gap = np.where(rng.random(n) < 0.05, 100, rng.integers(0, 30, n)).tolist()
+    s0 = rng.integers(0, width, int(flow.max()) + 1).tolist()
+    want_found, want_after = walk(nxt, timeouts, cls, gap, flow.tolist(), s0)
+    k = torch.from_numpy(flow)
+    found_eff, after, timed_out = fsm_scan(
+        torch.tensor(nxt), torch.tensor(timeouts), torch.tensor(cls), torch.tensor(gap),
+        Segments.of(k, torch.zeros_like(k)), torch.tensor(s0), quiet)
+    lapsed = [f != 0 and g > timeouts[f] for f, g in zip(want_found, gap)]
+    assert after.tolist() == want_after and timed_out.tolist() == lapsed
     assert found_eff.tolist() == [0 if t else f for f, t in zip(want_found, lapsed)]
