@@ -43,17 +43,20 @@ traces. O(packets log packets + payload bytes).
 
 from __future__ import annotations
 
+import mmap
 from collections import Counter, deque
 from dataclasses import dataclass
 
 import numpy as np
 
+from .capture import release_pages
 from .columnar import OK, PacketColumns
 from .flows import FlowState, FlowTable, Message
 from .http import REQUEST, RESPONSE, frame_whole, looks_like_http_request
 from .pcap import ACK, FIN, RST, SYN, TCP
 
 SEQ_MOD = 1 << 32
+RELEASE_STEP = 8 << 20  # capture bytes copied between two releases of its pages
 
 
 @dataclass(slots=True)
@@ -136,7 +139,9 @@ def assemble_parts(cols: PacketColumns, rows: np.ndarray, stats: Counter, idle_t
     clean, plan = _clean_keys(p, idle_timeout_us)
     part, rejected = _clean_flows(p, plan, clean)
     slow = ~clean | rejected
-    return [part, *_table_parts(p, slow, stats, idle_timeout_us, window_bytes)], len(part.flows)
+    parts = [part, *_table_parts(p, slow, stats, idle_timeout_us, window_bytes)]
+    release_pages(cols.blob)
+    return parts, len(part.flows)
 
 
 def key_table(cols: PacketColumns, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -323,10 +328,8 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[Part, np.
     after all (returned as a mask)."""
     cols, o = p.cols, plan.o
     keep = clean[plan.seg_group // 2]
-    seg_rows = p.rows[o[plan.seg_pos[keep]]]
-    view = memoryview(cols.blob)
-    streams = b"".join([view[a:a + n] for a, n in zip(cols.payload_off[seg_rows].tolist(),
-                                                       cols.payload_len[seg_rows].tolist())])
+    ends = _endpoints(p, plan, clean)  # read before the gather releases the capture's pages
+    streams = _gather(cols, p.rows[o[plan.seg_pos[keep]]])
     # offsets of each clean group's stream within ``streams``
     kept_len = np.bincount(plan.seg_group[keep], weights=plan.seg_end[keep] - plan.seg_start[keep],
                            minlength=len(plan.group_bytes)).astype(np.int64)
@@ -388,7 +391,7 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[Part, np.
     order = np.lexsort((start, d, closing, when))
     order = order[ok[order]]
     keys = np.flatnonzero(clean & ~rejected)
-    flows = _flow_states(p, plan, keys)
+    flows = _flow_states(p, plan, keys, ends)
     fid = np.full(len(clean), -1, dtype=np.int64)
     fid[keys] = np.arange(len(keys))
     messages = MessageColumns(flow=fid[key[order]], direction=d[order], start=at[order],
@@ -396,6 +399,32 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[Part, np.
                               kind=np.where(d[order] == 0, REQUEST, RESPONSE),
                               ts_us=ts[order], packets=packets[order], buffer=streams)
     return Part(flows, o[p.bounds[keys]].tolist(), messages, when[order]), rejected
+
+
+def _gather(cols: PacketColumns, rows: np.ndarray) -> bytes | mmap.mmap:
+    """The payloads of the packets ``rows``, back to back (one copy of each byte). Over a
+    mapped capture they are copied in file order into an anonymous mapping, the capture's
+    pages released behind the copy (``capture.release_pages``), so that the capture and
+    its streams are never resident together; Python per segment either way."""
+    off, size = cols.payload_off[rows], cols.payload_len[rows]
+    total = int(size.sum())
+    if not isinstance(cols.blob, mmap.mmap) or total == 0:
+        view = memoryview(cols.blob)
+        return b"".join([view[a:a + n] for a, n in zip(off.tolist(), size.tolist())])
+    dest = np.cumsum(size) - size
+    order = np.argsort(off, kind="stable")
+    release_pages(cols.blob)
+    out = mmap.mmap(-1, total)
+    view = memoryview(cols.blob)
+    release = RELEASE_STEP
+    for a, n, d in zip(off[order].tolist(), size[order].tolist(), dest[order].tolist()):
+        if a > release:
+            release_pages(cols.blob, a)
+            release = a + RELEASE_STEP
+        out[d:d + n] = view[a:a + n]
+    view.release()
+    release_pages(cols.blob)
+    return out
 
 
 def _pairs(local_base: np.ndarray, kept_len: np.ndarray, clean: np.ndarray):
@@ -427,7 +456,18 @@ def _unpaired(key, d, closing, header_pos, status_digit, n_keys: int) -> np.ndar
     return out
 
 
-def _flow_states(p: _Packets, plan: _Plan, keys: np.ndarray) -> list[FlowState]:
+def _endpoints(p: _Packets, plan: _Plan, keys: np.ndarray) -> dict[int, tuple[bytes, bytes]]:
+    """Per key of the mask ``keys``: the source and destination address of its first packet."""
+    cols, blob = p.cols, p.cols.blob
+    picked = np.flatnonzero(keys)
+    rows = p.rows[plan.o[p.bounds[picked]]]
+    return {k: (blob[s:s + n], blob[d:d + n]) for k, n, s, d in zip(
+        picked.tolist(), cols.addr_len[rows].tolist(), cols.src_off[rows].tolist(),
+        cols.dst_off[rows].tolist())}
+
+
+def _flow_states(p: _Packets, plan: _Plan, keys: np.ndarray,
+                 ends: dict[int, tuple[bytes, bytes]]) -> list[FlowState]:
     """The flow records of the clean ``keys``, ids in order: counters by segment reductions
     over the key-ordered packets; the handshake as the flow table's state machine reads it
     (a clean flow opens with the client's SYN and each side's only SYN is its first packet,
@@ -444,14 +484,14 @@ def _flow_states(p: _Packets, plan: _Plan, keys: np.ndarray) -> list[FlowState]:
     acked = (plan.direction == 0) & ((flags & ACK) != 0) & (pos > server_first[key])
     state = (1 + syn_ack + (syn_ack & (np.bincount(key, weights=acked, minlength=p.n_keys) > 0))
              )[keys]
-    cols, blob = p.cols, p.cols.blob
+    cols = p.cols
     rows = p.rows[o[starts[keys]]]
     flows = []
     for flow_id, (row, k, w, last, hs) in enumerate(zip(
             rows.tolist(), keys.tolist(), wire.tolist(), last_ts.tolist(), state.tolist())):
-        alen, s, d = int(cols.addr_len[row]), int(cols.src_off[row]), int(cols.dst_off[row])
-        flow = FlowState(flow_id, TCP, (blob[s:s + alen], int(cols.sport[row])),
-                         (blob[d:d + alen], int(cols.dport[row])), int(cols.ts_us[row]), last)
+        src, dst = ends[k]
+        flow = FlowState(flow_id, TCP, (src, int(cols.sport[row])),
+                         (dst, int(cols.dport[row])), int(cols.ts_us[row]), last)
         flow.packets = int(p.bounds[k + 1] - p.bounds[k])
         flow.wire_bytes, flow.app, flow.closed, flow.handshake = w, "http", True, hs
         flows.append(flow)

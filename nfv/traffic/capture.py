@@ -125,6 +125,18 @@ def open_mapped(path: str | Path) -> mmap.mmap:
         return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
 
 
+def release_pages(data, end: int | None = None) -> None:
+    """Drop the resident pages of the mapped capture ``data`` below ``end`` (all of them by
+    default) from this process's memory: a read-only file mapping reads them back from the
+    page cache when touched again, so nothing changes but the resident size. Not a
+    mapping (a copy of the file in memory): nothing to drop."""
+    if not isinstance(data, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    end = len(data) if end is None else end - end % mmap.PAGESIZE
+    if end > 0:
+        data.madvise(mmap.MADV_DONTNEED, 0, end)
+
+
 def span_table(path: str | Path, data, malformed: Counter) -> np.ndarray:
     """``spans`` as one [records, 4] int64 array (timestamp, offset, length, link type)."""
     path = Path(path)
