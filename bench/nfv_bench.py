@@ -195,20 +195,25 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, float | None, float | None,
     return wall, peak, cpu, code
 
 
-def e2e_cell(cmd: list[str], cwd: Path, repeats: int, report: Path | None = None) -> dict:
-    """Best wall time of ``repeats`` runs, with its peak memory, the least CPU time of the
-    runs and (``report``: the file the command writes) the best run's report; raises if a
-    run fails."""
-    best = None
+def e2e_cells(cmds: dict, cwd: Path, repeats: int) -> dict:
+    """Per key of ``cmds`` (key -> (command, the report file it writes or None)): the best
+    wall time of ``repeats`` runs with its peak memory, the least CPU time of the runs and
+    the best run's report. The commands take turns (one run of each per round), so load
+    that comes and goes on a shared machine falls on all of them alike; raises if a run
+    fails."""
+    best: dict = {}
     for _ in range(repeats):
-        wall, peak_mb, cpu_s, code = timed(cmd, cwd)
-        if code != 0:
-            raise SystemExit(f"exit {code}: {' '.join(cmd)}")
-        least_cpu = cpu_s if best is None or best["cpu_s"] is None else min(best["cpu_s"], cpu_s)
-        if best is None or wall < best["wall_s"]:
-            best = {"wall_s": wall, "peak_mb": peak_mb,
-                    "report": json.loads(report.read_text()) if report else None}
-        best["cpu_s"] = least_cpu
+        for key, (cmd, report) in cmds.items():
+            wall, peak_mb, cpu_s, code = timed(cmd, cwd)
+            if code != 0:
+                raise SystemExit(f"exit {code}: {' '.join(cmd)}")
+            cell = best.get(key)
+            least_cpu = cpu_s if cell is None or cell["cpu_s"] is None else min(cell["cpu_s"],
+                                                                                 cpu_s)
+            if cell is None or wall < cell["wall_s"]:
+                cell = best[key] = {"wall_s": wall, "peak_mb": peak_mb,
+                                    "report": json.loads(report.read_text()) if report else None}
+            cell["cpu_s"] = least_cpu
     return best
 
 
@@ -230,7 +235,8 @@ def e2e_main() -> None:
     on a firewall-only and a monitor-only chain, and Suricata 7 single-threaded
     (``--runmode single``) on the same pcap and rules when it is installed
     (bench/install_suricata.sh), on generated Zipf-1.2 and uniform traces of about 50 MB and
-    the real trace in tests/data. Best wall time of ``--repeats`` runs, each tool in turn;
+    the real trace in tests/data. Best wall time of ``--repeats`` runs, the runs of a trace
+    taking turns;
     the least CPU time (user + system) of the runs beside it, the figure that other load on
     a shared machine disturbs least."""
     ap = argparse.ArgumentParser(description=e2e_main.__doc__.splitlines()[0])
@@ -266,8 +272,8 @@ def e2e_main() -> None:
             rows += _e2e_trace(name, pcap, work, configs, engines, suricata, args.repeats)
     load_after = os.getloadavg()[0]
     headers = ["trace", "MB", "packets", "tool", "chain", "wall s", "CPU s", "Gbps",
-               "packets/s", "peak MB", "speed vs Suricata (wall / CPU)",
-               "dl-nfv stages (s, from its report)"]
+               "packets/s", "peak MB (x pcap)", "speed vs Suricata (wall / CPU)",
+               "vs 1 worker (wall)", "dl-nfv stages (s, from its report)"]
     table = markdown_table(headers, rows)
     print(table)
     print(f"load average {load_before:.1f} before, {load_after:.1f} after, on "
@@ -278,13 +284,14 @@ def e2e_main() -> None:
             "(bench/install_suricata.sh installs it), so the ratio column is empty. ")
     body = (f"{note}Wall time from process start to exit (interpreter start, imports, reading "
             f"the pcap, the NFs, writing the report; Suricata's rule loading likewise), best of "
-            f"{args.repeats} runs, each tool in turn; `CPU s` is the least user + system time "
+            f"{args.repeats} runs, the runs of a trace taking turns (one of each per round); `CPU s` is the least user + system time "
             f"of those runs, the process's children included (what a run costs on one core, "
             f"and what other load disturbs least); Gbps and packets/s are the pcap's bytes and "
             f"packets over the wall time; peak MB is the largest resident size of one process "
             f"of the run (GNU time's %M; dl-nfv's workers are separate processes, and pages of "
-            f"the mapped capture count). The goal for memory is a peak of at most twice the "
-            f"pcap's size. `speed vs Suricata` is Suricata's time over dl-nfv's, by wall time "
+            f"the mapped capture count), and in brackets over the pcap's size: the goal for "
+            f"memory is at most 2x. `vs 1 worker` is the wall time with one worker over "
+            f"this row's (goal: 1.8x with two). `speed vs Suricata` is Suricata's time over dl-nfv's, by wall time "
             f"and by CPU time: 1.00x or more meets the goal (the IDS chain at least as fast as "
             f"Suricata with one thread); the firewall-only and monitor-only rows are compared "
             f"with Suricata's IDS run. The stage times come from dl-nfv's own report of the "
@@ -304,20 +311,20 @@ def _e2e_trace(name: str, pcap: Path, work: Path, configs: dict[str, Path],
     trace = load_trace(pcap)
     size = pcap.stat().st_size
     dl_nfv = str(Path(sys.executable).with_name("dl-nfv"))
-    cells = {}
+    cmds: dict = {}
     if suricata:
         (work / "suricata").mkdir(exist_ok=True)
-        cells[("suricata", 1, "ids")] = e2e_cell(
+        cmds[("suricata", 1, "ids")] = (
             [suricata, "-r", str(pcap), "-S", str(ROOT / "examples/nf/ids.rules"), "-l",
-             str(work / "suricata"), "-k", "none", "--runmode", "single"], work, repeats)
+             str(work / "suricata"), "-k", "none", "--runmode", "single"], None)
     runs = [(engine, workers, "ids") for engine in engines for workers in (1, 2)]
     runs += [("cpu", workers, chain) for chain in ("firewall", "monitor") for workers in (1, 2)]
     for engine, workers, chain in runs:
         out = work / f"r-{engine}-{workers}-{chain}.json"
-        cells[(engine, workers, chain)] = e2e_cell(
+        cmds[(engine, workers, chain)] = (
             [dl_nfv, "nfv", "run", "--config", str(configs[chain]), "--trace", str(pcap),
-             "--engine", engine, "--workers", str(workers), "-o", str(out)], work, repeats,
-            report=out)
+             "--engine", engine, "--workers", str(workers), "-o", str(out)], out)
+    cells = e2e_cells(cmds, work, repeats)
     base = cells.get(("suricata", 1, "ids"))
     rows = []
     for (who, workers, chain), cell in cells.items():
@@ -329,10 +336,14 @@ def _e2e_trace(name: str, pcap: Path, work: Path, configs: dict[str, Path],
             f"{k} {v:.2f}" for k, v in report["stages_s"].items())
         ratio = "-" if base is None else f"{base['wall_s'] / wall:.2f}x / " + (
             "-" if cpu is None or base["cpu_s"] is None else f"{base['cpu_s'] / cpu:.2f}x")
+        one = cells.get((who, 1, chain))
+        scaling = f"{one['wall_s'] / wall:.2f}x" if workers > 1 and one else "-"
+        peak = "-" if cell["peak_mb"] is None else \
+            f"{cell['peak_mb']:.0f} ({cell['peak_mb'] * 2**20 / size:.1f}x)"
         rows.append([name, f"{size / 1e6:.1f}", f"{trace.packets:,}", label, chain,
                      f"{wall:.2f}", "-" if cpu is None else f"{cpu:.2f}",
                      f"{size * 8 / wall / 1e9:.3f}", f"{trace.packets / wall / 1e3:.1f}k",
-                     "-" if cell["peak_mb"] is None else f"{cell['peak_mb']:.0f}", ratio, stages])
+                     peak, ratio, scaling, stages])
         print(" | ".join(rows[-1]), flush=True)
     return rows
 
