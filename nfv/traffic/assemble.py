@@ -335,7 +335,9 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[Part, np.
                            minlength=len(plan.group_bytes)).astype(np.int64)
     local_base = np.cumsum(kept_len) - kept_len
     rejected = np.zeros(len(clean), dtype=bool)
-    msgs: list[tuple] = []  # (key, direction, start, length, header_len, kind, closing)
+    framed: list[tuple] = []  # (start, length, header_len, closing) per message
+    groups: list[int] = []  # per (key, direction) framed: 2 * key + direction
+    counts: list[int] = []  # its messages
     for k, base0, n0, base1, n1 in zip(np.flatnonzero(clean).tolist(),
                                        *_pairs(local_base, kept_len, clean)):
         methods: deque = deque()
@@ -345,16 +347,17 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[Part, np.
         if responses is None:
             rejected[k] = True
             continue
-        msgs.extend((k, 0, m[0], m[1], m[2], REQUEST, m[3]) for m in requests)
-        msgs.extend((k, 1, m[0], m[1], m[2], RESPONSE, m[3]) for m in responses)
-    if not msgs:
+        framed += requests
+        framed += responses
+        groups += (2 * k, 2 * k + 1)
+        counts += (len(requests), len(responses))
+    if not framed:
         return Part([], [], MessageColumns.of([]), np.zeros(0, dtype=np.int64)), rejected
-    key = np.fromiter((m[0] for m in msgs), dtype=np.int64, count=len(msgs))
-    d = np.fromiter((m[1] for m in msgs), dtype=np.int64, count=len(msgs))
-    start = np.fromiter((m[2] for m in msgs), dtype=np.int64, count=len(msgs))
-    length = np.fromiter((m[3] for m in msgs), dtype=np.int64, count=len(msgs))
-    header = np.fromiter((m[4] for m in msgs), dtype=np.int64, count=len(msgs))
-    closing = np.fromiter((m[6] for m in msgs), dtype=bool, count=len(msgs))
+    table = np.array(framed, dtype=np.int64).reshape(-1, 4)
+    group = np.repeat(np.asarray(groups, dtype=np.int64), counts)
+    key, d = group // 2, group % 2
+    start, length, header = table[:, 0], table[:, 1], table[:, 2]
+    closing = table[:, 3].astype(bool)
     base = plan.group_base[2 * key + d]
     # the packet holding each message's last byte, and its header's last byte
     last_seg = np.searchsorted(plan.seg_end, base + start + length - 1, side="right")
