@@ -195,3 +195,33 @@ def test_gpt2_small_at_a_large_batch_keeps_allreduce():
     assert report["candidates"] == [] and report["layers"] == []
     assert out.prediction.iteration_ms == pytest.approx(dp.prediction.iteration_ms, abs=1e-6)
     assert all(x.compression is Compression.NONE for x in out.groups)
+
+
+def per_block_plan(g, t):
+    """GPT-2 data parallel with each block a group of its own (every group on every device)."""
+    devices = tuple(t.device_names)
+    blocks: dict[str, list[str]] = {}
+    for o in g.ops:
+        blocks.setdefault(o.id.split("_")[0] if o.id.startswith("h") else "rest", []).append(o.id)
+    return plan(g, t, [Group(id=k, ops=tuple(v), devices=devices) for k, v in blocks.items()])
+
+
+@pytest.mark.parametrize("planner", ["dp", "dp-even", "dp-ps", "m-etf", "single", "per-block"])
+def test_sfb_never_raises_the_simulated_time_of_a_plan(planner):
+    # whatever made the plan, the output simulates to its prediction, which is at most the
+    # input's (SFB marks cleared), and only AllReduce groups of 2+ devices are marked
+    g, t, _ = _gpt2_small(8, 64)
+    p = per_block_plan(g, t) if planner == "per-block" else get(planner)(g, t, seed=0)
+    out, report = apply_sfb(p, g, t)
+    before = simulate(with_sfb(p, ()), g, t).iteration_ms
+    after = simulate(out, g, t).iteration_ms
+    assert report["iteration_ms"]["before"] == pytest.approx(before, abs=1e-6)
+    assert out.prediction.iteration_ms == pytest.approx(after, abs=1e-6)
+    assert after <= before + 1e-9
+    assert set(report["groups"]) <= set(report["ilp_groups"]) <= set(report["candidates"])
+    for x in out.groups:
+        if x.compression is Compression.SFB:
+            assert x.sync.value == "allreduce" and len(x.devices) > 1
+    if planner == "per-block":  # twelve binaries; the blocks' exchanges pay across 25 Gbps
+        assert len(report["candidates"]) == 12 and report["ilp"]["status"] == "optimal"
+        assert after < 0.9 * before
