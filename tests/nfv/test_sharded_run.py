@@ -111,3 +111,22 @@ def test_few_packets_run_in_one_process(tmp_path):
     trace, result = sharded.run_sharded(path, _chain(False), CPU, EngineOptions(workers=2), 2)
     assert len(trace.blob) == int(trace.msg_len.sum()) > 0  # the bytes are here
     assert result.workers == 2 and "merge" not in trace.stages_s
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_balanced_shards_keep_5_tuples_whole_and_loads_even(seed):
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, 3000, size=20_000).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    keys[:4000] = 7  # one heavy 5-tuple
+    payload = rng.integers(0, 1500, size=len(keys))
+    for n in (2, 3, 5):
+        which = sharded.balanced_shards(keys, payload, n)
+        for key in np.unique(keys)[:200]:
+            assert len(np.unique(which[keys == key])) == 1
+        weight = payload + sharded.PACKET_COST
+        loads = np.bincount(which, weights=weight, minlength=n)
+        heaviest = max(weight[keys == k].sum() for k in np.unique(keys))
+        assert loads.sum() == weight.sum()
+        assert loads.max() - loads.min() <= max(heaviest, loads.sum() / n) + 1e-6
+        if heaviest < loads.sum() / (2 * n):
+            assert loads.max() - loads.min() <= heaviest + 1e-6
