@@ -19,7 +19,7 @@ from dl_nfv.runtime.launcher import train
 from dl_nfv.runtime.sfb import allgather_sent_bytes, allreduce_sent_bytes
 from dl_nfv.runtime.worker import WorkerOptions
 
-from .helpers import devices, dp_plan, graph_of, topology, write
+from .helpers import devices, dp_plan, graph_of, pipeline_plan, topology, write
 
 STEPS = 5
 BATCH = 8
@@ -27,9 +27,15 @@ LINEARS = ((64, 32), (32, 32), (32, 10))  # mlp-tiny: fc0, fc1, head (in, out)
 PARAM_TOL = {"rtol": 1e-5, "atol": 1e-6}
 
 
-def _run(tmp_path: Path, sfb: bool):
-    graph, topo = graph_of("mlp-tiny", batch_size=BATCH), topology(2)
-    plan = dp_plan(graph, topo, devices(2))
+def _run(tmp_path: Path, sfb: bool, pipeline: bool = False):
+    if pipeline:  # stage 0 (fc0, fc1) on two devices with shares 0.75 / 0.25, 2 microbatches
+        graph, topo = graph_of("mlp-tiny", batch_size=BATCH), topology(3)
+        d = devices(3)
+        plan = pipeline_plan(graph, topo, [[d[0], d[1]], [d[2]]], cut=4 / 6, microbatches=2,
+                             kind="1f1b", shares=[(0.75, 0.25), None])
+    else:
+        graph, topo = graph_of("mlp-tiny", batch_size=BATCH), topology(2)
+        plan = dp_plan(graph, topo, devices(2))
     if sfb:
         plan = dataclasses.replace(plan, groups=tuple(
             dataclasses.replace(g, compression=Compression.SFB) for g in plan.groups))
@@ -40,7 +46,7 @@ def _run(tmp_path: Path, sfb: bool):
     report = train(WorkerOptions(plan=str(path), steps=STEPS, warmup=0, threads=1,
                                  save_params=str(params), timeout_s=60),
                    start_method="forkserver")
-    held = [torch.load(params / f"rank{r}.pt") for r in range(2)]
+    held = [torch.load(params / f"rank{r}.pt") for r in range(report.world_size)]
     return report, held
 
 
@@ -74,3 +80,23 @@ def test_sfb_matches_allreduce_and_sends_fewer_bytes(tmp_path):
             assert allgather_sent_bytes(rows * (i + o) * 4, n) < allreduce_sent_bytes(
                 (i * o + o) * 4, n)
     assert not any("uncompressed" in note for note in sfb.notes)
+
+
+@pytest.mark.slow  # two 3-process runs: about 30 s
+def test_sfb_on_a_replicated_pipeline_stage_with_uneven_shares(tmp_path):
+    # rank 0 holds 3 rows of each microbatch, rank 1 one: two calls of every layer per step,
+    # and rank 1's 2 rows padded to rank 0's 6 in the all-gather
+    plain, plain_params = _run(tmp_path / "allreduce", sfb=False, pipeline=True)
+    sfb, sfb_params = _run(tmp_path / "sfb", sfb=True, pipeline=True)
+    for rank in range(3):
+        for name, value in plain_params[rank].items():
+            torch.testing.assert_close(sfb_params[rank][name], value, **PARAM_TOL,
+                                       msg=lambda m, name=name: f"rank {rank} {name}: {m}")
+    stage0 = LINEARS[:2]
+    allreduce = allreduce_sent_bytes(sum(i * o + o for i, o in stage0) * 4, 2)
+    factors = sum(allgather_sent_bytes(6 * (i + o) * 4, 2) for i, o in stage0)
+    counts = allgather_sent_bytes(len(stage0) * 8, 2)
+    for r in range(2):
+        assert plain.per_rank[r].sent_bytes == {"allreduce": allreduce}
+        assert sfb.per_rank[r].sent_bytes == {"sfb": factors + counts}
+    assert plain.per_rank[2].sent_bytes == sfb.per_rank[2].sent_bytes == {}
