@@ -35,7 +35,7 @@ Model (linearised from one simulation of the plan with no SFB). With ``x_g`` in
   bytes)`` per switched op, are held on top of the simulated peak:
   ``peak_d + sum_g x_g held_gd <= capacity_d`` (conservative: the peak and the factors
   need not coincide). A plan whose peak already exceeds a device makes the ILP
-  infeasible: ``BadInput`` names the device and the bytes.
+  infeasible: ``InfeasiblePlan`` (exit 2) names the device and the bytes.
 
 The objective is ``T`` plus ``1e-3`` times the net communication change of the chosen
 groups (a tie-break towards the groups that save most when ``T`` is set elsewhere).
@@ -66,7 +66,6 @@ import pulp
 
 from dl_nfv.artifacts import (
     ArtifactMismatch,
-    BadInput,
     Compression,
     Group,
     InfeasiblePlan,
@@ -167,6 +166,8 @@ def apply_sfb(plan: Plan, graph: OpGraph, topology: Topology, *,
 
     Raises
     ------
+    ArtifactMismatch
+        ``graph`` or ``topology`` is not the one the plan was made for.
     InfeasiblePlan
         The ILP is infeasible (a device's simulated peak exceeds its memory), naming
         the device and the bytes.
@@ -180,7 +181,7 @@ def apply_sfb(plan: Plan, graph: OpGraph, topology: Topology, *,
     cm = CostModel(graph, topology)
     elem = ELEMENT_BYTES.get(graph.model.dtype, 4)
     base_plan = _with_sfb(plan, ())
-    base = simulate(base_plan, graph, topology, cost_model=cm, check_fingerprints=False)
+    base = simulate(base_plan, graph, topology, cost_model=cm)  # (refuses a mismatched pair)
     candidates = _candidates(base_plan, base, cm, elem)
     chosen, ilp = _solve(base, candidates, cm, time_limit_s)
     kept, final = _verify(base_plan, base, candidates, chosen, graph, topology, cm)
@@ -339,10 +340,7 @@ def _solve(base: SimResult, candidates: list[SfbCandidate], cm: CostModel,
         warnings.simplefilter("ignore", DeprecationWarning)
         status = prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s))
     name = pulp.LpStatus[status]
-    if name == "Infeasible":
-        raise BadInput("plan sfb: the SFB ILP is infeasible (memory); no device overflows in "
-                       "the simulation, so the model is inconsistent")
-    if T.varValue is None:
+    if T.varValue is None or name == "Infeasible":  # (choosing nothing fits: see _check_memory)
         raise SolverError(f"plan sfb: CBC ended {name!r} without a solution")
     chosen = [c.group for c in candidates if (x[c.group].varValue or 0.0) > 0.5]
     return chosen, {"status": name.lower(), "estimate_ms": round(float(T.varValue), 6),
