@@ -109,7 +109,8 @@ def _compact(sub: Sub, kept) -> Sub:
     return Sub(ts=sub.ts[kept], src=sub.src[kept], dst=sub.dst[kept], sport=sub.sport[kept],
                dport=sub.dport[kept], proto=sub.proto[kept], flags=sub.flags[kept],
                wire=sub.wire[kept], k1=sub.k1[kept], k2=sub.k2[kept], dir=sub.dir[kept],
-               arrival=sub.arrival[kept], seg=seg, slots=sub.slots[flows],
+               arrival=sub.arrival[kept], seg=seg, state=sub.state,
+               flows=flows if sub.flows is None else sub.flows[flows],
                held=sub.held[flows], fhash=sub.fhash[flows], cls=sub.cls[kept],
                original=sub.original)
 
@@ -179,7 +180,7 @@ class TensorChain:
         self.table.delete(slots[self.table.cols[HOLDERS][slots] == 0])
 
     def _flows(self, k1, k2, seg: Segments):
-        """Every flow of the batch in the table: (slots, holder bits, flow hashes). The
+        """Every flow of the batch in the table: (slots, flow hashes). The
         table grows before the lookup, so that inserting the new flows moves nothing."""
         heads = seg.first
         hk1, hk2 = k1[heads], k2[heads]
@@ -189,7 +190,7 @@ class TensorChain:
         new = torch.nonzero(slots < 0).squeeze(1)
         if new.numel():
             slots[new] = self.table.insert(hk1[new], hk2[new], fhash[new], fill=False)
-        return slots, self.table.cols[HOLDERS][slots], fhash
+        return slots, fhash
 
     def run_batch(self, batch: ChainPackets) -> BatchResult:
         n = len(batch)
@@ -206,10 +207,13 @@ class TensorChain:
                                                   "proto", "flags", "wire_bytes")}
         k1, k2, direction = k1[order], k2[order], direction[order]
         full = Segments.of(k1, k2)
-        slots, held, fhash = self._flows(k1, k2, full)
+        slots, fhash = self._flows(k1, k2, full)
+        state = self.table.values[slots]
+        holders = self.table.index[HOLDERS]
         sub = Sub(ts=s["ts_us"], src=s["src"], dst=s["dst"], sport=s["sport"], dport=s["dport"],
                   proto=s["proto"], flags=s["flags"], wire=s["wire_bytes"], k1=k1, k2=k2,
-                  dir=direction, arrival=order, seg=full, slots=slots, held=held, fhash=fhash,
+                  dir=direction, arrival=order, seg=full, state=state, flows=None,
+                  held=state[:, holders].clone(), fhash=fhash,
                   cls=self.flag_class[s["flags"] & 0x1F] + (s["proto"] == UDP) * 16)
         stage = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         reason = torch.zeros(n, dtype=torch.int64, device=self.device)
@@ -236,8 +240,8 @@ class TensorChain:
         self._put_back(s, sub, rows)
         for nf in self.nfs:
             nf.end_batch()
-        gone = slots[self.table.cols[HOLDERS][slots] == 0]
-        self.table.delete(gone)
+        self.table.values[slots] = state
+        self.table.delete(slots[state[:, holders] == 0])
         result = self._egress(cols, s, order, stage, reason)
         times[0] += time.perf_counter() - t0
         return BatchResult(stage=result["stage"], reason=result["reason"],

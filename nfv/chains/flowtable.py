@@ -2,7 +2,8 @@
 
 Keys are the two words of ``packets.key_pair`` (``k2`` is never negative, so
 ``k2 == EMPTY`` marks a free slot and ``k2 == TOMB`` a deleted one); values are
-named int64 columns indexed by slot. Every operation takes a batch of keys:
+named int64 columns of a row per slot (``values``: one gather or scatter moves
+every column of a flow). Every operation takes a batch of keys:
 
 * ``lookup(k1, k2)`` — linear probing from ``flow_hash % capacity``, all keys at
   once: the home slot, then a window of slots per round for the keys still
@@ -44,17 +45,23 @@ class DeviceFlowTable:
 
     def add_columns(self, columns: dict[str, int]) -> None:
         """More value columns (name -> fill value), at their fill in every slot."""
+        old = self.values
         self.fills.update(columns)
-        for name, fill in columns.items():
-            self.cols[name] = torch.full((self.capacity,), fill, dtype=torch.int64,
-                                         device=self.device)
+        self._columns(self.capacity)
+        self.values[:, :old.shape[1]] = old
+
+    def _columns(self, capacity: int) -> None:
+        """``values``: a row per slot, a column per name (``index``); ``cols``: its columns."""
+        fills = torch.tensor(list(self.fills.values()), dtype=torch.int64, device=self.device)
+        self.values = fills.repeat(capacity, 1)
+        self.index = {name: j for j, name in enumerate(self.fills)}
+        self.cols = {name: self.values[:, j] for name, j in self.index.items()}
 
     def _alloc(self, capacity: int) -> None:
         self.capacity = capacity
         self.k1 = torch.zeros(capacity, dtype=torch.int64, device=self.device)
         self.k2 = torch.full((capacity,), EMPTY, dtype=torch.int64, device=self.device)
-        self.cols = {name: torch.full((capacity,), fill, dtype=torch.int64, device=self.device)
-                     for name, fill in self.fills.items()}
+        self._columns(capacity)
         # which key claimed a slot in an insert round; every claimant of a free slot writes
         # it in that round, so values left from earlier rounds are never read
         self._owner = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
@@ -114,9 +121,9 @@ class DeviceFlowTable:
             got[todo[win]] = ws
             todo = todo[~win]
             slot[todo] = (slot[todo] + 1) & mask
-        if fill:
-            for name, value in self.fills.items():
-                self.cols[name][got] = value
+        if fill and self.fills:
+            self.values[got] = torch.tensor(list(self.fills.values()), dtype=torch.int64,
+                                            device=self.device)
         self.live += n
         self.used += fresh
         return got
@@ -142,12 +149,10 @@ class DeviceFlowTable:
             capacity *= 2
         slots = self.live_slots()
         k1, k2 = self.k1[slots], self.k2[slots]
-        values = {name: col[slots] for name, col in self.cols.items()}
+        values = self.values[slots]
         self._alloc(capacity)
         self.live = self.used = 0
-        fresh = self.insert(k1, k2, fill=False)
-        for name, col in values.items():
-            self.cols[name][fresh] = col
+        self.values[self.insert(k1, k2, fill=False)] = values
 
     def items(self, slots=None, names=None) -> dict[tuple[int, int], tuple[int, ...]]:
         """Every live entry (or those at ``slots``): key -> values of ``names`` (default:

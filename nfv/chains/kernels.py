@@ -3,15 +3,15 @@
 The chain keeps every NF's per-flow state in one ``DeviceFlowTable`` (the NFs all
 key on the packet's flow key as captured, so one lookup serves them all): each NF
 owns its named columns and one bit of the ``holders`` column, set while it keeps
-the flow. The engine looks the batch's flows up once and inserts the new ones
-(``Sub.slots``, ``Sub.held``); a kernel then gathers each of its columns once per
-flow, runs on the packets that reached it (``Sub``: a subset of the batch, still
-sorted by flow then arrival) with tensor operations only — the state machine as a
-segmented scan (``scan.fsm_scan``), per-packet outcomes by table gathers — and
-scatters each column back once per flow. The meaning is the reference's
-(``reference.py``); where the reference's order across flows matters (NAT port
-allocation, releases, sweeps) the kernel orders events by arrival or by flow key
-the same way. ``process`` returns the per-packet verdict and rewrites ``Sub``'s
+the flow. The engine looks the batch's flows up once, inserts the new ones and
+gathers their table rows once (``Sub.state``, a row per flow of the batch); a
+kernel reads and writes its columns there, per flow, and runs on the packets that
+reached it (``Sub``: a subset of the batch, still sorted by flow then arrival) with
+tensor operations only — the state machine as a segmented scan (``scan.fsm_scan``),
+per-packet outcomes by gathers — and the engine scatters the rows back once. The
+meaning is the reference's (``reference.py``); where the reference's order across
+flows matters (NAT port allocation, releases, sweeps) the kernel orders events by
+arrival or by flow key the same way. ``process`` returns the per-packet verdict and rewrites ``Sub``'s
 fields in place.
 """
 
@@ -35,7 +35,7 @@ HOLDERS = "holders"  # the table column with one bit per NF that keeps the flow
 @dataclass(slots=True)
 class Sub:
     """The packets an NF sees, flow-sorted; ``arrival`` is the position in the batch.
-    Per flow (segment): its table ``slots``, the ``held`` bits at the batch's start and
+    Per flow (segment): its row of ``state``, the ``held`` bits at the batch's start and
     its ``fhash`` (``packets.flow_hash``)."""
 
     ts: object
@@ -51,7 +51,8 @@ class Sub:
     dir: object
     arrival: object
     seg: Segments
-    slots: object
+    state: object  # [batch flows, table columns]: the batch's rows of the flow table
+    flows: object  # per flow (segment), its row in ``state``; None: row = segment
     held: object
     fhash: object
     cls: object  # states.packet_class without the ACL bit
@@ -88,22 +89,29 @@ class _Stateful:
         return self.table.cols[self.names[name]]
 
     def _flows(self, sub: Sub):
-        return sub.slots, (sub.held & self.bit) != 0
+        """Whether the NF kept each of ``sub``'s flows before this batch."""
+        return (sub.held & self.bit) != 0
 
-    def _column(self, name, slots, existed, fill=0):
-        return torch.where(existed, self.col(name)[slots], fill)
+    def _at(self, sub: Sub, name: str):
+        j = self.table.index[name]
+        return (slice(None), j) if sub.flows is None else (sub.flows, j)
 
-    def _store(self, sub: Sub, slots, existed, keep, values: dict):
-        """Write per-flow ``values`` (every flow: the holder bit says which are kept)."""
-        holders = self.table.cols[HOLDERS]
+    def _column(self, sub: Sub, name, existed, fill=0):
+        """The NF's column ``name`` for ``sub``'s flows (``fill`` where it has none)."""
+        return torch.where(existed, sub.state[self._at(sub, self.names[name])], fill)
+
+    def _store(self, sub: Sub, existed, keep, values: dict):
+        """Write per-flow ``values`` into the batch's rows (every flow: the holder bit
+        says which are kept; ``keep`` None: all)."""
+        at = self._at(sub, HOLDERS)
         if keep is None:
             if not bool(existed.all()):
-                holders[slots] = holders[slots] | self.bit
+                sub.state[at] = sub.state[at] | self.bit
         else:
-            now = holders[slots]
-            holders[slots] = torch.where(keep, now | self.bit, now & ~self.bit)
+            now = sub.state[at]
+            sub.state[at] = torch.where(keep, now | self.bit, now & ~self.bit)
         for name, value in values.items():
-            self.col(name)[slots] = value
+            sub.state[self._at(sub, self.names[name])] = value
 
     def held_slots(self):
         slots = self.table.live_slots()
@@ -152,11 +160,11 @@ class _Machine(_Stateful):
     def _timeout_of(self, slots):
         return self.timeouts[self.col("state")[slots]]
 
-    def _scan(self, sub: Sub, cls, slots, existed):
+    def _scan(self, sub: Sub, cls, existed):
         """``fsm_scan`` from the flows' stored states; shared by NFs of one ``Sub`` that run
         the same machine from equal states (NAT then LB)."""
-        s0 = self._column("state", slots, existed)
-        last = self._column("last", slots, existed)
+        s0 = self._column(sub, "state", existed)
+        last = self._column(sub, "last", existed)
         key = (self.machine, "scan")
         got = sub.memo.get(key)
         if got is not None and torch.equal(got[0], self.timeouts) and torch.equal(got[1], s0) \
@@ -219,13 +227,13 @@ class FirewallKernel(_Machine):
         return torch.where(as_head, same[seg.index], back[seg.index])
 
     def process(self, sub: Sub):
-        slots, existed = self._flows(sub)
+        existed = self._flows(sub)
         cls = (sub.cls + self._acl(sub) * 32) * 2 + sub.dir
-        found, after, _ = self._scan(sub, cls, slots, existed)
+        found, after, _ = self._scan(sub, cls, existed)
         verdict = self.verdict.reshape(-1)[cls * self.next.shape[1] + found]
         last = sub.seg.last
         final = after[last]
-        self._store(sub, slots, existed, final != 0, {"state": final, "last": sub.ts[last]})
+        self._store(sub, existed, final != 0, {"state": final, "last": sub.ts[last]})
         return verdict
 
 
@@ -244,9 +252,9 @@ class _SessionKernel(_Machine):
 
     def process(self, sub: Sub):
         seg = sub.seg
-        slots, existed = self._flows(sub)
+        existed = self._flows(sub)
         cls = sub.cls * 2 + sub.dir
-        found, after, timed_out = self._scan(sub, cls, slots, existed)
+        found, after, timed_out = self._scan(sub, cls, existed)
         at = cls * self.next.shape[1] + found
         verdict, event = self.verdict.reshape(-1)[at], self.event.reshape(-1)[at]
         ok = verdict == st.Verdict.PASS
@@ -255,19 +263,19 @@ class _SessionKernel(_Machine):
         begun = torch.full_like(sub.ts, -1)
         begun[start_rows] = self.start(sub, start_rows)
         peer_ip, peer_port = self.peer(sub)
-        table_binding = self._column("binding", slots, existed, -1)[seg.index]
+        table_binding = self._column(sub, "binding", existed, -1)[seg.index]
         latest = last_marked(start, seg)
         has = latest >= 0
         safe = torch.clamp(latest, min=0)
         binding = torch.where(has, begun[safe], table_binding)
-        p_ip = torch.where(has, peer_ip[safe], self._column("peer_ip", slots, existed)[seg.index])
+        p_ip = torch.where(has, peer_ip[safe], self._column(sub, "peer_ip", existed)[seg.index])
         p_port = torch.where(has, peer_port[safe],
-                             self._column("peer_port", slots, existed)[seg.index])
+                             self._column(sub, "peer_port", existed)[seg.index])
         self._releases(sub, seg, timed_out, event, ok, binding, begun, table_binding)
         orient = torch.where(found != 0, _orient(found), sub.dir)
         verdict = self.rewrite(sub, ok, sub.dir == orient, binding, p_ip, p_port, verdict)
         last = seg.last
-        self._store(sub, slots, existed, after[last] != 0,
+        self._store(sub, existed, after[last] != 0,
                     {"state": after[last], "last": sub.ts[last], "binding": binding[last],
                      "peer_ip": p_ip[last], "peer_port": p_port[last]})
         return verdict
@@ -420,14 +428,14 @@ class MonitorKernel(_Stateful):
 
     def process(self, sub: Sub):
         seg = sub.seg
-        slots, existed = self._flows(sub)
+        existed = self._flows(sub)
         count = torch.bincount(seg.index, minlength=seg.count)
         size = torch.zeros(seg.count, dtype=torch.int64, device=self.device)
         size.index_add_(0, seg.index, sub.wire)
-        first = torch.where(existed, self._column("first", slots, existed), sub.ts[seg.first])
-        self._store(sub, slots, existed, None,
-                    {"packets": self._column("packets", slots, existed) + count,
-                     "bytes": self._column("bytes", slots, existed) + size,
+        first = torch.where(existed, self._column(sub, "first", existed), sub.ts[seg.first])
+        self._store(sub, existed, None,
+                    {"packets": self._column(sub, "packets", existed) + count,
+                     "bytes": self._column(sub, "bytes", existed) + size,
                      "first": first, "last": sub.ts[seg.last]})
         return torch.zeros_like(sub.ts)
 
@@ -455,9 +463,9 @@ class RateLimiterKernel(_Stateful):
 
     def process(self, sub: Sub):
         seg = sub.seg
-        slots, existed = self._flows(sub)
-        tokens = self._column("tokens", slots, existed)
-        last = self._column("last", slots, existed)
+        existed = self._flows(sub)
+        tokens = self._column(sub, "tokens", existed)
+        last = self._column(sub, "last", existed)
         fresh = ~existed
         verdict = torch.zeros_like(sub.ts)
         for rnd, rows in enumerate(seg.rounds()):
@@ -471,5 +479,5 @@ class RateLimiterKernel(_Stateful):
             tokens[s] = tok - cost * passed
             last[s] = sub.ts[rows]
             verdict[rows] = torch.where(passed, 0, int(st.Verdict.RATE))
-        self._store(sub, slots, existed, None, {"tokens": tokens, "last": last})
+        self._store(sub, existed, None, {"tokens": tokens, "last": last})
         return verdict
