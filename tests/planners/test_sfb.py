@@ -154,6 +154,10 @@ def test_plan_sfb_command_writes_the_plan_and_refuses_an_infeasible_one(tmp_path
     assert out.prediction.iteration_ms == pytest.approx(
         simulate(out, g, t).iteration_ms, rel=1e-6)
     assert out.graph_path == "g.json" and out.topology_path == "t.yaml"
+    # applied to its own output, the command chooses the same groups
+    result = _cli(["plan", "sfb", tmp_path / "sfb.json", "-o", tmp_path / "again.json"])
+    assert result.exit_code == 0, result.output
+    assert load(tmp_path / "again.json", expect="plan").groups == out.groups
     # a plan made for a topology whose devices cannot hold it
     peak = max(simulate(p, g, t).peak_memory_bytes.values())
     small = two_hosts(memory_gib=(peak - 2**20) / 2**30)
