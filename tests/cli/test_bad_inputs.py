@@ -175,6 +175,8 @@ CASES: list[tuple[str, list[str]]] = [
     ("fastt --time-limit -1", ["plan", "fastt", *PLAN_IO, "--time-limit", "-1", *OUT]),
     ("fastt --refine-with missing", ["plan", "fastt", *PLAN_IO, "--refine-with",
                                      "{dir}/nope.json", *OUT]),
+    ("disco --time-limit 0", ["plan", "disco", *PLAN_IO, "--time-limit", "0", *OUT]),
+    ("disco --max-evaluations -1", ["plan", "disco", *PLAN_IO, "--max-evaluations", "-1", *OUT]),
     ("m-topo --memory-fraction 1.5", ["plan", "m-topo", *PLAN_IO, "--memory-fraction", "1.5", *OUT]),
     ("m-etf --memory-fraction inf", ["plan", "m-etf", *PLAN_IO, "--memory-fraction", "inf", *OUT]),
     ("m-sct --memory-fraction -1", ["plan", "m-sct", *PLAN_IO, "--memory-fraction", "-1", *OUT]),
