@@ -70,8 +70,6 @@ class SfbSync:
     ``zero_grad``, ``reduce``, ``pull``, ``close``, ``sent_bytes``).
     """
 
-    method = SyncMethod.ALLREDUCE  # (as an exchanging sync: never skipped)
-
     def __init__(self, layers: Sequence[torch.nn.Linear], *, ranks: Sequence[int], rank: int,
                  comm: Comm, group=None):
         self.ranks = tuple(ranks)
