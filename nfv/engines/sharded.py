@@ -36,8 +36,10 @@ shard that fails raises ``RuntimeFailure``.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import multiprocessing as mp
 import os
+import threading
 import time
 import traceback
 from collections import Counter
@@ -47,9 +49,11 @@ import numpy as np
 from dl_nfv.artifacts.errors import RuntimeFailure
 
 from ..traffic import shards as flow_shards
-from ..traffic.assemble import assemble, assemble_parts, key_table, merge_parts, row_hash
-from ..traffic.columnar import OK, PacketColumns
-from ..traffic.trace import FlowInfo, Trace, read_capture, trace_of
+from ..traffic.assemble import assemble, assemble_parts, merge_parts, row_hash
+from ..traffic.columnar import PacketColumns, decode_records
+from ..traffic.pcap import MalformedCounts
+from ..traffic.shared_decode import SharedColumns
+from ..traffic.trace import FlowInfo, Trace, capture_of, trace_of, walk_capture
 from . import EngineChoice
 from .pool import die_with_parent
 from .runner import EngineOptions, EngineResult, run_engine, sorted_rows
@@ -65,30 +69,35 @@ _MESSAGE = ("msg_flow", "msg_dir", "msg_index", "msg_len", "msg_header_len", "ms
 def run_sharded(path, specs, choice: EngineChoice, options: EngineOptions, shards: int, *,
                 idle_timeout_us: int = 60_000_000) -> tuple[Trace, EngineResult]:
     """Read ``path`` and run the chain ``specs`` over it in ``shards`` processes (see the
-    module docstring). The trace's ``stages_s``: ``read`` and ``decode`` (this process),
-    ``flows`` (hashing here and the slowest shard's flow building) and ``merge``
-    (what the shards' section took beyond its slowest flows, start-up and NFs: waiting
-    for the slowest shard, the transfer and the merge); the result's ``startup_s`` and
+    module docstring). The trace's ``stages_s``: ``read`` (the record walk, this process),
+    ``decode`` and ``flows`` (the slowest shard's: its part of the decoding and the wait for
+    the others', then placing the 5-tuples and building its flows) and ``merge`` (what the
+    shards' section took beyond its slowest decoding, flows, start-up and NFs: waiting for
+    the slowest shard, the transfer and the merge); the result's ``startup_s`` and
     ``elapsed_s`` are the slowest shard's."""
-    capture = read_capture(path)
-    cols = capture.cols
     t0 = time.perf_counter()
-    rows = np.flatnonzero(cols.reason == OK)
-    shards = min(shards, len(rows) // flow_shards.MIN_SHARD_PACKETS)
+    malformed = MalformedCounts()
+    data, records = walk_capture(path, malformed)
+    read_s = time.perf_counter() - t0
+    shards = min(shards, len(records) // flow_shards.MIN_SHARD_PACKETS)
     if shards < 2 or not hasattr(os, "fork"):
+        t1 = time.perf_counter()
+        cols = decode_records(data, records, copy=False)
+        capture = capture_of(cols, malformed, {"read": read_s,
+                                               "decode": time.perf_counter() - t1})
+        del data, records
+        t2 = time.perf_counter()
         stats: Counter = Counter()
         table = assemble(cols, stats, idle_timeout_us=idle_timeout_us)
         trace = trace_of(str(path), table, capture.packets, capture.wire_bytes,
                          capture.malformed, stats)
-        trace.stages_s = {**capture.stages_s, "flows": time.perf_counter() - t0}
+        trace.stages_s = {**capture.stages_s, "flows": time.perf_counter() - t2}
         return trace, run_engine(trace, specs, choice, options)
-    keys = key_table(cols, rows)
-    which = balanced_shards(row_hash(keys[0]), cols.payload_len[rows], shards)
-    hashed_s = time.perf_counter() - t0
-    job = _Job(cols, rows, keys, which, specs, choice,
-               dataclasses.replace(options, workers=1), idle_timeout_us, str(path),
-               os.getpid())
     context = mp.get_context("fork")
+    t1 = time.perf_counter()
+    job = _Job(data, SharedColumns(records, shards), context.Barrier(shards), shards, specs,
+               choice, dataclasses.replace(options, workers=1), idle_timeout_us, str(path),
+               os.getpid())
     children = []
     for k in range(1, shards):
         read, write = context.Pipe(duplex=False)
@@ -96,14 +105,21 @@ def run_sharded(path, specs, choice: EngineChoice, options: EngineOptions, shard
         proc.start()
         write.close()
         children.append((k, read, proc))
-    parts = [job.run(0)]
+    try:
+        parts = [job.run(0)]
+    except threading.BrokenBarrierError:  # a shard failed before the columns were shared
+        raise _first_failure(children) from None
     for k, read, proc in children:
         parts.append(_receive(k, read))
         proc.join()
+    capture = capture_of(job.cols, malformed, {"read": read_s})
     trace, result = _merge(parts, capture, str(path))
-    flows_s = hashed_s + max(p["flows_s"] for p in parts)
-    merge_s = time.perf_counter() - t0 - flows_s - result.startup_s - result.elapsed_s
-    trace.stages_s = {**capture.stages_s, "flows": flows_s, "merge": max(0.0, merge_s)}
+    decode_s = max(p["decode_s"] for p in parts)
+    flows_s = max(p["flows_s"] for p in parts)
+    merge_s = (time.perf_counter() - t1 - decode_s - flows_s - result.startup_s
+               - result.elapsed_s)
+    trace.stages_s = {"read": read_s, "decode": decode_s, "flows": flows_s,
+                      "merge": max(0.0, merge_s)}
     return trace, result
 
 
@@ -135,27 +151,38 @@ def balanced_shards(key_hash: np.ndarray, payload: np.ndarray, shards: int) -> n
 
 @dataclasses.dataclass(slots=True)
 class _Job:
-    """What every shard shares: the decoded capture, its packets' keys and shards."""
+    """What every shard shares: the mapped capture, room for its decoded columns, the
+    barrier after the decoding, the chain and its options."""
 
-    cols: PacketColumns
-    rows: np.ndarray  # decoded rows (OK)
-    keys: tuple[np.ndarray, np.ndarray]  # key_table of rows
-    which: np.ndarray  # shard of each of rows
+    data: mmap.mmap
+    shared: SharedColumns
+    barrier: threading.Barrier
+    shards: int
     specs: tuple
     choice: EngineChoice
     options: EngineOptions
     idle_timeout_us: int
     source: str
-    parent: int = 0  # pid of the process that forks the shards
+    parent: int  # pid of the process that forks the shards
+    cols: PacketColumns | None = None  # the whole capture's, once decoded
 
     def run(self, k: int) -> dict:
-        """Shard ``k``: its flows and messages, and the chain run over them."""
+        """Shard ``k``: its part of the decoding, then its flows and messages, and the
+        chain run over them."""
         t0 = time.perf_counter()
-        mask = self.which == k
-        mine = self.rows[mask]
+        try:
+            self.shared.decode_part(self.data, k)
+        except BaseException:
+            self.barrier.abort()  # the others' wait fails instead of hanging
+            raise
+        self.barrier.wait()
+        self.cols, rows, keys = self.shared.columns(self.data)
+        t1 = time.perf_counter()
+        mask = balanced_shards(row_hash(keys[0]), self.cols.payload_len[rows], self.shards) == k
+        mine = rows[mask]
         stats: Counter = Counter()
         parts, clean = assemble_parts(self.cols, mine, stats, self.idle_timeout_us,
-                                      WINDOW_BYTES, (self.keys[0][mask], self.keys[1][mask]))
+                                      WINDOW_BYTES, (keys[0][mask], keys[1][mask]))
         parts = [flow_shards.to_records(part, mine, len(self.cols)) for part in parts]
         # merge_parts numbers flows by creating record and orders messages by completing one
         created = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)] + [
@@ -163,12 +190,12 @@ class _Job:
         when = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)]
                                       + [part.msg_at for part in parts]))
         trace = trace_of(self.source, merge_parts(parts, stats, clean), 0, 0, Counter(), stats)
-        flows_s = time.perf_counter() - t0
+        flows_s = time.perf_counter() - t1
         result = run_engine(trace, self.specs, self.choice, self.options)
         return {"flows": [tuple(getattr(f, n) for n in _FLOW_FIELDS) for f in trace.flows],
                 "addresses": trace.addresses, "created": created, "when": when,
                 "messages": [getattr(trace, name) for name in _MESSAGE],
-                "stats": stats, "flows_s": flows_s, "result": result}
+                "stats": stats, "decode_s": t1 - t0, "flows_s": flows_s, "result": result}
 
 
 def _merge(parts: list[dict], capture, source: str) -> tuple[Trace, EngineResult]:
@@ -230,9 +257,23 @@ def _child(conn, job: _Job, k: int) -> None:
     try:
         conn.send(("ok", job.run(k)))
     except Exception as exc:  # reported to the parent, which raises RuntimeFailure
+        job.barrier.abort()
         conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:
         conn.close()
+
+
+def _first_failure(children: list) -> RuntimeFailure:
+    """The failure of the shard that broke the barrier (the others report the broken
+    barrier itself)."""
+    failures = []
+    for k, read, _ in children:
+        try:
+            _receive(k, read)
+        except RuntimeFailure as exc:
+            failures.append(exc)
+    failures.sort(key=lambda exc: "BrokenBarrierError" in str(exc))
+    return failures[0] if failures else RuntimeFailure("a shard failed while decoding")
 
 
 def _receive(k: int, conn) -> dict:

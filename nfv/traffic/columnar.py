@@ -156,7 +156,7 @@ def _decode(blob: bytes, starts: np.ndarray, lengths: np.ndarray, ts_us: Iterabl
     rows = np.flatnonzero(cols["fallback"])
     extra: list[bytes] = []
     size = len(blob)
-    reasons = list(_REASONS)
+    reasons = list(REASONS)
     for i in rows.tolist():
         start = int(starts[i])
         frame = blob[start:start + int(lengths[i])]
@@ -194,10 +194,10 @@ def _decode(blob: bytes, starts: np.ndarray, lengths: np.ndarray, ts_us: Iterabl
         buf=np.frombuffer(blob, dtype=np.uint8), reasons=reasons, fallback=len(rows))
 
 
-_REASONS = ("", "truncated_link_header", "non_ip", "truncated_ip", "bad_ip_header",
+REASONS = ("", "truncated_link_header", "non_ip", "truncated_ip", "bad_ip_header",
             "bad_ip_length", "ip_fragment", "truncated_tcp", "bad_tcp_header", "truncated_udp",
             "bad_udp_length")
-_CODE = {name: k for k, name in enumerate(_REASONS)}
+_CODE = {name: k for k, name in enumerate(REASONS)}
 
 
 class _Decoder:

@@ -10,6 +10,7 @@ and packed with vectorised numpy instead of per-message Python.
 from __future__ import annotations
 
 import ipaddress
+import mmap
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -168,15 +169,26 @@ def read_capture(path: str | Path) -> Capture:
     ``BadInput`` when it is not a pcap/pcapng."""
     malformed = MalformedCounts()
     t0 = time.perf_counter()
-    data = open_mapped(path)
-    records = span_table(path, data, malformed)
+    data, records = walk_capture(path, malformed)
     t1 = time.perf_counter()
     cols = decode_records(data, records, copy=False)
     del records, data
+    return capture_of(cols, malformed, {"read": t1 - t0, "decode": time.perf_counter() - t1})
+
+
+def walk_capture(path: str | Path, malformed: MalformedCounts) -> tuple[mmap.mmap, np.ndarray]:
+    """The mapped capture and its records (``capture.span_table``); the records it could
+    not read counted in ``malformed``."""
+    data = open_mapped(path)
+    return data, span_table(path, data, malformed)
+
+
+def capture_of(cols: PacketColumns, malformed: MalformedCounts, stages_s: dict) -> Capture:
+    """The ``Capture`` of decoded ``cols`` (``malformed``: the record reasons so far, the
+    packet reasons of ``cols`` added)."""
     malformed.update(cols.malformed())
     packets = len(cols) + sum(malformed[reason] for reason in RECORD_REASONS)
-    return Capture(cols, malformed, packets, int(cols.wire_bytes.sum()),
-                   {"read": t1 - t0, "decode": time.perf_counter() - t1})
+    return Capture(cols, malformed, packets, int(cols.wire_bytes.sum()), stages_s)
 
 
 def trace_of(source: str, table: Assembled, packets: int, wire: int, malformed: Counter,

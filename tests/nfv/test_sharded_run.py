@@ -9,6 +9,7 @@ lowered so that small traces split.
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -18,7 +19,11 @@ from dl_nfv.nfv.engines import parse_engine, sharded
 from dl_nfv.nfv.engines.runner import EngineOptions, run_engine
 from dl_nfv.nfv.run import digests, run_config
 from dl_nfv.nfv.traffic import load_trace, shards
+from dl_nfv.nfv.traffic.assemble import key_table
+from dl_nfv.nfv.traffic.capture import span_table
+from dl_nfv.nfv.traffic.columnar import decode_records
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
+from dl_nfv.nfv.traffic.shared_decode import SharedColumns
 
 from .helpers import DATA, EXAMPLES, write_pcap
 from .test_assemble import FIELDS, _connections
@@ -51,6 +56,7 @@ def assert_same_run(path, workers: int, firewall: bool = True) -> int:
     assert len(result.latency_us) == ref.n_messages
     assert sum(b.messages for b in result.batches) == ref.n_messages
     assert set(split.stages_s) == {"read", "decode", "flows", "merge"}
+    assert split.malformed == ref.malformed
     return ref.n_messages
 
 
@@ -130,3 +136,48 @@ def test_balanced_shards_keep_5_tuples_whole_and_loads_even(seed):
         assert loads.max() - loads.min() <= max(heaviest, loads.sum() / n) + 1e-6
         if heaviest < loads.sum() / (2 * n):
             assert loads.max() - loads.min() <= heaviest + 1e-6
+
+
+def _frames(path) -> list[bytes]:
+    data = path.read_bytes()
+    return [data[at:at + n] for _, at, n, _ in span_table(path, data, Counter()).tolist()]
+
+
+ARP = b"\xff" * 6 + b"\x02" * 6 + b"\x08\x06" + bytes(28)  # a non-IP frame: dpkt decodes it
+
+
+@pytest.mark.parametrize("odd", [False, True])
+def test_shared_columns_equal_one_decoding(tmp_path, odd):
+    """Parts decoded apart and read back as one equal ``decode_records`` over every record,
+    field by field; with frames only the reference decoder reads (``odd``), every process
+    decodes the whole capture."""
+    path = tmp_path / "g.pcap"
+    generate_trace(TraceSpec(flows=30, seed=2), path)
+    if odd:
+        frames = _frames(path)
+        path = write_pcap(tmp_path / "odd.pcap", frames[:50] + [ARP] + frames[50:])
+    data = path.read_bytes()
+    records = span_table(path, data, Counter())
+    shared = SharedColumns(records, 3)
+    for part in range(3):
+        shared.decode_part(data, part)
+    assert shared.arrays["fallback"].any() == odd
+    cols, rows, keys = shared.columns(data)
+    ref = decode_records(data, records, copy=False)
+    for name in ("ts_us", "wire_bytes", "reason", "proto", "addr_len", "src_off", "dst_off",
+                 "sport", "dport", "flags", "seq", "payload_off", "payload_len"):
+        assert np.array_equal(getattr(cols, name), getattr(ref, name)), name
+    assert cols.reasons[:len(ref.reasons)] == ref.reasons
+    ref_rows = np.flatnonzero(ref.reason == 0)
+    ref_keys = key_table(ref, ref_rows)
+    assert np.array_equal(rows, ref_rows)
+    assert np.array_equal(keys[0], ref_keys[0]) and np.array_equal(keys[1], ref_keys[1])
+
+
+def test_frames_for_the_reference_decoder_in_a_shard(tmp_path, small_shards):
+    path = tmp_path / "g.pcap"
+    generate_trace(TraceSpec(flows=30, attack_rate=0.2, seed=6), path)
+    frames = _frames(path)
+    odd = write_pcap(tmp_path / "odd.pcap", frames[:len(frames) // 2] + [ARP] * 3
+                     + frames[len(frames) // 2:])
+    assert assert_same_run(odd, 2) > 50

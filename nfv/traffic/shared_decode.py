@@ -1,0 +1,91 @@
+"""A capture's headers decoded by several forked processes, the columns exchanged through
+one shared mapping.
+
+``SharedColumns(records, parts)`` is allocated before the fork: room for every
+record's decoded columns (``columnar.PacketColumns``' per-frame fields), its
+5-tuple key and orientation (``assemble.key_table``) in one anonymous shared
+mapping, so what one process writes every other reads. Process ``k`` decodes
+part ``k`` of the records (``decode_part``: a contiguous ``1 / parts`` of
+them, the frames where they lie in the mapped capture) and writes its rows;
+after all have (a barrier the caller keeps), each reads the whole capture's
+columns back (``columns``) without copying them. Rows are decoded exactly as
+one ``decode_records`` over all records decodes them: the fast path works
+frame by frame.
+
+The exception is a frame the array decoder hands to the reference decoder
+(dpkt): its skip reason may extend the list of reasons, and its fields may
+need bytes appended to the buffer, neither of which another process would
+see. A part with such frames says so (``fallback``), and then every process
+decodes the whole capture itself (the same columns everywhere, the split
+decoding lost). O(records) shared bytes: about 160 per record.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+from .assemble import key_table
+from .columnar import OK, REASONS, PacketColumns, decode_records
+
+_FIELDS = (("ts_us", np.int64), ("wire_bytes", np.int64), ("reason", np.int16),
+           ("proto", np.uint8), ("addr_len", np.int64), ("src_off", np.int64),
+           ("dst_off", np.int64), ("sport", np.int64), ("dport", np.int64),
+           ("flags", np.uint8), ("seq", np.int64), ("payload_off", np.int64),
+           ("payload_len", np.int64))
+KEY_WIDTH = 8  # key_table's columns: protocol, address length, two endpoints of 3 words
+
+
+class SharedColumns:
+    """Decoded columns of ``records`` ([n, 4], ``capture.span_table``) in ``parts`` parts,
+    in one shared mapping (see the module docstring)."""
+
+    def __init__(self, records: np.ndarray, parts: int):
+        self.records, self.parts = records, parts
+        n = len(records)
+        shapes = [(name, dtype, (n,)) for name, dtype in _FIELDS]
+        shapes += [("key", np.uint64, (n, KEY_WIDTH)), ("src_low", np.bool_, (n,)),
+                   ("fallback", np.int64, (parts,))]
+        sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize for _, dtype, shape in shapes]
+        self.area = mmap.mmap(-1, max(1, sum(-(-size // 8) * 8 for size in sizes)))
+        self.arrays: dict[str, np.ndarray] = {}
+        at = 0
+        for (name, dtype, shape), size in zip(shapes, sizes):
+            self.arrays[name] = np.frombuffer(self.area, dtype=dtype, count=int(np.prod(shape)),
+                                              offset=at).reshape(shape)
+            at += -(-size // 8) * 8
+
+    def bounds(self, part: int) -> tuple[int, int]:
+        n = len(self.records)
+        return n * part // self.parts, n * (part + 1) // self.parts
+
+    def decode_part(self, data, part: int) -> None:
+        """Decode part ``part`` of the records of the mapped capture ``data`` into the
+        shared rows (or mark the part as needing the whole capture decoded in each
+        process)."""
+        lo, hi = self.bounds(part)
+        cols = decode_records(data, self.records[lo:hi], copy=False)
+        if cols.fallback or cols.blob is not data:
+            self.arrays["fallback"][part] = max(1, cols.fallback)
+            return
+        for name, _ in _FIELDS:
+            self.arrays[name][lo:hi] = getattr(cols, name)
+        ok = np.flatnonzero(cols.reason == OK)
+        table, src_low = key_table(cols, ok)
+        self.arrays["key"][lo + ok] = table
+        self.arrays["src_low"][lo + ok] = src_low
+
+    def columns(self, data) -> tuple[PacketColumns, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """Once every part is decoded: the capture's columns, its decoded rows (reason OK)
+        and their ``key_table``."""
+        if self.arrays["fallback"].any():
+            cols = decode_records(data, self.records, copy=False)
+            rows = np.flatnonzero(cols.reason == OK)
+            return cols, rows, key_table(cols, rows)
+        a = self.arrays
+        cols = PacketColumns(**{name: a[name] for name, _ in _FIELDS}, blob=data,
+                             buf=np.frombuffer(data, dtype=np.uint8), reasons=list(REASONS),
+                             fallback=0)
+        rows = np.flatnonzero(cols.reason == OK)
+        return cols, rows, (a["key"][rows], a["src_low"][rows])
