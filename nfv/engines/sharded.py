@@ -4,16 +4,19 @@
 ``run_sharded(path, specs, choice, options, shards)`` gives the ``Trace`` and
 ``EngineResult`` that reading the capture in one process and running the
 engine over it give (flows, their ids, messages, their order and every NF
-output row), with everything after the record walk and the header decoding
-split over ``shards`` processes, as receive-side scaling splits a NIC's queues:
+output row), with everything after the record walk split over ``shards``
+processes, as receive-side scaling splits a NIC's queues:
 
-1. This process maps the capture, walks its records and decodes the headers
-   as columns (``trace.read_capture``), hashes each packet's 5-tuple (the same
-   in both directions), places the 5-tuples on the shards so that their loads
-   are even (``balanced_shards``) and forks one process per further shard; the decoded
-   columns and the mapped file are inherited, not copied.
+1. This process maps the capture, walks its records (``trace.walk_capture``)
+   and forks one process per further shard; the mapping and the record table
+   are inherited, not copied. Each shard decodes a part of the records into
+   one shared mapping (``shared_decode.SharedColumns``: headers as columns,
+   each packet's 5-tuple key, the same in both directions); after a barrier
+   each reads the whole capture's columns back and places the 5-tuples on the
+   shards so that their loads are even (``balanced_shards``, the same answer
+   in every process).
 2. Each shard (this process is shard 0) builds the flows and messages of the
-   packets whose hash falls in it (``assemble.assemble_parts``: the in-order
+   packets placed on it (``assemble.assemble_parts``: the in-order
    checks, the streams, HTTP framing, the flow table for the rest), numbers
    them by the records that created and completed them, and runs the chain
    over its messages in process (``run_engine`` with one in-process worker).
