@@ -118,7 +118,8 @@ def migrate(spec: ClusterSpec, flows: int, source: str, destination: str, mode: 
             timeout_s: float = 60.0) -> dict:
     """Move ``flows`` flows from ``source`` to ``destination``; the completion time.
 
-    The names are checked against the cluster file before the switch is asked."""
+    The names are checked against the cluster file before the switch is asked; a runtime
+    of the migration that dies meanwhile is ``DlNfvError`` (its flows were taken over)."""
     runtime_of(spec, source)
     runtime_of(spec, destination)
     if source == destination:
@@ -134,6 +135,9 @@ def migrate(spec: ClusterSpec, flows: int, source: str, destination: str, mode: 
                 if kind == "migrate_error":
                     raise BadInput(payload)
                 if kind == "migrated":
+                    if "failed" in payload:
+                        raise DlNfvError(f"migration of {flows} flows {source} -> "
+                                         f"{destination} failed: {payload['failed']}")
                     return payload
         raise DlNfvError(f"migration of {flows} flows did not finish in {timeout_s:g} s")
     finally:

@@ -24,13 +24,15 @@ the switch has let out). The runtime's rules:
   straight to the destination in one message, and the switch routes the flows' next
   packets to the destination. A packet of a flow with no primary here that is not the
   flow's first (``seq`` > 1) belongs to a flow whose state is on its way: the runtime
-  makes a *held* actor that keeps the packets. ``migrate_in`` installs the states and
-  replays the held packets in order. Either may come first (they come from different
-  senders, and a receiver takes its senders' messages in turn). The replica needs no
-  snapshot: an unchanged replica applies the source's deltas and then the
-  destination's, in sequence; when a flow moves onto its replica's runtime, the source
-  keeps the state it sent as the new replica. **Central** (OpenNF): ``export`` sends
-  each flow's state to the switch's controller, ``import`` installs one.
+  makes a *held* actor that keeps the packets. ``migrate_in`` installs the states,
+  tells the switch, and replays the held packets in order. Either may come first (they
+  come from different senders, and a receiver takes its senders' messages in turn).
+  Each moved flow's replica then gets a snapshot, after the switch is told; when a flow
+  moves onto its replica's runtime, the source keeps the state it sent as the new
+  replica instead. **Central** (OpenNF): ``export`` sends each flow's state to the
+  switch's controller, ``import`` installs one. If the source dies before the state
+  arrives, ``handover`` has the flow's replica send its copy to the destination
+  (``recover_in``), or ``promote`` makes the destination's own copy the primary.
 
 Messages from a runtime the switch declared dead are ignored. Run as
 ``python -m dl_nfv.nfv.actors.runtime CLUSTER NAME``.
@@ -57,8 +59,8 @@ GC_THRESHOLD = 200_000
 ORPHAN_CHECK_S = 0.5  # how often a runtime checks that its parent and switch are alive
 # Messages about flows carry the session (one per load): a message of an earlier session
 # that arrives late (another sender's, so not ordered with the load) is dropped.
-SESSION_KINDS = frozenset({"deltas", "snapshot", "migrate_in", "acks", "replicated",
-                           "promoted", "migrated", "state", "imported"})
+SESSION_KINDS = frozenset({"deltas", "snapshot", "migrate_in", "recover_in", "acks",
+                           "replicated", "promoted", "migrated", "state", "imported"})
 
 
 class FlowActor:
@@ -241,10 +243,10 @@ class Runtime:
 
     def on_deltas(self, sender: str, batch: list) -> None:
         for flow, seq, delta, output, committed in batch:
-            if flow in self.primaries:
-                continue  # this runtime took the flow over; the old primary is stale
             actor = self.replicas.get(flow)
             if actor is None:
+                if flow in self.primaries:
+                    continue  # this runtime took the flow over; the old primary is stale
                 actor = self.replicas[flow] = FlowActor(flow, self.chain.initial())
             if seq <= actor.seq:
                 continue
@@ -264,8 +266,12 @@ class Runtime:
     def on_snapshot(self, sender: str, batch: list) -> None:
         installed = []
         for flow, seq, states, log in batch:
-            if flow in self.primaries:
-                continue
+            primary = self.primaries.get(flow)
+            if primary is not None and primary.held is not None:
+                continue  # an old primary's, overtaken by the flow's move to this runtime
+            # (a primary not held is one this runtime is about to give away: its
+            # ``migrate_out`` is queued behind other messages, and the flow's new
+            # primary already counts on this runtime as the replica)
             actor = self.replicas.get(flow)
             if actor is None:
                 actor = self.replicas[flow] = FlowActor(flow, states)
@@ -281,27 +287,60 @@ class Runtime:
     # Failover -------------------------------------------------------------------------
     def on_promote(self, sender: str, batch: list) -> None:
         for flow, replica, committed in batch:
-            actor = self.replicas.pop(flow, None)
-            if actor is None:
-                actor = FlowActor(flow, self.chain.initial())
-            actor.replica, actor.ahead = replica, {}
-            actor.trim(committed)
-            self.primaries[flow] = actor
-            if replica is not None:
-                self.snapshots[replica].append(actor.snapshot())
+            self.take_charge(flow, replica, committed)
         self.tell(self.switch, "promoted", [flow for flow, _, _ in batch])
 
     def on_rereplicate(self, sender: str, batch: list) -> None:
         for flow, replica, committed in batch:
+            if flow in self.primaries:
+                self.take_charge(flow, replica, committed)
+
+    def take_charge(self, flow: int, replica: str | None, committed: int) -> None:
+        """Make this runtime the flow's primary, with ``replica`` as its new replica, from
+        what it holds: its primary (if that was held for a migrated state that will not
+        come, its source having died, from this runtime's copy of the flow); else its
+        replica; else a fresh actor (the state is lost). The new replica gets a snapshot;
+        with none, the primary acknowledges what it logged."""
+        actor = self.primaries.get(flow)
+        held = []
+        if actor is None:
+            actor = self.replicas.pop(flow, None) or FlowActor(flow, self.chain.initial())
+            self.primaries[flow] = actor
+        elif actor.held is not None:
+            copy = actor.backup or self.replicas.pop(flow, None)
+            held, actor.held, actor.backup = actor.held, None, None
+            if copy is not None:
+                actor.seq, actor.states, actor.log = copy.seq, copy.states, dict(copy.log)
+        actor.replica, actor.ahead = replica, {}
+        actor.trim(committed)
+        for seq, committed_then, packet in held:
+            self.process(actor, seq, committed_then, packet)
+        if replica is not None:
+            self.snapshots[replica].append(actor.snapshot())
+        else:  # no runtime left to replicate to: what the replica owed, the primary sends
+            self.acks.extend((flow, s, o) for s, o in sorted(actor.log.items()))
+
+    def on_handover(self, sender: str, batch: list) -> None:
+        """A migration's source died: send this runtime's copy of each flow (its replica)
+        to the flow's destination, which installs it unless the source's state came."""
+        copies = defaultdict(list)
+        for flow, destination in batch:
+            copy = self.replicas.get(flow)
+            copies[destination].append(
+                (flow, 0, self.chain.initial(), {}, self.name) if copy is None
+                else (flow, copy.seq, copy.states, dict(copy.log), self.name))
+        for destination, entries in copies.items():
+            self.tell(self.addresses[destination], "recover_in", entries)
+
+    def on_recover_in(self, sender: str, batch: list) -> None:
+        """The replica's copies of flows whose source died mid-migration: installed where
+        the source's state had not come, and every flow snapshotted to its replica (which
+        may have missed the source's last deltas)."""
+        self.on_migrate_in(sender, batch)
+        for flow, *_ in batch:
             actor = self.primaries.get(flow)
-            if actor is None:
-                continue
-            actor.replica = replica
-            actor.trim(committed)
-            if replica is not None:
-                self.snapshots[replica].append(actor.snapshot())
-            else:  # no runtime left to replicate to: what the replica owed, the primary sends
-                self.acks.extend((flow, s, o) for s, o in sorted(actor.log.items()))
+            if actor is not None and actor.held is None and actor.replica is not None:
+                self.snapshots[actor.replica].append(actor.snapshot())
 
     # Migration ----------------------------------------------------------------------------
     def give_away(self, flows: list) -> list[tuple]:
@@ -338,27 +377,37 @@ class Runtime:
                 replicas.pop(flow, None)
                 actor = primaries[flow] = FlowActor(flow, states, replica)
                 actor.seq, actor.log = seq, log
-                if log and replica == sender:
-                    self.acks.extend((flow, s, o) for s, o in sorted(log.items()))
+                self.replicate_moved(actor, sender)
             elif actor.held is not None:
                 self.install(actor, seq, states, log, sender)
             else:
                 continue  # installed already
             installed.append(flow)
-        self.tell(self.switch, "migrated", installed)
+        self.tell(self.switch, "migrated", installed)  # before the snapshots go (flush)
 
     def install(self, actor: FlowActor, seq: int, states: tuple, log: dict, source: str
                 ) -> None:
         """Install a migrated flow's state in its held actor and process the packets held
-        meanwhile, in order. The replica needs no snapshot (module docstring); when it is
-        the source, which holds this very state, the outputs logged are replicated, and
-        acknowledged here."""
+        meanwhile, in order."""
         held, actor.held, actor.backup = actor.held, None, None
         actor.seq, actor.states, actor.log = seq, states, log
-        if log and actor.replica is not None and actor.replica == source:
-            self.acks.extend((actor.flow, s, o) for s, o in sorted(log.items()))
+        self.replicate_moved(actor, source)
         for seq, committed, packet in held:
             self.process(actor, seq, committed, packet)
+
+    def replicate_moved(self, actor: FlowActor, source: str) -> None:
+        """A moved flow's replica: on the source, it holds this very state, so the outputs
+        logged are replicated and acknowledged here; elsewhere, it gets a snapshot, sent
+        after the switch is told (so the migration's completion does not wait for it). An
+        unchanged replica would apply the source's last deltas and then this runtime's,
+        but a source that dies may never send the former."""
+        if actor.replica is None:
+            return
+        if actor.replica == source:
+            if actor.log:
+                self.acks.extend((actor.flow, s, o) for s, o in sorted(actor.log.items()))
+        else:
+            self.snapshots[actor.replica].append(actor.snapshot())
 
     def on_export(self, sender: str, flows: list) -> None:
         for state in self.give_away(flows):
@@ -369,8 +418,7 @@ class Runtime:
         self.replicas.pop(flow, None)
         actor = self.primaries[flow] = FlowActor(flow, states, replica)
         actor.seq, actor.log = seq, log
-        if log and replica is not None and replica == source:  # as ``install``
-            self.acks.extend((flow, s, o) for s, o in sorted(log.items()))
+        self.replicate_moved(actor, source)
         self.tell(self.switch, "imported", flow)
 
 

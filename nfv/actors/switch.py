@@ -76,7 +76,7 @@ class RuntimeView:
 
 class Migration:
     __slots__ = ("reply", "mode", "source", "destination", "waiting", "started", "flows",
-                 "imported", "replicas")
+                 "imported", "replicas", "forwarded", "failed", "orphaned")
 
     def __init__(self, reply, mode, source, destination, flows) -> None:
         self.reply, self.mode = reply, mode
@@ -85,6 +85,9 @@ class Migration:
         self.waiting = set(self.flows)
         self.imported: set[int] = set()  # central mode: flows whose state is in
         self.replicas: dict[int, str | None] = {}  # each flow's replica before the move
+        self.forwarded: set[int] = set()  # central mode: flows whose state went to import
+        self.failed = ""  # why the migration did not complete, if it did not
+        self.orphaned: set[int] = set()  # flows whose replica died meanwhile
         self.started = time.perf_counter()
 
 
@@ -294,9 +297,16 @@ class Switch:
             self.dumping["waiting"].discard(dead)
         for name in self.live():
             self.endpoint.send(self.runtimes[name].address, "dead", dead)
+        handover = self.break_migrations(dead)
         promote, rereplicate = defaultdict(list), defaultdict(list)
         outstanding, replicas = {}, set()
         for flow in self.by_id:
+            if flow.replica == dead and flow.primary != dead and flow.id in self.migrations:
+                # Its migration (between two live runtimes) is under way: the destination
+                # may not hold the state yet. It gets a new replica once it does.
+                self.migrations[flow.id].orphaned.add(flow.id)
+                replicas.add(flow.id)
+                continue
             if flow.primary == dead:
                 if flow.replica is not None and self.runtimes[flow.replica].live:
                     flow.primary = flow.replica
@@ -317,6 +327,16 @@ class Switch:
                 outstanding[flow.id] = max(flow.unacked)
             if flow.replica is not None:
                 replicas.add(flow.id)
+        for name, batch in handover.items():
+            self.endpoint.send(self.runtimes[name].address, "handover", batch)
+            for flow_id, destination in batch:
+                flow = self.by_id[flow_id]
+                self.pending[destination].extend(
+                    (flow_id, seq, flow.replica, flow.committed, packet)
+                    for seq, packet in sorted(flow.unacked.items()))
+                if flow.unacked:
+                    outstanding[flow_id] = max(flow.unacked)
+                replicas.add(flow_id)
         for name, batch in promote.items():
             self.endpoint.send(self.runtimes[name].address, "promote", batch)
         for name, batch in rereplicate.items():
@@ -335,6 +355,47 @@ class Switch:
         self.recoveries.append({"event": event, "outstanding": outstanding,
                                 "replicas": replicas})
         self.progress_recoveries()
+
+    def break_migrations(self, dead: str) -> dict[str, list]:
+        """Settle every flow of an unconfirmed migration from or to ``dead``, so that no
+        packet waits for a state that will not come; the migration reports that it failed.
+        The flows whose state is elsewhere are marked for ``declare_dead``'s loop (their
+        primary set to ``dead``, their replica to the runtime holding a copy); returns the
+        *handovers*: flows whose source died, by the live replica that holds their copy,
+        which sends it to the destination (the destination stays the primary)."""
+        handover: dict[str, list] = defaultdict(list)
+        for flow_id, migration in list(self.migrations.items()):
+            if dead not in (migration.source, migration.destination):
+                continue
+            flow = self.by_id[flow_id]
+            holder = migration.replicas[flow_id]  # its replica before the move
+            holder_live = holder is not None and self.runtimes[holder].live
+            if migration.mode == "central":
+                flow.mode = NORMAL
+                if dead == migration.source and flow_id in migration.forwarded:
+                    flow.primary = migration.destination  # imported before anything else
+                    self.pending[flow.primary].extend(
+                        (flow_id, seq, flow.replica, flow.committed, flow.unacked[seq])
+                        for seq in flow.buffer if seq in flow.unacked)
+                else:  # promoted where the copy is: the replica, or the source's kept copy
+                    flow.primary = dead
+                    if dead == migration.source:
+                        flow.replica = holder
+                flow.buffer = []
+            elif dead == migration.source:
+                if holder_live and holder != migration.destination:
+                    handover[holder].append((flow_id, migration.destination))
+                else:  # the destination's own copy (a replica, or none: the state is lost)
+                    self.lost_flows += 0 if holder_live else 1
+                    flow.primary, flow.replica = dead, migration.destination
+            # (destination dead, actor mode: the flow's primary is already ``dead``)
+            self.migrations.pop(flow_id)
+            migration.waiting.discard(flow_id)
+            migration.failed = (f"runtime {dead!r} died during the migration; its flows were "
+                                f"taken over by the runtimes holding their state")
+            if not migration.waiting:
+                self.report_migration(migration)
+        return handover
 
     def on_replicated(self, sender: str, flows: list) -> None:
         for recovery in self.recoveries:
@@ -409,6 +470,7 @@ class Switch:
         migration = self.migrations.get(snapshot[0])
         if migration is None:
             return
+        migration.forwarded.add(snapshot[0])
         self.endpoint.send(self.runtimes[migration.destination].address, "import",
                            (snapshot, migration.source))
 
@@ -435,14 +497,24 @@ class Switch:
         if migration is None:
             return
         migration.waiting.discard(flow_id)
+        if flow_id in migration.orphaned:  # its replica died meanwhile: make a new one
+            flow = self.by_id[flow_id]
+            flow.replica = self.replica_for(flow.primary)
+            self.endpoint.send(self.runtimes[flow.primary].address, "rereplicate",
+                               [(flow_id, flow.replica, flow.committed)])
         if not migration.waiting:
-            self.flush()
-            ms = (time.perf_counter() - migration.started) * 1000
-            result = {"mode": migration.mode, "source": migration.source,
-                      "destination": migration.destination, "flows": len(migration.flows),
-                      "completion_ms": ms}
-            self.events.append({"migration": result})
-            self.endpoint.send(migration.reply, "migrated", result)
+            self.report_migration(migration)
+
+    def report_migration(self, migration: Migration) -> None:
+        self.flush()
+        ms = (time.perf_counter() - migration.started) * 1000
+        result = {"mode": migration.mode, "source": migration.source,
+                  "destination": migration.destination, "flows": len(migration.flows),
+                  "completion_ms": ms}
+        if migration.failed:
+            result["failed"] = migration.failed
+        self.events.append({"migration": result})
+        self.endpoint.send(migration.reply, "migrated", result)
 
     # Status ------------------------------------------------------------------------------------
     def status(self) -> dict:
