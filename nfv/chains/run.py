@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ...artifacts import BadInput, InvalidArtifact, load
-from .engine import OUT_FIELDS, BatchResult, build_chain
+from .engine import OUT_FIELDS, BatchResult, TensorChain, build_chain
 from .packets import ChainPackets, load_packets, write_output
 from .states import DROP_REASONS
 
@@ -50,12 +51,22 @@ def resolve(device: str) -> str:
 
 
 def drive(chain, packets: ChainPackets, batch_size: int) -> tuple[list[BatchResult], list[float]]:
-    """Run ``chain`` over ``packets`` in batches; the results and each batch's wall time."""
+    """Run ``chain`` over ``packets`` in batches; the results and each batch's wall time.
+
+    The tensor engine on the CPU runs on one core (one torch thread, restored after):
+    its vector steps are a batch long or shorter, too short for threads to pay off."""
     results, latency = [], []
-    for start in range(0, len(packets), batch_size):
-        t0 = time.perf_counter()
-        results.append(chain.run_batch(packets.slice(start, start + batch_size)))
-        latency.append(time.perf_counter() - t0)
+    one_core = isinstance(chain, TensorChain) and chain.device.type == "cpu"
+    threads = torch.get_num_threads()
+    if one_core:
+        torch.set_num_threads(1)
+    try:
+        for start in range(0, len(packets), batch_size):
+            t0 = time.perf_counter()
+            results.append(chain.run_batch(packets.slice(start, start + batch_size)))
+            latency.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
     return results, latency
 
 
