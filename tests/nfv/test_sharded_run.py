@@ -9,12 +9,13 @@ lowered so that small traces split.
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from dl_nfv.artifacts.errors import RuntimeFailure
+from dl_nfv.artifacts.errors import BadInput, RuntimeFailure
 from dl_nfv.nfv.engines import parse_engine, sharded
 from dl_nfv.nfv.engines.runner import EngineOptions, run_engine
 from dl_nfv.nfv.run import digests, run_config
@@ -28,6 +29,7 @@ from dl_nfv.nfv.traffic.shared_decode import SharedColumns
 from .helpers import DATA, EXAMPLES, write_pcap
 from .test_assemble import FIELDS, _connections
 from .test_engines import _chain
+from .test_pcap_fuzz import pcap_case
 
 CPU = parse_engine("cpu")
 
@@ -181,3 +183,26 @@ def test_frames_for_the_reference_decoder_in_a_shard(tmp_path, small_shards):
     odd = write_pcap(tmp_path / "odd.pcap", frames[:len(frames) // 2] + [ARP] * 3
                      + frames[len(frames) // 2:])
     assert assert_same_run(odd, 2) > 50
+
+
+@pytest.mark.parametrize("kind", ["payload", "huge_caplen", "caplen_over_original", "cut",
+                                  "anywhere"])
+def test_corrupt_captures_over_shards(tmp_path, small_shards, kind):
+    """Seeded corruptions of a generated capture: the shards count the same malformed
+    records and packets and give the same outputs as one process, or the same BadInput."""
+    base = tmp_path / "g.pcap"
+    generate_trace(TraceSpec(flows=12, mean_exchanges=2, attack_rate=0.2, seed=4), base)
+    damaged = 0
+    for seed in range(6):
+        data, _ = pcap_case(base.read_bytes(), random.Random(f"{kind}/{seed}"), kind)
+        path = tmp_path / "f.pcap"
+        path.write_bytes(data)
+        try:
+            damaged += bool(load_trace(path).malformed)
+        except BadInput as exc:
+            with pytest.raises(BadInput, match=re.escape(str(exc))):
+                sharded.run_sharded(path, _chain(False), CPU, EngineOptions(workers=3), 3)
+            damaged += 1
+            continue
+        assert_same_run(path, 3)
+    assert damaged
