@@ -9,6 +9,7 @@ import click
 from .options import (
     TRACE_SUFFIXES,
     Number,
+    check_output_path,
     deliver,
     json_option,
     output_option,
@@ -270,8 +271,11 @@ def chain(config_path: str, trace_path: str, engine: str | None, device: str | N
     from dl_nfv.artifacts.chainreport import ChainReport
     from dl_nfv.nfv.chains.run import run_chain
 
-    if write_path is not None and not Path(write_path).resolve().parent.is_dir():
-        raise click.BadParameter(f"{write_path}: its folder does not exist", param_hint="-w")
+    if write_path is not None:
+        try:
+            check_output_path(Path(write_path), TRACE_SUFFIXES)
+        except click.BadParameter as bad:
+            raise click.BadParameter(bad.message, param_hint="-w") from None
     report = run_chain(config_path, trace_path, engine=engine, device=device,
                        batch_size=batch_size, write=write_path)
     from .render_chain import render_report
