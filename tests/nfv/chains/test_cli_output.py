@@ -182,3 +182,15 @@ def test_show_renders_the_l4_chain():
     lb = next(s for s in config.l4_chain if s.nf.value == "lb")
     assert f"pool {','.join(nat.pool)} ports {nat.ports}" in r.output
     assert f"Maglev table {lb.table_size}" in r.output
+
+
+@pytest.mark.parametrize(("name", "needle"), [
+    ("out.txt", "the extension must be .pcap or .pcapng"),
+    ("missing/out.pcap", "does not exist"),
+])
+def test_bad_write_path_exit_2(tmp_path, name, needle):
+    out = tmp_path / name
+    r = invoke("nfv", "chain", "--config", CONFIG, "--trace", REAL_TRACE, "-w", out)
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and "-w" in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1 and not out.exists()
