@@ -63,6 +63,15 @@ def command(file: str, as_json: bool, width: int | None) -> None:
 
         print_view(render_trace(summary, file), width=width)
         return
+    if isinstance(doc, dict) and str(doc.get("kind", "")).startswith("actors-"):
+        from .render_actors import show as render_actors
+
+        view = render_actors(doc, file)  # checks what it renders, also for --json
+        if as_json:
+            print_json(doc)
+        else:
+            print_view(view, width=width)
+        return
     artifact = from_document(doc, file=file)
     if as_json:
         print_json(artifact)
