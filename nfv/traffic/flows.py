@@ -54,7 +54,7 @@ class FlowState:
     closed: bool = False
     streams: list = field(default_factory=list)
     framers: list = field(default_factory=list)
-    seg_starts: list = field(default_factory=lambda: [deque(), deque()])
+    seg_starts: list = field(default_factory=list)  # per direction (TCP): a deque
     turn_dir: int = -1
     turn: bytearray = field(default_factory=bytearray)
     turn_base: int = 0
@@ -121,6 +121,8 @@ class FlowTable:
         if pkt.proto == TCP:
             flow.streams = [Stream(self.stats, self.window_bytes), Stream(self.stats,
                                                                           self.window_bytes)]
+            flow.seg_starts = [deque(), deque()]  # here, not per record: flows built over
+            # arrays (assemble.py) never use them, and two deques weigh 1.5 KB
         self.flows.append(flow)
         self.active[key] = flow
         return flow
