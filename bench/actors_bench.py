@@ -64,9 +64,16 @@ def tables(result: dict) -> str:
     moves = markdown_table(["flows", "actor ms", "central ms", "central / actor"], [
         [n, f"{times[(n, 'actor')]:.1f}", f"{times[(n, 'central')]:.1f}", f"{ratio[n]:.1f}x"]
         for n in sorted(ratio)])
+    lat = result["latency_us"]
+    pairs = len(lat["replication"]["runs"])
+    added = "; ".join(f"{q} {lat['added'][q]['median']:+.0f} us ({lat['added'][q]['min']:+.0f} "
+                      f"to {lat['added'][q]['max']:+.0f})" for q in ("p50", "p99"))
     parts = [f"{result['packets']} packets of generated TCP flows, fw-nat-lb chain, "
-             f"{result['runtimes']} runtimes; latency at {result['latency_rate_pps']:.0f} "
-             f"packets/s.", rates, "Migration (idle flows, first runtime to second):", moves]
+             f"{result['runtimes']} runtimes; latency over the first "
+             f"{result['latency_packets']} packets at {result['latency_rate_pps']:.0f} "
+             f"packets/s, medians of {pairs} runs each, off and on in turn.", rates,
+             f"Replication adds (on minus off, median of {pairs} pairs, least to most): "
+             f"{added}.", "Migration (idle flows, first runtime to second):", moves]
     if "recovery" in result:
         r = result["recovery"]
         parts += [f"Recovery after kill -9 of {r['runtime']} (timeout "
@@ -83,6 +90,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="200 flows of traffic, migrations of 100 and 500 flows")
     parser.add_argument("--repeats", type=int, default=3, help="throughput runs, best counts")
+    parser.add_argument("--latency-repeats", type=int, default=None,
+                        help="pairs of latency runs, off and on (default 5, quick 3)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     flows, sizes = (200, (100, 500)) if args.quick else (2000, (100, 500, 2000))
@@ -92,7 +101,8 @@ def main() -> None:
         spec = load_cluster(path)
         with ClusterProcesses(path, spec):
             result = bench(spec, packets, chain_document(CHAIN), sizes=sizes,
-                           repeats=1 if args.quick else args.repeats)
+                           repeats=1 if args.quick else args.repeats,
+                           latency_repeats=args.latency_repeats or (3 if args.quick else 5))
     body = tables(result)
     print(body)
     if not args.no_record:

@@ -227,7 +227,8 @@ def status(cluster_path: str, as_json: bool) -> None:
       dl-nfv nfv actors status --cluster examples/nf/actors-local.yaml --json
     """
     from dl_nfv.nfv.actors.client import status as run_status
-    from dl_nfv.nfv.actors.report import render_status
+
+    from .render_actors import render_status
 
     deliver(run_status(_load(cluster_path)), None, as_json, render=render_status)
 
@@ -261,8 +262,9 @@ def bench(cluster_path: str, trace_path: str | None, chain_path: str | None, siz
     from dl_nfv.nfv.actors.chain import chain_document
     from dl_nfv.nfv.actors.client import read_packets
     from dl_nfv.nfv.actors.measure import bench as run_bench
-    from dl_nfv.nfv.actors.report import render_bench
     from dl_nfv.nfv.actors.traffic import interleaved
+
+    from .render_actors import render_bench
 
     try:
         counts = tuple(int(x) for x in sizes.split(",") if x.strip())
