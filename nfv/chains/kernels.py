@@ -64,10 +64,6 @@ def _tensor(values, device):
     return torch.tensor(values, dtype=torch.int64, device=device)
 
 
-def _orient(code):
-    return torch.where(code == 0, torch.zeros_like(code), (code - 1) % 2)
-
-
 def _sorted_keys(k1, k2):
     order = torch.sort(k2, stable=True).indices
     return order[torch.sort(k1[order], stable=True).indices]
@@ -245,6 +241,11 @@ class _SessionKernel(_Machine):
 
     def __init__(self, spec, table, index: int, device):
         super().__init__(table, index, device, st.session_timeouts_us(spec.timeouts))
+        # by (state, packet direction): whether the packet comes from the side that started
+        # the session (a packet that finds none starts one)
+        self.forward = torch.tensor([code == 0 or st.decode(code)[1] == d
+                                     for code in range(self.next.shape[1]) for d in (0, 1)],
+                                    device=device)
 
     def snapshot(self) -> dict:
         """key -> (state, orient, last, binding, peer address, peer port), the reference's."""
@@ -272,8 +273,8 @@ class _SessionKernel(_Machine):
         p_port = torch.where(has, peer_port[safe],
                              self._column(sub, "peer_port", existed)[seg.index])
         self._releases(sub, seg, timed_out, event, ok, binding, begun, table_binding)
-        orient = torch.where(found != 0, _orient(found), sub.dir)
-        verdict = self.rewrite(sub, ok, sub.dir == orient, binding, p_ip, p_port, verdict)
+        forward = self.forward[found * 2 + sub.dir]
+        verdict = self.rewrite(sub, ok, forward, binding, p_ip, p_port, verdict)
         last = seg.last
         self._store(sub, existed, after[last] != 0,
                     {"state": after[last], "last": sub.ts[last], "binding": binding[last],

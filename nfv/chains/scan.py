@@ -71,13 +71,19 @@ class Segments:
         start = torch.ones(n, dtype=torch.bool, device=k1.device)
         if n > 1:
             start[1:] = (k1[1:] != k1[:-1]) | (k2[1:] != k2[:-1])
+        return cls.starting(start)
+
+    @classmethod
+    def starting(cls, start) -> Segments:
+        """The segments whose first packets are marked in ``start`` (``start[0]`` set)."""
+        n = start.shape[0]
         index = torch.cumsum(start.long(), 0) - 1
         first = torch.nonzero(start).squeeze(1)
         last = torch.empty_like(first)
         if first.numel():
             last[:-1] = first[1:] - 1
             last[-1] = n - 1
-        pos = torch.arange(n, device=k1.device) - first[index]
+        pos = torch.arange(n, device=start.device) - first[index]
         longest = int((last - first).max()) + 1 if first.numel() else 0
         return cls(index=index, first=first, last=last, pos=pos, longest=longest)
 
@@ -139,8 +145,7 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
         if rows.numel() == n:
             found, after = _step(next_table, timeouts, cls, gap, seg, s0)
             break
-        sid = seg.index[rows]
-        sub = Segments.of(sid, torch.zeros_like(sid))
+        sub = Segments.starting(start[rows])  # every flow's first packet is a candidate
         c_found, c_after = _step(next_table, timeouts, cls[rows], gap[rows], sub, s0)
         rank = torch.cumsum(cand, 0) - 1  # the latest candidate at or before each packet
         after = c_after[rank]
