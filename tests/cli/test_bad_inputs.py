@@ -348,6 +348,8 @@ CASES: list[tuple[str, list[str]]] = [
     ("actors up cluster of another kind", ["nfv", "actors", "up", "--cluster", "{cfg}"]),
     ("actors status cluster missing", ["nfv", "actors", "status", "--cluster", "{dir}/no.yaml"]),
     ("actors replay --rate", ["nfv", "actors", "replay", *ACTORS, "--rate", "fast"]),
+    ("actors replay --stats .txt", ["nfv", "actors", "replay", *ACTORS, "--stats",
+                                    "{dir}/stats.txt"]),
     ("actors migrate same runtime", ["nfv", "actors", "migrate", *ACTORS, "--flows", "5",
                                      "--from", "rt1", "--to", "rt1"]),
     ("actors migrate unknown runtime", ["nfv", "actors", "migrate", *ACTORS, "--flows", "5",
