@@ -10,8 +10,9 @@ every column of a flow). Every operation takes a batch of keys:
   searching (a long probe sequence costs few rounds); a key stops at its slot or
   at an empty slot (not found; tombstones are probed past).
 * ``insert(k1, k2)`` — keys that are distinct and absent. Each round, every key
-  still looking tries its current probe slot; when several want the same free
-  slot one scatter picks a winner and the others probe on (collision handling
+  still looking takes the first free slot of a window of ``PROBE_WINDOW`` slots
+  from its probe position; when several want the same free slot one scatter picks
+  a winner and the others probe on from the slot after it (collision handling
   within the batch). Tombstones are reused.
 * ``delete(slots)`` — tombstones; ``reserve`` (called by ``insert``) grows and
   rehashes the table when live entries plus tombstones would pass a quarter of
@@ -29,7 +30,7 @@ import torch
 from .packets import flow_hash
 
 EMPTY, TOMB = -1, -2
-PROBE_WINDOW = 8  # slots a lookup probes per round after the home slot
+PROBE_WINDOW = 8  # slots a lookup (after the home slot) or an insert probes per round
 MAX_LOAD = 0.25  # short probe sequences: a batch's lookup takes as many rounds as its longest
 
 
@@ -109,18 +110,26 @@ class DeviceFlowTable:
         todo = torch.arange(n, device=self.device)
         slot = self._home(k1, k2, hashes)
         mask = self.capacity - 1
+        step = torch.arange(PROBE_WINDOW, device=self.device)
         fresh = 0
         while todo.numel():
-            s = slot[todo]
-            free = self.k2[s] < 0
-            owner[s[free]] = todo[free]
-            win = free & (owner[s] == todo)
+            window = (slot[todo].unsqueeze(1) + step) & mask  # [keys, window]
+            free = self.k2[window] < 0
+            first = torch.argmax(free.to(torch.uint8), dim=1, keepdim=True)
+            has = free.gather(1, first).squeeze(1)
+            s = window.gather(1, first).squeeze(1)
+            owner[s[has]] = todo[has]
+            win = has & (owner[s] == todo)
             ws = s[win]
             fresh += int((self.k2[ws] == EMPTY).sum())
             self.k1[ws], self.k2[ws] = k1[todo[win]], k2[todo[win]]
             got[todo[win]] = ws
-            todo = todo[~win]
-            slot[todo] = (slot[todo] + 1) & mask
+            # left: keys whose window was full (the next window) or whose slot another key
+            # took (the slot after it)
+            nxt = torch.where(has, s + 1, slot[todo] + PROBE_WINDOW) & mask
+            left = ~win
+            todo = todo[left]
+            slot[todo] = nxt[left]
         if fill and self.fills:
             self.values[got] = torch.tensor(list(self.fills.values()), dtype=torch.int64,
                                             device=self.device)
