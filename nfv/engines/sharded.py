@@ -53,6 +53,7 @@ from dl_nfv.artifacts.errors import RuntimeFailure
 
 from ..traffic import shards as flow_shards
 from ..traffic.assemble import assemble, assemble_parts, merge_parts, row_hash
+from ..traffic.capture import release_pages
 from ..traffic.columnar import PacketColumns, decode_records
 from ..traffic.pcap import MalformedCounts
 from ..traffic.shared_decode import SharedColumns
@@ -96,6 +97,7 @@ def run_sharded(path, specs, choice: EngineChoice, options: EngineOptions, shard
                          capture.malformed, stats)
         trace.stages_s = {**capture.stages_s, "flows": time.perf_counter() - t2}
         return trace, run_engine(trace, specs, choice, options)
+    release_pages(data)  # the walk touched every page; each shard decodes only its part
     context = mp.get_context("fork")
     t1 = time.perf_counter()
     job = _Job(data, SharedColumns(records, shards), context.Barrier(shards), shards, specs,

@@ -194,6 +194,7 @@ class _Packets:
                  keys: tuple[np.ndarray, np.ndarray] | None = None):
         self.cols, self.rows, self.n = cols, rows, len(rows)
         table, src_low = keys if keys is not None else key_table(cols, rows)
+        self.table = table
         first, inverse = _group_rows(table)
         # number keys by their first packet (the flow table's order of first appearance)
         rank = np.empty(len(first), dtype=np.int64)
@@ -306,7 +307,9 @@ def _clean_keys(p: _Packets, idle_timeout_us: int) -> tuple[np.ndarray, _Plan]:
     clean &= direction[fd] == 0
     cols = p.cols
     rows = p.rows[o[fd]]
-    for k in np.flatnonzero(clean).tolist():
+    if cols.http_start is not None:  # known from decoding: the mapping is not read again
+        clean[clean] &= cols.http_start[rows[clean]]
+    for k in np.flatnonzero(clean).tolist() if cols.http_start is None else ():
         at = int(cols.payload_off[rows[k]])
         if not looks_like_http_request(cols.blob[at:at + min(8, int(cols.payload_len[rows[k]]))]):
             clean[k] = False
@@ -460,13 +463,20 @@ def _unpaired(key, d, closing, header_pos, status_digit, n_keys: int) -> np.ndar
 
 
 def _endpoints(p: _Packets, plan: _Plan, keys: np.ndarray) -> dict[int, tuple[bytes, bytes]]:
-    """Per key of the mask ``keys``: the source and destination address of its first packet."""
-    cols, blob = p.cols, p.cols.blob
+    """Per key of the mask ``keys``: the source and destination address of its first packet,
+    from its key's address words (``key_table``), not from the mapped capture."""
     picked = np.flatnonzero(keys)
-    rows = p.rows[plan.o[p.bounds[picked]]]
-    return {k: (blob[s:s + n], blob[d:d + n]) for k, n, s, d in zip(
-        picked.tolist(), cols.addr_len[rows].tolist(), cols.src_off[rows].tolist(),
-        cols.dst_off[rows].tolist())}
+    first = plan.o[p.bounds[picked]]
+    table = p.table[first]
+    alen = table[:, 1].astype(np.int64)
+    low = table[:, 2:4].astype(">u8").tobytes()
+    high = table[:, 5:7].astype(">u8").tobytes()
+    out = {}
+    for j, (k, n, src_low) in enumerate(zip(picked.tolist(), alen.tolist(),
+                                            p.src_low[first].tolist())):
+        lo, hi = low[16 * j:16 * j + n], high[16 * j:16 * j + n]
+        out[k] = (lo, hi) if src_low else (hi, lo)
+    return out
 
 
 def _flow_states(p: _Packets, plan: _Plan, keys: np.ndarray,

@@ -27,7 +27,8 @@ import mmap
 import numpy as np
 
 from .assemble import key_table
-from .columnar import OK, REASONS, PacketColumns, decode_records
+from .capture import release_pages
+from .columnar import OK, REASONS, PacketColumns, decode_records, http_starts
 
 _FIELDS = (("ts_us", np.int64), ("wire_bytes", np.int64), ("reason", np.int16),
            ("proto", np.uint8), ("addr_len", np.int64), ("src_off", np.int64),
@@ -46,6 +47,7 @@ class SharedColumns:
         n = len(records)
         shapes = [(name, dtype, (n,)) for name, dtype in _FIELDS]
         shapes += [("key", np.uint64, (n, KEY_WIDTH)), ("src_low", np.bool_, (n,)),
+                   ("http_start", np.bool_, (n,)),
                    ("fallback", np.int64, (parts,))]
         sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize for _, dtype, shape in shapes]
         self.area = mmap.mmap(-1, max(1, sum(-(-size // 8) * 8 for size in sizes)))
@@ -75,6 +77,9 @@ class SharedColumns:
         table, src_low = key_table(cols, ok)
         self.arrays["key"][lo + ok] = table
         self.arrays["src_low"][lo + ok] = src_low
+        self.arrays["http_start"][lo + ok] = http_starts(cols, ok)
+        # flow building reads only payloads from here on, a page at a time
+        release_pages(data)
 
     def columns(self, data) -> tuple[PacketColumns, np.ndarray, tuple[np.ndarray, np.ndarray]]:
         """Once every part is decoded: the capture's columns, its decoded rows (reason OK)
@@ -86,6 +91,6 @@ class SharedColumns:
         a = self.arrays
         cols = PacketColumns(**{name: a[name] for name, _ in _FIELDS}, blob=data,
                              buf=np.frombuffer(data, dtype=np.uint8), reasons=list(REASONS),
-                             fallback=0)
+                             fallback=0, http_start=a["http_start"])
         rows = np.flatnonzero(cols.reason == OK)
         return cols, rows, (a["key"][rows], a["src_low"][rows])
