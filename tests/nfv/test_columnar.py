@@ -18,11 +18,13 @@ import struct
 from collections import Counter
 
 import dpkt
+import numpy as np
 import pytest
 
 from dl_nfv.artifacts.errors import BadInput
-from dl_nfv.nfv.traffic.columnar import decode_frames, read_columns
+from dl_nfv.nfv.traffic.columnar import decode_frames, http_starts, read_columns
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
+from dl_nfv.nfv.traffic.http import METHODS, looks_like_http_request
 from dl_nfv.nfv.traffic.pcap import (
     DLT_EN10MB,
     DLT_IPV6,
@@ -200,3 +202,21 @@ def test_corrupt_capture_files(tmp_path):
                     continue
                 assert_same_file(path)
     assert cases >= 100
+
+
+def test_http_starts_equal_the_per_payload_check():
+    """``http_starts`` over arrays is ``looks_like_http_request`` of each payload: methods,
+    their prefixes, wrong case, a missing space, payloads shorter than the method."""
+    rng = random.Random(3)
+    pieces = [m + b" " for m in METHODS] + [b"GET", b"get ", b"GETX ", b"HEAD/", b"PO", b"",
+                                             b"OPTIONS", b"PATCH  ", b"\x00GET "]
+    payloads = [rng.choice(pieces)[:rng.randrange(0, 10)] + bytes(rng.randrange(0, 3))
+                for _ in range(600)]
+    frames = [tcp_frame(b"\x0a\x00\x00\x01", b"\x0a\x00\x00\x02", 1000 + i, 80, 1, 0x18, p)
+              for i, p in enumerate(payloads)]
+    cols = decode_frames(range(len(frames)), frames, [1] * len(frames))
+    rows = np.arange(len(frames))
+    assert (cols.reason == 0).all()
+    got = http_starts(cols, rows)
+    assert got.tolist() == [looks_like_http_request(p) for p in payloads]
+    assert 50 < got.sum() < 550
