@@ -15,7 +15,9 @@ scaled up for a memory overflow) is worth ``log(ref_ms / ms)``.
 Method (AlphaZero's search, after Silver et al. 2017, with exact rollouts):
 
 * A playout descends from the root by PUCT, ``argmax_a Q(a) + c_puct P(a) sqrt(N) /
-  (1 + N(a))``, an unvisited action valued at its parent's value, to a leaf; expanding
+  (1 + N(a))``, with ``Q`` scaled to [0, 1] by the least and greatest values met so far
+  (as MuZero does: values here have no fixed range) and an unvisited action valued at
+  its parent's mean value, to a leaf; expanding
   the leaf reads its priors ``P`` (and a value) from the joint-graph network
   (``joint.JointNet``), or uniform priors where no network is given.
 * The leaf's value: the partial strategy completed with the incumbent's choices for the
@@ -55,7 +57,7 @@ from ..learned.features import GroupGraph
 from ..learned.reinforce import one_thread
 from .joint import JointNet, JointStatic, joint_graph
 
-C_PUCT = 1.0
+C_PUCT = 1.25
 NOISE_ALPHA = 0.3
 
 
@@ -112,6 +114,7 @@ class _Tree:
         self.static = JointStatic(features, self.options) if net is not None else None
         self.ref_ms, self.value_weight = ref_ms, value_weight
         self.rng = np.random.default_rng(seed)
+        self.low, self.high = math.inf, -math.inf  # the values met: Q is scaled to [0, 1] by them
         self.cache: dict[tuple[int, ...], Outcome] = {}
         self.best_picks = tuple(self.index[s] for s in start)  # by group
         self.best: Outcome | None = None
@@ -170,15 +173,18 @@ class _Tree:
             trail.append((node, a))
             path.append(a)
             node = node.children.setdefault(a, _Node())
+        self.low, self.high = min(self.low, value), max(self.high, value)
         for parent, a in trail:
             parent.visits[a] += 1
             parent.totals[a] += value
 
     def _select(self, node: _Node) -> int:
         visited = node.visits > 0
-        q = np.where(visited, node.totals / np.maximum(node.visits, 1), node.value)
+        mean = (node.value + node.totals.sum()) / (1 + node.visits.sum())
+        q = np.where(visited, node.totals / np.maximum(node.visits, 1), mean)
+        span = max(self.high - self.low, 1e-12)
         u = C_PUCT * node.prior * math.sqrt(max(node.visits.sum(), 1.0)) / (1 + node.visits)
-        return int(np.argmax(q + u))
+        return int(np.argmax((q - self.low) / span + u))
 
     def add_noise(self, node: _Node, weight: float) -> None:
         if weight > 0 and node.prior is not None:
@@ -188,7 +194,7 @@ class _Tree:
 
 def search(env: StrategyEnv, features: GroupGraph, start: Sequence[GroupStrategy], *,
            ref_ms: float, net: JointNet | None = None, playouts: int = 400,
-           time_limit_s: float = 60.0, seed: int = 0, value_weight: float = 0.5,
+           time_limit_s: float = 60.0, seed: int = 0, value_weight: float = 0.25,
            noise: float = 0.25) -> Search:
     """Search for a strategy per group from the incumbent ``start`` (module docstring).
 
