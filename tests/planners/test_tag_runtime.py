@@ -1,0 +1,33 @@
+"""A plan `plan tag` makes on the measured local-cpu topology trains for real (2 steps),
+with SFB applied and without."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dl_nfv.artifacts import load
+from dl_nfv.planners import run
+from dl_nfv.planners.validate import validate_plan
+from tests.runtime.helpers import dl_nfv, graph_of, write
+
+LOCAL_CPU = Path(__file__).resolve().parents[2] / "examples" / "topologies" / "local-cpu.yaml"
+FILES = {"graph_path": "graph.json", "topology_path": "topology.json"}  # as helpers.write puts them
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sfb", [True, False])
+def test_train_runs_a_tag_plan_on_local_cpu(tmp_path, sfb):
+    graph, topo = graph_of("mlp-tiny", batch_size=8), load(LOCAL_CPU, expect="topology")
+    plan = replace(run("tag", graph, topo, playouts=24, max_evaluations=30, sfb=sfb), **FILES)
+    validate_plan(plan, graph, topo, check_fingerprints=True)
+    write(tmp_path, graph, topo, plan)
+    result = dl_nfv("train", str(tmp_path / "plan.json"), "--steps", "2", "-o",
+                    str(tmp_path / "run.json"), timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = load(tmp_path / "run.json", expect="run-report")
+    assert report.steps == 2 and len(report.step_ms) == 2
+    used = {d for g in plan.groups for d in g.devices}
+    assert set(report.ranks) == used
