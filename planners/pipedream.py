@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from dl_nfv.artifacts import BadInput, InfeasiblePlan, OpGraph, Topology
 
 from .base import finish, optimizer_named, started
@@ -96,30 +98,20 @@ class _Level:
                     comm = 4 * m * params[i][j] / (bandwidth * (m + 1)) / within
                     A[i][j][m] = ((c + comm) / (m + 1), None, m + 1)
         starts = [0] if final else range(n)
+        times = np.array([[[a[0] for a in row] for row in col] for col in A])  # [i, j, m]
+        arrays = _Arrays(compute, params, stash, wide, out_act)
         for i in starts:
             for m in range(1, machines):
+                t, k, mp = _best_splits(arrays, times[i], i, m, most, bandwidth, total_machines,
+                                        memory, ratio)
                 for j in range(i + 1, n + 1):
                     best = A[i][j][m]
                     if A[i][j][m - 1][0] < best[0]:  # use fewer machines
                         best = A[i][j][m - 1]
-                    for k in range(i + 1, j):
-                        for mp in range(1, min(m, most // wide[k][j]) + 1):
-                            prev = A[i][k][m - mp][0]
-                            if prev == INF or compute[k][j] == INF:
-                                continue
-                            in_flight = math.ceil((total_machines - (m + 1)) / mp)
-                            if params[k][j] + stash[k][j] * max(in_flight, 1) > memory:
-                                continue
-                            last = (compute[k][j] + 4 * (mp - 1) * params[k][j] /
-                                    (bandwidth * mp)) / mp
-                            t = max(prev, last)
-                            if ratio:
-                                t = max(t, 2.0 * out_act[k] / (bandwidth * mp) / ratio)
-                                if j < n:
-                                    t = max(t, 2.0 * out_act[j] / (bandwidth * mp) / ratio)
-                            if t < best[0]:
-                                best = (t, (k, m - mp), mp)
+                    if t[j] < best[0]:
+                        best = (float(t[j]), (int(k[j]), m - int(mp[j])), int(mp[j]))
                     A[i][j][m] = best
+                    times[i, j, m] = best[0]
         self.A = A
 
     def splits(self, i: int, j: int) -> list[tuple[int, int, int]]:
@@ -135,6 +127,47 @@ class _Level:
         out.append((i, stop, meta[2]))
         return list(reversed(out))
 
+
+
+class _Arrays:
+    """A level's inputs as arrays ``[k, j]`` (ranges ``[k, j)``) and ``[k]``."""
+
+    __slots__ = ("compute", "params", "stash", "wide", "out_act")
+
+    def __init__(self, compute, params, stash, wide, out_act):
+        self.compute, self.params, self.stash = (np.array(x, dtype=float)
+                                                 for x in (compute, params, stash))
+        self.wide = np.array(wide, dtype=np.int64)
+        self.out_act = np.array(out_act, dtype=float)
+
+
+def _best_splits(x: _Arrays, times: np.ndarray, i: int, m: int, most: int, bandwidth: float,
+                 total_machines: int, memory: float, ratio: float):
+    """For ranges ``[i, j)`` on ``m + 1`` machines, every ``j`` at once: the best split into
+    ``[i, k)`` on ``m + 1 - mp`` machines (their times ``times[k, m - mp]``) and a last stage
+    ``[k, j)`` replicated ``mp`` times, as PipeDream's loop over ``k`` then ``mp`` finds it
+    (the first of equal times). Returns per ``j`` the time (inf: none) and its ``k`` and
+    ``mp``; the arithmetic is the loop's, term by term, so the times are identical."""
+    n = len(x.out_act) - 1
+    mps = np.arange(1, m + 1)
+    prev = times[:, m - mps]  # [k, mp]
+    in_flight = np.maximum(np.ceil((total_machines - (m + 1)) / mps), 1)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        last = (x.compute[:, :, None] + 4 * (mps - 1) * x.params[:, :, None]
+                / (bandwidth * mps)) / mps  # [k, j, mp]
+        t = np.maximum(prev[:, None, :], last)
+        if ratio:
+            t = np.maximum(t, (2.0 * x.out_act[:, None] / (bandwidth * mps) / ratio)[:, None, :])
+            after = 2.0 * x.out_act[None, :, None] / (bandwidth * mps) / ratio
+            t = np.where((np.arange(n + 1) < n)[None, :, None], np.maximum(t, after), t)
+        fits = x.params[:, :, None] + x.stash[:, :, None] * in_flight <= memory
+    ks = np.arange(n + 1)
+    valid = ((ks[:, None] > i) & (ks[:, None] < ks[None, :]))[:, :, None] & fits
+    valid &= mps[None, None, :] <= (most // x.wide)[:, :, None]
+    valid &= (prev < INF)[:, None, :] & (x.compute < INF)[:, :, None]
+    flat = np.where(valid, t, INF).transpose(1, 0, 2).reshape(n + 1, -1)  # [j, (k, mp)]
+    at = flat.argmin(axis=1)
+    return flat[np.arange(n + 1), at], at // m, at % m + 1
 
 def pipedream_layout(problem: Problem, microbatches: int, ratio: float = 0.0) -> Layout:
     """PipeDream's partition laid on the devices (see the module docstring)."""

@@ -28,7 +28,7 @@
 Limits: links are taken as free of other traffic; transfers of a boundary and AllReduces
 never wait for each other in the bound.
 
-Complexity: O(D^2) routes, a Gomory-Hu tree (D max-flows), and on small clusters the
+Complexity: O(D^2) routes (O(D) on a uniform cluster, ``pairs``), a Gomory-Hu tree (D max-flows), and on small clusters the
 cost model's AllReduce of every group (2^D).
 """
 
@@ -99,11 +99,22 @@ def _host_limits(p: Problem, devices: list[str]) -> np.ndarray:
                 break
         out[k] = per_byte if np.isfinite(per_byte) else 0.0
     # any group: 2 (k - 1) / k bytes per byte over routes no faster than the fastest
-    fastest = min((cm.route_ms_per_byte(d, e, collective=True) for d in devices for e in devices
-                   if e != d), default=0.0)
+    fastest = min((cm.route_ms_per_byte(d, e, collective=True) for d, e in pairs(p, devices)),
+                  default=0.0)
     for k in range(2, len(devices) + 1):
         out[k] = max(out[k], 2.0 * (k - 1) / k * fastest)
     return np.maximum(out, _cut_limits(cm.capacity_graph(collective=True), devices))
+
+
+def pairs(p: Problem, devices: list[str]) -> list[tuple[str, str]]:
+    """The ordered device pairs whose routes the floors take the least of: every pair, or on
+    a uniform cluster (``symmetry.uniform_labels``) bounded on all of its devices, the pairs
+    from its first device. Its automorphisms map any device onto any other and routes onto
+    routes with the same figures, so every pair's figures are some such pair's: the least
+    is the same, at ``D - 1`` routes instead of ``D (D - 1)``."""
+    if p.labels is not None and sorted(devices) == sorted(p.devices):
+        return [(devices[0], e) for e in devices[1:]]
+    return [(a, b) for a in devices for b in devices if a != b]
 
 
 def _group_floors(p: Problem, devices: list[str], device_class: list[int],
@@ -185,13 +196,14 @@ class Boundaries:
         ways = np.zeros(regions + 1)
         self.latency = 0.0  # the least route latency (ms)
         cm = p.cm
-        pairs = [(a, b) for a in devices for b in devices if a != b]
-        if pairs:
+        routes = pairs(p, devices)
+        if routes:
             # every pair's transfer as the cost model's affine figures, asked once
-            affine = np.array([cm.transfer_affine(a, b) for a, b in pairs])
+            affine = np.array([cm.transfer_affine(a, b) for a, b in routes])
             self.latency = float(affine[:, 0].min())
             # the most bytes per ms any device can receive, all of its links at once
-            inbound = min(cm.inbound_ms_per_byte([d]) for d in devices)
+            inbound = min(cm.inbound_ms_per_byte([d])
+                          for d in dict.fromkeys(a for a, _ in routes))
             largest: dict[tuple[str, str], float] = {}
             for e in p.graph.edges:
                 largest[(e.src, e.dst)] = max(largest.get((e.src, e.dst), 0.0), float(e.bytes))

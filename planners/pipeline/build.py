@@ -96,70 +96,97 @@ def replica_counts(problem: Problem, stage: StageSpec, microbatches: int) -> Rep
 
 
 def all_replicas(problem: Problem, layout: Layout) -> list[Replicas]:
-    return [replica_counts(problem, s, layout.microbatches) for s in layout.stages]
+    """``replica_counts`` of every stage (memoised per stage in ``problem.cache``)."""
+    memo = problem.cache.setdefault("replicas", {})
+    out = []
+    for s in layout.stages:
+        key = (s.start, s.stop, s.devices, layout.microbatches)
+        if key not in memo:
+            memo[key] = replica_counts(problem, s, layout.microbatches)
+        out.append(memo[key])
+    return out
 
 
 def stage_costs(problem: Problem, layout: Layout, reps: Sequence[Replicas]) -> StageCosts:
-    """Scheduler inputs of ``layout`` with replicas ``reps`` (see the module docstring)."""
-    cm = problem.cm
+    """Scheduler inputs of ``layout`` with replicas ``reps`` (see the module docstring).
+
+    A stage's terms and a stage pair's transfers are functions of what their keys hold
+    (the stage's ops, replicas and what tied weights add to it; the pair's bytes and
+    replicas), memoised in ``problem.cache``: the search's neighbours share most stages."""
     M = layout.microbatches
-    B = problem.batch_size
-    f_ms, b_ms, bi_ms, sync_ms, caps = [], [], [], [], []
     tied = _tied(problem, layout, reps)
+    memo = problem.cache.setdefault("stage_terms", {})
+    terms = []
     for s, (stage, r) in enumerate(zip(layout.stages, reps)):
-        times = [problem.times(stage.start, stage.stop, d, c / B) for d, c in zip(r.devices, r.counts)]
-        own = problem.params(stage.start, stage.stop)
-        # each backward adds the stage's weight gradients (and tied copies) into their buckets;
-        # an owner of a tied weight split across stages no longer sums it in the graph
-        added = own + tied.borrowed[s]
-        f_ms.append(max(t[0] for t in times))
-        backs = [max(0.0, t[1] + added * cm.accumulate_ms_per_byte(d)
-                     - sum(cm.tie_sum_ms(o, d) for o in tied.unsummed[s]))
-                 for t, d in zip(times, r.devices)]
-        b_ms.append(max(backs))
-        # a split backward's I: the input gradients, and all of the backward of the ops
-        # that defer nothing (no weight gradients, or the split not profiled), with their
-        # adding into buckets and less their tie sums, as the simulator lowers them
-        whole = float(problem.whole_param_prefix[stage.stop] - problem.whole_param_prefix[stage.start])
-        whole += tied.borrowed_whole[s]
-        inputs = [problem.input_ms(stage.start, stage.stop, d, c / B) + whole * cm.accumulate_ms_per_byte(d)
-                  - sum(cm.tie_sum_ms(o, d) for o in tied.unsummed[s] if problem.whole_op[o])
-                  for d, c in zip(r.devices, r.counts)]
-        bi_ms.append(max(min(max(i, 0.0), back) for i, back in zip(inputs, backs)))
-        params = own - tied.lent[s]
-        sync = 0.0
-        if len(r.devices) > 1 and params > 0:
-            sync += (_exposed_allreduce_ms(problem, stage, r)[0] if _bucketed(layout, stage)
-                     else cm.allreduce_ms(r.devices, params))
-        held = own + tied.borrowed[s]
-        if held > 0:
-            sync += max(cm.update_ms(held, d, problem.optimizer) + cm.upkeep_ms(held, d, 0)
-                        for d in r.devices)
-        sync_ms.append(sync + tied.add_ms[s])
-        static = problem.static_bytes(stage.start, stage.stop) + \
-            tied.borrowed[s] * (2.0 + problem.state_factor)
-        act = problem.activation_bytes(stage.start, stage.stop)
-        cap = M
-        for d, c in zip(r.devices, r.counts):
-            free = cm.memory_bytes(d) * (1 - RESERVE_FRACTION) - static
-            per_mb = act * c / B
-            if per_mb > 0:
-                cap = min(cap, math.floor(free / per_mb) if free > 0 else 0)
-            elif free < 0:
-                cap = 0
-        caps.append(cap)
+        key = (stage.start, stage.stop, r, M, _bucketed(layout, stage), tied.borrowed[s],
+               tied.borrowed_whole[s], tied.lent[s], tied.unsummed[s], tied.add_ms[s])
+        if key not in memo:
+            memo[key] = _stage_terms(problem, *key)
+        terms.append(memo[key])
+    f_ms, b_ms, bi_ms, sync_ms, caps = (tuple(col) for col in zip(*terms))
     bounds = [s.start for s in layout.stages] + [layout.stages[-1].stop]
+    sends = problem.cache.setdefault("stage_sends", {})
     send_ms, links = {}, {}
     for (s, t), nbytes in problem.pair_bytes(bounds).items():
-        flows = []
-        for da, db, overlap in _overlaps(reps[s], reps[t]):
-            flows.append(Flow(da, db, nbytes * overlap / M))
-        send_ms[(s, t)] = cm.concurrent_ms(flows)
-        links[(s, t, "F")] = cm.flow_links(flows)
-        links[(s, t, "B")] = cm.flow_links(Flow(f.dst, f.src, f.nbytes) for f in flows)
-    return StageCosts(f_ms=tuple(f_ms), b_ms=tuple(b_ms), send_ms=send_ms, sync_ms=tuple(sync_ms),
-                      caps=tuple(caps), microbatches=M, links=links, ties=tied.allreduces,
-                      exchanges=tied.exchanges, bi_ms=tuple(bi_ms))
+        key = (reps[s], reps[t], nbytes, M)
+        if key not in sends:
+            sends[key] = _sends(problem, *key)
+        send_ms[(s, t)], links[(s, t, "F")], links[(s, t, "B")] = sends[key]
+    return StageCosts(f_ms=f_ms, b_ms=b_ms, send_ms=send_ms, sync_ms=sync_ms,
+                      caps=caps, microbatches=M, links=links, ties=tied.allreduces,
+                      exchanges=tied.exchanges, bi_ms=bi_ms)
+
+
+def _stage_terms(problem: Problem, start: int, stop: int, r: Replicas, M: int, bucketed: bool,
+                 borrowed: float, borrowed_whole: float, lent: float, unsummed: tuple[str, ...],
+                 add_ms: float) -> tuple[float, float, float, float, int]:
+    """One stage's forward, backward, input-gradient and sync ms and in-flight cap."""
+    cm, B = problem.cm, problem.batch_size
+    times = [problem.times(start, stop, d, c / B) for d, c in zip(r.devices, r.counts)]
+    own = problem.params(start, stop)
+    # each backward adds the stage's weight gradients (and tied copies) into their buckets;
+    # an owner of a tied weight split across stages no longer sums it in the graph
+    added = own + borrowed
+    backs = [max(0.0, t[1] + added * cm.accumulate_ms_per_byte(d)
+                 - sum(cm.tie_sum_ms(o, d) for o in unsummed))
+             for t, d in zip(times, r.devices)]
+    # a split backward's I: the input gradients, and all of the backward of the ops
+    # that defer nothing (no weight gradients, or the split not profiled), with their
+    # adding into buckets and less their tie sums, as the simulator lowers them
+    whole = float(problem.whole_param_prefix[stop] - problem.whole_param_prefix[start])
+    whole += borrowed_whole
+    inputs = [problem.input_ms(start, stop, d, c / B) + whole * cm.accumulate_ms_per_byte(d)
+              - sum(cm.tie_sum_ms(o, d) for o in unsummed if problem.whole_op[o])
+              for d, c in zip(r.devices, r.counts)]
+    bi = max(min(max(i, 0.0), back) for i, back in zip(inputs, backs))
+    params = own - lent
+    sync = 0.0
+    if len(r.devices) > 1 and params > 0:
+        sync += (_exposed_allreduce_ms(problem, StageSpec(start, stop, r.devices), r)[0]
+                 if bucketed else cm.allreduce_ms(r.devices, params))
+    held = own + borrowed
+    if held > 0:
+        sync += max(cm.update_ms(held, d, problem.optimizer) + cm.upkeep_ms(held, d, 0)
+                    for d in r.devices)
+    static = problem.static_bytes(start, stop) + borrowed * (2.0 + problem.state_factor)
+    act = problem.activation_bytes(start, stop)
+    cap = M
+    for d, c in zip(r.devices, r.counts):
+        free = cm.memory_bytes(d) * (1 - RESERVE_FRACTION) - static
+        per_mb = act * c / B
+        if per_mb > 0:
+            cap = min(cap, math.floor(free / per_mb) if free > 0 else 0)
+        elif free < 0:
+            cap = 0
+    return max(t[0] for t in times), max(backs), bi, sync + add_ms, cap
+
+
+def _sends(problem: Problem, a: Replicas, b: Replicas, nbytes: float, M: int) -> tuple:
+    """A stage pair's transfer of one microbatch (ms) and the links it takes each way."""
+    cm = problem.cm
+    flows = [Flow(da, db, nbytes * overlap / M) for da, db, overlap in _overlaps(a, b)]
+    return (cm.concurrent_ms(flows), cm.flow_links(flows),
+            cm.flow_links(Flow(f.dst, f.src, f.nbytes) for f in flows))
 
 
 @dataclass(frozen=True, slots=True)

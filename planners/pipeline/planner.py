@@ -50,7 +50,15 @@ from .build import (
 from .partition import Layout
 from .problem import Problem
 from .scheduler import Policy, schedule_options
-from .search import Evaluated, device_swaps, evaluate, fastest_first, search
+from .search import (
+    LOCAL_SEARCH_SHARE,
+    Evaluated,
+    Outcome,
+    device_swaps,
+    evaluate,
+    fastest_first,
+    search,
+)
 from .symmetry import nested_hosts, sub_topology
 
 SIMULATED_CANDIDATES = 6
@@ -128,16 +136,21 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
 def _plan(graph: OpGraph, topology: Topology, *, seed: int, microbatches: int, max_stages: int,
           max_replicas: int, schedule: str, time_limit: float, optimizer: str,
           with_bound: bool, started_cpu: float | None = None,
-          class_terms: dict | None = None) -> Plan:
+          shared: dict | None = None) -> Plan:
     """``plan``; a sub-cluster's plan (``with_bound`` False) skips the bound and counts its
-    time limit from the CPU time the whole plan started at (``started_cpu``)."""
+    time limit from the CPU time the whole plan started at (``started_cpu``). ``shared``:
+    what a uniform cluster's chain of nested sub-clusters computes once and shares: the
+    cost model's AllReduce terms per class (``terms``) and the search's AllReduce
+    coefficients per class (``collectives``)."""
     t0 = started()
     problem = Problem(graph, topology, tie_sync=TieSync.EXCHANGE,
                       optimizer=optimizer_named("pipeline", optimizer))
-    if class_terms is not None and problem.labels is not None:
+    shared = shared if shared is not None else {"terms": problem.cm.class_terms,
+                                                "collectives": {}}
+    if problem.labels is not None:
         # the nested clusters' AllReduce costs per class of device sets are the same
         # (``symmetry``: a group of a sub-cluster has the routes it has in the whole)
-        problem.cm.class_terms = class_terms
+        problem.cm.class_terms = shared["terms"]
     _check_options(problem, microbatches, max_stages, max_replicas, schedule, time_limit)
     _check_memory_floor(problem)
     m = microbatches or 1
@@ -150,11 +163,16 @@ def _plan(graph: OpGraph, topology: Topology, *, seed: int, microbatches: int, m
     # the sub-cluster and the bound first; the search's cut-offs count the plan's CPU time
     # from here, so that the steps never cut have the rest of the limit whatever they took
     cpu0 = time.process_time() if started_cpu is None else started_cpu
-    incumbent = _sub_cluster_draft(graph, topology, seed, options, cpu0, problem.cm.class_terms)
+    incumbent = _sub_cluster_draft(graph, topology, seed, options, cpu0, shared)
     bound = pipeline_bound(problem) if with_bound else Bound(0.0, {})
+    if incumbent is not None and time.process_time() > cpu0 + time_limit * LOCAL_SEARCH_SHARE:
+        # out of time with a plan in hand: this cluster's own search and seeds are cut
+        return _finish(problem, options, seed, t0, bound, [incumbent], policies, 0,
+                       Outcome(candidates=[], timed_out=True))
     outcome = search(problem, microbatches=microbatches, max_stages=max_stages,
                      max_replicas=max_replicas, policies=policies, seed=seed,
-                     time_limit=time_limit, started=cpu0)
+                     time_limit=time_limit, started=cpu0, incumbent=incumbent is not None,
+                     collectives=shared["collectives"] if problem.labels is not None else None)
     coarse, problem = problem, outcome.problem or problem  # finer units around the best cuts
     effort = COARSENED_EFFORT if coarse.coarsened else {
         "candidates": SIMULATED_CANDIDATES, "schedules": SCHEDULES_SIMULATED,
@@ -168,19 +186,26 @@ def _plan(graph: OpGraph, topology: Topology, *, seed: int, microbatches: int, m
     drafts.extend([incumbent] if incumbent is not None else [])
     if max_replicas:
         drafts = [d for d in drafts if all(len(g.devices) <= max_replicas for g in d.groups)]
+    return _finish(problem, options, seed, t0, bound, drafts, policies, effort["polish"],
+                   outcome)
+
+
+def _finish(problem: Problem, options: dict, seed: int, t0, bound: Bound,
+            drafts: list[_Draft], policies, polish: int, outcome: Outcome) -> Plan:
+    """Simulate the drafts, keep the fastest that fits (polished) and stamp the plan."""
     for d in drafts:
         _simulate(problem, d)
     fitting = [d for d in drafts if d.feasible]
     if not fitting:
         worst = next((d.overflow for d in drafts if d.overflow), "no candidate layout fits")
         raise InfeasiblePlan(f"pipeline: no plan fits in memory; the closest candidate: {worst}")
-    best, swaps = _kept(problem, fitting, policies, effort["polish"])
+    best, swaps = _kept(problem, fitting, policies, polish)
     notes = _notes(best, outcome, drafts, swaps, bound)
     status = PlanStatus.TIME_LIMIT if outcome.timed_out else PlanStatus.HEURISTIC
-    return finish(planner="pipeline", graph=graph, topology=topology, groups=best.groups, seed=seed,
-                  options=options,
-                  started_at=t0, bound=bound, status=status, pipeline=best.pipeline,
-                  fusion=best.fusion, optimizer=problem.optimizer, cost_model=problem.cm, notes=notes,
+    return finish(planner="pipeline", graph=problem.graph, topology=problem.topology,
+                  groups=best.groups, seed=seed, options=options, started_at=t0, bound=bound,
+                  status=status, pipeline=best.pipeline, fusion=best.fusion,
+                  optimizer=problem.optimizer, cost_model=problem.cm, notes=notes,
                   tie_sync=problem.tie_sync)
 
 
@@ -222,7 +247,7 @@ def _search_drafts(problem: Problem, outcome, policies, effort: dict) -> list[_D
 
 
 def _sub_cluster_draft(graph: OpGraph, topology: Topology, seed: int, options: dict,
-                       started_cpu: float, class_terms: dict) -> _Draft | None:
+                       started_cpu: float, shared: dict) -> _Draft | None:
     """The plan of the first half of a uniform cluster's leaves (``symmetry.nested_hosts``,
     planned the same way, so recursively down to one host; its cut-offs counted from
     ``started_cpu``, the whole plan's start), as a draft on the whole cluster:
@@ -233,7 +258,7 @@ def _sub_cluster_draft(graph: OpGraph, topology: Topology, seed: int, options: d
         return None
     try:
         sub = _plan(graph, sub_topology(topology, hosts), seed=seed, with_bound=False,
-                    started_cpu=started_cpu, class_terms=class_terms, **options)
+                    started_cpu=started_cpu, shared=shared, **options)
     except InfeasiblePlan:
         return None
     return _Draft(f"sub-cluster of the first {hosts} host(s) ({sub.notes[0]})", list(sub.groups),

@@ -103,6 +103,7 @@ FINE_CLIMB_SHARE = 0.125
 # work of the climbs over all the candidates refined: a neighbour costs its stages x
 # microbatches (a scheduling's events); 131072 is 256 neighbours of 16 stages x 32 microbatches
 REFINE_BUDGET = 131072
+SCREENED_MOVES = 3  # on a uniform cluster, the moves of a climb's round fully scheduled
 
 
 @dataclass(slots=True)
@@ -203,11 +204,16 @@ def evaluate(problem: Problem, layout: Layout, *, full: bool = False,
 def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
            max_replicas: int = 0, policies: Sequence[Policy] = tuple(Policy), seed: int = 0,
            time_limit: float = 30.0, started: float | None = None,
-           extra: Sequence[Layout] = ()) -> Outcome:
+           extra: Sequence[Layout] = (), collectives: dict | None = None,
+           incumbent: bool = False) -> Outcome:
     """Run the search described in the module docstring; ``extra`` layouts join the pool.
 
     ``max_replicas``: most devices per stage (0: any). ``started``: the
-    ``time.process_time()`` the limit counts from (default: now)."""
+    ``time.process_time()`` the limit counts from (default: now). ``collectives``: the
+    AllReduce coefficients per ``symmetry.collective_key`` to use and fill (a uniform
+    cluster's nested sub-clusters share one: their keys are classes of the whole).
+    ``incumbent``: the caller holds a plan already, so the orderings are cut too (between
+    two, at ``LOCAL_SEARCH_SHARE`` of the limit)."""
     t0 = time.process_time() if started is None else started
     # orderings and microbatch counts are scored with tied weights AllReduced; the final
     # layouts are timed and climbed as the problem sums them (see the module docstring)
@@ -216,10 +222,15 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
         scoring = copy.copy(problem)
         scoring.tie_sync = TieSync.ALLREDUCE
     state = _Search(scoring, policies, max_stages, max_replicas)
+    if collectives is not None:
+        state.cache = collectives
     state.consider(extra)
     options = microbatch_options(problem.batch_size, microbatches, problem.min_rows)
     per_ordering = []
     for ordering in candidate_orderings(problem.cm, fold=bool(problem.ties)):
+        if incumbent and time.process_time() > t0 + time_limit * LOCAL_SEARCH_SHARE:
+            state.outcome.timed_out = True
+            break
         scores = state.explore(ordering, options)
         per_ordering.append((min(scores.values(), default=float("inf")), ordering, scores))
     per_ordering.sort(key=lambda x: x[0])
@@ -471,15 +482,46 @@ def refine(problem: Problem, ev: Evaluated, policies: Sequence[Policy],
             if not moves or cost > budget[0]:
                 continue
             budget[0] -= cost
-            timed = [x for lay in moves
-                     if (x := evaluate(problem, lay, full=True, policies=policies)) is not None]
-            top = min(timed, key=fastest_first, default=None)
+            top = _best_move(problem, moves, policies)
             if top is not None and top.makespan_ms < best.makespan_ms - 1e-9:
                 best = top
                 break
         else:
             return best, False
     return best, False
+
+
+def _best_move(problem: Problem, moves: Sequence[Layout], policies: Sequence[Policy]
+               ) -> Evaluated | None:
+    """The fastest of ``moves`` by their best schedule. On a uniform cluster (``symmetry``)
+    each move is first timed by one list schedule (``screen_schedule``) and only the
+    ``SCREENED_MOVES`` fastest by it get every schedule: the climbs of a uniform cluster's
+    nested sub-clusters are most of its planning time, and the winner's schedule is one
+    of those list variants there."""
+    if problem.labels is None or len(moves) <= SCREENED_MOVES:
+        timed = [x for lay in moves
+                 if (x := evaluate(problem, lay, full=True, policies=policies)) is not None]
+        return min(timed, key=fastest_first, default=None)
+    quick = []
+    for lay in moves:
+        sc = screen(problem, lay)
+        if sc is not None and (t := screen_schedule(sc.costs, policies)) is not None:
+            quick.append((t, lay.key, sc))
+    quick.sort(key=lambda x: (x[0], x[1]))
+    timed = [x for _, _, sc in quick[:SCREENED_MOVES]
+             if (x := evaluate(problem, sc.layout, full=True, policies=policies, screened=sc))]
+    return min(timed, key=fastest_first, default=None)
+
+
+def screen_schedule(costs: StageCosts, policies: Sequence[Policy]) -> float | None:
+    """One list schedule's makespan (backwards first, split where that can help), or None
+    when it deadlocks or the list scheduler is not allowed (every move then counts)."""
+    if Policy.LIST not in policies:
+        return 0.0
+    try:
+        return run(costs, Policy.LIST, backward_first=True, split=True).makespan_ms
+    except ValueError:
+        return None
 
 
 def finer_units(problem: Problem, layouts: Sequence[Layout], reach: int = 1) -> Problem:
