@@ -18,7 +18,8 @@ def test_bench_after_a_failure_uses_the_live_runtimes(cluster_file):
         replay(spec, packets, chain_document(None))
         event = fail(spec, "rt1")
         assert event["takeover_ms"] is not None
-        result = bench(spec, packets, chain_document(None), sizes=(20,), latency_repeats=1)
+        result = bench(spec, packets, chain_document(None), sizes=(20,), latency_repeats=1,
+                       migration_repeats=1)
         # migrate names live runtimes only, and the cluster still serves them
         replay(spec, interleaved(30, 3, seed=2), chain_document(None))
         assert migrate(spec, 5, "rt2", "rt3", "actor")["flows"] == 5
