@@ -14,12 +14,14 @@ every column of a flow). Every operation takes a batch of keys:
   from its probe position; when several want the same free slot one scatter picks
   a winner and the others probe on from the slot after it (collision handling
   within the batch). Tombstones are reused.
-* ``delete(slots)`` — tombstones; ``reserve`` (called by ``insert``) grows and
-  rehashes the table when live entries plus tombstones would pass a quarter of
-  the capacity, which moves every entry: callers holding slots look them up again.
+* ``delete(slots)`` — tombstones; ``reserve`` (called by ``insert``, or before a
+  batch's lookup by a caller that will insert its new keys) rehashes the table when
+  live entries plus tombstones would pass half the capacity, doubling it until they
+  fill at most a quarter, which moves every entry: callers holding slots look them
+  up again.
 
-Expected probes per key are O(1) at load <= 1/4; the rounds of a batch are as
-many as its longest probe sequence. No host round-trip per key: the loops run
+Expected probes per key are O(1) at load <= 1/2 (about 2.5 for a miss); the
+rounds of a batch are as many as its longest probe sequence over ``PROBE_WINDOW``. No host round-trip per key: the loops run
 over tensors and stop when no key is left searching.
 """
 
@@ -31,7 +33,7 @@ from .packets import flow_hash
 
 EMPTY, TOMB = -1, -2
 PROBE_WINDOW = 8  # slots a lookup (after the home slot) or an insert probes per round
-MAX_LOAD = 0.25  # short probe sequences: a batch's lookup takes as many rounds as its longest
+MAX_LOAD = 0.5  # short probe sequences, and half the table's memory of a load of 1/4
 
 
 class DeviceFlowTable:
