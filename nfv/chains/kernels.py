@@ -64,6 +64,13 @@ def _tensor(values, device):
     return torch.tensor(values, dtype=torch.int64, device=device)
 
 
+def _spread(values, rows, like):
+    """``values`` at positions ``rows`` of a tensor shaped like ``like``, -1 elsewhere."""
+    out = torch.full_like(like, -1)
+    out[rows] = values
+    return out
+
+
 def _sorted_keys(k1, k2):
     order = torch.sort(k2, stable=True).indices
     return order[torch.sort(k1[order], stable=True).indices]
@@ -260,36 +267,44 @@ class _SessionKernel(_Machine):
         verdict, event = self.verdict.reshape(-1)[at], self.event.reshape(-1)[at]
         ok = verdict == st.Verdict.PASS
         start = ok & (event == st.Event.START)
-        start_rows = torch.nonzero(start).squeeze(1)
-        begun = torch.full_like(sub.ts, -1)
-        begun[start_rows] = self.start(sub, start_rows)
+        rows = torch.nonzero(start).squeeze(1)
         peer_ip, peer_port = self.peer(sub)
-        table_binding = self._column(sub, "binding", existed, -1)[seg.index]
-        latest = last_marked(start, seg)
-        has = latest >= 0
-        safe = torch.clamp(latest, min=0)
-        binding = torch.where(has, begun[safe], table_binding)
-        p_ip = torch.where(has, peer_ip[safe], self._column(sub, "peer_ip", existed)[seg.index])
-        p_port = torch.where(has, peer_port[safe],
-                             self._column(sub, "peer_port", existed)[seg.index])
-        self._releases(sub, seg, timed_out, event, ok, binding, begun, table_binding)
+        before = [self._column(sub, "binding", existed, -1), self._column(sub, "peer_ip", existed),
+                  self._column(sub, "peer_port", existed)]
+        begun = [self.start(sub, rows), peer_ip[rows], peer_port[rows]]
+        if not bool(seg.pos[rows].any()):
+            # sessions start only at flows' first packets: one value per flow
+            per_flow = [col.clone() for col in before]
+            for col, value in zip(per_flow, begun):
+                col[seg.index[rows]] = value
+            binding, p_ip, p_port = (col[seg.index] for col in per_flow)
+        else:  # the latest start at or before each packet in its flow, else the table's
+            latest = last_marked(start, seg)
+            has = latest >= 0
+            safe = torch.clamp(latest, min=0)
+            binding, p_ip, p_port = (
+                torch.where(has, _spread(value, rows, sub.ts)[safe], col[seg.index])
+                for value, col in zip(begun, before))
+            per_flow = [binding[seg.last], p_ip[seg.last], p_port[seg.last]]
+        self._releases(sub, seg, timed_out, event, ok, binding, before[0])
         forward = self.forward[found * 2 + sub.dir]
         verdict = self.rewrite(sub, ok, forward, binding, p_ip, p_port, verdict)
         last = seg.last
         self._store(sub, existed, after[last] != 0,
-                    {"state": after[last], "last": sub.ts[last], "binding": binding[last],
-                     "peer_ip": p_ip[last], "peer_port": p_port[last]})
+                    {"state": after[last], "last": sub.ts[last], "binding": per_flow[0],
+                     "peer_ip": per_flow[1], "peer_port": per_flow[2]})
         return verdict
 
-    def _releases(self, sub, seg, timed_out, event, ok, binding, begun, table_binding):
-        """Bindings of sessions that ended in this batch, in arrival order."""
+    def _releases(self, sub, seg, timed_out, event, ok, binding, table_binding):
+        """Bindings of sessions that ended in this batch, in arrival order
+        (``table_binding``: each flow's before the batch)."""
         ended = ok & (event == st.Event.END)
         rows = torch.nonzero(timed_out | ended).squeeze(1)
         if rows.numel() == 0:
             return
         # a time-out ends the session the flow's previous packet left
         prev_binding = torch.where(seg.pos[rows] > 0, binding[torch.clamp(rows - 1, min=0)],
-                                   table_binding[rows])
+                                   table_binding[seg.index[rows]])
         values = torch.where(timed_out[rows], prev_binding, binding[rows])
         order = torch.argsort(sub.arrival[rows])
         self.released(values[order])
