@@ -114,11 +114,11 @@ def run_sharded(path, specs, choice: EngineChoice, options: EngineOptions, shard
         parts = [job.run(0)]
     except threading.BrokenBarrierError:  # a shard failed before the columns were shared
         raise _first_failure(children) from None
-    for k, read, proc in children:
-        parts.append(_receive(k, read))
-        proc.join()
+    parts += [_receive(k, read) for k, read, _ in children]
     capture = capture_of(job.cols, malformed, {"read": read_s})
     trace, result = _merge(parts, capture, str(path))
+    for _, _, proc in children:  # their exits overlap the merge
+        proc.join()
     decode_s = max(p["decode_s"] for p in parts)
     flows_s = max(p["flows_s"] for p in parts)
     merge_s = (time.perf_counter() - t1 - decode_s - flows_s - result.startup_s
