@@ -83,7 +83,7 @@ def sort_hash(k1, k2, bits: int):
 
 def _flow_order(k1, k2, hashes=None):
     """A permutation that groups the batch's packets by flow, each flow in arrival order;
-    and where the sorted batch's flows start (None: not computed).
+    where the sorted batch's flows start (None: not computed); the keys, sorted.
 
     In large batches, one sort of (flow hash, arrival) packed in an int64 (``hashes``, or
     ``sort_hash`` in the bits arrival leaves); in small ones (where a step's fixed cost
@@ -100,9 +100,10 @@ def _flow_order(k1, k2, hashes=None):
         if not bool(((h[1:] == h[:-1]) & other).any()):
             start = torch.ones(n, dtype=torch.bool, device=k1.device)
             start[1:] = other
-            return order, start
+            return order, start, a, b
     order = torch.sort(k2, stable=True).indices
-    return order[torch.sort(k1[order], stable=True).indices], None
+    order = order[torch.sort(k1[order], stable=True).indices]
+    return order, None, k1[order], k2[order]
 
 
 def _compact(sub: Sub, kept) -> Sub:
@@ -206,10 +207,10 @@ class TensorChain:
             self._sweep(int(batch.ts_us[0]))
         k1, k2, direction = key_pair(cols["src"], cols["sport"], cols["dst"], cols["dport"],
                                      cols["proto"])
-        order, start = _flow_order(k1, k2)
+        order, start, k1, k2 = _flow_order(k1, k2)
         s = {name: cols[name][order] for name in ("ts_us", "src", "dst", "sport", "dport",
                                                   "proto", "flags", "wire_bytes")}
-        k1, k2, direction = k1[order], k2[order], direction[order]
+        direction = direction[order]
         full = Segments.of(k1, k2) if start is None else Segments.starting(start)
         slots, fhash = self._flows(k1, k2, full)
         state = self.table.values[slots]

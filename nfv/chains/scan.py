@@ -134,11 +134,13 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
     base = cls * next_table.shape[1]
     start = torch.zeros(n, dtype=torch.bool, device=cls.device)
     start[seg.first] = True
+    lapse = None
     if quiet is None:
         cand = torch.ones_like(start)
     else:
         moves = ~quiet[cls]
-        cand = start | (gap > timeouts[1:].min()) | moves
+        lapse = gap > timeouts[1:].min()  # only these packets may find their flow timed out
+        cand = start | lapse | moves
         cand[1:] |= moves[:-1]  # e.g. the ACK after a SYN+ACK
     while True:
         rows = torch.nonzero(cand).squeeze(1)
@@ -155,6 +157,8 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
         if not bool(wrong.any()):
             break
         cand |= wrong
+    if lapse is not None and not bool(lapse.any()):
+        return found, after, torch.zeros_like(start)
     timed_out = (found != 0) & (gap > timeouts[found])
     found_eff = torch.where(timed_out, torch.zeros_like(found), found)
     return found_eff, after, timed_out

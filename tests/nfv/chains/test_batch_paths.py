@@ -34,7 +34,9 @@ def test_flow_order_with_colliding_hashes(large_batch_paths):
     k2 = torch.tensor([1, 1, 1, 2, 1, 3, 2])
     distinct = (k1 * 131 + k2) & 0xFFFF
     for hashes in (distinct, torch.zeros_like(k1), k1 & 1):
-        order = engine._flow_order(k1, k2, hashes)[0].tolist()
+        order, _, a, b = engine._flow_order(k1, k2, hashes)
+        assert a.tolist() == k1[order].tolist() and b.tolist() == k2[order].tolist()
+        order = order.tolist()
         keys = [(int(k1[i]), int(k2[i])) for i in order]
         # every flow contiguous, each in arrival order
         runs = [keys[0]] + [b for a, b in zip(keys, keys[1:]) if a != b]
