@@ -194,11 +194,16 @@ class _Packets:
                  keys: tuple[np.ndarray, np.ndarray] | None = None):
         self.cols, self.rows, self.n = cols, rows, len(rows)
         table, src_low = keys if keys is not None else key_table(cols, rows)
-        self.table = table
         first, inverse = _group_rows(table)
         # number keys by their first packet (the flow table's order of first appearance)
         rank = np.empty(len(first), dtype=np.int64)
         rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+        # per key, its first packet's address length and the endpoints' address words, and
+        # whether that packet was sent by the lower endpoint (the key table is let go)
+        by_rank = np.empty_like(first)
+        by_rank[rank] = first
+        self.ends = table[by_rank][:, [1, 2, 3, 5, 6]]
+        self.ends_src_low = src_low[by_rank]
         self.key = rank[inverse.ravel()]
         self.n_keys = len(first)
         self.order = np.argsort(self.key, kind="stable")  # packets by key, capture order within
@@ -331,7 +336,7 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[Part, np.
     after all (returned as a mask)."""
     cols, o = p.cols, plan.o
     keep = clean[plan.seg_group // 2]
-    ends = _endpoints(p, plan, clean)  # read before the gather releases the capture's pages
+    ends = _endpoints(p, clean)  # read before the gather releases the capture's pages
     streams = _gather(cols, p.rows[o[plan.seg_pos[keep]]])
     # offsets of each clean group's stream within ``streams``
     kept_len = np.bincount(plan.seg_group[keep], weights=plan.seg_end[keep] - plan.seg_start[keep],
@@ -462,18 +467,16 @@ def _unpaired(key, d, closing, header_pos, status_digit, n_keys: int) -> np.ndar
     return out
 
 
-def _endpoints(p: _Packets, plan: _Plan, keys: np.ndarray) -> dict[int, tuple[bytes, bytes]]:
+def _endpoints(p: _Packets, keys: np.ndarray) -> dict[int, tuple[bytes, bytes]]:
     """Per key of the mask ``keys``: the source and destination address of its first packet,
     from its key's address words (``key_table``), not from the mapped capture."""
     picked = np.flatnonzero(keys)
-    first = plan.o[p.bounds[picked]]
-    table = p.table[first]
-    alen = table[:, 1].astype(np.int64)
-    low = table[:, 2:4].astype(">u8").tobytes()
-    high = table[:, 5:7].astype(">u8").tobytes()
+    ends = p.ends[picked]
+    low = ends[:, 1:3].astype(">u8").tobytes()
+    high = ends[:, 3:5].astype(">u8").tobytes()
     out = {}
-    for j, (k, n, src_low) in enumerate(zip(picked.tolist(), alen.tolist(),
-                                            p.src_low[first].tolist())):
+    for j, (k, n, src_low) in enumerate(zip(picked.tolist(), ends[:, 0].tolist(),
+                                            p.ends_src_low[picked].tolist())):
         lo, hi = low[16 * j:16 * j + n], high[16 * j:16 * j + n]
         out[k] = (lo, hi) if src_low else (hi, lo)
     return out
