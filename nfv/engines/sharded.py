@@ -77,8 +77,8 @@ def run_sharded(path, specs, choice: EngineChoice, options: EngineOptions, shard
     ``decode`` and ``flows`` (the slowest shard's: its part of the decoding and the wait for
     the others', then placing the 5-tuples and building its flows) and ``merge`` (what the
     shards' section took beyond its slowest decoding, flows, start-up and NFs: building
-    the chain, waiting for the slowest shard, the transfer and the merge); the result's ``startup_s`` and
-    ``elapsed_s`` are the slowest shard's."""
+    the chain, waiting for the slowest shard, the transfer and the merge); the result's
+    ``startup_s`` and ``elapsed_s`` are the slowest shard's."""
     t0 = time.perf_counter()
     malformed = MalformedCounts()
     data, records = walk_capture(path, malformed)
