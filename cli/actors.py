@@ -181,8 +181,9 @@ def migrate(cluster_path: str, flows: int, source: str, destination: str, mode: 
             as_json: bool) -> None:
     """Move flows of a running cluster from one runtime to another, loss-free and in order.
 
-    Exit 2 if the runtimes are the same, unknown or dead, or the source holds
-    fewer flows.
+    Exit 2 if the runtimes are the same, unknown or dead (the live ones are
+    named), or the source holds fewer flows; exit 1 if one of them dies during
+    the migration (its flows are taken over by the runtimes holding their state).
 
     \b
     Example:
