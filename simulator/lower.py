@@ -123,9 +123,10 @@ def check_fusion(plan: Plan, graph: OpGraph) -> None:
     A fused op group names ops of the graph, all of one plan group, that form a
     connected subgraph (through the graph's edges between them), and the fused units
     leave the graph acyclic: no path leaves a group and re-enters it, and no two groups
-    wait on each other. A gradient bucket names ops with parameters, all of one plan
-    group; a group with any bucket has every op with parameters in one. (A gradient in
-    two buckets is refused when the plan loads.) O(ops + edges).
+    wait on each other. A gradient bucket names ops of the graph, all of one plan group
+    (an op without parameters adds nothing to it); a group with any bucket has every op
+    with parameters in one. (A gradient in two buckets is refused when the plan loads.)
+    O(ops + edges).
     """
     fusion = plan.fusion
     if fusion is None:
@@ -168,8 +169,6 @@ def check_fusion(plan: Plan, graph: OpGraph) -> None:
             if op not in index:
                 raise BadInput(f"{where} names op {op!r}, which the graph {graph.model.name!r} "
                                f"does not have")
-            if index[op].param_bytes == 0:
-                raise BadInput(f"{where} names op {op!r}, which has no parameters")
         gs = sorted({group_of[op] for op in bucket})
         if len(gs) > 1:
             raise BadInput(f"{where} mixes ops of groups {gs}; a bucket is synchronised over "
