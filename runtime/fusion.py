@@ -1,0 +1,148 @@
+"""Fused op groups (``plan.fusion.op_groups``) run as one compiled region each.
+
+Each unit's fx submodule (``partition.Unit.module``) has the nodes of every fused group
+it holds pulled into a submodule of their own (``torch.fx``'s ``fuse_by_partitions``:
+the group's nodes become one ``call_module``, its inputs and outputs the values that
+cross the group's boundary), and that submodule is wrapped by ``torch.compile``
+(inductor; on a CPU it generates C++ that the machine's compiler builds). The
+parameters stay the same objects, so gradient buckets and the optimizer see them as
+before, and the region computes what its eager ops compute (to float tolerance: a
+compiler may reorder a reduction).
+
+Where compiling is unavailable (``compile_available`` fails: no C++ compiler, an
+unsupported backend) every region runs eagerly as one submodule; where one region's
+compilation fails on its first call, that region falls back to its eager submodule.
+Both are reported as notes (``FusedRegions.notes``), which the run report carries; a
+failure never stops training.
+
+Limits: a region's backward is compiled lazily by torch on its first backward; a failure
+there is not caught. Groups whose ops are not all in one unit are left unfused (a note
+says so); ops traced as several fx nodes move together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+COMPILE_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, OSError, ImportError,
+                                                   AssertionError, NotImplementedError)
+
+
+def _compile_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from torch._dynamo.exc import TorchDynamoException
+    except ImportError:  # pragma: no cover - torch without dynamo
+        return COMPILE_ERRORS
+    return (*COMPILE_ERRORS, TorchDynamoException)
+
+
+@dataclass
+class FusedRegions:
+    """What fusing did: regions per unit, whether they are compiled, and the notes."""
+
+    regions: dict[str, list[str]] = field(default_factory=dict)  # unit -> submodule names
+    compiled: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+class Region(torch.nn.Module):
+    """One fused group: the compiled submodule, or its eager twin where compiling fails."""
+
+    def __init__(self, eager: fx.GraphModule, compiled: Callable | None, name: str,
+                 notes: list[str]):
+        super().__init__()
+        self.eager = eager
+        self._compiled = compiled
+        self._name = name
+        self._notes = notes
+
+    def forward(self, *args):
+        if self._compiled is not None:
+            try:
+                return self._compiled(*args)
+            except _compile_errors() as exc:
+                self._notes.append(f"fused region {self._name} ran eagerly: compiling it failed "
+                                   f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+                self._compiled = None
+        return self.eager(*args)
+
+
+def compile_available(backend: str = "inductor") -> str | None:
+    """None where ``torch.compile`` with ``backend`` compiles and runs a small function
+    forward and backward here; else why not, in one line."""
+    def f(x, w):
+        return torch.relu(x @ w + 1.0)
+
+    try:
+        x = torch.randn(4, 4, requires_grad=True)
+        w = torch.randn(4, 4, requires_grad=True)
+        compiled = torch.compile(f, backend=backend)
+        out = compiled(x, w)
+        out.sum().backward()
+        if not torch.allclose(out, f(x, w), atol=1e-5):
+            return f"torch.compile ({backend}) gave a different result on a test function"
+    except _compile_errors() as exc:
+        return f"torch.compile ({backend}) is unavailable: {type(exc).__name__}: " \
+               f"{str(exc).splitlines()[0][:120] if str(exc) else ''}"
+    return None
+
+
+def fuse_unit(gm: fx.GraphModule, groups: Sequence[Sequence[str]],
+              nodes_of: dict[str, Sequence[str]], *, compile_with: str | None,
+              notes: list[str], unit: str = "") -> tuple[fx.GraphModule, list[str]]:
+    """``gm`` with each group (op ids; ``nodes_of`` maps an op to its fx node names) that
+    has at least two nodes in ``gm`` pulled into a ``Region``; the regions' names.
+    ``compile_with``: the ``torch.compile`` backend, or None to run the regions eagerly."""
+    from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+    by_name = {n.name: n for n in gm.graph.nodes}
+    partitions = []
+    for ops in groups:
+        nodes = [by_name[n] for op in ops for n in nodes_of.get(op, ()) if n in by_name]
+        if len(nodes) >= 2:
+            partitions.append(dict.fromkeys(nodes))
+    if not partitions:
+        return gm, []
+    fused = fuse_by_partitions(gm, partitions, prefix="fused_")
+    names = sorted(name for name, _ in fused.named_children() if name.startswith("fused_"))
+    for name in names:
+        sub = getattr(fused, name)
+        label = f"{unit}.{name}" if unit else name
+        compiled = torch.compile(sub, backend=compile_with) if compile_with else None
+        setattr(fused, name, Region(sub, compiled, label, notes))
+    fused.recompile()
+    return fused, names
+
+
+def fuse_partition(partition, capture, op_groups: Iterable[Sequence[str]], *,
+                   backend: str | None = "inductor") -> FusedRegions:
+    """Replace every unit's module of ``partition`` by its fused form (``fuse_unit``), for
+    the plan's ``op_groups`` (``capture``: the traced model, ``Capture.nodes_of``).
+
+    ``backend`` None runs the regions eagerly (the fused structure without compiling)."""
+    out = FusedRegions()
+    groups = [tuple(g) for g in op_groups if len(g) > 1]
+    if not groups:
+        return out
+    unit_of = {op: uid for uid, unit in partition.units.items() for op in unit.ops}
+    split = [g for g in groups if len({unit_of.get(op) for op in g}) > 1]
+    if split:
+        out.notes.append(f"{len(split)} fused group(s) span units and ran unfused "
+                         f"(first: {list(split[0])})")
+    if backend is not None:
+        why = compile_available(backend)
+        if why is not None:
+            out.notes.append(f"fused groups ran eagerly, one submodule each: {why}")
+            backend = None
+    out.compiled = backend is not None
+    for uid, unit in partition.units.items():
+        mine = [g for g in groups if g not in split and unit_of.get(g[0]) == uid]
+        unit.module, names = fuse_unit(unit.module, mine, capture.nodes_of, compile_with=backend,
+                                       notes=out.notes, unit=uid)
+        if names:
+            out.regions[uid] = names
+    return out
