@@ -37,6 +37,7 @@ from dl_nfv.artifacts.runreport import ExecutionMode
 from dl_nfv.simulator.costs import exchangeable, lookup_rows, tied_weights
 
 from .comm import Comm
+from .fusion import fuse_partition
 from .model import Workload, to_device
 from .partition import probe, split
 from .sfb import sfb_syncs
@@ -97,7 +98,7 @@ class PlanExecutor:
     """Executes ``plan`` on this rank, one step at a time."""
 
     def __init__(self, plan: Plan, graph: OpGraph, workload: Workload, ctx: RankContext, *,
-                 seed: int = 0, lr: float | None = None):
+                 seed: int = 0, lr: float | None = None, fusion_backend: str | None = "inductor"):
         from dl_nfv.profilers.capture import capture
 
         self.plan = plan
@@ -126,6 +127,8 @@ class PlanExecutor:
         self.partition = split(cap.graph_module, cap.op_of, unit_of_op, info,
                                {u: (pl.devices, pl.shares) for u, pl in placements.items()})
         placements = {u: placements[u] for u in self.partition.units}
+        self.fused = fuse_partition(self.partition, cap, plan.fusion.op_groups if plan.fusion
+                                    else (), backend=fusion_backend)
         microbatches = plan.pipeline.microbatches if plan.pipeline is not None else 1
         self.runner = UnitRunner(self.partition, placements, device=ctx.device_name,
                                  rank_of=ctx.rank_of, microbatches=microbatches,
