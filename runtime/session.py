@@ -213,6 +213,7 @@ def _run(options, plan, graph, topology, rank, world, me, cpus, warmup, backend,
         if compressed:
             notes.append(f"group(s) {', '.join(compressed)} plan gradient compression; the "
                          f"runtime sent their gradients uncompressed")
+        notes.extend(executor.fused.notes)
         report = build_report(plan=plan, plan_path=options.plan, graph=graph, mode=executor.mode,
                               results=gathered, losses=[float(x) for x in total.cpu()],
                               backend=backend, steps=options.steps, warmup=warmup,
