@@ -102,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="two models on two clusters, "
                         "a small search budget")
     parser.add_argument("--no-record", action="store_true", help="print only")
-    parser.add_argument("--evaluations", type=int, default=300,
+    parser.add_argument("--evaluations", type=int, default=150,
                         help="candidates disco may simulate per case")
-    parser.add_argument("--time-limit", type=float, default=60.0,
+    parser.add_argument("--time-limit", type=float, default=30.0,
                         help="CPU seconds disco may search per case")
     args = parser.parse_args(argv)
     models, topologies = (QUICK_MODELS, QUICK_TOPOLOGIES) if args.quick else (MODELS, TOPOLOGIES)
