@@ -124,3 +124,41 @@ def test_migrated_state_may_arrive_before_or_after_the_packets(tmp_path, state_f
     finally:
         source.endpoint.close()
         destination.endpoint.close()
+
+
+def test_a_source_named_replica_before_its_migrate_out_keeps_the_copy(tmp_path):
+    """The destination died before the source handled ``migrate_out`` (queued behind its
+    packets): the flow's replica, promoted, names the source as the new replica, and its
+    snapshot and deltas can reach the source first. The source keeps them as the replica
+    while it still holds the stale primary, which ``migrate_out`` then takes away."""
+    from dl_nfv.nfv.actors.runtime import Runtime
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text(cluster_text(free_ports(4)))
+    spec = load_cluster(path)
+    document = chain_document(EXAMPLES / "nf" / "fw-nat-lb.yaml")
+    lane = [p for p in PACKETS if flow_key(p) == flow_key(PACKETS[0])]
+    _, expected = sequential(lane, document)
+    source, replica = Runtime(spec, "rt1"), Runtime(spec, "rt2")
+    try:
+        source.chain = replica.chain = build_chain(document)
+        half = len(lane) // 2
+        first = [(0, s + 1, "rt2", 0, p) for s, p in enumerate(lane[:half])]
+        source.on_packets("switch", first)
+        replica.on_deltas("rt1", source.deltas.pop("rt2"))
+        source.tell = replica.tell = lambda address, kind, body: None
+        replica.on_promote("switch", [(0, "rt1", half)])  # rt3, the destination, died
+        replica.on_packets("switch", [(0, half + 1 + s, "rt1", half, p)
+                                      for s, p in enumerate(lane[half:])])
+        source.on_snapshot("rt2", replica.snapshots.pop("rt1"))
+        source.on_deltas("rt2", replica.deltas.pop("rt1"))
+        assert 0 in source.primaries  # stale: its migrate_out is still on its way
+        source.on_migrate_out("switch", ("rt3", [(0, half, "rt2")]))
+        assert 0 not in source.primaries
+        copy = source.replicas[0]
+        assert (copy.seq, copy.states) == expected[0]
+        assert [seq for _, seq, _ in source.acks if seq > half] == list(range(half + 1,
+                                                                              len(lane) + 1))
+    finally:
+        source.endpoint.close()
+        replica.endpoint.close()
