@@ -36,6 +36,7 @@ from .kernels import (
     RateLimiterKernel,
     Sub,
 )
+from .ops import put, take
 from .packets import ChainPackets, flow_hash, key_pair, rewrite_checksums
 from .reference import REFERENCE, Pkt
 from .scan import Segments
@@ -95,28 +96,29 @@ def _flow_order(k1, k2, hashes=None):
         if hashes is None:
             hashes = sort_hash(k1, k2, 63 - shift)
         order = torch.sort((hashes << shift) | torch.arange(n, device=k1.device)).indices
-        h, a, b = hashes[order], k1[order], k2[order]
+        h, a, b = take(hashes, order), take(k1, order), take(k2, order)
         other = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
         if not bool(((h[1:] == h[:-1]) & other).any()):
             start = torch.ones(n, dtype=torch.bool, device=k1.device)
             start[1:] = other
             return order, start, a, b
     order = torch.sort(k2, stable=True).indices
-    order = order[torch.sort(k1[order], stable=True).indices]
-    return order, None, k1[order], k2[order]
+    order = take(order, torch.sort(take(k1, order), stable=True).indices)
+    return order, None, take(k1, order), take(k2, order)
 
 
 def _compact(sub: Sub, kept) -> Sub:
     """The packets ``kept`` (positions in ``sub``) of ``sub``, as a new ``Sub``."""
-    sid = sub.seg.index[kept]
+    sid = take(sub.seg.index, kept)
     seg = Segments.of(sid, torch.zeros_like(sid))
     flows = sid[seg.first]
-    return Sub(ts=sub.ts[kept], src=sub.src[kept], dst=sub.dst[kept], sport=sub.sport[kept],
-               dport=sub.dport[kept], proto=sub.proto[kept], flags=sub.flags[kept],
-               wire=sub.wire[kept], k1=sub.k1[kept], k2=sub.k2[kept], dir=sub.dir[kept],
-               arrival=sub.arrival[kept], seg=seg, state=sub.state,
+    return Sub(ts=take(sub.ts, kept), src=take(sub.src, kept), dst=take(sub.dst, kept),
+               sport=take(sub.sport, kept), dport=take(sub.dport, kept),
+               proto=take(sub.proto, kept), flags=take(sub.flags, kept),
+               wire=take(sub.wire, kept), k1=take(sub.k1, kept), k2=take(sub.k2, kept),
+               dir=take(sub.dir, kept), arrival=take(sub.arrival, kept), seg=seg, state=sub.state,
                flows=flows if sub.flows is None else sub.flows[flows],
-               held=sub.held[flows], fhash=sub.fhash[flows], cls=sub.cls[kept],
+               held=sub.held[flows], fhash=sub.fhash[flows], cls=take(sub.cls, kept),
                original=sub.original)
 
 
@@ -208,9 +210,10 @@ class TensorChain:
         k1, k2, direction = key_pair(cols["src"], cols["sport"], cols["dst"], cols["dport"],
                                      cols["proto"])
         order, start, k1, k2 = _flow_order(k1, k2)
-        s = {name: cols[name][order] for name in ("ts_us", "src", "dst", "sport", "dport",
-                                                  "proto", "flags", "wire_bytes")}
-        direction = direction[order]
+        s = {name: take(cols[name], order) for name in ("ts_us", "src", "dst", "sport",
+                                                        "dport", "proto", "flags",
+                                                        "wire_bytes")}
+        direction = take(direction, order)
         full = Segments.of(k1, k2) if start is None else Segments.starting(start)
         slots, fhash = self._flows(k1, k2, full)
         state = self.table.values[slots]
@@ -259,19 +262,20 @@ class TensorChain:
             if rows is None:
                 s[name] = getattr(sub, name)
             elif rows.numel():
-                s[name][rows] = getattr(sub, name)
+                put(s[name], rows, getattr(sub, name))
 
     def _egress(self, cols, s, order, stage, reason) -> dict[str, np.ndarray]:
         """Checksums, then every per-packet output back in arrival order, on the host."""
         final = {}
         for name in ("src", "dst", "sport", "dport"):
             back = torch.empty_like(s[name])
-            back[order] = s[name]
+            put(back, order, s[name])
             final[name] = back
         ip_new, l4_new = rewrite_checksums(cols, final, cols["ip_csum"], cols["l4_csum"],
                                            cols["proto"])
         back_stage, back_reason = torch.empty_like(stage), torch.empty_like(reason)
-        back_stage[order], back_reason[order] = stage, reason
+        put(back_stage, order, stage)
+        put(back_reason, order, reason)
         final.update(ip_csum=ip_new, l4_csum=l4_new, stage=back_stage, reason=back_reason)
         return {name: t.cpu().numpy() for name, t in final.items()}
 
