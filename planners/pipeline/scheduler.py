@@ -73,6 +73,8 @@ class StageCosts:
     # per stage, the part of b_ms that computes input gradients (the rest, weight gradients,
     # may wait: a split backward's I and W); empty where the backward cannot be split
     bi_ms: tuple[float, ...] = ()
+    # what every schedule of these costs builds alike (``_channels``), kept once built
+    plumbing: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def splittable(self) -> tuple[bool, ...]:
         """Per stage: whether splitting its backward can help (some weight-gradient time,
@@ -121,6 +123,35 @@ def run(costs: StageCosts, policy: Policy, *, caps: Sequence[int] | None = None,
     return _Sim(costs).fixed(fixed, policy.value)
 
 
+def _channels(costs: StageCosts) -> tuple:
+    """``_Sim``'s plumbing of ``costs``: per stage the stages it receives from and sends to,
+    (stage, channels, ms) of each activation it sends forward and of each gradient it sends
+    back, the tie exchanges each stage sends when its last task ends, and the number of
+    channels (links shared by transfers, numbered once)."""
+    S = costs.stages
+    sources: list[list[int]] = [[] for _ in range(S)]
+    sinks: list[list[int]] = [[] for _ in range(S)]
+    for (s, t) in sorted(costs.send_ms):
+        sources[t].append(s)
+        sinks[s].append(t)
+    ids: dict = {}
+
+    def numbered(channels) -> tuple[int, ...]:
+        return tuple(ids.setdefault(k, len(ids)) for k in channels)
+
+    out_f = [[(t, numbered(costs.channels(s, t, "F")), costs.send_ms[(s, t)])
+              for t in sinks[s]] for s in range(S)]
+    out_b = [[(u, numbered(costs.channels(u, s, "B")), costs.send_ms[(u, s)])
+              for u in sources[s]] for s in range(S)]
+    exchange_sends: dict[int, list[tuple[int, tuple, float]]] = {}
+    for k, (owner, sharer, dense, dense_links, rows, rows_links) in enumerate(costs.exchanges):
+        exchange_sends.setdefault(sharer, []).append(
+            (owner, numbered(tuple(dense_links) or (("tie", k, "dense"),)), dense))
+        exchange_sends.setdefault(owner, []).append(
+            (sharer, numbered(tuple(rows_links) or (("tie", k, "rows"),)), rows))
+    return sources, sinks, out_f, out_b, exchange_sends, len(ids)
+
+
 class _Sim:
     """Event bookkeeping shared by the fixed-order and list-scheduling passes.
 
@@ -135,22 +166,10 @@ class _Sim:
     def __init__(self, costs: StageCosts):
         S, M = costs.stages, costs.microbatches
         self.costs, self.S, self.M = costs, S, M
-        sources: list[list[int]] = [[] for _ in range(S)]
-        sinks: list[list[int]] = [[] for _ in range(S)]
-        for (s, t) in sorted(costs.send_ms):
-            sources[t].append(s)
-            sinks[s].append(t)
-        ids: dict = {}
-
-        def numbered(channels) -> tuple[int, ...]:
-            return tuple(ids.setdefault(k, len(ids)) for k in channels)
-
-        # per stage: (stage, channels, ms) of each activation it sends forward and of each
-        # gradient it sends back
-        self.out_f = [[(t, numbered(costs.channels(s, t, "F")), costs.send_ms[(s, t)])
-                       for t in sinks[s]] for s in range(S)]
-        self.out_b = [[(u, numbered(costs.channels(u, s, "B")), costs.send_ms[(u, s)])
-                       for u in sources[s]] for s in range(S)]
+        if "channels" not in costs.plumbing:  # the same for every schedule of ``costs``
+            costs.plumbing["channels"] = _channels(costs)
+        sources, sinks, self.out_f, self.out_b, self.exchange_sends, count = \
+            costs.plumbing["channels"]
         self.ready_f = [[0.0 if not sources[s] else -1.0] * M for s in range(S)]
         self.wait_f = [[len(sources[s])] * M for s in range(S)]
         self.ready_b = [[-1.0] * M for _ in range(S)]
@@ -165,14 +184,8 @@ class _Sim:
         self.tasks = [2 * M] * S  # per stage: its tasks (3 per microbatch where split)
         # tie exchanges: what each stage sends when its last task ends, and their arrivals
         self.done = [0] * S
-        self.exchange_sends: dict[int, list[tuple[int, tuple, float]]] = {}
-        for k, (owner, sharer, dense, dense_links, rows, rows_links) in enumerate(costs.exchanges):
-            self.exchange_sends.setdefault(sharer, []).append(
-                (owner, numbered(tuple(dense_links) or (("tie", k, "dense"),)), dense))
-            self.exchange_sends.setdefault(owner, []).append(
-                (sharer, numbered(tuple(rows_links) or (("tie", k, "rows"),)), rows))
         self.received = [0.0] * S
-        self.chan = [0.0] * len(ids)  # per channel: when its last transfer arrives
+        self.chan = [0.0] * count  # per channel: when its last transfer arrives
 
     def send(self, channels: tuple[int, ...], ready: float, duration: float) -> float:
         """A transfer ready at ``ready`` waits for every channel it needs (FIFO); its arrival."""
