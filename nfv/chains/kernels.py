@@ -24,6 +24,7 @@ import torch
 from ..traffic.pcap import ACK, TCP, UDP
 from . import states as st
 from .flowtable import DeviceFlowTable
+from .ops import pick, take
 from .packets import MASK32
 from .reference import Backends, compile_acl, endpoint, pool_bindings
 from .scan import Segments, fsm_scan, last_marked, previous_gap, quiet_rows
@@ -206,7 +207,7 @@ class FirewallKernel(_Machine):
             if rproto:
                 hit &= proto == rproto
             hit &= ~matched
-            allow = torch.where(hit, ok, allow)
+            allow = pick(hit, ok, allow)
             matched |= hit
         return allow
 
@@ -229,13 +230,13 @@ class FirewallKernel(_Machine):
         both = self._match(torch.cat([lo_ip, hi_ip]), torch.cat([hi_ip, lo_ip]),
                            torch.cat([lo_port, hi_port]), torch.cat([hi_port, lo_port]),
                            torch.cat([proto, proto]))
-        return both[seg.index + sub.dir * seg.count]
+        return take(both, seg.index + sub.dir * seg.count)
 
     def process(self, sub: Sub):
         existed = self._flows(sub)
         cls = (sub.cls + self._acl(sub) * 32) * 2 + sub.dir
         found, after, _ = self._scan(sub, cls, existed)
-        verdict = self.verdict.reshape(-1)[cls * self.next.shape[1] + found]
+        verdict = take(self.verdict.reshape(-1), cls * self.next.shape[1] + found)
         last = sub.seg.last
         final = after[last]
         self._store(sub, existed, final != 0, {"state": final, "last": sub.ts[last]})
@@ -266,7 +267,7 @@ class _SessionKernel(_Machine):
         cls = sub.cls * 2 + sub.dir
         found, after, timed_out = self._scan(sub, cls, existed)
         at = cls * self.next.shape[1] + found
-        verdict, event = self.verdict.reshape(-1)[at], self.event.reshape(-1)[at]
+        verdict, event = take(self.verdict.reshape(-1), at), take(self.event.reshape(-1), at)
         ok = verdict == st.Verdict.PASS
         start = ok & (event == st.Event.START)
         rows = torch.nonzero(start).squeeze(1)
@@ -279,7 +280,7 @@ class _SessionKernel(_Machine):
             per_flow = [col.clone() for col in before]
             for col, value in zip(per_flow, begun):
                 col[seg.index[rows]] = value
-            binding, p_ip, p_port = (col[seg.index] for col in per_flow)
+            binding, p_ip, p_port = (take(col, seg.index) for col in per_flow)
         else:  # the latest start at or before each packet in its flow, else the table's
             latest = last_marked(start, seg)
             has = latest >= 0
@@ -289,7 +290,7 @@ class _SessionKernel(_Machine):
                 for value, col in zip(begun, before))
             per_flow = [binding[seg.last], p_ip[seg.last], p_port[seg.last]]
         self._releases(sub, seg, timed_out, event, ok, binding, before[0])
-        forward = self.forward[found * 2 + sub.dir]
+        forward = take(self.forward, found * 2 + sub.dir)
         verdict = self.rewrite(sub, ok, forward, binding, p_ip, p_port, verdict)
         last = seg.last
         self._store(sub, existed, after[last] != 0,
@@ -349,15 +350,14 @@ class NatKernel(_SessionKernel):
 
     def rewrite(self, sub, ok, forward, binding, p_ip, p_port, verdict):
         bound = binding >= 0
-        verdict = torch.where(ok & ~bound, torch.full_like(verdict, st.Verdict.POOL_EXHAUSTED),
-                              verdict)
+        verdict = pick(ok & ~bound, int(st.Verdict.POOL_EXHAUSTED), verdict)
         fwd = ok & bound & forward
         rev = ok & bound & ~forward
         b = torch.clamp(binding, min=0)
-        sub.src = torch.where(fwd, self.pool_ip[b], sub.src)
-        sub.sport = torch.where(fwd, self.pool_port[b], sub.sport)
-        sub.dst = torch.where(rev, p_ip, sub.dst)
-        sub.dport = torch.where(rev, p_port, sub.dport)
+        sub.src = pick(fwd, take(self.pool_ip, b), sub.src)
+        sub.sport = pick(fwd, take(self.pool_port, b), sub.sport)
+        sub.dst = pick(rev, p_ip, sub.dst)
+        sub.dport = pick(rev, p_port, sub.dport)
         return verdict
 
     def released(self, bindings) -> None:
@@ -426,11 +426,11 @@ class LoadBalancerKernel(_SessionKernel):
         bound = ok & (binding >= 0)
         fwd, rev = bound & forward, bound & ~forward
         b = torch.clamp(binding, min=0)
-        port = self.ep_port[b]
-        sub.dst = torch.where(fwd, self.ep_ip[b], sub.dst)
-        sub.dport = torch.where(fwd & (port > 0), port, sub.dport)
-        sub.src = torch.where(rev, p_ip, sub.src)
-        sub.sport = torch.where(rev, p_port, sub.sport)
+        port = take(self.ep_port, b)
+        sub.dst = pick(fwd, take(self.ep_ip, b), sub.dst)
+        sub.dport = pick(fwd & (port > 0), port, sub.dport)
+        sub.src = pick(rev, p_ip, sub.src)
+        sub.sport = pick(rev, p_port, sub.sport)
         return verdict
 
 

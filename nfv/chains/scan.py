@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .ops import put, take
+
 ROUND_STEPS_PER_PASS = 12  # rounds while the longest segment is under this per 8k packets
 
 
@@ -83,7 +85,7 @@ class Segments:
         if first.numel():
             last[:-1] = first[1:] - 1
             last[-1] = n - 1
-        pos = torch.arange(n, device=start.device) - first[index]
+        pos = torch.arange(n, device=start.device) - take(first, index)
         longest = int((last - first).max()) + 1 if first.numel() else 0
         return cls(index=index, first=first, last=last, pos=pos, longest=longest)
 
@@ -138,7 +140,7 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
     if quiet is None:
         cand = torch.ones_like(start)
     else:
-        moves = ~quiet[cls]
+        moves = ~take(quiet, cls)
         lapse = gap > timeouts[1:].min()  # only these packets may find their flow timed out
         cand = start | lapse | moves
         cand[1:] |= moves[:-1]  # e.g. the ACK after a SYN+ACK
@@ -150,18 +152,17 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
         sub = Segments.starting(start[rows])  # every flow's first packet is a candidate
         c_found, c_after = _step(next_table, timeouts, cls[rows], gap[rows], sub, s0)
         rank = torch.cumsum(cand, 0) - 1  # the latest candidate at or before each packet
-        after = c_after[rank]
+        after = take(c_after, rank)
         found = after.clone()
-        found[rows] = c_found
-        wrong = ~cand & (flat[base + after] != after)
+        put(found, rows, c_found)
+        wrong = ~cand & (take(flat, base + after) != after)
         if not bool(wrong.any()):
             break
         cand |= wrong
     if lapse is not None and not bool(lapse.any()):
         return found, after, torch.zeros_like(start)
-    timed_out = (found != 0) & (gap > timeouts[found])
-    found_eff = torch.where(timed_out, torch.zeros_like(found), found)
-    return found_eff, after, timed_out
+    timed_out = (found != 0) & (gap > take(timeouts, found))
+    return found * ~timed_out, after, timed_out
 
 
 def _step(next_table, timeouts, cls, gap, seg: Segments, s0):
