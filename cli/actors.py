@@ -73,13 +73,16 @@ def up(cluster_path: str) -> None:
 
     All processes run in one process group; Ctrl-C (or SIGTERM) ends every one of
     them, and so does a failure while starting (a port in use, a runtime that
-    never answers: exit 2 naming it). Exit 1 if the switch dies.
+    never answers: exit 2 naming it). Exit 1 if the switch dies. A runtime that
+    dies is restarted once the switch has declared it dead and taken its flows
+    over; it rejoins, empty, at the next replay.
 
     \b
     Example:
       dl-nfv nfv actors up --cluster examples/nf/actors-local.yaml
     """
     from dl_nfv.artifacts.errors import DlNfvError
+    from dl_nfv.nfv.actors.client import status as cluster_status
     from dl_nfv.nfv.actors.processes import ClusterProcesses
 
     spec = _load(cluster_path)
@@ -94,7 +97,14 @@ def up(cluster_path: str) -> None:
                    + ", ".join(f"{r.name} {r.address}" for r in spec.runtimes)
                    + " (Ctrl-C stops them)", err=True)
         while procs.alive(spec.switch.name):
-            time.sleep(0.2)
+            time.sleep(0.5)
+            try:
+                restarted = procs.restart_dead(cluster_status(spec))
+            except DlNfvError:
+                continue  # the switch did not answer in time; it is checked again
+            for name in restarted:
+                click.echo(f"up: restarted {name} (pid {procs.pid(name)}), declared dead; it "
+                           f"rejoins, empty, at the next replay", err=True)
         raise DlNfvError(f"the switch {spec.switch.name!r} exited; stopped every runtime")
 
 

@@ -71,7 +71,9 @@ def render_status(status: dict):
     for name in ("runtime", "live", "pid", "flows", "replicas", "un-acked", "processed"):
         table.add_column(name, justify="left" if name == "runtime" else "right")
     for name, r in status["runtimes"].items():
-        table.add_row(name, "yes" if r["live"] else "no" if r["joined"] else "not joined",
+        live = ("yes" if r["live"] else "standby" if r.get("standby") else "no" if r["joined"]
+                else "not joined")
+        table.add_row(name, live,
                       str(r["pid"]), str(r["flows"]), str(r["replicas"]),
                       str(r["unacked_packets"]), str(r["processed"]))
     lines = []

@@ -48,9 +48,11 @@ def _checked(result: dict, reference: str | None, what: str) -> dict:
 
 
 def live_runtimes(spec: ClusterSpec) -> list[str]:
-    """The runtimes the switch holds live now, in the cluster file's order."""
+    """The runtimes the switch holds live now, or restarted and live from the next load
+    (the bench's first replay), in the cluster file's order."""
     runtimes = status(spec)["runtimes"]
-    return [name for name in spec.runtime_names if runtimes[name]["live"]]
+    return [name for name in spec.runtime_names
+            if runtimes[name]["live"] or runtimes[name]["standby"]]
 
 
 def bench(spec: ClusterSpec, packets: list, chain: dict, *, sizes: tuple[int, ...] = (100, 500,

@@ -5,7 +5,8 @@ Every process ``ClusterProcesses`` starts is put in one new process group, so th
 process also exits by itself when the process that started it is gone. ``start``
 waits until every runtime has answered the switch's heartbeat; a process that exits
 first (a port in use, a bad file) or a runtime that never answers is ``BadInput``
-naming it, after everything started has been stopped.
+naming it, after everything started has been stopped. ``restart_dead`` restarts the
+runtimes that died once the switch has taken over from them (``nfv actors up`` does).
 """
 
 from __future__ import annotations
@@ -98,6 +99,21 @@ class ClusterProcesses:
                            f"answer within {timeout_s:g} s (unreachable)")
         finally:
             endpoint.close()
+
+    def restart_dead(self, status: dict) -> list[str]:
+        """Restart each runtime whose process exited and that the switch (``status``) has
+        declared dead and finished taking over from, as a cluster manager would: the new
+        process joins empty and is used from the next load. The names restarted."""
+        restarted = []
+        for name, view in status["runtimes"].items():
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is None or view["live"] or view["standby"]:
+                continue
+            events = [e for e in status["events"] if e.get("runtime") == name]
+            if events and events[-1]["takeover_ms"] is not None:
+                self._spawn(name, [self.path, name], module="runtime")
+                restarted.append(name)
+        return restarted
 
     def pid(self, name: str) -> int:
         return self.procs[name].pid

@@ -205,6 +205,12 @@ class Runtime:
         self.dead.add(name)
         self.endpoint.forget(self.addresses[name])
 
+    def on_alive(self, sender: str, name: str) -> None:
+        """``name``, declared dead, was restarted and rejoins at this load: its messages
+        count again; what was queued for the process it replaces is dropped."""
+        self.dead.discard(name)
+        self.endpoint.forget(self.addresses[name])
+
     def on_exit(self, sender: str, payload) -> None:
         self.running = False
 

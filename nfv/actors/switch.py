@@ -63,11 +63,12 @@ class RuntimeView:
     """What the switch knows of one runtime."""
 
     __slots__ = ("name", "address", "joined", "live", "last_heard", "pid", "report",
-                 "declared_at")
+                 "declared_at", "standby")
 
     def __init__(self, name: str, address: str) -> None:
         self.name, self.address = name, address
         self.joined = self.live = False
+        self.standby = False  # restarted after it was declared dead: live at the next load
         self.last_heard = 0.0
         self.pid = 0
         self.report: dict = {}
@@ -125,8 +126,8 @@ class Switch:
         while self.running:
             for kind, sender, payload in self.endpoint.receive(min(interval, 0.01), limit=64):
                 view = self.runtimes.get(sender)
-                if view is not None and view.joined and not view.live:
-                    continue  # declared dead: fenced off
+                if view is not None and view.joined and not view.live and kind != "pong":
+                    continue  # declared dead: fenced off (``on_pong`` takes a restart)
                 if kind in SESSION_KINDS:
                     session, payload = payload
                     if session != self.session:
@@ -145,7 +146,7 @@ class Switch:
             if now >= next_ping:
                 next_ping = now + interval
                 for view in self.runtimes.values():
-                    if view.live or not view.joined:
+                    if view.live or view.standby or not view.joined:
                         self.endpoint.send(view.address, "ping", now)
                 if os.getppid() != parent:
                     self.on_stop("", None)
@@ -199,6 +200,7 @@ class Switch:
         self.reset()
         self.replication = self.spec.replication if replication is None else replication
         self.sink = reply
+        self.rejoin()
         live = self.live()
         self.loading = {"reply": reply, "waiting": set(live)}
         self.session += 1
@@ -276,15 +278,41 @@ class Switch:
         view = self.runtimes.get(sender)
         if view is None:
             return
+        if view.joined and not view.live:
+            if report["pid"] == view.pid or any(r["event"]["runtime"] == sender
+                                                for r in self.recoveries):
+                return  # the process declared dead, or its takeover is not over
+            # A new process under the name (restarted): it holds nothing, and waits for
+            # the next load; what was queued for the one it replaces is dropped.
+            self.endpoint.forget(view.address)
+            view.standby = True
+            view.last_heard = time.monotonic()
+            view.pid, view.report = report["pid"], report
+            return
         view.joined = view.live = True
         view.last_heard = time.monotonic()
         view.pid, view.report = report["pid"], report
+
+    def rejoin(self) -> None:
+        """Make the restarted runtimes live (a load starts a new session, so nothing sent
+        to or by the processes they replace counts any more); every runtime is told."""
+        back = [view for view in self.runtimes.values() if view.standby]
+        for view in back:
+            view.standby, view.live = False, True
+            for name in self.live():
+                if name != view.name:
+                    self.endpoint.send(self.runtimes[name].address, "alive", view.name)
+            for dead in self.runtimes.values():
+                if dead.joined and not dead.live:
+                    self.endpoint.send(view.address, "dead", dead.name)
 
     def check_heartbeats(self, now: float) -> None:
         timeout_s = self.spec.heartbeat_timeout_ms / 1000
         for view in self.runtimes.values():
             if view.live and now - view.last_heard > timeout_s:
                 self.declare_dead(view, now)
+            elif view.standby and now - view.last_heard > timeout_s:
+                view.standby = False  # the restarted process is gone too
 
     def declare_dead(self, view: RuntimeView, now: float) -> None:
         """Fence ``view`` off and hand its flows to their replicas (module docstring)."""
@@ -416,6 +444,9 @@ class Switch:
                 event = recovery["event"]
                 event["takeover_ms"] = (time.monotonic() - event["declared_at"]) * 1000
                 done.append(recovery)
+                # Drop what is still queued for the dead process ("exit" included), so
+                # that a process restarted under its name does not receive it.
+                self.endpoint.forget(self.runtimes[event["runtime"]].address)
         for recovery in done:
             self.recoveries.remove(recovery)
 
@@ -529,6 +560,7 @@ class Switch:
         for name, view in self.runtimes.items():
             runtimes[name] = {
                 "address": view.address, "joined": view.joined, "live": view.live,
+                "standby": view.standby,
                 "pid": view.pid, "flows": primaries[name], "replicas": replicas[name],
                 "unacked_packets": lag[name],
                 "silent_ms": round((now - view.last_heard) * 1000, 1) if view.joined else None,

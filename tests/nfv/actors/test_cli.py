@@ -146,3 +146,46 @@ def test_replay_folder_holds_only_what_the_chain_produced(tmp_path, cluster_file
     assert stats["kind"] == "actors-run" and stats["packets_per_s"] > 0
     assert stats["latency_us"]["p50"] <= stats["latency_us"]["p99"]
     assert set(stats["status"]["runtimes"]) == {"rt1", "rt2", "rt3"}
+
+
+def test_up_restarts_a_runtime_that_died_and_it_rejoins_at_the_next_replay(cluster_file):
+    from dl_nfv.nfv.actors.chain import chain_document
+    from dl_nfv.nfv.actors.client import fail, replay
+    from dl_nfv.nfv.actors.traffic import interleaved
+    from tests.conftest import EXAMPLES
+
+    from .conftest import sequential
+
+    spec = load_cluster(cluster_file)
+    document = chain_document(EXAMPLES / "nf" / "fw-nat-lb.yaml")
+    packets = interleaved(30, 6, seed=4)
+    outputs, states = sequential(packets, document)
+    up = _up(cluster_file)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if all(r["joined"] for r in status(spec)["runtimes"].values()):
+                    break
+            except Exception:
+                assert up.poll() is None and time.monotonic() < deadline, up.stderr.read()
+        replay(spec, packets, document)
+        old = fail(spec, "rt2")["pid"]
+        deadline = time.monotonic() + 30
+        while not (view := status(spec)["runtimes"]["rt2"])["standby"]:
+            assert time.monotonic() < deadline, view
+            time.sleep(0.1)
+        assert view["pid"] != old and not view["live"]
+        result = replay(spec, packets, document)
+        assert result["outputs"] == outputs and result["states"] == states
+        runtimes = result["status"]["runtimes"]
+        assert runtimes["rt2"]["live"] and runtimes["rt2"]["flows"] == 10
+        assert sum(r["replicas"] for r in runtimes.values()) == 30
+        assert len(_actors_processes(cluster_file)) == 4  # the killed one is gone
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=30) == 130
+        assert "up: restarted rt2" in up.stderr.read()
+        assert _actors_processes(cluster_file) == []
+    finally:
+        up.kill()
+        up.wait()
