@@ -145,4 +145,8 @@ def fuse_partition(partition, capture, op_groups: Iterable[Sequence[str]], *,
                                        notes=out.notes, unit=uid)
         if names:
             out.regions[uid] = names
+    if out.compiled and out.regions:
+        count = sum(len(n) for n in out.regions.values())
+        out.notes.append(f"{count} fused op group(s) ran as regions compiled by torch.compile "
+                         f"({backend}), the first call of each compiling it")
     return out
