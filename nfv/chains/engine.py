@@ -216,7 +216,7 @@ class TensorChain:
         direction = take(direction, order)
         full = Segments.of(k1, k2) if start is None else Segments.starting(start)
         slots, fhash = self._flows(k1, k2, full)
-        state = self.table.values[slots]
+        state = torch.index_select(self.table.values, 0, slots)
         holders = self.table.index[HOLDERS]
         sub = Sub(ts=s["ts_us"], src=s["src"], dst=s["dst"], sport=s["sport"], dport=s["dport"],
                   proto=s["proto"], flags=s["flags"], wire=s["wire_bytes"], k1=k1, k2=k2,
@@ -232,8 +232,8 @@ class TensorChain:
             t0 = time.perf_counter()
             sub.original = not any(m in REWRITING for m in self.names[:k])
             verdict = nf.process(sub)
-            dropped = torch.nonzero(verdict).squeeze(1)
-            if dropped.numel():
+            if bool(verdict.any()):
+                dropped = torch.nonzero(verdict).squeeze(1)
                 gone = dropped if rows is None else rows[dropped]
                 stage[gone], reason[gone] = k, verdict[dropped]
                 self._put_back(s, sub, rows)
@@ -248,7 +248,7 @@ class TensorChain:
         self._put_back(s, sub, rows)
         for nf in self.nfs:
             nf.end_batch()
-        self.table.values[slots] = state
+        self.table.values.index_copy_(0, slots, state)
         self.table.delete(slots[state[:, holders] == 0])
         result = self._egress(cols, s, order, stage, reason)
         times[0] += time.perf_counter() - t0

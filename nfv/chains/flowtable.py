@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from .ops import pick, take
 from .packets import flow_hash
 
 EMPTY, TOMB = -1, -2
@@ -82,15 +83,15 @@ class DeviceFlowTable:
         found = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         slot = self._home(k1, k2, hashes)
         mask = self.capacity - 1
-        t2 = self.k2[slot]
-        hit = (t2 == k2) & (self.k1[slot] == k1)
-        found[hit] = slot[hit]
+        t2 = take(self.k2, slot)
+        hit = (t2 == k2) & (take(self.k1, slot) == k1)
+        found = pick(hit, slot, found)
         todo = torch.nonzero(~hit & (t2 != EMPTY)).squeeze(1)
         step = torch.arange(1, PROBE_WINDOW + 1, device=self.device)
         while todo.numel():
             s = (slot[todo].unsqueeze(1) + step) & mask  # [keys, window]
-            t2 = self.k2[s]
-            hit = (t2 == k2[todo].unsqueeze(1)) & (self.k1[s] == k1[todo].unsqueeze(1))
+            t2 = take(self.k2, s)
+            hit = (t2 == k2[todo].unsqueeze(1)) & (take(self.k1, s) == k1[todo].unsqueeze(1))
             stop = hit | (t2 == EMPTY)
             first = torch.argmax(stop.to(torch.uint8), dim=1, keepdim=True)
             ended = stop.gather(1, first).squeeze(1)
@@ -116,7 +117,7 @@ class DeviceFlowTable:
         fresh = 0
         while todo.numel():
             window = (slot[todo].unsqueeze(1) + step) & mask  # [keys, window]
-            free = self.k2[window] < 0
+            free = take(self.k2, window) < 0
             first = torch.argmax(free.to(torch.uint8), dim=1, keepdim=True)
             has = free.gather(1, first).squeeze(1)
             s = window.gather(1, first).squeeze(1)

@@ -270,7 +270,11 @@ class _SessionKernel(_Machine):
         verdict, event = take(self.verdict.reshape(-1), at), take(self.event.reshape(-1), at)
         ok = verdict == st.Verdict.PASS
         start = ok & (event == st.Event.START)
-        rows = torch.nonzero(start).squeeze(1)
+        at_head = torch.index_select(start, 0, seg.first)
+        if int(start.sum()) == int(at_head.sum()):  # sessions start only at flows' first packets
+            rows = seg.first[at_head]
+        else:
+            rows = torch.nonzero(start).squeeze(1)
         peer_ip, peer_port = self.peer(sub)
         before = [self._column(sub, "binding", existed, -1), self._column(sub, "peer_ip", existed),
                   self._column(sub, "peer_port", existed)]
@@ -302,9 +306,9 @@ class _SessionKernel(_Machine):
         """Bindings of sessions that ended in this batch, in arrival order
         (``table_binding``: each flow's before the batch)."""
         ended = ok & (event == st.Event.END)
-        rows = torch.nonzero(timed_out | ended).squeeze(1)
-        if rows.numel() == 0:
+        if not bool((timed_out | ended).any()):
             return
+        rows = torch.nonzero(timed_out | ended).squeeze(1)
         # a time-out ends the session the flow's previous packet left
         prev_binding = torch.where(seg.pos[rows] > 0, binding[torch.clamp(rows - 1, min=0)],
                                    table_binding[seg.index[rows]])
