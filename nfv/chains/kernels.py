@@ -24,7 +24,7 @@ import torch
 from ..traffic.pcap import ACK, TCP, UDP
 from . import states as st
 from .flowtable import DeviceFlowTable
-from .ops import pick, take
+from .ops import pick, put, take
 from .packets import MASK32
 from .reference import Backends, compile_acl, endpoint, pool_bindings
 from .scan import Segments, fsm_scan, last_marked, previous_gap, quiet_rows
@@ -97,26 +97,33 @@ class _Stateful:
         """Whether the NF kept each of ``sub``'s flows before this batch."""
         return (sub.held & self.bit) != 0
 
-    def _at(self, sub: Sub, name: str):
-        j = self.table.index[name]
-        return (slice(None), j) if sub.flows is None else (sub.flows, j)
+    def _get(self, sub: Sub, name: str):
+        """Table column ``name`` (a full name) for ``sub``'s flows, from the batch's rows."""
+        col = sub.state[:, self.table.index[name]]
+        return col if sub.flows is None else take(col, sub.flows)
+
+    def _set(self, sub: Sub, name: str, value) -> None:
+        col = sub.state[:, self.table.index[name]]
+        if sub.flows is None:
+            col.copy_(value)
+        else:
+            put(col, sub.flows, value)
 
     def _column(self, sub: Sub, name, existed, fill=0):
         """The NF's column ``name`` for ``sub``'s flows (``fill`` where it has none)."""
-        return torch.where(existed, sub.state[self._at(sub, self.names[name])], fill)
+        return pick(existed, self._get(sub, self.names[name]), fill)
 
     def _store(self, sub: Sub, existed, keep, values: dict):
         """Write per-flow ``values`` into the batch's rows (every flow: the holder bit
         says which are kept; ``keep`` None: all)."""
-        at = self._at(sub, HOLDERS)
+        now = self._get(sub, HOLDERS)
         if keep is None:
             if not bool(existed.all()):
-                sub.state[at] = sub.state[at] | self.bit
+                self._set(sub, HOLDERS, now | self.bit)
         else:
-            now = sub.state[at]
-            sub.state[at] = torch.where(keep, now | self.bit, now & ~self.bit)
+            self._set(sub, HOLDERS, pick(keep, now | self.bit, now & ~self.bit))
         for name, value in values.items():
-            sub.state[self._at(sub, self.names[name])] = value
+            self._set(sub, self.names[name], value)
 
     def held_slots(self):
         slots = self.table.live_slots()
