@@ -51,7 +51,7 @@ from .partition import Layout
 from .problem import Problem
 from .scheduler import Policy, schedule_options
 from .search import (
-    LOCAL_SEARCH_SHARE,
+    CLIMB_SHARE,
     Evaluated,
     Outcome,
     device_swaps,
@@ -165,13 +165,14 @@ def _plan(graph: OpGraph, topology: Topology, *, seed: int, microbatches: int, m
     cpu0 = time.process_time() if started_cpu is None else started_cpu
     incumbent = _sub_cluster_draft(graph, topology, seed, options, cpu0, shared)
     bound = pipeline_bound(problem) if with_bound else Bound(0.0, {})
-    if incumbent is not None and time.process_time() > cpu0 + time_limit * LOCAL_SEARCH_SHARE:
-        # out of time with a plan in hand: this cluster's own search and seeds are cut
+    if incumbent is not None and time.process_time() > cpu0 + time_limit * CLIMB_SHARE:
+        # out of time with a plan in hand (where the climbs would stop): this cluster's own
+        # search and seeds are cut
         return _finish(problem, options, seed, t0, bound, [incumbent], policies, 0,
                        Outcome(candidates=[], timed_out=True))
     outcome = search(problem, microbatches=microbatches, max_stages=max_stages,
                      max_replicas=max_replicas, policies=policies, seed=seed,
-                     time_limit=time_limit, started=cpu0, incumbent=incumbent is not None,
+                     time_limit=time_limit, started=cpu0,
                      collectives=shared["collectives"] if problem.labels is not None else None)
     coarse, problem = problem, outcome.problem or problem  # finer units around the best cuts
     effort = COARSENED_EFFORT if coarse.coarsened else {

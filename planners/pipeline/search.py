@@ -204,16 +204,13 @@ def evaluate(problem: Problem, layout: Layout, *, full: bool = False,
 def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
            max_replicas: int = 0, policies: Sequence[Policy] = tuple(Policy), seed: int = 0,
            time_limit: float = 30.0, started: float | None = None,
-           extra: Sequence[Layout] = (), collectives: dict | None = None,
-           incumbent: bool = False) -> Outcome:
+           extra: Sequence[Layout] = (), collectives: dict | None = None) -> Outcome:
     """Run the search described in the module docstring; ``extra`` layouts join the pool.
 
     ``max_replicas``: most devices per stage (0: any). ``started``: the
     ``time.process_time()`` the limit counts from (default: now). ``collectives``: the
     AllReduce coefficients per ``symmetry.collective_key`` to use and fill (a uniform
-    cluster's nested sub-clusters share one: their keys are classes of the whole).
-    ``incumbent``: the caller holds a plan already, so the orderings are cut too (between
-    two, at ``LOCAL_SEARCH_SHARE`` of the limit)."""
+    cluster's nested sub-clusters share one: their keys are classes of the whole)."""
     t0 = time.process_time() if started is None else started
     # orderings and microbatch counts are scored with tied weights AllReduced; the final
     # layouts are timed and climbed as the problem sums them (see the module docstring)
@@ -228,9 +225,6 @@ def search(problem: Problem, *, microbatches: int = 0, max_stages: int = 0,
     options = microbatch_options(problem.batch_size, microbatches, problem.min_rows)
     per_ordering = []
     for ordering in candidate_orderings(problem.cm, fold=bool(problem.ties)):
-        if incumbent and time.process_time() > t0 + time_limit * LOCAL_SEARCH_SHARE:
-            state.outcome.timed_out = True
-            break
         scores = state.explore(ordering, options)
         per_ordering.append((min(scores.values(), default=float("inf")), ordering, scores))
     per_ordering.sort(key=lambda x: x[0])
