@@ -155,6 +155,10 @@ class Op:
     # the cost model scales the op to a CPU device's cores from them (``ProfileInfo``)
     fwd_ms_by_threads: dict[str, float] = field(default_factory=dict)
     bwd_ms_by_threads: dict[str, float] = field(default_factory=dict)
+    # the batch-independent parts of those times, measured at those thread counts (empty:
+    # the cost model scales ``*_fixed_ms`` by the op's own factor)
+    fwd_fixed_ms_by_threads: dict[str, float] = field(default_factory=dict)
+    bwd_fixed_ms_by_threads: dict[str, float] = field(default_factory=dict)
     splittable_dims: tuple[int, ...] = ()
     module: str = ""
 
@@ -169,10 +173,12 @@ class Op:
                   f"op {self.id!r}: bwd_input_flops must be in [0, bwd_flops = {self.bwd_flops}], "
                   f"got {self.bwd_input_flops}")
         for name in ("fwd_ms", "bwd_ms", "fwd_fixed_ms", "bwd_fixed_ms", "tie_sum_ms",
-                     "fwd_ms_by_threads", "bwd_ms_by_threads"):
+                     "fwd_ms_by_threads", "bwd_ms_by_threads", "fwd_fixed_ms_by_threads",
+                     "bwd_fixed_ms_by_threads"):
             for device_type, ms in getattr(self, name).items():
                 check(ms >= 0, f"op {self.id!r}: {name}[{device_type!r}] must be >= 0, got {ms}")
-        for name in ("fwd_ms_by_threads", "bwd_ms_by_threads"):
+        for name in ("fwd_ms_by_threads", "bwd_ms_by_threads", "fwd_fixed_ms_by_threads",
+                     "bwd_fixed_ms_by_threads"):
             for threads in getattr(self, name):
                 check(threads.isdigit() and int(threads) >= 1,
                       f"op {self.id!r}: {name} keys are thread counts >= 1, got {threads!r}")
@@ -193,6 +199,11 @@ class Op:
                 check(device_type in full and ms <= full[device_type] + 1e-9,
                       f"op {self.id!r}: {name}_fixed_ms[{device_type!r}] = {ms} must not exceed "
                       f"{name}_ms[{device_type!r}] = {full.get(device_type)}")
+            full, fixed = getattr(self, f"{name}_ms_by_threads"), getattr(self, f"{name}_fixed_ms_by_threads")
+            for threads, ms in fixed.items():
+                check(threads in full and ms <= full[threads] + 1e-9,
+                      f"op {self.id!r}: {name}_fixed_ms_by_threads[{threads!r}] = {ms} must not "
+                      f"exceed {name}_ms_by_threads[{threads!r}] = {full.get(threads)}")
 
 
 @record
