@@ -755,31 +755,49 @@ class CostModel(NetworkCosts):
                     bwd_flops, 2 * op.bytes_accessed, t, eff_b, self.graph.model.dtype) + extra
                     if (op.bwd_ms or op.flops or op.param_bytes) else 0.0)
                 launch = self.launch_ms_by_type[j]
-                f_scale, b_scale = self._thread_scaling(op, t, fwd[i, j], bwd[i, j])
-                fwd[i, j] *= f_scale
-                bwd[i, j] *= b_scale
-                fwd_fixed[i, j] = min(op.fwd_fixed_ms.get(t.name, launch) * f_scale, fwd[i, j])
-                bwd_fixed[i, j] = min(op.bwd_fixed_ms.get(t.name, launch + tie) * b_scale,
-                                      bwd[i, j])
+                f_at, b_at = self._thread_scaling(op, t, fwd[i, j], bwd[i, j])
+                f_scale = f_at / fwd[i, j] if fwd[i, j] > 0 else 1.0
+                b_scale = b_at / bwd[i, j] if bwd[i, j] > 0 else 1.0
+                fwd[i, j], bwd[i, j] = f_at, b_at
+                f_fixed, b_fixed = self._fixed_at_threads(op, t)
+                fwd_fixed[i, j] = min(op.fwd_fixed_ms.get(t.name, launch) * f_scale
+                                      if f_fixed is None else f_fixed, fwd[i, j])
+                bwd_fixed[i, j] = min(op.bwd_fixed_ms.get(t.name, launch + tie) * b_scale
+                                      if b_fixed is None else b_fixed, bwd[i, j])
                 tie_sum[i, j] = min(tie, bwd_fixed[i, j])
         return fwd, bwd, fwd_fixed, bwd_fixed, tie_sum
 
     def _thread_scaling(self, op, t: DeviceType, fwd_ms: float, bwd_ms: float
                         ) -> tuple[float, float]:
-        """Factors that carry ``op``'s measured forward and backward times to the cores of a
-        CPU type ``t`` (``extrapolation.at_threads``; the batch-independent parts scale
-        with them); 1 where the profile timed no other thread count or ``t`` has its
-        threads."""
+        """``op``'s forward and backward times (``fwd_ms``, ``bwd_ms`` as measured) carried
+        to the cores of a CPU type ``t`` (``extrapolation.at_threads``); unchanged where the
+        profile timed no other thread count or ``t`` has its threads."""
         profile, cores = self.graph.profile, t.cpu_cores
         if (profile is None or cores is None or cores == profile.threads
                 or not op.fwd_ms_by_threads):
-            return 1.0, 1.0
-        factors = []
+            return fwd_ms, bwd_ms
+        out = []
         for measured, by_threads, ms in ((op.fwd_ms, op.fwd_ms_by_threads, fwd_ms),
                                          (op.bwd_ms, op.bwd_ms_by_threads, bwd_ms)):
             points = thread_points(profile, t.name, measured, by_threads)
-            factors.append(at_threads(points, cores) / ms if points and ms > 0 else 1.0)
-        return factors[0], factors[1]
+            out.append(at_threads(points, cores) if points else ms)
+        return out[0], out[1]
+
+    def _fixed_at_threads(self, op, t: DeviceType) -> tuple[float | None, float | None]:
+        """``op``'s batch-independent forward and backward parts at the cores of a CPU type
+        ``t``, from those the profile measured at each thread count it timed
+        (``extrapolation.at_threads`` over them); None where it measured them at one count
+        only (the caller scales that one by the op's factor) or ``t`` has its threads."""
+        profile, cores = self.graph.profile, t.cpu_cores
+        if (profile is None or cores is None or cores == profile.threads
+                or not op.fwd_fixed_ms_by_threads):
+            return None, None
+        out: list[float | None] = []
+        for measured, by_threads in ((op.fwd_fixed_ms, op.fwd_fixed_ms_by_threads),
+                                     (op.bwd_fixed_ms, op.bwd_fixed_ms_by_threads)):
+            points = thread_points(profile, t.name, measured, by_threads)
+            out.append(at_threads(points, cores) if points else None)
+        return out[0], out[1]
 
     @staticmethod
     def _tie_sum_ms(op, t: DeviceType, lent: dict[str, float] | None, tie_ref: float | None,
