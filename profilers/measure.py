@@ -25,7 +25,23 @@ Method
     much.
 
     On CUDA every clock reading synchronises the device first, so kernel time
-    lands on the op that launched it.
+    lands on the op that launched it. On a CPU with one intra-op thread every op
+    computes on the calling thread (autograd runs CPU backward there too), so the
+    clock is that thread's CPU time (``time.thread_time``): what a worker of one
+    core spends on the op, which other jobs sharing the machine's cores do not
+    inflate (a wall clock counts the time they hold the core). With more threads
+    the work is spread over a pool, and the clock is the wall clock.
+
+    Instrumentation. Interpreting a node and the two hooks of an autograd node
+    cost time a plain step does not spend, and that time lands on the ops. Each
+    instrumented round follows a plain step of the same batch (forward and loss
+    timed apart from the backward); the excess of the per-op medians' sum over
+    the median plain pass, divided by the pass's events (interpreted nodes in the
+    forward, hooked autograd nodes in the backward), is the cost of one event
+    (``per_event_overhead``). Each op is charged that much less per event it had
+    (``less_overhead``), so the
+    per-op sum matches the plain step. Limits: one figure per event, whatever the
+    node's arguments; an op is never charged below zero.
 
     ``Recorder`` runs one instrumented step; the profiler repeats it and takes
     per-op medians, alternating with plain steps so that both see the same
@@ -34,6 +50,7 @@ Method
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -48,13 +65,20 @@ LOSS = None  # the key under which work outside the graph (the loss) is charged
 
 
 def make_clock(device: torch.device) -> Callable[[], float]:
-    """A clock in seconds that first waits for queued work on ``device``."""
+    """A clock in seconds for work on ``device``: on CUDA the wall clock after waiting for
+    queued work; on a CPU the calling thread's CPU time while torch runs one intra-op
+    thread, else the wall clock (module doc)."""
     if device.type == "cuda":
         def clock() -> float:
             torch.cuda.synchronize(device)
             return time.perf_counter()
         return clock
-    return time.perf_counter
+    return cpu_clock
+
+
+def cpu_clock() -> float:
+    """The calling thread's CPU seconds with one intra-op thread, else wall seconds."""
+    return time.thread_time() if torch.get_num_threads() == 1 else time.perf_counter()
 
 
 def autograd_nodes(values, claimed: dict) -> list:
@@ -87,6 +111,9 @@ class Recorder:
         self.fwd_s: dict[str | None, float] = defaultdict(float)
         self.bwd_s: dict[str | None, float] = defaultdict(float)
         self.summed_s: dict[str | None, float] = defaultdict(float)  # tied weights' sums
+        # instrumentation events per op: interpreted nodes, hooked autograd nodes
+        self.fwd_events: dict[str | None, int] = defaultdict(int)
+        self.bwd_events: dict[str | None, int] = defaultdict(int)
         self._tied = capture.tied_parameter_ids
         # fx node name -> (bytes of its output, shape of its first output tensor or None)
         self.value_meta: dict[str, tuple[int, tuple[int, ...] | None]] = {}
@@ -145,6 +172,7 @@ class Recorder:
             self._hook(fn, op)
 
     def _hook(self, fn, op: str | None) -> None:
+        self.bwd_events[op] += 1
         pre = self._pre
         if id(getattr(fn, "variable", None)) in self._tied:  # a tied weight's AccumulateGrad
             pre = self._pre_summed
@@ -199,6 +227,7 @@ class _TimedInterpreter(fx.Interpreter):
         if n.op == "output":
             return super().run_node(n)
         op = self.op_of[n.name]
+        rec.fwd_events[op] += 1
         if rec.counter is not None:
             rec.counter.current = op
         result = super().run_node(n)
@@ -216,3 +245,83 @@ def value_meta(value) -> tuple[int, tuple[int, ...] | None]:
     tensors = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     return nbytes, (tuple(tensors[0].shape) if tensors else None)
+
+
+def per_event_overhead(timed_s: float, plain_s: float, events: int) -> float:
+    """Seconds one instrumentation event costs: the instrumented pass's ``timed_s`` (the sum
+    of its per-op medians) over a plain pass's ``plain_s`` (its median), per event of the
+    pass (module doc, "Instrumentation"); at least 0, and 0 without events."""
+    return max(0.0, (timed_s - plain_s) / events) if events > 0 else 0.0
+
+
+def less_overhead(ms: float, events: int, per_event_ms: float) -> float:
+    """An op's median ``ms`` less ``events`` instrumentation events of ``per_event_ms``; >= 0.
+
+    >>> less_overhead(1.0, 3, 0.1)
+    0.7
+    """
+    return max(0.0, ms - events * per_event_ms)
+
+
+def time_plain_step(module, inputs, loss_fn, clock) -> tuple[float, float]:
+    """One uninstrumented step (gradients reset first): (forward and loss, backward) seconds."""
+    module.zero_grad(set_to_none=True)
+    t0 = clock()
+    loss = loss_fn(module(*inputs))
+    t1 = clock()
+    loss.backward()
+    return t1 - t0, clock() - t1
+
+
+class TimedRounds:
+    """Instrumented rounds at one batch and thread count, each after a plain step of the
+    same batch: per-op forward / backward / tie seconds per round, the plain steps'
+    forward and backward seconds, and each op's events (module doc, "Instrumentation")."""
+
+    def __init__(self, cap: Capture):
+        self._cap = cap
+        self.keys = [*cap.op_ids, LOSS]
+        self.fwd_runs: dict = defaultdict(list)
+        self.bwd_runs: dict = defaultdict(list)
+        self.tie_runs: dict = defaultdict(list)
+        self.plain: list[tuple[float, float]] = []
+        self.events: tuple[dict, dict] = ({}, {})
+
+    def round(self, clock, module, inputs, loss_fn, plain: tuple[float, float] | None = None):
+        """One instrumented step, after ``plain`` (a plain step's seconds; timed here if None)."""
+        if plain is None:
+            plain = time_plain_step(module, inputs, loss_fn, clock)
+        module.zero_grad(set_to_none=True)
+        rec = Recorder(self._cap, clock)
+        rec.run(inputs, loss_fn)
+        for key in self.keys:
+            self.fwd_runs[key].append(rec.fwd_s.get(key, 0.0))
+            self.bwd_runs[key].append(rec.bwd_s.get(key, 0.0))
+        for key, seconds in rec.summed_s.items():
+            self.tie_runs[key].append(seconds)
+        self.plain.append(plain)
+        self.events = (dict(rec.fwd_events), dict(rec.bwd_events))
+
+    def per_event_ms(self) -> tuple[float, float]:
+        """Cost of one event, forward and backward (ms): the per-key medians' sum over the
+        median plain pass, per event, so that the sum of the corrected medians is the plain
+        step's median (where no key is cut at zero)."""
+        if not self.plain:
+            return 0.0, 0.0
+        out = []
+        for k, (runs, events) in enumerate(zip((self.fwd_runs, self.bwd_runs), self.events,
+                                               strict=True)):
+            timed = sum(statistics.median(v) for v in runs.values())
+            plain = statistics.median(p[k] for p in self.plain)
+            out.append(per_event_overhead(timed, plain, sum(events.values())) * 1e3)
+        return out[0], out[1]
+
+    def medians_ms(self, per_event_ms: tuple[float, float]) -> tuple[dict, dict]:
+        """Per key, the median forward and backward ms less its instrumentation at
+        ``per_event_ms`` (forward, backward) per event."""
+        per_f, per_b = per_event_ms
+        fwd_events, bwd_events = self.events
+        return ({k: less_overhead(statistics.median(v) * 1e3, fwd_events.get(k, 0), per_f)
+                 for k, v in self.fwd_runs.items()},
+                {k: less_overhead(statistics.median(v) * 1e3, bwd_events.get(k, 0), per_b)
+                 for k, v in self.bwd_runs.items()})

@@ -16,7 +16,8 @@ Steps
        step (timed per op), and more (up to ``MAX_ROUND_FACTOR`` times as many)
        while the medians are not yet known well enough (``rounds``: the per-op
        sum within 2%, noisy ops under a tenth of it); the graph records per-op
-       medians and the median whole step, and ``ProfileInfo`` states the ratio
+       medians (less the instrumentation's cost per event, measured against the
+       plain steps: ``measure``) and the median whole step, and ``ProfileInfo`` states the ratio
        of the per-op sum to the step and the spread of the rounds. The process
        is pinned to as many CPUs as it has threads, as the runtime pins a worker. An op that owns a tied weight also records the part of its
        backward that sums the weight's gradients from its uses (``tie_sum_ms``,
@@ -38,14 +39,18 @@ Steps
     6. On a CPU (``thread_scaling``, the default), every op is timed again at
        1 thread and at this process's CPU count, where the profile's own
        threads are neither (pinned, one settling step, rounds by the same
-       rule): ``Op.fwd_ms_by_threads`` / ``bwd_ms_by_threads``, and
-       ``ProfileInfo.thread_counts``. The cost model interpolates each op
+       rule, each with its plain step and its step at the smaller batch):
+       ``Op.fwd_ms_by_threads`` / ``bwd_ms_by_threads``, the fixed parts at
+       those counts (``fwd_fixed_ms_by_threads``), and
+       ``ProfileInfo.thread_counts``. The instrumentation's cost per event is
+       the 1-thread pass's (there the clock is the thread's CPU time). The cost model interpolates each op
        between them to a device's cores, so one profile serves a plan whatever
        cores its devices have (``simulator/extrapolation.py``).
 
 Costs scale with the model: the two counting passes plus ``warmup + 2 * rounds``
-training steps (and ``rounds`` small-batch steps; ``repeats <= rounds <= 4 repeats``),
-``1 + rounds`` steps per other thread count, and O(nodes) bookkeeping per step.
+training steps (and ``2 * rounds`` small-batch steps; ``repeats <= rounds <= 4 repeats``),
+``1 + 2 * rounds`` steps per other thread count (as many small ones), and O(nodes)
+bookkeeping per step.
 """
 
 from __future__ import annotations
@@ -53,7 +58,6 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
@@ -75,7 +79,7 @@ from .capture import Capture, capture
 from .counting import CostCounter, MemoryLimitExceeded
 from .devices import catalog_name_of_cuda
 from .graph import build_ops
-from .measure import LOSS, Recorder, make_clock
+from .measure import LOSS, Recorder, TimedRounds, make_clock, time_plain_step
 from .probe import PROBE_ROWS, colocation_groups, probe
 from .rounds import MAX_ROUND_FACTOR, allowed_cpus, pin, relative_iqr, stability
 
@@ -231,31 +235,38 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     input_counter = _input_gradient_pass(cap, module, inputs, loss_fn, clock, model, counter)
     tick("counting the FLOPs of input gradients")
 
-    def plain_step() -> float:
-        module.zero_grad(set_to_none=True)
-        t0 = clock()
-        loss_fn(module(*inputs)).backward()
-        return clock() - t0
+    def plain_step() -> tuple[float, float]:
+        return time_plain_step(module, inputs, loss_fn, clock)
 
     with _model_errors(model, cap):
         for _ in range(warmup):
             plain_step()
             tick("warming up")
         smaller = _SmallBatchRounds(cap, workload, small, seed, dev) if small else None
-        steps, fwd_runs, bwd_runs, tie_runs, cuda_peak = _rounds(
-            cap, clock, module, inputs, loss_fn, plain_step, smaller, repeats, dev, tick)
+        timed = TimedRounds(cap)
+        steps, cuda_peak = _rounds(cap, clock, module, inputs, loss_fn, plain_step, smaller,
+                                   timed, repeats, dev, tick)
         peak_bytes = cuda_peak if cuda_peak is not None else peak_bytes
-        at_threads = {n: _thread_pass(n, cap, clock, module, inputs, loss_fn, plain_step, repeats, tick)
-                      for n in others}
+        passes = {n: _thread_pass(n, cap, clock, module, inputs, loss_fn, plain_step, repeats,
+                                  tick, workload, small, seed, dev)
+                  for n in others}
     module.zero_grad(set_to_none=True)
 
-    fwd_ms = {k: statistics.median(v) * 1e3 for k, v in fwd_runs.items()}
-    bwd_ms = {k: statistics.median(v) * 1e3 for k, v in bwd_runs.items()}
-    tie_ms = {k: statistics.median(v) * 1e3 for k, v in tie_runs.items()}  # capped by build_ops
-    fixed, scaling_note = smaller.fixed_parts(model.batch_size, fwd_ms, bwd_ms) if smaller else ({}, "")
+    # the instrumentation is Python on the calling thread: its cost per event is measured
+    # where the clock is that thread's CPU time (1 thread), and taken off at every count
+    one = timed if torch.get_num_threads() == 1 else passes.get(1, (timed, None))[0]
+    per_event = one.per_event_ms() if dev.type == "cpu" else (0.0, 0.0)
+    fwd_runs, bwd_runs = timed.fwd_runs, timed.bwd_runs
+    fwd_ms, bwd_ms = timed.medians_ms(per_event)
+    tie_ms = {k: statistics.median(v) * 1e3 for k, v in timed.tie_runs.items()}  # capped by build_ops
+    fixed, scaling_note = (smaller.fixed_parts(model.batch_size, fwd_ms, bwd_ms, per_event)
+                           if smaller else ({}, ""))
+    at_threads = {n: _pass_result(t, sm, model.batch_size, per_event, cap.op_ids)
+                  for n, (t, sm) in passes.items()}
     ops, edges = build_ops(cap, counter, recorder.value_meta, fwd_ms, bwd_ms, type_name,
                            model.batch_size, fixed, tie_ms, input_counter.bwd_flops)
     ops = _with_thread_times(ops, at_threads)
+    scaling_note = f"{_overhead_note(per_event)}{scaling_note}"
     options = dict(model.options)
     if leaves:
         options["leaf_modules"] = list(leaves)
@@ -291,30 +302,31 @@ def _info(cap, steps, fwd_runs, bwd_runs, fwd_ms, bwd_ms, at_threads, type_name,
               f"{_per_round(round_sums)}; loss outside the graph {loss_ms:.2f} ms; {note_tail}"))
 
 
-def _rounds(cap, clock, module, inputs, loss_fn, plain_step, smaller, repeats: int, dev, tick):
-    """Module doc, steps 4 and 5: rounds of a whole step, an instrumented step and (with
-    ``smaller``) one at the smaller batch, ``repeats`` and more while ``stability`` is not
-    reached. Returns the step seconds, per-op forward / backward / tie seconds per round,
-    and the CUDA peak of the first step (None on a CPU)."""
+def _rounds(cap, clock, module, inputs, loss_fn, plain_step, smaller, timed, repeats: int, dev,
+            tick):
+    """Module doc, steps 4 and 5: rounds of a whole step, an instrumented step (into
+    ``timed``) and (with ``smaller``) one at the smaller batch, ``repeats`` and more while
+    ``stability`` is not reached. Returns the step seconds and the CUDA peak of the first
+    step (None on a CPU)."""
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    steps, fwd_runs, bwd_runs, tie_runs = [], defaultdict(list), defaultdict(list), defaultdict(list)
+    steps = []
     peak = None
     for r in range(MAX_ROUND_FACTOR * repeats):
-        if r >= repeats and stability(fwd_runs, bwd_runs, cap.op_ids).stable:
+        if r >= repeats and stability(timed.fwd_runs, timed.bwd_runs, cap.op_ids).stable:
             break
         more = (3 if smaller is not None else 2) if r >= repeats else 0  # beyond --repeats
-        steps.append(plain_step())
+        plain = plain_step()
+        steps.append(sum(plain))
         tick("timing the whole step", more)
         if dev.type == "cuda" and len(steps) == 1:
             peak = torch.cuda.max_memory_allocated(dev)
-        _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, [*cap.op_ids, LOSS],
-                     tie_runs)
+        timed.round(clock, module, inputs, loss_fn, plain)
         tick("timing every op")
         if smaller is not None:  # right after the full batch's round, on the same machine state
             smaller.run(clock, module)
             tick(f"timing every op at batch {smaller.small}")
-    return steps, fwd_runs, bwd_runs, tie_runs, peak
+    return steps, peak
 
 
 def _runtime_colocation(cap, workload, seed: int, dev: torch.device
@@ -363,20 +375,10 @@ def _input_gradient_pass(cap, module, inputs, loss_fn, clock, model, counter) ->
     return input_counter
 
 
-def _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, keys,
-                 tie_runs=None) -> None:
-    """One instrumented step (gradients reset first): appends each key's forward and
-    backward seconds to ``fwd_runs`` / ``bwd_runs``, and each tied weight's owner's
-    seconds of summing to ``tie_runs``."""
-    module.zero_grad(set_to_none=True)
-    timed = Recorder(cap, clock)
-    timed.run(inputs, loss_fn)
-    for key in keys:
-        fwd_runs[key].append(timed.fwd_s.get(key, 0.0))
-        bwd_runs[key].append(timed.bwd_s.get(key, 0.0))
-    if tie_runs is not None:
-        for key, seconds in timed.summed_s.items():
-            tie_runs[key].append(seconds)
+def _overhead_note(per_event_ms: tuple[float, float]) -> str:
+    per_f, per_b = per_event_ms
+    return (f"instrumentation {per_f * 1e3:.1f} us per forward node, {per_b * 1e3:.1f} us "
+            f"per backward node, taken off the ops; ")
 
 
 def _round_sums_s(fwd_runs: dict, bwd_runs: dict, ops: list[str]) -> list[float]:
@@ -390,30 +392,42 @@ def _per_round(sums_s: list[float]) -> str:
 
 
 def _thread_pass(threads: int, cap, clock, module, inputs, loss_fn, plain_step, repeats: int,
-                 tick) -> tuple[dict[str, float], dict[str, float], float]:
+                 tick, workload, small: int, seed: int, dev):
     """Every op timed at ``threads`` intra-op threads, pinned as a worker of that many
     (module doc, step 6): one untimed step to settle the thread pool, then rounds as at the
-    profile's own threads, by the same rule. Returns per-op median forward and backward
-    milliseconds and the spread of the round sums; the caller restores the threads."""
+    profile's own threads, by the same rule, each followed (``small``: batch > 1) by one at
+    the smaller batch. Returns the rounds (``TimedRounds``) and the smaller batch's
+    (``_SmallBatchRounds`` or None); the threads are restored."""
     main = torch.get_num_threads()
     torch.set_num_threads(threads)
     cpus = allowed_cpus()
     pin(threads, cpus)
-    fwd_runs, bwd_runs = defaultdict(list), defaultdict(list)
+    timed = TimedRounds(cap)
+    smaller = _SmallBatchRounds(cap, workload, small, seed, dev) if small else None
     try:
         plain_step()
         tick(f"warming up {threads} thread(s)")
         for r in range(MAX_ROUND_FACTOR * repeats):
-            if r >= repeats and stability(fwd_runs, bwd_runs, cap.op_ids).stable:
+            if r >= repeats and stability(timed.fwd_runs, timed.bwd_runs, cap.op_ids).stable:
                 break
-            _timed_round(cap, clock, module, inputs, loss_fn, fwd_runs, bwd_runs, cap.op_ids)
+            timed.round(clock, module, inputs, loss_fn, plain_step())
+            if smaller is not None:
+                smaller.run(clock, module)
             tick(f"timing every op at {threads} thread(s)", 1 if r >= repeats else 0)
     finally:
         torch.set_num_threads(main)
         pin(main, cpus)
-    return ({o: statistics.median(fwd_runs[o]) * 1e3 for o in cap.op_ids},
-            {o: statistics.median(bwd_runs[o]) * 1e3 for o in cap.op_ids},
-            stability(fwd_runs, bwd_runs, cap.op_ids).sum_spread)
+    return timed, smaller
+
+
+def _pass_result(timed, smaller, batch_size: int, per_event_ms, op_ids
+                 ) -> tuple[dict[str, float], dict[str, float], float, dict]:
+    """A thread pass's per-op median forward and backward ms (less the instrumentation), the
+    spread of its round sums and the ops' fixed parts (empty without ``smaller``)."""
+    fwd, bwd = timed.medians_ms(per_event_ms)
+    fixed = smaller.fixed_parts(batch_size, fwd, bwd, per_event_ms)[0] if smaller else {}
+    return ({o: fwd[o] for o in op_ids}, {o: bwd[o] for o in op_ids},
+            stability(timed.fwd_runs, timed.bwd_runs, op_ids).sum_spread, fixed)
 
 
 def _with_thread_times(ops, at_threads: dict) -> tuple:
@@ -425,16 +439,21 @@ def _with_thread_times(ops, at_threads: dict) -> tuple:
         if not op.fwd_ms:  # an op the profile does not time (an input)
             out.append(op)
             continue
-        fwd = {str(n): round(f[op.id], 6) for n, (f, _, _) in sorted(at_threads.items())}
-        bwd = {str(n): round(b[op.id], 6) for n, (_, b, _) in sorted(at_threads.items())}
-        out.append(replace(op, fwd_ms_by_threads=fwd,
-                           bwd_ms_by_threads=bwd if op.bwd_ms else {}))
+        fwd = {str(n): round(f[op.id], 6) for n, (f, _, _, _) in sorted(at_threads.items())}
+        bwd = {str(n): round(b[op.id], 6) for n, (_, b, _, _) in sorted(at_threads.items())}
+        fixed = {str(n): fx[op.id] for n, (_, _, _, fx) in sorted(at_threads.items())
+                 if op.id in fx}
+        out.append(replace(
+            op, fwd_ms_by_threads=fwd, bwd_ms_by_threads=bwd if op.bwd_ms else {},
+            fwd_fixed_ms_by_threads={n: round(min(f, fwd[n]), 6) for n, (f, _) in fixed.items()},
+            bwd_fixed_ms_by_threads={n: round(min(b, bwd[n]), 6) for n, (_, b) in fixed.items()}
+            if op.bwd_ms else {}))
     return tuple(out)
 
 
 def _threads_note(at_threads: dict, op_sum_ms: float) -> str:
     parts = [f"{sum(f.values()) + sum(b.values()):.1f} ms (spread {spread:.1%}) at {n} thread(s)"
-             for n, (f, b, spread) in sorted(at_threads.items())]
+             for n, (f, b, spread, _) in sorted(at_threads.items())]
     return f"op sum {op_sum_ms:.1f} ms at {torch.get_num_threads()} thread(s), " + ", ".join(
         parts) + "; " if parts else ""
 
@@ -457,34 +476,35 @@ class _SmallBatchRounds:
         inputs, target = workload.make_batch(small, seed)
         self.inputs = tuple(t.to(dev) for t in inputs)
         self.target = None if target is None else target.to(dev)
-        self.fwd_runs: dict[str, list[float]] = defaultdict(list)
-        self.bwd_runs: dict[str, list[float]] = defaultdict(list)
+        self.timed = TimedRounds(cap)
         self.failed = ""
 
     def run(self, clock, module) -> None:
+        """A plain step and an instrumented step at the smaller batch."""
         if self.failed:
             return
         try:
-            _timed_round(self.cap, clock, module, self.inputs,
-                         lambda output: self.workload.loss(output, self.target),
-                         self.fwd_runs, self.bwd_runs, self.cap.op_ids)
+            self.timed.round(clock, module, self.inputs,
+                             lambda output: self.workload.loss(output, self.target))
         except Exception as exc:  # a model whose trace only runs at its profiled batch
             self.failed = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
         finally:
             module.zero_grad(set_to_none=True)
 
-    def fixed_parts(self, batch_size: int, fwd_ms: dict, bwd_ms: dict) -> tuple[dict, str]:
+    def fixed_parts(self, batch_size: int, fwd_ms: dict, bwd_ms: dict,
+                    per_event_ms: tuple[float, float]) -> tuple[dict, str]:
         """``({op: (fwd_fixed, bwd_fixed)}, note)`` from the medians of the rounds."""
         if self.failed:
             return {}, f"fixed parts not measured (batch {self.small} failed: {self.failed}); "
         f = self.small / batch_size
         ops = self.cap.op_ids
-        fixed = {op: tuple(fixed_part(full[op], statistics.median(runs[op]) * 1e3, f)
-                           for runs, full in ((self.fwd_runs, fwd_ms), (self.bwd_runs, bwd_ms)))
+        small_ms = self.timed.medians_ms(per_event_ms)
+        fixed = {op: tuple(fixed_part(full[op], small[op], f)
+                           for small, full in zip(small_ms, (fwd_ms, bwd_ms), strict=True))
                  for op in ops}
         at_full = sum(fwd_ms[o] + bwd_ms[o] for o in ops)
         share = sum(a + b for a, b in fixed.values()) / at_full if at_full > 0 else 0.0
-        sums = _round_sums_s(self.fwd_runs, self.bwd_runs, ops)
+        sums = _round_sums_s(self.timed.fwd_runs, self.timed.bwd_runs, ops)
         spread = f", {_per_round(sums)}" if sums else ""
         return fixed, (f"batch-independent part {share:.0%} of the per-op sum (from batch "
                        f"{self.small}{spread}); ")

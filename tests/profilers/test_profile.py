@@ -126,7 +126,8 @@ def test_profile_records_measurements_and_is_deterministic_except_times():
         data.pop("profile")
         for op in data["ops"]:
             for key in ("fwd_ms", "bwd_ms", "fwd_fixed_ms", "bwd_fixed_ms", "tie_sum_ms",
-                        "fwd_ms_by_threads", "bwd_ms_by_threads"):
+                        "fwd_ms_by_threads", "bwd_ms_by_threads", "fwd_fixed_ms_by_threads",
+                        "bwd_fixed_ms_by_threads"):
                 op.pop(key, None)
         return data
 
@@ -192,7 +193,9 @@ def test_a_model_that_cannot_run_at_the_smaller_batch_keeps_its_full_batch_times
     assert graph.profile.scaling_batch_size is None
     assert all(not op.fwd_fixed_ms and not op.bwd_fixed_ms for op in graph.ops)
     assert "fixed parts not measured (batch 1 failed: Expected more than 1 value" in graph.profile.note
-    assert all(op.fwd_ms["cpu"] > 0 for op in graph.ops if op.kind is not OpKind.INPUT)
+    # (an op whose time is all instrumentation is charged 0, never less)
+    timed = [op.fwd_ms["cpu"] for op in graph.ops if op.kind is not OpKind.INPUT]
+    assert timed and all(t >= 0 for t in timed) and sum(timed) > 0
 
 
 TEST_MODEL = """

@@ -95,3 +95,28 @@ def test_notes_name_interpolated_and_extrapolated_devices_and_leave_measured_one
         f"interpolated (scaling: {SCALING})",
         f"h/c6x0 has 6 cores, but the graph was timed at 1, 2, 4 threads: its op times are "
         f"extrapolated (scaling: {SCALING_BEYOND})")
+
+
+def test_fixed_parts_measured_at_each_thread_count_are_carried_like_the_op():
+    # fixed parts timed at 2 threads (2.0) and at 1 (1.5): at 1 core the measurement, not
+    # 2.0 scaled by the op's factor 8 / 5 (3.2); at 4 cores the line through 1 and 2
+    g = _profiled(2, (1, 2), {1: 8.0, 2: 5.0}, {1: 16.0, 2: 10.0}, fixed=2.0)
+    op = dataclasses.replace(g.ops[0], fwd_fixed_ms_by_threads={"1": 1.5},
+                             bwd_fixed_ms_by_threads={"1": 3.0}, bwd_fixed_ms={"cpu": 2.5})
+    g = dataclasses.replace(g, ops=(op,))
+    cm = CostModel(g, _cpu_host([1, 2, 4]))
+    assert cm.op_ms("a", "h/c1x0", batch_fraction=0.5) == pytest.approx(1.5 + (8 - 1.5) / 2)
+    assert cm.op_ms("a", "h/c1x0", "bwd", 0.25) == pytest.approx(3.0 + (16 - 3.0) / 4)
+    assert cm.op_ms("a", "h/c2x0", batch_fraction=0.5) == pytest.approx(2.0 + (5 - 2.0) / 2)
+    # at 4: 1.5 + (2.0 - 1.5) (1/4 - 1) / (1/2 - 1) = 2.25, above perfect scaling's 1.0 and
+    # held at the slowest measurement (2.0)
+    fixed_4 = at_threads({1: 1.5, 2: 2.0}, 4)
+    assert cm.op_ms("a", "h/c4x0", batch_fraction=0.5) == pytest.approx(
+        fixed_4 + (cm.op_ms("a", "h/c4x0") - fixed_4) / 2)
+
+
+def test_an_op_measured_at_zero_at_the_profiles_threads_takes_its_time_at_the_cores():
+    g = _profiled(2, (1, 2), {1: 0.4, 2: 0.0}, {1: 0.2, 2: 0.0})
+    cm = CostModel(g, _cpu_host([1]))
+    assert cm.op_ms("a", "h/c1x0") == pytest.approx(0.4)
+    assert cm.op_ms("a", "h/c1x0", "bwd") == pytest.approx(0.2)
