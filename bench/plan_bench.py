@@ -394,13 +394,17 @@ def scale_row(hosts: int, workdir: Path, time_limit: float) -> list:
 
 def scale_suite(hosts: Sequence[int], time_limit: float) -> str:
     """The sweep's table and whether the plan's time never rises with the devices."""
+    import os
     import tempfile
 
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         rows = [scale_row(h, Path(tmp), time_limit) for h in hosts]
+    load = max(load, os.getloadavg()[0])
     times = [float(r[1]) for r in rows]
     monotone = all(b <= a + 1e-9 for a, b in zip(times, times[1:]))
     over = [str(r[0]) for r in rows if float(r[3]) > 10.0]
+    late = [str(r[0]) for r in rows if float(r[3]) > 1.1 * time_limit]
     table = markdown_table(["GPUs", "plan ms (simulated)", "bound ms", "CPU s", "peak RSS MB",
                             "chosen"], rows)
     return (f"GPT-2 XL (`{SCALE_GRAPH.relative_to(ROOT)}`) on A100 leaf-spine clusters "
@@ -408,7 +412,10 @@ def scale_suite(hosts: Sequence[int], time_limit: float) -> str:
             f"spine), `dl-nfv plan pipeline --time-limit {time_limit:g}`, each plan in a "
             f"process of its own under `/usr/bin/time` (CPU s: user + system; RSS: peak).\n\n"
             f"{table}\n\nPlan time non-increasing in GPUs: {'yes' if monotone else 'NO'}. "
-            f"Over 10 CPU s: {', '.join(over) + ' GPUs' if over else 'none'}.")
+            f"Over 10 CPU s: {', '.join(over) + ' GPUs' if over else 'none'}. "
+            f"Over the time limit by more than 10%: "
+            f"{', '.join(late) + ' GPUs' if late else 'none'}. "
+            f"Load average (1 min) at the start or end of the sweep, the larger: {load:.1f}.")
 
 
 def main(argv: list[str] | None = None) -> int:

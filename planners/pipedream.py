@@ -33,7 +33,9 @@ of devices inside each host), with even batch shares, and run synchronously
 with the 1F1B schedule and a flush (PipeDream-Flush); microbatches as for
 ``gpipe``.
 
-Complexity: O(levels x ops^3 x machines^2) for the DP, plus one simulation.
+Complexity: O(levels x ops^3 x machines^2) for the DP (each row of a start and a machine
+count taken for every end at once in numpy, with the loop's arithmetic term by term, so
+the results are the loop's), plus one simulation.
 """
 
 from __future__ import annotations

@@ -113,9 +113,10 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
         CPU seconds for the plan: a uniform cluster's nested sub-clusters are planned
         first, then the bound; on every cluster of that chain the ordering search stops
         early once the whole plan has used 60% of the limit and the boundary climbs at 80%
-        (both normally end sooner); the bound, the first orderings, the final scheduling and
-        the simulations are never cut, so they can exceed a limit: a few seconds
-        on small clusters, more than the limit again on a few hundred devices.
+        (both normally end sooner), and a cluster of the chain that would start its own
+        search past 80% keeps its sub-cluster's plan; the bound, the first cluster's plan,
+        the first orderings, the final scheduling and the simulations are otherwise never
+        cut, so they can exceed a limit of a few seconds.
     optimizer : str
         sgd (with momentum) or adam: its state and step are planned for.
 
