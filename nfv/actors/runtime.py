@@ -75,7 +75,7 @@ class FlowActor:
         self.log: dict[int, tuple] = {}  # seq -> output not yet committed by the switch
         self.replica = replica
         self.held: list | None = None  # packets held while the state is on its way
-        self.ahead: dict[int, tuple] = {}  # replica: deltas that arrived ahead of a gap
+        self.ahead: dict[int, tuple] = {}  # deltas (replica) or packets ahead of a gap
         self.backup: FlowActor | None = None  # held: this runtime's replica of the flow
 
     def trim(self, committed: int) -> None:
@@ -235,8 +235,18 @@ class Runtime:
                 self.process(actor, seq, committed, packet)
 
     def process(self, actor: FlowActor, seq: int, committed: int, packet) -> None:
-        if seq <= actor.seq:
-            return  # resent after a failover: already in the state
+        """Run packet ``seq`` if it is the actor's next; an earlier one is a copy resent
+        after a failover (already in the state), a later one waits in ``ahead`` until
+        the packets before it come (resent: the actor was made from a copy that lags)."""
+        if seq != actor.seq + 1:
+            if seq > actor.seq:
+                actor.ahead[seq] = (committed, packet)
+            return
+        self.run(actor, seq, committed, packet)
+        while actor.ahead and (step := actor.ahead.pop(actor.seq + 1, None)) is not None:
+            self.run(actor, actor.seq + 1, *step)
+
+    def run(self, actor: FlowActor, seq: int, committed: int, packet) -> None:
         output, actor.states, delta = self.chain.process(actor.flow, actor.states, packet)
         actor.seq = seq
         actor.trim(committed)
@@ -310,14 +320,20 @@ class Runtime:
         actor = self.primaries.get(flow)
         held = []
         if actor is None:
-            actor = self.replicas.pop(flow, None) or FlowActor(flow, self.chain.initial())
+            actor = self.replicas.pop(flow, None)
+            if actor is None:  # lost: afresh, after what is out already
+                actor = FlowActor(flow, self.chain.initial())
+                actor.seq = committed
             self.primaries[flow] = actor
+            actor.ahead = {}
         elif actor.held is not None:
             copy = actor.backup or self.replicas.pop(flow, None)
             held, actor.held, actor.backup = actor.held, None, None
             if copy is not None:
                 actor.seq, actor.states, actor.log = copy.seq, copy.states, dict(copy.log)
-        actor.replica, actor.ahead = replica, {}
+            else:
+                actor.seq = committed
+        actor.replica = replica
         actor.trim(committed)
         for seq, committed_then, packet in held:
             self.process(actor, seq, committed_then, packet)

@@ -320,6 +320,7 @@ class Switch:
         view.declared_at = now
         dead = view.name
         self.pending.pop(dead, None)
+        self.flush()  # packets routed so far go before the commands below, on each channel
         self.endpoint.send(view.address, "exit")
         if self.dumping is not None:
             self.dumping["waiting"].discard(dead)
@@ -369,7 +370,9 @@ class Switch:
             self.endpoint.send(self.runtimes[name].address, "promote", batch)
         for name, batch in rereplicate.items():
             self.endpoint.send(self.runtimes[name].address, "rereplicate", batch)
-        for name, batch in promote.items():  # resend what was not acknowledged, in order
+        # Resend what was not acknowledged, in order: a new primary (or one made from a
+        # copy that lags) needs it; a primary that has it skips it.
+        for name, batch in (*promote.items(), *rereplicate.items()):
             for flow_id, replica, committed in batch:
                 flow = self.by_id[flow_id]
                 if flow.mode == NORMAL:

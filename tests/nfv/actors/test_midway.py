@@ -43,9 +43,11 @@ def _run(spec, mode: str, destination: str, victim: str, seed: int) -> Net:
         net.migrate(3, "rt1", destination, mode)
     for _ in range(rng.randrange(0, 24)):
         net.step()
+    net.switch.on_packets("client", PACKETS[half:half + 8])  # routed, not yet sent
     if victim:
         net.kill(victim)
-    for start in range(half, len(PACKETS), 8):
+    net.switch.flush()
+    for start in range(half + 8, len(PACKETS), 8):
         net.packets(PACKETS[start:start + 8])
         for _ in range(rng.randrange(0, 12)):
             net.step()
