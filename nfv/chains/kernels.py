@@ -99,15 +99,17 @@ class _Stateful:
 
     def _get(self, sub: Sub, name: str):
         """Table column ``name`` (a full name) for ``sub``'s flows, from the batch's rows."""
-        col = sub.state[:, self.table.index[name]]
-        return col if sub.flows is None else take(col, sub.flows)
+        j = self.table.index[name]
+        if sub.flows is None:
+            return sub.state[:, j]
+        return take(sub.state.view(-1), sub.flows * sub.state.shape[1] + j)
 
     def _set(self, sub: Sub, name: str, value) -> None:
-        col = sub.state[:, self.table.index[name]]
+        j = self.table.index[name]
         if sub.flows is None:
-            col.copy_(value)
-        else:
-            put(col, sub.flows, value)
+            sub.state[:, j] = value
+        else:  # a scatter into the rows' contiguous storage (a strided one is slow)
+            put(sub.state.view(-1), sub.flows * sub.state.shape[1] + j, value)
 
     def _column(self, sub: Sub, name, existed, fill=0):
         """The NF's column ``name`` for ``sub``'s flows (``fill`` where it has none)."""

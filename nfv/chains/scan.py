@@ -98,7 +98,7 @@ def previous_gap(ts, seg: Segments, last_seen, existed):
         gap[0] = 0
         gap[1:] = ts[1:] - ts[:-1]  # the previous packet of the flow, except at heads
     head = seg.first
-    gap[head] = torch.where(existed, ts[head] - last_seen, torch.zeros_like(last_seen))
+    put(gap, head, (take(ts, head) - last_seen) * existed)
     return gap
 
 
