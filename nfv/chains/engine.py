@@ -116,14 +116,14 @@ def _compact(sub: Sub, kept) -> Sub:
     """The packets ``kept`` (positions in ``sub``) of ``sub``, as a new ``Sub``."""
     sid = take(sub.seg.index, kept)
     seg = Segments.of(sid, torch.zeros_like(sid))
-    flows = sid[seg.first]
+    flows = take(sid, seg.first)
     return Sub(ts=take(sub.ts, kept), src=take(sub.src, kept), dst=take(sub.dst, kept),
                sport=take(sub.sport, kept), dport=take(sub.dport, kept),
                proto=take(sub.proto, kept), flags=take(sub.flags, kept),
                wire=take(sub.wire, kept), k1=take(sub.k1, kept), k2=take(sub.k2, kept),
                dir=take(sub.dir, kept), arrival=take(sub.arrival, kept), seg=seg, state=sub.state,
-               flows=flows if sub.flows is None else sub.flows[flows],
-               held=sub.held[flows], fhash=sub.fhash[flows], cls=take(sub.cls, kept),
+               flows=flows if sub.flows is None else take(sub.flows, flows),
+               held=take(sub.held, flows), fhash=take(sub.fhash, flows), cls=take(sub.cls, kept),
                original=sub.original)
 
 
@@ -195,7 +195,7 @@ class TensorChain:
         """Every flow of the batch in the table: (slots, flow hashes). The
         table grows before the lookup, so that inserting the new flows moves nothing."""
         heads = seg.first
-        hk1, hk2 = k1[heads], k2[heads]
+        hk1, hk2 = take(k1, heads), take(k2, heads)
         fhash = flow_hash(hk1, hk2)
         self.table.reserve(seg.count)
         slots = self.table.lookup(hk1, hk2, fhash)

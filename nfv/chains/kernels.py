@@ -233,7 +233,7 @@ class FirewallKernel(_Machine):
         if not sub.original or n < 2 * STEP_COST or seg.count * FLOWS_PER_PACKET > n:
             return self._match(sub.src, sub.dst, sub.sport, sub.dport, sub.proto)
         # the flow key's endpoints (packets.key_pair): lower first; dir 1 runs higher -> lower
-        k1, k2 = sub.k1[seg.first], sub.k2[seg.first]
+        k1, k2 = take(sub.k1, seg.first), take(sub.k2, seg.first)
         lo_ip, hi_ip = (k1 >> 32) & MASK32, k1 & MASK32
         lo_port, hi_port, proto = k2 >> 24, (k2 >> 8) & 0xFFFF, k2 & 0xFF
         both = self._match(torch.cat([lo_ip, hi_ip]), torch.cat([hi_ip, lo_ip]),
@@ -247,8 +247,8 @@ class FirewallKernel(_Machine):
         found, after, _ = self._scan(sub, cls, existed)
         verdict = take(self.verdict.reshape(-1), cls * self.next.shape[1] + found)
         last = sub.seg.last
-        final = after[last]
-        self._store(sub, existed, final != 0, {"state": final, "last": sub.ts[last]})
+        final = take(after, last)
+        self._store(sub, existed, final != 0, {"state": final, "last": take(sub.ts, last)})
         return verdict
 
 
@@ -287,12 +287,12 @@ class _SessionKernel(_Machine):
         peer_ip, peer_port = self.peer(sub)
         before = [self._column(sub, "binding", existed, -1), self._column(sub, "peer_ip", existed),
                   self._column(sub, "peer_port", existed)]
-        begun = [self.start(sub, rows), peer_ip[rows], peer_port[rows]]
+        begun = [self.start(sub, rows), take(peer_ip, rows), take(peer_port, rows)]
         if not bool(seg.pos[rows].any()):
             # sessions start only at flows' first packets: one value per flow
             per_flow = [col.clone() for col in before]
             for col, value in zip(per_flow, begun):
-                col[seg.index[rows]] = value
+                put(col, take(seg.index, rows), value)
             binding, p_ip, p_port = (take(col, seg.index) for col in per_flow)
         else:  # the latest start at or before each packet in its flow, else the table's
             latest = last_marked(start, seg)
@@ -306,8 +306,9 @@ class _SessionKernel(_Machine):
         forward = take(self.forward, found * 2 + sub.dir)
         verdict = self.rewrite(sub, ok, forward, binding, p_ip, p_port, verdict)
         last = seg.last
-        self._store(sub, existed, after[last] != 0,
-                    {"state": after[last], "last": sub.ts[last], "binding": per_flow[0],
+        final = take(after, last)
+        self._store(sub, existed, final != 0,
+                    {"state": final, "last": take(sub.ts, last), "binding": per_flow[0],
                      "peer_ip": per_flow[1], "peer_port": per_flow[2]})
         return verdict
 
@@ -463,11 +464,11 @@ class MonitorKernel(_Stateful):
         count = torch.bincount(seg.index, minlength=seg.count)
         size = torch.zeros(seg.count, dtype=torch.int64, device=self.device)
         size.index_add_(0, seg.index, sub.wire)
-        first = torch.where(existed, self._column(sub, "first", existed), sub.ts[seg.first])
+        first = pick(existed, self._column(sub, "first", existed), take(sub.ts, seg.first))
         self._store(sub, existed, None,
                     {"packets": self._column(sub, "packets", existed) + count,
                      "bytes": self._column(sub, "bytes", existed) + size,
-                     "first": first, "last": sub.ts[seg.last]})
+                     "first": first, "last": take(sub.ts, seg.last)})
         return torch.zeros_like(sub.ts)
 
     def sweep(self, now_us: int) -> None:

@@ -150,7 +150,8 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
             found, after = _step(next_table, timeouts, cls, gap, seg, s0)
             break
         sub = Segments.starting(start[rows])  # every flow's first packet is a candidate
-        c_found, c_after = _step(next_table, timeouts, cls[rows], gap[rows], sub, s0)
+        c_found, c_after = _step(next_table, timeouts, take(cls, rows), take(gap, rows), sub,
+                                 s0)
         rank = torch.cumsum(cand, 0) - 1  # the latest candidate at or before each packet
         after = take(c_after, rank)
         found = after.clone()
@@ -182,25 +183,25 @@ def scan_by_rounds(next_table, timeouts, cls, gap, seg: Segments, s0):
     flat = next_table.reshape(-1)
     order, sizes = seg.round_order()
     # per round, contiguous slices of these (views): no gathers inside the loop
-    flows = torch.split(seg.index[order], sizes)
-    gaps = torch.split(gap[order], sizes)
-    rows = torch.split(cls[order] * width, sizes)
+    flows = torch.split(take(seg.index, order), sizes)
+    gaps = torch.split(take(gap, order), sizes)
+    rows = torch.split(take(cls, order) * width, sizes)
     found_r = torch.empty_like(order)
     after_r = torch.empty_like(order)
     found_parts = torch.split(found_r, sizes)
     after_parts = torch.split(after_r, sizes)
     cur = s0.clone()
     for at, g, base, found_out, after_out in zip(flows, gaps, rows, found_parts, after_parts):
-        state = cur[at]
+        state = take(cur, at)
         found_out.copy_(state)
-        state = torch.where(g > timeouts[state], 0, state)
-        nxt = flat[base + state]
+        state = state * (g <= take(timeouts, state))
+        nxt = take(flat, base + state)
         after_out.copy_(nxt)
-        cur[at] = nxt
+        put(cur, at, nxt)
     found = torch.empty_like(found_r)
     after = torch.empty_like(after_r)
-    found[order] = found_r
-    after[order] = after_r
+    put(found, order, found_r)
+    put(after, order, after_r)
     return found, after
 
 
