@@ -43,7 +43,8 @@ Steps
        ``Op.fwd_ms_by_threads`` / ``bwd_ms_by_threads``, the fixed parts at
        those counts (``fwd_fixed_ms_by_threads``), and
        ``ProfileInfo.thread_counts``. The instrumentation's cost per event is
-       the 1-thread pass's (there the clock is the thread's CPU time). The cost model interpolates each op
+       the 1-thread pass's at the same batch (there the clock is the thread's CPU
+       time). The cost model interpolates each op
        between them to a device's cores, so one profile serves a plan whatever
        cores its devices have (``simulator/extrapolation.py``).
 
@@ -253,20 +254,28 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     module.zero_grad(set_to_none=True)
 
     # the instrumentation is Python on the calling thread: its cost per event is measured
-    # where the clock is that thread's CPU time (1 thread), and taken off at every count
-    one = timed if torch.get_num_threads() == 1 else passes.get(1, (timed, None))[0]
+    # where the clock is that thread's CPU time (1 thread), at each batch against that
+    # batch's plain steps, and taken off at every thread count
+    one, one_small = ((timed, smaller) if torch.get_num_threads() == 1
+                      else passes.get(1, (timed, smaller)))
     per_event = one.per_event_ms() if dev.type == "cpu" else (0.0, 0.0)
+    per_event_small = (one_small.timed.per_event_ms()
+                       if dev.type == "cpu" and one_small is not None and not one_small.failed
+                       else per_event)
     fwd_runs, bwd_runs = timed.fwd_runs, timed.bwd_runs
     fwd_ms, bwd_ms = timed.medians_ms(per_event)
     tie_ms = {k: statistics.median(v) * 1e3 for k, v in timed.tie_runs.items()}  # capped by build_ops
-    fixed, scaling_note = (smaller.fixed_parts(model.batch_size, fwd_ms, bwd_ms, per_event)
+    fixed, scaling_note = (smaller.fixed_parts(model.batch_size, fwd_ms, bwd_ms, per_event_small)
                            if smaller else ({}, ""))
-    at_threads = {n: _pass_result(t, sm, model.batch_size, per_event, cap.op_ids)
+    at_threads = {n: _pass_result(t, sm, model.batch_size, (per_event, per_event_small),
+                                  cap.op_ids)
                   for n, (t, sm) in passes.items()}
     ops, edges = build_ops(cap, counter, recorder.value_meta, fwd_ms, bwd_ms, type_name,
                            model.batch_size, fixed, tie_ms, input_counter.bwd_flops)
     ops = _with_thread_times(ops, at_threads)
-    scaling_note = f"{_overhead_note(per_event)}{scaling_note}"
+    scaling_note = (f"{_overhead_note(per_event)}"
+                    f"{_overhead_note(per_event_small, smaller.small) if fixed else ''}"
+                    f"{scaling_note}")
     options = dict(model.options)
     if leaves:
         options["leaf_modules"] = list(leaves)
@@ -375,9 +384,10 @@ def _input_gradient_pass(cap, module, inputs, loss_fn, clock, model, counter) ->
     return input_counter
 
 
-def _overhead_note(per_event_ms: tuple[float, float]) -> str:
+def _overhead_note(per_event_ms: tuple[float, float], batch: int | None = None) -> str:
     per_f, per_b = per_event_ms
-    return (f"instrumentation {per_f * 1e3:.1f} us per forward node, {per_b * 1e3:.1f} us "
+    at = f" at batch {batch}" if batch else ""
+    return (f"instrumentation{at} {per_f * 1e3:.1f} us per forward node, {per_b * 1e3:.1f} us "
             f"per backward node, taken off the ops; ")
 
 
@@ -422,10 +432,12 @@ def _thread_pass(threads: int, cap, clock, module, inputs, loss_fn, plain_step, 
 
 def _pass_result(timed, smaller, batch_size: int, per_event_ms, op_ids
                  ) -> tuple[dict[str, float], dict[str, float], float, dict]:
-    """A thread pass's per-op median forward and backward ms (less the instrumentation), the
-    spread of its round sums and the ops' fixed parts (empty without ``smaller``)."""
-    fwd, bwd = timed.medians_ms(per_event_ms)
-    fixed = smaller.fixed_parts(batch_size, fwd, bwd, per_event_ms)[0] if smaller else {}
+    """A thread pass's per-op median forward and backward ms (less the instrumentation:
+    ``per_event_ms`` at the full and at the smaller batch), the spread of its round sums and
+    the ops' fixed parts (empty without ``smaller``)."""
+    full, small = per_event_ms
+    fwd, bwd = timed.medians_ms(full)
+    fixed = smaller.fixed_parts(batch_size, fwd, bwd, small)[0] if smaller else {}
     return ({o: fwd[o] for o in op_ids}, {o: bwd[o] for o in op_ids},
             stability(timed.fwd_runs, timed.bwd_runs, op_ids).sum_spread, fixed)
 
