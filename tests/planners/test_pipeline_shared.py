@@ -162,3 +162,49 @@ def test_nested_chain_shares_collective_coefficients_exactly():
     finally:
         planner_module.search = real
     assert replace(shared, wall_time_s=0.0) == replace(alone, wall_time_s=0.0)
+
+
+def test_memoised_stage_terms_and_channels_are_the_computed_ones():
+    """GPT-2 XL (a tied embedding) on two 8-GPU hosts, random layouts that share stages:
+    the scheduler inputs built with the stage memo filled by the others, and their
+    schedules on channels built once, equal those built from nothing."""
+    from dataclasses import replace
+
+    from dl_nfv.artifacts import TieSync, load
+    from dl_nfv.planners.base import optimizer_named
+    from dl_nfv.planners.pipeline.build import all_replicas, stage_costs
+    from dl_nfv.planners.pipeline.partition import Layout, StageSpec
+    from dl_nfv.planners.pipeline.problem import Problem
+    from dl_nfv.planners.pipeline.scheduler import Policy, run
+    from dl_nfv.planners.pipeline.search import boundary_moves
+
+    from .test_pipeline_bench_cases import PROFILES
+    from .test_pipeline_scale import leaf_spine
+
+    graph = load(PROFILES / "gpt2-xl-b16-s16-r3.json", expect="op-graph")
+    problem = Problem(graph, leaf_spine(2, 8, 2), tie_sync=TieSync.EXCHANGE,
+                      optimizer=optimizer_named("pipeline", "sgd"))
+    devices = list(problem.devices)
+    rng = random.Random(3)
+    layouts = []
+    for _ in range(24):
+        stages = rng.randint(2, 5)
+        cuts = sorted(rng.sample(range(1, problem.n), stages - 1))
+        ends = sorted(rng.sample(range(1, len(devices)), stages - 1))
+        bounds, runs = [0, *cuts, problem.n], [0, *ends, len(devices)]
+        layouts.append(Layout(tuple(StageSpec(bounds[k], bounds[k + 1],
+                                              tuple(devices[runs[k]:runs[k + 1]]))
+                                    for k in range(stages)), rng.choice([1, 2, 4])))
+        layouts.extend(boundary_moves(layouts[-1])[:2])  # neighbours: most stages shared
+    warm = [stage_costs(problem, lay, all_replicas(problem, lay)) for lay in layouts]
+    assert len(problem.cache["stage_terms"]) < sum(len(lay.stages) for lay in layouts)
+    for lay, costs in zip(layouts, warm):
+        problem.cache.clear()
+        cold = stage_costs(problem, lay, all_replicas(problem, lay))
+        assert costs == cold
+        for policy, split in ((Policy.LIST, True), (Policy.LIST, False), (Policy.GPIPE, False)):
+            first = run(costs, policy, backward_first=True, split=split)
+            assert "channels" in costs.plumbing
+            again = run(costs, policy, backward_first=True, split=split)
+            fresh = run(replace(cold), policy, backward_first=True, split=split)
+            assert first == again == fresh
