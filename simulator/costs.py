@@ -924,13 +924,16 @@ class CostModel(NetworkCosts):
         Recovered from its input bytes ``I = rows x in``, output bytes
         ``O = rows x out`` and parameter bytes ``P = in x out`` (elements times
         ``elem_bytes``): ``rows = sqrt(I x O / (elem_bytes x P))``. Rows count every
-        token of the batch (batch x sequence for a transformer).
+        token of the batch (batch x sequence for a transformer). The output is the
+        tensor the op passes on (its largest outgoing edge), not ``Op.output_bytes``:
+        a profile records there what the backward pass keeps, which is nothing for a
+        matmul whose input is what autograd saves.
         """
         from dl_nfv.artifacts import OpKind
 
         i = self.op_index[op_id]
         op = self.graph.ops[i]
-        p, inp, out = self.param_bytes[i], self.input_bytes[i], self.output_bytes[i]
+        p, inp, out = self.param_bytes[i], self.input_bytes[i], self._produced_bytes(op_id)
         if op.kind != OpKind.MATMUL or p <= 0 or inp <= 0 or out <= 0:
             return None
         rows = math.sqrt(inp * out / (elem_bytes * p))
@@ -944,10 +947,17 @@ class CostModel(NetworkCosts):
         rows, fin, fout = factors
         return self.sfb_ms(devices, rows, fin, fout, elem_bytes)
 
+    def _produced_bytes(self, op_id: str) -> float:
+        """Bytes of the tensor an op passes on: its largest outgoing edge, or
+        ``Op.output_bytes`` for an op nothing reads."""
+        edges = self._out_edges.get(op_id)
+        if edges:
+            return float(max(nbytes for _, nbytes in edges))
+        return float(self.output_bytes[self.op_index[op_id]])
+
     def sfb_factor_bytes(self, op_id: str) -> float:
         """Bytes of all of an op's sufficient factors over the batch: its input plus its output."""
-        i = self.op_index[op_id]
-        return float(self.input_bytes[i] + self.output_bytes[i])
+        return float(self.input_bytes[self.op_index[op_id]] + self._produced_bytes(op_id))
 
     def sfb_recompute_ms(self, op_id: str, device: str, own_share: float) -> float:
         """Recomputing an op's weight gradient from the other replicas' factors on ``device``.

@@ -225,4 +225,17 @@ def test_sufficient_factors_recover_the_layer_shape():
     devs = cm.cluster.device_names
     assert cm.sfb_op_ms("fc", devs) == pytest.approx(cm.allgather_ms(devs, rows / 4 * (fin + fout) * 4))
     assert cm.sfb_factors("x") is None
+
+
+def test_sufficient_factors_take_the_output_from_the_edges_a_profile_records():
+    # A profile records in output_bytes what the backward keeps: nothing for a matmul
+    # (autograd saves its input). The tensor it passes on is on its outgoing edge.
+    rows, fin, fout = 64, 300, 500
+    g = graph([op("x", output_bytes=rows * fin * 4),
+               op("fc", param_bytes=fin * fout * 4, output_bytes=0, kind=OpKind.MATMUL),
+               op("act", output_bytes=rows * fout * 4)],
+              [("x", "fc", rows * fin * 4), ("fc", "act", rows * fout * 4)])
+    cm = CostModel(g, mesh(4))
+    assert cm.sfb_factors("fc") == pytest.approx((rows, fin, fout))
+    assert cm.sfb_factor_bytes("fc") == rows * (fin + fout) * 4
     assert math.isclose(cm.sfb_factor_bytes("fc"), rows * (fin + fout) * 4)
