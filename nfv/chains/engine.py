@@ -8,9 +8,11 @@ the reason, and the header fields and checksums it leaves with.
 * ``cpu`` — ``ReferenceChain``: packet by packet, NF by NF (``reference.py``).
 * ``tensor`` — ``TensorChain``: the batch goes to the device once; the flow
   handler computes every packet's flow key and sorts the batch by flow then
-  arrival (two stable sorts); each stage runs its kernel (``kernels.py``) on the
-  packets still alive, and the checksums are updated (RFC 1624) at the end. Only
-  the per-packet outcome comes back to the host.
+  arrival (``_flow_order``); the batch's flows are looked up (new ones inserted)
+  once in the chain's one flow table and their rows gathered once; each stage runs
+  its kernel (``kernels.py``) on the packets still alive, reading and writing its
+  columns in those rows; the rows are scattered back and the checksums updated
+  (RFC 1624) at the end. Only the per-packet outcome comes back to the host.
 
 At each batch boundary both engines sweep idle flows when ``sweep_interval_s``
 of trace time has passed since the last sweep (first batch: none), and NAT's
