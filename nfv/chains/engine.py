@@ -39,7 +39,7 @@ from .kernels import (
     Sub,
 )
 from .ops import put, take
-from .packets import ChainPackets, flow_hash, key_pair, rewrite_checksums
+from .packets import ChainPackets, key_pair, mix_hash, rewrite_checksums
 from .reference import REFERENCE, Pkt
 from .scan import Segments
 from .states import Verdict, packet_class
@@ -47,7 +47,6 @@ from .states import Verdict, packet_class
 KERNELS = {"firewall": FirewallKernel, "nat": NatKernel, "lb": LoadBalancerKernel,
            "monitor": MonitorKernel, "rate-limit": RateLimiterKernel}
 ONE_SORT_FROM = 16384  # batch size from which _flow_order sorts once, by hash
-SORT_MUL = (0x9E3779B97F4A7C15 - (1 << 64), 0xC2B2AE3D27D4EB4F - (1 << 64))  # odd, as int64
 REWRITING = ("nat", "lb")  # NFs that rewrite addresses and ports
 OUT_FIELDS = ("src", "dst", "sport", "dport", "ip_csum", "l4_csum")
 
@@ -77,26 +76,19 @@ class _Sweeper:
         return False
 
 
-def sort_hash(k1, k2, bits: int):
-    """A ``bits``-bit hash of flow keys for grouping a batch (multiply and take the high
-    bits; int64 products wrap): a few vector steps where ``flow_hash`` takes dozens."""
-    mixed = (k1 * SORT_MUL[0] + k2) * SORT_MUL[1]
-    return (mixed >> (64 - bits)) & ((1 << bits) - 1)
-
-
 def _flow_order(k1, k2, hashes=None):
     """A permutation that groups the batch's packets by flow, each flow in arrival order;
     where the sorted batch's flows start (None: not computed); the keys, sorted.
 
     In large batches, one sort of (flow hash, arrival) packed in an int64 (``hashes``, or
-    ``sort_hash`` in the bits arrival leaves); in small ones (where a step's fixed cost
+    ``packets.mix_hash`` in the bits arrival leaves); in small ones (where a step's fixed cost
     outweighs a sort), or where two flows of the batch share a hash (their packets may
     interleave), two stable sorts by key."""
     n = k1.shape[0]
     if n >= max(2, ONE_SORT_FROM):
         shift = (n - 1).bit_length()
         if hashes is None:
-            hashes = sort_hash(k1, k2, 63 - shift)
+            hashes = mix_hash(k1, k2, 63 - shift)
         packed = (hashes << shift) | torch.arange(n, device=k1.device)
         if packed.device.type == "cpu":  # numpy sorts values alone, a few times faster
             packed = torch.from_numpy(np.sort(packed.numpy()))
@@ -125,7 +117,7 @@ def _compact(sub: Sub, kept) -> Sub:
                wire=take(sub.wire, kept), k1=take(sub.k1, kept), k2=take(sub.k2, kept),
                dir=take(sub.dir, kept), arrival=take(sub.arrival, kept), seg=seg, state=sub.state,
                flows=flows if sub.flows is None else take(sub.flows, flows),
-               held=take(sub.held, flows), fhash=take(sub.fhash, flows), cls=take(sub.cls, kept),
+               held=take(sub.held, flows), cls=take(sub.cls, kept),
                original=sub.original)
 
 
@@ -194,17 +186,16 @@ class TensorChain:
         self.table.delete(slots[self.table.cols[HOLDERS][slots] == 0])
 
     def _flows(self, k1, k2, seg: Segments):
-        """Every flow of the batch in the table: (slots, flow hashes). The
+        """Every flow of the batch in the table: its slots. The
         table grows before the lookup, so that inserting the new flows moves nothing."""
         heads = seg.first
         hk1, hk2 = take(k1, heads), take(k2, heads)
-        fhash = flow_hash(hk1, hk2)
         self.table.reserve(seg.count)
-        slots = self.table.lookup(hk1, hk2, fhash)
+        slots = self.table.lookup(hk1, hk2)
         new = torch.nonzero(slots < 0).squeeze(1)
         if new.numel():
-            slots[new] = self.table.insert(hk1[new], hk2[new], fhash[new], fill=False)
-        return slots, fhash
+            slots[new] = self.table.insert(hk1[new], hk2[new], fill=False)
+        return slots
 
     def run_batch(self, batch: ChainPackets) -> BatchResult:
         n = len(batch)
@@ -222,13 +213,13 @@ class TensorChain:
                                                         "wire_bytes")}
         direction = take(direction, order)
         full = Segments.of(k1, k2) if start is None else Segments.starting(start)
-        slots, fhash = self._flows(k1, k2, full)
+        slots = self._flows(k1, k2, full)
         state = torch.index_select(self.table.values, 0, slots)
         holders = self.table.index[HOLDERS]
         sub = Sub(ts=s["ts_us"], src=s["src"], dst=s["dst"], sport=s["sport"], dport=s["dport"],
                   proto=s["proto"], flags=s["flags"], wire=s["wire_bytes"], k1=k1, k2=k2,
                   dir=direction, arrival=order, seg=full, state=state, flows=None,
-                  held=state[:, holders].clone(), fhash=fhash,
+                  held=state[:, holders].clone(),
                   cls=self.flag_class[s["flags"] & 0x1F] + (s["proto"] == UDP) * 16)
         stage = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         reason = torch.zeros(n, dtype=torch.int64, device=self.device)

@@ -5,7 +5,7 @@ Keys are the two words of ``packets.key_pair`` (``k2`` is never negative, so
 named int64 columns of a row per slot (``values``: one gather or scatter moves
 every column of a flow). Every operation takes a batch of keys:
 
-* ``lookup(k1, k2)`` — linear probing from ``flow_hash % capacity``, all keys at
+* ``lookup(k1, k2)`` — linear probing from ``mix_hash % capacity``, all keys at
   once: the home slot, then a window of slots per round for the keys still
   searching (a long probe sequence costs few rounds); a key stops at its slot or
   at an empty slot (not found; tombstones are probed past).
@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from .ops import pick, take
-from .packets import flow_hash
+from .packets import mix_hash
 
 EMPTY, TOMB = -1, -2
 PROBE_WINDOW = 8  # slots a lookup (after the home slot) or an insert probes per round
@@ -70,18 +70,18 @@ class DeviceFlowTable:
         # it in that round, so values left from earlier rounds are never read
         self._owner = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
 
-    def _home(self, k1, k2, hashes=None):
-        return (flow_hash(k1, k2) if hashes is None else hashes) & (self.capacity - 1)
+    def _home(self, k1, k2):
+        return mix_hash(k1, k2, 32) & (self.capacity - 1)
 
-    def lookup(self, k1, k2, hashes=None):
-        """Slots of the keys, -1 where absent; ``hashes``: their ``flow_hash`` if known.
+    def lookup(self, k1, k2):
+        """Slots of the keys, -1 where absent.
 
         The first round probes each key's home slot (where most keys end); the keys still
         searching then probe ``PROBE_WINDOW`` consecutive slots per round and stop at the
         window's first hit or empty slot, the order linear probing visits them in."""
         n = k1.shape[0]
         found = torch.full((n,), -1, dtype=torch.int64, device=self.device)
-        slot = self._home(k1, k2, hashes)
+        slot = self._home(k1, k2)
         mask = self.capacity - 1
         t2 = take(self.k2, slot)
         hit = (t2 == k2) & (take(self.k1, slot) == k1)
@@ -101,7 +101,7 @@ class DeviceFlowTable:
             slot[todo] = (slot[todo] + PROBE_WINDOW) & mask
         return found
 
-    def insert(self, k1, k2, hashes=None, *, fill: bool = True):
+    def insert(self, k1, k2, *, fill: bool = True):
         """Slots given to the keys (distinct, absent), with their columns at the fill values
         (left as they were with ``fill=False``, for callers that write every column)."""
         n = int(k1.shape[0])
@@ -111,7 +111,7 @@ class DeviceFlowTable:
         got = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         owner = self._owner
         todo = torch.arange(n, device=self.device)
-        slot = self._home(k1, k2, hashes)
+        slot = self._home(k1, k2)
         mask = self.capacity - 1
         step = torch.arange(PROBE_WINDOW, device=self.device)
         fresh = 0

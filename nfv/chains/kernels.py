@@ -25,7 +25,7 @@ from ..traffic.pcap import ACK, TCP, UDP
 from . import states as st
 from .flowtable import DeviceFlowTable
 from .ops import pick, put, take
-from .packets import MASK32
+from .packets import MASK32, flow_hash
 from .reference import Backends, compile_acl, endpoint, pool_bindings
 from .scan import Segments, fsm_scan, last_marked, previous_gap, quiet_rows
 
@@ -37,8 +37,7 @@ HOLDERS = "holders"  # the table column with one bit per NF that keeps the flow
 @dataclass(slots=True)
 class Sub:
     """The packets an NF sees, flow-sorted; ``arrival`` is the position in the batch.
-    Per flow (segment): its row of ``state``, the ``held`` bits at the batch's start and
-    its ``fhash`` (``packets.flow_hash``)."""
+    Per flow (segment): its row of ``state`` and the ``held`` bits at the batch's start."""
 
     ts: object
     src: object
@@ -56,7 +55,6 @@ class Sub:
     state: object  # [batch flows, table columns]: the batch's rows of the flow table
     flows: object  # per flow (segment), its row in ``state``; None: row = segment
     held: object
-    fhash: object
     cls: object  # states.packet_class without the ACL bit
     original: bool = True  # addresses and ports as captured (no NAT/LB stage before)
     memo: dict = field(default_factory=dict)  # results NFs of this Sub may share
@@ -421,7 +419,8 @@ class LoadBalancerKernel(_SessionKernel):
         self._load()
 
     def start(self, sub: Sub, rows):
-        chosen = self.maglev[sub.fhash[sub.seg.index[rows]] % self.backends.size]
+        hashes = flow_hash(take(sub.k1, rows), take(sub.k2, rows))
+        chosen = self.maglev[hashes % self.backends.size]
         if self.vip is not None:
             to_vip = sub.dst[rows] == self.vip[0]
             if self.vip[1]:

@@ -153,6 +153,17 @@ def hash32(x):
     return ((x >> 16) ^ x) & MASK32
 
 
+MIX_MUL = (0x9E3779B97F4A7C15 - (1 << 64), 0xC2B2AE3D27D4EB4F - (1 << 64))  # odd, as int64
+
+
+def mix_hash(k1, k2, bits: int):
+    """A ``bits``-bit hash of flow keys (int64 tensors) for table slots and the flow sort:
+    multiply, add, multiply and take the high bits (int64 products wrap) — a few vector
+    steps where ``flow_hash`` takes dozens. Not the LB's hash (that is ``flow_hash``)."""
+    mixed = (k1 * MIX_MUL[0] + k2) * MIX_MUL[1]
+    return (mixed >> (64 - bits)) & ((1 << bits) - 1)
+
+
 def flow_hash(k1, k2):
     """The 32-bit hash of a flow key (``key_pair``); equal for ints and int64 tensors."""
     h = hash32((k1 >> 32) & MASK32)
