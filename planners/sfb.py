@@ -65,7 +65,6 @@ from typing import Any
 import pulp
 
 from dl_nfv.artifacts import (
-    ArtifactMismatch,
     Compression,
     Group,
     InfeasiblePlan,
@@ -75,8 +74,6 @@ from dl_nfv.artifacts import (
     SolverError,
     SyncMethod,
     Topology,
-    fingerprint,
-    load,
 )
 from dl_nfv.simulator import CostModel, SimResult, simulate
 from dl_nfv.simulator.lower import ELEMENT_BYTES
@@ -129,21 +126,10 @@ def sfb_files(plan_path: str | Path, *, graph: str | Path | None = None,
     ``InvalidArtifact`` for a file that is not a plan, ``ArtifactMismatch`` naming the file
     whose sha256 differs from the plan's, and what ``apply_sfb`` raises.
     """
-    from dl_nfv.simulator.files import artifact_path
+    from dl_nfv.simulator.files import plan_artifacts
 
-    plan = load(plan_path, expect="plan")
-    graph_path = artifact_path(plan, plan_path, "graph", graph)
-    topology_path = artifact_path(plan, plan_path, "topology", topology)
-    graph_doc = load(graph_path, expect="op-graph")
-    topology_doc = load(topology_path, expect="topology")
-    for what, path, doc, recorded in (("graph", graph_path, graph_doc, plan.graph_sha256),
-                                      ("topology", topology_path, topology_doc,
-                                       plan.topology_sha256)):
-        actual = fingerprint(doc)
-        if actual != recorded:
-            raise ArtifactMismatch(
-                f"{path}: this {what} has sha256 {actual[:12]}..., but plan {plan_path} was made "
-                f"for sha256 {recorded[:12]}...; pass the {what} it was made for")
+    plan, graph_doc, topology_doc, graph_path, topology_path = plan_artifacts(
+        plan_path, graph, topology)
     out, report = apply_sfb(plan, graph_doc, topology_doc, time_limit_s=time_limit_s)
     return out, report, graph_path, topology_path
 

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from dl_nfv.artifacts import ArtifactMismatch, BadInput, Plan, fingerprint, load
+from dl_nfv.artifacts import ArtifactMismatch, BadInput, OpGraph, Plan, Topology, fingerprint, load
 from dl_nfv.artifacts.simreport import Comparison, SimReport
 
 from . import SimResult, simulate
@@ -44,15 +44,13 @@ def artifact_path(plan: Plan, plan_path: str | Path, what: str, given: str | Pat
                    f"{', '.join(str(c) for c in candidates)}); pass --{what} FILE")
 
 
-def simulate_files(plan_path: str | Path, *, graph: str | Path | None = None,
-                   topology: str | Path | None = None,
-                   compare: str | Path | None = None) -> tuple[SimResult, SimReport]:
-    """Load the plan at ``plan_path`` and its artifacts, simulate, and report.
+def plan_artifacts(plan_path: str | Path, graph: str | Path | None = None,
+                   topology: str | Path | None = None) -> tuple[Plan, OpGraph, Topology, Path, Path]:
+    """The plan at ``plan_path``, the graph and topology it was made for (``graph`` and
+    ``topology`` if given, else found by ``artifact_path``) and their paths.
 
-    Returns the result (for the trace) and its report, with a ``comparison``
-    when ``compare`` names a ``run-report``. Raises ``ArtifactMismatch`` (exit 2)
-    naming the file whose fingerprint differs from the plan's, or a run report
-    of another plan.
+    Raises ``ArtifactMismatch`` (exit 2) naming the file whose sha256 differs from the one
+    the plan records.
     """
     plan = load(plan_path, expect="plan")
     graph_path = artifact_path(plan, plan_path, "graph", graph)
@@ -67,6 +65,20 @@ def simulate_files(plan_path: str | Path, *, graph: str | Path | None = None,
             raise ArtifactMismatch(
                 f"{path}: this {what} has sha256 {actual[:12]}..., but plan {plan_path} was made "
                 f"for sha256 {recorded[:12]}...; re-plan, or pass the {what} it was made for")
+    return plan, graph_doc, topology_doc, graph_path, topology_path
+
+
+def simulate_files(plan_path: str | Path, *, graph: str | Path | None = None,
+                   topology: str | Path | None = None,
+                   compare: str | Path | None = None) -> tuple[SimResult, SimReport]:
+    """Load the plan at ``plan_path`` and its artifacts, simulate, and report.
+
+    Returns the result (for the trace) and its report, with a ``comparison``
+    when ``compare`` names a ``run-report``. Raises ``ArtifactMismatch`` (exit 2)
+    naming the file whose fingerprint differs from the plan's, or a run report
+    of another plan.
+    """
+    plan, graph_doc, topology_doc, _, _ = plan_artifacts(plan_path, graph, topology)
     result = simulate(plan, graph_doc, topology_doc, check_fingerprints=False)
     report = result.to_report()
     notes = extrapolation_notes(plan.devices, graph_doc, topology_doc)
