@@ -59,7 +59,7 @@ from .learned.coarsen import coarsen
 from .learned.decoder import StrategyPolicy, candidates, greedy
 from .learned.env import GroupStrategy, StrategyEnv
 from .learned.features import group_graph
-from .learned.policy import load_weights, policy_of, read_policy
+from .learned.policy import build_network, policy_of, read_policy
 from .learned.refine import refine
 from .learned.reinforce import Problem, reinforce
 
@@ -158,14 +158,7 @@ def problem_of(graph: OpGraph, topology: Topology, *, groups: int = DEFAULT_GROU
 
 def load_policy(source: Policy) -> StrategyPolicy:
     """A ``StrategyPolicy`` holding ``source``'s weights (``BadInput`` naming what differs)."""
-    unknown = sorted(set(source.architecture) - set(ARCHITECTURE))
-    if unknown:
-        raise BadInput(f"the policy's architecture names {unknown[0]!r}, which this network "
-                       f"does not have (it has {', '.join(ARCHITECTURE)})")
-    network = StrategyPolicy(**{**ARCHITECTURE, **source.architecture})
-    load_weights(source, network, planner=PLANNER)
-    network.eval()
-    return network
+    return build_network(source, StrategyPolicy, ARCHITECTURE, planner=PLANNER)
 
 
 def best_baseline(graph: OpGraph, topology: Topology, optimizer: str):

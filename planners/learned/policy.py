@@ -72,6 +72,26 @@ def load_weights(policy: Policy, module: nn.Module, *, planner: str) -> None:
     module.load_state_dict(state)
 
 
+def build_network(policy: Policy, factory, architecture: dict, *, planner: str) -> nn.Module:
+    """``factory(**architecture)`` with ``policy``'s architecture over the defaults and its
+    weights loaded (``load_weights``), in eval mode.
+
+    Raises
+    ------
+    BadInput
+        The policy's architecture names a parameter ``architecture`` does not have, or what
+        ``load_weights`` refuses.
+    """
+    unknown = sorted(set(policy.architecture) - set(architecture))
+    if unknown:
+        raise BadInput(f"the policy's architecture names {unknown[0]!r}, which this network "
+                       f"does not have (it has {', '.join(architecture)})")
+    network = factory(**{**architecture, **policy.architecture})
+    load_weights(policy, network, planner=planner)
+    network.eval()
+    return network
+
+
 def read_policy(path: str | Path) -> Policy:
     """Load a policy file; ``BadInput`` naming the file when it holds another kind."""
     try:

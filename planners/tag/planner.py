@@ -45,7 +45,7 @@ from dl_nfv.artifacts.policy import Policy
 
 from ..base import finish, optimizer_named, started
 from ..heterog import best_baseline, better_start, greedy_start, problem_of
-from ..learned.policy import load_weights, read_policy
+from ..learned.policy import build_network, read_policy
 from ..learned.refine import refine
 from .joint import JointNet
 from .mcts import search
@@ -149,14 +149,7 @@ def with_sfb(chosen: Plan, graph: OpGraph, topology: Topology, *, time_limit_s: 
 
 def load_net(source: Policy) -> JointNet:
     """A ``JointNet`` holding ``source``'s weights (``BadInput`` naming what differs)."""
-    unknown = sorted(set(source.architecture) - set(ARCHITECTURE))
-    if unknown:
-        raise BadInput(f"the policy's architecture names {unknown[0]!r}, which this network "
-                       f"does not have (it has {', '.join(ARCHITECTURE)})")
-    net = JointNet(**{**ARCHITECTURE, **source.architecture})
-    load_weights(source, net, planner=PLANNER)
-    net.eval()
-    return net
+    return build_network(source, JointNet, ARCHITECTURE, planner=PLANNER)
 
 
 def new_net(seed: int) -> JointNet:
