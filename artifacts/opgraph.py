@@ -299,6 +299,28 @@ class OpGraph:
         position = {op.id: i for i, op in enumerate(self.ops)}
         return list(nx.lexicographical_topological_sort(self.to_networkx(), key=position.__getitem__))
 
+    def blocked_units(self, unit_of: dict[str, Any]) -> set:
+        """The units of the graph's ops grouped by ``unit_of`` (op id -> unit; ops it does not
+        map are left out) that lie on a cycle of the unit graph, or after one: empty when the
+        units, joined by the edges between them, form a DAG. Kahn's algorithm, O(ops + edges).
+        """
+        succ: dict[Any, set] = {}
+        indeg: dict[Any, int] = dict.fromkeys(unit_of.values(), 0)
+        for e in self.edges:
+            a, b = unit_of.get(e.src), unit_of.get(e.dst)
+            if a is None or b is None or a == b or b in succ.setdefault(a, set()):
+                continue
+            succ[a].add(b)
+            indeg[b] += 1
+        ready = [u for u, n in indeg.items() if n == 0]
+        while ready:
+            u = ready.pop()
+            for v in succ.get(u, ()):
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    ready.append(v)
+        return {u for u, n in indeg.items() if n > 0}
+
     @property
     def total_param_bytes(self) -> int:
         return sum(op.param_bytes for op in self.ops)

@@ -385,30 +385,9 @@ def placement_units(plan: Plan, graph: OpGraph, group_of_op: dict[str, Any]) -> 
             op = link.get(op)
     for op in topo:  # ops on a cycle of links (an inconsistent order) stay alone
         unit_of.setdefault(op, op)
-    if not _acyclic(unit_of, graph):
+    if graph.blocked_units(unit_of):
         return {op: op for op in topo}
     return unit_of
-
-
-def _acyclic(unit_of: dict[str, str], graph: OpGraph) -> bool:
-    """Whether the units, joined by the graph's edges between them, form a DAG (Kahn)."""
-    out: dict[str, set[str]] = defaultdict(set)
-    indeg: dict[str, int] = {u: 0 for u in unit_of.values()}
-    for e in graph.edges:
-        a, b = unit_of.get(e.src), unit_of.get(e.dst)
-        if a is not None and b is not None and a != b and b not in out[a]:
-            out[a].add(b)
-            indeg[b] += 1
-    ready = [u for u, k in indeg.items() if k == 0]
-    seen = 0
-    while ready:
-        u = ready.pop()
-        seen += 1
-        for v in out[u]:
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                ready.append(v)
-    return seen == len(indeg)
 
 
 def _node_params(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.nn.Parameter]:

@@ -188,24 +188,9 @@ def _check_fused_acyclic(graph: OpGraph, op_groups, unit_of: dict[str, int]) -> 
     """``BadInput`` naming a fused op group that sits on a cycle of the unit graph (ops
     outside every group are units of their own), by Kahn's algorithm."""
     unit = {op.id: unit_of.get(op.id, f"op {op.id}") for op in graph.ops}
-    succ: dict[object, set] = defaultdict(set)
-    indeg: dict[object, int] = dict.fromkeys(unit.values(), 0)
-    for e in graph.edges:
-        ua, ub = unit[e.src], unit[e.dst]
-        if ua != ub and ub not in succ[ua]:
-            succ[ua].add(ub)
-            indeg[ub] += 1
-    ready = [u for u, n in indeg.items() if n == 0]
-    done = 0
-    while ready:
-        u = ready.pop()
-        done += 1
-        for v in succ[u]:
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                ready.append(v)
-    if done < len(indeg):
-        k = min(u for u, n in indeg.items() if n > 0 and isinstance(u, int))
+    blocked = graph.blocked_units(unit)
+    if blocked:
+        k = min(u for u in blocked if isinstance(u, int))
         raise BadInput(f"plan fusion.op_groups[{k}] {list(op_groups[k])} forms a cycle with the "
                        f"ops between them (a path leaves the group and re-enters it, or two "
                        f"groups wait on each other); a fused kernel cannot both feed and wait "
