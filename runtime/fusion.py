@@ -32,7 +32,7 @@ COMPILE_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, OSError, Import
                                                    AssertionError, NotImplementedError)
 
 
-def _compile_errors() -> tuple[type[BaseException], ...]:
+def compile_errors() -> tuple[type[BaseException], ...]:
     try:
         from torch._dynamo.exc import TorchDynamoException
     except ImportError:  # pragma: no cover - torch without dynamo
@@ -64,7 +64,7 @@ class Region(torch.nn.Module):
         if self._compiled is not None:
             try:
                 return self._compiled(*args)
-            except _compile_errors() as exc:
+            except compile_errors() as exc:
                 self._notes.append(f"fused region {self._name} ran eagerly: compiling it failed "
                                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
                 self._compiled = None
@@ -85,7 +85,7 @@ def compile_available(backend: str = "inductor") -> str | None:
         out.sum().backward()
         if not torch.allclose(out, f(x, w), atol=1e-5):
             return f"torch.compile ({backend}) gave a different result on a test function"
-    except _compile_errors() as exc:
+    except compile_errors() as exc:
         return f"torch.compile ({backend}) is unavailable: {type(exc).__name__}: " \
                f"{str(exc).splitlines()[0][:120] if str(exc) else ''}"
     return None

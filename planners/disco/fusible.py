@@ -151,3 +151,34 @@ def maximal_groups(graph: OpGraph) -> tuple[tuple[str, ...], ...]:
                 state.merge(a, b)
                 break
     return state.groups()
+
+
+def sample_groups(graph: OpGraph, count: int, *, seed: int = 0, max_ops: int = 4,
+                  ) -> tuple[tuple[str, ...], ...]:
+    """Up to ``count`` distinct valid fused groups of 2 to ``max_ops`` ops, for measuring
+    (``dl-nfv profile fusion``): each grown from a fusible op drawn with ``seed`` by merges
+    with single ops drawn among the valid ones (``FusionState.can_merge``), to a size drawn
+    in [2, ``max_ops``]. Every group is valid on its own. In order of drawing;
+    O(count x (ops + edges)) for the states, plus the reachability tests."""
+    import random
+
+    rng = random.Random(seed)
+    start = FusionState(graph)
+    fusible = [op for op in sorted(start.pos, key=start.pos.__getitem__) if start.fusible(op)]
+    out: dict[tuple[str, ...], None] = {}
+    tries = 0
+    while fusible and len(out) < count and tries < 20 * count:
+        tries += 1
+        state = FusionState(graph)
+        gid = rng.choice(fusible)
+        size = rng.randint(2, max(2, max_ops))
+        while len(state.members[gid]) < size:
+            options = [n for n in state.neighbours(gid)
+                       if len(state.members[n]) == 1 and state.can_merge(gid, n)]
+            if not options:
+                break
+            gid = state.merge(gid, rng.choice(options))
+        group = tuple(state.members[gid])
+        if len(group) >= 2:
+            out.setdefault(group)
+    return tuple(out)

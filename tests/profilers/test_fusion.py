@@ -1,0 +1,91 @@
+"""`profile fusion`: sampled groups are valid, the measurements round-trip and validate, and a
+bad file is refused naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dl_nfv.artifacts import InvalidArtifact, OpKind, save
+from dl_nfv.artifacts.records import to_data
+from dl_nfv.planners.disco.fusible import ANCHOR, FusionState, sample_groups
+from dl_nfv.profilers import profile_model
+from dl_nfv.profilers.fusion import load_fusion_times, profile_fusion
+from dl_nfv.profilers.zoo import model_ref
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return profile_model(model_ref("mlp-tiny", batch_size=4), granularity="op", repeats=1,
+                         batch_scaling=False)
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    return profile_model(model_ref("resnet50-tiny", batch_size=2), granularity="op", repeats=1,
+                         batch_scaling=False)
+
+
+def test_sampled_groups_are_valid_distinct_and_seeded(resnet):
+    groups = sample_groups(resnet, 40, seed=3, max_ops=4)
+    assert len(groups) == 40 and len(set(groups)) == 40
+    assert groups == sample_groups(resnet, 40, seed=3, max_ops=4)
+    assert groups != sample_groups(resnet, 40, seed=4, max_ops=4)
+    kind = {op.id: op.kind for op in resnet.ops}
+    edges = {(e.src, e.dst) for e in resnet.edges}
+    for g in groups:
+        assert 2 <= len(g) <= 4
+        assert sum(kind[op] in ANCHOR for op in g) <= 1
+        # connected through the graph's edges, and valid as the only fused group
+        seen, todo = {g[0]}, [g[0]]
+        while todo:
+            op = todo.pop()
+            for other in g:
+                if other not in seen and ((op, other) in edges or (other, op) in edges):
+                    seen.add(other)
+                    todo.append(other)
+        assert seen == set(g)
+        assert FusionState(resnet, [g]).groups() == (g,)
+
+
+def test_eager_backend_measurements_validate_and_round_trip(mlp, tmp_path):
+    # the "eager" backend runs dynamo without generating code: the structure, in seconds
+    groups = sample_groups(mlp, 3, seed=0)
+    times = profile_fusion(mlp, groups, repeats=2, backend="eager")
+    assert len(times.groups) + len(times.skipped) == len(groups)
+    assert times.groups and times.device_type == "cpu" and times.threads == 1
+    by_id = mlp.index
+    bytes_of = {(e.src, e.dst): e.bytes for e in mlp.edges}
+    for g in times.groups:
+        ids = [op.id for op in g.ops]
+        assert tuple(ids) in groups
+        assert [op.kind for op in g.ops] == [by_id[i].kind for i in ids]
+        assert [op.flops for op in g.ops] == [by_id[i].flops for i in ids]
+        assert {(ids[s], ids[d]): b for s, d, b in g.edges} == \
+            {k: b for k, b in bytes_of.items() if k[0] in ids and k[1] in ids}
+        assert min(g.eager_fwd_ms, g.fused_fwd_ms) > 0
+    path = save(times, tmp_path / "t.json")
+    assert load_fusion_times(path) == times
+
+
+def test_a_bad_fusion_times_file_names_the_field(mlp, tmp_path):
+    times = profile_fusion(mlp, sample_groups(mlp, 1, seed=0), repeats=1, backend="eager")
+    data = to_data(times)
+    data["groups"][0]["fused_fwd_ms"] = -1.0
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InvalidArtifact, match=r"bad.json.*fused_fwd_ms must be >= 0"):
+        load_fusion_times(path)
+    path.write_text(json.dumps({**to_data(times), "kind": "plan"}))
+    with pytest.raises(InvalidArtifact, match="expected kind 'fusion-times'"):
+        load_fusion_times(path)
+
+
+@pytest.mark.slow
+def test_inductor_measures_a_fused_group_and_the_per_call_cost(mlp):
+    # torch.compile with inductor builds C++: tens of seconds on a loaded 2-core machine
+    times = profile_fusion(mlp, sample_groups(mlp, 1, seed=0), repeats=5)
+    assert len(times.groups) == 1 and times.groups[0].compile_s > 0
+    assert times.per_call_fwd_ms > 0 and times.per_call_bwd_ms >= 0
+    assert {op.kind for op in times.groups[0].ops} <= {OpKind.MATMUL, OpKind.ACTIVATION}
