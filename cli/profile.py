@@ -343,3 +343,47 @@ def import_placement_command(path, output, as_json, device_type, batch_size, tra
     graph = import_placement_json(path, device_type=device_type, batch_size=batch_size,
                                   transfer_gbps=transfer_gbps, name=name)
     deliver(graph, output, as_json, document="json")
+
+
+@command.command(name="fusion")
+@click.option("--graph", "graph_path", required=True, type=click.Path(dir_okay=False),
+              help="Op graph from `dl-nfv profile model` (its model is rebuilt and traced).")
+@click.option("--samples", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Fused groups to sample (valid groups of 2 to --max-ops ops).")
+@click.option("--max-ops", type=click.IntRange(min=2), default=4, show_default=True,
+              help="Most ops in a sampled group.")
+@click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Timed calls per measurement (the minimum is kept).")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="CPU threads.")
+@click.option("--compile-budget-s", type=Number(min=0, min_open=True), default=600.0,
+              show_default=True, help="Wall seconds of compiling and timing, after which the "
+                                      "remaining groups are skipped (and recorded as skipped).")
+@seed_option
+@output_option("Write the fusion-times artifact here (.json).")
+@json_option
+def fusion(graph_path, samples, max_ops, repeats, threads, compile_budget_s, seed, output, as_json):
+    """Measure sampled fused op groups compiled by torch.compile against their eager ops.
+
+    Each group is pulled into one submodule as `dl-nfv train` fuses it and
+    timed eagerly and compiled (inductor), forward and backward; the per-call
+    cost of a compiled region is measured too. `dl-nfv plan learn disco` trains
+    the fused-kernel estimator on these files.
+
+    \b
+    Example:
+      dl-nfv profile fusion --graph resnet50.json --samples 300 -o fused-times.json
+    """
+    from dl_nfv.artifacts import load
+    from dl_nfv.planners.disco.fusible import sample_groups
+    from dl_nfv.profilers.fusion import profile_fusion
+
+    graph = load(graph_path, expect="op-graph")
+    groups = sample_groups(graph, samples, seed=seed, max_ops=max_ops)
+    with _progress_bar(f"compiling {len(groups)} fused groups") as progress:
+        times = profile_fusion(graph, groups, repeats=repeats, threads=threads, seed=seed,
+                               compile_budget_s=compile_budget_s, progress=progress)
+    deliver(times, output, as_json, document="json",
+            summary=lambda t: f"{len(t.groups)} groups measured, {len(t.skipped)} skipped; "
+                              f"per-call cost {t.per_call_fwd_ms:.3f} ms forward, "
+                              f"{t.per_call_bwd_ms:.3f} ms backward")
