@@ -38,7 +38,7 @@ from .kernels import (
     RateLimiterKernel,
     Sub,
 )
-from .ops import put, take
+from .ops import pick, put, take
 from .packets import ChainPackets, key_pair, mix_hash, rewrite_checksums
 from .reference import REFERENCE, Pkt
 from .scan import Segments
@@ -49,6 +49,7 @@ KERNELS = {"firewall": FirewallKernel, "nat": NatKernel, "lb": LoadBalancerKerne
 ONE_SORT_FROM = 16384  # batch size from which _flow_order sorts once, by hash
 REWRITING = ("nat", "lb")  # NFs that rewrite addresses and ports
 OUT_FIELDS = ("src", "dst", "sport", "dport", "ip_csum", "l4_csum")
+SORTED = ("ts_us", "src", "dst", "sport", "dport", "proto", "flags", "wire_bytes")
 
 
 @dataclass(slots=True)
@@ -106,8 +107,9 @@ def _flow_order(k1, k2, hashes=None):
     return order, None, take(k1, order), take(k2, order)
 
 
-def _compact(sub: Sub, kept) -> Sub:
-    """The packets ``kept`` (positions in ``sub``) of ``sub``, as a new ``Sub``."""
+def _compact(sub: Sub, kept):
+    """The packets ``kept`` (positions in ``sub``) of ``sub``, as a new ``Sub`` with its own
+    copy of the state of their flows; and those flows' positions in ``sub.state``."""
     sid = take(sub.seg.index, kept)
     seg = Segments.of(sid, torch.zeros_like(sid))
     flows = take(sid, seg.first)
@@ -115,10 +117,9 @@ def _compact(sub: Sub, kept) -> Sub:
                sport=take(sub.sport, kept), dport=take(sub.dport, kept),
                proto=take(sub.proto, kept), flags=take(sub.flags, kept),
                wire=take(sub.wire, kept), k1=take(sub.k1, kept), k2=take(sub.k2, kept),
-               dir=take(sub.dir, kept), arrival=take(sub.arrival, kept), seg=seg, state=sub.state,
-               flows=flows if sub.flows is None else take(sub.flows, flows),
-               held=take(sub.held, flows), cls=take(sub.cls, kept),
-               original=sub.original)
+               dir=take(sub.dir, kept), arrival=take(sub.arrival, kept), seg=seg,
+               state=torch.index_select(sub.state, 1, flows), held=take(sub.held, flows),
+               cls=take(sub.cls, kept), original=sub.original), flows
 
 
 class ReferenceChain:
@@ -171,9 +172,12 @@ class TensorChain:
         self.nfs = [KERNELS[s.nf.value](s, self.table, k, self.device)
                     for k, s in enumerate(specs)]
         self.sweeper = _Sweeper(sweep_interval_s)
-        # states.packet_class of a TCP packet by its flags' low five bits (SYN, ACK, FIN, RST)
-        self.flag_class = torch.tensor([packet_class(f, TCP, 0) for f in range(32)],
-                                       dtype=torch.int64, device=self.device)
+        # states.packet_class without the ACL bit by the flags' low five bits (SYN, ACK, FIN,
+        # RST) + 32 for UDP
+        self.flag_class = torch.tensor([packet_class(f & 0x1F, UDP if f & 0x20 else TCP, 0)
+                                        for f in range(64)], dtype=torch.int64,
+                                       device=self.device)
+        self._fills, self._bits = self._column_fills()
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -199,7 +203,9 @@ class TensorChain:
 
     def run_batch(self, batch: ChainPackets) -> BatchResult:
         n = len(batch)
-        cols = {name: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+        cpu = self.device.type == "cpu"
+        cols = {name: torch.from_numpy(np.ascontiguousarray(a)) if cpu else
+                torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
                 for name, a in batch.columns().items()}
         times = [0.0] * (len(self.nfs) + 1)
         t0 = time.perf_counter()
@@ -208,22 +214,21 @@ class TensorChain:
         k1, k2, direction = key_pair(cols["src"], cols["sport"], cols["dst"], cols["dport"],
                                      cols["proto"])
         order, start, k1, k2 = _flow_order(k1, k2)
-        s = {name: take(cols[name], order) for name in ("ts_us", "src", "dst", "sport",
-                                                        "dport", "proto", "flags",
-                                                        "wire_bytes")}
-        direction = take(direction, order)
+        # the columns the NFs read, flow-sorted in one gather: rows of [columns, n]
+        sorted_cols = torch.index_select(torch.stack([cols[name] for name in SORTED]
+                                                     + [direction]), 1, order)
+        s = dict(zip(SORTED, sorted_cols))
         full = Segments.of(k1, k2) if start is None else Segments.starting(start)
         slots = self._flows(k1, k2, full)
-        state = torch.index_select(self.table.values, 0, slots)
-        holders = self.table.index[HOLDERS]
+        state, held = self._rows(slots)
         sub = Sub(ts=s["ts_us"], src=s["src"], dst=s["dst"], sport=s["sport"], dport=s["dport"],
                   proto=s["proto"], flags=s["flags"], wire=s["wire_bytes"], k1=k1, k2=k2,
-                  dir=direction, arrival=order, seg=full, state=state, flows=None,
-                  held=state[:, holders].clone(),
-                  cls=self.flag_class[s["flags"] & 0x1F] + (s["proto"] == UDP) * 16)
+                  dir=sorted_cols[-1], arrival=order, seg=full, state=state, held=held,
+                  cls=take(self.flag_class, (s["flags"] & 0x1F) + (s["proto"] == UDP) * 32))
         stage = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         reason = torch.zeros(n, dtype=torch.int64, device=self.device)
         rows = None  # the packets still alive (None: all of them)
+        nested = []  # (parent state, flows, state) of each compaction
         self._sync()
         times[0] = time.perf_counter() - t0
         for k, nf in enumerate(self.nfs):
@@ -232,12 +237,15 @@ class TensorChain:
             verdict = nf.process(sub)
             if bool(verdict.any()):
                 dropped = torch.nonzero(verdict).squeeze(1)
-                gone = dropped if rows is None else rows[dropped]
-                stage[gone], reason[gone] = k, verdict[dropped]
+                gone = dropped if rows is None else take(rows, dropped)
+                put(stage, gone, torch.full_like(gone, k))
+                put(reason, gone, take(verdict, dropped))
                 self._put_back(s, sub, rows)
                 kept = torch.nonzero(verdict == 0).squeeze(1)
-                rows = kept if rows is None else rows[kept]
-                sub = _compact(sub, kept)
+                rows = kept if rows is None else take(rows, kept)
+                parent = sub.state
+                sub, flows = _compact(sub, kept)
+                nested.append((parent, flows, sub.state))
             self._sync()
             times[k + 1] = time.perf_counter() - t0
             if rows is not None and rows.numel() == 0:  # every packet dropped
@@ -246,12 +254,37 @@ class TensorChain:
         self._put_back(s, sub, rows)
         for nf in self.nfs:
             nf.end_batch()
-        self.table.values.index_copy_(0, slots, state)
-        self.table.delete(slots[state[:, holders] == 0])
+        for parent, flows, inner in reversed(nested):  # compacted flows back into the parent
+            parent.index_copy_(1, flows, inner)
+        self.table.values.index_copy_(0, slots, state.t())
+        self.table.delete(slots[state[self.table.index[HOLDERS]] == 0])
         result = self._egress(cols, s, order, stage, reason)
         times[0] += time.perf_counter() - t0
-        return BatchResult(stage=result["stage"], reason=result["reason"],
-                           fields={name: result[name] for name in OUT_FIELDS}, stage_s=times)
+        return BatchResult(stage=result[6], reason=result[7],
+                           fields=dict(zip(OUT_FIELDS, result)), stage_s=times)
+
+    def _column_fills(self):
+        """Per table column, its fill value and the holder bit of the NF that owns it (the
+        holders column: 0), as [columns, 1]."""
+        index = self.table.index
+        fills = torch.tensor([self.table.fills[name] for name in index], dtype=torch.int64,
+                             device=self.device)
+        bits = [0] * len(index)
+        for nf in self.nfs:
+            for name in nf.names.values():
+                bits[index[name]] = nf.bit
+        return fills.unsqueeze(1), torch.tensor(bits, dtype=torch.int64,
+                                                device=self.device).unsqueeze(1)
+
+    def _rows(self, slots):
+        """The table rows at ``slots`` as [columns, flows], each NF's columns at their fills
+        where the NF does not keep the flow (new flows: every column); the holder bits."""
+        rows = torch.index_select(self.table.values, 0, slots).t()
+        h = self.table.index[HOLDERS]
+        own = (rows[h] & self._bits) != 0
+        own[h] = True
+        state = pick(own, rows, self._fills)
+        return state, state[h].clone()
 
     @staticmethod
     def _put_back(s, sub: Sub, rows) -> None:
@@ -262,20 +295,17 @@ class TensorChain:
             elif rows.numel():
                 put(s[name], rows, getattr(sub, name))
 
-    def _egress(self, cols, s, order, stage, reason) -> dict[str, np.ndarray]:
-        """Checksums, then every per-packet output back in arrival order, on the host."""
-        final = {}
-        for name in ("src", "dst", "sport", "dport"):
-            back = torch.empty_like(s[name])
-            put(back, order, s[name])
-            final[name] = back
+    def _egress(self, cols, s, order, stage, reason) -> np.ndarray:
+        """Checksums, then every per-packet output back in arrival order, on the host: rows
+        ``OUT_FIELDS``, stage, reason."""
+        flow_sorted = torch.stack([s["src"], s["dst"], s["sport"], s["dport"], stage, reason])
+        back = torch.empty_like(flow_sorted)
+        back.scatter_(1, order.expand(6, -1), flow_sorted)
+        final = dict(zip(("src", "dst", "sport", "dport"), back))
         ip_new, l4_new = rewrite_checksums(cols, final, cols["ip_csum"], cols["l4_csum"],
                                            cols["proto"])
-        back_stage, back_reason = torch.empty_like(stage), torch.empty_like(reason)
-        put(back_stage, order, stage)
-        put(back_reason, order, reason)
-        final.update(ip_csum=ip_new, l4_csum=l4_new, stage=back_stage, reason=back_reason)
-        return {name: t.cpu().numpy() for name, t in final.items()}
+        return torch.cat([back[:4], ip_new.unsqueeze(0), l4_new.unsqueeze(0),
+                          back[4:]]).cpu().numpy()
 
 
 def build_chain(specs, engine: str, *, device: str = "cpu", capacity: int = 1024,

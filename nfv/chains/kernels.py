@@ -4,14 +4,17 @@ The chain keeps every NF's per-flow state in one ``DeviceFlowTable`` (the NFs al
 key on the packet's flow key as captured, so one lookup serves them all): each NF
 owns its named columns and one bit of the ``holders`` column, set while it keeps
 the flow. The engine looks the batch's flows up once, inserts the new ones and
-gathers their table rows once (``Sub.state``, a row per flow of the batch); a
-kernel reads and writes its columns there, per flow, and runs on the packets that
-reached it (``Sub``: a subset of the batch, still sorted by flow then arrival) with
-tensor operations only — the state machine as a segmented scan (``scan.fsm_scan``),
-per-packet outcomes by gathers — and the engine scatters the rows back once. The
-meaning is the reference's (``reference.py``); where the reference's order across
-flows matters (NAT port allocation, releases, sweeps) the kernel orders events by
-arrival or by flow key the same way. ``process`` returns the per-packet verdict and rewrites ``Sub``'s
+gathers their table rows once, transposed (``Sub.state``: a contiguous row per table
+column, an entry per flow of the batch), with each NF's columns set to their fill
+values for the flows the NF does not keep (one masked select for every NF), so a
+kernel reads a column as a plain view. A kernel reads and writes its columns there,
+per flow, and runs on the packets that reached it (``Sub``: a subset of the batch,
+still sorted by flow then arrival) with tensor operations only — the state machine
+as a segmented scan (``scan.fsm_scan``), per-packet outcomes by gathers — and the
+engine scatters the rows back once. The meaning is the reference's
+(``reference.py``); where the reference's order across flows matters (NAT port
+allocation, releases, sweeps) the kernel orders events by arrival or by flow key
+the same way. ``process`` returns the per-packet verdict and rewrites ``Sub``'s
 fields in place.
 """
 
@@ -37,7 +40,8 @@ HOLDERS = "holders"  # the table column with one bit per NF that keeps the flow
 @dataclass(slots=True)
 class Sub:
     """The packets an NF sees, flow-sorted; ``arrival`` is the position in the batch.
-    Per flow (segment): its row of ``state`` and the ``held`` bits at the batch's start."""
+    Per flow (segment): its entry in every row of ``state`` and the ``held`` bits at the
+    batch's start."""
 
     ts: object
     src: object
@@ -52,8 +56,9 @@ class Sub:
     dir: object
     arrival: object
     seg: Segments
-    state: object  # [batch flows, table columns]: the batch's rows of the flow table
-    flows: object  # per flow (segment), its row in ``state``; None: row = segment
+    # [table columns, flows]: a column per flow of the batch's table rows, each NF's
+    # columns at their fill values where the NF kept no state for the flow
+    state: object
     held: object
     cls: object  # states.packet_class without the ACL bit
     original: bool = True  # addresses and ports as captured (no NAT/LB stage before)
@@ -96,22 +101,15 @@ class _Stateful:
         return (sub.held & self.bit) != 0
 
     def _get(self, sub: Sub, name: str):
-        """Table column ``name`` (a full name) for ``sub``'s flows, from the batch's rows."""
-        j = self.table.index[name]
-        if sub.flows is None:
-            return sub.state[:, j]
-        return take(sub.state.view(-1), sub.flows * sub.state.shape[1] + j)
+        """Table column ``name`` (a full name) for ``sub``'s flows: a row of ``sub.state``."""
+        return sub.state[self.table.index[name]]
 
     def _set(self, sub: Sub, name: str, value) -> None:
-        j = self.table.index[name]
-        if sub.flows is None:
-            sub.state[:, j] = value
-        else:  # a scatter into the rows' contiguous storage (a strided one is slow)
-            put(sub.state.view(-1), sub.flows * sub.state.shape[1] + j, value)
+        sub.state[self.table.index[name]] = value
 
-    def _column(self, sub: Sub, name, existed, fill=0):
-        """The NF's column ``name`` for ``sub``'s flows (``fill`` where it has none)."""
-        return pick(existed, self._get(sub, self.names[name]), fill)
+    def _column(self, sub: Sub, name):
+        """The NF's column ``name`` for ``sub``'s flows (its fill where it keeps none)."""
+        return self._get(sub, self.names[name])
 
     def _store(self, sub: Sub, existed, keep, values: dict):
         """Write per-flow ``values`` into the batch's rows (every flow: the holder bit
@@ -175,8 +173,8 @@ class _Machine(_Stateful):
     def _scan(self, sub: Sub, cls, existed):
         """``fsm_scan`` from the flows' stored states; shared by NFs of one ``Sub`` that run
         the same machine from equal states (NAT then LB)."""
-        s0 = self._column(sub, "state", existed)
-        last = self._column(sub, "last", existed)
+        s0 = self._column(sub, "state")
+        last = self._column(sub, "last")
         key = (self.machine, "scan")
         got = sub.memo.get(key)
         if got is not None and torch.equal(got[0], self.timeouts) and torch.equal(got[1], s0) \
@@ -184,7 +182,8 @@ class _Machine(_Stateful):
             return got[4]
         gap = previous_gap(sub.ts, sub.seg, last, existed)
         result = fsm_scan(self.next, self.timeouts, cls, gap, sub.seg, s0, self.quiet)
-        sub.memo[key] = (self.timeouts, s0, last, cls, result)
+        # the columns are rows of ``sub.state``, which the NF's store overwrites: copies
+        sub.memo[key] = (self.timeouts, s0.clone(), last.clone(), cls, result)
         return result
 
 
@@ -283,8 +282,8 @@ class _SessionKernel(_Machine):
         else:
             rows = torch.nonzero(start).squeeze(1)
         peer_ip, peer_port = self.peer(sub)
-        before = [self._column(sub, "binding", existed, -1), self._column(sub, "peer_ip", existed),
-                  self._column(sub, "peer_port", existed)]
+        before = [self._column(sub, "binding"), self._column(sub, "peer_ip"),
+                  self._column(sub, "peer_port")]
         begun = [self.start(sub, rows), take(peer_ip, rows), take(peer_port, rows)]
         if not bool(seg.pos[rows].any()):
             # sessions start only at flows' first packets: one value per flow
@@ -463,10 +462,10 @@ class MonitorKernel(_Stateful):
         count = torch.bincount(seg.index, minlength=seg.count)
         size = torch.zeros(seg.count, dtype=torch.int64, device=self.device)
         size.index_add_(0, seg.index, sub.wire)
-        first = pick(existed, self._column(sub, "first", existed), take(sub.ts, seg.first))
+        first = pick(existed, self._column(sub, "first"), take(sub.ts, seg.first))
         self._store(sub, existed, None,
-                    {"packets": self._column(sub, "packets", existed) + count,
-                     "bytes": self._column(sub, "bytes", existed) + size,
+                    {"packets": self._column(sub, "packets") + count,
+                     "bytes": self._column(sub, "bytes") + size,
                      "first": first, "last": take(sub.ts, seg.last)})
         return torch.zeros_like(sub.ts)
 
@@ -495,8 +494,8 @@ class RateLimiterKernel(_Stateful):
     def process(self, sub: Sub):
         seg = sub.seg
         existed = self._flows(sub)
-        tokens = self._column(sub, "tokens", existed)
-        last = self._column(sub, "last", existed)
+        tokens = self._column(sub, "tokens").clone()
+        last = self._column(sub, "last").clone()
         fresh = ~existed
         verdict = torch.zeros_like(sub.ts)
         for rnd, rows in enumerate(seg.rounds()):
