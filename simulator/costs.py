@@ -642,6 +642,10 @@ class CostModel(NetworkCosts):
     O(ops x device types); every query after that is O(1) or O(route length).
     """
 
+    # ``estimator(cost_model, op_ids, device, phase, batch_fraction) -> ms`` of a fused group
+    # of two ops or more; None: the rule of ``fused_ms``
+    fused_estimator: Callable[..., float] | None = None
+
     def __init__(self, graph: OpGraph, topology: Topology | Cluster, *,
                  reference: str | None = None):
         super().__init__(topology)
@@ -874,11 +878,15 @@ class CostModel(NetworkCosts):
 
         Fusion saves all launches but one, and the memory round trip (write
         then read) of every tensor that stays inside the fused kernel; it never
-        takes less than the slowest member.
+        takes less than the slowest member. Where ``fused_estimator`` is set (a
+        learned estimator, ``planners.disco.estimator``), a group of two ops or
+        more takes what it answers instead.
         """
         times = [self.op_ms(o, device, phase, batch_fraction) for o in op_ids]
         if len(times) <= 1:
             return sum(times)
+        if self.fused_estimator is not None:
+            return self.fused_estimator(self, op_ids, device, phase, batch_fraction)
         t = self.device_types[self.device_type_index[device]]
         inside = set(op_ids)
         internal_bytes = sum(nbytes for src in inside for dst, nbytes in self._out_edges.get(src, ())
