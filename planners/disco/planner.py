@@ -38,7 +38,7 @@ SEED_BUCKETS_MB = (1.0, 4.0, 16.0, 64.0, 256.0)
 
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, time_limit: float = 20.0,
          max_evaluations: int = 300, fusion_moves: int = 6, optimizer: str = "sgd",
-         collective: str = "auto") -> Plan:
+         collective: str = "auto", estimator: str = "") -> Plan:
     """DisCo: data parallelism with op fusion and gradient buckets chosen jointly by a
     backtracking search on the simulator.
 
@@ -54,8 +54,12 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, time_limit: float
         sgd (with momentum) or adam: its state and step are planned for.
     collective : str
         AllReduce algorithm: auto, ring, tree or hierarchical.
+    estimator : str
+        A fused-kernel estimator (`dl-nfv plan learn disco`): fused groups are priced by it,
+        with the per-call cost of a compiled region, instead of the sum-of-ops rule.
 
-    Raises ``BadInput`` for a non-positive or non-finite limit.
+    Raises ``BadInput`` for a non-positive or non-finite limit, or an estimator file that
+    is not one.
     Complexity: O(evaluations x one simulation) plus the seeds' greedy fusion.
     """
     t0 = started()
@@ -65,6 +69,10 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, time_limit: float
     if fusion_moves < 0:
         raise BadInput(f"disco: fusion_moves must be >= 0, got {fusion_moves}")
     s = setting(graph, topology, seed=seed, optimizer=optimizer, collective=collective)
+    if estimator:
+        from .estimator import load_estimator
+
+        s.cm.fused_estimator = load_estimator(estimator)
     bound = ideal_overlap_bound(s)
     seeds = seed_candidates(s)
     simulated = simulated_score(lambda fusion: s.simulate(fusion).iteration_ms)
@@ -86,7 +94,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, time_limit: float
     return finish(planner=PLANNER, graph=graph, topology=topology, groups=s.draft.groups,
                   seed=seed, options={"time_limit": time_limit, "max_evaluations": max_evaluations,
                                       "fusion_moves": fusion_moves, "optimizer": optimizer,
-                                      "collective": collective},
+                                      "collective": collective,
+                                      **({"estimator": estimator} if estimator else {})},
                   started_at=t0, bound=bound, status=status, fusion=result.best.fusion(),
                   optimizer=s.draft.optimizer, notes=notes, cost_model=s.cm)
 

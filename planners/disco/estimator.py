@@ -1,0 +1,304 @@
+"""DisCo's learned estimator of fused-kernel time: a GNN over a fused group's ops.
+
+Model. A fused group (a compiled region) costs, per phase (forward, backward),
+
+    fused_ms = per_call_ms + ratio x sum_ms
+
+where ``sum_ms`` is the sum of its ops' times (the cost model's ``op_ms``, unfused),
+``per_call_ms`` the fixed cost of calling a compiled region, measured by ``dl-nfv
+profile fusion`` on the machine the measurements come from and charged on devices of
+that type only, and ``ratio`` what generated code makes of the ops' work. The network
+predicts ``log ratio`` for both phases from the group:
+
+* per op (a node): the kind one-hot (``OpKind`` order), ``log1p`` of forward and
+  backward MFLOPs and of the MiB accessed, output and held as parameters, the op's share
+  of the group's forward and backward time (from the op graph's profile), and its
+  position in the group;
+* per edge inside the group, both directions: ``log1p`` of its MiB;
+* per group: ``log1p`` of the op count, of the MiB that stay inside the kernel, and of
+  ``sum_ms`` forward and backward (small kernels gain more from fusion).
+
+Two graph-attention layers (``torch_geometric.nn.GATConv`` with edge features, as
+``planners/learned/encoder.py``) with residual connections, mean and max pooling, the
+group features, and an MLP to the two outputs. Trained by Adam on the squared error of
+``log ratio`` over ``fusion-times`` files (``dl-nfv profile fusion``), the target being
+``max(fused - per_call, 1% of eager) / eager`` of each measured group.
+
+The trained network is a ``policy`` artifact (planner ``disco``; the per-call costs are
+buffers among its weights, the device type they were measured on is in its
+architecture). ``FusedEstimator`` serves ``CostModel.fused_estimator``, memoising each
+(group, device type, phase, batch share).
+
+Limits: trained on the machine and thread count of its measurements; on a device type
+the measurements were not taken on, the ratio is applied without the per-call cost (a
+GPU's launch cost is the cost model's own). A group of one op is never asked.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch_geometric.data import Batch, Data
+from torch_geometric.nn import GATConv, global_max_pool, global_mean_pool
+
+from dl_nfv.artifacts import BadInput, OpKind
+from dl_nfv.artifacts.policy import TrainedOn
+
+MIB = 2**20
+KINDS = tuple(OpKind)
+NODE_FEATURES = len(KINDS) + 5 + 3
+GROUP_FEATURES = 4
+PLANNER = "disco"
+ARCHITECTURE = {"hidden": 32, "layers": 2, "heads": 2, "device_type": "cpu"}
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOps:
+    """What the estimator reads of one group: per op (kind, MFLOPs fwd/bwd, bytes accessed,
+    output and parameter bytes, graph fwd/bwd ms), the edges inside (index pairs, bytes),
+    and the unfused sum of its ops' forward and backward ms where it is priced."""
+
+    kinds: tuple[OpKind, ...]
+    figures: tuple[tuple[float, ...], ...]  # per op: flops, bwd_flops, bytes, out, param, fwd, bwd
+    edges: tuple[tuple[int, int, float], ...]
+    sum_fwd_ms: float
+    sum_bwd_ms: float
+
+
+def group_data(g: GroupOps) -> Data:
+    """The group as a ``torch_geometric`` graph with features (module docstring)."""
+    n = len(g.kinds)
+    x = np.zeros((n, NODE_FEATURES), dtype=np.float32)
+    figs = np.array(g.figures, dtype=np.float64).reshape(n, 7)
+    for i, kind in enumerate(g.kinds):
+        x[i, KINDS.index(kind)] = 1.0
+    k = len(KINDS)
+    x[:, k] = np.log1p(figs[:, 0] / 1e6)
+    x[:, k + 1] = np.log1p(figs[:, 1] / 1e6)
+    x[:, k + 2:k + 5] = np.log1p(figs[:, 2:5] / MIB)
+    for j, col in ((k + 5, 5), (k + 6, 6)):
+        total = figs[:, col].sum()
+        x[:, j] = figs[:, col] / total if total > 0 else 1.0 / n
+    x[:, k + 7] = np.arange(n) / max(n - 1, 1)
+    src = [s for s, d, _ in g.edges] + [d for s, d, _ in g.edges]
+    dst = [d for s, d, _ in g.edges] + [s for s, d, _ in g.edges]
+    attr = [math.log1p(b / MIB) for _, _, b in g.edges] * 2
+    inside = sum(b for _, _, b in g.edges)
+    group = [math.log1p(n), math.log1p(inside / MIB), math.log1p(g.sum_fwd_ms),
+             math.log1p(g.sum_bwd_ms)]
+    return Data(x=torch.from_numpy(x), edge_index=torch.tensor([src, dst], dtype=torch.long).reshape(2, -1),
+                edge_attr=torch.tensor(attr, dtype=torch.float32).reshape(-1, 1),
+                group=torch.tensor([group], dtype=torch.float32))
+
+
+class FusedGroupNet(nn.Module):
+    """``log ratio`` (forward, backward) of fused groups (module docstring).
+
+    ``per_call_ms`` (a buffer: forward, backward) is the measured per-call cost of a
+    compiled region on ``device_type``."""
+
+    def __init__(self, *, hidden: int = 32, layers: int = 2, heads: int = 2,
+                 device_type: str = "cpu"):
+        super().__init__()
+        self.device_type = device_type
+        self.embed = nn.Sequential(nn.Linear(NODE_FEATURES, hidden), nn.ReLU(),
+                                   nn.Linear(hidden, hidden))
+        self.convs = nn.ModuleList(GATConv(hidden, hidden // heads, heads=heads, edge_dim=1)
+                                   for _ in range(layers))
+        self.head = nn.Sequential(nn.Linear(2 * hidden + GROUP_FEATURES, hidden), nn.ReLU(),
+                                  nn.Linear(hidden, 2))
+        self.register_buffer("per_call_ms", torch.zeros(2))
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        h = self.embed(batch.x)
+        for conv in self.convs:
+            h = h + torch.relu(conv(h, batch.edge_index, batch.edge_attr))
+        pooled = torch.cat([global_mean_pool(h, batch.batch), global_max_pool(h, batch.batch),
+                            batch.group], dim=1)
+        return self.head(pooled)
+
+
+def measured_groups(times) -> list[tuple[GroupOps, tuple[float, float], tuple[float, float]]]:
+    """Of a ``fusion-times`` record: per group its ``GroupOps`` (priced at its measured eager
+    time), the measured (eager, fused) forward ms and backward ms."""
+    out = []
+    for g in times.groups:
+        ops = GroupOps(kinds=tuple(op.kind for op in g.ops),
+                       figures=tuple((op.flops, op.bwd_flops, op.bytes_accessed, op.output_bytes,
+                                      op.param_bytes, op.fwd_ms, op.bwd_ms) for op in g.ops),
+                       edges=tuple((s, d, float(b)) for s, d, b in g.edges),
+                       sum_fwd_ms=g.eager_fwd_ms, sum_bwd_ms=g.eager_bwd_ms)
+        out.append((ops, (g.eager_fwd_ms, g.fused_fwd_ms), (g.eager_bwd_ms, g.fused_bwd_ms)))
+    return out
+
+
+def _target(eager: float, fused: float, per_call: float) -> float:
+    eager = max(eager, 1e-6)
+    return math.log(max(fused - per_call, 0.01 * eager) / eager)
+
+
+def train(measurements: Sequence, *, seed: int = 0, epochs: int = 400, lr: float = 3e-3,
+          architecture: dict | None = None) -> FusedGroupNet:
+    """A ``FusedGroupNet`` trained on ``fusion-times`` records (module docstring). The
+    per-call costs are the mean of the records' (all must come from one device type).
+
+    Raises ``BadInput`` when the records hold no group or mix device types. Deterministic
+    for a seed (full-batch Adam, one thread's float order). O(epochs x groups x ops)."""
+    types = sorted({t.device_type for t in measurements})
+    if len(types) != 1:
+        raise BadInput(f"plan learn disco: the measurements come from device types {types}; "
+                       f"train one estimator per device type")
+    rows = [row for t in measurements for row in measured_groups(t)]
+    if not rows:
+        raise BadInput("plan learn disco: the measurements hold no measured group")
+    torch.manual_seed(seed)
+    random.seed(seed)
+    net = FusedGroupNet(**{**ARCHITECTURE, **(architecture or {}), "device_type": types[0]})
+    per_call = (float(np.mean([t.per_call_fwd_ms for t in measurements])),
+                float(np.mean([t.per_call_bwd_ms for t in measurements])))
+    net.per_call_ms.copy_(torch.tensor(per_call))
+    batch = Batch.from_data_list([group_data(ops) for ops, _, _ in rows])
+    y = torch.tensor([[_target(*f, per_call[0]), _target(*b, per_call[1])] for _, f, b in rows])
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    for _ in range(epochs):
+        opt.zero_grad()
+        loss = torch.mean((net(batch) - y) ** 2)
+        loss.backward()
+        opt.step()
+    net.eval()
+    return net
+
+
+def predict_ms(net: FusedGroupNet, groups: Sequence[GroupOps], *, per_call: bool = True,
+               ) -> np.ndarray:
+    """``[groups, 2]`` predicted fused (forward, backward) ms of ``groups``."""
+    with torch.no_grad():
+        ratio = torch.exp(net(Batch.from_data_list([group_data(g) for g in groups]))).numpy()
+    sums = np.array([[g.sum_fwd_ms, g.sum_bwd_ms] for g in groups])
+    fixed = net.per_call_ms.numpy()[None, :] if per_call else 0.0
+    return fixed + ratio * sums
+
+
+def errors(net: FusedGroupNet, measurements: Sequence, *, launch_ms: float,
+           bandwidth_bytes_per_ms: float) -> dict[str, float]:
+    """Median relative errors on the measured fused (forward + backward) ms of the
+    records' groups: the estimator's, the sum of the ops' (no fusion) and the cost model's
+    rule (the sum less a launch per op beyond the first and the round trips of the
+    tensors inside, never below the slowest op; ``launch_ms`` and
+    ``bandwidth_bytes_per_ms`` of the measured device type)."""
+    rows = [row for t in measurements for row in measured_groups(t)]
+    if not rows:
+        raise BadInput("the measurements hold no measured group")
+    pred = predict_ms(net, [ops for ops, _, _ in rows]).sum(axis=1)
+    measured = np.array([f[1] + b[1] for _, f, b in rows])
+    eager = np.array([f[0] + b[0] for _, f, b in rows])
+    rule = []
+    for (ops, _, _), total in zip(rows, eager):
+        n = len(ops.kinds)
+        inside = sum(nbytes for _, _, nbytes in ops.edges)
+        times = np.array([fig[5] + fig[6] for fig in ops.figures])
+        slowest = total * (times.max() / times.sum()) if times.sum() > 0 else total / n
+        saved = 2 * (n - 1) * launch_ms + 2 * 2 * inside / bandwidth_bytes_per_ms
+        rule.append(max(total - saved, slowest))
+
+    def median(p):
+        return float(np.median(np.abs(np.asarray(p) - measured) / measured))
+    return {"estimator": median(pred), "sum of ops": median(eager), "cost model rule": median(rule),
+            "groups": float(len(rows))}
+
+
+class FusedEstimator:
+    """``CostModel.fused_estimator`` from a trained network: ``per_call + ratio x sum`` of
+    the cost model's op times, memoised per (group, device type column, phase, share)."""
+
+    def __init__(self, net: FusedGroupNet):
+        self.net = net
+        self._memo: dict = {}
+        self._out_edges: dict[str, list[tuple[str, int]]] | None = None
+
+    def __call__(self, cm, op_ids: Sequence[str], device: str, phase: str,
+                 batch_fraction: float) -> float:
+        column = cm.device_type_index[device]
+        key = (tuple(op_ids), column, phase, batch_fraction)
+        if key not in self._memo:
+            self._memo[key] = self._estimate(cm, op_ids, device, phase, batch_fraction)
+        return self._memo[key]
+
+    def _estimate(self, cm, op_ids, device, phase, batch_fraction) -> float:
+        index = cm.graph.index
+        ref = cm.reference
+        if self._out_edges is None:  # one estimator serves one cost model
+            self._out_edges = {}
+            for e in cm.graph.edges:
+                self._out_edges.setdefault(e.src, []).append((e.dst, e.bytes))
+        fwd = sum(cm.op_ms(o, device, "fwd", batch_fraction) for o in op_ids)
+        bwd = sum(cm.op_ms(o, device, "bwd", batch_fraction) for o in op_ids)
+        pos = {o: i for i, o in enumerate(op_ids)}
+        ops = GroupOps(kinds=tuple(index[o].kind for o in op_ids),
+                       figures=tuple((index[o].flops * batch_fraction,
+                                      index[o].bwd_flops * batch_fraction,
+                                      index[o].bytes_accessed * batch_fraction,
+                                      index[o].output_bytes * batch_fraction, index[o].param_bytes,
+                                      index[o].fwd_ms.get(ref, 0.0), index[o].bwd_ms.get(ref, 0.0))
+                                     for o in op_ids),
+                       edges=tuple((pos[s], pos[d], float(b) * batch_fraction) for s in op_ids
+                                   for d, b in self._out_edges.get(s, ()) if d in pos),
+                       sum_fwd_ms=fwd, sum_bwd_ms=bwd)
+        charge = cm.device_types[cm.device_type_index[device]].name == self.net.device_type
+        fwd_ms, bwd_ms = predict_ms(self.net, [ops], per_call=charge)[0]
+        return float(fwd_ms if phase == "fwd" else bwd_ms)
+
+
+def learn(measurements: Sequence, names: Sequence[str], *, held_out: Sequence = (),
+          held_out_names: Sequence[str] = (), seed: int = 0, epochs: int = 400,
+          command: str = ""):
+    """Train the estimator on ``measurements`` (``fusion-times`` records of the models
+    ``names``) and return its ``policy`` artifact; the median errors on ``held_out``
+    records (other models) and on the training records are in its notes.
+
+    Raises ``BadInput`` (``train``; held-out records of another device type)."""
+    from dl_nfv.artifacts import lookup
+
+    from ..learned.policy import policy_of
+
+    net = train(measurements, seed=seed, epochs=epochs)
+    device = lookup(net.device_type)
+    figures = {"launch_ms": device.launch_overhead_us / 1e3,
+               "bandwidth_bytes_per_ms": device.memory_bandwidth_gb_per_s * 1e6}
+    notes = [_error_note("training groups", errors(net, measurements, **figures), names)]
+    if held_out:
+        if {t.device_type for t in held_out} != {net.device_type}:
+            raise BadInput(f"plan learn disco: the held-out measurements are not all from "
+                           f"device type {net.device_type!r}")
+        notes.append(_error_note("held-out groups", errors(net, held_out, **figures),
+                                 held_out_names))
+    architecture = {**ARCHITECTURE, "device_type": net.device_type}
+    return policy_of(net, planner=PLANNER, architecture=architecture,
+                     trained_on=TrainedOn(graphs=tuple(names),
+                                          episodes=sum(len(t.groups) for t in measurements)),
+                     seed=seed, command=command, notes=tuple(notes))
+
+
+def _error_note(what: str, e: dict[str, float], names: Sequence[str]) -> str:
+    return (f"median error of fused forward+backward ms on {int(e['groups'])} {what} "
+            f"({', '.join(names)}): estimator {100 * e['estimator']:.1f}%, sum of ops "
+            f"{100 * e['sum of ops']:.1f}%, cost model rule {100 * e['cost model rule']:.1f}%")
+
+
+def load_estimator(path) -> FusedEstimator:
+    """The ``FusedEstimator`` of a policy file trained by ``plan learn disco``; ``BadInput``
+    naming the file when it is not one."""
+    from ..learned.policy import build_network, read_policy
+
+    policy = read_policy(path)
+    try:
+        net = build_network(policy, FusedGroupNet, dict(ARCHITECTURE), planner=PLANNER)
+    except BadInput as exc:
+        raise BadInput(f"{path}: {exc}") from None
+    return FusedEstimator(net)
