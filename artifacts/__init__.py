@@ -1,47 +1,38 @@
-"""Artifacts: the typed files dl-nfv commands exchange, their validation and errors."""
+"""Artifacts: the typed files dl-nfv commands exchange, their validation and errors.
 
-from .devices import CATALOG, DeviceKind, DeviceType, lookup
-from .errors import (
-    ArtifactMismatch,
-    BadInput,
-    DlNfvError,
-    InfeasiblePlan,
-    InvalidArtifact,
-    RuntimeFailure,
-    SolverError,
-    UnknownName,
-)
-from .io import KINDS, dumps, fingerprint, from_document, load, read_document, save
-from .opgraph import Edge, Granularity, ModelRef, Op, OpGraph, OpKind, ProfileInfo, TensorSpec
-from .plan import (
-    Action,
-    Collective,
-    Compression,
-    Fusion,
-    Group,
-    Optimizer,
-    Pipeline,
-    Plan,
-    PlanStatus,
-    Prediction,
-    ScheduleKind,
-    SyncMethod,
-    TieSync,
-    format_schedule,
-    order_problem,
-    parse_schedule,
-    validate_against,
-)
-from .records import from_data, record, to_data
-from .topology import Cluster, Device, Route, Topology, cluster_of
+The names below are imported from their modules on first use (PEP 562), so a command
+that reads only some kinds of artifact (``nfv run``: an nf-config, an nfv-report) does not
+load the others' modules.
+"""
 
-__all__ = [
-    "CATALOG", "KINDS", "Action", "ArtifactMismatch", "BadInput", "Cluster", "Collective",
-    "Compression", "Device", "DeviceKind", "DeviceType", "DlNfvError", "Edge", "Fusion",
-    "Granularity", "Group", "InfeasiblePlan", "InvalidArtifact", "ModelRef", "Op", "OpGraph",
-    "OpKind", "Optimizer", "Pipeline", "Plan", "PlanStatus", "Prediction", "ProfileInfo",
-    "Route", "RuntimeFailure", "ScheduleKind", "SolverError", "SyncMethod", "TensorSpec", "TieSync",
-    "Topology", "UnknownName", "cluster_of", "dumps", "fingerprint", "format_schedule",
-    "from_data", "from_document", "load", "lookup", "order_problem", "parse_schedule", "read_document", "record",
-    "save", "to_data", "validate_against",
-]
+from importlib import import_module
+
+_EXPORTS = {
+    "devices": ("CATALOG", "DeviceKind", "DeviceType", "lookup"),
+    "errors": ("ArtifactMismatch", "BadInput", "DlNfvError", "InfeasiblePlan", "InvalidArtifact",
+               "RuntimeFailure", "SolverError", "UnknownName"),
+    "io": ("KINDS", "dumps", "fingerprint", "from_document", "load", "read_document", "save"),
+    "opgraph": ("Edge", "Granularity", "ModelRef", "Op", "OpGraph", "OpKind", "ProfileInfo",
+                "TensorSpec"),
+    "plan": ("Action", "Collective", "Compression", "Fusion", "Group", "Optimizer", "Pipeline",
+             "Plan", "PlanStatus", "Prediction", "ScheduleKind", "SyncMethod", "TieSync",
+             "format_schedule", "order_problem", "parse_schedule", "validate_against"),
+    "records": ("from_data", "record", "to_data"),
+    "topology": ("Cluster", "Device", "Route", "Topology", "cluster_of"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
