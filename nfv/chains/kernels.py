@@ -27,14 +27,15 @@ import torch
 from ..traffic.pcap import ACK, TCP, UDP
 from . import states as st
 from .flowtable import DeviceFlowTable
-from .ops import pick, put, take
+from .ops import pick, put, stable_order, take
 from .packets import MASK32, flow_hash
 from .reference import Backends, compile_acl, endpoint, pool_bindings
 from .scan import Segments, fsm_scan, last_marked, previous_gap, quiet_rows
 
 STEP_COST = 8192  # a vector step's fixed cost, in packets of work (one CPU core)
 FLOWS_PER_PACKET = 16  # the per-flow ACL needs more than this many packets per flow
-HOLDERS = "holders"  # the table column with one bit per NF that keeps the flow
+HOLDERS = "holders"
+ARRIVAL_BOUND = 1 << 40  # above any packet's position in a batch  # the table column with one bit per NF that keeps the flow
 
 
 @dataclass(slots=True)
@@ -197,25 +198,38 @@ class FirewallKernel(_Machine):
         super().__init__(table, index, device, st.conn_timeouts_us(spec.timeouts))
         self.rules = compile_acl(spec)
         self.default_allow = spec.default.value == "allow"
+        self.rule_table = self._rule_table()
 
     def snapshot(self) -> dict:
         """key -> (state, orient, last), the reference's form."""
         return {k: (*st.decode(v[0]), v[1]) for k, v in self.items().items()}
 
+    def _rule_table(self):
+        """The IPv4 rules as [fields, rules] (src mask, src, dst mask, dst, the port ranges'
+        ends, protocol, any protocol) and, by code (0: no match; else 2 * (rules - rank) +
+        allow, so the first match has the largest code), the answer."""
+        rules = [r for r in self.rules if r[3] >= 0 and r[5] >= 0]
+        fields = [[r[k] for r in rules] for k in (3, 2, 5, 4, 6, 7, 8, 9, 1)]
+        fields.append([int(r[1] == 0) for r in rules])
+        codes = [2 * (len(rules) - i) + r[0] for i, r in enumerate(rules)]
+        answer = [int(self.default_allow)] * (2 * len(rules) + 2)
+        for code in codes:
+            answer[code] = code & 1
+        return (_tensor(fields, self.device).reshape(len(fields), len(rules)),
+                _tensor(codes, self.device), _tensor(answer, self.device))
+
     def _match(self, src, dst, sport, dport, proto):
-        allow = torch.full_like(src, int(self.default_allow))
-        matched = torch.zeros_like(src, dtype=torch.bool)
-        for ok, rproto, rsrc, smask, rdst, dmask, slo, shi, dlo, dhi in self.rules:
-            if smask < 0 or dmask < 0:
-                continue
-            hit = ((src & smask) == rsrc) & ((dst & dmask) == rdst) \
-                & (sport >= slo) & (sport <= shi) & (dport >= dlo) & (dport <= dhi)
-            if rproto:
-                hit &= proto == rproto
-            hit &= ~matched
-            allow = pick(hit, ok, allow)
-            matched |= hit
-        return allow
+        """Per packet, the first matching rule's answer (the default where none matches):
+        every rule at once, over [packets, rules]."""
+        (smask, rsrc, dmask, rdst, slo, shi, dlo, dhi, rproto, anyproto), codes, answer = \
+            self.rule_table
+        if codes.numel() == 0:
+            return torch.full_like(src, int(self.default_allow))
+        src, dst, sport, dport = (x.unsqueeze(1) for x in (src, dst, sport, dport))
+        hit = ((src & smask) == rsrc) & ((dst & dmask) == rdst) & (sport >= slo) \
+            & (sport <= shi) & (dport >= dlo) & (dport <= dhi) \
+            & ((proto.unsqueeze(1) == rproto) | (anyproto != 0))
+        return take(answer, (hit * codes).amax(1))
 
     def _acl(self, sub: Sub):
         """Per packet, whether the ACL allows it as client -> server. On unrewritten headers
@@ -320,7 +334,7 @@ class _SessionKernel(_Machine):
         prev_binding = torch.where(seg.pos[rows] > 0, binding[torch.clamp(rows - 1, min=0)],
                                    table_binding[seg.index[rows]])
         values = torch.where(timed_out[rows], prev_binding, binding[rows])
-        order = torch.argsort(sub.arrival[rows])
+        order = stable_order(take(sub.arrival, rows), ARRIVAL_BOUND)
         self.released(values[order])
 
     def released(self, bindings) -> None:
@@ -342,7 +356,7 @@ class NatKernel(_SessionKernel):
         self.translations = self.exhausted = self.peak_in_use = 0
 
     def start(self, sub: Sub, rows):
-        order = torch.argsort(sub.arrival[rows])
+        order = stable_order(take(sub.arrival, rows), ARRIVAL_BOUND)
         k = torch.empty_like(order)
         k[order] = torch.arange(order.numel(), device=order.device)
         ok = k < self.free

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .ops import put, take
+from .ops import put, stable_order, take
 
 ROUND_STEPS_PER_PASS = 12  # rounds while the longest segment is under this per 8k packets
 
@@ -56,7 +56,7 @@ class Segments:
     def round_order(self) -> tuple:
         """(positions sorted by place in their flow, packets per place), computed once."""
         if self.cached_order is None:
-            order = torch.sort(self.pos, stable=True).indices
+            order = stable_order(self.pos, max(int(self.pos.shape[0]), 1))
             counts = torch.bincount(self.pos).tolist() if self.pos.numel() else []
             self.cached_order = (order, counts)
         return self.cached_order
