@@ -36,15 +36,20 @@ def render(report: RunReport) -> Group:
     ranks = Table(title="ranks", title_justify="left")
     cols = ["rank", "device", "host", "threads", "median ms", "compute ms", "wait ms", "cpu ms",
             "peak memory"]
+    sent = any(r.sent_bytes for r in report.per_rank)
+    if sent:
+        cols.append("gradient bytes sent")
     for col in cols:
-        ranks.add_column(col, justify="right" if col.endswith(("ms", "memory")) else "left")
+        ranks.add_column(col, justify="right" if col.endswith(("ms", "memory", "sent")) else "left")
     for r in sorted(report.per_rank, key=lambda r: r.rank):
         measured = r.iteration_ms[report.warmup:]
-        ranks.add_row(str(r.rank), r.device, r.host or "-",
-                      _threads(report.threads if r.threads is None else r.threads, r.cpus),
-                      f"{statistics.median(measured):.3f}",
-                      f"{r.compute_ms:.3f}", f"{r.wait_ms:.3f}",
-                      "-" if r.cpu_ms is None else f"{r.cpu_ms:.3f}", _bytes(r.peak_memory_bytes))
+        cells = [str(r.rank), r.device, r.host or "-",
+                 _threads(report.threads if r.threads is None else r.threads, r.cpus),
+                 f"{statistics.median(measured):.3f}", f"{r.compute_ms:.3f}", f"{r.wait_ms:.3f}",
+                 "-" if r.cpu_ms is None else f"{r.cpu_ms:.3f}", _bytes(r.peak_memory_bytes)]
+        if sent:
+            cells.append(_sent(r.sent_bytes))
+        ranks.add_row(*cells)
     parts = [head, ranks]
     if any(r.breakdown_ms for r in report.per_rank):
         parts.append(_breakdown(report))
@@ -66,6 +71,17 @@ def _breakdown(report: RunReport) -> Table:
             f"{statistics.median(r.breakdown_ms[c][report.warmup:]):.3f}"
             if c in r.breakdown_ms else "-" for c in CATEGORIES))
     return table
+
+
+def _sent(sent_bytes: dict[str, int]) -> str:
+    """``12.0 MiB (allreduce 8.0 MiB, sfb 4.0 MiB)``: a rank's last step, by method."""
+    if not sent_bytes:
+        return "-"
+    total = _bytes(sum(sent_bytes.values()))
+    if len(sent_bytes) == 1:
+        (method, n), = sent_bytes.items()
+        return f"{total} ({method})"
+    return f"{total} (" + ", ".join(f"{m} {_bytes(n)}" for m, n in sorted(sent_bytes.items())) + ")"
 
 
 def _threads(threads: int, cpus: tuple[int, ...]) -> str:

@@ -96,3 +96,20 @@ def test_show_gives_each_ranks_median_step_by_category():
             if "local/cpu" in line]
     # medians of the 3 steps after the warm-up one
     assert rows == [[str(r), f"local/cpu{r}", "4.000", "0.500", "0.500", "0.250"] for r in (0, 1)]
+
+
+def test_show_gives_each_ranks_gradient_bytes_by_method():
+    report = _report()
+    first, second = report.per_rank
+    per_rank = (replace(first, sent_bytes={"allreduce": 3 << 20, "sfb": 1 << 20}),
+                replace(second, sent_bytes={"allreduce": 4 << 20}))
+    console = Console(file=io.StringIO(), width=200)
+    console.print(render(replace(report, per_rank=per_rank)))
+    rows = {line.split("│")[2].strip(): line.split("│")[10].strip()
+            for line in console.file.getvalue().splitlines() if "local/cpu" in line}
+    assert rows == {"local/cpu0": "4.0 MiB (allreduce 3.0 MiB, sfb 1.0 MiB)",
+                    "local/cpu1": "4.0 MiB (allreduce)"}
+    # reports of runs that counted nothing keep the table as it was
+    plain = Console(file=io.StringIO(), width=200)
+    plain.print(render(report))
+    assert "gradient bytes sent" not in plain.file.getvalue()
