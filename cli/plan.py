@@ -35,7 +35,7 @@ from .options import (
 )
 
 # Planner options that name a file, and what the file is (the option's metavar).
-FILE_OPTIONS = {"refine_with": "RUN_REPORT", "policy": "POLICY"}
+FILE_OPTIONS = {"refine_with": "RUN_REPORT", "policy": "POLICY", "estimator": "POLICY"}
 
 
 class PlannerGroup(click.Group):
@@ -391,4 +391,40 @@ def learn_tag(graph_paths, topology_specs, iterations, playouts, seed, output, a
     policy = learn(graphs, topologies, iterations=iterations, playouts=playouts, seed=seed,
                    command=shlex.join(line), progress=console.print if console else None)
     deliver(policy, output, as_json, render=render, document="json")
+@learn_group.command(name="disco")
+@click.option("--measurements", "measurement_paths", required=True, callback=_paths,
+              help="Comma-separated fusion-times files (`dl-nfv profile fusion`) to train on.")
+@click.option("--held-out", "held_out_paths", default="", help="Comma-separated fusion-times "
+              "files of other models: the estimator's error on them is recorded in its notes.")
+@click.option("--epochs", type=click.IntRange(min=1), default=400, show_default=True,
+              help="Full-batch training epochs.")
+@seed_option
+@output_option("Write the estimator (a policy: .json, .yaml or .yml) here.")
+@json_option
+def learn_disco(measurement_paths, held_out_paths, epochs, seed, output, as_json):
+    """Train DisCo's fused-kernel estimator (a GNN) on measured fused groups.
+
+    \b
+    Example:
+      dl-nfv plan learn disco --measurements a.json,b.json --held-out c.json -o disco.estimator.json
+    """
+    import shlex
+
+    from dl_nfv.planners.disco.estimator import learn
+    from dl_nfv.profilers.fusion import load_fusion_times
+
+    from .render_policy import render
+
+    held = [p.strip() for p in held_out_paths.split(",") if p.strip()]
+    line = ["dl-nfv", "plan", "learn", "disco", "--measurements", ",".join(measurement_paths),
+            *(["--held-out", ",".join(held)] if held else []), "--epochs", str(epochs),
+            "--seed", str(seed), *(["-o", str(output)] if output else [])]
+    measured = [load_fusion_times(p) for p in measurement_paths]
+    held_out = [load_fusion_times(p) for p in held]
+    policy = learn(measured, [t.model.name for t in measured], held_out=held_out,
+                   held_out_names=[t.model.name for t in held_out], seed=seed, epochs=epochs,
+                   command=shlex.join(line))
+    deliver(policy, output, as_json, render=render, document="json")
+
+
 from . import plan_sfb  # noqa: E402, F401  (registers `plan sfb` on this group)
