@@ -208,27 +208,54 @@ def cheap_terms(x: Inputs, m: int, shape: Shape) -> CheapTerms:
 
 def cheap_bound(x: Inputs, m: int, enough: float, t: CheapTerms | None = None) -> float:
     """The cheap DP's bound for ``m`` microbatches, refined only until it reaches
-    ``enough`` (``x``: the bound's ``Inputs``; ``t``: its terms, when already built)."""
+    ``enough`` (``x``: the bound's ``Inputs``; ``t``: its terms, when already built): the
+    largest of ``cheap_steps``, taken in turn while below ``enough``."""
     shape = Shape(split=x.ranges.split, devices=x.devices, grid=x.grid)
     if t is None:
         t = cheap_terms(x, m, shape)
+    value = 0.0
+    for step in _steps(x, t, m, shape, refined_first=True):
+        value = max(value, step(enough))
+        if value >= enough:
+            break
+    return value
+
+
+def cheap_steps(x: Inputs, m: int, t: CheapTerms) -> list:
+    """The cheap DP's bound for ``m`` microbatches as independent steps, each a function of
+    ``enough`` that returns a bound on every plan of ``m`` (exact below ``enough``, at least
+    it otherwise): the bound is their largest. The ones that cost least come first: the DP
+    along the average way (often the largest) and over the forward chain (one capped DP
+    each), then the DP with the limited chain after (``bisect_limit``: up to four)."""
+    shape = Shape(split=x.ranges.split, devices=x.devices, grid=x.grid)
+    return _steps(x, t, m, shape, refined_first=False)
+
+
+def _steps(x: Inputs, t: CheapTerms, m: int, shape: Shape, refined_first: bool) -> list:
+    """``cheap_steps`` in the order ``cheap_bound`` takes them (``refined_first``: the capped
+    DP and its limited chain first, each later step only where the bound is below
+    ``enough``) or cheapest first."""
     if x.grid is not None:
-        return _on_grid(t, shape, enough)
+        steps = [lambda enough: _on_grid(t, shape, enough)]
+        if t.forward_only is not None:
+            steps.append(lambda enough: _forward_on_grid(t, shape, enough))
+        return steps
     terms = StageTerms(busy=t.staged, chain=t.chain, sync=t.sync, around=t.around,
                        after=t.after, wait=t.wait, untied=t.untied)
-    value = capped_min_max(terms, shape, enough)
 
-    def limited(limit: float) -> float:  # the chain after over stages at most ``limit``
+    def limited(limit: float, enough: float) -> float:  # chain after: stages at most ``limit``
         short = np.where((t.busy <= limit) & (t.sync <= limit), t.busy, np.inf)
         after = least_chain_after(short, t.chain, shape)
         return capped_min_max(replace(terms, after=after), shape, enough)
 
-    value = bisect_limit(value, enough, limited)
-    if t.forward_only is not None and value < enough:
-        value = max(value, capped_min_max(t.forward_only, shape, enough))
-    if value < enough:
-        value = max(value, _averaged_bound(x, t, m, shape, enough))
-    return value
+    def capped(enough: float) -> float:
+        value = capped_min_max(terms, shape, enough)
+        return bisect_limit(value, enough, lambda limit: limited(limit, enough))
+
+    averaged = [lambda enough: _averaged_bound(x, t, m, shape, enough)]
+    forward = [] if t.forward_only is None else [
+        lambda enough: capped_min_max(t.forward_only, shape, enough)]
+    return [capped, *forward, *averaged] if refined_first else [*averaged, *forward, capped]
 
 
 def _averaged_bound(x: Inputs, t: CheapTerms, m: int, shape: Shape, enough: float) -> float:
@@ -257,13 +284,14 @@ def _on_grid(t: CheapTerms, shape: Shape, enough: float) -> float:
     def reduce(a: np.ndarray) -> np.ndarray:
         return grid.reduce(a, 2)
 
-    value = capped_min_max(StageTerms(
+    return capped_min_max(StageTerms(
         busy=reduce(t.staged), chain=reduce(t.chain), sync=reduce(t.sync),
         around=reduce(t.around), after=t.after_grid, wait=reduce(t.wait),
         untied=reduce(t.untied)), shape, enough)
-    if t.forward_only is not None and value < enough:
-        f = t.forward_only
-        value = max(value, capped_min_max(StageTerms(
-            busy=reduce(f.busy), chain=reduce(f.chain), sync=reduce(f.sync)), shape, enough))
-    return value
 
+
+def _forward_on_grid(t: CheapTerms, shape: Shape, enough: float) -> float:
+    """The DP over the forward chain and the whole busy time on the grid."""
+    f, grid = t.forward_only, shape.grid
+    return capped_min_max(StageTerms(busy=grid.reduce(f.busy, 2), chain=grid.reduce(f.chain, 2),
+                                     sync=grid.reduce(f.sync, 2)), shape, enough)

@@ -47,7 +47,7 @@ import numpy as np
 
 from dl_nfv.artifacts import TieSync
 
-from .cheap import cheap_bound, cheap_terms
+from .cheap import CheapTerms, cheap_bound, cheap_steps, cheap_terms
 from .classes import class_bound, class_states, uncapped_table
 from .dp import EXACT_COUNTS_UP_TO, DeviceGrid, Shape
 from .network import AllReduceFloors, Boundaries, allreduce_floors, tie_terms
@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from dl_nfv.planners.pipeline.problem import Problem
 
 __all__ = ["forced_cuts", "stage_balanced_bound_ms"]
+
+TERMS_KEPT = 2  # counts whose cheap terms ``_best_first`` keeps between steps
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -133,28 +135,40 @@ def inputs(p: Problem, devices: list[str], tie_sync: TieSync) -> Inputs:
 
 def _best_first(x: Inputs) -> float:
     """The least bound over microbatch counts, levels taken best first (module docstring).
-    (Each level rebuilds its arrays, but for the cheap terms of the count taken first:
-    keeping every count's would take tens of MB each on a cluster of several classes or
-    a graph of many regions.)"""
+
+    The cheap level is taken one step at a time (``cheap_steps``, each a bound of its own,
+    the level's value their largest): the count whose value is least so far takes its next
+    step, so a count whose first steps already lift it above another's finished value is
+    refined no further. The result is the one of taking each count's level whole, in less
+    work. (Each level rebuilds its arrays; the cheap terms of the ``TERMS_KEPT`` counts
+    refined last are kept: keeping every count's would take tens of MB each on a cluster of
+    several classes or a graph of many regions.)"""
     last = 1 if len(x.classes) == 1 else 3
     shape = Shape(split=x.ranges.split, devices=x.devices, grid=x.grid)
-    heap, kept = [], None  # kept: the first value, count and cheap terms of the least
-    for m in (m for m in range(1, x.batch + 1) if x.batch % m == 0):
-        terms = cheap_terms(x, m, shape)
-        heap.append((cheap_bound(x, m, enough=0.0, t=terms), 0, m))
-        if kept is None or heap[-1][:1] + (m,) < kept[:2]:
-            kept = (heap[-1][0], m, terms)
-        del terms
+    kept: dict[int, CheapTerms] = {}  # per count, the most recently used last
+
+    def terms_of(m: int) -> CheapTerms:
+        t = kept.pop(m, None)
+        kept[m] = t if t is not None else cheap_terms(x, m, shape)
+        while len(kept) > TERMS_KEPT:
+            kept.pop(next(iter(kept)))
+        return kept[m]
+
+    # (value, level, step of the cheap level, count)
+    heap = [(cheap_bound(x, m, enough=0.0, t=terms_of(m)), 0, 0, m)
+            for m in range(1, x.batch + 1) if x.batch % m == 0]
     heapify(heap)
     best = np.inf
     uncapped: dict[int, np.ndarray] = {}  # per count: the class DP's table without caps
     while heap and heap[0][0] < best:
-        value, level, m = heappop(heap)
+        value, level, step, m = heappop(heap)
         if level == 0:
-            terms = kept[2] if kept is not None and kept[1] == m else None
-            kept = None
-            value = max(value, cheap_bound(x, m, enough=best, t=terms))
-            del terms
+            steps = cheap_steps(x, m, terms_of(m))
+            value = max(value, steps[step](best))
+            if step + 1 < len(steps):
+                heappush(heap, (value, 0, step + 1, m))
+                continue
+            kept.pop(m, None)
         elif level == 1:
             uncapped[m] = uncapped_table(x, m)
             value = max(value, float(uncapped[m][0, -1]))
@@ -164,5 +178,5 @@ def _best_first(x: Inputs) -> float:
         if level + 1 == last:
             best = min(best, value)
         else:
-            heappush(heap, (value, level + 1, m))
+            heappush(heap, (value, level + 1, 0, m))
     return best
