@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from .main import skip_teardown
 from .options import (
     TRACE_SUFFIXES,
     Number,
@@ -155,6 +156,7 @@ def run(config_path: str, trace_path: str, batch_size: int | None, workers: int 
     report = run_config(config_path, trace_path, engine=engine, batch_size=batch_size,
                         workers=workers, device=device)
     deliver(report, output, as_json, render=_render_report)
+    skip_teardown()  # the report is out and the workers are joined
 
 
 def _render_report(report):
