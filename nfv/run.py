@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
+# before numpy: this path does no matrix products, and the BLAS thread pool numpy starts
+# by default (a thread per core) costs each process at its start, at every fork and at exit
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from dl_nfv.artifacts import load
-from dl_nfv.artifacts.errors import InvalidArtifact, RuntimeFailure
-from dl_nfv.artifacts.nfconfig import NfConfig, NfKind
-from dl_nfv.artifacts.nfvreport import (
+import numpy as np  # noqa: E402
+
+from dl_nfv.artifacts import load  # noqa: E402
+from dl_nfv.artifacts.errors import InvalidArtifact, RuntimeFailure  # noqa: E402
+from dl_nfv.artifacts.nfconfig import NfConfig, NfKind  # noqa: E402
+from dl_nfv.artifacts.nfvreport import (  # noqa: E402
     Alert,
     Drop,
     FirewallOutput,
@@ -34,12 +39,12 @@ from dl_nfv.artifacts.nfvreport import (
     NfvReport,
 )
 
-from .engines import parse_engine
-from .engines.runner import EngineOptions, EngineResult, run_engine, usable_cores
-from .engines.sharded import run_sharded
-from .nfs.snort import load_rules
-from .traffic.http import METHODS
-from .traffic.trace import Trace, load_trace
+from .engines import parse_engine  # noqa: E402
+from .engines.runner import EngineOptions, EngineResult, run_engine, usable_cores  # noqa: E402
+from .engines.sharded import run_sharded  # noqa: E402
+from .nfs.snort import load_rules  # noqa: E402
+from .traffic.http import METHODS  # noqa: E402
+from .traffic.trace import Trace, load_trace  # noqa: E402
 
 MAX_LISTED_DROPS = 1000
 

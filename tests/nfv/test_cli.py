@@ -145,3 +145,25 @@ def test_throughput_is_end_to_end_with_its_stages(tmp_path):
                                            rel=1e-3)
     assert report["messages_per_s"] == pytest.approx(report["messages"] / report["wall_s"],
                                                      rel=1e-3)
+
+
+def test_run_as_a_process_ends_without_teardown_and_keeps_its_output(tmp_path):
+    """`nfv run` ends its process with os._exit once the report is out: stdout flushed in
+    full, exit code 0, the written report the one an in-process run writes; a failure still
+    exits 2 with one line."""
+    import subprocess
+    import sys
+
+    args = ["nfv", "run", "--config", str(EXAMPLES / "ids.yaml"), "--trace", str(REAL_TRACE),
+            "--engine", "cpu", "--workers", "1"]
+    out = subprocess.run([sys.executable, "-m", "dl_nfv", *args, "--json"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    printed = json.loads(out.stdout)
+    report = tmp_path / "r.json"
+    assert invoke(*args, "-o", report).exit_code == 0
+    assert printed["outputs"] == json.loads(report.read_text())["outputs"]
+    bad = subprocess.run([sys.executable, "-m", "dl_nfv", *args[:4], "--trace",
+                          str(tmp_path / "none.pcap")], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "none.pcap" in bad.stderr
