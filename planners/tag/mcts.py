@@ -51,14 +51,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..base import device_speeds
 from ..learned.decoder import candidates
 from ..learned.env import GroupStrategy, Outcome, StrategyEnv
 from ..learned.features import GroupGraph
 from ..learned.reinforce import one_thread
+from .batching import ONE, BatchedEnv, Batching, candidate_of
 from .joint import JointNet, JointStatic, joint_graph
 
 C_PUCT = 1.25
 NOISE_ALPHA = 0.3
+UNSEEN_UNIFORM = 0.5  # uniform share of the priors of a micro-batched state
+BATCHING_SHARE = 0.25  # of the playouts, for the batching decision (where there is one)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,9 +79,11 @@ class Sample:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Search:
-    """The best strategy met, its outcome, what the search spent and its samples."""
+    """The best strategy met (its batching and a strategy per group), its outcome, the
+    incumbent's, what the search spent and its samples."""
 
     strategies: tuple[GroupStrategy, ...]
+    batching: Batching
     outcome: Outcome
     start: Outcome
     order: tuple[int, ...]
@@ -93,6 +99,7 @@ class _Node:
     value: float = 0.0
     visits: np.ndarray | None = None
     totals: np.ndarray | None = None
+    mask: np.ndarray | None = None
     children: dict[int, _Node] = field(default_factory=dict)
 
 
@@ -103,67 +110,120 @@ def decision_order(features: GroupGraph) -> tuple[int, ...]:
 
 
 class _Tree:
-    """The search's state: environment, network, incumbent and memoised evaluations."""
+    """The search's state: environment, network, incumbent and memoised evaluations.
+
+    A path is the actions taken from the root: with more than one batching, first the
+    batching's index, then one candidate index per group in decision order."""
 
     def __init__(self, env: StrategyEnv, features: GroupGraph, net: JointNet | None,
-                 start: Sequence[GroupStrategy], ref_ms: float, value_weight: float, seed: int):
-        self.env, self.net = env, net
+                 starts: Sequence[tuple[Batching, Sequence[GroupStrategy]]],
+                 choices: Sequence[Batching], ref_ms: float, value_weight: float, seed: int):
+        self.env, self.net = BatchedEnv(env), net
+        self.batchings = list(dict.fromkeys([*choices, *(b for b, _ in starts)]))
         self.options = candidates(env.cm.cluster)
         self.index = {c.strategy: i for i, c in enumerate(self.options)}
+        for _, strategies in starts:  # a seed's strategies outside the candidates join them
+            for s in strategies:
+                if s not in self.index:
+                    self.index[s] = len(self.options)
+                    self.options.append(candidate_of(s, env.devices))
+        batch = env.graph.model.batch_size
+        self.fewest = [min((round(x * batch) for x in env.group_of(0, c.strategy).shares),
+                           default=batch) for c in self.options]  # samples of the least replica
+        speed = device_speeds(env.cm, env.devices)
+        self.alone = [max(c.members, key=lambda d: (speed[d], -d)) for c in self.options]
         self.order = decision_order(features)
+        self.first = 1 if len(self.batchings) > 1 else 0  # decisions before the groups'
         self.static = JointStatic(features, self.options) if net is not None else None
         self.ref_ms, self.value_weight = ref_ms, value_weight
         self.rng = np.random.default_rng(seed)
         self.low, self.high = math.inf, -math.inf  # the values met: Q is scaled to [0, 1] by them
         self.cache: dict[tuple[int, ...], Outcome] = {}
-        self.best_picks = tuple(self.index[s] for s in start)  # by group
+        self.best_key: tuple[int, ...] = ()
         self.best: Outcome | None = None
-        self.start = self.outcome(self.best_picks)
+        self.best_by: dict[int, tuple[tuple[int, ...], float]] = {}  # batching -> best key met
+        for b, strategies in starts:  # the incumbent: the best start
+            self.outcome((self.batchings.index(b), *(self.index[s] for s in strategies)))
+        self.start = self.best
 
-    def outcome(self, by_group: tuple[int, ...]) -> Outcome:
-        if by_group not in self.cache:
-            self.cache[by_group] = self.env.evaluate([self.options[i].strategy for i in by_group])
-            got = self.cache[by_group]
+    @property
+    def depth(self) -> int:
+        return self.first + len(self.order)
+
+    def outcome(self, key: tuple[int, ...]) -> Outcome:
+        """The outcome of ``(batching index, candidate index per group)``, memoised; the
+        best met becomes the incumbent."""
+        if key not in self.cache:
+            self.cache[key] = self.env.evaluate([self.options[i].strategy for i in key[1:]],
+                                                self.batchings[key[0]])
+            got = self.cache[key]
+            if key[0] not in self.best_by or got.reward > self.best_by[key[0]][1]:
+                self.best_by[key[0]] = (key, got.reward)
             if self.best is None or got.reward > self.best.reward:
-                self.best_picks, self.best = by_group, got
-        return self.cache[by_group]
+                self.best_key, self.best = key, got
+        return self.cache[key]
 
     def log_ratio(self, outcome: Outcome) -> float:
         """log(effective ms / ref ms): lower is better."""
         return math.log(max(-outcome.reward, 1e-12) / self.ref_ms)
 
     def complete(self, path: Sequence[int]) -> tuple[int, ...]:
-        """By group: ``path`` (in decision order) and the incumbent for the rest."""
-        picks = list(self.best_picks)
-        for k, a in enumerate(path):
-            picks[self.order[k]] = a
-        return tuple(picks)
+        """``path`` completed, as a key: the decisions it has not taken as in the best
+        strategy met with its batching; where none was met yet, as in the incumbent, each
+        group whose replicas would hold less than a sample per microbatch on its fastest
+        replica alone."""
+        b = path[0] if self.first and path else self.best_key[0]
+        if b in self.best_by:
+            key = list(self.best_by[b][0])
+        else:
+            m = self.batchings[b].microbatches
+            key = [b, *(a if self.fewest[a] >= m else self.alone[a] for a in self.best_key[1:])]
+        for k, a in enumerate(path[self.first:]):
+            key[1 + self.order[k]] = a
+        return tuple(key)
 
     def decided(self, path: Sequence[int]) -> list[int | None]:
         out: list[int | None] = [None] * len(self.order)
-        for k, a in enumerate(path):
+        for k, a in enumerate(path[self.first:]):
             out[self.order[k]] = a
         return out
 
+    def allowed(self, path: Sequence[int]) -> np.ndarray:
+        """The actions open after ``path``: every batching; the candidates whose replicas
+        hold a sample per microbatch of the batching taken."""
+        if len(path) < self.first:
+            return np.ones(len(self.batchings), dtype=bool)
+        return np.array(self.fewest) >= self.microbatches(path)
+
+    def microbatches(self, path: Sequence[int]) -> int:
+        """The microbatch count of the batching ``path`` takes (the incumbent's before)."""
+        return self.batchings[path[0] if self.first and path else self.best_key[0]].microbatches
+
     def expand(self, node: _Node, path: Sequence[int]) -> float:
         """Set the node's priors; return its value (see the module docstring)."""
-        n = len(self.options)
         rollout = -self.log_ratio(self.outcome(self.complete(path)))
-        if self.net is None:
-            node.prior, value = np.full(n, 1.0 / n), rollout
+        mask = self.allowed(path)
+        if self.net is None or len(path) < self.first:
+            prior, value = mask.astype(float), rollout
         else:
-            data = joint_graph(self.static, self.decided(path), self.order[len(path)])
+            current = self.order[len(path) - self.first]
+            data = joint_graph(self.static, self.decided(path), current)
             with torch.no_grad():
-                logits, head = self.net(data, self.order[len(path)], self.options)
-            node.prior = torch.softmax(logits, dim=0).double().numpy()
+                logits, head = self.net(data, current, self.options)
+            prior = torch.softmax(logits, dim=0).double().numpy()
+            if self.microbatches(path) > 1:  # the network was not shown micro-batched states
+                prior = (1 - UNSEEN_UNIFORM) * prior + UNSEEN_UNIFORM / len(prior)
+            prior = prior * mask
             value = self.value_weight * -float(head) + (1 - self.value_weight) * rollout
-        node.visits, node.totals, node.value = np.zeros(n), np.zeros(n), value
+        node.prior = prior / prior.sum()
+        node.visits, node.totals, node.value = np.zeros(len(mask)), np.zeros(len(mask)), value
+        node.mask = mask
         return value
 
     def playout(self, root: _Node, committed: list[int]) -> None:
         node, path, trail = root, list(committed), []
         while True:
-            if len(path) == len(self.order):
+            if len(path) == self.depth:
                 value = -self.log_ratio(self.outcome(self.complete(path)))
                 break
             if node.prior is None:
@@ -184,26 +244,28 @@ class _Tree:
         q = np.where(visited, node.totals / np.maximum(node.visits, 1), mean)
         span = max(self.high - self.low, 1e-12)
         u = C_PUCT * node.prior * math.sqrt(max(node.visits.sum(), 1.0)) / (1 + node.visits)
-        return int(np.argmax((q - self.low) / span + u))
+        return int(np.argmax(np.where(node.mask, (q - self.low) / span + u, -np.inf)))
 
     def add_noise(self, node: _Node, weight: float) -> None:
         if weight > 0 and node.prior is not None:
-            noise = self.rng.dirichlet(np.full(len(node.prior), NOISE_ALPHA))
-            node.prior = (1 - weight) * node.prior + weight * noise
+            noise = self.rng.dirichlet(np.full(len(node.prior), NOISE_ALPHA)) * node.mask
+            node.prior = (1 - weight) * node.prior + weight * noise / noise.sum()
 
 
 def search(env: StrategyEnv, features: GroupGraph, start: Sequence[GroupStrategy], *,
            ref_ms: float, net: JointNet | None = None, playouts: int = 400,
            time_limit_s: float = 60.0, seed: int = 0, value_weight: float = 0.25,
-           noise: float = 0.25) -> Search:
-    """Search for a strategy per group from the incumbent ``start`` (module docstring).
+           noise: float = 0.25, choices: Sequence[Batching] = (ONE,),
+           seeds: Sequence[tuple[Batching, Sequence[GroupStrategy]]] = ()) -> Search:
+    """Search for a batching and a strategy per group from the incumbent (module docstring).
 
     Parameters
     ----------
     env, features
         The problem and its group features.
     start
-        The incumbent to beat: one ``learned.decoder.candidates`` strategy per group.
+        The incumbent to beat, with one microbatch: a ``learned.decoder.candidates``
+        strategy per group.
     ref_ms
         The reference time of the value scale (> 0).
     net
@@ -212,14 +274,23 @@ def search(env: StrategyEnv, features: GroupGraph, start: Sequence[GroupStrategy
         Playouts in all (at least one per decision), and a CPU-time safety net.
     value_weight, noise
         The value head's share of a leaf's value; the Dirichlet noise's share of the root priors.
+    choices
+        The batchings the first decision chooses among (``batching.batchings``); with one,
+        there is no such decision and every strategy runs with it.
+    seeds
+        More incumbents, ``(batching, strategy per group)``, as ``batching.strategy_of_plan``
+        makes from other planners' plans; their strategies join the candidates.
     """
-    tree = _Tree(env, features, net, start, ref_ms, value_weight, seed)
-    per_decision = max(1, math.ceil(playouts / len(tree.order)))
+    tree = _Tree(env, features, net, [(ONE if len(choices) > 1 else choices[0], start), *seeds],
+                 choices, ref_ms, value_weight, seed)
+    first = math.ceil(playouts * BATCHING_SHARE) if tree.first else 0
+    per_decision = max(1, math.ceil((playouts - first) / len(tree.order)))
+    budgets = [max(first, per_decision)] * tree.first + [per_decision] * len(tree.order)
     deadline = time.process_time() + time_limit_s
     root, committed, pending, spent, stopped = _Node(), [], [], 0, False
     with one_thread():
-        for _ in tree.order:
-            for p in range(per_decision):
+        for budget in budgets:
+            for p in range(budget):
                 if time.process_time() > deadline:
                     stopped = True
                     break
@@ -230,16 +301,24 @@ def search(env: StrategyEnv, features: GroupGraph, start: Sequence[GroupStrategy
             if stopped or root.visits is None or root.visits.sum() == 0:
                 stopped = stopped or root.visits is None
                 break
-            mean = root.totals / np.maximum(root.visits, 1)
-            a = int(np.lexsort((np.arange(len(mean)), -mean, -root.visits))[0])
-            pending.append((tuple(tree.decided(committed)), tree.order[len(committed)],
-                            tuple(float(v) for v in root.visits / root.visits.sum())))
+            if len(committed) < tree.first:  # the batching whose best strategy met is best
+                met = [tree.best_by[b][1] if b in tree.best_by else -math.inf
+                       for b in range(len(tree.batchings))]
+                a = int(np.lexsort((np.arange(len(met)), -root.visits, -np.array(met)))[0])
+            else:
+                mean = root.totals / np.maximum(root.visits, 1)
+                a = int(np.lexsort((np.arange(len(mean)), -mean, -root.visits))[0])
+            if len(committed) >= tree.first:
+                pending.append((tuple(tree.decided(committed)),
+                                tree.order[len(committed) - tree.first],
+                                tuple(float(v) for v in root.visits / root.visits.sum())))
             committed.append(a)
             root = root.children.setdefault(a, _Node())
     samples: tuple[Sample, ...] = ()
-    if len(committed) == len(tree.order):
+    if len(committed) == tree.depth:
         final = tree.log_ratio(tree.outcome(tree.complete(committed)))
         samples = tuple(Sample(decided=d, current=c, visits=v, log_ratio=final) for d, c, v in pending)
-    return Search(strategies=tuple(tree.options[i].strategy for i in tree.best_picks),
-                  outcome=tree.best, start=tree.start, order=tree.order, playouts=spent,
-                  evaluations=len(tree.cache), samples=samples, stopped_by_time=stopped)
+    return Search(strategies=tuple(tree.options[i].strategy for i in tree.best_key[1:]),
+                  batching=tree.batchings[tree.best_key[0]], outcome=tree.best, start=tree.start,
+                  order=tree.order, playouts=spent, evaluations=len(tree.cache), samples=samples,
+                  stopped_by_time=stopped)

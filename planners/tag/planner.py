@@ -40,15 +40,16 @@ from pathlib import Path
 
 import torch
 
-from dl_nfv.artifacts import BadInput, OpGraph, Plan, Topology
+from dl_nfv.artifacts import BadInput, InfeasiblePlan, OpGraph, Plan, Topology
 from dl_nfv.artifacts.policy import Policy
 
 from ..base import finish, optimizer_named, started
 from ..heterog import best_baseline, better_start, greedy_start, problem_of
 from ..learned.policy import build_network, read_policy
-from ..learned.refine import refine
+from .batching import BatchedEnv, batchings, strategy_of_plan
 from .joint import JointNet
 from .mcts import search
+from .polish import polish
 
 PLANNER = "tag"
 DEFAULT_POLICY = Path(__file__).parent / "tag.policy.json"
@@ -59,16 +60,17 @@ PRIORS = ("gnn", "uniform")
 
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, playouts: int = 400,
          policy: str = "", priors: str = "gnn", time_limit: float = 60.0,
-         max_evaluations: int = 1000, groups: int = DEFAULT_GROUPS, sfb: bool = True,
-         optimizer: str = "sgd") -> Plan:
-    """TAG: a strategy per op group found by a Monte Carlo tree search guided by a GNN
-    over the joint op-group and device graph, refined on the simulator, never slower
-    than the best data-parallel baseline, with SFB where it pays.
+         max_evaluations: int = 1000, groups: int = DEFAULT_GROUPS, microbatches: int = 32,
+         others: str = "pipeline", sfb: bool = True, optimizer: str = "sgd") -> Plan:
+    """TAG: a microbatch count and schedule and a strategy per op group, found by a Monte
+    Carlo tree search guided by a GNN over the joint op-group and device graph, refined
+    on the simulator, never slower than the best data-parallel baseline nor than the
+    planners in ``others``, with SFB where it pays.
 
     Parameters
     ----------
     playouts : int
-        Tree-search playouts in all (>= 1; spread over the groups' decisions).
+        Tree-search playouts in all (>= 1; spread over the decisions).
     policy : str
         A policy file from `dl-nfv plan learn tag` (default: the shipped policy).
     priors : str
@@ -79,20 +81,22 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, playouts: int = 4
         Simulations the refinement may run after the search.
     groups : int
         The most op groups the graph is coarsened into.
+    microbatches : int
+        The most microbatches a strategy may run (powers of two dividing the batch; 1: none).
+    others : str
+        Comma-separated planners (e.g. pipeline,heterog; empty: none) whose plans seed the
+        search and are kept where faster.
     sfb : bool
         Apply sufficient-factor broadcasting where the SFB ILP finds it pays.
     optimizer : str
         sgd (with momentum) or adam: its state and step are planned for.
 
-    Complexity: ``playouts`` network passes and simulations, ``max_evaluations``
-    simulations, four DP plans and, with ``sfb``, one ILP.
+    Complexity: the ``others`` planners, ``playouts`` network passes and simulations,
+    ``max_evaluations`` simulations, four DP plans and, with ``sfb``, one ILP.
     """
     t0 = started()
     opt = optimizer_named(PLANNER, optimizer)
-    if playouts < 1:
-        raise BadInput(f"{PLANNER}: playouts must be at least 1, got {playouts}")
-    if priors not in PRIORS:
-        raise BadInput(f"{PLANNER}: priors must be one of {', '.join(PRIORS)}, got {priors!r}")
+    _check(playouts, priors, microbatches, others)
     problem = problem_of(graph, topology, groups=groups, optimizer=opt)
     env = problem.env
     net, notes = None, []
@@ -107,32 +111,71 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, playouts: int = 4
     baseline = best_baseline(graph, topology, optimizer)
     ref_ms = (baseline.prediction.iteration_ms if baseline is not None
               else -env.evaluate(start).reward)
+    rivals, seeds = _others(graph, topology, env, others, optimizer, seed, notes)
+    choices = [b for b in batchings(graph.model.batch_size) if b.microbatches <= microbatches]
     cpu0 = time.process_time()
     found = search(env, problem.graph, start, ref_ms=ref_ms, net=net, playouts=playouts,
-                   time_limit_s=time_limit, seed=seed)
+                   time_limit_s=time_limit, seed=seed, choices=choices, seeds=seeds)
     left = max(0.0, time_limit - (time.process_time() - cpu0))
-    refined = refine(env, found.strategies, max_evaluations=max_evaluations, time_limit_s=left)
-    notes.append(f"search from {origin} ({found.start.iteration_ms:.2f} ms): {found.playouts} "
-                 f"playouts, {found.evaluations} simulations -> {found.outcome.iteration_ms:.2f} ms"
+    polished = polish(BatchedEnv(env), found.strategies, found.batching, choices,
+                      max_evaluations=max_evaluations, time_limit_s=left)
+    notes.append(f"search from {origin} or the seeds ({found.start.iteration_ms:.2f} ms): "
+                 f"{found.playouts} playouts, {found.evaluations} simulations -> "
+                 f"{found.outcome.iteration_ms:.2f} ms with {found.batching}"
                  + ("; stopped by the time limit" if found.stopped_by_time else ""))
-    notes.append(f"refined -> {refined.outcome.iteration_ms:.2f} ms in {refined.evaluations} "
-                 f"simulations")
+    notes.append(f"refined -> {polished.outcome.iteration_ms:.2f} ms with {polished.batching} "
+                 f"in {polished.evaluations} simulations")
     options = {"playouts": playouts, "policy": policy, "priors": priors, "time_limit": time_limit,
-               "max_evaluations": max_evaluations, "groups": groups, "sfb": sfb,
-               "optimizer": optimizer}
-    if baseline is not None and (not refined.outcome.feasible or
-                                 baseline.prediction.iteration_ms < refined.outcome.iteration_ms):
-        notes.append(f"kept the best data-parallel baseline, {baseline.planner}")
-        chosen = replace(baseline, planner=PLANNER, options=options, seed=seed,
-                         notes=(*baseline.notes, *notes))
+               "max_evaluations": max_evaluations, "groups": groups,
+               "microbatches": microbatches, "others": others, "sfb": sfb, "optimizer": optimizer}
+    fallbacks = [p for p in (baseline, *rivals) if p is not None]
+    beaten = min(fallbacks, key=lambda p: p.prediction.iteration_ms, default=None)
+    if beaten is not None and (not polished.outcome.feasible or
+                               beaten.prediction.iteration_ms < polished.outcome.iteration_ms):
+        notes.append(f"kept the {beaten.planner} plan, faster than the search's")
+        chosen = replace(beaten, planner=PLANNER, options=options, seed=seed,
+                         notes=(*beaten.notes, *notes))
     else:
-        groups_ = env.plan_of(refined.strategies, planner=PLANNER).groups
-        chosen = finish(planner=PLANNER, graph=graph, topology=topology, groups=groups_, seed=seed,
-                        options=options, started_at=t0, optimizer=opt, notes=notes,
-                        cost_model=env.cm)
+        made = BatchedEnv(env).plan_of(polished.strategies, polished.batching, planner=PLANNER)
+        chosen = finish(planner=PLANNER, graph=graph, topology=topology, groups=made.groups,
+                        pipeline=made.pipeline, seed=seed, options=options, started_at=t0,
+                        optimizer=opt, notes=notes, cost_model=env.cm)
     if sfb:
         chosen = with_sfb(chosen, graph, topology, time_limit_s=max(1.0, left))
     return replace(chosen, wall_time_s=round(time.perf_counter() - t0, 4))
+
+
+def _check(playouts: int, priors: str, microbatches: int, others: str) -> None:
+    """``BadInput`` naming the first option out of range."""
+    from .. import PLANNERS
+
+    if playouts < 1:
+        raise BadInput(f"{PLANNER}: playouts must be at least 1, got {playouts}")
+    if priors not in PRIORS:
+        raise BadInput(f"{PLANNER}: priors must be one of {', '.join(PRIORS)}, got {priors!r}")
+    if microbatches < 1:
+        raise BadInput(f"{PLANNER}: microbatches must be at least 1, got {microbatches}")
+    for name in filter(None, others.split(",")):
+        if name not in PLANNERS or name == PLANNER:
+            raise BadInput(f"{PLANNER}: others names {name!r}, which is not another planner")
+
+
+def _others(graph: OpGraph, topology: Topology, env, others: str, optimizer: str, seed: int,
+            notes: list[str]) -> tuple[list[Plan], list]:
+    """The plans of the ``others`` planners that fit, and the TAG strategies nearest them
+    (``batching.strategy_of_plan``); a planner with no plan that fits gets a note."""
+    from .. import get
+
+    plans, seeds = [], []
+    for name in filter(None, others.split(",")):
+        try:
+            made = get(name)(graph, topology, seed=seed, optimizer=optimizer)
+        except (InfeasiblePlan, BadInput) as exc:
+            notes.append(f"no {name} plan to seed from: {exc}")
+            continue
+        plans.append(made)
+        seeds.append(strategy_of_plan(made, env))
+    return plans, seeds
 
 
 def with_sfb(chosen: Plan, graph: OpGraph, topology: Topology, *, time_limit_s: float) -> Plan:

@@ -106,12 +106,12 @@ def test_the_joint_graph_carries_candidates_links_and_the_partial_placement():
 def test_a_tag_plan_is_valid_and_no_slower_than_the_best_dp_baseline(model):
     graph = load(PROFILES / f"{model}.json", expect="op-graph")
     topology = load(TESTBED, expect="topology")
-    plan = run("tag", graph, topology, playouts=32, max_evaluations=40, seed=2)
+    plan = run("tag", graph, topology, playouts=32, max_evaluations=40, seed=2, others="")
     validate_plan(plan, graph, topology, check_fingerprints=True)
     assert plan.planner == "tag" and plan.seed == 2
     baseline = best_baseline(graph, topology, "sgd")
     assert plan.prediction.iteration_ms <= baseline.prediction.iteration_ms * (1 + 1e-9)
-    again = run("tag", graph, topology, playouts=32, max_evaluations=40, seed=2)
+    again = run("tag", graph, topology, playouts=32, max_evaluations=40, seed=2, others="")
     assert again.groups == plan.groups and again.prediction == plan.prediction
 
 
