@@ -365,10 +365,12 @@ def learn_heterog(graph_paths, topology_paths, episodes, search_s, seed, output,
               help="Rounds of one search per (graph, topology) pair and a few training steps.")
 @click.option("--playouts", type=click.IntRange(min=1), default=128, show_default=True,
               help="Tree-search playouts per search.")
+@click.option("--init", "init_path", type=click.Path(dir_okay=False), default=None,
+              help="Fine-tune: start from this TAG policy's weights (default: fresh weights).")
 @seed_option
 @output_option("Write the policy here (.json, .yaml or .yml).")
 @json_option
-def learn_tag(graph_paths, topology_specs, iterations, playouts, seed, output, as_json):
+def learn_tag(graph_paths, topology_specs, iterations, playouts, init_path, seed, output, as_json):
     """Train a TAG policy from its own tree searches over every (graph, topology) pair.
 
     \b
@@ -377,6 +379,7 @@ def learn_tag(graph_paths, topology_specs, iterations, playouts, seed, output, a
     """
     import shlex
 
+    from dl_nfv.planners.learned.policy import read_policy
     from dl_nfv.planners.tag.learn import learn
     from dl_nfv.planners.tag.topogen import topologies_of
 
@@ -386,10 +389,13 @@ def learn_tag(graph_paths, topology_specs, iterations, playouts, seed, output, a
     graphs = [(Path(p).stem, load(p, expect="op-graph")) for p in graph_paths]
     line = ["dl-nfv", "plan", "learn", "tag", "--graphs", ",".join(graph_paths), "--topologies",
             ",".join(topology_specs), "--iterations", str(iterations), "--playouts", str(playouts),
-            "--seed", str(seed), *(["-o", str(output)] if output else [])]
+            *(["--init", init_path] if init_path else []), "--seed", str(seed),
+            *(["-o", str(output)] if output else [])]
+    init = read_policy(init_path) if init_path else None
     console = stderr_console()
     policy = learn(graphs, topologies, iterations=iterations, playouts=playouts, seed=seed,
-                   command=shlex.join(line), progress=console.print if console else None)
+                   command=shlex.join(line), progress=console.print if console else None,
+                   init=init)
     deliver(policy, output, as_json, render=render, document="json")
 @learn_group.command(name="disco")
 @click.option("--measurements", "measurement_paths", required=True, callback=_paths,
