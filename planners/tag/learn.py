@@ -17,7 +17,9 @@ on minibatches of ``batch`` samples drawn from it (seeded) train
 Problems: every graph on every topology; topologies may be files or ``random:N`` specs
 (``tag.topogen``). Each problem's incumbent is the planner's (``heterog.better_start``
 of the greedy start) and its reference the best DP baseline's simulated time (the
-incumbent's where no DP baseline fits).
+incumbent's where no DP baseline fits). The searches decide placements with one
+microbatch (the planner's first decision, the batching, takes no policy); training
+starts from fresh seeded weights, or from a given policy's (fine-tuning, ``init``).
 
 The network is small and graphs differ per sample, so training runs torch on one thread.
 Seeded: the same problems, seed and budgets give the same weights (no CPU time limit
@@ -42,13 +44,14 @@ from ..learned.policy import policy_of
 from ..learned.reinforce import Problem, one_thread
 from .joint import JointNet, JointStatic, joint_graph
 from .mcts import Sample, search
-from .planner import ARCHITECTURE, DEFAULT_GROUPS, PLANNER, new_net
+from .planner import ARCHITECTURE, DEFAULT_GROUPS, PLANNER, load_net, new_net
 
 
 def learn(pairs: Sequence[tuple[str, OpGraph]], topologies: Sequence[tuple[str, Topology]], *,
           iterations: int, playouts: int = 128, seed: int = 0, groups: int = DEFAULT_GROUPS,
           updates: int = 4, batch: int = 32, buffer: int = 4096, lr: float = 3e-3,
-          command: str = "", progress: Callable[[str], None] | None = None) -> Policy:
+          command: str = "", progress: Callable[[str], None] | None = None,
+          init: Policy | None = None) -> Policy:
     """Train a TAG policy over every (graph, topology) pair (module docstring).
 
     Parameters
@@ -65,6 +68,9 @@ def learn(pairs: Sequence[tuple[str, OpGraph]], topologies: Sequence[tuple[str, 
         Coarsening target; Adam steps per iteration, samples per step, replay size, rate.
     command, progress
         The command line recorded in the policy; a callback for a line per iteration.
+    init
+        A TAG policy whose weights training starts from (fine-tuning); None: fresh
+        weights from ``seed``.
     """
     if not pairs or not topologies:
         raise BadInput("training needs at least one graph and one topology")
@@ -73,7 +79,7 @@ def learn(pairs: Sequence[tuple[str, OpGraph]], topologies: Sequence[tuple[str, 
                        f"{iterations} and {playouts}")
     problems = [_setup(graph, topology, groups) for _, graph in pairs for _, topology in topologies]
     names = [f"{g} on {t}" for g, _ in pairs for t, _ in topologies]
-    net = new_net(seed)
+    net = new_net(seed) if init is None else load_net(init)
     optimizer = torch.optim.Adam(net.parameters(), lr=lr)
     rng = np.random.default_rng(seed)
     replay: list[tuple[int, Sample]] = []

@@ -176,3 +176,26 @@ def test_plan_learn_tag_writes_a_policy_that_records_its_training(tmp_path):
     assert result.exit_code == 0, result.output
     policy = load(tmp_path / "p.json", expect="policy")
     assert policy.trained_on.topologies == ("random-7",) and "random:1:7" in policy.command
+
+
+def test_plan_learn_tag_init_fine_tunes_a_policy_and_refuses_another_planners(tmp_path):
+    from dl_nfv.planners.heterog import DEFAULT_POLICY as HETEROG_POLICY
+    from dl_nfv.planners.learned.policy import read_policy
+
+    save(_graph(n=6, param_bytes=4 * MIB), tmp_path / "toy.json")
+    args = ["plan", "learn", "tag", "--graphs", str(tmp_path / "toy.json"), "--topologies",
+            "random:1:7", "--iterations", "1", "--playouts", "8"]
+    result = CliRunner().invoke(cli, [*args, "--init", str(DEFAULT_POLICY), "-o",
+                                      str(tmp_path / "p.json")])
+    assert result.exit_code == 0, result.output
+    tuned = load(tmp_path / "p.json", expect="policy")
+    assert "--init" in tuned.command
+    shipped = load_net(read_policy(DEFAULT_POLICY)).state_dict()
+    fresh = new_net(0).state_dict()
+    after = load_net(tuned).state_dict()
+    # one iteration of 4 small Adam steps moves the shipped weights only a little
+    gap = lambda a: sum(float((after[k] - a[k]).abs().sum()) for k in after)  # noqa: E731
+    assert 0 < gap(shipped) < gap(fresh)
+    bad = CliRunner().invoke(cli, [*args, "--init", str(HETEROG_POLICY), "-o",
+                                   str(tmp_path / "q.json")])
+    assert bad.exit_code == 2 and "heterog" in bad.output and not (tmp_path / "q.json").exists()
