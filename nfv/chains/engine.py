@@ -110,7 +110,7 @@ def _compact(sub: Sub, kept):
     """The packets ``kept`` (positions in ``sub``) of ``sub``, as a new ``Sub`` with its own
     copy of the state of their flows; and those flows' positions in ``sub.state``."""
     sid = take(sub.seg.index, kept)
-    seg = Segments.of(sid, torch.zeros_like(sid))
+    seg = Segments.of(sid)
     flows = take(sid, seg.first)
     return Sub(ts=take(sub.ts, kept), src=take(sub.src, kept), dst=take(sub.dst, kept),
                sport=take(sub.sport, kept), dport=take(sub.dport, kept),

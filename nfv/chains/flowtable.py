@@ -37,6 +37,15 @@ PROBE_WINDOW = 8  # slots a lookup (after the home slot) or an insert probes per
 MAX_LOAD = 0.5  # short probe sequences, and half the table's memory of a load of 1/4
 
 
+def capacity_for(keys: int) -> int:
+    """The capacity a rehash would give a table of ``keys`` live entries (a power of two
+    they fill at most a quarter of): sized so once, the table never rehashes for them."""
+    capacity = 16
+    while keys > MAX_LOAD * capacity / 2:
+        capacity *= 2
+    return capacity
+
+
 class DeviceFlowTable:
     """Open-addressing flow table with int64 value ``columns`` (name -> fill value)."""
 

@@ -291,15 +291,13 @@ class _SessionKernel(_Machine):
         ok = verdict == st.Verdict.PASS
         start = ok & (event == st.Event.START)
         at_head = torch.index_select(start, 0, seg.first)
-        if int(start.sum()) == int(at_head.sum()):  # sessions start only at flows' first packets
-            rows = seg.first[at_head]
-        else:
-            rows = torch.nonzero(start).squeeze(1)
+        heads_only = int(start.sum()) == int(at_head.sum())  # starts only at flows' first packets
+        rows = seg.first[at_head] if heads_only else torch.nonzero(start).squeeze(1)
         peer_ip, peer_port = self.peer(sub)
         before = [self._column(sub, "binding"), self._column(sub, "peer_ip"),
                   self._column(sub, "peer_port")]
         begun = [self.start(sub, rows), take(peer_ip, rows), take(peer_port, rows)]
-        if not bool(seg.pos[rows].any()):
+        if heads_only or not bool(seg.pos[rows].any()):
             # sessions start only at flows' first packets: one value per flow
             per_flow = [col.clone() for col in before]
             for col, value in zip(per_flow, begun):

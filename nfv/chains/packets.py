@@ -142,6 +142,13 @@ def key_pair(src, sport, dst, dport, proto):
         if hasattr(swap, "long") else swap.astype(np.int64)
 
 
+def flow_count(packets: ChainPackets) -> int:
+    """How many distinct flow keys ``packets`` hold (host numpy, one sort)."""
+    k1, k2, _ = key_pair(packets.src, packets.sport, packets.dst, packets.dport, packets.proto)
+    keys = np.unique(np.stack([k1, k2], axis=1).view(np.dtype((np.void, 16))))
+    return int(keys.shape[0])
+
+
 def _torch_where(cond, a, b):
     return b + (a - b) * cond  # torch.where's result, in a faster form (see ops.py)
 

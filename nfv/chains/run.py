@@ -7,7 +7,9 @@ document: packets in/out/dropped per NF and reason, NAT translations and pool
 use, LB flows per backend, monitor flows, time per stage, Mpps and Gbps (wire
 bytes of the packets offered, over the time spent in the engine, loading and
 writing excluded) and per-batch latency percentiles (the wall time of each
-batch, from its columns on the host to its outcomes back on the host).
+batch, from its columns on the host to its outcomes back on the host). The tensor
+engine's flow table is sized once, before the run, for the trace's distinct flows
+(``table_capacity``), so no batch pays for a rehash.
 
 ``bench_chain`` runs every engine at every batch size on one trace and checks
 that they forward, drop and rewrite every packet the same way.
@@ -23,7 +25,8 @@ import torch
 
 from ...artifacts import BadInput, InvalidArtifact, load
 from .engine import OUT_FIELDS, BatchResult, TensorChain, build_chain
-from .packets import ChainPackets, load_packets, write_output
+from .flowtable import capacity_for
+from .packets import ChainPackets, flow_count, load_packets, write_output
 from .states import DROP_REASONS
 
 ENGINES = ("cpu", "tensor")
@@ -48,6 +51,12 @@ def resolve(device: str) -> str:
     from ...profilers.model import resolve_device
 
     return str(resolve_device(device))
+
+
+def table_capacity(spec, packets: ChainPackets) -> int:
+    """The tensor engine's flow table, sized once for every flow of the trace (at least the
+    config's ``table_capacity``), so that it never rehashes during the run."""
+    return max(spec.table_capacity, capacity_for(flow_count(packets)))
 
 
 def drive(chain, packets: ChainPackets, batch_size: int) -> tuple[list[BatchResult], list[float]]:
@@ -149,7 +158,9 @@ def run_chain(config_path: str, trace_path: str, *, engine: str | None = None,
     device = resolve(device or spec.device) if engine == "tensor" else "cpu"
     batch_size = batch_size or spec.batch_size
     capture = load_packets(trace_path)
-    chain = build_chain(config.l4_chain, engine, device=device, capacity=spec.table_capacity,
+    chain = build_chain(config.l4_chain, engine, device=device,
+                        capacity=table_capacity(spec, capture.packets) if engine == "tensor"
+                        else spec.table_capacity,
                         sweep_interval_s=spec.sweep_interval_s)
     results, latency = drive(chain, capture.packets, batch_size)
     report = chain_report(chain, capture.packets, results, latency, config=str(config_path),
@@ -182,12 +193,13 @@ def bench_chain(config_path: str, trace_path: str, engines: list[str],
             raise BadInput(f"--engines: unknown engine {name!r}; valid: {', '.join(ENGINES)}")
     dev = resolve(device or spec.device)
     capture = load_packets(trace_path)
+    capacity = table_capacity(spec, capture.packets)
     rows = []
     for size in batch_sizes or [spec.batch_size]:
         first = None
         for name in engines:
             chain = build_chain(config.l4_chain, name, device=dev if name == "tensor" else "cpu",
-                                capacity=spec.table_capacity,
+                                capacity=capacity,
                                 sweep_interval_s=spec.sweep_interval_s)
             results, latency = drive(chain, capture.packets, size)
             report = chain_report(chain, capture.packets, results, latency)

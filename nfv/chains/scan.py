@@ -45,13 +45,25 @@ class Segments:
     index: object  # [n] segment of each packet, 0..count-1
     first: object  # [count] position of each segment's first packet
     last: object  # [count] position of its last packet
-    pos: object  # [n] position of the packet within its segment
-    longest: int
+    cached_pos: object = None
     cached_order: tuple | None = None
 
     @property
     def count(self) -> int:
         return int(self.first.shape[0])
+
+    @property
+    def pos(self):
+        """[n] position of each packet within its segment (computed once, when asked)."""
+        if self.cached_pos is None:
+            self.cached_pos = torch.arange(self.index.shape[0], device=self.index.device) \
+                - take(self.first, self.index)
+        return self.cached_pos
+
+    @property
+    def longest(self) -> int:
+        """The most packets in one segment."""
+        return int((self.last - self.first).max()) + 1 if self.first.numel() else 0
 
     def round_order(self) -> tuple:
         """(positions sorted by place in their flow, packets per place), computed once."""
@@ -68,11 +80,14 @@ class Segments:
         return list(torch.split(order, counts)) if counts else []
 
     @classmethod
-    def of(cls, k1, k2) -> Segments:
+    def of(cls, k1, k2=None) -> Segments:
+        """The runs of equal keys (``k1``, or the pairs ``k1``, ``k2``) of a sorted batch."""
         n = k1.shape[0]
         start = torch.ones(n, dtype=torch.bool, device=k1.device)
         if n > 1:
-            start[1:] = (k1[1:] != k1[:-1]) | (k2[1:] != k2[:-1])
+            start[1:] = k1[1:] != k1[:-1]
+            if k2 is not None:
+                start[1:] |= k2[1:] != k2[:-1]
         return cls.starting(start)
 
     @classmethod
@@ -85,9 +100,7 @@ class Segments:
         if first.numel():
             last[:-1] = first[1:] - 1
             last[-1] = n - 1
-        pos = torch.arange(n, device=start.device) - take(first, index)
-        longest = int((last - first).max()) + 1 if first.numel() else 0
-        return cls(index=index, first=first, last=last, pos=pos, longest=longest)
+        return cls(index=index, first=first, last=last)
 
 
 def previous_gap(ts, seg: Segments, last_seen, existed):
@@ -134,8 +147,7 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
         return empty, empty, empty.bool()
     flat = next_table.reshape(-1)
     base = cls * next_table.shape[1]
-    start = torch.zeros(n, dtype=torch.bool, device=cls.device)
-    start[seg.first] = True
+    start = torch.zeros(n, dtype=torch.bool, device=cls.device).index_fill_(0, seg.first, True)
     lapse = None
     if quiet is None:
         cand = torch.ones_like(start)
@@ -144,14 +156,15 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
         lapse = gap > timeouts[1:].min()  # only these packets may find their flow timed out
         cand = start | lapse | moves
         cand[1:] |= moves[:-1]  # e.g. the ACK after a SYN+ACK
+    # no packet may find its flow timed out: the steps skip the time-out check
+    limits = timeouts if lapse is None or bool(lapse.any()) else None
     while True:
         rows = torch.nonzero(cand).squeeze(1)
         if rows.numel() == n:
-            found, after = _step(next_table, timeouts, cls, gap, seg, s0)
+            found, after = _step(next_table, limits, cls, gap, seg, s0)
             break
         sub = Segments.starting(start[rows])  # every flow's first packet is a candidate
-        c_found, c_after = _step(next_table, timeouts, take(cls, rows), take(gap, rows), sub,
-                                 s0)
+        c_found, c_after = _step(next_table, limits, take(cls, rows), take(gap, rows), sub, s0)
         rank = torch.cumsum(cand, 0) - 1  # the latest candidate at or before each packet
         after = take(c_after, rank)
         found = after.clone()
@@ -160,7 +173,7 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
         if not bool(wrong.any()):
             break
         cand |= wrong
-    if lapse is not None and not bool(lapse.any()):
+    if limits is None:
         return found, after, torch.zeros_like(start)
     timed_out = (found != 0) & (gap > take(timeouts, found))
     return found * ~timed_out, after, timed_out
@@ -178,13 +191,14 @@ def _step(next_table, timeouts, cls, gap, seg: Segments, s0):
 
 
 def scan_by_rounds(next_table, timeouts, cls, gap, seg: Segments, s0):
-    """(found, after) by rounds: round ``r`` steps every flow's ``r``-th packet."""
+    """(found, after) by rounds: round ``r`` steps every flow's ``r``-th packet
+    (``timeouts`` None: no packet can find its flow timed out)."""
     width = next_table.shape[1]
     flat = next_table.reshape(-1)
     order, sizes = seg.round_order()
     # per round, contiguous slices of these (views): no gathers inside the loop
     flows = torch.split(take(seg.index, order), sizes)
-    gaps = torch.split(take(gap, order), sizes)
+    gaps = torch.split(take(gap, order), sizes) if timeouts is not None else [None] * len(sizes)
     rows = torch.split(take(cls, order) * width, sizes)
     found_r = torch.empty_like(order)
     after_r = torch.empty_like(order)
@@ -194,7 +208,8 @@ def scan_by_rounds(next_table, timeouts, cls, gap, seg: Segments, s0):
     for at, g, base, found_out, after_out in zip(flows, gaps, rows, found_parts, after_parts):
         state = take(cur, at)
         found_out.copy_(state)
-        state = state * (g <= take(timeouts, state))
+        if timeouts is not None:
+            state = state * (g <= take(timeouts, state))
         nxt = take(flat, base + state)
         after_out.copy_(nxt)
         put(cur, at, nxt)
@@ -215,7 +230,8 @@ def scan_to_fixed_point(next_table, timeouts, cls, gap, seg: Segments, s0):
     (a running maximum of change positions). A pass makes every packet up to and
     including the first wrong one in each flow right, so passes stop, at the exact
     packet-by-packet result, after (most state changes in one flow) + 1 passes, at most
-    the longest segment; each pass is O(n) vector work."""
+    the longest segment; each pass is O(n) vector work. ``timeouts`` None: no packet can
+    find its flow timed out."""
     n = cls.shape[0]
     width = next_table.shape[1]
     flat = next_table.reshape(-1)
@@ -226,8 +242,10 @@ def scan_to_fixed_point(next_table, timeouts, cls, gap, seg: Segments, s0):
     found = head_state
     marks = torch.empty_like(idx)
     while True:
-        lapsed = gap > timeouts[found]
-        after = flat[base + torch.where(lapsed, torch.zeros_like(found), found)]
+        if timeouts is None:
+            after = take(flat, base + found)
+        else:
+            after = take(flat, base + found * (gap <= take(timeouts, found)))
         changed = after != found
         marks[:1] = -1
         if n > 1:
