@@ -106,6 +106,10 @@ class ProfileInfo:
     # share of the per-op sum in ops whose median was still uncertain by more than the
     # profiler's tolerance when it stopped adding rounds (None: not recorded)
     noisy_share: float | None = None
+    # the instrumentation's cost per event taken off every op (µs; keys fwd, bwd, and
+    # fwd_small, bwd_small at the smaller batch) and what it took off the per-op sum (ms)
+    instrumentation_us: dict[str, float] = field(default_factory=dict)
+    instrumentation_taken_ms: float | None = None
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -114,7 +118,10 @@ class ProfileInfo:
               f"thread_counts must be >= 1, got {list(self.thread_counts)}")
         check(not self.thread_counts or self.threads in self.thread_counts,
               f"thread_counts {list(self.thread_counts)} must include threads ({self.threads})")
-        for name in ("op_sum_spread", "step_spread", "op_spread", "noisy_share"):
+        for name, us in self.instrumentation_us.items():
+            check(us >= 0, f"instrumentation_us[{name!r}] must be >= 0, got {us}")
+        for name in ("op_sum_spread", "step_spread", "op_spread", "noisy_share",
+                     "instrumentation_taken_ms"):
             value = getattr(self, name)
             check(value is None or value >= 0, f"{name} must be >= 0, got {value}")
         check(self.step_ms is None or self.step_ms >= 0, f"step_ms must be >= 0, got {self.step_ms}")

@@ -80,7 +80,7 @@ from .capture import Capture, capture
 from .counting import CostCounter, MemoryLimitExceeded
 from .devices import catalog_name_of_cuda
 from .graph import build_ops
-from .measure import LOSS, Recorder, TimedRounds, make_clock, time_plain_step
+from .measure import LOSS, Recorder, TimedRounds, bounded_overhead, make_clock, time_plain_step
 from .probe import PROBE_ROWS, colocation_groups, probe
 from .rounds import MAX_ROUND_FACTOR, allowed_cpus, pin, relative_iqr, stability
 
@@ -256,14 +256,18 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     # the instrumentation is Python on the calling thread: its cost per event is measured
     # where the clock is that thread's CPU time (1 thread), at each batch against that
     # batch's plain steps, and taken off at every thread count
-    one, one_small = ((timed, smaller) if torch.get_num_threads() == 1
-                      else passes.get(1, (timed, smaller)))
-    per_event = one.per_event_ms() if dev.type == "cpu" else (0.0, 0.0)
+    # (bounded by the smaller batch's, where the step is short: measure.bounded_overhead)
+    one_threads = 1 if 1 in passes or torch.get_num_threads() == 1 else torch.get_num_threads()
+    one, one_small = passes.get(1, (timed, smaller))
     per_event_small = (one_small.timed.per_event_ms()
-                       if dev.type == "cpu" and one_small is not None and not one_small.failed
-                       else per_event)
+                       if one_small is not None and not one_small.failed else None)
+    per_event = (bounded_overhead(one.per_event_ms(), per_event_small) if dev.type == "cpu"
+                 else (0.0, 0.0))
+    per_event_small = per_event_small if dev.type == "cpu" and per_event_small else per_event
     fwd_runs, bwd_runs = timed.fwd_runs, timed.bwd_runs
     fwd_ms, bwd_ms = timed.medians_ms(per_event)
+    raw_fwd, raw_bwd = timed.medians_ms((0.0, 0.0))
+    taken_ms = sum(raw_fwd[o] + raw_bwd[o] - fwd_ms[o] - bwd_ms[o] for o in cap.op_ids)
     tie_ms = {k: statistics.median(v) * 1e3 for k, v in timed.tie_runs.items()}  # capped by build_ops
     fixed, scaling_note = (smaller.fixed_parts(model.batch_size, fwd_ms, bwd_ms, per_event_small)
                            if smaller else ({}, ""))
@@ -273,8 +277,8 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     ops, edges = build_ops(cap, counter, recorder.value_meta, fwd_ms, bwd_ms, type_name,
                            model.batch_size, fixed, tie_ms, input_counter.bwd_flops)
     ops = _with_thread_times(ops, at_threads)
-    scaling_note = (f"{_overhead_note(per_event)}"
-                    f"{_overhead_note(per_event_small, smaller.small) if fixed else ''}"
+    scaling_note = (f"{_overhead_note(per_event, one_threads, taken_ms)}"
+                    f"{_overhead_note(per_event_small, one_threads, None, smaller.small) if fixed else ''}"
                     f"{scaling_note}")
     options = dict(model.options)
     if leaves:
@@ -284,6 +288,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
                    dtype=model.dtype, inputs=model.inputs, options=options)
     info = _info(cap, steps, fwd_runs, bwd_runs, fwd_ms, bwd_ms, at_threads, type_name, warmup,
                  peak_bytes, small if fixed else None, allocator,
+                 _overhead_field(per_event, per_event_small if fixed else None, taken_ms),
                  f"{scaling_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
                  f"seed {seed}; {_machine(dev)}{colocation_note}")
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges,
@@ -291,7 +296,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
 
 
 def _info(cap, steps, fwd_runs, bwd_runs, fwd_ms, bwd_ms, at_threads, type_name, warmup,
-          peak_bytes, scaling_batch_size, allocator, note_tail) -> ProfileInfo:
+          peak_bytes, scaling_batch_size, allocator, overhead, note_tail) -> ProfileInfo:
     """The ``ProfileInfo`` of the rounds: medians, their spread and the check's ratios."""
     round_sums = _round_sums_s(fwd_runs, bwd_runs, cap.op_ids)
     step_ms = statistics.median(steps) * 1e3
@@ -302,7 +307,7 @@ def _info(cap, steps, fwd_runs, bwd_runs, fwd_ms, bwd_ms, at_threads, type_name,
         device_type=type_name, threads=torch.get_num_threads(), torch_version=torch.__version__,
         repeats=len(steps), warmup=warmup, step_ms=round(step_ms, 4), op_sum_ms=round(op_sum_ms, 4),
         peak_memory_bytes=int(peak_bytes), scaling_batch_size=scaling_batch_size,
-        allocator=allocator,
+        allocator=allocator, **overhead,
         thread_counts=tuple(sorted({torch.get_num_threads(), *at_threads})) if at_threads else (),
         op_sum_spread=round(spread.sum_spread, 4), step_spread=round(relative_iqr(steps), 4),
         op_spread=round(spread.op_spread, 4), noisy_share=round(spread.noisy_share, 4),
@@ -384,11 +389,24 @@ def _input_gradient_pass(cap, module, inputs, loss_fn, clock, model, counter) ->
     return input_counter
 
 
-def _overhead_note(per_event_ms: tuple[float, float], batch: int | None = None) -> str:
+def _overhead_note(per_event_ms: tuple[float, float], threads: int, taken_ms: float | None,
+                   batch: int | None = None) -> str:
     per_f, per_b = per_event_ms
     at = f" at batch {batch}" if batch else ""
+    clock = "thread CPU time" if threads == 1 else "wall clock"
+    taken = f", {taken_ms:.2f} ms of the per-op sum" if taken_ms is not None else ""
     return (f"instrumentation{at} {per_f * 1e3:.1f} us per forward node, {per_b * 1e3:.1f} us "
-            f"per backward node, taken off the ops; ")
+            f"per backward node (least paired round at {threads} thread(s), {clock}) taken off "
+            f"the ops{taken}; ")
+
+
+def _overhead_field(per_event, per_event_small, taken_ms: float) -> dict:
+    """``ProfileInfo``'s record of the instrumentation taken off (µs per event, ms in all)."""
+    us = {"fwd": per_event[0] * 1e3, "bwd": per_event[1] * 1e3}
+    if per_event_small is not None:
+        us |= {"fwd_small": per_event_small[0] * 1e3, "bwd_small": per_event_small[1] * 1e3}
+    return {"instrumentation_us": {k: round(v, 3) for k, v in us.items()},
+            "instrumentation_taken_ms": round(taken_ms, 4)}
 
 
 def _round_sums_s(fwd_runs: dict, bwd_runs: dict, ops: list[str]) -> list[float]:

@@ -3,6 +3,7 @@ real step whose per-op sum, less the instrumentation, matches its plain step."""
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from torch import nn
 from dl_nfv.profilers.capture import capture
 from dl_nfv.profilers.measure import (
     TimedRounds,
+    bounded_overhead,
     cpu_clock,
     less_overhead,
     per_event_overhead,
@@ -59,8 +61,10 @@ class _Net(nn.Module):
 
 def test_less_its_instrumentation_the_per_op_sum_is_the_plain_step():
     """On one thread (the CPU clock), rounds of tiny ops whose instrumented time is mostly
-    hooks: the per-op sum less the measured overhead matches the plain step within 15%
-    (with it, it exceeds the plain step by more than 30%)."""
+    hooks: with it the per-op sum exceeds the plain step by more than 30%; less the
+    measured overhead, at least three quarters of that excess is gone and the sum is no
+    less than the plain step's 80% (medians over 15 rounds; the estimate, from the fastest
+    rounds, leaves on the ops what other jobs add to the longer instrumented step)."""
     threads = torch.get_num_threads()
     torch.manual_seed(0)
     module = _Net().train()
@@ -71,7 +75,7 @@ def test_less_its_instrumentation_the_per_op_sum_is_the_plain_step():
     try:
         torch.set_num_threads(1)
         plains = []
-        for _ in range(9):
+        for _ in range(15):
             plain = time_plain_step(module, (x,), loss_fn, cpu_clock)
             plains.append(sum(plain))
             rounds.round(cpu_clock, module, (x,), loss_fn, plain)
@@ -79,8 +83,74 @@ def test_less_its_instrumentation_the_per_op_sum_is_the_plain_step():
         torch.set_num_threads(threads)
     fwd, bwd = rounds.medians_ms(rounds.per_event_ms())
     raw_fwd, raw_bwd = rounds.medians_ms((0.0, 0.0))
-    plain_ms = sorted(plains)[len(plains) // 2] * 1e3
+    plain_ms = statistics.median(plains) * 1e3
     corrected = sum(fwd.values()) + sum(bwd.values())
     raw = sum(raw_fwd.values()) + sum(raw_bwd.values())
     assert raw > 1.3 * plain_ms
-    assert corrected == pytest.approx(plain_ms, rel=0.15)
+    assert 0.8 * plain_ms <= corrected <= plain_ms + (raw - plain_ms) / 4
+
+
+class _SlowableClock:
+    """The 1-thread CPU clock, made slow on demand: while ``slow`` is on, every reading is
+    ``delay_s`` later than the last, so every interval it times is that much longer (a round
+    that another job disturbed, injected deterministically)."""
+
+    def __init__(self, delay_s: float):
+        self.delay_s = delay_s
+        self.slow = False
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        if self.slow:
+            self.offset += self.delay_s
+        return cpu_clock() + self.offset
+
+
+def _rounds(batch: int, count: int, slow_rounds: set[int], delay_s: float = 1e-3):
+    torch.manual_seed(0)
+    module = _Net().train()
+    x = torch.randn(batch, 64)
+    cap = capture(module, (x,))
+    loss_fn = lambda out: out.square().mean()  # noqa: E731
+    rounds, clock = TimedRounds(cap), _SlowableClock(delay_s)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        for k in range(count):
+            plain = time_plain_step(module, (x,), loss_fn, cpu_clock)
+            clock.slow = k in slow_rounds
+            rounds.round(clock, module, (x,), loss_fn, plain)
+            clock.slow = False
+    finally:
+        torch.set_num_threads(threads)
+    return rounds
+
+
+def test_a_slow_majority_of_rounds_does_not_inflate_the_instrumentation_estimate():
+    """Three of five instrumented rounds slowed by 1 ms per clock reading: the per-op
+    medians (and an estimate from them) carry it, the fastest round of each kind does not."""
+    rounds = _rounds(4, 5, {0, 2, 4})
+    fwd_events, bwd_events = (sum(e.values()) for e in rounds.events)
+    sums = [sum(v[k] for v in rounds.fwd_runs.values()) for k in range(5)]
+    plain = [p[0] for p in rounds.plain]
+    assert min(sums[k] - plain[k] for k in (0, 2, 4)) / fwd_events > 1e-3  # injected: > 1 ms
+    per_f, per_b = rounds.per_event_ms()
+    assert per_f == pytest.approx(max(0.0, min(sums[1], sums[3]) - min(plain)) / fwd_events * 1e3)
+    assert per_f < 0.2 and per_b < 0.2  # tens of µs of Python per event
+    # the estimate from the medians, which such rounds drive up by their delay
+    median_sum = sum(statistics.median(v) for v in rounds.fwd_runs.values())
+    assert per_event_overhead(median_sum, statistics.median(plain), fwd_events) * 1e3 > 1.0
+    fwd, bwd = rounds.medians_ms(rounds.per_event_ms())
+    raw_fwd, _ = rounds.medians_ms((0.0, 0.0))
+    assert all(0 <= fwd[k] <= raw_fwd[k] for k in fwd) and bwd_events > 0
+
+
+def test_the_full_batch_estimate_is_bounded_by_the_small_batch_one():
+    """Every full-batch round slowed (a machine busy throughout), the small batch's rounds
+    not: the bound takes the small batch's figure; undisturbed, the smaller one stands."""
+    full = _rounds(64, 3, {0, 1, 2}).per_event_ms()
+    small = _rounds(8, 3, set()).per_event_ms()
+    assert full[0] > 1.0
+    assert bounded_overhead(full, small) == (min(full[0], small[0]), min(full[1], small[1]))
+    assert bounded_overhead(full, small)[0] == small[0] < 0.2
+    assert bounded_overhead(full, None) == full

@@ -169,6 +169,11 @@ def test_batch_scaling_records_fixed_parts_within_the_op_times():
         assert set(op.fwd_fixed_ms) == {"cpu"} and set(op.bwd_fixed_ms) == {"cpu"}
         assert 0 <= op.fwd_fixed_ms["cpu"] <= op.fwd_ms["cpu"]
         assert 0 <= op.bwd_fixed_ms["cpu"] <= op.bwd_ms["cpu"]
+    # what was taken off is recorded, the full batch's per event bounded by the smaller's
+    us = graph.profile.instrumentation_us
+    assert set(us) == {"fwd", "bwd", "fwd_small", "bwd_small"}
+    assert us["fwd"] <= us["fwd_small"] and us["bwd"] <= us["bwd_small"]
+    assert graph.profile.instrumentation_taken_ms >= 0 and "instrumentation" in graph.profile.note
     plain = _profile("mlp-tiny", batch_size=8, batch_scaling=False)
     assert plain.profile.scaling_batch_size is None
     assert all(not op.fwd_fixed_ms and not op.bwd_fixed_ms for op in plain.ops)
