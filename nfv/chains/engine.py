@@ -183,10 +183,11 @@ class TensorChain:
             torch.cuda.synchronize(self.device)
 
     def _sweep(self, now_us: int) -> None:
-        for nf in self.nfs:
-            nf.sweep(now_us)
         slots = self.table.live_slots()
-        self.table.delete(slots[self.table.cols[HOLDERS][slots] == 0])
+        holders = self.table.cols[HOLDERS]
+        for nf in self.nfs:
+            nf.sweep(now_us, (slots, take(holders, slots)))
+        self.table.delete(slots[take(holders, slots) == 0])
 
     def _flows(self, k1, k2, seg: Segments):
         """Every flow of the batch in the table: its slots. The

@@ -124,22 +124,27 @@ class _Stateful:
         for name, value in values.items():
             self._set(sub, self.names[name], value)
 
-    def held_slots(self):
-        slots = self.table.live_slots()
-        return slots[(self.table.cols[HOLDERS][slots] & self.bit) != 0]
+    def held_slots(self, live=None):
+        """The slots of the flows the NF keeps; ``live``: the table's live slots and their
+        holder bits, if the caller has them (a sweep shares them among the NFs: each NF
+        clears only its own bit)."""
+        slots, holders = live or (self.table.live_slots(), None)
+        if holders is None:
+            holders = take(self.table.cols[HOLDERS], slots)
+        return slots[(holders & self.bit) != 0]
 
     def forget(self, slots) -> None:
         """The NF no longer keeps these flows (the engine deletes entries nobody keeps)."""
         holders = self.table.cols[HOLDERS]
         holders[slots] = holders[slots] & ~self.bit
 
-    def _expired(self, now_us: int):
-        slots = self.held_slots()
+    def _expired(self, now_us: int, live=None):
+        slots = self.held_slots(live)
         last = self.col("last")[slots]
         return slots[now_us - last > self._timeout_of(slots)]
 
-    def sweep(self, now_us: int) -> None:
-        self.forget(self._expired(now_us))
+    def sweep(self, now_us: int, live=None) -> None:
+        self.forget(self._expired(now_us, live))
 
     def end_batch(self) -> None:
         pass
@@ -398,8 +403,8 @@ class NatKernel(_SessionKernel):
             self._push(part)
         self.pending = []
 
-    def sweep(self, now_us: int) -> None:
-        slots = self._expired(now_us)
+    def sweep(self, now_us: int, live=None) -> None:
+        slots = self._expired(now_us, live)
         order = _sorted_keys(self.table.k1[slots], self.table.k2[slots])
         slots = slots[order]
         bindings = self.col("binding")[slots]
@@ -481,8 +486,8 @@ class MonitorKernel(_Stateful):
                      "first": first, "last": take(sub.ts, seg.last)})
         return torch.zeros_like(sub.ts)
 
-    def sweep(self, now_us: int) -> None:
-        slots = self.held_slots()
+    def sweep(self, now_us: int, live=None) -> None:
+        slots = self.held_slots(live)
         idle = slots[now_us - self.col("last")[slots] > self.idle_us]
         self.exported += int(idle.numel())
         self.forget(idle)
