@@ -52,6 +52,8 @@ ONE_SORT_FROM = 256
 REWRITING = ("nat", "lb")  # NFs that rewrite addresses and ports
 OUT_FIELDS = ("src", "dst", "sport", "dport", "ip_csum", "l4_csum")
 SORTED = ("ts_us", "src", "dst", "sport", "dport", "proto", "flags", "wire_bytes")
+PER_PACKET = ("ts", "src", "dst", "sport", "dport", "proto", "flags", "wire", "k1", "k2", "dir",
+              "arrival", "cls")  # Sub's per-packet fields
 
 
 @dataclass(slots=True)
@@ -112,13 +114,11 @@ def _compact(sub: Sub, kept):
     sid = take(sub.seg.index, kept)
     seg = Segments.of(sid)
     flows = take(sid, seg.first)
-    return Sub(ts=take(sub.ts, kept), src=take(sub.src, kept), dst=take(sub.dst, kept),
-               sport=take(sub.sport, kept), dport=take(sub.dport, kept),
-               proto=take(sub.proto, kept), flags=take(sub.flags, kept),
-               wire=take(sub.wire, kept), k1=take(sub.k1, kept), k2=take(sub.k2, kept),
-               dir=take(sub.dir, kept), arrival=take(sub.arrival, kept), seg=seg,
+    packets = torch.index_select(torch.stack([getattr(sub, name) for name in PER_PACKET]), 1,
+                                 kept)
+    return Sub(**dict(zip(PER_PACKET, packets)), seg=seg,
                state=torch.index_select(sub.state, 1, flows), held=take(sub.held, flows),
-               cls=take(sub.cls, kept), original=sub.original), flows
+               original=sub.original), flows
 
 
 class ReferenceChain:

@@ -27,7 +27,7 @@ import torch
 from ..traffic.pcap import ACK, TCP, UDP
 from . import states as st
 from .flowtable import DeviceFlowTable
-from .ops import pick, put, stable_order, take
+from .ops import pick, stable_order, take
 from .packets import MASK32, flow_hash
 from .reference import Backends, compile_acl, endpoint, pool_bindings
 from .scan import Segments, fsm_scan, last_marked, previous_gap, quiet_rows
@@ -299,15 +299,14 @@ class _SessionKernel(_Machine):
         heads_only = int(start.sum()) == int(at_head.sum())  # starts only at flows' first packets
         rows = seg.first[at_head] if heads_only else torch.nonzero(start).squeeze(1)
         peer_ip, peer_port = self.peer(sub)
-        before = [self._column(sub, "binding"), self._column(sub, "peer_ip"),
-                  self._column(sub, "peer_port")]
-        begun = [self.start(sub, rows), take(peer_ip, rows), take(peer_port, rows)]
+        # the flows' (binding, peer address, peer port): three adjacent rows of the state
+        j = self.table.index[self.names["binding"]]
+        before = sub.state[j:j + 3]
+        begun = torch.stack([self.start(sub, rows), take(peer_ip, rows), take(peer_port, rows)])
         if heads_only or not bool(seg.pos[rows].any()):
             # sessions start only at flows' first packets: one value per flow
-            per_flow = [col.clone() for col in before]
-            for col, value in zip(per_flow, begun):
-                put(col, take(seg.index, rows), value)
-            binding, p_ip, p_port = (take(col, seg.index) for col in per_flow)
+            per_flow = before.clone().index_copy_(1, take(seg.index, rows), begun)
+            binding, p_ip, p_port = torch.index_select(per_flow, 1, seg.index)
         else:  # the latest start at or before each packet in its flow, else the table's
             latest = last_marked(start, seg)
             has = latest >= 0
@@ -315,15 +314,14 @@ class _SessionKernel(_Machine):
             binding, p_ip, p_port = (
                 torch.where(has, _spread(value, rows, sub.ts)[safe], col[seg.index])
                 for value, col in zip(begun, before))
-            per_flow = [binding[seg.last], p_ip[seg.last], p_port[seg.last]]
+            per_flow = torch.stack([binding[seg.last], p_ip[seg.last], p_port[seg.last]])
         self._releases(sub, seg, timed_out, event, ok, binding, before[0])
         forward = take(self.forward, found * 2 + sub.dir)
         verdict = self.rewrite(sub, ok, forward, binding, p_ip, p_port, verdict)
         last = seg.last
         final = take(after, last)
-        self._store(sub, existed, final != 0,
-                    {"state": final, "last": take(sub.ts, last), "binding": per_flow[0],
-                     "peer_ip": per_flow[1], "peer_port": per_flow[2]})
+        self._store(sub, existed, final != 0, {"state": final, "last": take(sub.ts, last)})
+        before.copy_(per_flow)
         return verdict
 
     def _releases(self, sub, seg, timed_out, event, ok, binding, table_binding):
