@@ -7,9 +7,15 @@ engine over it give (flows, their ids, messages, their order and every NF
 output row), with everything after the record walk split over ``shards``
 processes, as receive-side scaling splits a NIC's queues:
 
-1. This process maps the capture, walks its records (``trace.walk_capture``)
-   and forks one process per further shard; the mapping and the record table
-   are inherited, not copied. Each shard decodes a part of the records into
+1. This process maps the capture and, for a pcap, forks one process per further
+   shard right away: each walks the records of one byte range of the file
+   (``capture.walk_pcap_part``: from the first plausible record header in it;
+   ``capture.join_walks`` keeps a range's walk only where the walk before it
+   stopped exactly there, and otherwise walks on alone, so the records are one
+   walk's). The room for the decoded columns is a file (``memfd``) sized and
+   mapped once the records are known. For a pcapng this process walks the
+   blocks and then forks. The mapping and the records are inherited or shared,
+   not copied. Each shard decodes a part of the records into
    one shared mapping (``shared_decode.SharedColumns``: headers as columns,
    each packet's 5-tuple key, the same in both directions); after a barrier
    each reads the whole capture's columns back and places the 5-tuples on the
@@ -32,7 +38,8 @@ processes, as receive-side scaling splits a NIC's queues:
 The message bytes stay in the shard that framed them: the merged ``Trace`` has
 no payload (``blob`` empty, ``msg_offset`` -1), only what a report reads.
 Fewer than ``shards.MIN_SHARD_PACKETS`` packets per shard, or no ``fork``: one
-process builds the trace and the engine runs with the worker pool as usual. A
+process builds the trace (the shards forked for the walk told to stop) and the
+engine runs with the worker pool as usual. A
 shard that fails raises ``RuntimeFailure``.
 """
 
@@ -53,11 +60,20 @@ from dl_nfv.artifacts.errors import RuntimeFailure
 
 from ..traffic import shards as flow_shards
 from ..traffic.assemble import assemble, assemble_parts, merge_parts, row_hash
-from ..traffic.capture import release_pages
+from ..traffic.capture import (
+    PCAP_MAGICS,
+    join_walks,
+    open_mapped,
+    pcap_layout,
+    pcap_rows,
+    release_pages,
+    span_table,
+    walk_pcap_part,
+)
 from ..traffic.columnar import PacketColumns, decode_records
 from ..traffic.pcap import MalformedCounts
 from ..traffic.shared_decode import SharedColumns
-from ..traffic.trace import FlowInfo, Trace, capture_of, trace_of, walk_capture
+from ..traffic.trace import FlowInfo, Trace, capture_of, trace_of
 from . import EngineChoice
 from .pool import die_with_parent
 from .runner import EngineOptions, EngineResult, run_engine, sorted_rows
@@ -65,6 +81,7 @@ from .runner import EngineOptions, EngineResult, run_engine, sorted_rows
 WINDOW_BYTES = 1 << 20  # the flow table's out-of-order window, as ``load_trace``'s
 PACKET_COST = 500  # a packet's own cost (arrays, framing, flow records) in payload bytes
 GREEDY_KEYS = 256  # the heaviest 5-tuples placed one by one
+MIN_RECORD_BYTES = 64  # a capture of this many bytes per record at least is forked early
 _FLOW_FIELDS = tuple(f.name for f in dataclasses.fields(FlowInfo))
 _MESSAGE = ("msg_flow", "msg_dir", "msg_index", "msg_len", "msg_header_len", "msg_kind",
             "msg_ts_us", "msg_packets")
@@ -73,48 +90,53 @@ _MESSAGE = ("msg_flow", "msg_dir", "msg_index", "msg_len", "msg_header_len", "ms
 def run_sharded(path, specs, choice: EngineChoice, options: EngineOptions, shards: int, *,
                 idle_timeout_us: int = 60_000_000) -> tuple[Trace, EngineResult]:
     """Read ``path`` and run the chain ``specs`` over it in ``shards`` processes (see the
-    module docstring). The trace's ``stages_s``: ``read`` (the record walk, this process),
-    ``decode`` and ``flows`` (the slowest shard's: its part of the decoding and the wait for
-    the others', then placing the 5-tuples and building its flows) and ``merge`` (what the
-    shards' section took beyond its slowest decoding, flows, start-up and NFs: building
-    the chain, waiting for the slowest shard, the transfer and the merge); the result's
-    ``startup_s`` and ``elapsed_s`` are the slowest shard's."""
+    module docstring). The trace's ``stages_s``: ``read`` (the record walk, this process's
+    part and the joining of the parts), ``decode`` and ``flows`` (the slowest shard's: its
+    part of the decoding and the wait for the others', then placing the 5-tuples and
+    building its flows) and ``merge`` (what the shards' section took beyond its slowest
+    decoding, flows, start-up and NFs: building the chain, waiting for the slowest shard,
+    the transfer and the merge); the result's ``startup_s`` and ``elapsed_s`` are the
+    slowest shard's."""
     t0 = time.perf_counter()
     malformed = MalformedCounts()
-    data, records = walk_capture(path, malformed)
+    data = open_mapped(path)
+    job = _Job(data, None, None, shards, specs, choice, dataclasses.replace(options, workers=1),
+               idle_timeout_us, str(path), os.getpid())
+    children: list = []
+    if _early(data, shards):  # forked before the walk, each process walking a part
+        records, children = _walk_parts(path, job, malformed)
+    else:
+        records = span_table(path, data, malformed)
     read_s = time.perf_counter() - t0
-    shards = min(shards, len(records) // flow_shards.MIN_SHARD_PACKETS)
-    if shards < 2 or not hasattr(os, "fork"):
-        t1 = time.perf_counter()
-        cols = decode_records(data, records, copy=False)
-        capture = capture_of(cols, malformed, {"read": read_s,
-                                               "decode": time.perf_counter() - t1})
-        del data, records
-        t2 = time.perf_counter()
-        stats: Counter = Counter()
-        table = assemble(cols, stats, idle_timeout_us=idle_timeout_us)
-        trace = trace_of(str(path), table, capture.packets, capture.wire_bytes,
-                         capture.malformed, stats)
-        trace.stages_s = {**capture.stages_s, "flows": time.perf_counter() - t2}
-        return trace, run_engine(trace, specs, choice, options)
+    if len(records) // flow_shards.MIN_SHARD_PACKETS < shards or not hasattr(os, "fork"):
+        for _, conn, proc in children:
+            conn.send(("stop",))
+            conn.close()
+            proc.join()
+        if job.fd is not None:
+            os.close(job.fd)
+        return _one_process(job, records, malformed, read_s, options)
     release_pages(data)  # the walk touched every page; each shard decodes only its part
     context = mp.get_context("fork")
     t1 = time.perf_counter()
-    job = _Job(data, SharedColumns(records, shards), context.Barrier(shards), shards, specs,
-               choice, dataclasses.replace(options, workers=1), idle_timeout_us, str(path),
-               os.getpid())
-    children = []
-    for k in range(1, shards):
-        read, write = context.Pipe(duplex=False)
-        proc = context.Process(target=_child, args=(write, job, k), daemon=True)
-        proc.start()
-        write.close()
-        children.append((k, read, proc))
+    if children:
+        job.shared = SharedColumns(records, shards, job.fd)
+        os.close(job.fd)  # the mapping stays; the children have their copy of the file
+        for _, conn, _ in children:
+            conn.send(("go", len(records)))
+    else:
+        job.shared, job.barrier = SharedColumns(records, shards), context.Barrier(shards)
+        for k in range(1, shards):
+            read, write = context.Pipe(duplex=False)
+            proc = context.Process(target=_child, args=(write, job, k), daemon=True)
+            proc.start()
+            write.close()
+            children.append((k, read, proc))
     try:
         parts = [job.run(0)]
     except threading.BrokenBarrierError:  # a shard failed before the columns were shared
         raise _first_failure(children) from None
-    parts += [_receive(k, read) for k, read, _ in children]
+    parts += [_receive(k, conn) for k, conn, _ in children]
     capture = capture_of(job.cols, malformed, {"read": read_s})
     trace, result = _merge(parts, capture, str(path))
     for _, _, proc in children:  # their exits overlap the merge
@@ -126,6 +148,66 @@ def run_sharded(path, specs, choice: EngineChoice, options: EngineOptions, shard
     trace.stages_s = {"read": read_s, "decode": decode_s, "flows": flows_s,
                       "merge": max(0.0, merge_s)}
     return trace, result
+
+
+def _early(data, shards: int) -> bool:
+    """Whether to fork before the record walk: a pcap (whose records a walk can start
+    within, after finding plausible headers), large enough for every shard's
+    ``MIN_SHARD_PACKETS``, where ``fork`` and ``memfd_create`` (room for the columns,
+    sized once the walk is done) exist."""
+    return (shards > 1 and hasattr(os, "fork") and hasattr(os, "memfd_create")
+            and bytes(data[:4]) in PCAP_MAGICS
+            and len(data) >= shards * flow_shards.MIN_SHARD_PACKETS * MIN_RECORD_BYTES)
+
+
+def _walk_parts(path, job: _Job, malformed: MalformedCounts) -> tuple[np.ndarray, list]:
+    """Fork the shards and walk the capture's records in ``job.shards`` byte ranges, one
+    per process; the records and the children (shard, pipe, process). A range's walk
+    starts at the first plausible record header in it (``capture.walk_pcap_part``) and
+    counts only when the previous range's walk stopped exactly there; otherwise this process
+    walks on from where that one stopped, as one walk would, and the later ranges'
+    walks go unused."""
+    data = job.data
+    layout = pcap_layout(path, data)  # a bad file header: BadInput before any fork
+    context = mp.get_context("fork")
+    job.fd = os.memfd_create("dl-nfv-columns")
+    job.barrier = context.Barrier(job.shards)
+    edges = [24 + (len(data) - 24) * k // job.shards for k in range(job.shards + 1)]
+    children = []
+    for k in range(1, job.shards):
+        mine, theirs = context.Pipe()
+        proc = context.Process(target=_child, args=(theirs, job, k, (layout, edges)),
+                               daemon=True)
+        proc.start()
+        theirs.close()
+        children.append((k, mine, proc))
+    try:
+        walk = walk_pcap_part(data, layout, edges, 0, malformed)[1]
+        heads = join_walks(data, layout, walk, (_receive(k, conn, last=False)
+                                                for k, conn, _ in children), malformed)
+    except BaseException:
+        for _, conn, proc in children:  # none of them waits for an order that never comes
+            proc.kill()
+            proc.join()
+            conn.close()
+        os.close(job.fd)
+        raise
+    return pcap_rows(data, layout, heads), children
+
+
+def _one_process(job: _Job, records: np.ndarray, malformed: MalformedCounts, read_s: float,
+                 options: EngineOptions) -> tuple[Trace, EngineResult]:
+    """The trace read in this process and the engine run with its worker pool."""
+    t1 = time.perf_counter()
+    cols = decode_records(job.data, records, copy=False)
+    capture = capture_of(cols, malformed, {"read": read_s, "decode": time.perf_counter() - t1})
+    t2 = time.perf_counter()
+    stats: Counter = Counter()
+    table = assemble(cols, stats, idle_timeout_us=job.idle_timeout_us)
+    trace = trace_of(job.source, table, capture.packets, capture.wire_bytes, capture.malformed,
+                     stats)
+    trace.stages_s = {**capture.stages_s, "flows": time.perf_counter() - t2}
+    return trace, run_engine(trace, job.specs, job.choice, options)
 
 
 def balanced_shards(key_hash: np.ndarray, payload: np.ndarray, shards: int) -> np.ndarray:
@@ -160,8 +242,8 @@ class _Job:
     barrier after the decoding, the chain and its options."""
 
     data: mmap.mmap
-    shared: SharedColumns
-    barrier: threading.Barrier
+    shared: SharedColumns | None  # None in a shard forked before the walk, until it attaches
+    barrier: threading.Barrier | None
     shards: int
     specs: tuple
     choice: EngineChoice
@@ -170,6 +252,7 @@ class _Job:
     source: str
     parent: int  # pid of the process that forks the shards
     cols: PacketColumns | None = None  # the whole capture's, once decoded
+    fd: int | None = None  # the file of ``shared`` when the shards were forked before the walk
 
     def run(self, k: int) -> dict:
         """Shard ``k``: its part of the decoding, then its flows and messages, and the
@@ -257,9 +340,23 @@ def _merge(parts: list[dict], capture, source: str) -> tuple[Trace, EngineResult
     return trace, result
 
 
-def _child(conn, job: _Job, k: int) -> None:
+def _child(conn, job: _Job, k: int, walk: tuple | None = None) -> None:
+    """Shard ``k`` in a forked process. ``walk`` (the pcap's layout and the byte ranges):
+    forked before the record walk, it first walks its range and sends what it read (the
+    first record header it found, the walk, its counts), then waits to be told to go on
+    (with the number of records) or to stop."""
     die_with_parent(job.parent)
     try:
+        if walk is not None:
+            counts = MalformedCounts()
+            first, part = walk_pcap_part(job.data, *walk, k, counts)
+            release_pages(job.data)
+            conn.send(("ok", (first, part, counts)))
+            order = conn.recv()
+            if order[0] != "go":
+                return
+            job.shared = SharedColumns.attach(job.fd, order[1], job.shards)
+            os.close(job.fd)
         conn.send(("ok", job.run(k)))
     except Exception as exc:  # reported to the parent, which raises RuntimeFailure
         job.barrier.abort()
@@ -281,13 +378,16 @@ def _first_failure(children: list) -> RuntimeFailure:
     return failures[0] if failures else RuntimeFailure("a shard failed while decoding")
 
 
-def _receive(k: int, conn) -> dict:
+def _receive(k: int, conn, last: bool = True):
+    """Shard ``k``'s next reply (``RuntimeFailure`` if it failed or exited); the pipe closed
+    after the ``last`` one."""
     try:
         status, value = conn.recv()
     except EOFError:
         raise RuntimeFailure(f"shard {k} exited unexpectedly") from None
     finally:
-        conn.close()
+        if last:
+            conn.close()
     if status == "error":
         raise RuntimeFailure(f"shard {k} failed: {value.splitlines()[0]}")
     return value

@@ -43,8 +43,9 @@ import mmap
 import struct
 from array import array
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +166,23 @@ def _pcap_table(path: Path, data, malformed: Counter) -> np.ndarray:
     """[records, 4] int64: timestamp (us), frame offset, frame length, link type of every
     readable record. The walk is one tight loop that keeps where each header starts; the
     headers' fields are then read as arrays."""
+    layout = pcap_layout(path, data)
+    return pcap_rows(data, layout, walk_pcap(data, layout, 24, len(data), None, malformed).heads)
+
+
+@dataclass(frozen=True, slots=True)
+class PcapLayout:
+    """What a pcap's file header says about its records."""
+
+    header: struct.Struct  # a record header: seconds, sub-seconds, captured, original length
+    units: int  # sub-second units per second
+    ns_per_unit: int
+    linktype: int
+
+
+def pcap_layout(path: Path, data) -> PcapLayout:
+    """The layout of the pcap ``data``; ``BadInput`` for a header cut short, another
+    version than 2.x or an unsupported link type."""
     size = len(data)
     if size < 24:
         raise BadInput(f"{path}: pcap file header cut short ({size} of 24 bytes)")
@@ -174,14 +192,35 @@ def _pcap_table(path: Path, data, malformed: Counter) -> np.ndarray:
         raise BadInput(f"{path}: unsupported pcap version {major}.{minor} (expected 2.x)")
     linktype &= 0xFFFF  # the upper bits carry FCS information (LT_LINKTYPE)
     _check_linktype(path, linktype)
-    units = 1_000_000_000 // ns_per_unit  # sub-second units per second
-    header = struct.Struct(order + "IIII")
+    return PcapLayout(struct.Struct(order + "IIII"), 1_000_000_000 // ns_per_unit, ns_per_unit,
+                      linktype)
+
+
+@dataclass(slots=True)
+class PcapWalk:
+    """The records a walk read: where each header starts, where the walk stopped (the first
+    header at or past its ``stop``; None when it reached the end of the file or could not
+    go on) and the last good record's seconds (the resynchronisation's reference)."""
+
+    heads: np.ndarray
+    next_pos: int | None
+    last_sec: int | None
+
+
+def walk_pcap(data, layout: PcapLayout, pos: int, stop: int, last_sec: int | None,
+              malformed: Counter) -> PcapWalk:
+    """Walk the records whose headers start in ``[pos, stop)`` (the last may end past
+    ``stop``), resynchronising after bad headers; what it cannot read counted in
+    ``malformed``. Walks that start where another stopped, with its ``last_sec``, read
+    what one walk over both ranges reads."""
+    size = len(data)
+    header, units = layout.header, layout.units
     unpack = header.unpack_from
     heads = array("q")  # where each readable record's header starts
-    pos, last_sec = 24, None
-    while pos < size:
+    while pos < stop:
         if pos + 16 > size:
             malformed["truncated_file"] += 1
+            pos = None
             break
         sec, frac, caplen, origlen = unpack(data, pos)
         end = pos + 16 + caplen
@@ -195,22 +234,64 @@ def _pcap_table(path: Path, data, malformed: Counter) -> np.ndarray:
                 malformed[bad] += 1
                 if nxt is None:
                     malformed["unreadable_bytes"] += size - pos - 16
+            pos = nxt
             if nxt is None:
                 break
-            pos = nxt
             continue
         last_sec = sec
         heads.append(pos)
         pos = end
-    at = np.frombuffer(heads, dtype=np.int64)
-    # the headers' four fields, read again as arrays: seconds, sub-seconds, captured length
+    return PcapWalk(np.frombuffer(heads, dtype=np.int64), pos if pos is None or pos < size
+                    else None, last_sec)
+
+
+def walk_pcap_part(data, layout: PcapLayout, edges: list[int], k: int, malformed: Counter
+                   ) -> tuple[int | None, PcapWalk]:
+    """Walk ``k`` of a walk split at the byte offsets ``edges`` (``edges[0]`` 24, the file
+    header's end; the last the file's size): the records whose headers start in
+    ``[edges[k], edges[k + 1])``, the walk starting, after the first, at the first offset
+    where plausible record headers chain on (the resynchronisation's test); where it
+    started (None: nowhere) and the walk. ``join_walks`` joins such walks."""
+    first = edges[0] if k == 0 else _resync(data, edges[k], layout.header, layout.units, None)
+    if first is None:
+        return None, PcapWalk(np.zeros(0, dtype=np.int64), None, None)
+    return first, walk_pcap(data, layout, first, edges[k + 1], None, malformed)
+
+
+def join_walks(data, layout: PcapLayout, walk: PcapWalk,
+               later: Iterable[tuple[int | None, PcapWalk, Counter]], malformed: Counter
+               ) -> np.ndarray:
+    """The record headers one walk of the whole file finds, from the first part's ``walk``
+    and the later parts' (``walk_pcap_part``: start, walk, its counts, in order; every one
+    is consumed). A part counts when the walk before it stopped exactly where it started
+    (from there on both read the same records, a good one first); otherwise the walk goes
+    on from where the last one stopped, to the end of the file, and the later parts are
+    not used. Counts of the parts used are added to ``malformed``."""
+    heads = [walk.heads]
+    for first, part, counts in later:
+        if walk.next_pos is None:  # the walk ended before this part
+            continue
+        if first == walk.next_pos:
+            heads.append(part.heads)
+            malformed.update(counts)
+            walk = part
+        else:  # the walks did not meet
+            walk = walk_pcap(data, layout, walk.next_pos, len(data), walk.last_sec, malformed)
+            heads.append(walk.heads)
+    return np.concatenate(heads)
+
+
+def pcap_rows(data, layout: PcapLayout, heads: np.ndarray) -> np.ndarray:
+    """[records, 4] int64 (timestamp in us, frame offset, frame length, link type) of the
+    records whose headers start at ``heads``: their fields read as arrays."""
+    at = heads
     fields = np.frombuffer(data, dtype=np.uint8)[at[:, None] + np.arange(16)].view(
-        np.dtype(order + "u4")).astype(np.int64)
+        np.dtype(layout.header.format[0] + "u4")).astype(np.int64)
     table = np.empty((len(at), 4), dtype=np.int64)
-    table[:, 0] = fields[:, 0] * 1_000_000 + (fields[:, 1] * ns_per_unit + 500) // 1000
+    table[:, 0] = fields[:, 0] * 1_000_000 + (fields[:, 1] * layout.ns_per_unit + 500) // 1000
     table[:, 1] = at + 16
     table[:, 2] = fields[:, 2]
-    table[:, 3] = linktype
+    table[:, 3] = layout.linktype
     return table
 
 

@@ -1,7 +1,8 @@
 """A capture's headers decoded by several forked processes, the columns exchanged through
 one shared mapping.
 
-``SharedColumns(records, parts)`` is allocated before the fork: room for every
+``SharedColumns(records, parts)`` is allocated before the fork (or, with ``fd``,
+in a file that processes forked earlier map with ``attach``): room for every
 record's decoded columns (``columnar.PacketColumns``' per-frame fields), its
 5-tuple key and orientation (``assemble.key_table``) in one anonymous shared
 mapping, so what one process writes every other reads. Process ``k`` decodes
@@ -23,6 +24,7 @@ decoding lost). O(records) shared bytes: about 160 per record.
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 
@@ -42,21 +44,25 @@ class SharedColumns:
     """Decoded columns of ``records`` ([n, 4], ``capture.span_table``) in ``parts`` parts,
     in one shared mapping (see the module docstring)."""
 
-    def __init__(self, records: np.ndarray, parts: int):
-        self.records, self.parts = records, parts
-        n = len(records)
-        shapes = [(name, dtype, (n,)) for name, dtype in _FIELDS]
-        shapes += [("key", np.uint64, (n, KEY_WIDTH)), ("src_low", np.bool_, (n,)),
-                   ("http_start", np.bool_, (n,)),
-                   ("fallback", np.int64, (parts,))]
-        sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize for _, dtype, shape in shapes]
-        self.area = mmap.mmap(-1, max(1, sum(-(-size // 8) * 8 for size in sizes)))
-        self.arrays: dict[str, np.ndarray] = {}
-        at = 0
-        for (name, dtype, shape), size in zip(shapes, sizes):
-            self.arrays[name] = np.frombuffer(self.area, dtype=dtype, count=int(np.prod(shape)),
-                                              offset=at).reshape(shape)
-            at += -(-size // 8) * 8
+    def __init__(self, records: np.ndarray, parts: int, fd: int | None = None):
+        """Room for the columns of ``records``: an anonymous shared mapping, or the file
+        ``fd`` (sized here and the records written to it, so that processes forked before
+        it was sized can map it with ``attach``)."""
+        self.parts = parts
+        self.area, self.arrays = _mapped(len(records), parts, fd)
+        self.records = records
+        if fd is not None:
+            self.arrays["records"][:] = records
+            self.records = self.arrays["records"]
+
+    @classmethod
+    def attach(cls, fd: int, n: int, parts: int) -> SharedColumns:
+        """The ``SharedColumns`` another process made in the file ``fd`` for ``n`` records."""
+        shared = cls.__new__(cls)
+        shared.parts = parts
+        shared.area, shared.arrays = _mapped(n, parts, fd, size=False)
+        shared.records = shared.arrays["records"]
+        return shared
 
     def bounds(self, part: int) -> tuple[int, int]:
         n = len(self.records)
@@ -94,3 +100,29 @@ class SharedColumns:
                              fallback=0, http_start=a["http_start"])
         rows = np.flatnonzero(cols.reason == OK)
         return cols, rows, (a["key"][rows], a["src_low"][rows])
+
+
+def _mapped(n: int, parts: int, fd: int | None, size: bool = True
+            ) -> tuple[mmap.mmap, dict[str, np.ndarray]]:
+    """The shared mapping for ``n`` records' columns and its arrays: anonymous, or the
+    file ``fd`` (resized to fit when ``size``); with a file, the records themselves too."""
+    shapes = [(name, dtype, (n,)) for name, dtype in _FIELDS]
+    shapes += [("key", np.uint64, (n, KEY_WIDTH)), ("src_low", np.bool_, (n,)),
+               ("http_start", np.bool_, (n,)), ("fallback", np.int64, (parts,))]
+    if fd is not None:
+        shapes.append(("records", np.int64, (n, 4)))
+    sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize for _, dtype, shape in shapes]
+    total = max(1, sum(-(-size // 8) * 8 for size in sizes))
+    if fd is None:
+        area = mmap.mmap(-1, total)
+    else:
+        if size:
+            os.ftruncate(fd, total)
+        area = mmap.mmap(fd, total)
+    arrays: dict[str, np.ndarray] = {}
+    at = 0
+    for (name, dtype, shape), size_ in zip(shapes, sizes):
+        arrays[name] = np.frombuffer(area, dtype=dtype, count=int(np.prod(shape)),
+                                     offset=at).reshape(shape)
+        at += -(-size_ // 8) * 8
+    return area, arrays

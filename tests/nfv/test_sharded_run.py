@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import re
+import struct
 from collections import Counter
 
 import numpy as np
@@ -19,9 +20,15 @@ from dl_nfv.artifacts.errors import BadInput, RuntimeFailure
 from dl_nfv.nfv.engines import parse_engine, sharded
 from dl_nfv.nfv.engines.runner import EngineOptions, run_engine
 from dl_nfv.nfv.run import digests, run_config
-from dl_nfv.nfv.traffic import load_trace, shards
+from dl_nfv.nfv.traffic import capture, load_trace, shards
 from dl_nfv.nfv.traffic.assemble import key_table
-from dl_nfv.nfv.traffic.capture import span_table
+from dl_nfv.nfv.traffic.capture import (
+    join_walks,
+    pcap_layout,
+    pcap_rows,
+    span_table,
+    walk_pcap_part,
+)
 from dl_nfv.nfv.traffic.columnar import decode_records
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
 from dl_nfv.nfv.traffic.shared_decode import SharedColumns
@@ -206,3 +213,73 @@ def test_corrupt_captures_over_shards(tmp_path, small_shards, kind):
             continue
         assert_same_run(path, 3)
     assert damaged
+
+
+def _split_walk(path, data: bytes, edges: list[int]) -> tuple[np.ndarray, Counter]:
+    """The records and counts of the walk split at ``edges`` and joined."""
+    layout = pcap_layout(path, data)
+    counts: Counter = Counter()
+    walk = walk_pcap_part(data, layout, edges, 0, counts)[1]
+    later = []
+    for k in range(1, len(edges) - 1):
+        own: Counter = Counter()
+        later.append((*walk_pcap_part(data, layout, edges, k, own), own))
+    return pcap_rows(data, layout, join_walks(data, layout, walk, later, counts)), counts
+
+
+@pytest.mark.parametrize("kind", ["payload", "huge_caplen", "caplen_over_original", "cut",
+                                  "anywhere"])
+def test_split_walks_equal_one_walk(tmp_path, kind):
+    """The record walk split at random byte offsets (inside records, inside damage the
+    resynchronisation jumps over) and joined finds the records and counts one walk does."""
+    base = tmp_path / "g.pcap"
+    generate_trace(TraceSpec(flows=12, mean_exchanges=2, attack_rate=0.2, seed=4), base)
+    path = tmp_path / "f.pcap"
+    for seed in range(6):
+        rng = random.Random(f"walk/{kind}/{seed}")
+        data, _ = pcap_case(base.read_bytes(), rng, kind)
+        path.write_bytes(data)
+        ref_counts: Counter = Counter()
+        try:
+            ref = span_table(path, data, ref_counts)
+        except BadInput:
+            continue
+        for parts in (2, 3, 8):
+            cuts = sorted(rng.randrange(24, len(data)) for _ in range(parts - 1))
+            records, counts = _split_walk(path, data, [24, *cuts, len(data)])
+            assert np.array_equal(records, ref) and counts == ref_counts
+
+
+def test_split_walk_that_starts_on_fake_headers(tmp_path):
+    """A part that starts in a payload holding plausible record headers (a pcap inside a
+    packet) walks records that are not the file's: its walk does not meet the one before,
+    which goes on alone."""
+    fake = b"".join(struct.pack("<IIII", 1_000_000, 0, 20, 20) + bytes(20) for _ in range(6))
+    frames = _frames(DATA / "loopback-http.pcap")
+    path = write_pcap(tmp_path / "nested.pcap", frames[:40] + [frames[40] + fake]
+                      + frames[41:])
+    data = path.read_bytes()
+    ref_counts: Counter = Counter()
+    ref = span_table(path, data, ref_counts)
+    at = data.index(fake)
+    layout = pcap_layout(path, data)
+    assert walk_pcap_part(data, layout, [24, at - 3, len(data)], 1, Counter())[0] == at
+    records, counts = _split_walk(path, data, [24, at - 3, len(data)])
+    assert np.array_equal(records, ref) and counts == ref_counts
+
+
+def test_sharded_run_forks_before_the_walk(tmp_path, small_shards, monkeypatch):
+    """Over a pcap the shards are forked before the record walk, and the run equals one
+    process's, also when the walks of the parts do not meet."""
+    path = tmp_path / "g.pcap"
+    generate_trace(TraceSpec(flows=40, attack_rate=0.1, seed=5), path)
+    walked = []
+    original = sharded._walk_parts
+    monkeypatch.setattr(sharded, "_walk_parts",
+                        lambda *a: walked.append(1) or original(*a))
+    assert assert_same_run(path, 3) > 100 and walked
+    never = [None, capture.PcapWalk(np.zeros(0, dtype=np.int64), None, None)]
+    monkeypatch.setattr(sharded, "walk_pcap_part", lambda data, layout, edges, k, counts:
+                        capture.walk_pcap_part(data, layout, edges, k, counts) if k == 0
+                        else tuple(never))
+    assert assert_same_run(path, 3) > 100
