@@ -2,8 +2,12 @@
 
 * ``joint`` — the joint heterogeneous graph (PyTorch Geometric ``HeteroData``) and the
   network over it (``HeteroConv``; policy and value heads);
-* ``mcts`` — PUCT tree search over per-group strategies, leaves simulated exactly;
-* ``planner`` — ``plan``: search, refinement, the DP safety net, SFB;
+* ``batching`` — micro-batched strategies: the pipeline (microbatches, GPipe or 1F1B
+  schedule) a strategy per group runs as, and other planners' plans as TAG strategies;
+* ``mcts`` — PUCT tree search over the batching and per-group strategies, leaves
+  simulated exactly;
+* ``polish`` — refinement over single-group moves and the batching;
+* ``planner`` — ``plan``: seeds, search, refinement, the fallbacks, SFB;
 * ``learn`` — AlphaZero-style training from the searches' visit counts and outcomes;
 * ``topogen`` — seeded random heterogeneous topologies (``random:N`` specs).
 

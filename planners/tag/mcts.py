@@ -1,44 +1,54 @@
-"""PUCT Monte Carlo tree search over TAG's placement decisions, group by group.
+"""PUCT Monte Carlo tree search over TAG's decisions: the batching, then group by group.
 
-State: a strategy chosen for each of the first k op groups of a fixed decision order,
-**largest first** (the group's forward plus backward ms on its fastest device type,
-descending; ties in topological order), so the search spends itself on the groups that
-weigh most. Actions at depth k: the candidates of ``learned.decoder.candidates`` for
-group ``order[k]`` (a device, or a replica set with its batch shares and AllReduce or a
-parameter server).
+State: where there is more than one ``choices`` batching (``batching.batchings``: the
+microbatch count and the GPipe or 1F1B schedule), first the batching, then a strategy
+for each of the first k op groups of a fixed decision order, **largest first** (the
+group's forward plus backward ms on its fastest device type, descending; ties in
+topological order), so the search spends itself on the groups that weigh most. Actions
+at a group's depth: the candidates of ``learned.decoder.candidates`` (a device, or a
+replica set with its batch shares and AllReduce or a parameter server), plus the
+strategies of any ``seeds`` outside them, less those whose replicas would hold less
+than a sample per microbatch of the batching taken (masked).
 
 Values are in log units relative to a reference time ``ref_ms`` (the best data-parallel
 baseline's simulated iteration, or the start where none fits): a strategy whose
-effective time is ``ms`` (``-StrategyEnv.evaluate(...).reward``: the iteration time,
-scaled up for a memory overflow) is worth ``log(ref_ms / ms)``.
+effective time is ``ms`` (``batching.BatchedEnv.evaluate``: the simulated iteration time,
+scaled up for a memory overflow or an invalid batching) is worth ``log(ref_ms / ms)``.
 
 Method (AlphaZero's search, after Silver et al. 2017, with exact rollouts):
 
 * A playout descends from the root by PUCT, ``argmax_a Q(a) + c_puct P(a) sqrt(N) /
   (1 + N(a))``, with ``Q`` scaled to [0, 1] by the least and greatest values met so far
   (as MuZero does: values here have no fixed range) and an unvisited action valued at
-  its parent's mean value, to a leaf; expanding
-  the leaf reads its priors ``P`` (and a value) from the joint-graph network
-  (``joint.JointNet``), or uniform priors where no network is given.
-* The leaf's value: the partial strategy completed with the incumbent's choices for the
-  groups not yet decided, simulated exactly (``StrategyEnv.evaluate``, memoised); with a
-  network, mixed with its value head (``value_weight``). A finished strategy is valued by
-  its simulation alone. Every simulated strategy that beats the incumbent becomes it.
-* The incumbent starts as the best given start (the planner seeds it with HeteroG's
-  greedy start and the uniform strategies), so the result is never worse than it.
-* Decisions are committed in turn, AlphaZero's way: ``ceil(playouts / groups)`` playouts
-  from the current root (its subtree kept), then the most visited action (ties: the
-  better mean value, then the lower index) is committed and becomes the root. Each
-  committed decision leaves a training sample: the state, its visit distribution, and
-  (once the strategy is finished) the log of its simulated time relative to ``ref_ms``.
+  its parent's mean value, to a leaf; expanding the leaf reads its priors ``P`` (and a
+  value) from the joint-graph network (``joint.JointNet``), or uniform priors where no
+  network is given. The batching decision always has uniform priors (the network has no
+  head for it), and in a micro-batched state the network's priors are mixed half and
+  half with uniform ones (it was trained on one-microbatch states).
+* The leaf's value: the partial strategy completed with the best strategy met so far at
+  its batching (before any, the incumbent's groups, a group whose replicas are too many
+  for the batching on its fastest replica alone), simulated exactly (memoised); with a
+  network, mixed with its value head (``value_weight``). A finished strategy is valued
+  by its simulation alone. Every simulated strategy that beats the incumbent becomes it.
+* The incumbent starts as the best given start: ``start`` with one microbatch, and the
+  ``seeds`` (the planner's: other planners' plans as TAG strategies), so the result is
+  never worse than any of them.
+* Decisions are committed in turn, AlphaZero's way: the batching after
+  ``BATCHING_SHARE`` of the playouts, the batching whose best strategy met is best; each
+  group after an equal share of the rest, the most visited action (ties: the better mean
+  value, then the lower index), which becomes the root (its subtree kept). Each committed
+  group decision leaves a training sample: the state, its visit distribution, and (once
+  the strategy is finished) the log of its simulated time relative to ``ref_ms``.
 
 Determinism: the root's priors take seeded Dirichlet noise (``noise``; the ties of
 uniform priors are broken by it); the network runs on one thread; with the same inputs
 and seed the search makes the same choices unless the CPU time limit stops it.
 
 Limits: one decision per group in one fixed order (no backtracking over the order
-itself); values relative to one reference; the time limit is checked between playouts.
-Complexity: ``playouts`` x (one network pass + one simulation) at most.
+itself), and the batching committed before the groups are searched at it; values
+relative to one reference; the time limit is checked between playouts. Complexity:
+``playouts`` x (one network pass + one simulation) at most, a simulation's cost growing
+with the microbatch count.
 """
 
 from __future__ import annotations

@@ -7,29 +7,36 @@ broadcasting, SFB) is then applied where an ILP finds it pays.
 
 Method, ``plan``:
 
-1. **Problem.** The op graph is coarsened into op groups (``learned.coarsen``); each
-   group's strategy is one of ``learned.decoder.candidates`` (a device, or a replica set
-   with even or speed-proportional batch shares and AllReduce or a parameter server).
-2. **Incumbent.** HeteroG's greedy list-scheduling start, or the best uniform strategy
-   where one simulates faster (``heterog.greedy_start``, ``heterog.better_start``).
-3. **Search.** PUCT Monte Carlo tree search over the groups, largest first
-   (``tag.mcts``), priors and leaf values from the joint-graph network (``tag.joint``; the
+1. **Problem.** The op graph is coarsened into op groups (``learned.coarsen``); a
+   strategy is a batching (``tag.batching``: 1 to ``microbatches`` microbatches, GPipe or
+   1F1B) and, per group, one of ``learned.decoder.candidates`` (a device, or a replica
+   set with even or speed-proportional batch shares and AllReduce or a parameter server).
+2. **Incumbent and seeds.** HeteroG's greedy list-scheduling start, or the best uniform
+   strategy where one simulates faster (``heterog.greedy_start``, ``heterog.better_start``),
+   with one microbatch; and the plans of the ``others`` planners (by default
+   ``pipeline``), each as the nearest TAG strategy (``batching.strategy_of_plan``).
+3. **Search.** PUCT Monte Carlo tree search (``tag.mcts``): the batching, then the groups,
+   largest first; priors and leaf values from the joint-graph network (``tag.joint``; the
    shipped policy, ``DEFAULT_POLICY``, unless ``policy`` names another) or uniform priors
    (``priors: uniform``); every strategy the search finishes or rolls out is simulated
    exactly, and the best one met is kept.
-4. **Refinement.** Hill climbing over single-group moves on the simulator
-   (``learned.refine``), as HeteroG does, within ``max_evaluations`` simulations and the
-   CPU time the search left of ``time_limit``.
-5. **Never worse than data parallelism.** The four DP baselines are planned; where the
+4. **Refinement** (``tag.polish``). Hill climbing over single-group moves on the
+   simulator (``learned.refine``), as HeteroG does, then over the batching, in turn,
+   within ``max_evaluations`` simulations and the CPU time the search left of
+   ``time_limit``.
+5. **Never slower than the fallbacks.** The four DP baselines and the ``others``
+   planners' plans (which TAG's strategies only approximate: other stage boundaries,
+   batch shares, gradient buckets, list-scheduled orders) are simulated; where the
    fastest that fits beats the refined strategy, it is the plan, with a note.
 6. **SFB.** Unless ``sfb`` is off, ``planners.sfb.apply_sfb`` chooses which replicated
    groups all-gather sufficient factors instead of all-reducing their gradients.
 
-Limits: those of the candidates (replica sets are single devices, the cluster, and the
-per-type and per-host subsets) and of the environment (one synchronisation per group,
-no per-device order); the search decides each group once in one fixed order; the CPU
-time limit can make the result depend on the machine's speed (the playout and
-evaluation caps are deterministic).
+Limits: those of the candidates (replica sets are single devices, the cluster, the
+per-type and per-host subsets, and the seeds' sets), of the batchings (GPipe and 1F1B
+over op-group boundaries) and of the environment (one synchronisation per group, no
+per-device order); the search decides the batching and then each group once in one
+fixed order; the CPU time limit can make the result depend on the machine's speed (the
+playout and evaluation caps are deterministic).
 """
 
 from __future__ import annotations
@@ -99,14 +106,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, playouts: int = 4
     _check(playouts, priors, microbatches, others)
     problem = problem_of(graph, topology, groups=groups, optimizer=opt)
     env = problem.env
-    net, notes = None, []
-    if priors == "gnn":
-        source = read_policy(policy or DEFAULT_POLICY)
-        net = load_net(source)
-        seen = source.trained_on.max_devices
-        if seen and len(env.devices) > seen:
-            notes.append(f"the policy was trained on clusters of at most {seen} devices, this one "
-                         f"has {len(env.devices)}: its priors are extrapolated")
+    notes: list[str] = []
+    net = _network(policy, len(env.devices), notes) if priors == "gnn" else None
     start, origin = better_start(env, greedy_start(env), "greedy")
     baseline = best_baseline(graph, topology, optimizer)
     ref_ms = (baseline.prediction.iteration_ms if baseline is not None
@@ -143,6 +144,17 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, playouts: int = 4
     if sfb:
         chosen = with_sfb(chosen, graph, topology, time_limit_s=max(1.0, left))
     return replace(chosen, wall_time_s=round(time.perf_counter() - t0, 4))
+
+
+def _network(policy: str, devices: int, notes: list[str]) -> JointNet:
+    """The policy's network (the shipped one for ""), with a note where the cluster is
+    larger than any it was trained on."""
+    source = read_policy(policy or DEFAULT_POLICY)
+    seen = source.trained_on.max_devices
+    if seen and devices > seen:
+        notes.append(f"the policy was trained on clusters of at most {seen} devices, this one "
+                     f"has {devices}: its priors are extrapolated")
+    return load_net(source)
 
 
 def _check(playouts: int, priors: str, microbatches: int, others: str) -> None:
