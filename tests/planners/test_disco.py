@@ -12,6 +12,7 @@ from dl_nfv.planners import run
 from dl_nfv.planners.disco.baselines import (
     MB,
     ddp_buckets,
+    forward_ms,
     horovod_buckets,
     ideal_overlap_bound,
     setting,
@@ -108,6 +109,22 @@ def test_the_ideal_overlap_bound_is_below_every_candidate_and_disco_below_every_
     assert disco.bound_ms == pytest.approx(bound.ms, abs=1e-5)
     for name in ("dp-no-fusion", "dp-horovod", "dp-xla-like"):
         assert disco.prediction.iteration_ms <= run(name, g, t).prediction.iteration_ms + 1e-6
+
+
+@pytest.mark.parametrize("gbps", [20.0, 2.0, 0.5])
+def test_the_bound_with_the_forward_term_stays_below_every_candidate(gbps):
+    # the slower the mesh, the more communication dominates and the forward term binds
+    g, _ = _small()
+    s = setting(g, mesh(2, bandwidth_gbps=gbps))
+    bound = ideal_overlap_bound(s)
+    times = [s.simulate(c.fusion()).iteration_ms for c in _all_candidates(g)]
+    assert bound.ms <= min(times) + 1e-9
+    parts = bound.parts
+    assert parts["forward, then communication"] == pytest.approx(
+        parts["communication, compute hidden"] + forward_ms(s))
+    assert bound.ms == max(parts["ideal overlap"], parts["forward, then communication"])
+    if gbps < 1:
+        assert parts["forward, then communication"] > parts["ideal overlap"]
 
 
 def test_maximal_fusion_is_valid_and_fuses_every_epilogue_after_an_anchor():
