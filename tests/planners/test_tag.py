@@ -151,6 +151,9 @@ def test_learn_trains_a_policy_the_planner_loads(tmp_path):
 @pytest.mark.parametrize(("args", "words"), [
     (["--playouts", "0"], "playouts must be at least 1, got 0"),
     (["--priors", "learned"], "priors must be one of gnn, uniform"),
+    (["--microbatches", "0"], "microbatches must be at least 1, got 0"),
+    (["--others", "pipeline,nope"], "others names 'nope', which is not another planner"),
+    (["--others", "tag"], "others names 'tag', which is not another planner"),
 ])
 def test_bad_plan_options_exit_2_naming_them(tmp_path, args, words):
     result = CliRunner().invoke(cli, ["plan", "tag", "--graph", str(PROFILES / "vgg19-b32-r3.json"),
