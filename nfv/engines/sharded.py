@@ -69,6 +69,7 @@ from ..traffic.capture import (
     release_pages,
     span_table,
     walk_pcap_part,
+    walk_rows,
 )
 from ..traffic.columnar import PacketColumns, decode_records
 from ..traffic.pcap import MalformedCounts
@@ -183,7 +184,7 @@ def _walk_parts(path, job: _Job, malformed: MalformedCounts) -> tuple[np.ndarray
         children.append((k, mine, proc))
     try:
         walk = walk_pcap_part(data, layout, edges, 0, malformed)[1]
-        heads = join_walks(data, layout, walk, (_receive(k, conn, last=False)
+        walks = join_walks(data, layout, walk, (_receive(k, conn, last=False)
                                                 for k, conn, _ in children), malformed)
     except BaseException:
         for _, conn, proc in children:  # none of them waits for an order that never comes
@@ -192,7 +193,7 @@ def _walk_parts(path, job: _Job, malformed: MalformedCounts) -> tuple[np.ndarray
             conn.close()
         os.close(job.fd)
         raise
-    return pcap_rows(data, layout, heads), children
+    return walk_rows(data, layout, walks), children
 
 
 def _one_process(job: _Job, records: np.ndarray, malformed: MalformedCounts, read_s: float,
@@ -350,6 +351,7 @@ def _child(conn, job: _Job, k: int, walk: tuple | None = None) -> None:
         if walk is not None:
             counts = MalformedCounts()
             first, part = walk_pcap_part(job.data, *walk, k, counts)
+            part.rows = pcap_rows(job.data, walk[0], part.heads)  # read here, in parallel
             release_pages(job.data)
             conn.send(("ok", (first, part, counts)))
             order = conn.recv()

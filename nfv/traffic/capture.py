@@ -205,6 +205,13 @@ class PcapWalk:
     heads: np.ndarray
     next_pos: int | None
     last_sec: int | None
+    rows: np.ndarray | None = None  # ``pcap_rows`` of the heads, where already read
+
+
+def walk_rows(data, layout: PcapLayout, walks: list[PcapWalk]) -> np.ndarray:
+    """``pcap_rows`` of the records of ``walks`` (those a walk holds already as they are)."""
+    return np.concatenate([np.zeros((0, 4), dtype=np.int64)] + [
+        w.rows if w.rows is not None else pcap_rows(data, layout, w.heads) for w in walks])
 
 
 def walk_pcap(data, layout: PcapLayout, pos: int, stop: int, last_sec: int | None,
@@ -260,25 +267,25 @@ def walk_pcap_part(data, layout: PcapLayout, edges: list[int], k: int, malformed
 
 def join_walks(data, layout: PcapLayout, walk: PcapWalk,
                later: Iterable[tuple[int | None, PcapWalk, Counter]], malformed: Counter
-               ) -> np.ndarray:
-    """The record headers one walk of the whole file finds, from the first part's ``walk``
+               ) -> list[PcapWalk]:
+    """The walks whose records (in order) one walk of the whole file finds, from the first
+    part's ``walk``
     and the later parts' (``walk_pcap_part``: start, walk, its counts, in order; every one
     is consumed). A part counts when the walk before it stopped exactly where it started
     (from there on both read the same records, a good one first); otherwise the walk goes
     on from where the last one stopped, to the end of the file, and the later parts are
     not used. Counts of the parts used are added to ``malformed``."""
-    heads = [walk.heads]
+    walks = [walk]
     for first, part, counts in later:
         if walk.next_pos is None:  # the walk ended before this part
             continue
         if first == walk.next_pos:
-            heads.append(part.heads)
             malformed.update(counts)
             walk = part
         else:  # the walks did not meet
             walk = walk_pcap(data, layout, walk.next_pos, len(data), walk.last_sec, malformed)
-            heads.append(walk.heads)
-    return np.concatenate(heads)
+        walks.append(walk)
+    return walks
 
 
 def pcap_rows(data, layout: PcapLayout, heads: np.ndarray) -> np.ndarray:

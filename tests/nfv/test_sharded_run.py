@@ -25,9 +25,9 @@ from dl_nfv.nfv.traffic.assemble import key_table
 from dl_nfv.nfv.traffic.capture import (
     join_walks,
     pcap_layout,
-    pcap_rows,
     span_table,
     walk_pcap_part,
+    walk_rows,
 )
 from dl_nfv.nfv.traffic.columnar import decode_records
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
@@ -224,7 +224,7 @@ def _split_walk(path, data: bytes, edges: list[int]) -> tuple[np.ndarray, Counte
     for k in range(1, len(edges) - 1):
         own: Counter = Counter()
         later.append((*walk_pcap_part(data, layout, edges, k, own), own))
-    return pcap_rows(data, layout, join_walks(data, layout, walk, later, counts)), counts
+    return walk_rows(data, layout, join_walks(data, layout, walk, later, counts)), counts
 
 
 @pytest.mark.parametrize("kind", ["payload", "huge_caplen", "caplen_over_original", "cut",
