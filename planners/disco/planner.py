@@ -101,16 +101,42 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, time_limit: float
 
 
 def seed_candidates(s) -> dict[str, Candidate]:
-    """The search's seeds by name: the baselines and maximal fusion with buckets of each
-    size in ``SEED_BUCKETS_MB`` and of everything."""
+    """The search's seeds by name: the baselines, and maximal fusion with buckets of each
+    size in ``SEED_BUCKETS_MB`` and of everything. Where some maximal groups do not pay
+    (a fused-kernel estimator prices them above their ops unfused: a compiled region's
+    per-call cost), the same again with only the groups that pay fused."""
     seeds = {name: Candidate.of(f) for name, f in baseline_fusions(s).items()}
-    groups = s.maximal
     ops = s.group.ops
-    for mb in SEED_BUCKETS_MB:
-        buckets = ddp_buckets(s.graph, ops, first_bytes=mb * MB, bucket_bytes=mb * MB)
-        seeds[f"maximal fusion, {mb:g} MiB buckets"] = Candidate.of(
-            Fusion(op_groups=groups, gradient_buckets=buckets))
-    everything = ddp_buckets(s.graph, ops, first_bytes=math.inf, bucket_bytes=math.inf)
-    seeds["maximal fusion, one bucket"] = Candidate.of(Fusion(op_groups=groups,
-                                                             gradient_buckets=everything))
+    fusions = {"maximal fusion": s.maximal}
+    paying = profitable_groups(s)
+    if paying != s.maximal:
+        fusions["paying fusion"] = paying
+    for label, groups in fusions.items():
+        for mb in SEED_BUCKETS_MB:
+            buckets = ddp_buckets(s.graph, ops, first_bytes=mb * MB, bucket_bytes=mb * MB)
+            seeds[f"{label}, {mb:g} MiB buckets"] = Candidate.of(
+                Fusion(op_groups=groups, gradient_buckets=buckets))
+        everything = ddp_buckets(s.graph, ops, first_bytes=math.inf, bucket_bytes=math.inf)
+        seeds[f"{label}, one bucket"] = Candidate.of(Fusion(op_groups=groups,
+                                                            gradient_buckets=everything))
     return seeds
+
+
+def profitable_groups(s) -> tuple[tuple[str, ...], ...]:
+    """The groups of maximal fusion whose fused forward plus backward is below their ops'
+    unfused sum on the replica of the largest share (all of them under the sum-of-ops rule,
+    which never prices a group above its parts)."""
+    share, device = max(zip(s.group.shares, s.group.devices))
+    cm = s.cm
+    needs = cm.needs_grad
+
+    def fused(group) -> float:
+        grads = [o for o in group if needs[o]]
+        return cm.fused_ms(group, device, "fwd", share) + (
+            cm.fused_ms(grads, device, "bwd", share) if grads else 0.0)
+
+    def apart(group) -> float:
+        return sum(cm.op_ms(o, device, "fwd", share) + (cm.op_ms(o, device, "bwd", share)
+                                                         if needs[o] else 0.0) for o in group)
+
+    return tuple(g for g in s.maximal if fused(list(g)) < apart(g))

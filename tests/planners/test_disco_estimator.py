@@ -157,3 +157,29 @@ def test_disco_does_not_fuse_where_the_per_call_cost_outweighs_the_saving(tmp_pa
                               trained_on=TrainedOn(), seed=0, command=""), tmp_path / "e.json")
         chosen = disco_plan(g, topo, estimator=str(path), max_evaluations=60)
         assert bool(chosen.fusion.op_groups) == fuses, per_call
+
+
+def test_with_a_per_group_price_disco_fuses_only_what_pays_and_reaches_the_enumerated_optimum():
+    from dl_nfv.planners.disco.baselines import setting
+    from dl_nfv.planners.disco.planner import profitable_groups, seed_candidates
+    from dl_nfv.planners.disco.search import backtrack, simulated_score
+
+    from .test_disco import _all_candidates
+
+    g, topo = _small()
+    s = setting(g, topo)
+    assert profitable_groups(s) == s.maximal  # the sum-of-ops rule: every group pays
+
+    def price(cm, op_ids, device, phase, fraction):
+        # the conv's group runs at half its ops' time; any group with m2 costs 5 ms more
+        parts = sum(cm.op_ms(o, device, phase, fraction) for o in op_ids)
+        return parts + 5.0 if "m2" in op_ids else 0.5 * parts
+
+    s.cm.fused_estimator = price
+    assert profitable_groups(s) == (("c1", "n1", "a1"),)
+    score = simulated_score(lambda fusion: s.simulate(fusion).iteration_ms)
+    optimum = min(score(c) for c in _all_candidates(g))
+    result = backtrack(list(seed_candidates(s).values()), score, g, bound_ms=0.0, seed=0,
+                       time_limit_s=60.0, max_evaluations=200)
+    assert result.best_ms == pytest.approx(optimum, rel=1e-9)
+    assert all("m2" not in group for group in result.best.op_groups)
