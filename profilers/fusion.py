@@ -172,7 +172,8 @@ def time_region(module: Callable, args: Sequence[torch.Tensor], repeats: int) ->
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
         for a in args:
-            a.grad = None
+            if isinstance(a, torch.Tensor):
+                a.grad = None
 
     both()
     with torch.enable_grad():
