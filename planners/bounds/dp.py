@@ -194,25 +194,29 @@ def _table(busy, chain, shape: Shape, around=None, after=None, sync=None,
 
 def _table_on_grid(busy, chain, shape: Shape, around=None, after=None) -> np.ndarray:
     """``table`` over device-count buckets and what is left on the grid (``DeviceGrid``):
-    the same DP with gathered indices where ``table`` takes slices (gathers copy, so the
-    clusters small enough for every count keep the slicing loop)."""
+    per first region one vectorised pass over every (grid value left, bucket) pair, as
+    ``_table`` takes every (k, l) pair (with gathered indices where ``_table`` takes slices:
+    gathers copy, so the clusters small enough for every count keep the slicing loop)."""
     c, regions = shape.grid, shape.regions
     G, R = len(busy), len(c.lo)
     g = np.full((G, regions + 2, R), np.inf)
     g[:, regions, :] = 0.0
     g[:, regions + 1, :] = 0.0
+    # every (q, b): with lo[q] devices left, a stage of bucket b, the rest at position at
+    ks = np.concatenate([c.ks[q] for q in range(1, R)])
+    at = np.concatenate([c.at[q][c.ks[q]] for q in range(1, R)])
+    starts = np.cumsum([0] + [len(c.ks[q]) for q in range(1, R - 1)])
     for i in range(regions - 1, -1, -1):
-        cont = continuation(g, shape.split)
-        for q in range(1, R):
-            ks, at = c.ks[q], c.at[q][c.ks[q]]
-            rest = cont[:, i + 1:, at]  # [G, j, b]: the rest on what the stage leaves
-            # (index ``i`` first: an integer beside an index array would move their axes)
-            val = np.maximum(busy[:, i][:, i + 1:][:, :, ks],
-                             chain[i][i + 1:][:, ks][None] + rest[..., None])
-            if around is not None:
-                beside = around[i][i + 1:][:, ks] + after[i + 1:, at][..., None]
-                val = np.maximum(val, beside[None])
-            g[:, i, q] = np.minimum(g[:, i, q - 1], val.reshape(G, -1).min(axis=1))
+        rest = continuation(g, shape.split)[:, i + 1:, at]  # [G, j, pair]
+        # (index ``i`` first: an integer beside an index array would move their axes)
+        val = np.maximum(busy[:, i][:, i + 1:][:, :, ks],
+                         chain[i][i + 1:][:, ks][None] + rest[..., None])
+        if around is not None:
+            beside = around[i][i + 1:][:, ks] + after[i + 1:, at][..., None]
+            val = np.maximum(val, beside[None])
+        least = val.min(axis=(1, 3))  # [G, pair]
+        # with lo[q] left: the least over its pairs and the grid values below
+        g[:, i, 1:] = np.minimum.accumulate(np.minimum.reduceat(least, starts, axis=1), axis=1)
         if shape.split[i]:
             g[:, i] = np.minimum(g[:, i], g[:, i + 1])
     return g

