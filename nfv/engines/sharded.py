@@ -281,7 +281,9 @@ class _Job:
         trace = trace_of(self.source, merge_parts(parts, stats, clean), 0, 0, Counter(), stats)
         flows_s = time.perf_counter() - t1
         result = run_engine(trace, self.specs, self.choice, self.options)
-        return {"flows": [tuple(getattr(f, n) for n in _FLOW_FIELDS) for f in trace.flows],
+        flows = trace.flows if k == 0 else [  # sent as tuples: unpickled fast
+            tuple(getattr(f, n) for n in _FLOW_FIELDS) for f in trace.flows]
+        return {"flows": flows,
                 "addresses": trace.addresses, "created": created, "when": when,
                 "messages": [getattr(trace, name) for name in _MESSAGE],
                 "stats": stats, "decode_s": t1 - t0, "flows_s": flows_s, "result": result}
@@ -299,7 +301,8 @@ def _merge(parts: list[dict], capture, source: str) -> tuple[Trace, EngineResult
         renamed.append(new_id[first:first + len(p["created"])])
         first += len(p["created"])
     infos = [f for p in parts for f in p["flows"]]
-    flows = [FlowInfo(*infos[i]) for i in order.tolist()]
+    flows = [f if isinstance(f, FlowInfo) else FlowInfo(*f) for f in map(infos.__getitem__,
+                                                                            order.tolist())]
     addresses = np.concatenate([p["addresses"] for p in parts])[order]
     when = np.concatenate([p["when"] for p in parts])
     m_order = np.argsort(when, kind="stable")
