@@ -5,10 +5,13 @@ packets, 10k and 1M flows, batch sizes 1k-64k; the tensor engine runs with one
 torch thread (and on CUDA when present, ``--device cuda``). The per-packet
 reference is timed on a prefix of each trace (it is ~100x slower); Mpps is packets
 over engine time, Gbps counts wire bytes. Every tensor run is checked against the
-reference on that prefix, packet for packet.
+reference on that prefix, packet for packet. The flow table is sized once for the
+trace's flows, as ``nfv chain`` sizes it. ``--trace`` runs the same rows on a capture
+instead (e.g. ``nfv gen-trace --flows 10000 --mix http``), with its own packet sizes.
 
     python bench/chain_bench.py            # full table, recorded in docs/benchmarks.md
     python bench/chain_bench.py --quick --no-record
+    python bench/chain_bench.py --trace big.pcap --no-record
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from _record import markdown_table, record_section  # noqa: E402
 
 from dl_nfv.artifacts import load  # noqa: E402
 from dl_nfv.nfv.chains.engine import build_chain  # noqa: E402
+from dl_nfv.nfv.chains.flowtable import capacity_for  # noqa: E402
+from dl_nfv.nfv.chains.packets import flow_count, load_packets  # noqa: E402
 from dl_nfv.nfv.chains.run import drive, merge, same_outcome  # noqa: E402
 from dl_nfv.nfv.chains.synth import synthetic_packets  # noqa: E402
 
@@ -38,21 +43,26 @@ def _time(chain, packets, batch_size):
     return time.perf_counter() - t0, results, latency
 
 
-def measure(specs, *, flows, packets, size, batch, device, ref_packets):
-    trace = synthetic_packets(flows=flows, packets=packets, packet_bytes=size, seed=1,
-                              duration_s=packets / 2e6)
-    chain = build_chain(specs, "tensor", device=device, capacity=1 << 12)
+def measure(specs, *, flows, packets, size, batch, device, ref_packets, trace=None):
+    """One row: the tensor engine over the whole trace (synthetic unless ``trace``), the
+    reference over its prefix, their outcomes on the prefix compared."""
+    if trace is None:
+        trace = synthetic_packets(flows=flows, packets=packets, packet_bytes=size, seed=1,
+                                  duration_s=packets / 2e6)
+    capacity = capacity_for(flow_count(trace))
+    chain = build_chain(specs, "tensor", device=device, capacity=capacity)
     elapsed, results, latency = _time(chain, trace, batch)
     n = len(trace)
     prefix = trace.slice(0, min(ref_packets, n))
     ref_s, ref_results, _ = _time(build_chain(specs, "cpu"), prefix, batch)
-    check = build_chain(specs, "tensor", device=device, capacity=1 << 12)
+    check = build_chain(specs, "tensor", device=device, capacity=capacity)
     _, ten_results, _ = _time(check, prefix, batch)
     assert same_outcome(merge(ref_results), merge(ten_results)), "tensor != reference"
     mpps = n / elapsed / 1e6
     ref_mpps = len(prefix) / ref_s / 1e6
+    wire = int(trace.wire_bytes.sum())
     return {"flows": flows, "bytes": size, "batch": batch, "packets": n,
-            "tensor_mpps": mpps, "tensor_gbps": n * size * 8 / elapsed / 1e9,
+            "tensor_mpps": mpps, "tensor_gbps": wire * 8 / elapsed / 1e9,
             "p99_ms": float(np.percentile(np.array(latency) * 1e3, 99)),
             "cpu_mpps": ref_mpps, "speedup": mpps / ref_mpps}
 
@@ -63,10 +73,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-record", action="store_true", help="print only")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] for the tensor engine")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--trace", default=None,
+                        help="a capture to run instead of the synthetic traces (not recorded)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     specs = load(CONFIG).l4_chain
-    if args.quick:
+    capture = None
+    if args.trace:
+        capture = load_packets(args.trace).packets
+        grid = [(flow_count(capture), len(capture))]
+        batches, sizes, ref_packets = [1024, 8192, 65536], ["mixed"], 20_000
+        if args.quick:
+            batches = [8192]
+        args.no_record = True
+    elif args.quick:
         grid = [(10_000, 200_000)]
         batches, sizes, ref_packets = [1024, 65536], [64], 20_000
     else:
@@ -77,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         for size in sizes:
             for batch in batches:
                 r = measure(specs, flows=flows, packets=packets, size=size, batch=batch,
-                            device=args.device, ref_packets=ref_packets)
+                            device=args.device, ref_packets=ref_packets, trace=capture)
                 rows.append(r)
                 print(f"{flows:>9} flows {size:>4} B batch {batch:>6}: tensor "
                       f"{r['tensor_mpps']:.3f} Mpps {r['tensor_gbps']:.3f} Gbps "
