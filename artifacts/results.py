@@ -115,6 +115,8 @@ class NetworkProbe:
     devices: tuple[str, ...]  # per rank
     sizes_bytes: tuple[int, ...]
     p2p_one_way_s: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # per pair and size, the CPU seconds one message took its busier end (gloo on CPUs)
+    p2p_cpu_per_message_s: dict[str, tuple[float, ...]] = field(default_factory=dict)
     allreduce_s: tuple[float, ...] = ()
     fits: dict[str, dict[str, float]] = field(default_factory=dict)  # latency_us, bandwidth_gbps
     matmul_gflops: tuple[float, ...] = ()  # per rank

@@ -108,12 +108,20 @@ class Interconnect:
     latency_us: float = 1.0
     collective_latency_us: float | None = None
     collective_bandwidth_gbps: float | None = None
+    # CPU a worker process of a CPU device spends on one message it sends or receives over
+    # these links (its collective library's threads included): a fixed part and one per MiB
+    # (``profile network`` measures them); None: not measured, nothing beyond the transfer
+    message_cpu_us: float | None = None
+    message_cpu_us_per_mib: float | None = None
 
     def __post_init__(self) -> None:
         _check_link_figures(self.bandwidth_gbps, self.latency_us)
         figures = self.collective_figures
         if figures is not None:
             _check_link_figures(figures[1], figures[0], "collective_")
+        for name in ("message_cpu_us", "message_cpu_us_per_mib"):
+            value = getattr(self, name)
+            check(value is None or value >= 0, f"{name} must be >= 0, got {value}")
 
     @property
     def collective_figures(self) -> tuple[float, float] | None:

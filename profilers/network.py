@@ -9,7 +9,11 @@ Method
     (over 5x as many messages up to 1 MiB, which cost next to nothing).
     A fit of ``t(s) = latency + s / bandwidth`` per pair (the slope over the
     larger half of the sizes, the latency the median left over the smaller half) gives
-    ``latency_us`` and ``bandwidth_gbps``.
+    ``latency_us`` and ``bandwidth_gbps``. With gloo on CPUs each rank also reads its
+    process's CPU time (all its threads: gloo's too) around every round trip, half of it
+    per message (one sent, one received); per size the least over the messages (other jobs
+    only add CPU time), of the busier end, fitted the same way, gives the interconnect's
+    ``message_cpu_us`` and ``message_cpu_us_per_mib`` (``fits.message_cpu``).
     Then every rank runs AllReduce over the same sizes (the time of one is the
     slowest rank's), reported with its bus bandwidth ``2(N-1)/N * S / t``. On
     CPU each process also times an FP32 matmul, recorded as the device's
@@ -54,11 +58,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
 from dl_nfv.artifacts import BadInput, RuntimeFailure, Topology, from_data
 
 from .allocator import keep_freed_memory, requested_policy
+from .fits import LinkFit, fit_affine, fit_link, message_cpu  # noqa: F401 (re-exported)
 
 DEFAULT_SIZES = tuple(1024 * 4**i for i in range(9))  # 1 KiB .. 64 MiB
 # Messages up to SMALL_BYTES are timed SMALL_FACTOR times as often: they cost next to
@@ -67,17 +70,6 @@ DEFAULT_SIZES = tuple(1024 * 4**i for i in range(9))  # 1 KiB .. 64 MiB
 SMALL_BYTES = 2**20
 SMALL_FACTOR = 5
 GIB = 2**30
-
-
-@dataclass(frozen=True)
-class LinkFit:
-    """A latency + size/bandwidth line fitted to one-way times."""
-
-    latency_us: float
-    bandwidth_gbps: float
-
-    def time_s(self, nbytes: float) -> float:
-        return self.latency_us * 1e-6 + nbytes * 8 / (self.bandwidth_gbps * 1e9)
 
 
 def message_sizes(min_bytes: int, max_bytes: int, factor: int = 4) -> list[int]:
@@ -91,31 +83,6 @@ def message_sizes(min_bytes: int, max_bytes: int, factor: int = 4) -> list[int]:
     return sizes
 
 
-def fit_link(sizes: Sequence[int], seconds: Sequence[float]) -> LinkFit:
-    """Fit ``t = a + s * b``: ``b`` by least squares over the larger half of the sizes, then
-    ``a`` (>= 0) as the median of ``t - s * b`` over the smaller half (one slow small
-    message, as a shared machine gives now and then, does not set the latency).
-
-    Large messages (gradients, activations) are where a link's time goes, so they fix
-    the bandwidth; the smallest fixes the latency. (A fit of relative error over all
-    sizes let mid-sized messages, which copy through the caches on loopback, overstate
-    the bandwidth of 64 MiB messages by a third.) O(len(sizes)).
-    """
-    s = np.asarray(sizes, dtype=float)
-    t = np.asarray(seconds, dtype=float)
-    if len(s) < 2 or np.any(t <= 0):
-        raise ValueError("need at least two sizes with positive times to fit a link")
-    order = np.argsort(s)
-    s, t = s[order], t[order]
-    big = slice(len(s) // 2, None) if len(s) >= 4 else slice(None)
-    sb, tb = s[big], t[big]
-    b = float(np.sum((sb - sb.mean()) * (tb - tb.mean())) / np.sum((sb - sb.mean()) ** 2))
-    b = max(b, 1e-15)
-    small = slice(None, max(1, (len(s) + 1) // 2))
-    a = max(0.0, float(np.median(t[small] - s[small] * b)))
-    return LinkFit(latency_us=a * 1e6, bandwidth_gbps=float(8.0 / (b * 1e9)))
-
-
 @dataclass
 class NetworkReport:
     """Raw measurements: per pair and size the one-way seconds; AllReduce seconds per size."""
@@ -126,6 +93,8 @@ class NetworkReport:
     devices: list[str]
     sizes: list[int]
     p2p_s: dict[str, list[float]] = field(default_factory=dict)  # "i-j" -> per size
+    # "i-j" -> per size, the CPU seconds per message of the busier end (gloo on CPUs)
+    p2p_cpu_s: dict[str, list[float]] = field(default_factory=dict)
     allreduce_s: list[float] = field(default_factory=list)
     fits: dict[str, dict[str, float]] = field(default_factory=dict)
     matmul_gflops: list[float] = field(default_factory=list)
@@ -138,6 +107,7 @@ class NetworkReport:
     def to_data(self) -> dict:
         return {"backend": self.backend, "world_size": self.world_size, "hosts": self.hosts,
                 "devices": self.devices, "sizes_bytes": self.sizes, "p2p_one_way_s": self.p2p_s,
+                "p2p_cpu_per_message_s": self.p2p_cpu_s,
                 "allreduce_s": self.allreduce_s, "fits": self.fits,
                 "matmul_gflops": self.matmul_gflops, "memory_gb_per_s": self.memory_gb_per_s,
                 "memory_gib": self.memory_gib, "threads": self.threads}
@@ -198,15 +168,16 @@ def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | N
 
     buffers = {s: torch.ones(max(1, s // 4), dtype=torch.float32, device=device) for s in config.sizes}
     p2p: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}  # this rank's CPU seconds per message, per pair and size
     for i, j in pairs:
         if rank in (i, j):
-            times = []
+            times, cpu_times = [], []
             for size in config.sizes:
                 buf = buffers[size]
-                samples = []
+                samples, cpu_samples = [], []
                 for k in range(config.warmup + config.timed(size)):
                     _sync(device)
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     if rank == i:
                         dist.send(buf, j)
                         dist.recv(buf, j)
@@ -216,9 +187,13 @@ def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | N
                     _sync(device)
                     if k >= config.warmup:
                         samples.append((time.perf_counter() - t0) / 2)
+                        cpu_samples.append((time.process_time() - c0) / 2)
                 times.append(statistics.median(samples))
+                # other jobs only add CPU time (caches, wake-ups): the least is the message's
+                cpu_times.append(min(cpu_samples))
             if rank == i:
                 p2p[f"{i}-{j}"] = times
+            cpu[f"{i}-{j}"] = cpu_times
         dist.barrier()
         tick(f"pair {i}-{j}")
 
@@ -248,6 +223,7 @@ def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | N
     memory = _memory_gb_per_s(device) if device.type == "cpu" else 0.0
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"p2p": p2p, "gflops": gflops, "memory": memory,
+                                      "cpu": cpu if device.type == "cpu" else {},
                                       "device": _device_label(device)})
     tick("gathering")
     if rank != 0:
@@ -258,6 +234,9 @@ def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | N
                            memory_gb_per_s=[g["memory"] for g in gathered])
     for g in gathered:
         report.p2p_s.update(g["p2p"])
+        for key, per_size in g["cpu"].items():  # the busier end of the pair
+            have = report.p2p_cpu_s.get(key, per_size)
+            report.p2p_cpu_s[key] = [max(a, b) for a, b in zip(have, per_size, strict=True)]
     report.p2p_s = dict(sorted(report.p2p_s.items(), key=lambda kv: tuple(map(int, kv[0].split("-")))))
     for key, times in report.p2p_s.items():
         fit = fit_link(config.sizes, times)
@@ -386,6 +365,7 @@ def probe_network(nprocs: int = 2, *, sizes: Sequence[int] = DEFAULT_SIZES, repe
     report = NetworkReport(backend=data["backend"], world_size=data["world_size"],
                            hosts=data["hosts"], devices=data["devices"], sizes=data["sizes_bytes"],
                            p2p_s=data["p2p_one_way_s"], allreduce_s=data["allreduce_s"],
+                           p2p_cpu_s=data.get("p2p_cpu_per_message_s", {}),
                            fits=data["fits"], matmul_gflops=data["matmul_gflops"],
                            memory_gb_per_s=data.get("memory_gb_per_s", []),
                            memory_gib=data["memory_gib"], threads=threads or 0)
@@ -503,6 +483,12 @@ def topology_from_report(report: NetworkReport, name: str | None = None) -> Topo
             kind = "loopback" if is_cpu else ("nvlink" if label.endswith("+p2p") else "pcie")
             doc["interconnect"] = {"kind": kind, "bandwidth_gbps": bw,
                                    "latency_us": lat / 2 if kind == "pcie" else lat}
+            cpu_fits = [message_cpu(report.sizes, report.p2p_cpu_s[f"{a}-{b}"])
+                        for a in ranks for b in ranks if f"{a}-{b}" in report.p2p_cpu_s]
+            if is_cpu and cpu_fits:
+                doc["interconnect"] |= {
+                    "message_cpu_us": round(statistics.median(f[0] for f in cpu_fits), 3),
+                    "message_cpu_us_per_mib": round(statistics.median(f[1] for f in cpu_fits), 3)}
             doc["host_link_gbps"] = bw
             doc["host_link_latency_us"] = lat / 2 if kind == "pcie" else lat
             intra_latency[h] = doc["host_link_latency_us"]

@@ -188,6 +188,26 @@ class NetworkCosts:
             return 0.0
         return self.cluster.route(src, dst).transfer_us(nbytes) / 1e3
 
+    def message_cpu_ms(self, device: str, nbytes: float) -> float:
+        """CPU a worker of CPU ``device`` spends sending or receiving one message of
+        ``nbytes`` (its collective library's threads included): its host interconnect's
+        measured ``message_cpu_us + nbytes x message_cpu_us_per_mib``; 0 where not measured
+        or on another kind of device."""
+        dev = self.cluster.device(device)
+        if dev.type.kind.value != "cpu" or nbytes <= 0:
+            return 0.0
+        host = next(h for h in self.cluster.topology.hosts if h.name == dev.host)
+        ic = host.interconnect
+        if ic is None or ic.message_cpu_us is None:
+            return 0.0
+        return (ic.message_cpu_us + nbytes / 2**20 * (ic.message_cpu_us_per_mib or 0.0)) / 1e3
+
+    def host_transfer_ms(self, src: str, dst: str, nbytes: float) -> float:
+        """A transfer that holds CPU ends (``TaskGraph.host_driven``): its link time, and no
+        less than either CPU end spends on the message (``message_cpu_ms``)."""
+        return max(self.transfer_ms(src, dst, nbytes), self.message_cpu_ms(src, nbytes),
+                   self.message_cpu_ms(dst, nbytes)) if src != dst and nbytes > 0 else 0.0
+
     def concurrent_ms(self, flows: Iterable[Flow]) -> float:
         """Time for a set of flows that start together and share links.
 

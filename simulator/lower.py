@@ -587,8 +587,9 @@ class _Lowering:
                         self.more_readers[(ua, ra)].extend(
                             (B[ub][rb] if self.unit_rg[ub] else F[ub][rb]) for ub in consumers)
                     continue
-                fwd_ms = self.cm.transfer_ms(self.device_names[da], self.device_names[db], size)
                 hosts = tuple(-1 - d for d in (da, db) if tg.host_driven[d])
+                fwd_ms = (self.cm.host_transfer_ms if hosts else self.cm.transfer_ms)(
+                    self.device_names[da], self.device_names[db], size)
                 res_f = self._route(da, db) + hosts
                 res_b = self._route(db, da) + hosts if rg else ()
                 for m in range(M):
@@ -765,7 +766,8 @@ class _Lowering:
         for src, dst, size, deps, what in ((sharer, owner, nbytes, sharer_deps, "dense"),
                                            (owner, sharer, rows, owner_deps, "rows")):
             hosts = tuple(-1 - d for d in (src, dst) if tg.host_driven[d])
-            ms = cm.transfer_ms(self.device_names[src], self.device_names[dst], size)
+            ms = (cm.host_transfer_ms if hosts else cm.transfer_ms)(
+                self.device_names[src], self.device_names[dst], size)
             t = tg.add_comm(TaskKind.TRANSFER, self._route(src, dst) + hosts, ms, size,
                             (f"tied {name} {what}", "F", 0, size, src, dst))
             if hosts:

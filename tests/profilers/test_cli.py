@@ -148,6 +148,10 @@ def test_network_probe_writes_a_topology_that_show_renders(tmp_path):
     data = json.loads(report.read_text())
     assert data["sizes_bytes"] == [1024, 4096, 16384, 65536, 262144]
     assert len(data["p2p_one_way_s"]["0-1"]) == 5 and len(data["allreduce_s"]) == 5
+    # the CPU per message, per size (least over the messages), and its fit
+    assert len(data["p2p_cpu_per_message_s"]["0-1"]) == 5
+    assert min(data["p2p_cpu_per_message_s"]["0-1"]) > 0
+    assert ic.message_cpu_us is not None and ic.message_cpu_us >= 0
     # every process measured its memory bandwidth; the devices carry the median
     assert len(data["memory_gb_per_s"]) == 2 and min(data["memory_gb_per_s"]) > 0
     assert topo.hosts[0].devices[0].memory_bandwidth_gb_per_s > 0

@@ -7,7 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dl_nfv.artifacts import cluster_of
-from dl_nfv.profilers.network import DEFAULT_SIZES, NetworkReport, fit_link, topology_from_report
+from dl_nfv.profilers.network import (
+    DEFAULT_SIZES,
+    NetworkReport,
+    fit_link,
+    message_cpu,
+    topology_from_report,
+)
 from dl_nfv.simulator.costs import NetworkCosts
 
 
@@ -143,3 +149,15 @@ def test_no_collective_figures_beside_per_pair_links():
     report = _report(["h"] * 3, fits)
     report.allreduce_s = _loopback_allreduce(230.0, 24.0)
     assert topology_from_report(report).hosts[0].interconnect.collective_latency_us is None
+
+
+def test_the_cpu_per_message_is_fitted_and_written_into_a_cpu_hosts_interconnect():
+    cpu_s = [(50.0 + s / 2**20 * 300.0) * 1e-6 for s in DEFAULT_SIZES]  # 50 us + 300 us/MiB
+    assert message_cpu(DEFAULT_SIZES, cpu_s) == pytest.approx((50.0, 300.0), rel=1e-6)
+    report = _report(["box", "box"], {"0-1": (12.0, 40.0)})
+    assert topology_from_report(report).hosts[0].interconnect.message_cpu_us is None  # older
+    report.p2p_cpu_s = {"0-1": cpu_s}
+    ic = topology_from_report(report).hosts[0].interconnect
+    assert (ic.message_cpu_us, ic.message_cpu_us_per_mib) == pytest.approx((50.0, 300.0))
+    data = report.to_data()
+    assert data["p2p_cpu_per_message_s"] == {"0-1": cpu_s}
