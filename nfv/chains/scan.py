@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .ops import put, stable_order, take
+from .ops import put, put_columns, stable_order, take
 
 ROUND_STEPS_PER_PASS = 12  # rounds while the longest segment is under this per 8k packets
 
@@ -200,24 +200,18 @@ def scan_by_rounds(next_table, timeouts, cls, gap, seg: Segments, s0):
     flows = torch.split(take(seg.index, order), sizes)
     gaps = torch.split(take(gap, order), sizes) if timeouts is not None else [None] * len(sizes)
     rows = torch.split(take(cls, order) * width, sizes)
-    found_r = torch.empty_like(order)
-    after_r = torch.empty_like(order)
-    found_parts = torch.split(found_r, sizes)
-    after_parts = torch.split(after_r, sizes)
+    by_round = torch.empty((2, order.shape[0]), dtype=order.dtype, device=order.device)
+    found_parts = torch.split(by_round[0], sizes)
+    after_parts = torch.split(by_round[1], sizes)
     cur = s0.clone()
     for at, g, base, found_out, after_out in zip(flows, gaps, rows, found_parts, after_parts):
-        state = take(cur, at)
-        found_out.copy_(state)
+        state = torch.index_select(cur, 0, at, out=found_out)
         if timeouts is not None:
             state = state * (g <= take(timeouts, state))
-        nxt = take(flat, base + state)
-        after_out.copy_(nxt)
-        put(cur, at, nxt)
-    found = torch.empty_like(found_r)
-    after = torch.empty_like(after_r)
-    put(found, order, found_r)
-    put(after, order, after_r)
-    return found, after
+        put(cur, at, torch.index_select(flat, 0, base + state, out=after_out))
+    back = torch.empty_like(by_round)
+    put_columns(back, order, by_round)
+    return back[0], back[1]
 
 
 def scan_to_fixed_point(next_table, timeouts, cls, gap, seg: Segments, s0):
