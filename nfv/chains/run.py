@@ -30,6 +30,7 @@ from .packets import ChainPackets, flow_count, load_packets, write_output
 from .states import DROP_REASONS
 
 ENGINES = ("cpu", "tensor")
+SIZED_UP_TO = 1 << 22  # slots of a table sized from the trace (~0.6 GB for four NFs' columns)
 
 
 def load_chain_config(path: str | Path):
@@ -55,8 +56,9 @@ def resolve(device: str) -> str:
 
 def table_capacity(spec, packets: ChainPackets) -> int:
     """The tensor engine's flow table, sized once for every flow of the trace (at least the
-    config's ``table_capacity``), so that it never rehashes during the run."""
-    return max(spec.table_capacity, capacity_for(flow_count(packets)))
+    config's ``table_capacity``, at most ``SIZED_UP_TO`` slots: a long trace's flows are
+    seldom all live at once), so that it does not rehash during the run."""
+    return max(spec.table_capacity, min(capacity_for(flow_count(packets)), SIZED_UP_TO))
 
 
 def drive(chain, packets: ChainPackets, batch_size: int) -> tuple[list[BatchResult], list[float]]:
