@@ -43,18 +43,30 @@ COMMAND_MODULES = {"profile": "profile", "plan": "plan", "simulate": "simulate",
                    "train": "train", "nfv": "nfv", "show": "show"}
 
 
-class RootGroup(click.Group):
+class LazyGroup(click.Group):
+    """A group whose subcommands in ``lazy`` (name -> the module of this package that
+    defines it, as ``command``) are imported when looked up, not with the group."""
+
+    def __init__(self, *args, lazy: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy and name not in self.commands:
+            module = importlib.import_module(f"{__package__}.{self.lazy[name]}")
+            self.add_command(module.command, name)
+        return super().get_command(ctx, name)
+
+
+class RootGroup(LazyGroup):
     """Maps library and usage errors to one-line messages and exit codes; loads each
     subcommand's module on first use."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *COMMAND_MODULES})
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name in COMMAND_MODULES and name not in self.commands:
-            module = importlib.import_module(f"{__package__}.{COMMAND_MODULES[name]}")
-            self.add_command(module.command)
-        return super().get_command(ctx, name)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, lazy=COMMAND_MODULES, **kwargs)
 
     def make_context(self, info_name, args, parent=None, **extra):
         try:
