@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .main import skip_teardown
+from .main import LazyGroup, skip_teardown
 from .options import (
     TRACE_SUFFIXES,
     Number,
@@ -21,7 +21,8 @@ from .options import (
 )
 
 
-@click.group(name="nfv")
+# the actors (NFVactor) and netstar groups are imported when named
+@click.group(name="nfv", cls=LazyGroup, lazy={"actors": "actors", "netstar": "netstar"})
 def command() -> None:
     """Run network functions over packet traces, on CPU workers, a GPU, or both.
 
@@ -284,9 +285,3 @@ def chain(config_path: str, trace_path: str, engine: str | None, device: str | N
 
     deliver(from_data(ChainReport, report), output, as_json, render=render_report)
 
-
-from .actors import command as actors  # noqa: E402  (the actors group: NFVactor)
-from .netstar import command as netstar  # noqa: E402  (the netstar group: run, bench)
-
-command.add_command(netstar)
-command.add_command(actors)
