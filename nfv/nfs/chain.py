@@ -8,6 +8,7 @@ over a whole share, passing the mask of messages still alive down the chain.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,13 +16,20 @@ import numpy as np
 from dl_nfv.artifacts.errors import UnknownName
 
 from .base import FlowTable, GpuBatch, Outputs
-from .firewall import Firewall
-from .http_lb import HttpLb
-from .ids import Ids
 from .lazy_torch import torch
-from .monitor import Monitor
 
-NF_CLASSES = {"monitor": Monitor, "http-lb": HttpLb, "ids": Ids, "firewall": Firewall}
+# NF name -> "module:class" of this package, imported when a chain has that NF
+NF_CLASSES = {"monitor": "monitor:Monitor", "http-lb": "http_lb:HttpLb", "ids": "ids:Ids",
+              "firewall": "firewall:Firewall"}
+
+
+def nf_class(name: str) -> type:
+    """The class of the NF ``name`` (``UnknownName`` for any other name)."""
+    where = NF_CLASSES.get(name)
+    if where is None:
+        raise UnknownName(f"unknown NF {name!r}; valid: {', '.join(NF_CLASSES)}")
+    module, cls = where.split(":")
+    return getattr(importlib.import_module(f".{module}", __package__), cls)
 
 
 @dataclass(slots=True)
@@ -79,10 +87,7 @@ class Chain:
     def __init__(self, specs, flows: FlowTable):
         self.nfs = []
         for spec in specs:
-            cls = NF_CLASSES.get(str(spec.nf))
-            if cls is None:
-                raise UnknownName(f"unknown NF {spec.nf!r}; valid: {', '.join(NF_CLASSES)}")
-            self.nfs.append(cls(spec, flows))
+            self.nfs.append(nf_class(str(spec.nf))(spec, flows))
         self.kinds = [nf.kind for nf in self.nfs]
 
     def nf(self, kind: str):
