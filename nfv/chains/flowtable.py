@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops import pick, take
+from .ops import pick, put, take
 from .packets import mix_hash
 
 EMPTY, TOMB = -1, -2
@@ -125,23 +125,27 @@ class DeviceFlowTable:
         step = torch.arange(PROBE_WINDOW, device=self.device)
         fresh = 0
         while todo.numel():
-            window = (slot[todo].unsqueeze(1) + step) & mask  # [keys, window]
+            at = take(slot, todo)
+            window = (at.unsqueeze(1) + step) & mask  # [keys, window]
             free = take(self.k2, window) < 0
             first = torch.argmax(free.to(torch.uint8), dim=1, keepdim=True)
             has = free.gather(1, first).squeeze(1)
             s = window.gather(1, first).squeeze(1)
-            owner[s[has]] = todo[has]
-            win = has & (owner[s] == todo)
-            ws = s[win]
-            fresh += int((self.k2[ws] == EMPTY).sum())
-            self.k1[ws], self.k2[ws] = k1[todo[win]], k2[todo[win]]
-            got[todo[win]] = ws
+            # every key writes its claim; a key without a free slot writes at an occupied
+            # one (its window's first), whose owner no winner check reads
+            put(owner, s, todo)
+            win = torch.nonzero(has & (take(owner, s) == todo)).squeeze(1)
+            ws, tw = take(s, win), take(todo, win)
+            fresh += int((take(self.k2, ws) == EMPTY).sum())
+            put(self.k1, ws, take(k1, tw))
+            put(self.k2, ws, take(k2, tw))
+            put(got, tw, ws)
             # left: keys whose window was full (the next window) or whose slot another key
             # took (the slot after it)
-            nxt = torch.where(has, s + 1, slot[todo] + PROBE_WINDOW) & mask
-            left = ~win
+            nxt = pick(has, s + 1, at + PROBE_WINDOW) & mask
+            left = torch.ones_like(has).index_fill_(0, win, False)
             todo = todo[left]
-            slot[todo] = nxt[left]
+            put(slot, todo, nxt[left])
         if fill and self.fills:
             self.values[got] = torch.tensor(list(self.fills.values()), dtype=torch.int64,
                                             device=self.device)
