@@ -119,7 +119,7 @@ class _Stateful:
             if not bool(existed.all()):
                 self._set(sub, HOLDERS, now | self.bit)
         else:
-            self._set(sub, HOLDERS, pick(keep, now | self.bit, now & ~self.bit))
+            self._set(sub, HOLDERS, (now & ~self.bit) | (keep * self.bit))
         for name, value in values.items():
             self._set(sub, self.names[name], value)
 
