@@ -20,19 +20,31 @@ Method, ``plan``:
 2. **Refinement.** First-improvement hill climbing over single-group moves on the
    simulator (``learned.refine``), bounded by ``max_evaluations`` simulations and
    ``search_s`` seconds of CPU time.
-3. **Never worse than data parallelism.** The four DP baselines (``dp-even``,
+3. **Execution order.** Each device's order comes from a priority per op group by
+   list scheduling (``learned.order``): rule-based priorities (topological, or HEFT's
+   upward rank) refined by swapping the priorities of competing groups on the
+   simulator, bounded by ``order_evaluations`` simulations. The plan's ``order`` carries
+   it where it simulates no slower than the simulator's ready-task order without one.
+4. **Never worse than data parallelism.** The four DP baselines (``dp-even``,
    ``dp-prop``, ``ps-even``, ``ps-prop``, with their gradient buckets) are planned
    too; where the fastest of them that fits beats the refined strategy, it is the
    plan, with a note saying so.
+
+Why rule-based priorities refined by search rather than a policy output: the order
+only matters once the placement is fixed, which the refinement changes; priorities on
+the final placement are cheap to search (an order already simulated is not simulated
+again, and where no two groups compete, as on a chain, there is nothing to search).
 
 ``learn`` trains a policy over (graph, topology) pairs: each pair's strategy is first
 refined from the better of the greedy start and the uniform strategies, and REINFORCE
 with a baseline then trains the policy with self-imitation of the best strategy known
 (``learned.reinforce``).
 
-Limits: the plan has one group per op group and no per-device order (the simulator's
-and the runtime's default order); a replicated group synchronises once after its
-backward (no buckets); candidates are those of ``learned.decoder``. The policy's
+Limits: the plan has one group per op group; the order is searched after the
+strategies (which the refinement scores with the simulator's ready-task order), and a
+static order can only be kept where it is no slower than that; a replicated group
+synchronises once after its backward (no buckets); candidates are those of
+``learned.decoder``. The policy's
 parameters do not depend on the cluster's size, so any cluster is accepted; one larger
 than any it was trained on is planned with a note that its start is extrapolated
 (refinement and the DP baselines still bound the result). Where the CPU time limit
@@ -59,6 +71,7 @@ from .learned.coarsen import coarsen
 from .learned.decoder import StrategyPolicy, candidates, greedy
 from .learned.env import GroupStrategy, StrategyEnv
 from .learned.features import group_graph
+from .learned.order import Ordering, refine_order
 from .learned.policy import build_network, policy_of, read_policy
 from .learned.refine import refine
 from .learned.reinforce import Problem, reinforce
@@ -67,16 +80,19 @@ PLANNER = "heterog"
 DEFAULT_POLICY = Path(__file__).parent / "learned" / "heterog.policy.json"
 ARCHITECTURE = {"hidden": 64, "layers": 2, "heads": 4}
 DEFAULT_GROUPS = 32
+ORDER_EVALUATIONS = 200
 BASELINES = ("dp-even", "dp-prop", "ps-even", "ps-prop")
 STARTS = ("policy", "greedy", "random")
 
 
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
-         search_s: float = 30.0, max_evaluations: int = 2000, groups: int = DEFAULT_GROUPS,
+         search_s: float = 30.0, max_evaluations: int = 2000,
+         order_evaluations: int = ORDER_EVALUATIONS, groups: int = DEFAULT_GROUPS,
          start: str = "policy", optimizer: str = "sgd"):
     """HeteroG: a strategy per op group (devices, batch shares, AllReduce or a parameter
-    server) decoded by a trained policy, refined on the simulator, never slower than the
-    best data-parallel baseline.
+    server) decoded by a trained policy, refined on the simulator, with each device's
+    execution order from a priority per group, never slower than the best data-parallel
+    baseline.
 
     Parameters
     ----------
@@ -86,6 +102,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
         Seconds of CPU time the refinement may take.
     max_evaluations : int
         Simulations the refinement may run (the deterministic budget).
+    order_evaluations : int
+        Simulations the search for each device's execution order may run.
     groups : int
         The most op groups the graph is coarsened into.
     start : str
@@ -93,7 +111,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
     optimizer : str
         sgd (with momentum) or adam: its state and step are planned for.
 
-    Complexity: one policy pass, up to ``max_evaluations`` simulations, four DP plans.
+    Complexity: one policy pass, up to ``max_evaluations + order_evaluations``
+    simulations, four DP plans.
     """
     t0 = started()
     opt = optimizer_named(PLANNER, optimizer)
@@ -115,12 +134,17 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
     first, origin = better_start(problem.env, first, start)
     refined = refine(problem.env, first, max_evaluations=max_evaluations, time_limit_s=search_s)
     options = {"policy": policy, "search_s": search_s, "max_evaluations": max_evaluations,
-               "groups": groups, "start": start, "optimizer": optimizer}
+               "order_evaluations": order_evaluations, "groups": groups, "start": start,
+               "optimizer": optimizer}
     notes.append(f"refined from {origin}: {refined.start.iteration_ms:.2f} -> "
                  f"{refined.outcome.iteration_ms:.2f} ms in {refined.evaluations} simulations")
+    ordering = refine_order(problem.env, refined.strategies, max_evaluations=order_evaluations,
+                            time_limit_s=search_s)
+    outcome = ordering.outcome if ordering.helps else ordering.unordered
+    notes.append(order_note(ordering))
     baseline = best_baseline(graph, topology, optimizer)
-    if baseline is not None and (not refined.outcome.feasible or
-                                 baseline.prediction.iteration_ms < refined.outcome.iteration_ms):
+    if baseline is not None and (not outcome.feasible or
+                                 baseline.prediction.iteration_ms < outcome.iteration_ms):
         notes.append(f"kept the best data-parallel baseline, {baseline.planner}")
         return replace(baseline, planner=PLANNER, options=options, seed=seed,
                        notes=(*baseline.notes, *notes),
@@ -128,7 +152,18 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
     chosen = problem.env.plan_of(refined.strategies, planner=PLANNER)
     return finish(planner=PLANNER, graph=graph, topology=topology, groups=chosen.groups, seed=seed,
                   options=options, started_at=t0, optimizer=opt, notes=notes,
-                  cost_model=problem.env.cm)
+                  order=ordering.order if ordering.helps else None, cost_model=problem.env.cm)
+
+
+def order_note(ordering: Ordering) -> str:
+    """What the order search found, for the plan's notes."""
+    said = (f"execution order from group priorities ({ordering.start} start, "
+            f"{ordering.swaps} swaps, {ordering.evaluations} simulations): "
+            f"{ordering.outcome.iteration_ms:.2f} ms")
+    if ordering.helps:
+        return f"{said}, {ordering.unordered.iteration_ms:.2f} ms without an order"
+    return (f"{said}; no order kept: the simulator's ready-task order gives "
+            f"{ordering.unordered.iteration_ms:.2f} ms")
 
 
 def better_start(env: StrategyEnv, first: Sequence[GroupStrategy], start: str

@@ -12,6 +12,8 @@
 * ``reinforce`` — trains encoder and decoder by REINFORCE with a baseline over one or
   more (graph, cluster) problems on the environment;
 * ``refine`` — local search over single-group moves with the simulator, bounded;
+* ``order`` — each device's execution order from a priority per group, by list
+  scheduling, with a bounded search over the priorities;
 * ``policy`` — trained weights in and out of the ``policy`` artifact, refusing a
   policy of another feature schema.
 

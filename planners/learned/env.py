@@ -14,8 +14,12 @@ memory is penalised by its shortfall, scale-free:
 so a plan twice over its devices' memory scores far worse than any plan that fits at
 a similar speed, and a small overflow only a little worse than a fit.
 
-Limits: no per-device execution order (the simulator's default order), no pipeline
-microbatches, no gradient buckets (one synchronisation per group after its backward).
+``plan_of`` leaves each device's order to the simulator (ready tasks, forward in
+topological order, backward in reverse); ``evaluate_plan`` scores a plan given one
+(``order.refine_order``).
+
+Limits: no pipeline microbatches, no gradient buckets (one synchronisation per group
+after its backward).
 """
 
 from __future__ import annotations
@@ -133,8 +137,13 @@ class StrategyEnv:
 
     def evaluate(self, strategies: Sequence[GroupStrategy]) -> Outcome:
         """Simulate the plan of ``strategies`` and score it (see the module docstring)."""
-        result = simulate(self.plan_of(strategies), self.graph, self.topology,
-                          cost_model=self.cm, check_fingerprints=False)
+        return self.evaluate_plan(self.plan_of(strategies))
+
+    def evaluate_plan(self, plan: Plan) -> Outcome:
+        """Simulate a plan of this problem (``plan_of``'s, perhaps given an ``order``) and
+        score it."""
+        result = simulate(plan, self.graph, self.topology, cost_model=self.cm,
+                          check_fingerprints=False)
         return score(result.iteration_ms, result.overflows, self.cm)
 
 
