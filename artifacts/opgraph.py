@@ -110,6 +110,9 @@ class ProfileInfo:
     # fwd_small, bwd_small at the smaller batch) and what it took off the per-op sum (ms)
     instrumentation_us: dict[str, float] = field(default_factory=dict)
     instrumentation_taken_ms: float | None = None
+    # CPU the training runtime spends per unit action (a unit's forward or backward on a
+    # microbatch) beyond the ops' own time, on one thread (None: not measured)
+    unit_action_ms: float | None = None
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -121,7 +124,7 @@ class ProfileInfo:
         for name, us in self.instrumentation_us.items():
             check(us >= 0, f"instrumentation_us[{name!r}] must be >= 0, got {us}")
         for name in ("op_sum_spread", "step_spread", "op_spread", "noisy_share",
-                     "instrumentation_taken_ms"):
+                     "instrumentation_taken_ms", "unit_action_ms"):
             value = getattr(self, name)
             check(value is None or value >= 0, f"{name} must be >= 0, got {value}")
         check(self.step_ms is None or self.step_ms >= 0, f"step_ms must be >= 0, got {self.step_ms}")

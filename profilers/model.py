@@ -47,6 +47,7 @@ Steps
        time). The cost model interpolates each op
        between them to a device's cores, so one profile serves a plan whatever
        cores its devices have (``simulator/extrapolation.py``).
+    7. On a CPU, the training runtime's CPU per unit action (``actions``).
 
 Costs scale with the model: the two counting passes plus ``warmup + 2 * rounds``
 training steps (and ``2 * rounds`` small-batch steps; ``repeats <= rounds <= 4 repeats``),
@@ -75,6 +76,7 @@ from dl_nfv.artifacts import (
 )
 
 from . import zoo
+from .actions import unit_action_ms
 from .allocator import keep_freed_memory
 from .capture import Capture, capture
 from .counting import CostCounter, MemoryLimitExceeded
@@ -284,12 +286,15 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     if leaves:
         options["leaf_modules"] = list(leaves)
     colocation, colocation_note = _runtime_colocation(cap, workload, seed, dev)
+    action_ms, action_note = (unit_action_ms(cap, workload, module, model.batch_size, seed)
+                              if dev.type == "cpu" else (None, ""))
     ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,
                    dtype=model.dtype, inputs=model.inputs, options=options)
     info = _info(cap, steps, fwd_runs, bwd_runs, fwd_ms, bwd_ms, at_threads, type_name, warmup,
                  peak_bytes, small if fixed else None, allocator,
-                 _overhead_field(per_event, per_event_small if fixed else None, taken_ms),
-                 f"{scaling_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
+                 _overhead_field(per_event, per_event_small if fixed else None, taken_ms)
+                 | {"unit_action_ms": None if action_ms is None else round(action_ms, 4)},
+                 f"{scaling_note}{action_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
                  f"seed {seed}; {_machine(dev)}{colocation_note}")
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges,
                    colocation=colocation)
@@ -396,7 +401,7 @@ def _overhead_note(per_event_ms: tuple[float, float], threads: int, taken_ms: fl
     clock = "thread CPU time" if threads == 1 else "wall clock"
     taken = f", {taken_ms:.2f} ms of the per-op sum" if taken_ms is not None else ""
     return (f"instrumentation{at} {per_f * 1e3:.1f} us per forward node, {per_b * 1e3:.1f} us "
-            f"per backward node (least paired round at {threads} thread(s), {clock}) taken off "
+            f"per backward node (fastest rounds at {threads} thread(s), {clock}) taken off "
             f"the ops{taken}; ")
 
 

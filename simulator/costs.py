@@ -717,6 +717,18 @@ class CostModel(NetworkCosts):
         """``exchangeable`` on this graph's lookups (``tie_rows``)."""
         return exchangeable(self.tie_rows, owner, owner_devices, sharer_devices)
 
+    def unit_action_ms(self, device: str) -> float:
+        """CPU the training runtime spends per unit action (a unit's forward or backward on a
+        microbatch) beyond its ops' time, on a CPU device of the profile's type: the
+        profile's ``unit_action_ms`` (measured on one thread; Python, not split by threads);
+        0 elsewhere or where the profile did not measure it."""
+        info = self.graph.profile
+        dev = self.cluster.device(device)
+        if (info is None or info.unit_action_ms is None or dev.type.kind.value != "cpu"
+                or dev.type.name != info.device_type):
+            return 0.0
+        return info.unit_action_ms
+
     def exchange_add_ms(self, device: str, nbytes: float) -> float:
         """A tie exchange's sum on ``device``: scan ``nbytes`` of gradient for non-zero
         rows (one pass) and add what was received into it (a backward's accumulation)."""

@@ -322,6 +322,7 @@ class _Lowering:
         self._ties: list | None = None  # _split_ties, computed once
 
         self._compute_tasks()
+        self._charge_actions()
         self._data_edges()
         self._gradients()
         self._orders()
@@ -467,6 +468,28 @@ class _Lowering:
                 succ[base_f + k].append(base_b + k)
             if self.split:
                 self._split_backwards(u, g, reps, devs, raw_b, b_times, base_b)
+
+    def _charge_actions(self) -> None:
+        """The runtime's CPU per unit action (``CostModel.unit_action_ms``) on every replica
+        and microbatch of a group: the runtime runs a group's ops as one unit (a pipeline
+        stage, the whole model) with one forward and one backward action each, so its first
+        unit's forward task and its first backward task carry it."""
+        tg, groups, M = self.tg, self.groups, self.M
+        first_f: dict[int, int] = {}
+        first_b: dict[int, int] = {}
+        for u in self.unit_order:
+            first_f.setdefault(self.unit_group[u], u)
+            if self.unit_rg[u]:
+                first_b.setdefault(self.unit_group[u], u)
+        for g, u in first_f.items():
+            for rep in groups.replicas[g]:
+                ms = self.cm.unit_action_ms(self.device_names[groups.rep_device[rep]])
+                if ms <= 0:
+                    continue
+                for table, unit in ((self.F, u), (self.B, first_b.get(g))):
+                    if unit is not None and rep in table[unit]:
+                        for m in range(M):
+                            tg.duration_ms[table[unit][rep] + m] += ms
 
     def _split_backwards(self, u: int, g: int, reps: list[int], devs: list[int],
                          raw_b: list[float], b_times: list[float], base_b: int) -> None:

@@ -154,3 +154,27 @@ def test_the_full_batch_estimate_is_bounded_by_the_small_batch_one():
     assert bounded_overhead(full, small) == (min(full[0], small[0]), min(full[1], small[1]))
     assert bounded_overhead(full, small)[0] == small[0] < 0.2
     assert bounded_overhead(full, None) == full
+
+
+def test_unit_actions_are_timed_through_the_runtimes_units_against_plain_steps():
+    """Two units of a real model on one device, 4 microbatches: a figure per action that
+    is positive (a separate autograd pass per unit costs something) and below a whole
+    step's time, and the microbatch counts that divide the batch."""
+    from dl_nfv.profilers import zoo
+    from dl_nfv.profilers.actions import microbatches, unit_action_ms
+
+    assert [microbatches(b) for b in (8, 6, 3, 1)] == [4, 2, 1, 1]
+    ref = zoo.model_ref("mlp-tiny", batch_size=8)
+    workload = zoo.instantiate(ref, seed=0)
+    module = workload.module.train()
+    inputs, _ = workload.make_batch(8, 0)
+    cap = capture(module, inputs)
+    ms, note = unit_action_ms(cap, workload, module, 8, 0, rounds=9)
+    plain = min(sum(time_plain_step(module, inputs, lambda out: workload.loss(out, _target(
+        workload)), cpu_clock)) for _ in range(5)) * 1e3
+    assert ms is not None and 0 < ms < plain and "2 units x 4 microbatches" in note
+    assert torch.get_num_threads() == 1  # restored (the suite runs one thread)
+
+
+def _target(workload):
+    return workload.make_batch(8, 0)[1]

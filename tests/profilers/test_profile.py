@@ -174,6 +174,8 @@ def test_batch_scaling_records_fixed_parts_within_the_op_times():
     assert set(us) == {"fwd", "bwd", "fwd_small", "bwd_small"}
     assert us["fwd"] <= us["fwd_small"] and us["bwd"] <= us["bwd_small"]
     assert graph.profile.instrumentation_taken_ms >= 0 and "instrumentation" in graph.profile.note
+    # the runtime's CPU per unit action, measured through its own unit runner
+    assert graph.profile.unit_action_ms >= 0 and "per unit action" in graph.profile.note
     plain = _profile("mlp-tiny", batch_size=8, batch_scaling=False)
     assert plain.profile.scaling_batch_size is None
     assert all(not op.fwd_fixed_ms and not op.bwd_fixed_ms for op in plain.ops)

@@ -1,0 +1,110 @@
+"""The training runtime's own CPU per unit action, measured on the profiled model.
+
+A plan runs as units (a pipeline's stages, an op placement's runs of ops, the whole model
+for one device or data parallelism), and every forward or backward of a unit on a
+microbatch is an *action* of the runtime (``runtime.units.UnitRunner``): it cuts the
+microbatch's rows, makes the unit's inputs leaves, calls the unit's fx submodule, keeps what
+its backward needs, and for the backward runs a separate autograd pass from the unit's
+outputs with their gradients, zeroes and adds the gradients of its inputs, and records
+spans of the step's timeline. None of that is in the op times, which come from one
+uninterrupted step.
+
+Method
+    On one CPU thread (the thread's CPU time, as the ops are timed there), the model's
+    traced graph is cut in two units at the middle of its ops (a prefix and a suffix in
+    topological order, both on one device: no messages), and a step runs ``M``
+    microbatches through both (``forward`` of each unit in order, then ``backward`` in
+    reverse) with the runtime's own ``UnitRunner``; beside it, ``M`` plain steps of the
+    whole model at the microbatch's rows. Rounds alternate the two; the fastest of each
+    (other jobs only add time) give the excess, divided by the step's actions
+    (``2 units x 2 x M``), as the CPU of one action (``ProfileInfo.unit_action_ms``).
+    ``M`` is 4 (2, 1) where it divides the batch.
+
+Limits: one figure per action whatever the unit's size and the values that cross its
+boundary (the two units of the probe have one boundary); a split backward's weight
+gradients (a pipeline's ``W``) are not an action of their own here; a model whose graph
+cannot be cut this way (a value whose shape depends on the data crossing, a model that
+fails at the microbatch) gets no figure, and the note says why. Cost: ``2 x rounds``
+steps of the whole model at one thread.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .capture import Capture
+from .probe import probe
+
+ROUNDS = 5
+UNITS = ("head", "tail")
+
+
+def microbatches(batch_size: int) -> int:
+    """The microbatches the probe cuts the batch into: 4, 2 or 1, whichever divides it."""
+    return next(m for m in (4, 2, 1) if batch_size % m == 0)
+
+
+def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: int,
+                   seed: int, rounds: int = ROUNDS, clock=time.thread_time
+                   ) -> tuple[float | None, str]:
+    """``(ms of CPU per unit action, note)`` on one thread (module doc); ``(None, why)``
+    where the model cannot be cut or run that way. Restores the thread count."""
+    from dl_nfv.runtime.comm import Comm
+    from dl_nfv.runtime.partition import split
+    from dl_nfv.runtime.units import Placement, UnitRunner
+
+    ops = [o for o in cap.op_ids if o not in set(cap.input_ops)]
+    if len(ops) < 2:
+        return None, "no unit actions measured (fewer than two ops); "
+    half = len(ops) // 2
+    unit_of_op = {op: UNITS[k >= half] for k, op in enumerate(ops)}
+    m = microbatches(batch_size)
+    inputs, target = workload.make_batch(batch_size, seed)
+    mb_inputs, mb_target = workload.make_batch(batch_size // m, seed)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        info = probe(cap.graph_module, lambda rows: workload.make_batch(rows, seed)[0])
+        placement = Placement(("probe",), (1.0,))
+        part = split(cap.graph_module, cap.op_of, unit_of_op, info,
+                     {u: (placement.devices, placement.shares) for u in UNITS})
+        comm = Comm(0, torch.device("cpu"))
+        runner = UnitRunner(part, {u: placement for u in part.units}, device="probe",
+                            rank_of={"probe": 0}, microbatches=m, batch_size=batch_size,
+                            comm=comm, loss_fn=workload.loss)
+        units = [u for u in UNITS if u in part.units]
+
+        def through_units() -> None:
+            comm.timeline.begin(time.perf_counter())
+            runner.begin_step(inputs, target)
+            for k in range(m):
+                for u in units:
+                    runner.forward(u, k)
+                for u in reversed(units):
+                    runner.backward(u, k)
+            runner.end_step()
+
+        def plain() -> None:
+            for _ in range(m):
+                (workload.loss(module(*mb_inputs), mb_target) / m).backward()
+
+        best = {through_units: float("inf"), plain: float("inf")}
+        for r in range(rounds + 1):  # the first round settles both
+            for step in best:
+                module.zero_grad(set_to_none=True)
+                c0 = clock()
+                step()
+                if r:
+                    best[step] = min(best[step], clock() - c0)
+    except Exception as exc:  # noqa: BLE001 - any model the cut or the microbatch breaks
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+        return None, f"no unit actions measured ({type(exc).__name__}: {reason}); "
+    finally:
+        torch.set_num_threads(threads)
+        module.zero_grad(set_to_none=True)
+    actions = 2 * len(units) * m
+    per_action = max(0.0, best[through_units] - best[plain]) * 1e3 / actions
+    return per_action, (f"runtime {per_action * 1e3:.0f} us of CPU per unit action ({len(units)} "
+                        f"units x {m} microbatches, fastest of {rounds} rounds, 1 thread); ")

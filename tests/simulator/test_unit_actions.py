@@ -1,0 +1,70 @@
+"""The runtime's CPU per unit action (``ProfileInfo.unit_action_ms``): one forward and one
+backward action per group, replica and microbatch on CPU devices of the profile's type."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dl_nfv.artifacts import (
+    Group,
+    Pipeline,
+    ProfileInfo,
+    ScheduleKind,
+    SyncMethod,
+)
+from dl_nfv.simulator import CostModel, simulate
+from dl_nfv.simulator.synthetic import one_f_one_b
+from dl_nfv.simulator.tasks import TaskKind
+
+from .helpers import chain, mesh, one_group, plan
+
+ACTION_MS = 0.25
+
+
+def _cpu_chain(n: int, batch: int, action_ms: float | None):
+    g = chain(n, 2.0, 4.0, param_bytes=4, batch_size=batch)
+    ops = tuple(dataclasses.replace(o, fwd_ms={"cpu": 2.0}, bwd_ms={"cpu": 4.0}) for o in g.ops)
+    return dataclasses.replace(g, ops=ops, profile=ProfileInfo(device_type="cpu",
+                                                                unit_action_ms=action_ms))
+
+
+def _compute_busy(result, device: int) -> float:
+    tg = result.tasks
+    return sum(tg.duration_ms[t] for t, k in enumerate(tg.kind)
+               if k in (TaskKind.FORWARD, TaskKind.BACKWARD) and tg.device[t] == device)
+
+
+def test_one_device_pays_one_forward_and_one_backward_action():
+    t = mesh(1, device_type="cpu")
+    with_actions = _cpu_chain(3, 8, ACTION_MS)
+    without = _cpu_chain(3, 8, None)
+    p = plan(without, t, [one_group(without, t.device_names)])
+    base = simulate(p, without, t)
+    charged = simulate(plan(with_actions, t, [one_group(with_actions, t.device_names)]),
+                       with_actions, t)
+    f, b = CostModel(without, t).ops_ms(["op0", "op1", "op2"], t.device_names[0], 1.0)
+    assert _compute_busy(base, 0) == pytest.approx(f + b)
+    assert _compute_busy(charged, 0) == pytest.approx(f + b + 2 * ACTION_MS)
+    assert charged.iteration_ms - base.iteration_ms == pytest.approx(2 * ACTION_MS)
+    assert CostModel(with_actions, mesh(1)).unit_action_ms(mesh(1).device_names[0]) == 0.0  # a GPU
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_a_pipeline_stage_pays_two_actions_per_microbatch(m):
+    t = mesh(2, device_type="cpu")
+    devices = t.device_names
+    g = _cpu_chain(4, 4 * m, ACTION_MS)
+    groups = [Group(id="s0", ops=("op0", "op1"), devices=(devices[0],), sync=SyncMethod.NONE),
+              Group(id="s1", ops=("op2", "op3"), devices=(devices[1],), sync=SyncMethod.NONE)]
+    pipe = Pipeline(microbatches=m, stages=("s0", "s1"), schedule_kind=ScheduleKind.ONE_F_ONE_B,
+                    schedule={devices[i]: one_f_one_b(2, m, i) for i in range(2)})
+    result = simulate(plan(g, t, groups, pipeline=pipe), g, t)
+    bare = _cpu_chain(4, 4 * m, None)
+    base = simulate(plan(bare, t, groups, pipeline=pipe), bare, t)
+    cm = CostModel(bare, t)
+    for d in range(2):  # the stage's ops at 1/m of the batch, m times, and 2 actions each
+        f, b = cm.ops_ms([f"op{2 * d}", f"op{2 * d + 1}"], devices[d], 1 / m)
+        assert _compute_busy(base, d) == pytest.approx(m * (f + b))
+        assert _compute_busy(result, d) == pytest.approx(m * (f + b) + 2 * m * ACTION_MS)
