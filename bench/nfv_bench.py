@@ -277,7 +277,7 @@ def e2e_main() -> None:
     table = markdown_table(headers, rows)
     print(table)
     print(f"load average {load_before:.1f} before, {load_after:.1f} after, on "
-          f"{os.cpu_count()} cores")
+          f"{os.cpu_count()} cores; {_bytecode()}")
     if args.no_record:
         return
     note = ("" if suricata else "**Suricata was not installed on this machine** "
@@ -299,9 +299,19 @@ def e2e_main() -> None:
             f"and imports are the difference to the wall column). The `gpu` engine runs no "
             f"workers whatever `--workers` says (its tensor path is in the main process). Load "
             f"average: {load_before:.1f} when it started, {load_after:.1f} when it ended, on "
-            f"{os.cpu_count()} cores (shared machine: compare within a trace).\n\n{table}")
+            f"{os.cpu_count()} cores (shared machine: compare within a trace). Bytecode: "
+            f"{_bytecode()}.\n\n{table}")
     record_section("nfv-e2e", "NFV end to end: dl-nfv against Suricata", body,
                    command="python bench/nfv_bench.py --e2e")
+
+
+def _bytecode() -> str:
+    """Whether the runs measured read cached bytecode or compile the project's modules at
+    every start (part of their imports' time)."""
+    if os.environ.get("PYTHONDONTWRITEBYTECODE") and not any(ROOT.glob("*/__pycache__")):
+        return ("compiled at every run (PYTHONDONTWRITEBYTECODE is set and the project, an "
+                "editable install, has no cached bytecode)")
+    return "cached"
 
 
 def _e2e_trace(name: str, pcap: Path, work: Path, configs: dict[str, Path],
