@@ -25,6 +25,10 @@ top-2 Mixture-of-Experts MLP, token pruning by ``masked_select``) the benchmark
    apart than that are ordered right, and the machine's load average before and after,
    to ``docs/benchmarks.md`` (section ``fidelity``).
 
+With ``--repeatability`` every model is profiled a second time, minutes after the first,
+and every plan predicted from both profiles on the same topology: the issue's goal is
+predictions within ``REPEATABLE`` (5%) of each other (a table after the fidelity tables).
+
 Everything goes through the command line a user types, so the numbers are
 those a user would get. Work files stay in ``--work`` (default: a temporary
 folder) for inspection; the profiles and link measurements there are made anew on every
@@ -39,7 +43,7 @@ other jobs' share of each kept run.
 
 Usage: python bench/fidelity_bench.py [--models mlp,resnet50,gpt2-small,unet,moe,prune]
        [--steps 8] [--repeats 3] [--topology FILE (default: measured per model)] [--work DIR]
-       [--no-record] [--quick (a smoke run: 4 steps, 1 run, every run kept)]
+       [--no-record] [--quick (a smoke run: 4 steps, 1 run, every run kept)] [--repeatability]
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from _record import git_revision, markdown_table, record_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SEPARABLE = 0.10  # plans closer than this in measured time are within run-to-run noise
+REPEATABLE = 0.05  # two profiles of one model on one machine: predictions this close (goal)
 
 # model -> what `dl-nfv profile model` is given (small batches / short sequences: a 2-core
 # CPU runs them): zoo models, and user models that no planner or cost figure was tuned on
@@ -215,6 +220,55 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
               f" (runs {', '.join(f'{x[0]:.0f}' for x in done)})  error {row['rel_error']:+.1%}",
               flush=True)
     return [rows[label] for label in PLANS if label in rows]
+
+
+def repeatability(model: str, work: Path, topology: Path, *, max_others: float, tries: int,
+                  max_load: float) -> list[dict]:
+    """Profile ``model`` once more (``{model}-again.json``, minutes after the first) and
+    predict every plan from it on the same topology: per plan the two predictions and their
+    relative difference (the goal: within ``REPEATABLE``). A planner may plan differently
+    from the second profile; that is part of what a user would see."""
+    again = work / f"{model}-again.json"
+    quietly(["profile", "model", *MODELS[model], "-o", str(again)], max_others=max_others,
+            tries=tries, max_load=max_load)
+    out = []
+    for label, planner in PLANS.items():
+        first = work / f"{model}-{planner[0]}.sim.json"
+        plan, sim = (work / f"{model}-{planner[0]}-again.plan.json",
+                     work / f"{model}-{planner[0]}-again.sim.json")
+        if not first.exists():
+            continue
+        try:
+            dl_nfv("plan", *planner, "--graph", str(again), "--topology", str(topology),
+                   "-o", str(plan))
+            dl_nfv("simulate", str(plan), "-o", str(sim))
+        except RuntimeError as exc:
+            print(f"  {model} / {label} (second profile): {exc}", flush=True)
+            continue
+        a = json.loads(first.read_text())["iteration_ms"]
+        b = json.loads(sim.read_text())["iteration_ms"]
+        out.append({"model": model, "plan": label, "first_ms": a, "again_ms": b,
+                    "rel_diff": abs(b - a) / a})
+        print(f"  {model:10s} {label:16s} predicted {a:9.2f} ms, from a second profile "
+              f"{b:9.2f} ms ({abs(b - a) / a:.1%})", flush=True)
+    return out
+
+
+def repeatability_table(rows: list[dict]) -> str:
+    """Markdown: every plan's predictions from two profiles, and the worst per model."""
+    if not rows:
+        return ""
+    table = markdown_table(["model", "plan", "predicted ms (profile 1)", "predicted ms (profile 2)",
+                            "difference"],
+                           [[r["model"], r["plan"], f"{r['first_ms']:.2f}", f"{r['again_ms']:.2f}",
+                             f"{r['rel_diff']:.1%}"] for r in rows])
+    worst = {}
+    for r in rows:
+        worst[r["model"]] = max(worst.get(r["model"], 0.0), r["rel_diff"])
+    lines = ", ".join(f"{m} {w:.1%}" for m, w in worst.items())
+    return (f"\n\nRepeatability: every plan predicted from two profiles of the same model on "
+            f"this machine, minutes apart (goal: within {REPEATABLE:.0%}).\n\n{table}\n\n"
+            f"Worst difference per model: {lines}.\n")
 
 
 def _device_times(simulated: dict) -> tuple[dict[str, float], dict[str, float]]:
@@ -449,6 +503,9 @@ def main() -> None:
                              "that do not record it")
     parser.add_argument("--max-load", type=float, default=1.0,
                         help="before each try, wait (up to 2 min) for this 1-minute load average")
+    parser.add_argument("--repeatability", action="store_true",
+                        help="profile every model a second time and predict every plan from "
+                             "both profiles (goal: within 5%%)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 4 steps, 1 run per plan, keep runs whatever the load")
     args = parser.parse_args()
@@ -465,6 +522,7 @@ def main() -> None:
         if isinstance(saved, list):  # results of an older version: no load figures
             saved = {"rows": saved, "load": [float("nan"), float("nan")]}
         rows, (load_before, load_after) = saved["rows"], saved["load"]
+        repeated = saved.get("repeatability", [])
         revision = args.revision or saved.get("revision")
         for r in rows:  # fill in what older results lack from the work files
             stem = work / f"{r['model']}-{PLANS[r['plan']][0]}"
@@ -478,22 +536,28 @@ def main() -> None:
             r["busy_ms"] = [busy.get(x["device"], 0.0) for x in ranks]
             r["host_comm_ms"] = [host.get(x["device"], 0.0) for x in ranks]
     else:
-        rows = []
+        rows, repeated = [], []
         revision = git_revision()
         load_before = os.getloadavg()[0]
         for model in args.models.split(","):
-            rows += run_model(model, args.topology.resolve() if args.topology else None,
-                              work, args.steps,
+            topology = args.topology.resolve() if args.topology else None
+            rows += run_model(model, topology, work, args.steps,
                               max_others=args.max_others, tries=args.tries,
                               max_load=args.max_load, repeats=args.repeats,
                               reuse=args.reuse_profiles)
+            if args.repeatability:
+                repeated += repeatability(model, work, topology or work / f"{model}-network.yaml",
+                                          max_others=args.max_others, tries=args.tries,
+                                          max_load=args.max_load)
             (work / "results.json").write_text(json.dumps(
-                {"rows": rows, "load": [load_before, os.getloadavg()[0]], "revision": revision},
-                indent=1))
+                {"rows": rows, "load": [load_before, os.getloadavg()[0]], "revision": revision,
+                 "repeatability": repeated}, indent=1))
         load_after = os.getloadavg()[0]
         (work / "results.json").write_text(json.dumps(
-            {"rows": rows, "load": [load_before, load_after], "revision": revision}, indent=1))
+            {"rows": rows, "load": [load_before, load_after], "revision": revision,
+             "repeatability": repeated}, indent=1))
     body, summary = summarise(rows)
+    body += repeatability_table(repeated)
     print(body)
     print(f"\nload average (1 min) before / after: {load_before:.1f} / {load_after:.1f}")
     if not args.no_record:
