@@ -34,7 +34,7 @@ from .scan import Segments, fsm_scan, last_marked, previous_gap, quiet_rows
 
 PACKETS_PER_FLOW = 4  # the per-flow ACL needs more than this many packets per flow
 HOLDERS = "holders"
-ARRIVAL_BOUND = 1 << 40  # above any packet's position in a batch  # the table column with one bit per NF that keeps the flow
+ARRIVAL_BOUND = 1 << 31  # above any packet's position in a batch  # the table column with one bit per NF that keeps the flow
 
 
 @dataclass(slots=True)
