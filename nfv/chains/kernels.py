@@ -33,8 +33,8 @@ from .reference import Backends, compile_acl, endpoint, pool_bindings
 from .scan import Segments, fsm_scan, last_marked, previous_gap, quiet_rows
 
 PACKETS_PER_FLOW = 4  # the per-flow ACL needs more than this many packets per flow
-HOLDERS = "holders"
-ARRIVAL_BOUND = 1 << 31  # above any packet's position in a batch  # the table column with one bit per NF that keeps the flow
+HOLDERS = "holders"  # the table column with one bit per NF that keeps the flow
+ARRIVAL_BOUND = 1 << 31  # above any packet's position in a batch
 
 
 @dataclass(slots=True)
