@@ -167,3 +167,23 @@ def test_run_as_a_process_ends_without_teardown_and_keeps_its_output(tmp_path):
                           str(tmp_path / "none.pcap")], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "none.pcap" in bad.stderr
+
+
+def test_run_config_collects_no_garbage_and_restores_the_collector(monkeypatch):
+    """``run_config`` runs with the cyclic collector off and leaves it as it found it."""
+    import gc
+
+    from dl_nfv.nfv import run as nfv_run
+
+    seen = []
+    original = nfv_run._run
+    monkeypatch.setattr(nfv_run, "_run", lambda *a: seen.append(gc.isenabled()) or original(*a))
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            report = nfv_run.run_config(EXAMPLES / "ids.yaml", REAL_TRACE, engine="cpu",
+                                        workers=1)
+            assert gc.isenabled() == enabled and report.packets > 0
+        finally:
+            gc.enable()
+    assert seen == [False, False]
