@@ -92,9 +92,15 @@ def _plan_validate_train(tmp_path: Path, graph, planner: str):
     return plan, report
 
 
+# plans whose fused regions the runtime compiles with torch.compile (tens of seconds a run on
+# two cores); one stays in the default suite, the rest run with --runslow, and
+# tests/runtime/test_fusion.py checks compiled regions against the eager ops
+COMPILED = {("moe", "disco"), ("moe", "dp-xla-like"), ("chunked-residual", "dp-xla-like")}
+
+
 def _cases(models, slow: bool):
-    marks = (pytest.mark.slow,) if slow else ()
-    return [pytest.param(m, p, marks=marks, id=f"{m}-{p}") for m in models for p in PLANNERS]
+    return [pytest.param(m, p, marks=(pytest.mark.slow,) if slow or (m, p) in COMPILED else (),
+                         id=f"{m}-{p}") for m in models for p in PLANNERS]
 
 
 @pytest.mark.parametrize(("model", "planner"), _cases(USER, slow=False))
