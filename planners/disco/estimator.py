@@ -157,9 +157,20 @@ def train(measurements: Sequence, *, seed: int = 0, epochs: int = 400, lr: float
     rows = [row for t in measurements for row in measured_groups(t)]
     if not rows:
         raise BadInput("plan learn disco: the measurements hold no measured group")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # small graphs: threads only add synchronisation
+    try:
+        return _fit(measurements, rows, types[0], seed=seed, epochs=epochs, lr=lr,
+                    architecture=architecture)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _fit(measurements, rows, device_type: str, *, seed: int, epochs: int, lr: float,
+         architecture: dict | None) -> FusedGroupNet:
     torch.manual_seed(seed)
     random.seed(seed)
-    net = FusedGroupNet(**{**ARCHITECTURE, **(architecture or {}), "device_type": types[0]})
+    net = FusedGroupNet(**{**ARCHITECTURE, **(architecture or {}), "device_type": device_type})
     per_call = (float(np.mean([t.per_call_fwd_ms for t in measurements])),
                 float(np.mean([t.per_call_bwd_ms for t in measurements])))
     net.per_call_ms.copy_(torch.tensor(per_call))

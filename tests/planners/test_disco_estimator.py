@@ -75,7 +75,7 @@ def _one_thread():
 
 
 def test_the_estimator_learns_a_synthetic_rule_on_held_out_groups():
-    net = train([synthetic_times(0, 150, "a"), synthetic_times(1, 150, "b")], seed=0, epochs=300)
+    net = train([synthetic_times(0, 100, "a"), synthetic_times(1, 100, "b")], seed=0, epochs=200)
     held = synthetic_times(2, 60, "c")
     rows = measured_groups(held)
     pred = predict_ms(net, [ops for ops, _, _ in rows]).sum(axis=1)
