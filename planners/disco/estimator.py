@@ -18,6 +18,10 @@ predicts ``log ratio`` for both phases from the group:
 * per group: ``log1p`` of the op count, of the MiB that stay inside the kernel, and of
   ``sum_ms`` forward and backward (small kernels gain more from fusion).
 
+A prediction is clamped to the range of ``log ratio`` the training groups span: groups
+larger or of other shapes than any measured one get the nearest measured ratio, not an
+extrapolation.
+
 Two graph-attention layers (``torch_geometric.nn.GATConv`` with edge features, as
 ``planners/learned/encoder.py``) with residual connections, mean and max pooling, the
 group features, and an MLP to the two outputs. Trained by Adam on the squared error of
@@ -114,6 +118,10 @@ class FusedGroupNet(nn.Module):
         self.head = nn.Sequential(nn.Linear(2 * hidden + GROUP_FEATURES, hidden), nn.ReLU(),
                                   nn.Linear(hidden, 2))
         self.register_buffer("per_call_ms", torch.zeros(2))
+        # the least and greatest log ratio (forward, backward) of the training groups: a
+        # prediction is clamped to them, never extrapolated past what was measured
+        self.register_buffer("log_ratio_low", torch.zeros(2))
+        self.register_buffer("log_ratio_high", torch.zeros(2))
 
     def forward(self, batch: Batch) -> torch.Tensor:
         h = self.embed(batch.x)
@@ -176,6 +184,8 @@ def _fit(measurements, rows, device_type: str, *, seed: int, epochs: int, lr: fl
     net.per_call_ms.copy_(torch.tensor(per_call))
     batch = Batch.from_data_list([group_data(ops) for ops, _, _ in rows])
     y = torch.tensor([[_target(*f, per_call[0]), _target(*b, per_call[1])] for _, f, b in rows])
+    net.log_ratio_low.copy_(y.min(dim=0).values)
+    net.log_ratio_high.copy_(y.max(dim=0).values)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     for _ in range(epochs):
         opt.zero_grad()
@@ -190,7 +200,8 @@ def predict_ms(net: FusedGroupNet, groups: Sequence[GroupOps], *, per_call: bool
                ) -> np.ndarray:
     """``[groups, 2]`` predicted fused (forward, backward) ms of ``groups``."""
     with torch.no_grad():
-        ratio = torch.exp(net(Batch.from_data_list([group_data(g) for g in groups]))).numpy()
+        log_ratio = net(Batch.from_data_list([group_data(g) for g in groups]))
+        ratio = torch.exp(torch.clamp(log_ratio, net.log_ratio_low, net.log_ratio_high)).numpy()
     sums = np.array([[g.sum_fwd_ms, g.sum_bwd_ms] for g in groups])
     fixed = net.per_call_ms.numpy()[None, :] if per_call else 0.0
     return fixed + ratio * sums
