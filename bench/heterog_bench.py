@@ -2,8 +2,12 @@
 zoo models x three heterogeneous clusters, on the shared cost model and simulator.
 
 Models: the profiles kept in ``bench/profiles/`` (VGG-19, ResNet-152, Inception-v3 and
-BERT-large at batch 32, GPT-2 XL at batch 16; profiled on CPU by `dl-nfv profile model`,
-the GPU times the cost model's roofline estimates calibrated by those measurements).
+BERT-large at batch 32, GPT-2 XL at batch 16, at layer granularity; Transformer base at
+op granularity, profiled at batch 8 on one thread and scaled to batch 32 by the cost
+model's batch law, ``plan_bench.scaled``, as the DisCo bench does); profiled on CPU by
+`dl-nfv profile model`, the GPU times the cost model's roofline estimates calibrated by
+those measurements. GPT-2 XL stays for the cases where every data-parallel baseline is
+out of memory.
 Clusters: ``heterog-testbed8`` (V100, 1080Ti, P100 on 100/50 GbE), ``tag-hetero16`` (V100,
 1080Ti, P100 on 22.5 Gbps) and ``mixed-a100-t4-2rack`` (A100 and T4 racks with
 oversubscribed uplinks).
@@ -29,6 +33,7 @@ it. Usage:
 
     python bench/heterog_bench.py                 # everything, records the section
     python bench/heterog_bench.py --quick --no-record
+    python bench/heterog_bench.py --models transformer --sections main   # one model, printed
 """
 
 from __future__ import annotations
@@ -44,12 +49,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _record import markdown_table, record_section  # noqa: E402
+from plan_bench import scaled  # noqa: E402
 
 from dl_nfv.artifacts import InfeasiblePlan, load, save  # noqa: E402
 from dl_nfv.planners import run  # noqa: E402
 from dl_nfv.planners.heterog import (  # noqa: E402
     BASELINES,
     DEFAULT_POLICY,
+    ORDER_EVALUATIONS,
     greedy_start,
     learn,
     load_policy,
@@ -64,13 +71,15 @@ PROFILES = ROOT / "bench" / "profiles"
 TOPOLOGY_DIR = ROOT / "examples" / "topologies"
 MODELS = {"vgg19": "vgg19-b32-r3", "resnet152": "resnet152-b32-r3",
           "inception-v3": "inception-v3-b32-r3", "bert-large": "bert-large-b32-s64-r3",
-          "gpt2-xl": "gpt2-xl-b16-s16-r3"}
+          "gpt2-xl": "gpt2-xl-b16-s16-r3", "transformer": "transformer-ops-b8-s64-r1"}
+SCALE = {"transformer": 4}  # to the bench's batch of 32
 TOPOLOGIES = ("heterog-testbed8", "tag-hetero16", "mixed-a100-t4-2rack")
 OTHERS = ("fastt", "pipeline")
 QUICK_MODELS = ("vgg19", "inception-v3")
 QUICK_TOPOLOGIES = ("heterog-testbed8", "mixed-a100-t4-2rack")
 SEARCH_S = 50.0  # CPU seconds: a safety net; the evaluation cap binds first
 TITLE = "HeteroG vs data parallelism, fastt and pipeline (bench/heterog_bench.py)"
+SECTIONS = ("main", "generalisation", "learning")
 
 
 def _plan_ms(name: str, graph, topology, **options) -> tuple[float, float, str]:
@@ -83,23 +92,44 @@ def _plan_ms(name: str, graph, topology, **options) -> tuple[float, float, str]:
     return plan.prediction.iteration_ms, time.perf_counter() - t0, (plan.notes or ("",))[-1]
 
 
+def _heterog(graph, topology, **options) -> tuple[float, float, float, str]:
+    """heterog's (iteration ms or inf, planning wall s, planning CPU s, what its plan's order
+    is: ``yes`` for an order from group priorities, ``no`` where the simulator's ready-task
+    order was kept, ``DP`` where a data-parallel baseline was)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        plan = run("heterog", graph, topology, **options)
+    except InfeasiblePlan:
+        return math.inf, time.perf_counter() - t0, time.process_time() - c0, "-"
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    kind = ("DP" if any("data-parallel baseline" in n for n in plan.notes)
+            else "yes" if plan.order else "no")
+    return plan.prediction.iteration_ms, wall, cpu, kind
+
+
+def graph_of(model: str):
+    """The bench's op graph of ``model`` (``MODELS``, at ``SCALE`` x its profiled batch)."""
+    return scaled(load(PROFILES / f"{MODELS[model]}.json", expect="op-graph"), SCALE.get(model, 1))
+
+
 def _ms(value: float) -> str:
     return "OOM" if math.isinf(value) else f"{value:.1f}"
 
 
 def main_table(graphs, topologies, args) -> tuple[str, dict]:
     """Section 1; returns its markdown and heterog's ms per case."""
-    rows, heterog_ms, speedups, worst_s = [], {}, [], 0.0
-    slower, rescued, all_oom = [], 0, 0
+    rows, heterog_ms, speedups, worst_s, worst_cpu = [], {}, [], 0.0, 0.0
+    slower, rescued, all_oom, ordered = [], 0, 0, 0
     for m, graph in graphs.items():
         for t, topology in topologies.items():
             base = {b: _plan_ms(b, graph, topology)[0] for b in BASELINES}
             other = {o: _plan_ms(o, graph, topology)[0] for o in OTHERS}
-            ms, seconds, _ = _plan_ms("heterog", graph, topology,
-                                      max_evaluations=args.evaluations, search_s=SEARCH_S)
+            ms, seconds, cpu, order = _heterog(graph, topology, max_evaluations=args.evaluations,
+                                               search_s=SEARCH_S)
             heterog_ms[(m, t)] = ms
             best = min(base.values())
-            worst_s = max(worst_s, seconds)
+            worst_s, worst_cpu = max(worst_s, seconds), max(worst_cpu, cpu)
+            ordered += order == "yes"
             if math.isinf(best):
                 all_oom += 1
                 rescued += not math.isinf(ms)
@@ -110,15 +140,18 @@ def main_table(graphs, topologies, args) -> tuple[str, dict]:
                 if ms > best * (1 + 1e-9):
                     slower.append(f"{m}/{t}")
             rows.append([m, t, *(_ms(base[b]) for b in BASELINES), *(_ms(other[o]) for o in OTHERS),
-                         _ms(ms), gain, f"{seconds:.1f}"])
+                         _ms(ms), gain, order, f"{seconds:.1f}", f"{cpu:.1f}"])
             print(" | ".join(map(str, rows[-1])), flush=True)
     table = markdown_table(["model", "cluster", *BASELINES, *OTHERS, "heterog", "vs best DP",
-                            "plan s"], rows)
+                            "order", "plan s", "plan CPU s"], rows)
     wins = sum(s >= 1.5 for s in speedups)
     summary = (f"heterog >= 1.5x the best DP baseline in {wins} of {len(speedups)} cases where "
                f"one fits; slower than it in {len(slower)} ({', '.join(slower) or 'none'}); "
                f"a plan in {rescued} of the {all_oom} cases where every DP baseline is out of "
-               f"memory; planning at most {worst_s:.1f} s (wall, a busy shared machine).")
+               f"memory; planning at most {worst_s:.1f} s wall ({worst_cpu:.1f} CPU s; wall time "
+               f"moves with the machine's load). An execution order from group priorities in "
+               f"{ordered} of {len(rows)} cases (order: yes; no: the simulator's ready-task "
+               f"order was faster; DP: a data-parallel baseline was kept).")
     return f"{table}\n\n{summary}", heterog_ms
 
 
@@ -195,26 +228,35 @@ def main(argv=None) -> None:
     parser.add_argument("--episodes", type=int, default=4500,
                         help="episodes for the policy that sees every case")
     parser.add_argument("--train-search-s", type=float, default=15.0)
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help="which sections to run (recording needs all three)")
     parser.add_argument("--no-record", action="store_true", help="print only")
     args = parser.parse_args(argv)
+    sections = args.sections.split(",")
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--sections: unknown {unknown[0]!r}; choose from {', '.join(SECTIONS)}")
+    if set(sections) != set(SECTIONS):
+        args.no_record = True
     models, topos = args.models.split(","), args.topologies.split(",")
     if args.quick:
         models, topos = list(QUICK_MODELS), list(QUICK_TOPOLOGIES)
         args.evaluations, args.budget, args.episodes, args.train_search_s = 300, 100, 200, 2.0
-    graphs = {m: load(PROFILES / f"{MODELS[m]}.json", expect="op-graph") for m in models}
+    graphs = {m: graph_of(m) for m in models}
     topologies = {t: load(TOPOLOGY_DIR / f"{t}.yaml", expect="topology") for t in topos}
     first, heterog_ms = main_table(graphs, topologies, args)
     print(first)
-    second = held_out_table(graphs, topologies, heterog_ms, args)
-    print(second)
-    third = learning_table(graphs, topologies, args)
-    print(third)
+    if "generalisation" in sections:
+        print(second := held_out_table(graphs, topologies, heterog_ms, args))
+    if "learning" in sections:
+        print(third := learning_table(graphs, topologies, args))
     if args.no_record:
         return
     body = (f"Simulated iteration ms on the shared cost model (deterministic: the refinement's "
-            f"evaluation caps bind); planning seconds are wall time on a busy shared machine and "
-            f"move with its load. heterog: the shipped policy, at most {args.evaluations} "
-            f"simulations of refinement.\n\n{first}\n\n### Generalisation\n\n{second}\n\n"
+            f"evaluation caps bind; the machine's load does not change them); planning seconds "
+            f"are wall time on a busy shared machine and move with its load, CPU seconds less "
+            f"so. heterog: the shipped policy, at most {args.evaluations} simulations of "
+            f"refinement and {ORDER_EVALUATIONS} of the order search.\n\n{first}\n\n### Generalisation\n\n{second}\n\n"
             f"### The learning matters\n\n{third}")
     record_section("heterog_bench", TITLE, body)
 
