@@ -18,7 +18,7 @@ from dl_nfv.profilers.rounds import MAX_ROUND_FACTOR, allowed_cpus
 
 # one thread count: the tests of thread scaling ask for it (a second pass on a busy
 # two-core machine can take seconds)
-FAST = {"repeats": 1, "warmup": 0, "thread_scaling": False}
+FAST = {"repeats": 1, "warmup": 0, "thread_scaling": False, "batch_scaling": False}
 
 
 def _profile(name, granularity=None, **kwargs):
@@ -141,7 +141,7 @@ def test_profile_records_measurements_and_is_deterministic_except_times():
 
 def test_progress_is_reported_for_every_step():
     seen = []
-    _profile("mlp-tiny", repeats=2, warmup=1, thread_scaling=True,
+    _profile("mlp-tiny", repeats=2, warmup=1, thread_scaling=True, batch_scaling=True,
              progress=lambda what, done, total: seen.append((done, total)))
     # 2 counting passes, 1 warm-up, 2 x (whole step + per-op step), 2 per-op steps at B / 8,
     # and per other thread count a settling step and 2 per-op steps; the total grows by the
@@ -162,7 +162,7 @@ def test_fixed_part_inverts_the_cost_models_batch_scaling():
 
 
 def test_batch_scaling_records_fixed_parts_within_the_op_times():
-    graph = _profile("mlp-tiny", batch_size=8, repeats=2)
+    graph = _profile("mlp-tiny", batch_size=8, repeats=2, batch_scaling=True)
     assert graph.profile.scaling_batch_size == 1  # an eighth of 8
     timed = [op for op in graph.ops if op.kind is not OpKind.INPUT]
     for op in timed:
