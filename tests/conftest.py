@@ -45,3 +45,15 @@ def _fresh_pipeline_bounds():
 
     planner._BOUNDS.clear()
     yield
+
+
+@pytest.fixture
+def one_thread():
+    """torch single-threaded for the test: tiny models gain nothing from threads, and on a
+    busy 2-core machine OpenMP barriers between two threads can cost milliseconds per op."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -66,12 +66,7 @@ def synthetic_times(seed: int, count: int, model: str) -> FusionTimes:
                        per_call_bwd_ms=PER_CALL[1], groups=tuple(groups))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_the_estimator_learns_a_synthetic_rule_on_held_out_groups():
