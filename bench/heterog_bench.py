@@ -71,7 +71,8 @@ PROFILES = ROOT / "bench" / "profiles"
 TOPOLOGY_DIR = ROOT / "examples" / "topologies"
 MODELS = {"vgg19": "vgg19-b32-r3", "resnet152": "resnet152-b32-r3",
           "inception-v3": "inception-v3-b32-r3", "bert-large": "bert-large-b32-s64-r3",
-          "gpt2-xl": "gpt2-xl-b16-s16-r3", "transformer": "transformer-ops-b8-s64-r1"}
+          "gpt2-large": "gpt2-large-b16-s16-r3", "gpt2-xl": "gpt2-xl-b16-s16-r3",
+          "transformer": "transformer-ops-b8-s64-r1"}
 SCALE = {"transformer": 4}  # to the bench's batch of 32
 TOPOLOGIES = ("heterog-testbed8", "tag-hetero16", "mixed-a100-t4-2rack")
 OTHERS = ("fastt", "pipeline")
