@@ -98,6 +98,13 @@ def dl_nfv(*args: str, timeout: float = 3600) -> str:
     return done.stdout
 
 
+def plan_and_simulate(planner: tuple[str, ...], graph: Path, topology: Path, plan: Path,
+                      sim: Path) -> None:
+    """``plan`` then ``simulate`` one planner's plan of ``graph`` (``RuntimeError`` on failure)."""
+    dl_nfv("plan", *planner, "--graph", str(graph), "--topology", str(topology), "-o", str(plan))
+    dl_nfv("simulate", str(plan), "-o", str(sim))
+
+
 def _busy_s() -> float:
     """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
     fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -172,9 +179,7 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
         stem = work / f"{model}-{planner[0]}"
         plan, sim = stem.with_suffix(".plan.json"), stem.with_suffix(".sim.json")
         try:
-            dl_nfv("plan", *planner, "--graph", str(graph), "--topology", str(topology),
-                   "-o", str(plan))
-            dl_nfv("simulate", str(plan), "-o", str(sim))
+            plan_and_simulate(planner, graph, topology, plan, sim)
         except RuntimeError as exc:
             print(f"  {model} / {label}: {exc}", flush=True)
             rows[label] = {"model": model, "plan": label, "error": str(exc).splitlines()[0]}
@@ -239,9 +244,7 @@ def repeatability(model: str, work: Path, topology: Path, *, max_others: float, 
         if not first.exists():
             continue
         try:
-            dl_nfv("plan", *planner, "--graph", str(again), "--topology", str(topology),
-                   "-o", str(plan))
-            dl_nfv("simulate", str(plan), "-o", str(sim))
+            plan_and_simulate(planner, again, topology, plan, sim)
         except RuntimeError as exc:
             print(f"  {model} / {label} (second profile): {exc}", flush=True)
             continue
