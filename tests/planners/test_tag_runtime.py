@@ -17,17 +17,22 @@ LOCAL_CPU = Path(__file__).resolve().parents[2] / "examples" / "topologies" / "l
 FILES = {"graph_path": "graph.json", "topology_path": "topology.json"}  # as helpers.write puts them
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sfb", [True, False])
-def test_train_runs_a_tag_plan_on_local_cpu(tmp_path, sfb):
-    graph, topo = graph_of("mlp-tiny", batch_size=8), load(LOCAL_CPU, expect="topology")
-    plan = replace(run("tag", graph, topo, playouts=24, max_evaluations=30, sfb=sfb), **FILES)
+def _validated_train(tmp_path, graph, topo, plan):
+    """Validate ``plan``, write the three artifacts, ``train --steps 2`` it; the run report."""
     validate_plan(plan, graph, topo, check_fingerprints=True)
     write(tmp_path, graph, topo, plan)
     result = dl_nfv("train", str(tmp_path / "plan.json"), "--steps", "2", "-o",
                     str(tmp_path / "run.json"), timeout=300)
     assert result.returncode == 0, result.stderr
-    report = load(tmp_path / "run.json", expect="run-report")
+    return load(tmp_path / "run.json", expect="run-report")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sfb", [True, False])
+def test_train_runs_a_tag_plan_on_local_cpu(tmp_path, sfb):
+    graph, topo = graph_of("mlp-tiny", batch_size=8), load(LOCAL_CPU, expect="topology")
+    plan = replace(run("tag", graph, topo, playouts=24, max_evaluations=30, sfb=sfb), **FILES)
+    report = _validated_train(tmp_path, graph, topo, plan)
     assert report.steps == 2 and len(report.step_ms) == 2
     used = {d for g in plan.groups for d in g.devices}
     assert set(report.ranks) == used
@@ -51,10 +56,5 @@ def test_train_runs_a_micro_batched_tag_plan_on_local_cpu(tmp_path):
                   pipeline=made.pipeline, seed=0, options={}, started_at=started())
     assert len(plan.groups) >= 3 and plan.pipeline.microbatches == 2
     plan = replace(plan, **FILES)
-    validate_plan(plan, graph, topo, check_fingerprints=True)
-    write(tmp_path, graph, topo, plan)
-    result = dl_nfv("train", str(tmp_path / "plan.json"), "--steps", "2", "-o",
-                    str(tmp_path / "run.json"), timeout=300)
-    assert result.returncode == 0, result.stderr
-    report = load(tmp_path / "run.json", expect="run-report")
+    report = _validated_train(tmp_path, graph, topo, plan)
     assert report.steps == 2 and set(report.ranks) == set(devices)
