@@ -25,7 +25,7 @@ import yaml
 from .errors import BadInput, InvalidArtifact, NonFiniteNumber, UnwritableOutput
 from .records import from_data, to_data
 
-# kind -> "module:Class" (relative to this package); imported on first use.
+# kind -> "module:Class" (relative to this package, or absolute); imported on first use.
 KINDS: dict[str, str] = {
     "topology": "topology:Topology",
     "op-graph": "opgraph:OpGraph",
@@ -42,6 +42,7 @@ KINDS: dict[str, str] = {
     "policy": "policy:Policy",
     "chain-report": "chainreport:ChainReport",
     "chain-bench": "chainreport:ChainBench",
+    "fusion-times": "dl_nfv.profilers.fusion:FusionTimes",  # an absolute module path
 }
 
 
@@ -52,7 +53,8 @@ def record_class(kind: str) -> type:
     except KeyError:
         raise InvalidArtifact(f"unknown kind {kind!r}; known kinds: {', '.join(sorted(KINDS))}",
                               field="kind") from None
-    module = importlib.import_module(f"{__package__}.{module_name}")
+    module = importlib.import_module(module_name if module_name.startswith("dl_nfv.")
+                                     else f"{__package__}.{module_name}")
     return getattr(module, cls_name)
 
 
