@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dl_nfv.artifacts import InvalidArtifact, OpKind, save
+from dl_nfv.artifacts import InvalidArtifact, OpKind, load, save
 from dl_nfv.artifacts.records import to_data
 from dl_nfv.planners.disco.fusible import ANCHOR, FusionState, sample_groups
 from dl_nfv.profilers import profile_model
@@ -80,6 +80,23 @@ def test_a_bad_fusion_times_file_names_the_field(mlp, tmp_path):
     path.write_text(json.dumps({**to_data(times), "kind": "plan"}))
     with pytest.raises(InvalidArtifact, match="expected kind 'fusion-times'"):
         load_fusion_times(path)
+
+
+def test_the_artifact_loader_and_show_know_the_kind(mlp, tmp_path):
+    from click.testing import CliRunner
+
+    from dl_nfv.cli.main import cli
+
+    times = profile_fusion(mlp, sample_groups(mlp, 1, seed=0), repeats=1, backend="eager")
+    path = save(times, tmp_path / "t.json")
+    assert load(path) == times and load(path, expect="fusion-times") == times
+    shown = CliRunner().invoke(cli, ["show", str(path)])
+    assert shown.exit_code == 0 and times.groups[0].ops[0].id in shown.output
+    data = to_data(times)
+    data["groups"][0]["edges"] = [[0, 9, 4]]
+    path.write_text(json.dumps(data))
+    shown = CliRunner().invoke(cli, ["show", str(path)])
+    assert shown.exit_code == 2 and "edge (0, 9, 4) does not index" in shown.output
 
 
 @pytest.mark.slow
