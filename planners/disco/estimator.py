@@ -324,3 +324,30 @@ def load_estimator(path) -> FusedEstimator:
     except BadInput as exc:
         raise BadInput(f"{path}: {exc}") from None
     return FusedEstimator(net)
+
+
+def simulate_with_estimator(plan_path, estimator_path, *, graph=None, topology=None,
+                            compare=None):
+    """``simulator.files.simulate_files`` with the cost model's fused groups priced by the
+    estimator at ``estimator_path`` (``dl-nfv simulate --estimator``): the plan's
+    prediction as ``plan disco --estimator`` made it. The report's notes name the
+    estimator. Raises what ``simulate_files`` raises, and ``BadInput`` for an estimator
+    file that is not one."""
+    from dataclasses import replace
+
+    from dl_nfv.simulator import simulate
+    from dl_nfv.simulator.costs import CostModel
+    from dl_nfv.simulator.files import compare_with_run, extrapolation_notes, plan_artifacts
+
+    estimator = load_estimator(estimator_path)
+    plan, graph_doc, topology_doc, _, _ = plan_artifacts(plan_path, graph, topology)
+    cm = CostModel(graph_doc, topology_doc)
+    cm.fused_estimator = estimator
+    result = simulate(plan, graph_doc, topology_doc, cost_model=cm, check_fingerprints=False)
+    report = result.to_report()
+    notes = (*extrapolation_notes(plan.devices, graph_doc, topology_doc),
+             f"fused groups priced by the estimator {estimator_path}")
+    report = replace(report, notes=(*report.notes, *notes))
+    if compare is not None:
+        report = compare_with_run(report, result, compare)
+    return result, report

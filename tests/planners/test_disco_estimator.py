@@ -178,3 +178,30 @@ def test_with_a_per_group_price_disco_fuses_only_what_pays_and_reaches_the_enume
                        time_limit_s=60.0, max_evaluations=200)
     assert result.best_ms == pytest.approx(optimum, rel=1e-9)
     assert all("m2" not in group for group in result.best.op_groups)
+
+
+def test_simulate_with_the_estimator_predicts_what_plan_disco_recorded(tmp_path):
+    from click.testing import CliRunner
+
+    from dl_nfv.artifacts import load
+    from dl_nfv.cli.main import cli
+
+    g, topo = _small()
+    graph_path, topo_path = save(g, tmp_path / "g.json"), save(topo, tmp_path / "t.yaml")
+    net = _net()
+    net.per_call_ms.fill_(0.0)
+    estimator = save(policy_of(net, planner="disco", architecture={**ARCHITECTURE, "device_type": GPU},
+                               trained_on=TrainedOn(), seed=0, command=""), tmp_path / "e.json")
+    plan = disco_plan(g, topo, estimator=str(estimator), max_evaluations=60)
+    assert plan.fusion.op_groups
+    plan_path = save(plan, tmp_path / "p.json")
+    common = ["simulate", str(plan_path), "--graph", str(graph_path), "--topology", str(topo_path)]
+    runner = CliRunner()
+    with_it = runner.invoke(cli, [*common, "--estimator", str(estimator), "-o", str(tmp_path / "a.json")])
+    without = runner.invoke(cli, [*common, "-o", str(tmp_path / "b.json")])
+    assert with_it.exit_code == 0 and without.exit_code == 0, with_it.output + without.output
+    predicted = load(tmp_path / "a.json").iteration_ms
+    assert predicted == pytest.approx(plan.prediction.iteration_ms, rel=1e-6)
+    assert load(tmp_path / "b.json").iteration_ms != pytest.approx(predicted, rel=1e-6)
+    bad = runner.invoke(cli, [*common, "--estimator", str(graph_path)])
+    assert bad.exit_code == 2 and "g.json" in bad.output
