@@ -25,8 +25,12 @@ from .options import JSON_SUFFIXES, deliver, json_option, output_option
               help="A run-report of this plan from `dl-nfv train`: show the measured time "
                    "beside the prediction, per device and by category (compute, "
                    "communication, update, idle).")
+@click.option("--estimator", type=click.Path(dir_okay=False), default=None,
+              help="Price fused groups by this fused-kernel estimator (`dl-nfv plan learn "
+                   "disco`), as `plan disco --estimator` does.")
 def command(plan: str, output: Path | None, trace_path: Path | None, graph: str | None,
-            topology: str | None, as_json: bool, compare_path: str | None) -> None:
+            topology: str | None, as_json: bool, compare_path: str | None,
+            estimator: str | None) -> None:
     """Simulate one training iteration of PLAN and report its predicted time.
 
     The report holds the iteration time, per-device busy time and peak memory
@@ -41,11 +45,18 @@ def command(plan: str, output: Path | None, trace_path: Path | None, graph: str 
       dl-nfv simulate plan.json --graph g.json --topology t.yaml --json
       dl-nfv simulate plan.json --compare run-report.json
       dl-nfv simulate plan.json --compare run-report.json --trace both.json
+      dl-nfv simulate plan.json --estimator disco.estimator.json
     """
     from dl_nfv.artifacts.io import plain_data, write_text_atomic
     from dl_nfv.simulator.files import simulate_files
 
-    result, report = simulate_files(plan, graph=graph, topology=topology, compare=compare_path)
+    if estimator is None:
+        result, report = simulate_files(plan, graph=graph, topology=topology, compare=compare_path)
+    else:
+        from dl_nfv.planners.disco.estimator import simulate_with_estimator
+
+        result, report = simulate_with_estimator(plan, estimator, graph=graph, topology=topology,
+                                                 compare=compare_path)
     if trace_path is not None:
         if compare_path is None:
             trace = result.trace()
