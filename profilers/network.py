@@ -5,8 +5,14 @@ Method
     CUDA; started here with ``spawn``, or by ``torchrun`` on many hosts). For
     every pair of ranks in turn (the others wait at a barrier) the lower rank
     sends a message of each size (1 KiB to 64 MiB by default, x4 steps) and the
-    higher rank sends it back; the one-way time is half the median round trip
-    (over 5x as many messages up to 1 MiB, which cost next to nothing).
+    higher rank sends it back, in ``--repeats`` rounds: each round times every size once
+    (5 messages of each size up to 1 MiB, which cost next to nothing, one of each larger),
+    so a stretch in which other jobs hold the cores slows a round, not a size. The one-way
+    time of a size is half the round trip of its fastest round (the round's median message):
+    other jobs only add time. (Under load, the median over all messages of a size took a
+    1 KiB message from ~0.13 ms to 2-6 ms; the fastest round is what the link costs when
+    both ends run.) The report keeps the median round beside it: their ratio is how much
+    other jobs disturbed the probe, and the topology's description states it.
     A fit of ``t(s) = latency + s / bandwidth`` per pair (the slope over the
     larger half of the sizes, the latency the median left over the smaller half) gives
     ``latency_us`` and ``bandwidth_gbps``. With gloo on CPUs each rank also reads its
@@ -14,8 +20,9 @@ Method
     per message (one sent, one received); per size the least over the messages (other jobs
     only add CPU time), of the busier end, fitted the same way, gives the interconnect's
     ``message_cpu_us`` and ``message_cpu_us_per_mib`` (``fits.message_cpu``).
-    Then every rank runs AllReduce over the same sizes (the time of one is the
-    slowest rank's), reported with its bus bandwidth ``2(N-1)/N * S / t``. On
+    Then every rank runs AllReduce over the same sizes in rounds the same way (the time of
+    one is the slowest rank's; per size the fastest round), reported with its bus bandwidth
+    ``2(N-1)/N * S / t``. On
     CPU each process also times an FP32 matmul, recorded as the device's
     ``fp32_tflops`` override, and, all processes at once (as training workers
     run), an in-place add over 256 MiB tensors (three passes: read two, write
@@ -62,6 +69,7 @@ from dl_nfv.artifacts import BadInput, RuntimeFailure, Topology, from_data
 
 from .allocator import keep_freed_memory, requested_policy
 from .fits import LinkFit, fit_affine, fit_link, message_cpu  # noqa: F401 (re-exported)
+from .network_rounds import allreduce_rounds, fastest_round, pair_rounds
 
 DEFAULT_SIZES = tuple(1024 * 4**i for i in range(9))  # 1 KiB .. 64 MiB
 # Messages up to SMALL_BYTES are timed SMALL_FACTOR times as often: they cost next to
@@ -103,6 +111,10 @@ class NetworkReport:
     # the intra-op threads of every worker where ``--threads`` asked for them (0: torch's
     # share of the host's cores): the topology's CPU devices get that many ``cores``
     threads: int = 0
+    rounds: int = 0  # rounds timed (0: a report without rounds)
+    # per pair and size, and per size, the median of the rounds (the estimate is the fastest)
+    p2p_median_round_s: dict[str, list[float]] = field(default_factory=dict)
+    allreduce_median_round_s: list[float] = field(default_factory=list)
 
     def to_data(self) -> dict:
         return {"backend": self.backend, "world_size": self.world_size, "hosts": self.hosts,
@@ -110,7 +122,9 @@ class NetworkReport:
                 "p2p_cpu_per_message_s": self.p2p_cpu_s,
                 "allreduce_s": self.allreduce_s, "fits": self.fits,
                 "matmul_gflops": self.matmul_gflops, "memory_gb_per_s": self.memory_gb_per_s,
-                "memory_gib": self.memory_gib, "threads": self.threads}
+                "memory_gib": self.memory_gib, "threads": self.threads, "rounds": self.rounds,
+                "p2p_median_round_s": self.p2p_median_round_s,
+                "allreduce_median_round_s": self.allreduce_median_round_s}
 
     def allreduce_bus_gbps(self, index: int = -1) -> float:
         n = self.world_size
@@ -121,23 +135,23 @@ class NetworkReport:
 # ------------------------------------------------------------------------- worker side
 @dataclass(frozen=True)
 class ProbeConfig:
+    """What the workers time: ``repeats`` rounds over ``sizes`` (``per_round`` messages of
+    each size a round), after ``warmup`` untimed messages per size; ``clock`` and
+    ``cpu_clock`` read wall and process CPU seconds (``time.perf_counter``,
+    ``time.process_time``: a test may wrap them, in a picklable callable)."""
+
     sizes: tuple[int, ...] = DEFAULT_SIZES
     repeats: int = 5
     warmup: int = 2
     backend: str = "gloo"
     threads: int = 1
     timeout_s: float = 300.0
+    clock: Callable[[], float] = time.perf_counter
+    cpu_clock: Callable[[], float] = time.process_time
 
-    def timed(self, size: int) -> int:
-        """How many messages of ``size`` are timed (the median is kept)."""
-        return self.repeats * (SMALL_FACTOR if size <= SMALL_BYTES else 1)
-
-
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    def per_round(self, size: int) -> int:
+        """How many messages of ``size`` a round times (their median is the round's)."""
+        return SMALL_FACTOR if size <= SMALL_BYTES else 1
 
 
 def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | None = None):
@@ -167,55 +181,17 @@ def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | N
             progress(what, done, steps)
 
     buffers = {s: torch.ones(max(1, s // 4), dtype=torch.float32, device=device) for s in config.sizes}
-    p2p: dict[str, list[float]] = {}
+    p2p: dict[str, list[list[float]]] = {}  # per pair, per size, the median of each round
     cpu: dict[str, list[float]] = {}  # this rank's CPU seconds per message, per pair and size
     for i, j in pairs:
         if rank in (i, j):
-            times, cpu_times = [], []
-            for size in config.sizes:
-                buf = buffers[size]
-                samples, cpu_samples = [], []
-                for k in range(config.warmup + config.timed(size)):
-                    _sync(device)
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    if rank == i:
-                        dist.send(buf, j)
-                        dist.recv(buf, j)
-                    else:
-                        dist.recv(buf, i)
-                        dist.send(buf, i)
-                    _sync(device)
-                    if k >= config.warmup:
-                        samples.append((time.perf_counter() - t0) / 2)
-                        cpu_samples.append((time.process_time() - c0) / 2)
-                times.append(statistics.median(samples))
-                # other jobs only add CPU time (caches, wake-ups): the least is the message's
-                cpu_times.append(min(cpu_samples))
+            rounds, cpu_times = pair_rounds(rank, i, j, buffers, config, device)
             if rank == i:
-                p2p[f"{i}-{j}"] = times
+                p2p[f"{i}-{j}"] = rounds
             cpu[f"{i}-{j}"] = cpu_times
         dist.barrier()
         tick(f"pair {i}-{j}")
-
-    allreduce = []
-    for size in config.sizes:
-        buf = buffers[size]
-        samples = []
-        for k in range(config.warmup + config.timed(size)):
-            dist.barrier()
-            _sync(device)
-            t0 = time.perf_counter()
-            dist.all_reduce(buf)
-            _sync(device)
-            if k >= config.warmup:
-                samples.append(time.perf_counter() - t0)
-        local = torch.tensor(samples, dtype=torch.float64)
-        # The slowest rank's time is the collective's time.
-        if config.backend == "nccl":
-            local = local.to(device)
-        dist.all_reduce(local, op=dist.ReduceOp.MAX)
-        allreduce.append(float(local.median().item()))
-        buf.fill_(1.0)
+    allreduce = allreduce_rounds(buffers, config, device)
     tick("allreduce")
 
     gflops = _matmul_gflops(device) if device.type == "cpu" else 0.0
@@ -230,14 +206,20 @@ def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | N
         return None
     report = NetworkReport(backend=config.backend, world_size=world, hosts=names,
                            devices=[g["device"] for g in gathered], sizes=list(config.sizes),
-                           allreduce_s=allreduce, matmul_gflops=[g["gflops"] for g in gathered],
-                           memory_gb_per_s=[g["memory"] for g in gathered])
+                           allreduce_s=[fastest_round(r)[0] for r in allreduce],
+                           allreduce_median_round_s=[fastest_round(r)[1] for r in allreduce],
+                           matmul_gflops=[g["gflops"] for g in gathered],
+                           memory_gb_per_s=[g["memory"] for g in gathered], rounds=config.repeats)
     for g in gathered:
-        report.p2p_s.update(g["p2p"])
+        for key, per_size in g["p2p"].items():
+            report.p2p_s[key] = [fastest_round(r)[0] for r in per_size]
+            report.p2p_median_round_s[key] = [fastest_round(r)[1] for r in per_size]
         for key, per_size in g["cpu"].items():  # the busier end of the pair
             have = report.p2p_cpu_s.get(key, per_size)
             report.p2p_cpu_s[key] = [max(a, b) for a, b in zip(have, per_size, strict=True)]
-    report.p2p_s = dict(sorted(report.p2p_s.items(), key=lambda kv: tuple(map(int, kv[0].split("-")))))
+    order = sorted(report.p2p_s, key=lambda k: tuple(map(int, k.split("-"))))
+    report.p2p_s = {k: report.p2p_s[k] for k in order}
+    report.p2p_median_round_s = {k: report.p2p_median_round_s[k] for k in order}
     for key, times in report.p2p_s.items():
         fit = fit_link(config.sizes, times)
         report.fits[key] = {"latency_us": round(fit.latency_us, 3),
@@ -335,17 +317,20 @@ def choose_backend(backend: str, nprocs: int) -> str:
 def probe_network(nprocs: int = 2, *, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 5,
                   warmup: int = 2, backend: str = "auto", threads: int | None = None,
                   name: str | None = None, progress: Callable | None = None,
+                  clock: Callable[[], float] = time.perf_counter,
+                  cpu_clock: Callable[[], float] = time.process_time,
                   ) -> tuple[Topology | None, NetworkReport | None]:
     """Measure the network between worker processes; ``(topology, report)`` (see module doc).
 
     Started by ``torchrun`` (``RANK``/``WORLD_SIZE`` set), this process is one
     rank and ``nprocs`` is ignored; only rank 0 returns results, the others
-    ``(None, None)``. Otherwise it spawns ``nprocs`` local processes.
+    ``(None, None)``. Otherwise it spawns ``nprocs`` local processes. ``clock`` and
+    ``cpu_clock``: the spawned workers' timing sources (``ProbeConfig``).
 
     Raises ``BadInput`` for impossible settings and ``RuntimeFailure`` when a
     worker fails (its error is in the message). Cost: ``(pairs + 1) x sizes x
     (warmup + repeats)`` messages, where pairs = N(N-1)/2 (``SMALL_FACTOR`` times the
-    repeats for messages up to ``SMALL_BYTES``).
+    repeats for messages up to ``SMALL_BYTES``); ``repeats`` is the number of rounds.
     """
     if repeats < 1 or warmup < 0:
         raise BadInput(f"--repeats must be >= 1 and --warmup >= 0, got {repeats} and {warmup}")
@@ -360,7 +345,8 @@ def probe_network(nprocs: int = 2, *, sizes: Sequence[int] = DEFAULT_SIZES, repe
     chosen = choose_backend(backend, nprocs)
     cpus = os.cpu_count() or 1
     config = ProbeConfig(sizes=sizes, repeats=repeats, warmup=warmup, backend=chosen,
-                         threads=threads or max(1, cpus // nprocs))
+                         threads=threads or max(1, cpus // nprocs), clock=clock,
+                         cpu_clock=cpu_clock)
     data = _spawn(nprocs, config, progress)
     report = NetworkReport(backend=data["backend"], world_size=data["world_size"],
                            hosts=data["hosts"], devices=data["devices"], sizes=data["sizes_bytes"],
@@ -368,7 +354,10 @@ def probe_network(nprocs: int = 2, *, sizes: Sequence[int] = DEFAULT_SIZES, repe
                            p2p_cpu_s=data.get("p2p_cpu_per_message_s", {}),
                            fits=data["fits"], matmul_gflops=data["matmul_gflops"],
                            memory_gb_per_s=data.get("memory_gb_per_s", []),
-                           memory_gib=data["memory_gib"], threads=threads or 0)
+                           memory_gib=data["memory_gib"], threads=threads or 0,
+                           rounds=data.get("rounds", 0),
+                           p2p_median_round_s=data.get("p2p_median_round_s", {}),
+                           allreduce_median_round_s=data.get("allreduce_median_round_s", []))
     return topology_from_report(report, name=name), report
 
 
@@ -514,7 +503,7 @@ def topology_from_report(report: NetworkReport, name: str | None = None) -> Topo
                    f"{len(hosts)} host(s); point-to-point fits per pair (latency + size/bandwidth) "
                    f"over {report.sizes[0]} B to {big} B; AllReduce of {big} B took "
                    f"{report.allreduce_s[-1] * 1e3:.2f} ms (bus bandwidth "
-                   f"{report.allreduce_bus_gbps():.2f} Gbps).")
+                   f"{report.allreduce_bus_gbps():.2f} Gbps).{measured_how(report)}")
     doc = {"kind": "topology", "schema_version": 1,
            "name": name or f"measured-{host_names[hosts[0]]}-{n}", "description": description,
            "hosts": host_docs}
@@ -531,6 +520,23 @@ def topology_from_report(report: NetworkReport, name: str | None = None) -> Topo
     doc["description"] += (f" Collectives: latency {figures[0]:.1f} us and bandwidth "
                            f"{figures[1]:.2f} Gbps per link, fitted to the measured AllReduce.")
     return from_data(Topology, doc)
+
+
+def measured_how(report: NetworkReport) -> str:
+    """How the report's times were taken, for the topology's description: the rounds and
+    how much slower than the fastest the median round was (other jobs' share); empty for a
+    report without rounds."""
+    if report.rounds < 1:
+        return ""
+    ratios = [m / f for key, fast in report.p2p_s.items()
+              for f, m in zip(fast, report.p2p_median_round_s.get(key, ()), strict=False) if f > 0]
+    ratios += [m / f for f, m in zip(report.allreduce_s, report.allreduce_median_round_s,
+                                     strict=False) if f > 0]
+    text = (f" Each time is the fastest of {report.rounds} round(s) over every size (a round's "
+            f"time: the median of its messages)")
+    if ratios:
+        text += f"; the median round took {min(ratios):.2f}-{max(ratios):.2f}x the fastest"
+    return text + "."
 
 
 def collective_figures(topology: Topology, report: NetworkReport) -> tuple[float, float] | None:

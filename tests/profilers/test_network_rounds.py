@@ -1,0 +1,65 @@
+"""The network probe's rounds: a busy stretch of the machine slows rounds, not the estimate.
+
+The slow stretch is injected into the probe's timing source (a wrapped ``perf_counter`` and
+``process_time`` that add time to the end readings of chosen messages), deterministically;
+gloo, the processes and the messages are real.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dl_nfv.profilers.network import ProbeConfig, probe_network
+from dl_nfv.profilers.network_rounds import fastest_round
+
+SIZES = (1024, 4096, 16384)  # up to 1 MiB: 5 messages of each size a round
+ROUNDS = 3
+EXTRA_S = 0.05  # added to a slowed message's end reading (wall and CPU)
+
+
+class SlowStretches:
+    """A clock that reads ``base`` plus ``EXTRA_S`` at the end readings (odd calls) of the
+    calls in ``stretches`` (half-open ranges of call indices): the messages timed there
+    look ``EXTRA_S`` slower. Picklable, for the spawned workers."""
+
+    def __init__(self, base, stretches):
+        self.base, self.stretches, self.calls = base, stretches, 0
+
+    def __call__(self) -> float:
+        k, self.calls = self.calls, self.calls + 1
+        slow = k % 2 == 1 and any(a <= k < b for a, b in self.stretches)
+        return self.base() + (EXTRA_S if slow else 0.0)
+
+
+def test_the_fastest_round_is_the_estimate_and_the_median_round_is_kept():
+    assert fastest_round([3.0, 1.0, 2.0, 9.0]) == (1.0, 2.5)
+    with pytest.raises(ValueError):
+        fastest_round([])
+
+
+def test_a_busy_stretch_over_two_of_three_rounds_leaves_the_probes_figures_alone():
+    config = ProbeConfig(sizes=SIZES, repeats=ROUNDS, warmup=1)
+    per_round = 2 * sum(config.per_round(s) for s in SIZES)  # clock reads per rank and round
+    pairs_end = ROUNDS * per_round  # then the AllReduce rounds, as many reads
+    stretches = ((0, 2 * per_round), (pairs_end, pairs_end + 2 * per_round))
+    topology, report = probe_network(
+        2, sizes=SIZES, repeats=ROUNDS, warmup=1, backend="gloo", threads=1,
+        clock=SlowStretches(time.perf_counter, stretches),
+        cpu_clock=SlowStretches(time.process_time, stretches))
+    assert report.rounds == ROUNDS
+    slowed = EXTRA_S / 2  # one way: half the round trip
+    # the median round is a slowed one, for every size of the pair and of the AllReduce ...
+    assert all(t >= slowed for t in report.p2p_median_round_s["0-1"])
+    assert all(t >= EXTRA_S for t in report.allreduce_median_round_s)
+    # ... the estimate is the undisturbed round: a loopback message of <= 16 KiB takes well
+    # under a millisecond on a quiet machine, a few on a busy one, never the stretch's 25 ms
+    assert all(t < slowed / 2 for t in report.p2p_s["0-1"])
+    assert all(t < EXTRA_S / 2 for t in report.allreduce_s)
+    assert all(t < slowed / 2 for t in report.p2p_cpu_s["0-1"])  # least over messages
+    assert report.fits["0-1"]["latency_us"] < slowed / 2 * 1e6
+    ic = topology.hosts[0].interconnect
+    assert ic.latency_us < slowed / 2 * 1e6 and ic.message_cpu_us < slowed / 2 * 1e6
+    assert f"fastest of {ROUNDS} round(s)" in topology.description
+    assert "the median round took" in topology.description
