@@ -123,6 +123,10 @@ class NetworkProbe:
     memory_gb_per_s: tuple[float, ...] = ()  # per rank
     memory_gib: dict[str, float] = field(default_factory=dict)  # per host
     threads: int = 0  # every rank's intra-op threads where --threads gave them; 0: not given
+    rounds: int = 0  # rounds timed: every time above is a size's fastest (0: not in rounds)
+    # per pair and size, and per size: the median round (how much other jobs added)
+    p2p_median_round_s: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    allreduce_median_round_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         check(self.threads >= 0, f"threads must be >= 0, got {self.threads}")
