@@ -221,7 +221,7 @@ def model(model: str, output: Path | None, as_json: bool, batch_size, seq_len, g
 @click.option("--max-bytes", type=click.IntRange(min=1), default=64 * 2**20, show_default=True,
               help="Largest message size (sizes grow 4x from --min-bytes).")
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Timed messages per size (the median is kept; 5x as many up to 1 MiB).")
+              help="Timed rounds over every size (per size the fastest round is kept).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
               help="Untimed messages per size.")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
