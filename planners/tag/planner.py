@@ -119,7 +119,8 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, playouts: int = 4
                    time_limit_s=time_limit, seed=seed, choices=choices, seeds=seeds)
     left = max(0.0, time_limit - (time.process_time() - cpu0))
     polished = polish(BatchedEnv(env), found.strategies, found.batching, choices,
-                      max_evaluations=max_evaluations, time_limit_s=left)
+                      max_evaluations=max_evaluations, time_limit_s=left,
+                      extra=[s for _, strategies in seeds for s in strategies])
     notes.append(f"search from {origin} or the seeds ({found.start.iteration_ms:.2f} ms): "
                  f"{found.playouts} playouts, {found.evaluations} simulations -> "
                  f"{found.outcome.iteration_ms:.2f} ms with {found.batching}"
