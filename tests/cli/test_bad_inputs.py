@@ -220,6 +220,8 @@ CASES: list[tuple[str, list[str]]] = [
     *[(f"train {name}", ["train", B[name], *OUT]) for name in BAD_FUSIONS],
     ("simulate --compare missing", ["simulate", "{plan}", "--compare", "{dir}/nope.json", *OUT]),
     ("simulate --compare a plan", ["simulate", "{plan}", "--compare", "{plan}", *OUT]),
+    ("simulate --estimator a graph", ["simulate", "{plan}", "--estimator", "{g}", *OUT]),
+    ("simulate --estimator missing", ["simulate", "{plan}", "--estimator", "{dir}/nope.json", *OUT]),
     # train: refused before any worker starts
     ("train --lr -1", ["train", "{plan}", "--lr", "-1", *OUT]),
     ("train --lr 0", ["train", "{plan}", "--lr", "0", *OUT]),
