@@ -29,10 +29,15 @@ the switch has let out). The runtime's rules:
   come from different senders, and a receiver takes its senders' messages in turn).
   Each moved flow's replica then gets a snapshot, after the switch is told; when a flow
   moves onto its replica's runtime, the source keeps the state it sent as the new
-  replica instead. **Central** (OpenNF): ``export`` sends each flow's state to the
-  switch's controller, ``import`` installs one. If the source dies before the state
-  arrives, ``handover`` has the flow's replica send its copy to the destination
-  (``recover_in``), or ``promote`` makes the destination's own copy the primary.
+  replica instead. If the source dies before the state arrives, ``handover`` has the
+  flow's replica send its copy to the destination (``recover_in``), or ``promote`` makes
+  the destination's own copy the primary.
+* **Central** (OpenNF's southbound calls, the controller in ``controller.py``):
+  ``enable_events`` makes the packets of the named flows *raise events* (sent to the
+  controller, not processed) from then on, also once the state is gone; ``get_perflow``
+  sends one ``chunk`` per flow (its state, removed here); ``put_perflow`` installs one
+  chunk and acknowledges it (``put_ack``); ``disable_events`` stops raising and answers
+  ``events_disabled`` after every event raised before it.
 
 Messages from a runtime the switch declared dead are ignored. Run as
 ``python -m dl_nfv.nfv.actors.runtime CLUSTER NAME``.
@@ -60,7 +65,8 @@ ORPHAN_CHECK_S = 0.5  # how often a runtime checks that its parent and switch ar
 # Messages about flows carry the session (one per load): a message of an earlier session
 # that arrives late (another sender's, so not ordered with the load) is dropped.
 SESSION_KINDS = frozenset({"deltas", "snapshot", "migrate_in", "recover_in", "acks",
-                           "replicated", "promoted", "migrated", "state", "imported"})
+                           "replicated", "promoted", "migrated", "chunk", "put_ack", "events",
+                           "events_disabled"})
 
 
 class FlowActor:
@@ -99,6 +105,7 @@ class Runtime:
         self.primaries: dict[int, FlowActor] = {}
         self.replicas: dict[int, FlowActor] = {}
         self.dead: set[str] = set()
+        self.raising: set[int] = set()  # flows whose packets raise events (central mode)
         self.processed = 0
         self.running = True
         self.loader: threading.Thread | None = None  # building the chain of a load
@@ -109,6 +116,7 @@ class Runtime:
         self.deltas: dict[str, list] = defaultdict(list)
         self.snapshots: dict[str, list] = defaultdict(list)
         self.acks: list = []
+        self.events: list = []
 
     # The loop ------------------------------------------------------------------------
     def serve(self) -> None:
@@ -151,9 +159,11 @@ class Runtime:
                 self.tell(self.addresses[name], "deltas", batch)
         if self.acks:
             self.tell(self.switch, "acks", self.acks)
+        if self.events:
+            self.tell(self.switch, "events", self.events)
         self.deltas.clear()
         self.snapshots.clear()
-        self.acks = []
+        self.acks, self.events = [], []
 
     # Control ---------------------------------------------------------------------------
     def on_ping(self, sender: str, payload) -> None:
@@ -188,6 +198,7 @@ class Runtime:
         document, self.session = payload
         self.primaries.clear()
         self.replicas.clear()
+        self.raising.clear()
         self.processed = 0
         self.built = built = []
         self.loader = threading.Thread(target=lambda: built.append(build_chain(document)),
@@ -222,7 +233,11 @@ class Runtime:
 
     # Packets and replication -------------------------------------------------------------
     def on_packets(self, sender: str, batch: list) -> None:
+        raising = self.raising
         for flow, seq, replica, committed, packet in batch:
+            if raising and flow in raising:  # moving (central mode): the controller's
+                self.events.append((flow, seq, packet))
+                continue
             actor = self.primaries.get(flow)
             if actor is None:
                 actor = self.primaries[flow] = FlowActor(flow, self.chain.initial(), replica)
@@ -317,6 +332,7 @@ class Runtime:
         come, its source having died, from this runtime's copy of the flow); else its
         replica; else a fresh actor (the state is lost). The new replica gets a snapshot;
         with none, the primary acknowledges what it logged."""
+        self.raising.discard(flow)  # a central move that broke off: the flow is ours again
         actor = self.primaries.get(flow)
         held = []
         if actor is None:
@@ -391,6 +407,12 @@ class Runtime:
         self.tell(self.addresses[destination], "migrate_in", self.give_away(flows))
 
     def on_migrate_in(self, sender: str, batch: list) -> None:
+        self.tell(self.switch, "migrated", self.take_in(batch, sender))
+        # (before the snapshots to the flows' replicas go, in ``flush``)
+
+    def take_in(self, batch: list, source: str) -> list[int]:
+        """Install migrated states ``(flow, seq, states, log, replica)`` from ``source``
+        (in held actors, whose packets then run); the flows installed."""
         installed = []
         primaries, replicas = self.primaries, self.replicas
         for flow, seq, states, log, replica in batch:
@@ -399,13 +421,13 @@ class Runtime:
                 replicas.pop(flow, None)
                 actor = primaries[flow] = FlowActor(flow, states, replica)
                 actor.seq, actor.log = seq, log
-                self.replicate_moved(actor, sender)
+                self.replicate_moved(actor, source)
             elif actor.held is not None:
-                self.install(actor, seq, states, log, sender)
+                self.install(actor, seq, states, log, source)
             else:
                 continue  # installed already
             installed.append(flow)
-        self.tell(self.switch, "migrated", installed)  # before the snapshots go (flush)
+        return installed
 
     def install(self, actor: FlowActor, seq: int, states: tuple, log: dict, source: str
                 ) -> None:
@@ -431,17 +453,27 @@ class Runtime:
         else:
             self.snapshots[actor.replica].append(actor.snapshot())
 
-    def on_export(self, sender: str, flows: list) -> None:
-        for state in self.give_away(flows):
-            self.tell(self.switch, "state", state)
+    # Central mode: OpenNF's southbound calls, one message each --------------------------
+    def on_enable_events(self, sender: str, flows: list) -> None:
+        self.raising.update(flows)
 
-    def on_import(self, sender: str, payload) -> None:
-        (flow, seq, states, log, replica), source = payload
-        self.replicas.pop(flow, None)
-        actor = self.primaries[flow] = FlowActor(flow, states, replica)
-        actor.seq, actor.log = seq, log
-        self.replicate_moved(actor, source)
-        self.tell(self.switch, "imported", flow)
+    def on_get_perflow(self, sender: str, flows: list) -> None:
+        for chunk in self.give_away(flows):
+            self.tell(self.switch, "chunk", chunk)
+
+    def on_put_perflow(self, sender: str, payload) -> None:
+        chunk, source = payload
+        self.take_in([chunk], source)
+        self.tell(self.switch, "put_ack", chunk[0])
+
+    def on_disable_events(self, sender: str, flows: list) -> None:
+        """Stop raising events for ``flows``; the answer follows every event raised so far
+        (one channel, in order), which is how the controller knows the source drained."""
+        self.raising.difference_update(flows)
+        if self.events:
+            self.tell(self.switch, "events", self.events)
+            self.events = []
+        self.tell(self.switch, "events_disabled", flows)
 
 
 def main(argv: list[str]) -> int:

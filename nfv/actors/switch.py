@@ -20,9 +20,9 @@ replica, made from a snapshot of the primary. The switch records the detection t
 (silence until declaration) and the takeover time (declaration until every affected
 flow has committed what was outstanding and every new replica is installed).
 
-Migration of N flows from one runtime to another: ``actor`` mode (NFVactor) and
-``central`` mode (an OpenNF-style controller, run here); ``runtime.py`` says what each
-runtime does. Run as ``python -m dl_nfv.nfv.actors.switch CLUSTER``.
+Migration of N flows from one runtime to another: ``actor`` mode (NFVactor; ``runtime.py``
+says what each runtime does) and ``central`` mode (OpenNF's controller, run here:
+``controller.py``). Run as ``python -m dl_nfv.nfv.actors.switch CLUSTER``.
 """
 
 from __future__ import annotations
@@ -35,10 +35,9 @@ from itertools import islice
 
 from .chain import flow_key
 from .cluster import ClusterSpec, load_cluster
+from .controller import BUFFERED, NORMAL, CentralController
 from .runtime import GC_THRESHOLD, SESSION_KINDS
 from .wire import Endpoint
-
-NORMAL, BUFFERED = 0, 1  # a flow's routing: to its primary, or held by the controller
 
 
 class Flow:
@@ -56,7 +55,7 @@ class Flow:
         self.unacked: dict[int, tuple] = {}  # seq -> packet, until its output is let out
         self.acked: dict[int, tuple] = {}  # seq -> output acknowledged ahead of a gap
         self.mode = NORMAL
-        self.buffer: list[int] = []  # seqs held by the central controller
+        self.buffer: dict[int, tuple] = {}  # seq -> packet held by the controller
 
 
 class RuntimeView:
@@ -84,15 +83,15 @@ class Migration:
         self.source, self.destination = source, destination
         self.flows = [f.id for f in flows]
         self.waiting = set(self.flows)
-        self.imported: set[int] = set()  # central mode: flows whose state is in
+        self.imported: set[int] = set()  # central mode: flows whose put is acknowledged
         self.replicas: dict[int, str | None] = {}  # each flow's replica before the move
-        self.forwarded: set[int] = set()  # central mode: flows whose state went to import
+        self.forwarded: set[int] = set()  # central mode: flows whose state was put
         self.failed = ""  # why the migration did not complete, if it did not
         self.orphaned: set[int] = set()  # flows whose replica died meanwhile
         self.started = time.perf_counter()
 
 
-class Switch:
+class Switch(CentralController):
     def __init__(self, spec: ClusterSpec) -> None:
         self.spec = spec
         self.endpoint = Endpoint(spec.switch.name, spec.switch.endpoint)
@@ -253,7 +252,7 @@ class Switch:
             flow.next_seq += 1
             flow.unacked[seq] = packet
             if flow.mode == BUFFERED:
-                flow.buffer.append(seq)
+                flow.buffer[seq] = packet
             else:
                 self.pending[flow.primary].append((flow.id, seq, flow.replica, flow.committed,
                                                    packet))
@@ -402,17 +401,7 @@ class Switch:
             holder = migration.replicas[flow_id]  # its replica before the move
             holder_live = holder is not None and self.runtimes[holder].live
             if migration.mode == "central":
-                flow.mode = NORMAL
-                if dead == migration.source and flow_id in migration.forwarded:
-                    flow.primary = migration.destination  # imported before anything else
-                    self.pending[flow.primary].extend(
-                        (flow_id, seq, flow.replica, flow.committed, flow.unacked[seq])
-                        for seq in flow.buffer if seq in flow.unacked)
-                else:  # promoted where the copy is: the replica, or the source's kept copy
-                    flow.primary = dead
-                    if dead == migration.source:
-                        flow.replica = holder
-                flow.buffer = []
+                self.break_central(migration, flow, dead, holder)
             elif dead == migration.source:
                 if holder_live and holder != migration.destination:
                     handover[holder].append((flow_id, migration.destination))
@@ -487,9 +476,7 @@ class Switch:
                 flow.replica = source
             given.append((flow.id, flow.committed, flow.replica))
         if payload["mode"] == "central":
-            for flow in flows:
-                flow.mode = BUFFERED
-            self.endpoint.send(self.runtimes[source].address, "export", given)
+            self.start_central(migration, flows, given)
             return
         self.endpoint.send(self.runtimes[source].address, "migrate_out", (destination, given))
         for flow in flows:  # the flows' next packets go to the destination, which holds them
@@ -498,33 +485,6 @@ class Switch:
     def on_migrated(self, sender: str, flows: list) -> None:
         for flow_id in flows:
             self.finish_migration(flow_id)
-
-    def on_state(self, sender: str, snapshot: tuple) -> None:
-        """The controller (central mode) forwards one flow's exported state to its destination."""
-        migration = self.migrations.get(snapshot[0])
-        if migration is None:
-            return
-        migration.forwarded.add(snapshot[0])
-        self.endpoint.send(self.runtimes[migration.destination].address, "import",
-                           (snapshot, migration.source))
-
-    def on_imported(self, sender: str, flow_id: int) -> None:
-        """Central mode, as OpenNF's move: once every flow's state is in at the destination,
-        route the flows there and release the packets the controller held, in order."""
-        migration = self.migrations.get(flow_id)
-        if migration is None or flow_id not in migration.waiting:
-            return
-        migration.imported.add(flow_id)
-        if len(migration.imported) < len(migration.flows):
-            return
-        for moved in migration.flows:
-            flow = self.by_id[moved]
-            flow.primary, flow.mode = migration.destination, NORMAL
-            self.pending[flow.primary].extend((flow.id, seq, flow.replica, flow.committed,
-                                               flow.unacked[seq]) for seq in flow.buffer
-                                              if seq in flow.unacked)
-            flow.buffer = []
-            self.finish_migration(moved)
 
     def finish_migration(self, flow_id: int) -> None:
         migration = self.migrations.pop(flow_id, None)

@@ -4,7 +4,8 @@
 process and routes what they send through per-channel queues (one per sender and
 receiver, in order, as ZeroMQ keeps them), so a test decides exactly which message is
 handled next: a seeded random choice among the channels interleaves senders as a
-receiver's fair queuing may, deterministically. ``kill`` drops a runtime and every
+receiver's fair queuing may, deterministically. ``sent`` records every message between
+the processes as ``(sender, receiver, kind)``. ``kill`` drops a runtime and every
 message it had queued (lost in flight); ``declare_dead`` is the switch's own handler.
 """
 
@@ -26,6 +27,7 @@ class Net:
         self.channels: dict[tuple[str, str], deque] = {}
         self.outputs: list = []
         self.replies: list = []
+        self.sent: list[tuple[str, str, str]] = []
         self.killed: set[str] = set()
         self.switch.endpoint.send = self._sender("switch", sessioned=False)
         self.switch.sink = "client"
@@ -41,6 +43,7 @@ class Net:
             if to in self.killed or name in self.killed:
                 return True
             if to == "switch" or to in self.runtimes:
+                self.sent.append((name, to, kind))
                 self.channels.setdefault((name, to), deque()).append((kind, payload))
             elif kind == "outputs":
                 self.outputs.extend(payload)

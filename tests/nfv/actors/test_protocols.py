@@ -1,0 +1,93 @@
+"""The messages each migration mode exchanges, counted on the switch and runtimes in one
+process (``net.Net``): the actor mode sends a fixed number per runtime pair whatever the
+number of flows; the central mode is OpenNF's loss-free, order-preserving move, a get,
+a put and an acknowledgement per flow, the source's packets raised to the controller
+and the source drained before the flows are re-routed."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from dl_nfv.nfv.actors.chain import build_chain, chain_document
+from dl_nfv.nfv.actors.cluster import load_cluster
+from dl_nfv.nfv.actors.traffic import interleaved
+from tests.conftest import EXAMPLES
+
+from .conftest import cluster_text, free_ports, sequential
+from .net import Net
+
+PACKETS = interleaved(flows=30, packets_per_flow=6, seed=7)
+DOCUMENT = chain_document(EXAMPLES / "nf" / "fw-nat-lb.yaml")
+MOVED = 6
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    path = tmp_path_factory.mktemp("protocols") / "cluster.yaml"
+    path.write_text(cluster_text(free_ports(4)))
+    return load_cluster(path)
+
+
+def _migrate(spec, mode: str, seed: int) -> tuple[Net, Counter]:
+    """Half the packets, then ``MOVED`` flows from rt1 to rt3 with the rest of the packets
+    routed right after the command (so they reach the source mid-move); the messages sent
+    from the command on, by (sender, receiver, kind)."""
+    net = Net(spec, build_chain(DOCUMENT), seed)
+    half = len(PACKETS) // 2
+    net.packets(PACKETS[:half])
+    net.run()
+    net.sent.clear()
+    net.migrate(MOVED, "rt1", "rt3", mode)
+    net.packets(PACKETS[half:])
+    net.run()
+    return net, Counter(net.sent)
+
+
+def _outputs_as_sequential(net: Net) -> None:
+    outputs, states = sequential(PACKETS, DOCUMENT)
+    assert sorted(net.outputs, key=lambda o: o.packet) == outputs
+    last: dict[int, int] = {}
+    for output in net.outputs:
+        assert last.get(output.flow, -1) < output.packet
+        last[output.flow] = output.packet
+    assert net.states() == states
+    assert net.switch.migrations == {} and net.replies[0][0] == "migrated"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_actor_mode_sends_one_message_each_way_per_runtime_pair(spec, seed):
+    net, sent = _migrate(spec, "actor", seed)
+    try:
+        _outputs_as_sequential(net)
+        assert sent[("switch", "rt1", "migrate_out")] == 1
+        assert sent[("rt1", "rt3", "migrate_in")] == 1
+        assert sent[("rt3", "switch", "migrated")] == 1
+        assert not any(kind in ("chunk", "put_perflow", "events") for *_, kind in sent)
+    finally:
+        net.close()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_central_mode_is_opennf_loss_free_order_preserving_move(spec, seed):
+    net, sent = _migrate(spec, "central", seed)
+    try:
+        _outputs_as_sequential(net)
+        for step, count in ((("switch", "rt1", "enable_events"), 1),
+                            (("switch", "rt1", "get_perflow"), 1),
+                            (("rt1", "switch", "chunk"), MOVED),
+                            (("switch", "rt3", "put_perflow"), MOVED),
+                            (("rt3", "switch", "put_ack"), MOVED),
+                            (("switch", "rt1", "disable_events"), 1),
+                            (("rt1", "switch", "events_disabled"), 1)):
+            assert sent[step] == count, step
+        # the moving flows' packets reached the source after enable_events: raised to the
+        # controller, which buffered and released them (the outputs above are in order)
+        assert sent[("rt1", "switch", "events")] >= 1
+        assert not any(kind in ("migrate_out", "migrate_in") for *_, kind in sent)
+        moving = [f for f in net.switch.by_id if f.primary == "rt3"]
+        assert len(moving) >= MOVED and all(f.buffer == {} for f in net.switch.by_id)
+        assert all(not r.raising for r in net.runtimes.values())
+    finally:
+        net.close()
