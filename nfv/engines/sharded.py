@@ -66,6 +66,7 @@ from ..traffic.capture import (
     open_mapped,
     pcap_layout,
     pcap_rows,
+    release_freed,
     release_pages,
     span_table,
     walk_pcap_part,
@@ -74,7 +75,7 @@ from ..traffic.capture import (
 from ..traffic.columnar import PacketColumns, decode_records
 from ..traffic.pcap import MalformedCounts
 from ..traffic.shared_decode import SharedColumns
-from ..traffic.trace import FlowInfo, Trace, capture_of, trace_of
+from ..traffic.trace import Capture, FlowInfo, Trace, capture_of, trace_of
 from . import EngineChoice
 from .pool import die_with_parent
 from .runner import EngineOptions, EngineResult, run_engine, sorted_rows
@@ -133,13 +134,13 @@ def run_sharded(path, specs, choice: EngineChoice, options: EngineOptions, shard
             proc.start()
             write.close()
             children.append((k, read, proc))
+    job.malformed = malformed
     try:
         parts = [job.run(0)]
     except threading.BrokenBarrierError:  # a shard failed before the columns were shared
         raise _first_failure(children) from None
     parts += [_receive(k, conn) for k, conn, _ in children]
-    capture = capture_of(job.cols, malformed, {"read": read_s})
-    trace, result = _merge(parts, capture, str(path))
+    trace, result = _merge(parts, job.capture, str(path))
     for _, _, proc in children:  # their exits overlap the merge
         proc.join()
     decode_s = max(p["decode_s"] for p in parts)
@@ -254,6 +255,8 @@ class _Job:
     parent: int  # pid of the process that forks the shards
     cols: PacketColumns | None = None  # the whole capture's, once decoded
     fd: int | None = None  # the file of ``shared`` when the shards were forked before the walk
+    malformed: MalformedCounts | None = None  # shard 0's: the record walk's counts
+    capture: Capture | None = None  # shard 0's: the capture's counts (no columns)
 
     def run(self, k: int) -> dict:
         """Shard ``k``: its part of the decoding, then its flows and messages, and the
@@ -269,10 +272,19 @@ class _Job:
         t1 = time.perf_counter()
         mask = balanced_shards(row_hash(keys[0]), self.cols.payload_len[rows], self.shards) == k
         mine = rows[mask]
+        if k == 0:  # its counts; the columns themselves are let go below
+            self.capture = dataclasses.replace(capture_of(self.cols, self.malformed, {}),
+                                               cols=None)
+        # this shard's packets out of the shared columns, and the mapping handed back
+        cols, records, mine_keys = self.cols.take(mine), len(self.cols), (keys[0][mask],
+                                                                           keys[1][mask])
+        del rows, keys, mask
+        self.cols = None
+        self.shared.close()
         stats: Counter = Counter()
-        parts, clean = assemble_parts(self.cols, mine, stats, self.idle_timeout_us,
-                                      WINDOW_BYTES, (keys[0][mask], keys[1][mask]))
-        parts = [flow_shards.to_records(part, mine, len(self.cols)) for part in parts]
+        parts, clean = assemble_parts(cols, np.arange(len(mine)), stats, self.idle_timeout_us,
+                                      WINDOW_BYTES, mine_keys)
+        parts = [flow_shards.to_records(part, mine, records) for part in parts]
         # merge_parts numbers flows by creating record and orders messages by completing one
         created = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)] + [
             np.asarray(part.flow_at, dtype=np.int64) for part in parts]))
@@ -280,6 +292,10 @@ class _Job:
                                       + [part.msg_at for part in parts]))
         trace = trace_of(self.source, merge_parts(parts, stats, clean), 0, 0, Counter(), stats)
         flows_s = time.perf_counter() - t1
+        # the NFs read only the streams: flow building's freed temporaries are handed
+        # back before the NFs' buffers take their room
+        del cols, mine, mine_keys
+        release_freed()
         result = run_engine(trace, self.specs, self.choice, self.options)
         flows = trace.flows if k == 0 else [  # sent as tuples: unpickled fast
             tuple(getattr(f, n) for n in _FLOW_FIELDS) for f in trace.flows]

@@ -44,12 +44,14 @@ traces. O(packets log packets + payload bytes).
 from __future__ import annotations
 
 import mmap
+from array import array
 from collections import Counter, deque
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
-from .capture import release_pages
+from .capture import release_freed, release_pages
 from .columnar import OK, PacketColumns
 from .flows import FlowState, FlowTable, Message
 from .http import REQUEST, RESPONSE, frame_whole, looks_like_http_request
@@ -343,7 +345,8 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[Part, np.
                            minlength=len(plan.group_bytes)).astype(np.int64)
     local_base = np.cumsum(kept_len) - kept_len
     rejected = np.zeros(len(clean), dtype=bool)
-    framed: list[tuple] = []  # (start, length, header_len, closing) per message
+    # (start, length, header_len, closing) per message, flat: no tuple kept per message
+    framed = array("q")
     groups: list[int] = []  # per (key, direction) framed: 2 * key + direction
     counts: list[int] = []  # its messages
     for k, base0, n0, base1, n1 in zip(np.flatnonzero(clean).tolist(),
@@ -355,13 +358,13 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[Part, np.
         if responses is None:
             rejected[k] = True
             continue
-        framed += requests
-        framed += responses
+        framed.extend(chain.from_iterable(requests))
+        framed.extend(chain.from_iterable(responses))
         groups += (2 * k, 2 * k + 1)
         counts += (len(requests), len(responses))
     if not framed:
         return Part([], [], MessageColumns.of([]), np.zeros(0, dtype=np.int64)), rejected
-    table = np.array(framed, dtype=np.int64).reshape(-1, 4)
+    table = np.frombuffer(framed, dtype=np.int64).reshape(-1, 4)
     group = np.repeat(np.asarray(groups, dtype=np.int64), counts)
     key, d = group // 2, group % 2
     start, length, header = table[:, 0], table[:, 1], table[:, 2]
@@ -425,6 +428,7 @@ def _gather(cols: PacketColumns, rows: np.ndarray) -> bytes | mmap.mmap:
     dest = np.cumsum(size) - size
     order = np.argsort(off, kind="stable")
     release_pages(cols.blob)
+    release_freed()  # the flow analysis' temporaries, before the streams take their room
     out = mmap.mmap(-1, total)
     view = memoryview(cols.blob)
     release = RELEASE_STEP

@@ -138,6 +138,33 @@ def release_pages(data, end: int | None = None) -> None:
         data.madvise(mmap.MADV_DONTNEED, 0, end)
 
 
+def release_freed() -> None:
+    """Hand the memory this process has freed back to the system (glibc's
+    ``malloc_trim``): the allocator keeps freed blocks for reuse, and after the
+    packet path's temporaries (per-packet arrays, sort orders, the framing's records)
+    that is tens of megabytes resident that no later stage would reuse whole. Elsewhere
+    than glibc nothing happens. Milliseconds: the later stages fault in again only the
+    pages they use."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def _malloc_trim():
+    """glibc's ``malloc_trim`` (ctypes, which numpy has imported already), or None."""
+    if not _TRIM:
+        import ctypes
+
+        try:
+            _TRIM.append(ctypes.CDLL(None).malloc_trim)
+        except (OSError, AttributeError):
+            _TRIM.append(None)
+    return _TRIM[0]
+
+
+_TRIM: list = []
+
+
 def span_table(path: str | Path, data, malformed: Counter) -> np.ndarray:
     """``spans`` as one [records, 4] int64 array (timestamp, offset, length, link type)."""
     path = Path(path)

@@ -84,6 +84,13 @@ class PacketColumns:
     def __len__(self) -> int:
         return int(self.ts_us.shape[0])
 
+    def take(self, rows: np.ndarray) -> PacketColumns:
+        """The columns of ``rows`` alone (copies), over the same buffer."""
+        fields = {name: getattr(self, name)[rows] for name in _ROW_FIELDS}
+        return PacketColumns(**fields, blob=self.blob, buf=self.buf, reasons=self.reasons,
+                             fallback=self.fallback,
+                             http_start=None if self.http_start is None else self.http_start[rows])
+
     def malformed(self) -> MalformedCounts:
         """Skipped frames by reason."""
         counts = np.bincount(self.reason, minlength=len(self.reasons))
@@ -111,6 +118,10 @@ class PacketColumns:
         for ts, proto, s, d, alen, sport, dport, flags, seq, po, pl, wire in zip(*cols):
             yield Packet(ts, proto, blob[s:s + alen], sport, blob[d:d + alen], dport, flags, seq,
                          blob[po:po + pl], wire)
+
+
+_ROW_FIELDS = ("ts_us", "wire_bytes", "reason", "proto", "addr_len", "src_off", "dst_off",
+               "sport", "dport", "flags", "seq", "payload_off", "payload_len")
 
 
 def read_columns(path: str | Path, malformed: MalformedCounts) -> PacketColumns:

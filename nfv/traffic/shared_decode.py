@@ -102,6 +102,16 @@ class SharedColumns:
         return cols, rows, (a["key"][rows], a["src_low"][rows])
 
 
+    def close(self) -> None:
+        """Unmap the columns in this process (once no array over them is left: the
+        mapping otherwise stays until those go)."""
+        self.arrays, self.records = {}, None
+        try:
+            self.area.close()
+        except BufferError:  # a view of it is still alive somewhere
+            pass
+
+
 def _mapped(n: int, parts: int, fd: int | None, size: bool = True
             ) -> tuple[mmap.mmap, dict[str, np.ndarray]]:
     """The shared mapping for ``n`` records' columns and its arrays: anonymous, or the
