@@ -39,7 +39,7 @@ from .kernels import (
     Sub,
 )
 from .ops import pick, put, put_columns, sort_values, take, take_columns
-from .packets import ChainPackets, key_pair, mix_hash, rewrite_checksums
+from .packets import ChainPackets, key_pair, mix_hash, rewrite_checksum_rows, rewrite_checksums
 from .reference import REFERENCE, Pkt
 from .scan import Segments
 from .states import Verdict, packet_class
@@ -51,6 +51,7 @@ KERNELS = {"firewall": FirewallKernel, "nat": NatKernel, "lb": LoadBalancerKerne
 ONE_SORT_FROM = 256
 REWRITING = ("nat", "lb")  # NFs that rewrite addresses and ports
 OUT_FIELDS = ("src", "dst", "sport", "dport", "ip_csum", "l4_csum")
+# the columns the NFs read: ChainPackets' first fields, in its order
 SORTED = ("ts_us", "src", "dst", "sport", "dport", "proto", "flags", "wire_bytes")
 PER_PACKET = ("ts", "src", "dst", "sport", "dport", "proto", "flags", "wire", "k1", "k2", "dir",
               "arrival", "cls")  # Sub's per-packet fields
@@ -202,10 +203,10 @@ class TensorChain:
 
     def run_batch(self, batch: ChainPackets) -> BatchResult:
         n = len(batch)
-        cpu = self.device.type == "cpu"
-        cols = {name: torch.from_numpy(np.ascontiguousarray(a)) if cpu else
-                torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
-                for name, a in batch.columns().items()}
+        block = torch.from_numpy(batch.block())  # [columns, n], ChainPackets' field order
+        if self.device.type != "cpu":
+            block = block.to(self.device)
+        cols = dict(zip(batch.columns(), block))
         times = [0.0] * (len(self.nfs) + 1)
         t0 = time.perf_counter()
         if n and self.sweeper.due(int(batch.ts_us[0])):
@@ -213,16 +214,14 @@ class TensorChain:
         k1, k2, direction = key_pair(cols["src"], cols["sport"], cols["dst"], cols["dport"],
                                      cols["proto"])
         order, start, k1, k2 = _flow_order(k1, k2)
-        # the columns the NFs read, flow-sorted in one gather: rows of [columns, n]
-        sorted_cols = take_columns(torch.stack([cols[name] for name in SORTED] + [direction]),
-                                   order)
-        s = dict(zip(SORTED, sorted_cols))
+        # the columns the NFs read (the block's first rows), flow-sorted in one gather
+        s = dict(zip(SORTED, take_columns(block[:len(SORTED)], order)))
         full = Segments.of(k1, k2) if start is None else Segments.starting(start)
         slots = self._flows(k1, k2, full)
         state, held = self._rows(slots)
         sub = Sub(ts=s["ts_us"], src=s["src"], dst=s["dst"], sport=s["sport"], dport=s["dport"],
                   proto=s["proto"], flags=s["flags"], wire=s["wire_bytes"], k1=k1, k2=k2,
-                  dir=sorted_cols[-1], arrival=order, seg=full, state=state, held=held,
+                  dir=take(direction, order), arrival=order, seg=full, state=state, held=held,
                   cls=take(self.flag_class, (s["flags"] & 0x1F) + (s["proto"] == UDP) * 32))
         stage = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         reason = torch.zeros(n, dtype=torch.int64, device=self.device)
@@ -257,7 +256,7 @@ class TensorChain:
             put_columns(parent, flows, inner)
         self.table.values.index_copy_(0, slots, state.t())
         self.table.delete(slots[state[self.table.index[HOLDERS]] == 0])
-        result = self._egress(cols, s, order, stage, reason)
+        result = self._egress(block, s, order, stage, reason)
         times[0] += time.perf_counter() - t0
         return BatchResult(stage=result[6], reason=result[7],
                            fields=dict(zip(OUT_FIELDS, result)), stage_s=times)
@@ -294,17 +293,14 @@ class TensorChain:
             elif rows.numel():
                 put(s[name], rows, getattr(sub, name))
 
-    def _egress(self, cols, s, order, stage, reason) -> np.ndarray:
-        """Checksums, then every per-packet output back in arrival order, on the host: rows
-        ``OUT_FIELDS``, stage, reason."""
+    def _egress(self, block, s, order, stage, reason) -> np.ndarray:
+        """Every per-packet output back in arrival order, then the checksums, on the host:
+        rows ``OUT_FIELDS``, stage, reason (``block``: the batch's columns as captured)."""
         flow_sorted = torch.stack([s["src"], s["dst"], s["sport"], s["dport"], stage, reason])
         back = torch.empty_like(flow_sorted)
         put_columns(back, order, flow_sorted)
-        final = dict(zip(("src", "dst", "sport", "dport"), back))
-        ip_new, l4_new = rewrite_checksums(cols, final, cols["ip_csum"], cols["l4_csum"],
-                                           cols["proto"])
-        return torch.cat([back[:4], ip_new.unsqueeze(0), l4_new.unsqueeze(0),
-                          back[4:]]).cpu().numpy()
+        csums = rewrite_checksum_rows(block[1:5], back[:4], block[8:10], block[5])
+        return torch.cat([back[:4], csums, back[4:]]).cpu().numpy()
 
 
 def build_chain(specs, engine: str, *, device: str = "cpu", capacity: int = 1024,

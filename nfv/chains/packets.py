@@ -65,6 +65,11 @@ class ChainPackets:
     def columns(self) -> dict[str, np.ndarray]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def block(self) -> np.ndarray:
+        """Every column as one [columns, packets] array, rows in field order (one host copy:
+        the tensor engine moves a batch to its device in one transfer)."""
+        return np.stack([getattr(self, f.name) for f in fields(self)])
+
 
 @dataclass(slots=True)
 class Capture:
@@ -209,6 +214,24 @@ def rewrite_checksums(old: dict, new: dict, ip_csum, l4_csum, proto):
     l4_new = l4_new + udp_zero * 0xFFFF
     keep = l4_csum == NO_CSUM
     return ip_new, l4_new * ~keep + NO_CSUM * keep
+
+
+def rewrite_checksum_rows(old, new, csums, proto):
+    """``rewrite_checksums`` over tensors of packets, the fields as rows: ``old`` and ``new``
+    [4, n] (src, dst, sport, dport), ``csums`` [2, n] (IPv4, TCP/UDP as captured); the new
+    [2, n]. The same arithmetic, with the IPv4 and TCP/UDP sums folded as one block."""
+    def words(v):
+        return ((v >> 16) + (v & 0xFFFF)).sum(0)
+
+    addr = words(new[:2]) - words(old[:2]) + 4 * 0xFFFF
+    total = (0xFFFF - csums) + addr
+    total[1] += (new[2:] - old[2:]).sum(0) + 2 * 0xFFFF
+    out = 0xFFFF - _fold(_fold(total))
+    l4 = out[1]
+    l4 += ((proto == UDP) & (l4 == 0)) * 0xFFFF
+    keep = csums[1] == NO_CSUM
+    out[1] = l4 + (NO_CSUM - l4) * keep
+    return out
 
 
 def _put16(blob: np.ndarray, pos: np.ndarray, value: np.ndarray) -> None:

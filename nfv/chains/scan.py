@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .ops import put, put_columns, stable_order, take
@@ -196,6 +197,8 @@ def scan_by_rounds(next_table, timeouts, cls, gap, seg: Segments, s0):
     width = next_table.shape[1]
     flat = next_table.reshape(-1)
     order, sizes = seg.round_order()
+    if order.device.type == "cpu":
+        return _rounds_on_host(flat, timeouts, cls * width, gap, seg, s0, order, sizes)
     # per round, contiguous slices of these (views): no gathers inside the loop
     flows = torch.split(take(seg.index, order), sizes)
     gaps = torch.split(take(gap, order), sizes) if timeouts is not None else [None] * len(sizes)
@@ -209,6 +212,32 @@ def scan_by_rounds(next_table, timeouts, cls, gap, seg: Segments, s0):
         if timeouts is not None:
             state = state * (g <= take(timeouts, state))
         put(cur, at, torch.index_select(flat, 0, base + state, out=after_out))
+    back = torch.empty_like(by_round)
+    put_columns(back, order, by_round)
+    return back[0], back[1]
+
+
+def _rounds_on_host(flat, timeouts, base, gap, seg: Segments, s0, order, sizes):
+    """``scan_by_rounds``' loop on a CPU by numpy over the tensors' memory: a round's steps
+    are vectors of one packet per flow (a few hundred), where numpy's cost per call is a
+    fraction of torch's; the same gathers and scatters in the same order."""
+    flows = take(seg.index, order).numpy()
+    rows = take(base, order).numpy()
+    gaps = take(gap, order).numpy() if timeouts is not None else None
+    limit = timeouts.numpy() if timeouts is not None else None
+    table = flat.numpy()
+    by_round = torch.empty((2, order.shape[0]), dtype=order.dtype)
+    found_all, after_all = by_round.numpy()
+    cur = s0.numpy().copy()
+    end = 0
+    for size in sizes:
+        begin, end = end, end + size
+        at, found = flows[begin:end], found_all[begin:end]
+        np.take(cur, at, out=found)
+        state = found if limit is None else found * (gaps[begin:end] <= limit[found])
+        after = after_all[begin:end]
+        np.take(table, rows[begin:end] + state, out=after)
+        cur[at] = after
     back = torch.empty_like(by_round)
     put_columns(back, order, by_round)
     return back[0], back[1]
