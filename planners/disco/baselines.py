@@ -23,7 +23,10 @@ as far as they can — the largest of the busiest device's compute under maximal
 all computation hidden), and the slowest device's forward pass under maximal fusion
 followed by that AllReduce: no gradient exists before the forward pass ends, so the
 forward cannot hide any of the step's communication (the paper's ideal-overlap figure,
-the larger of the first two, is ``parts["ideal overlap"]``). Under ``CostModel.fused_ms``
+the larger of the first two, is ``parts["ideal overlap"]``), and the latest any weight
+gradient can be ready followed by its own AllReduce (``last_gradient_ms``: the first
+layer's gradient comes last in the backward, and its AllReduce cannot hide behind
+anything). Under ``CostModel.fused_ms``
 a group's fused time is at most the sum of its parts' fused times, so no fusion the
 search builds computes (or runs its forward) faster than the maximal one; one AllReduce
 of everything pays the per-collective latency once. With a learned fused-kernel
@@ -150,11 +153,50 @@ def ideal_overlap_bound(s: Setting) -> Bound:
     comm = s.cm.allreduce_ms(list(s.group.devices), total, s.group.collective) \
         if len(s.group.devices) > 1 and total > 0 else 0.0
     forward = forward_ms(s) if comm > 0 else 0.0
-    return Bound(ms=max(compute, comm, forward + comm),
+    tail = last_gradient_ms(s) if comm > 0 else 0.0
+    return Bound(ms=max(compute, comm, forward + comm, tail),
                  parts={"compute, communication hidden": compute,
                         "communication, compute hidden": comm,
                         "forward, then communication": forward + comm,
+                        "last gradient, then its AllReduce": tail,
                         "ideal overlap": max(compute, comm)})
+
+
+def last_gradient_ms(s: Setting) -> float:
+    """The latest any weight gradient can be AllReduced: for each op ``p`` owning
+    parameters, the slowest replica's forward pass under maximal fusion, then the
+    backward of every maximal unit made only of ``p`` and ops downstream of it (their
+    gradients flow into ``p``'s, so its own cannot be ready before them), then one
+    AllReduce of ``p``'s parameters alone; the largest over ``p``. Units that are partly
+    downstream are left out (a lower bound). For a transformer's embedding this is the
+    whole backward and then a large AllReduce no bucketing can start earlier.
+    O(params x units) per replica."""
+    index, ops = s.cm.graph.index, s.group.ops
+    bit = {op: 1 << i for i, op in enumerate(ops)}
+    below: dict[str, int] = {}
+    succ: dict[str, list[str]] = {}
+    for e in s.cm.graph.edges:
+        succ.setdefault(e.src, []).append(e.dst)
+    for op in reversed(s.cm.topological_ids):
+        if op in bit:
+            mask = bit[op]
+            for d in succ.get(op, ()):
+                mask |= below.get(d, 0)
+            below[op] = mask
+    unit_of = {op: g for g in s.maximal for op in g}
+    units = list(dict.fromkeys(unit_of.get(op, (op,)) for op in ops))
+    masks = [sum(bit[o] for o in u) for u in units]
+    owners = [op for op in ops if index[op].param_bytes > 0]
+    ready = {p: 0.0 for p in owners}
+    for device, share in zip(s.group.devices, s.group.shares):
+        fwd = sum(s.cm.fused_ms(list(u), device, "fwd", share) for u in units)
+        bwd = [s.cm.fused_ms(list(u), device, "bwd", share) for u in units]
+        for p in owners:
+            done = sum(b for m, b in zip(masks, bwd) if m & below[p] == m)
+            ready[p] = max(ready[p], fwd + done)
+    devices = list(s.group.devices)
+    return max((ready[p] + s.cm.allreduce_ms(devices, float(index[p].param_bytes),
+                                             s.group.collective) for p in owners), default=0.0)
 
 
 def forward_ms(s: Setting) -> float:
