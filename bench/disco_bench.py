@@ -11,9 +11,13 @@ device.
 
 Columns: simulated iteration ms of each plan, the paper's ideal-overlap figure (max of
 compute under maximal fusion and one AllReduce of every gradient), the bound (also at
-least the forward pass under maximal fusion followed by that AllReduce:
-``baselines.ideal_overlap_bound``), disco over each, and the best baseline over disco. Goals: disco within 1.1x of the bound on every case, at least
-1.15x faster than the best baseline on half of them. The simulated times are
+least the forward pass under maximal fusion followed by that AllReduce, and the latest
+any weight gradient can be ready followed by its own AllReduce:
+``baselines.ideal_overlap_bound``), disco over each, the best baseline over disco, and
+"most possible", the best baseline over the bound: no plan beats the bound, so where it
+is below 1.15x no planner can be 1.15x faster than the best baseline, and the count of
+such wins is over the cases where it is not. Goals: disco within 1.1x of the bound on
+every case, at least 1.15x faster than the best baseline on half of them. The simulated times are
 deterministic where the evaluation cap stops the search (``--evaluations``); the CPU
 time limit is a safety net.
 
@@ -75,21 +79,23 @@ def graph_of(model: str):
 
 
 def run_case(graph, topology, *, evaluations: int, time_limit: float) -> dict:
-    """Every planner's plan on one case: name -> (iteration ms, planning s), and the bound."""
+    """Every planner's plan on one case: name -> (iteration ms, planning s), the bound, its
+    paper's ideal-overlap part and the part that binds."""
     out = {}
     for name in (*BASELINES, "disco"):
         options = {"max_evaluations": evaluations, "time_limit": time_limit} if name == "disco" else {}
         t0 = time.perf_counter()
         plan = run(name, graph, topology, **options)
         out[name] = (plan.prediction.iteration_ms, time.perf_counter() - t0)
-    setting_ = setting(graph, topology)
-    bound = ideal_overlap_bound(setting_)
+    bound = ideal_overlap_bound(setting(graph, topology))
     out["bound"], out["ideal"] = bound.ms, bound.parts["ideal overlap"]
+    out["binds"] = max((k for k in bound.parts if k != "ideal overlap"), key=bound.parts.get)
     return out
 
 
 def suite(models, topologies, *, evaluations: int, time_limit: float) -> tuple[str, str]:
-    rows, within, within_ideal, faster, cases = [], 0, 0, 0, 0
+    rows, over, cases = [], [], 0
+    count = {"within": 0, "within_ideal": 0, "faster": 0, "possible": 0}
     for model in models:
         graph = graph_of(model)
         for topo_name in topologies:
@@ -98,23 +104,32 @@ def suite(models, topologies, *, evaluations: int, time_limit: float) -> tuple[s
             disco_ms, bound, ideal = r["disco"][0], r["bound"], r["ideal"]
             best = min(r[b][0] for b in BASELINES)
             cases += 1
-            within += disco_ms <= 1.1 * bound
-            within_ideal += disco_ms <= 1.1 * ideal
-            faster += best / disco_ms >= 1.15
+            count["within"] += disco_ms <= 1.1 * bound
+            count["within_ideal"] += disco_ms <= 1.1 * ideal
+            # no plan beats the bound: 1.15x over the best baseline needs best >= 1.15 bound
+            possible = best / bound >= 1.15
+            count["possible"] += possible
+            count["faster"] += possible and best / disco_ms >= 1.15
+            if disco_ms > 1.1 * bound:
+                over.append(f"{model} on {topo_name}: {disco_ms / bound:.2f}x (binds: {r['binds']})")
             rows.append([model, topo_name, *(f"{r[b][0]:.1f}" for b in BASELINES),
                          f"{disco_ms:.1f}", f"{ideal:.1f}", f"{bound:.1f}",
                          f"{disco_ms / ideal:.2f}x", f"{disco_ms / bound:.2f}x",
-                         f"{best / disco_ms:.3f}x", f"{r['disco'][1]:.1f}"])
+                         f"{best / disco_ms:.3f}x", f"{best / bound:.3f}x", f"{r['disco'][1]:.1f}"])
             print(" | ".join(str(c) for c in rows[-1]), file=sys.stderr)
     table = markdown_table(["model", "cluster", *(f"{b} ms" for b in BASELINES), "disco ms",
                             "ideal overlap ms", "bound ms", "disco / ideal", "disco / bound",
-                            "best baseline / disco", "disco plan s"], rows)
-    summary = (f"disco within 1.1x of the paper's ideal-overlap figure (max of compute and "
-               f"communication) on {within_ideal} of {cases} cases (goal: all), and within "
-               f"1.1x of the bound (also at least the forward pass plus one AllReduce of "
-               f"every gradient) on {within} of {cases}; at least 1.15x faster than the best "
-               f"baseline on {faster} of {cases} (goal: half); search capped at {evaluations} "
-               f"simulated candidates or {time_limit:g} CPU s.")
+                            "best baseline / disco", "most possible", "disco plan s"], rows)
+    summary = (f"most possible: the best baseline over the bound (no plan is faster than the "
+               f"bound, so no planner can beat the best baseline by more). disco within 1.1x "
+               f"of the bound on {count['within']} of {cases} cases (of the paper's "
+               f"ideal-overlap figure, max of compute and communication, on "
+               f"{count['within_ideal']}); at least 1.15x faster than the best baseline on "
+               f"{count['faster']} of the {count['possible']} cases where the bound allows "
+               f"it ({cases} cases in all); search capped at {evaluations} simulated "
+               f"candidates or {time_limit:g} CPU s.")
+    if over:
+        summary += "\n\nAbove 1.1x of the bound:\n\n" + "\n".join(f"- {o}" for o in over)
     return table, summary
 
 
