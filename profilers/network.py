@@ -8,7 +8,7 @@ Method
     higher rank sends it back, in ``--repeats`` rounds: each round times every size once
     (5 messages of each size up to 1 MiB, which cost next to nothing, one of each larger),
     so a stretch in which other jobs hold the cores slows a round, not a size. The one-way
-    time of a size is half the round trip of its fastest round (the round's median message):
+    time of a size is half the round trip of its fastest round (the round's lower quartile):
     other jobs only add time. (Under load, the median over all messages of a size took a
     1 KiB message from ~0.13 ms to 2-6 ms; the fastest round is what the link costs when
     both ends run.) The report keeps the median round beside it: their ratio is how much
@@ -25,9 +25,11 @@ Method
     ``2(N-1)/N * S / t``. On
     CPU each process also times an FP32 matmul, recorded as the device's
     ``fp32_tflops`` override, and, all processes at once (as training workers
-    run), an in-place add over 256 MiB tensors (three passes: read two, write
+    run), an in-place add over 64 MiB tensors (three passes: read two, write
     one), recorded as its ``memory_bandwidth_gb_per_s`` override: the rate at
-    which optimizer steps, gradient buckets and gloo's sums move memory.
+    which optimizer steps, gradient buckets and gloo's sums move memory. Both keep
+    the fastest of repeated timings of a few ms each (the median of 256 MiB adds gave
+    2-32 GB/s on one machine as its load changed).
 
 Topology written
     Ranks are grouped by host name. On each host the processes are devices of
@@ -69,7 +71,7 @@ from dl_nfv.artifacts import BadInput, RuntimeFailure, Topology, from_data
 
 from .allocator import keep_freed_memory, requested_policy
 from .fits import LinkFit, fit_affine, fit_link, message_cpu  # noqa: F401 (re-exported)
-from .network_rounds import allreduce_rounds, fastest_round, pair_rounds
+from .network_rounds import AGREE, allreduce_rounds, fastest_round, pair_rounds
 
 DEFAULT_SIZES = tuple(1024 * 4**i for i in range(9))  # 1 KiB .. 64 MiB
 # Messages up to SMALL_BYTES are timed SMALL_FACTOR times as often: they cost next to
@@ -111,7 +113,7 @@ class NetworkReport:
     # the intra-op threads of every worker where ``--threads`` asked for them (0: torch's
     # share of the host's cores): the topology's CPU devices get that many ``cores``
     threads: int = 0
-    rounds: int = 0  # rounds timed (0: a report without rounds)
+    rounds: int = 0  # the most rounds a measurement took (0: a report without rounds)
     # per pair and size, and per size, the median of the rounds (the estimate is the fastest)
     p2p_median_round_s: dict[str, list[float]] = field(default_factory=dict)
     allreduce_median_round_s: list[float] = field(default_factory=list)
@@ -138,7 +140,8 @@ class ProbeConfig:
     """What the workers time: ``repeats`` rounds over ``sizes`` (``per_round`` messages of
     each size a round), after ``warmup`` untimed messages per size; ``clock`` and
     ``cpu_clock`` read wall and process CPU seconds (``time.perf_counter``,
-    ``time.process_time``: a test may wrap them, in a picklable callable)."""
+    ``time.process_time``: a test may wrap them, in a picklable callable); up to
+    ``max_rounds`` rounds while they have not settled (``network_rounds.more_rounds``)."""
 
     sizes: tuple[int, ...] = DEFAULT_SIZES
     repeats: int = 5
@@ -148,6 +151,11 @@ class ProbeConfig:
     timeout_s: float = 300.0
     clock: Callable[[], float] = time.perf_counter
     cpu_clock: Callable[[], float] = time.process_time
+    max_rounds_factor: int = 4  # rounds added while unsettled, up to this many x repeats
+
+    @property
+    def max_rounds(self) -> int:
+        return self.repeats * self.max_rounds_factor
 
     def per_round(self, size: int) -> int:
         """How many messages of ``size`` a round times (their median is the round's)."""
@@ -209,9 +217,10 @@ def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | N
                            allreduce_s=[fastest_round(r)[0] for r in allreduce],
                            allreduce_median_round_s=[fastest_round(r)[1] for r in allreduce],
                            matmul_gflops=[g["gflops"] for g in gathered],
-                           memory_gb_per_s=[g["memory"] for g in gathered], rounds=config.repeats)
+                           memory_gb_per_s=[g["memory"] for g in gathered], rounds=len(allreduce[0]))
     for g in gathered:
         for key, per_size in g["p2p"].items():
+            report.rounds = max(report.rounds, len(per_size[0]))
             report.p2p_s[key] = [fastest_round(r)[0] for r in per_size]
             report.p2p_median_round_s[key] = [fastest_round(r)[1] for r in per_size]
         for key, per_size in g["cpu"].items():  # the busier end of the pair
@@ -241,31 +250,38 @@ def _device_label(device) -> str:
 
 
 def _matmul_gflops(device, n: int = 512, budget_s: float = 0.3) -> float:
+    """GFLOP/s of an ``n x n`` FP32 matmul: its fastest of repeated timings (other jobs
+    only add time; each takes a few ms, so some run undisturbed on a busy machine)."""
     import torch
 
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
     a @ b
-    count, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < budget_s:
-        a @ b
-        count += 1
-    return 2 * n**3 * count / (time.perf_counter() - t0) / 1e9
+    return 2 * n**3 / _fastest(lambda: a @ b, budget_s) / 1e9
 
 
-def _memory_gb_per_s(device, nbytes: int = 256 * 2**20, budget_s: float = 0.5) -> float:
-    """GB/s moved by ``a += b`` over ``nbytes`` tensors (3 passes), median of repeated timings."""
+def _memory_gb_per_s(device, nbytes: int = 64 * 2**20, budget_s: float = 0.5) -> float:
+    """GB/s moved by ``a += b`` over ``nbytes`` tensors (3 passes, beyond the caches), the
+    fastest of repeated timings (as ``_matmul_gflops``; with every process adding at once,
+    the bandwidth they share)."""
     import torch
 
     a = torch.ones(nbytes // 4, device=device)
     b = torch.ones(nbytes // 4, device=device)
     a.add_(b)
-    samples, t0 = [], time.perf_counter()
-    while time.perf_counter() - t0 < budget_s or len(samples) < 3:
+    return 3 * nbytes / _fastest(lambda: a.add_(b), budget_s) / 1e9
+
+
+def _fastest(work: Callable[[], object], budget_s: float, least: int = 3) -> float:
+    """The least wall seconds of ``work`` over repeated runs for ``budget_s`` (at least
+    ``least`` runs)."""
+    best, count, t0 = float("inf"), 0, time.perf_counter()
+    while time.perf_counter() - t0 < budget_s or count < least:
         t = time.perf_counter()
-        a.add_(b)
-        samples.append(time.perf_counter() - t)
-    return 3 * nbytes / statistics.median(samples) / 1e9
+        work()
+        best = min(best, time.perf_counter() - t)
+        count += 1
+    return best
 
 
 def _host_memory_gib() -> float:
@@ -319,13 +335,14 @@ def probe_network(nprocs: int = 2, *, sizes: Sequence[int] = DEFAULT_SIZES, repe
                   name: str | None = None, progress: Callable | None = None,
                   clock: Callable[[], float] = time.perf_counter,
                   cpu_clock: Callable[[], float] = time.process_time,
+                  max_rounds_factor: int = 4,
                   ) -> tuple[Topology | None, NetworkReport | None]:
     """Measure the network between worker processes; ``(topology, report)`` (see module doc).
 
     Started by ``torchrun`` (``RANK``/``WORLD_SIZE`` set), this process is one
     rank and ``nprocs`` is ignored; only rank 0 returns results, the others
-    ``(None, None)``. Otherwise it spawns ``nprocs`` local processes. ``clock`` and
-    ``cpu_clock``: the spawned workers' timing sources (``ProbeConfig``).
+    ``(None, None)``. Otherwise it spawns ``nprocs`` local processes. ``clock``,
+    ``cpu_clock`` and ``max_rounds_factor``: the spawned workers' (``ProbeConfig``).
 
     Raises ``BadInput`` for impossible settings and ``RuntimeFailure`` when a
     worker fails (its error is in the message). Cost: ``(pairs + 1) x sizes x
@@ -346,7 +363,7 @@ def probe_network(nprocs: int = 2, *, sizes: Sequence[int] = DEFAULT_SIZES, repe
     cpus = os.cpu_count() or 1
     config = ProbeConfig(sizes=sizes, repeats=repeats, warmup=warmup, backend=chosen,
                          threads=threads or max(1, cpus // nprocs), clock=clock,
-                         cpu_clock=cpu_clock)
+                         cpu_clock=cpu_clock, max_rounds_factor=max_rounds_factor)
     data = _spawn(nprocs, config, progress)
     report = NetworkReport(backend=data["backend"], world_size=data["world_size"],
                            hosts=data["hosts"], devices=data["devices"], sizes=data["sizes_bytes"],
@@ -532,8 +549,9 @@ def measured_how(report: NetworkReport) -> str:
               for f, m in zip(fast, report.p2p_median_round_s.get(key, ()), strict=False) if f > 0]
     ratios += [m / f for f, m in zip(report.allreduce_s, report.allreduce_median_round_s,
                                      strict=False) if f > 0]
-    text = (f" Each time is the fastest of {report.rounds} round(s) over every size (a round's "
-            f"time: the median of its messages)")
+    text = (f" Each time is the fastest of the rounds over every size (a round's time: the "
+            f"lower quartile of its messages; more rounds while a size's two fastest differed by more "
+            f"than {AGREE:.0%}, {report.rounds} at most)")
     if ratios:
         text += f"; the median round took {min(ratios):.2f}-{max(ratios):.2f}x the fastest"
     return text + "."

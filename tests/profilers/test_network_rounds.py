@@ -12,7 +12,7 @@ import time
 import pytest
 
 from dl_nfv.profilers.network import ProbeConfig, probe_network
-from dl_nfv.profilers.network_rounds import fastest_round
+from dl_nfv.profilers.network_rounds import AGREE, fastest_round, more_rounds, settled
 
 SIZES = (1024, 4096, 16384)  # up to 1 MiB: 5 messages of each size a round
 ROUNDS = 3
@@ -39,15 +39,28 @@ def test_the_fastest_round_is_the_estimate_and_the_median_round_is_kept():
         fastest_round([])
 
 
+def test_rounds_are_added_while_a_sizes_two_fastest_disagree_up_to_the_most():
+    config = ProbeConfig(sizes=SIZES, repeats=3, max_rounds_factor=2)  # 3 to 6 rounds
+    agreeing = [[1.0, 1.0 + AGREE, 5.0]] * 2
+    assert settled(agreeing)
+    assert not settled([[1.0, 1.01 + AGREE, 5.0], [1.0, 1.0]])  # one size disagrees
+    assert not settled([[1.0]])  # one round says nothing
+    assert more_rounds(2, agreeing, config)  # fewer than repeats
+    assert not more_rounds(3, agreeing, config)
+    assert more_rounds(3, [[1.0, 9.0, 9.0]], config)
+    assert not more_rounds(6, [[1.0, 9.0, 9.0, 9.0, 9.0, 9.0]], config)  # the most
+
+
 def test_a_busy_stretch_over_two_of_three_rounds_leaves_the_probes_figures_alone():
-    config = ProbeConfig(sizes=SIZES, repeats=ROUNDS, warmup=1)
+    # no added rounds (max_rounds_factor 1): the stretches fall where the test puts them
+    config = ProbeConfig(sizes=SIZES, repeats=ROUNDS, warmup=1, max_rounds_factor=1)
     per_round = 2 * sum(config.per_round(s) for s in SIZES)  # clock reads per rank and round
     pairs_end = ROUNDS * per_round  # then the AllReduce rounds, as many reads
     stretches = ((0, 2 * per_round), (pairs_end, pairs_end + 2 * per_round))
     topology, report = probe_network(
         2, sizes=SIZES, repeats=ROUNDS, warmup=1, backend="gloo", threads=1,
         clock=SlowStretches(time.perf_counter, stretches),
-        cpu_clock=SlowStretches(time.process_time, stretches))
+        cpu_clock=SlowStretches(time.process_time, stretches), max_rounds_factor=1)
     assert report.rounds == ROUNDS
     slowed = EXTRA_S / 2  # one way: half the round trip
     # the median round is a slowed one, for every size of the pair and of the AllReduce ...
@@ -61,5 +74,5 @@ def test_a_busy_stretch_over_two_of_three_rounds_leaves_the_probes_figures_alone
     assert report.fits["0-1"]["latency_us"] < slowed / 2 * 1e6
     ic = topology.hosts[0].interconnect
     assert ic.latency_us < slowed / 2 * 1e6 and ic.message_cpu_us < slowed / 2 * 1e6
-    assert f"fastest of {ROUNDS} round(s)" in topology.description
+    assert f"{ROUNDS} at most" in topology.description
     assert "the median round took" in topology.description
