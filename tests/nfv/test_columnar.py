@@ -220,3 +220,18 @@ def test_http_starts_equal_the_per_payload_check():
     got = http_starts(cols, rows)
     assert got.tolist() == [looks_like_http_request(p) for p in payloads]
     assert 50 < got.sum() < 550
+
+
+def test_take_keeps_the_rows_packets():
+    """``PacketColumns.take(rows)`` holds exactly those rows: the same ``Packet`` records and
+    skip reasons as the whole columns give for them, over the same buffer."""
+    cols = read_columns(DATA / "loopback-http.pcap", MalformedCounts())
+    rng = np.random.default_rng(5)
+    rows = np.sort(rng.choice(len(cols), size=len(cols) // 3, replace=False))
+    part = cols.take(rows)
+    assert len(part) == len(rows) and part.blob is cols.blob
+    ok = np.flatnonzero(part.reason == 0)
+    assert list(part.packets(ok)) == list(cols.packets(rows[ok]))
+    assert [part.packet(i) for i in range(len(part))] == [cols.packet(int(r)) for r in rows]
+    assert part.malformed() + cols.take(np.setdiff1d(np.arange(len(cols)), rows)).malformed() \
+        == cols.malformed()
