@@ -177,17 +177,28 @@ class TensorChain:
                                         for f in range(64)], dtype=torch.int64,
                                        device=self.device)
         self._fills, self._bits = self._column_fills()
+        # a lower bound on every last-seen time in the table (None: the first batch's
+        # start, set by the first batch), and the shortest idle time-out (``_sweep``)
+        self.oldest: int | None = None
+        self.min_timeout = min(nf.min_timeout() for nf in self.nfs)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     def _sweep(self, now_us: int) -> None:
-        slots = self.table.live_slots()
-        holders = self.table.cols[HOLDERS]
-        for nf in self.nfs:
-            nf.sweep(now_us, (slots, take(holders, slots)))
-        self.table.delete(slots[take(holders, slots) == 0])
+        """Every NF forgets its flows idle past their time-out; entries nobody keeps go.
+
+        Skipped where none can be: every last-seen time in the table is at least
+        ``oldest`` (the oldest kept at the previous sweep, or the earliest packet since),
+        so no flow is idle past the NFs' shortest time-out before ``oldest`` plus it. Else
+        the live rows are gathered once ([flows, columns]) and every NF reads them."""
+        if self.oldest is not None and now_us - self.oldest <= self.min_timeout:
+            return
+        live = self.nfs[0]._live()
+        self.oldest = min([now_us] + [nf.sweep(now_us, live) for nf in self.nfs])
+        slots, rows = live
+        self.table.delete(slots[rows[:, self.table.index[HOLDERS]] == 0])
 
     def _flows(self, k1, k2, seg: Segments):
         """Every flow of the batch in the table: its slots. The
@@ -211,6 +222,9 @@ class TensorChain:
         t0 = time.perf_counter()
         if n and self.sweeper.due(int(batch.ts_us[0])):
             self._sweep(int(batch.ts_us[0]))
+        if n:
+            earliest = int(batch.ts_us.min())
+            self.oldest = earliest if self.oldest is None else min(self.oldest, earliest)
         k1, k2, direction = key_pair(cols["src"], cols["sport"], cols["dst"], cols["dport"],
                                      cols["proto"])
         order, start, k1, k2 = _flow_order(k1, k2)

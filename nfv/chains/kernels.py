@@ -123,27 +123,44 @@ class _Stateful:
         for name, value in values.items():
             self._set(sub, self.names[name], value)
 
-    def held_slots(self, live=None):
-        """The slots of the flows the NF keeps; ``live``: the table's live slots and their
-        holder bits, if the caller has them (a sweep shares them among the NFs: each NF
-        clears only its own bit)."""
-        slots, holders = live or (self.table.live_slots(), None)
-        if holders is None:
-            holders = take(self.table.cols[HOLDERS], slots)
-        return slots[(holders & self.bit) != 0]
+    def held_slots(self):
+        """The slots of the flows the NF keeps."""
+        slots = self.table.live_slots()
+        return slots[(take(self.table.cols[HOLDERS], slots) & self.bit) != 0]
 
-    def forget(self, slots) -> None:
-        """The NF no longer keeps these flows (the engine deletes entries nobody keeps)."""
+    def forget(self, slots, live=None, at=None) -> None:
+        """The NF no longer keeps these flows (the engine deletes entries nobody keeps);
+        its bit also cleared in the sweep's rows ``live`` at positions ``at``."""
         holders = self.table.cols[HOLDERS]
         holders[slots] = holders[slots] & ~self.bit
+        if live is not None:
+            h = live[1][:, self.table.index[HOLDERS]]
+            h[at] = h[at] & ~self.bit
+
+    def _live(self):
+        slots = self.table.live_slots()
+        return slots, torch.index_select(self.table.values, 0, slots)
 
     def _expired(self, now_us: int, live=None):
-        slots = self.held_slots(live)
-        last = self.col("last")[slots]
-        return slots[now_us - last > self._timeout_of(slots)]
+        """Positions in ``live`` (the table's live slots and their rows, ``[flows, columns]``;
+        None: gathered here) of the flows the NF keeps that have been idle past their
+        time-out; the oldest last-seen time among those it keeps on (``1 << 62``: none)."""
+        slots, rows = live = live or self._live()
+        held = (rows[:, self.table.index[HOLDERS]] & self.bit) != 0
+        last = rows[:, self.table.index[self.names["last"]]]
+        over = (now_us - last) > self._timeout_of(rows)
+        oldest = int(pick(held & ~over, last, 1 << 62).min()) if last.numel() else 1 << 62
+        return torch.nonzero(held & over).squeeze(1), oldest, live
 
-    def sweep(self, now_us: int, live=None) -> None:
-        self.forget(self._expired(now_us, live))
+    def sweep(self, now_us: int, live=None) -> int:
+        """Forget the flows idle past their time-out; the oldest last-seen time kept."""
+        at, oldest, live = self._expired(now_us, live)
+        self.forget(take(live[0], at), live, at)
+        return oldest
+
+    def min_timeout(self) -> int:
+        """The shortest idle time-out of a flow the NF keeps."""
+        return self.idle_us
 
     def end_batch(self) -> None:
         pass
@@ -172,8 +189,11 @@ class _Machine(_Stateful):
                 ((ACK, TCP), (0, UDP)) for acl in (0, 1) for d in (0, 1)]
         self.quiet = quiet_rows(self.next, data)
 
-    def _timeout_of(self, slots):
-        return self.timeouts[self.col("state")[slots]]
+    def _timeout_of(self, rows):
+        return take(self.timeouts, rows[:, self.table.index[self.names["state"]]].contiguous())
+
+    def min_timeout(self) -> int:
+        return int(self.timeouts[1:].min())
 
     def _scan(self, sub: Sub, cls, existed):
         """``fsm_scan`` from the flows' stored states; shared by NFs of one ``Sub`` that run
@@ -399,13 +419,14 @@ class NatKernel(_SessionKernel):
             self._push(part)
         self.pending = []
 
-    def sweep(self, now_us: int, live=None) -> None:
-        slots = self._expired(now_us, live)
+    def sweep(self, now_us: int, live=None) -> int:
+        at, oldest, live = self._expired(now_us, live)
+        slots = take(live[0], at)
         order = _sorted_keys(self.table.k1[slots], self.table.k2[slots])
-        slots = slots[order]
-        bindings = self.col("binding")[slots]
+        bindings = self.col("binding")[slots[order]]
         self._push(bindings[bindings >= 0])
-        self.forget(slots)
+        self.forget(slots, live, at)
+        return oldest
 
     def in_use(self) -> int:
         return self.size - self.free - sum(int(p.numel()) for p in self.pending)
@@ -486,11 +507,14 @@ class MonitorKernel(_Stateful):
                      "first": first, "last": take(sub.ts, seg.last)})
         return torch.zeros_like(sub.ts)
 
-    def sweep(self, now_us: int, live=None) -> None:
-        slots = self.held_slots(live)
-        idle = slots[now_us - self.col("last")[slots] > self.idle_us]
-        self.exported += int(idle.numel())
-        self.forget(idle)
+    def _timeout_of(self, rows):
+        return self.idle_us
+
+    def sweep(self, now_us: int, live=None) -> int:
+        at, oldest, live = self._expired(now_us, live)
+        self.exported += int(at.numel())
+        self.forget(take(live[0], at), live, at)
+        return oldest
 
 
 class RateLimiterKernel(_Stateful):
@@ -505,8 +529,8 @@ class RateLimiterKernel(_Stateful):
         self.max_dt = -(-self.cap // self.rate)
         self.idle_us = int(round(spec.timeouts.established_s * 1e6))
 
-    def _timeout_of(self, slots):
-        return torch.full_like(slots, self.idle_us)
+    def _timeout_of(self, rows):
+        return self.idle_us
 
     def process(self, sub: Sub):
         seg = sub.seg
