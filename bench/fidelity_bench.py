@@ -542,6 +542,7 @@ def main() -> None:
         rows, repeated = [], []
         revision = git_revision()
         load_before = os.getloadavg()[0]
+        started = time.perf_counter()
         for model in args.models.split(","):
             topology = args.topology.resolve() if args.topology else None
             rows += run_model(model, topology, work, args.steps,
@@ -558,11 +559,14 @@ def main() -> None:
         load_after = os.getloadavg()[0]
         (work / "results.json").write_text(json.dumps(
             {"rows": rows, "load": [load_before, load_after], "revision": revision,
-             "repeatability": repeated}, indent=1))
+             "repeatability": repeated, "wall_s": time.perf_counter() - started}, indent=1))
     body, summary = summarise(rows)
     body += repeatability_table(repeated)
     print(body)
-    print(f"\nload average (1 min) before / after: {load_before:.1f} / {load_after:.1f}")
+    wall_s = (saved if args.summarise else json.loads((work / "results.json").read_text())
+              ).get("wall_s")
+    print(f"\nload average (1 min) before / after: {load_before:.1f} / {load_after:.1f}"
+          + (f"; the bench took {wall_s / 60:.1f} min" if wall_s else ""))
     if not args.no_record:
         note = (f"Each plan ran {args.repeats} time(s), in rounds over the model's plans, "
                 f"{args.steps} steps each (medians after the warm-up); the median run is kept. "
@@ -573,7 +577,8 @@ def main() -> None:
                    "--nprocs 2 --threads 1`)")
                 + ". Predicted: `dl-nfv simulate`; measured: `dl-nfv train`. "
                 f"Load average of the machine (2 cores) at start / end: {load_before:.1f} / "
-                f"{load_after:.1f}: above 2, other jobs shared the cores with the workers.\n\n")
+                f"{load_after:.1f}: above 2, other jobs shared the cores with the workers."
+                + (f" The bench took {wall_s / 60:.1f} min." if wall_s else "") + "\n\n")
         argv = list(sys.argv[1:])
         for flag, takes in (("--summarise", 0), ("--revision", 1)):
             if flag in argv:
