@@ -6,6 +6,7 @@ and the source drained before the flows are re-routed."""
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 
 import pytest
@@ -91,3 +92,22 @@ def test_central_mode_is_opennf_loss_free_order_preserving_move(spec, seed):
         assert all(not r.raising for r in net.runtimes.values())
     finally:
         net.close()
+
+
+def test_messages_pickled_without_a_memo_round_trip():
+    """The messaging layer writes a shared object once per reference (no memo): what is
+    read back equals what was sent, named tuples and nested batches included."""
+    from dl_nfv.nfv.actors.chain import Output
+    from dl_nfv.nfv.actors.wire import Endpoint
+
+    output = Output(*range(len(Output._fields)))
+    shared = (1, (2, 3), "rt2")
+    message = ("migrate_in", "rt1", (4, [(f, shared, {f: output}, None) for f in range(50)]))
+    endpoint = Endpoint("probe")
+    try:
+        for _ in range(2):  # the pickler and its buffer are reused
+            encoded = endpoint.encode(message)
+            assert pickle.loads(encoded) == message
+        assert len(encoded) > 50 * len(pickle.dumps(shared))  # each reference written out
+    finally:
+        endpoint.close()
