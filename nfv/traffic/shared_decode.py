@@ -38,6 +38,7 @@ _FIELDS = (("ts_us", np.int64), ("wire_bytes", np.int64), ("reason", np.int16),
            ("flags", np.uint8), ("seq", np.int64), ("payload_off", np.int64),
            ("payload_len", np.int64))
 KEY_WIDTH = 8  # key_table's columns: protocol, address length, two endpoints of 3 words
+DECODE_STEP = 16384  # records decoded at once: their pages and temporaries, a few MB
 
 
 class SharedColumns:
@@ -73,19 +74,22 @@ class SharedColumns:
         shared rows (or mark the part as needing the whole capture decoded in each
         process)."""
         lo, hi = self.bounds(part)
-        cols = decode_records(data, self.records[lo:hi], copy=False)
-        if cols.fallback or cols.blob is not data:
-            self.arrays["fallback"][part] = max(1, cols.fallback)
-            return
-        for name, _ in _FIELDS:
-            self.arrays[name][lo:hi] = getattr(cols, name)
-        ok = np.flatnonzero(cols.reason == OK)
-        table, src_low = key_table(cols, ok)
-        self.arrays["key"][lo + ok] = table
-        self.arrays["src_low"][lo + ok] = src_low
-        self.arrays["http_start"][lo + ok] = http_starts(cols, ok)
-        # flow building reads only payloads from here on, a page at a time
-        release_pages(data)
+        for start in range(lo, hi, DECODE_STEP):  # the pages of one step resident at a time
+            stop = min(start + DECODE_STEP, hi)
+            cols = decode_records(data, self.records[start:stop], copy=False)
+            if cols.fallback or cols.blob is not data:
+                self.arrays["fallback"][part] = max(1, cols.fallback)
+                return
+            for name, _ in _FIELDS:
+                self.arrays[name][start:stop] = getattr(cols, name)
+            ok = np.flatnonzero(cols.reason == OK)
+            table, src_low = key_table(cols, ok)
+            self.arrays["key"][start + ok] = table
+            self.arrays["src_low"][start + ok] = src_low
+            self.arrays["http_start"][start + ok] = http_starts(cols, ok)
+            del cols, table
+            # flow building reads only payloads from here on, a page at a time
+            release_pages(data)
 
     def columns(self, data) -> tuple[PacketColumns, np.ndarray, tuple[np.ndarray, np.ndarray]]:
         """Once every part is decoded: the capture's columns, its decoded rows (reason OK)

@@ -20,7 +20,7 @@ from dl_nfv.artifacts.errors import BadInput, RuntimeFailure
 from dl_nfv.nfv.engines import parse_engine, sharded
 from dl_nfv.nfv.engines.runner import EngineOptions, run_engine
 from dl_nfv.nfv.run import digests, run_config
-from dl_nfv.nfv.traffic import capture, load_trace, shards
+from dl_nfv.nfv.traffic import capture, load_trace, shards, shared_decode
 from dl_nfv.nfv.traffic.assemble import key_table
 from dl_nfv.nfv.traffic.capture import (
     join_walks,
@@ -29,7 +29,7 @@ from dl_nfv.nfv.traffic.capture import (
     walk_pcap_part,
     walk_rows,
 )
-from dl_nfv.nfv.traffic.columnar import decode_records
+from dl_nfv.nfv.traffic.columnar import decode_records, http_starts
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
 from dl_nfv.nfv.traffic.shared_decode import SharedColumns
 
@@ -155,11 +155,13 @@ def _frames(path) -> list[bytes]:
 ARP = b"\xff" * 6 + b"\x02" * 6 + b"\x08\x06" + bytes(28)  # a non-IP frame: dpkt decodes it
 
 
-@pytest.mark.parametrize("odd", [False, True])
-def test_shared_columns_equal_one_decoding(tmp_path, odd):
+@pytest.mark.parametrize("odd,step", [(False, None), (True, None), (False, 7), (True, 7)])
+def test_shared_columns_equal_one_decoding(tmp_path, monkeypatch, odd, step):
     """Parts decoded apart and read back as one equal ``decode_records`` over every record,
     field by field; with frames only the reference decoder reads (``odd``), every process
-    decodes the whole capture."""
+    decodes the whole capture. ``step``: each part decoded a few records at a time."""
+    if step is not None:
+        monkeypatch.setattr(shared_decode, "DECODE_STEP", step)
     path = tmp_path / "g.pcap"
     generate_trace(TraceSpec(flows=30, seed=2), path)
     if odd:
@@ -181,6 +183,8 @@ def test_shared_columns_equal_one_decoding(tmp_path, odd):
     ref_keys = key_table(ref, ref_rows)
     assert np.array_equal(rows, ref_rows)
     assert np.array_equal(keys[0], ref_keys[0]) and np.array_equal(keys[1], ref_keys[1])
+    if not odd:  # read with the headers (the whole capture's decoding leaves it to flows)
+        assert np.array_equal(cols.http_start[rows], http_starts(ref, ref_rows))
 
 
 def test_frames_for_the_reference_decoder_in_a_shard(tmp_path, small_shards):
