@@ -69,18 +69,21 @@ from dl_nfv.simulator.costs import CostModel
 from .base import finish, optimizer_named, started
 from .learned.coarsen import coarsen
 from .learned.decoder import StrategyPolicy, candidates, greedy
-from .learned.env import GroupStrategy, StrategyEnv
+from .learned.env import GroupStrategy, Outcome, StrategyEnv
 from .learned.features import group_graph
 from .learned.order import Ordering, refine_order
+from .learned.pipelined import MICROBATCHES, Pipelined, pipelined
 from .learned.policy import build_network, policy_of, read_policy
 from .learned.refine import refine
 from .learned.reinforce import Problem, reinforce
+from .tag.batching import BatchedEnv
 
 PLANNER = "heterog"
 DEFAULT_POLICY = Path(__file__).parent / "learned" / "heterog.policy.json"
 ARCHITECTURE = {"hidden": 64, "layers": 2, "heads": 4}
 DEFAULT_GROUPS = 32
 ORDER_EVALUATIONS = 200
+PIPELINE_EVALUATIONS = 300
 BASELINES = ("dp-even", "dp-prop", "ps-even", "ps-prop")
 STARTS = ("policy", "greedy", "random")
 
@@ -88,7 +91,8 @@ STARTS = ("policy", "greedy", "random")
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
          search_s: float = 30.0, max_evaluations: int = 2000,
          order_evaluations: int = ORDER_EVALUATIONS, groups: int = DEFAULT_GROUPS,
-         start: str = "policy", optimizer: str = "sgd"):
+         start: str = "policy", microbatches: int = MICROBATCHES,
+         pipeline_evaluations: int = PIPELINE_EVALUATIONS, optimizer: str = "sgd"):
     """HeteroG: a strategy per op group (devices, batch shares, AllReduce or a parameter
     server) decoded by a trained policy, refined on the simulator, with each device's
     execution order from a priority per group, never slower than the best data-parallel
@@ -108,16 +112,23 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
         The most op groups the graph is coarsened into.
     start : str
         Where refinement starts: policy (the policy's strategy), greedy or random.
+    microbatches : int
+        The most microbatches the plan may run as a pipeline (powers of two dividing the
+        batch; 1: one batch, as the published HeteroG).
+    pipeline_evaluations : int
+        Simulations the refinement of a micro-batched strategy may run.
     optimizer : str
         sgd (with momentum) or adam: its state and step are planned for.
 
-    Complexity: one policy pass, up to ``max_evaluations + order_evaluations``
-    simulations, four DP plans.
+    Complexity: one policy pass, up to ``max_evaluations + order_evaluations +
+    pipeline_evaluations`` simulations plus one per (start, batching), four DP plans.
     """
     t0 = started()
     opt = optimizer_named(PLANNER, optimizer)
     if start not in STARTS:
         raise BadInput(f"{PLANNER}: start must be one of {', '.join(STARTS)}, got {start!r}")
+    if microbatches < 1:
+        raise BadInput(f"{PLANNER}: microbatches must be at least 1, got {microbatches}")
     problem = problem_of(graph, topology, groups=groups, optimizer=opt)
     notes: list[str] = []
     if start == "policy":
@@ -135,6 +146,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
     refined = refine(problem.env, first, max_evaluations=max_evaluations, time_limit_s=search_s)
     options = {"policy": policy, "search_s": search_s, "max_evaluations": max_evaluations,
                "order_evaluations": order_evaluations, "groups": groups, "start": start,
+               "microbatches": microbatches, "pipeline_evaluations": pipeline_evaluations,
                "optimizer": optimizer}
     notes.append(f"refined from {origin}: {refined.start.iteration_ms:.2f} -> "
                  f"{refined.outcome.iteration_ms:.2f} ms in {refined.evaluations} simulations")
@@ -142,6 +154,15 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
                             time_limit_s=search_s)
     outcome = ordering.outcome if ordering.helps else ordering.unordered
     notes.append(order_note(ordering))
+    piped = None
+    if microbatches > 1:
+        piped = pipelined(problem.env, refined.strategies, microbatches=microbatches,
+                          max_evaluations=pipeline_evaluations, time_limit_s=search_s)
+        notes.append(pipeline_note(piped, outcome))
+        if piped.batching.microbatches == 1 or piped.outcome.reward <= outcome.reward:
+            piped = None
+        else:
+            outcome = piped.outcome
     baseline = best_baseline(graph, topology, optimizer)
     if baseline is not None and (not outcome.feasible or
                                  baseline.prediction.iteration_ms < outcome.iteration_ms):
@@ -149,10 +170,25 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
         return replace(baseline, planner=PLANNER, options=options, seed=seed,
                        notes=(*baseline.notes, *notes),
                        wall_time_s=round(time.perf_counter() - t0, 4))
+    if piped is not None:
+        made = BatchedEnv(problem.env).plan_of(piped.strategies, piped.batching, planner=PLANNER)
+        return finish(planner=PLANNER, graph=graph, topology=topology, groups=made.groups,
+                      pipeline=made.pipeline, seed=seed, options=options, started_at=t0,
+                      optimizer=opt, notes=notes, cost_model=problem.env.cm)
     chosen = problem.env.plan_of(refined.strategies, planner=PLANNER)
     return finish(planner=PLANNER, graph=graph, topology=topology, groups=chosen.groups, seed=seed,
                   options=options, started_at=t0, optimizer=opt, notes=notes,
                   order=ordering.order if ordering.helps else None, cost_model=problem.env.cm)
+
+
+def pipeline_note(piped: Pipelined, unbatched: Outcome) -> str:
+    """What the search over microbatches found, for the plan's notes."""
+    if piped.batching.microbatches == 1 or piped.outcome.reward <= unbatched.reward:
+        return (f"no micro-batched strategy beat one batch ({piped.evaluations} simulations; "
+                f"best {piped.outcome.iteration_ms:.2f} ms with {piped.batching})")
+    return (f"run as a pipeline of {piped.batching} from {piped.origin}: "
+            f"{piped.outcome.iteration_ms:.2f} ms in {piped.evaluations} simulations, "
+            f"{unbatched.iteration_ms:.2f} ms as one batch")
 
 
 def order_note(ordering: Ordering) -> str:
