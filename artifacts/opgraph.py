@@ -113,6 +113,10 @@ class ProfileInfo:
     # CPU the training runtime spends per unit action (a unit's forward or backward on a
     # microbatch) beyond the ops' own time, on one thread (None: not measured)
     unit_action_ms: float | None = None
+    # the loss (outside the graph: forward + backward) at the profiled batch and its
+    # batch-independent part, on one thread where timed there (None: not measured)
+    loss_ms: float | None = None
+    loss_fixed_ms: float | None = None
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -124,7 +128,7 @@ class ProfileInfo:
         for name, us in self.instrumentation_us.items():
             check(us >= 0, f"instrumentation_us[{name!r}] must be >= 0, got {us}")
         for name in ("op_sum_spread", "step_spread", "op_spread", "noisy_share",
-                     "instrumentation_taken_ms", "unit_action_ms"):
+                     "instrumentation_taken_ms", "unit_action_ms", "loss_ms", "loss_fixed_ms"):
             value = getattr(self, name)
             check(value is None or value >= 0, f"{name} must be >= 0, got {value}")
         check(self.step_ms is None or self.step_ms >= 0, f"step_ms must be >= 0, got {self.step_ms}")
