@@ -35,6 +35,7 @@ import time
 import torch
 
 from .capture import Capture
+from .measure import LOSS, TimedRounds
 from .probe import probe
 
 ROUNDS = 5
@@ -108,3 +109,22 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
     per_action = max(0.0, best[through_units] - best[plain]) * 1e3 / actions
     return per_action, (f"runtime {per_action * 1e3:.0f} us of CPU per unit action ({len(units)} "
                         f"units x {m} microbatches, fastest of {rounds} rounds, 1 thread); ")
+
+
+def loss_figures(timed: TimedRounds, small, batch_size: int, per_event_ms: tuple[float, float],
+                 per_event_small_ms: tuple[float, float]) -> dict[str, float | None]:
+    """``ProfileInfo``'s ``loss_ms`` and ``loss_fixed_ms``: the runtime computes the loss
+    (outside the graph, so in no op's time) on every microbatch of the unit that ends the
+    model. ``loss_ms`` is its median forward + backward in ``timed`` (less its
+    instrumentation); ``loss_fixed_ms`` the part that does not shrink with the batch, from
+    the rounds ``small`` (``.timed`` at batch ``.small``; None, or ``.failed``: not
+    measured) by ``t(f) = fixed + (t - fixed) f``, in ``[0, t]``."""
+    fwd, bwd = timed.medians_ms(per_event_ms)
+    loss = fwd.get(LOSS, 0.0) + bwd.get(LOSS, 0.0)
+    fixed = None
+    if small is not None and not small.failed and 0 < small.small < batch_size:
+        f = small.small / batch_size
+        sf, sb = small.timed.medians_ms(per_event_small_ms)
+        at_small = sf.get(LOSS, 0.0) + sb.get(LOSS, 0.0)
+        fixed = round(min(loss, max(0.0, (at_small - loss * f) / (1 - f))), 4)
+    return {"loss_ms": round(loss, 4), "loss_fixed_ms": fixed}

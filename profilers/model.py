@@ -76,7 +76,7 @@ from dl_nfv.artifacts import (
 )
 
 from . import zoo
-from .actions import unit_action_ms
+from .actions import loss_figures, unit_action_ms
 from .allocator import keep_freed_memory
 from .capture import Capture, capture
 from .counting import CostCounter, MemoryLimitExceeded
@@ -293,7 +293,8 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     info = _info(cap, steps, fwd_runs, bwd_runs, fwd_ms, bwd_ms, at_threads, type_name, warmup,
                  peak_bytes, small if fixed else None, allocator,
                  _overhead_field(per_event, per_event_small if fixed else None, taken_ms)
-                 | {"unit_action_ms": None if action_ms is None else round(action_ms, 4)},
+                 | {"unit_action_ms": None if action_ms is None else round(action_ms, 4)}
+                 | loss_figures(one, one_small, model.batch_size, per_event, per_event_small),
                  f"{scaling_note}{action_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
                  f"seed {seed}; {_machine(dev)}{colocation_note}")
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges,

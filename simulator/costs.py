@@ -729,6 +729,19 @@ class CostModel(NetworkCosts):
             return 0.0
         return info.unit_action_ms
 
+    def loss_ms(self, device: str, batch_fraction: float = 1.0) -> float:
+        """The loss's forward and backward (outside the graph: in no op's time) on a device
+        of the profile's type, at ``batch_fraction`` of the profiled batch: the profile's
+        ``loss_fixed_ms + (loss_ms - loss_fixed_ms) x fraction`` (the whole ``loss_ms`` at
+        every fraction where the fixed part was not measured); 0 elsewhere or where the
+        profile did not measure it. The runtime computes it on every microbatch."""
+        info = self.graph.profile
+        dev = self.cluster.device(device)
+        if info is None or info.loss_ms is None or dev.type.name != info.device_type:
+            return 0.0
+        fixed = info.loss_ms if info.loss_fixed_ms is None else info.loss_fixed_ms
+        return fixed + (info.loss_ms - fixed) * batch_fraction
+
     def exchange_add_ms(self, device: str, nbytes: float) -> float:
         """A tie exchange's sum on ``device``: scan ``nbytes`` of gradient for non-zero
         rows (one pass) and add what was received into it (a backward's accumulation)."""

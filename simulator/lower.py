@@ -323,6 +323,7 @@ class _Lowering:
 
         self._compute_tasks()
         self._charge_actions()
+        self._charge_loss()
         self._data_edges()
         self._gradients()
         self._orders()
@@ -490,6 +491,23 @@ class _Lowering:
                     if unit is not None and rep in table[unit]:
                         for m in range(M):
                             tg.duration_ms[table[unit][rep] + m] += ms
+
+    def _charge_loss(self) -> None:
+        """The loss (``CostModel.loss_ms``) on every replica and microbatch of the unit that
+        ends the model (the last unit holding an op whose output nothing reads), at the
+        replica's share of the microbatch, on its forward task: the runtime computes the loss
+        right after that unit's forward."""
+        tg, groups, M = self.tg, self.groups, self.M
+        read = {e.src for e in self.graph.edges}
+        ends = [u for u in self.unit_order if any(o not in read for o in self.members[u])]
+        if not ends:
+            return
+        u = ends[-1]
+        for rep, base in self.F[u].items():
+            ms = self.cm.loss_ms(self.device_names[groups.rep_device[rep]],
+                                 groups.rep_share[rep] / M)
+            for m in range(M):
+                tg.duration_ms[base + m] += ms
 
     def _split_backwards(self, u: int, g: int, reps: list[int], devs: list[int],
                          raw_b: list[float], b_times: list[float], base_b: int) -> None:

@@ -176,8 +176,11 @@ def test_batch_scaling_records_fixed_parts_within_the_op_times():
     assert graph.profile.instrumentation_taken_ms >= 0 and "instrumentation" in graph.profile.note
     # the runtime's CPU per unit action, measured through its own unit runner
     assert graph.profile.unit_action_ms >= 0 and "per unit action" in graph.profile.note
+    # the loss, outside the graph, and its part that a microbatch does not shrink
+    assert graph.profile.loss_ms > 0 and 0 <= graph.profile.loss_fixed_ms <= graph.profile.loss_ms
     plain = _profile("mlp-tiny", batch_size=8, batch_scaling=False)
     assert plain.profile.scaling_batch_size is None
+    assert plain.profile.loss_ms > 0 and plain.profile.loss_fixed_ms is None
     assert all(not op.fwd_fixed_ms and not op.bwd_fixed_ms for op in plain.ops)
     one = _profile("mlp-tiny", batch_size=1)  # nothing smaller to measure
     assert one.profile.scaling_batch_size is None
