@@ -21,8 +21,7 @@ the switch has let out). The runtime's rules:
   had not seen the flow yet) and snapshots it to the new replica; **rereplicate**
   snapshots a primary to a new replica.
 * **Migration** (decentralised): ``migrate_out`` sends the source actors' states
-  straight to the destination, ``MIGRATE_CHUNK`` flows a message (so the destination
-  installs one while the source prepares the next), and the switch routes the flows' next
+  straight to the destination in one message, and the switch routes the flows' next
   packets to the destination. A packet of a flow with no primary here that is not the
   flow's first (``seq`` > 1) belongs to a flow whose state is on its way: the runtime
   makes a *held* actor that keeps the packets. ``migrate_in`` installs the states,
@@ -62,7 +61,6 @@ from .wire import Endpoint
 # Python's cyclic collector, run every 700 allocations by default, walks every flow's
 # state again and again (collections grow with the flows); actors make no cycles.
 GC_THRESHOLD = 200_000
-MIGRATE_CHUNK = 100  # flows per migrate_in message: pipelines the source and the destination
 ORPHAN_CHECK_S = 0.5  # how often a runtime checks that its parent and switch are alive
 # Messages about flows carry the session (one per load): a message of an earlier session
 # that arrives late (another sender's, so not ordered with the load) is dropped.
@@ -406,9 +404,7 @@ class Runtime:
 
     def on_migrate_out(self, sender: str, payload) -> None:
         destination, flows = payload
-        address = self.addresses[destination]
-        for start in range(0, len(flows), MIGRATE_CHUNK):
-            self.tell(address, "migrate_in", self.give_away(flows[start:start + MIGRATE_CHUNK]))
+        self.tell(self.addresses[destination], "migrate_in", self.give_away(flows))
 
     def on_migrate_in(self, sender: str, batch: list) -> None:
         self.tell(self.switch, "migrated", self.take_in(batch, sender))
