@@ -95,12 +95,9 @@ class Segments:
     def starting(cls, start) -> Segments:
         """The segments whose first packets are marked in ``start`` (``start[0]`` set)."""
         n = start.shape[0]
-        index = torch.cumsum(start.long(), 0) - 1
+        index = torch.cumsum(start, 0, dtype=torch.int64) - 1
         first = torch.nonzero(start).squeeze(1)
-        last = torch.empty_like(first)
-        if first.numel():
-            last[:-1] = first[1:] - 1
-            last[-1] = n - 1
+        last = torch.cat([first[1:], first.new_full((1,), n)]) - 1 if n else first
         return cls(index=index, first=first, last=last)
 
 
