@@ -44,6 +44,7 @@ from .engines import parse_engine  # noqa: E402
 from .engines.runner import EngineOptions, EngineResult, run_engine, usable_cores  # noqa: E402
 from .engines.sharded import run_sharded  # noqa: E402
 from .nfs.snort import load_rules  # noqa: E402
+from .traffic.capture import release_freed  # noqa: E402
 from .traffic.http import METHODS  # noqa: E402
 from .traffic.trace import Trace, load_trace  # noqa: E402
 
@@ -118,6 +119,7 @@ def _run(config: NfConfig, trace_path, choice, options: EngineOptions, trace: Tr
         trace = load_trace(trace_path, workers=shards)
         stages.update(trace.stages_s)
     parse_s = time.perf_counter() - t0
+    release_freed()  # flow building's freed temporaries, before the NFs' buffers
     result = run_engine(trace, config.chain, choice, options)
     # building the chain (rules compiled, NF tables) before the engine's own clock starts
     stages["setup"] = time.perf_counter() - t0 - parse_s - result.startup_s - result.elapsed_s
