@@ -21,8 +21,9 @@ processes, as receive-side scaling splits a NIC's queues:
    each reads the whole capture's columns back and places the 5-tuples on the
    shards so that their loads are even (``balanced_shards``, the same answer
    in every process).
-2. Each shard (this process is shard 0) builds the flows and messages of the
-   packets placed on it (``assemble.assemble_parts``: the in-order
+2. Each shard (this process is shard 0) copies the columns of the packets placed
+   on it out of the shared mapping and unmaps it, then builds their flows and
+   messages (``assemble.assemble_parts``: the in-order
    checks, the streams, HTTP framing, the flow table for the rest), numbers
    them by the records that created and completed them, and runs the chain
    over its messages in process (``run_engine`` with one in-process worker).
