@@ -60,6 +60,8 @@ NODE_FEATURES = len(KINDS) + 5 + 3
 GROUP_FEATURES = 4
 PLANNER = "disco"
 ARCHITECTURE = {"hidden": 32, "layers": 2, "heads": 2, "device_type": "cpu"}
+WEIGHT_DECAY = 1e-2
+HUBER_DELTA = 0.25  # in log ratio: squared error within 25%, absolute beyond (outliers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,18 +120,34 @@ class FusedGroupNet(nn.Module):
         self.head = nn.Sequential(nn.Linear(2 * hidden + GROUP_FEATURES, hidden), nn.ReLU(),
                                   nn.Linear(hidden, 2))
         self.register_buffer("per_call_ms", torch.zeros(2))
-        # the least and greatest log ratio (forward, backward) of the training groups: a
-        # prediction is clamped to them, never extrapolated past what was measured
+        # the 5th and 95th percentiles of the log ratio (forward, backward) of the training
+        # groups whose eager time is at least the per-call cost: a prediction is clamped to
+        # them, never extrapolated past what was measured
         self.register_buffer("log_ratio_low", torch.zeros(2))
         self.register_buffer("log_ratio_high", torch.zeros(2))
+        # the training groups' feature means and spreads: features enter standardised
+        self.register_buffer("node_shift", torch.zeros(NODE_FEATURES))
+        self.register_buffer("node_scale", torch.ones(NODE_FEATURES))
+        self.register_buffer("group_shift", torch.zeros(GROUP_FEATURES))
+        self.register_buffer("group_scale", torch.ones(GROUP_FEATURES))
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        h = self.embed(batch.x)
+        h = self.embed((batch.x - self.node_shift) / self.node_scale)
         for conv in self.convs:
             h = h + torch.relu(conv(h, batch.edge_index, batch.edge_attr))
+        group = (batch.group - self.group_shift) / self.group_scale
         pooled = torch.cat([global_mean_pool(h, batch.batch), global_max_pool(h, batch.batch),
-                            batch.group], dim=1)
+                            group], dim=1)
         return self.head(pooled)
+
+    def standardise(self, batch: Batch) -> None:
+        """Set the feature shifts and scales to ``batch``'s means and spreads (a constant
+        feature is left unscaled)."""
+        for data, shift, scale in ((batch.x, self.node_shift, self.node_scale),
+                                   (batch.group, self.group_shift, self.group_scale)):
+            std = data.std(dim=0) if data.shape[0] > 1 else torch.zeros(data.shape[1])
+            shift.copy_(data.mean(dim=0))
+            scale.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))
 
 
 def measured_groups(times) -> list[tuple[GroupOps, tuple[float, float], tuple[float, float]]]:
@@ -183,13 +201,23 @@ def _fit(measurements, rows, device_type: str, *, seed: int, epochs: int, lr: fl
                 float(np.mean([t.per_call_bwd_ms for t in measurements])))
     net.per_call_ms.copy_(torch.tensor(per_call))
     batch = Batch.from_data_list([group_data(ops) for ops, _, _ in rows])
+    net.standardise(batch)
     y = torch.tensor([[_target(*f, per_call[0]), _target(*b, per_call[1])] for _, f, b in rows])
-    net.log_ratio_low.copy_(y.min(dim=0).values)
-    net.log_ratio_high.copy_(y.max(dim=0).values)
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    # a group whose eager time is near the per-call cost says little about the ratio (its
+    # fused time is mostly the call): its weight falls with the per-call share
+    eager = torch.tensor([[f[0], b[0]] for _, f, b in rows])
+    weight = eager / (eager + torch.tensor(per_call) + 1e-9)
+    for k in range(2):  # the clamp: over the groups whose eager time is at least the call's
+        sure = y[weight[:, k] >= 0.5, k] if bool((weight[:, k] >= 0.5).any()) else y[:, k]
+        net.log_ratio_low[k] = torch.quantile(sure, 0.05)
+        net.log_ratio_high[k] = torch.quantile(sure, 0.95)
+    with torch.no_grad():  # start from the median ratio: the network learns the departures
+        net.head[-1].bias.copy_(y.median(dim=0).values)
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=WEIGHT_DECAY)
     for _ in range(epochs):
         opt.zero_grad()
-        loss = torch.mean((net(batch) - y) ** 2)
+        loss = (weight * nn.functional.huber_loss(net(batch), y, reduction="none",
+                                                  delta=HUBER_DELTA)).sum() / weight.sum()
         loss.backward()
         opt.step()
     net.eval()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from dl_nfv.artifacts import InvalidArtifact, OpKind, load, save
 from dl_nfv.artifacts.records import to_data
@@ -80,6 +81,21 @@ def test_a_bad_fusion_times_file_names_the_field(mlp, tmp_path):
     path.write_text(json.dumps({**to_data(times), "kind": "plan"}))
     with pytest.raises(InvalidArtifact, match="expected kind 'fusion-times'"):
         load_fusion_times(path)
+
+
+def test_on_one_thread_a_region_is_timed_by_cpu_time_not_by_waiting(one_thread):
+    import time
+
+    from dl_nfv.profilers.fusion import time_region
+
+    x = torch.ones(64, requires_grad=True)
+
+    def waits(a):  # 30 ms off the CPU (as behind other jobs on a busy machine), then work
+        time.sleep(0.03)
+        return a * 2.0
+
+    fwd, _ = time_region(waits, (x,), repeats=2)
+    assert fwd < 10.0  # the wall clock would read >= 30 ms
 
 
 def test_the_artifact_loader_and_show_know_the_kind(mlp, tmp_path):
