@@ -376,10 +376,10 @@ class NatKernel(_SessionKernel):
 
     def start(self, sub: Sub, rows):
         order = stable_order(take(sub.arrival, rows), ARRIVAL_BOUND)
-        k = torch.empty_like(order)
-        k[order] = torch.arange(order.numel(), device=order.device)
+        k = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(),
+                                                                   device=order.device))
         ok = k < self.free
-        got = self.ring[(self.head + k) % self.size]
+        got = take(self.ring, (self.head + k) % self.size)
         taken = int(ok.sum())
         self.translations += taken
         self.exhausted += int(order.numel()) - taken
@@ -387,7 +387,7 @@ class NatKernel(_SessionKernel):
             self.peak_in_use = max(self.peak_in_use, self.size - (self.free - taken))
         self.head = (self.head + taken) % self.size
         self.free -= taken
-        return torch.where(ok, got, torch.full_like(got, -1))
+        return pick(ok, got, -1)
 
     def peer(self, sub: Sub):
         return sub.src, sub.sport
@@ -457,7 +457,7 @@ class LoadBalancerKernel(_SessionKernel):
             hashes = torch.from_numpy(flow_hash(k1.numpy(), k2.numpy()))
         else:
             hashes = flow_hash(k1, k2)
-        chosen = self.maglev[hashes % self.backends.size]
+        chosen = take(self.maglev, hashes % self.backends.size)
         if self.vip is not None:
             to_vip = sub.dst[rows] == self.vip[0]
             if self.vip[1]:
