@@ -209,7 +209,7 @@ class TensorChain:
         slots = self.table.lookup(hk1, hk2)
         new = torch.nonzero(slots < 0).squeeze(1)
         if new.numel():
-            slots[new] = self.table.insert(hk1[new], hk2[new], fill=False)
+            put(slots, new, self.table.insert(take(hk1, new), take(hk2, new), fill=False))
         return slots
 
     @torch.inference_mode()  # no autograd bookkeeping: a few microseconds less per step

@@ -98,16 +98,19 @@ class DeviceFlowTable:
         todo = torch.nonzero(~hit & (t2 != EMPTY)).squeeze(1)
         step = torch.arange(1, PROBE_WINDOW + 1, device=self.device)
         while todo.numel():
-            s = (slot[todo].unsqueeze(1) + step) & mask  # [keys, window]
+            at = take(slot, todo)
+            s = (at.unsqueeze(1) + step) & mask  # [keys, window]
             t2 = take(self.k2, s)
-            hit = (t2 == k2[todo].unsqueeze(1)) & (take(self.k1, s) == k1[todo].unsqueeze(1))
+            hit = (t2 == take(k2, todo).unsqueeze(1)) \
+                & (take(self.k1, s) == take(k1, todo).unsqueeze(1))
             stop = hit | (t2 == EMPTY)
             first = torch.argmax(stop.to(torch.uint8), dim=1, keepdim=True)
             ended = stop.gather(1, first).squeeze(1)
             got = hit.gather(1, first).squeeze(1) & ended
-            found[todo[got]] = s.gather(1, first).squeeze(1)[got]
-            todo = todo[~ended]
-            slot[todo] = (slot[todo] + PROBE_WINDOW) & mask
+            put(found, todo, pick(got, s.gather(1, first).squeeze(1), -1))
+            left = torch.nonzero(~ended).squeeze(1)
+            todo = take(todo, left)
+            put(slot, todo, (take(at, left) + PROBE_WINDOW) & mask)
         return found
 
     def insert(self, k1, k2, *, fill: bool = True):
