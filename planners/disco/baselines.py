@@ -23,10 +23,10 @@ as far as they can — the largest of the busiest device's compute under maximal
 all computation hidden), and the slowest device's forward pass under maximal fusion
 followed by that AllReduce: no gradient exists before the forward pass ends, so the
 forward cannot hide any of the step's communication (the paper's ideal-overlap figure,
-the larger of the first two, is ``parts["ideal overlap"]``), and the latest any weight
-gradient can be ready followed by its own AllReduce (``last_gradient_ms``: the first
-layer's gradient comes last in the backward, and its AllReduce cannot hide behind
-anything). Under ``CostModel.fused_ms``
+the larger of the first two, is ``parts["ideal overlap"]``), and the ready-time bound
+(``last_gradient_ms``: the gradients that cannot be ready before a time are AllReduced
+after it; the first layer's comes last in the backward, and its AllReduce hides behind
+nothing). Under ``CostModel.fused_ms``
 a group's fused time is at most the sum of its parts' fused times, so no fusion the
 search builds computes (or runs its forward) faster than the maximal one; one AllReduce
 of everything pays the per-collective latency once. With a learned fused-kernel
@@ -158,19 +158,20 @@ def ideal_overlap_bound(s: Setting) -> Bound:
                  parts={"compute, communication hidden": compute,
                         "communication, compute hidden": comm,
                         "forward, then communication": forward + comm,
-                        "last gradient, then its AllReduce": tail,
+                        "gradients by ready time, then their AllReduce": tail,
                         "ideal overlap": max(compute, comm)})
 
 
 def last_gradient_ms(s: Setting) -> float:
-    """The latest any weight gradient can be AllReduced: for each op ``p`` owning
-    parameters, the slowest replica's forward pass under maximal fusion, then the
-    backward of every maximal unit made only of ``p`` and ops downstream of it (their
-    gradients flow into ``p``'s, so its own cannot be ready before them), then one
-    AllReduce of ``p``'s parameters alone; the largest over ``p``. Units that are partly
-    downstream are left out (a lower bound). For a transformer's embedding this is the
-    whole backward and then a large AllReduce no bucketing can start earlier.
-    O(params x units) per replica."""
+    """The ready-time bound of the step. For each op ``p`` owning parameters, the earliest
+    its weight gradient can be ready, ``r(p)``: the slowest replica's forward pass under
+    maximal fusion, then the backward of every maximal unit made only of ``p`` and ops
+    downstream of it (their gradients flow into ``p``'s); units partly downstream are
+    left out. Every gradient with ``r >= t`` is AllReduced after ``t``, at best as one
+    AllReduce, so the step lasts at least ``t + AllReduce(their bytes)`` for every ``t``
+    among the ``r(p)``; the largest. At the earliest ``t`` this is the forward-then-
+    communication term; at the latest, the last gradient's (the first layer's) own
+    AllReduce after the whole backward. O(params x units) per replica."""
     index, ops = s.cm.graph.index, s.group.ops
     bit = {op: 1 << i for i, op in enumerate(ops)}
     below: dict[str, int] = {}
@@ -195,8 +196,13 @@ def last_gradient_ms(s: Setting) -> float:
             done = sum(b for m, b in zip(masks, bwd) if m & below[p] == m)
             ready[p] = max(ready[p], fwd + done)
     devices = list(s.group.devices)
-    return max((ready[p] + s.cm.allreduce_ms(devices, float(index[p].param_bytes),
-                                             s.group.collective) for p in owners), default=0.0)
+    # every gradient ready no earlier than t is AllReduced after t, at best as one
+    # AllReduce: the step lasts at least t plus that, for every t among the ready times
+    late, best = 0.0, 0.0
+    for p in sorted(owners, key=ready.get, reverse=True):
+        late += index[p].param_bytes
+        best = max(best, ready[p] + s.cm.allreduce_ms(devices, late, s.group.collective))
+    return best
 
 
 def forward_ms(s: Setting) -> float:
