@@ -214,6 +214,11 @@ class _Solver:
         self.split, self.v, self.t = x.ranges.split, v, t
         self.sync = t.sync  # the AllReduce terms the caps mask by (class_bound adds ``wait``)
         self.full = len(v.vectors) - 1  # every device left
+        # every (state, non-empty sub-vector) pair, by state: the sub-vector, what it
+        # leaves, the states that have any, and where each state's run starts
+        sizes = np.array([len(ks) for ks in v.subs])
+        self.pairs = (np.concatenate(v.subs), np.concatenate(v.rests),
+                      np.flatnonzero(sizes), np.concatenate([[0], np.cumsum(sizes)])[:-1][sizes > 0])
         self.after = None
         if v.small:  # the least chain after each region on each state's devices
             fits = np.where(np.isfinite(t.busy), -np.inf, np.inf)
@@ -236,22 +241,20 @@ class _Solver:
         g = np.full((regions + 2, len(v.vectors)), np.inf)
         g[regions] = 0.0
         g[regions + 1] = 0.0
+        ks, rests, states, starts = self.pairs
         for i in range(regions - 1, -1, -1):
             cont = continuation(g, self.split)
-            # per class vector first ([K, j, o], [K, j]): each state gathers whole rows
+            # per class vector first ([K, j, o], [K, j]); every (state, sub-vector) pair at
+            # once, the least per state taken over its run of pairs
             bi = np.ascontiguousarray(b[i, i + 1:].transpose(1, 0, 2))
             ci = np.ascontiguousarray(chain[i, i + 1:].transpose(1, 0, 2))
             conti = np.ascontiguousarray(cont[i + 1:].T)
+            val = np.maximum(bi[ks], ci[ks] + conti[rests, :, None])
             if beside:
                 ai = np.ascontiguousarray(around[i, i + 1:].transpose(1, 0, 2))
                 afteri = np.ascontiguousarray(after[i + 1:].T)
-            for n, (ks, rests) in enumerate(zip(v.subs, v.rests)):
-                if ks.size == 0:
-                    continue
-                val = np.maximum(bi[ks], ci[ks] + conti[rests, :, None])
-                if beside:
-                    val = np.maximum(val, ai[ks] + afteri[rests, :, None])
-                g[i, n] = val.min()
+                val = np.maximum(val, ai[ks] + afteri[rests, :, None])
+            g[i, states] = np.minimum.reduceat(val.min(axis=(1, 2)), starts)
             if self.split[i]:
                 g[i] = np.minimum(g[i], g[i + 1])
         return g if full else float(g[0, self.full])

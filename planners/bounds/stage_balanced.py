@@ -39,6 +39,7 @@ S states and K class vectors, O <= 4 share options), a few DPs per microbatch co
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
@@ -86,14 +87,17 @@ class Inputs:
 
 
 def stage_balanced_bound_ms(problem: Problem, devices: list[str] | None = None,
-                            tie_sync: TieSync | None = None) -> float:
+                            tie_sync: TieSync | None = None,
+                            deadline: float = np.inf) -> float:
     """The bound of the module docstring (ms) on ``devices`` (default: all); inf when no
     partition fits in memory.
 
     ``tie_sync`` says how the bounded plans may sum tied weights (default: as the
-    problem's plans do); ``EXCHANGE`` bounds plans that AllReduce them too."""
+    problem's plans do); ``EXCHANGE`` bounds plans that AllReduce them too. ``deadline``:
+    the ``time.process_time()`` after which no level is refined further (``_best_first``:
+    the bound is then the least value the counts have reached, a bound still)."""
     x = inputs(problem, list(devices or problem.devices), tie_sync or problem.tie_sync)
-    return _best_first(x)
+    return _best_first(x, deadline)
 
 
 def inputs(p: Problem, devices: list[str], tie_sync: TieSync) -> Inputs:
@@ -133,8 +137,12 @@ def inputs(p: Problem, devices: list[str], tie_sync: TieSync) -> Inputs:
                   grid=DeviceGrid(n) if n > EXACT_COUNTS_UP_TO else None)
 
 
-def _best_first(x: Inputs) -> float:
+def _best_first(x: Inputs, deadline: float = np.inf) -> float:
     """The least bound over microbatch counts, levels taken best first (module docstring).
+
+    Anytime: every value on the heap bounds every plan of its count, so once
+    ``time.process_time()`` passes ``deadline`` the least of them and of the finished counts'
+    values is a bound of every plan; it is returned at once (looser than refining on).
 
     The cheap level is taken one step at a time (``cheap_steps``, each a bound of its own,
     the level's value their largest): the count whose value is least so far takes its next
@@ -164,6 +172,8 @@ def _best_first(x: Inputs) -> float:
     best = np.inf
     uncapped: dict[int, np.ndarray] = {}  # per count: the class DP's table without caps
     while heap and heap[0][0] < best:
+        if time.process_time() > deadline:
+            return float(heap[0][0])  # (the least on the heap, below ``best``)
         value, level, step, m = heappop(heap)
         if level == 0:
             steps = cheap_steps(x, m, terms_of(m))

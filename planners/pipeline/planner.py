@@ -67,6 +67,7 @@ POLISH_SIMULATED = 6  # per round: the swaps the scheduler times fastest, each s
 # work of the swaps' schedulings (stages x microbatches each, as the search's climbs): on
 # 16 devices and 8 stages of 32 microbatches, 120 swaps take 30720: the winner stays
 POLISH_BUDGET = 16384
+POLISH_SHARE = 0.85  # of the time limit, after which no round of swaps starts
 SCHEDULES_SIMULATED = 4  # per candidate layout, its best schedules by the scheduler's estimate
 SEED_MICROBATCH_COUNTS = 2  # the baselines' layouts are also tried at the search's best counts
 # a graph the problem coarsened has hundreds of ops, and a simulation costs in proportion:
@@ -95,7 +96,7 @@ class _Draft:
 
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int = 0,
          max_stages: int = 0, max_replicas: int = 0, schedule: str = "auto",
-         time_limit: float = 30.0, optimizer: str = "sgd") -> Plan:
+         time_limit: float = 10.0, optimizer: str = "sgd") -> Plan:
     """Synchronous pipeline planning: partition, device mapping, microbatches, schedule.
 
     Parameters
@@ -110,13 +111,16 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int
         auto (the fastest of gpipe, 1f1b and the list scheduler), gpipe, 1f1b or custom
         (the list scheduler only).
     time_limit : float
-        CPU seconds for the plan: a uniform cluster's nested sub-clusters are planned
-        first, then the bound; on every cluster of that chain the ordering search stops
-        early once the whole plan has used 60% of the limit and the boundary climbs at 80%
-        (both normally end sooner), and a cluster of the chain that would start its own
-        search past 80% keeps its sub-cluster's plan; the bound, the first cluster's plan,
-        the first orderings, the final scheduling and the simulations are otherwise never
-        cut, so they can exceed a limit of a few seconds.
+        CPU seconds for the plan, bound included (a larger limit never gives a slower
+        plan): a uniform cluster's nested sub-clusters are planned first, then the bound,
+        refined until the plan has used a quarter of the limit (then the least value it
+        has reached, still a bound); on every cluster of that chain the ordering search
+        stops early once the whole plan has used half the limit, the boundary climbs at
+        70% and the device swaps of the winner at 85% (all normally end sooner where the
+        graph and cluster are small), and a cluster of the chain that would start its own
+        search past 70% keeps its sub-cluster's plan; the first cluster's plan, the first
+        orderings, the final scheduling and the simulations are never cut, so a limit of
+        a few seconds can be exceeded.
     optimizer : str
         sgd (with momentum) or adam: its state and step are planned for.
 
@@ -165,12 +169,14 @@ def _plan(graph: OpGraph, topology: Topology, *, seed: int, microbatches: int, m
     # from here, so that the steps never cut have the rest of the limit whatever they took
     cpu0 = time.process_time() if started_cpu is None else started_cpu
     incumbent = _sub_cluster_draft(graph, topology, seed, options, cpu0, shared)
-    bound = pipeline_bound(problem) if with_bound else Bound(0.0, {})
+    bound = pipeline_bound(problem, cpu_s=max(cpu0 + time_limit * BOUND_SHARE
+                                              - time.process_time(), 0.0)) \
+        if with_bound else Bound(0.0, {})
     if incumbent is not None and time.process_time() > cpu0 + time_limit * CLIMB_SHARE:
         # out of time with a plan in hand (where the climbs would stop): this cluster's own
         # search and seeds are cut
         return _finish(problem, options, seed, t0, bound, [incumbent], policies, 0,
-                       Outcome(candidates=[], timed_out=True))
+                       Outcome(candidates=[], timed_out=True), 0.0)
     outcome = search(problem, microbatches=microbatches, max_stages=max_stages,
                      max_replicas=max_replicas, policies=policies, seed=seed,
                      time_limit=time_limit, started=cpu0,
@@ -189,19 +195,21 @@ def _plan(graph: OpGraph, topology: Topology, *, seed: int, microbatches: int, m
     if max_replicas:
         drafts = [d for d in drafts if all(len(g.devices) <= max_replicas for g in d.groups)]
     return _finish(problem, options, seed, t0, bound, drafts, policies, effort["polish"],
-                   outcome)
+                   outcome, cpu0 + time_limit * POLISH_SHARE)
 
 
 def _finish(problem: Problem, options: dict, seed: int, t0, bound: Bound,
-            drafts: list[_Draft], policies, polish: int, outcome: Outcome) -> Plan:
-    """Simulate the drafts, keep the fastest that fits (polished) and stamp the plan."""
+            drafts: list[_Draft], policies, polish: int, outcome: Outcome,
+            deadline: float) -> Plan:
+    """Simulate the drafts, keep the fastest that fits (polished until the CPU time
+    ``deadline``) and stamp the plan."""
     for d in drafts:
         _simulate(problem, d)
     fitting = [d for d in drafts if d.feasible]
     if not fitting:
         worst = next((d.overflow for d in drafts if d.overflow), "no candidate layout fits")
         raise InfeasiblePlan(f"pipeline: no plan fits in memory; the closest candidate: {worst}")
-    best, swaps = _kept(problem, fitting, policies, polish)
+    best, swaps = _kept(problem, fitting, policies, polish, deadline)
     notes = _notes(best, outcome, drafts, swaps, bound)
     status = PlanStatus.TIME_LIMIT if outcome.timed_out else PlanStatus.HEURISTIC
     return finish(planner="pipeline", graph=problem.graph, topology=problem.topology,
@@ -215,15 +223,15 @@ def _fastest(drafts: Sequence[_Draft]) -> _Draft:
     return min(drafts, key=lambda d: (round(d.iteration_ms, 9), _stage_count(d), d.origin))
 
 
-def _kept(problem: Problem, fitting: Sequence[_Draft], policies, simulated: int
-          ) -> tuple[_Draft, int]:
+def _kept(problem: Problem, fitting: Sequence[_Draft], policies, simulated: int,
+          deadline: float) -> tuple[_Draft, int]:
     """The fastest of ``fitting`` polished, and the fastest of the drafts any time limit
     makes (``anytime``) polished, whichever is faster: a plan given more time keeps every
     draft a shorter limit makes, so it is never slower."""
-    best, swaps = _polish(problem, _fastest(fitting), policies, simulated)
+    best, swaps = _polish(problem, _fastest(fitting), policies, simulated, deadline)
     sure = [d for d in fitting if d.anytime]
     if sure and _fastest(sure) is not _fastest(fitting):
-        other, more = _polish(problem, _fastest(sure), policies, simulated)
+        other, more = _polish(problem, _fastest(sure), policies, simulated, deadline)
         if _fastest([best, other]) is other:
             return other, more
     return best, swaps
@@ -282,39 +290,49 @@ def _notes(best: _Draft, outcome, drafts: Sequence[_Draft], swaps: int, bound: B
             "bound parts (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in bound.parts.items())]
 
 
-def pipeline_bound(problem: Problem) -> Bound:
+def pipeline_bound(problem: Problem, cpu_s: float | None = None) -> Bound:
     """Lower bound for every plan of the pipeline family on ``problem`` (docs/planners/pipeline.md).
 
     The work bound, the critical path at the smallest batch fraction a replica
-    can hold (one sample), and the stage-balanced bound. (An op's full-batch
+    can hold (one sample), and the stage-balanced bound, refined for at most ``cpu_s``
+    CPU seconds (default: ``BOUND_SHARE`` of the default time limit; then the least value
+    its counts have reached, a bound still, looser). (An op's full-batch
     time is no bound here: replicated stages split every op by the batch.) The
     family's plans may sum a tied embedding by exchange or by AllReduce, so every
     planner of the family (this one, gpipe, 1f1b, pipedream) reports the same bound
     and their ratios to it compare like with like; it is computed once per graph,
-    topology and optimizer in a process (``plan compare`` runs them all).
+    topology and optimizer in a process (``plan compare`` runs them all), and again only
+    for a caller with more time than a cut one had.
     """
+    cpu_s = BOUND_SHARE * DEFAULT_TIME_LIMIT if cpu_s is None else cpu_s
     if not problem.default_cost_model:
-        return _pipeline_bound(problem)
+        return _pipeline_bound(problem, cpu_s)
     key = (*problem.fingerprints, problem.optimizer,
            tuple(int(b) for b in problem.bounds))
-    if key not in _BOUNDS:
-        if len(_BOUNDS) >= BOUNDS_KEPT:
+    kept = _BOUNDS.get(key)
+    if kept is None or (kept[1] < cpu_s and kept[2]):
+        if len(_BOUNDS) >= BOUNDS_KEPT and key not in _BOUNDS:
             _BOUNDS.pop(next(iter(_BOUNDS)))
-        _BOUNDS[key] = _pipeline_bound(problem)
-    kept = _BOUNDS[key]
-    return Bound(kept.ms, dict(kept.parts))
+        cpu = time.process_time()
+        bound = _pipeline_bound(problem, cpu_s)
+        _BOUNDS[key] = kept = (bound, cpu_s, time.process_time() - cpu > cpu_s)
+    return Bound(kept[0].ms, dict(kept[0].parts))
 
 
+DEFAULT_TIME_LIMIT = 10.0  # CPU s (``plan``'s default)
+BOUND_SHARE = 0.25  # of the plan's time limit, the most the stage-balanced bound refines for
 BOUNDS_KEPT = 8
-_BOUNDS: dict[tuple, Bound] = {}  # pipeline_bound's, oldest first
+# pipeline_bound's, oldest first: (bound, CPU s it was given, whether that cut it)
+_BOUNDS: dict[tuple, tuple[Bound, float, bool]] = {}
 
 
-def _pipeline_bound(problem: Problem) -> Bound:
+def _pipeline_bound(problem: Problem, cpu_s: float = float("inf")) -> Bound:
+    deadline = time.process_time() + cpu_s
     cm, devices = problem.cm, list(problem.devices)
     parts = {"work": work_bound_ms(cm, devices),
              "critical_path": critical_path_ms(cm, devices, 1.0 / problem.batch_size,
                                                split_backwards=True)}
-    balanced = stage_balanced_bound_ms(problem, tie_sync=TieSync.EXCHANGE)
+    balanced = stage_balanced_bound_ms(problem, tie_sync=TieSync.EXCHANGE, deadline=deadline)
     if balanced != float("inf"):
         parts["stage_balanced"] = balanced
     return Bound(max(parts.values()), parts)
@@ -394,22 +412,23 @@ def _drafts_of(problem: Problem, ev: Evaluated, policies,
     return out
 
 
-def _polish(problem: Problem, draft: _Draft, policies,
-            simulated: int = POLISH_SIMULATED) -> tuple[_Draft, int]:
+def _polish(problem: Problem, draft: _Draft, policies, simulated: int = POLISH_SIMULATED,
+            deadline: float = float("inf")) -> tuple[_Draft, int]:
     """Swap devices of the winning layout where the simulator says it pays: per round,
     every swap (``device_swaps``) is scheduled, the ``simulated`` the scheduler
     times fastest are simulated (their two best schedules), and the fastest is kept if it
     beats the winner. The scheduler and the simulator differ most where links are shared
     (a ring, an AllReduce crossing other stages' links), which is where a swap helps.
-    Deterministic: the work is bounded by ``POLISH_BUDGET``, not by time. Returns the
-    draft kept and the number of swaps made."""
+    The work is bounded by ``POLISH_BUDGET``, and no round starts once
+    ``time.process_time()`` has passed ``deadline``. Returns the draft kept and the number
+    of swaps made."""
     swaps = 0
     budget = POLISH_BUDGET
     while draft.source is not None and swaps < POLISH_ROUNDS:
         layout = draft.source.layout
         moves = device_swaps(problem, layout)
         budget -= len(moves) * len(layout.stages) * layout.microbatches
-        if not moves or budget < 0:
+        if not moves or budget < 0 or time.process_time() > deadline:
             break
         timed = sorted((x for lay in moves
                         if (x := evaluate(problem, lay, full=True, policies=policies))),

@@ -201,11 +201,11 @@ def test_the_search_counts_the_bound_s_time_against_the_plan_s_limit(monkeypatch
 
     real_bound, real_search, given = planner.pipeline_bound, planner.search, []
 
-    def slow_bound(problem):
+    def slow_bound(problem, cpu_s=None):
         spin = time.process_time() + 0.2
         while time.process_time() < spin:
             pass
-        return real_bound(problem)
+        return real_bound(problem, cpu_s)
 
     def search(*args, time_limit, started, **kwargs):
         given.append((time_limit, time.process_time() - started))
@@ -370,7 +370,7 @@ def test_the_family_s_bound_is_computed_once_per_graph_and_topology(monkeypatch)
     calls = []
     real = pipeline_planner._pipeline_bound
     monkeypatch.setattr(pipeline_planner, "_pipeline_bound",
-                        lambda problem: calls.append(1) or real(problem))
+                        lambda problem, cpu_s=float("inf"): calls.append(1) or real(problem))
     monkeypatch.setattr(pipeline_planner, "_BOUNDS", {})
     graph, topo = chain(4, fwd_ms=100.0, bwd_ms=200.0, param_bytes=3 * GIB // 2), nvlink(2)
     plans = [run(name, graph, topo) for name in ("pipeline", "gpipe", "1f1b", "pipedream")]
@@ -410,3 +410,19 @@ def test_greedy_paths_step_to_the_widest_then_nearest_unvisited_device(topology)
             path.append(nxt)
             left.remove(nxt)
         assert greedy_path(cm, devices, start, ranks) == path == greedy_path(cm, devices, start)
+
+
+def test_a_bound_cut_by_its_budget_is_a_lower_value_and_refined_for_a_caller_with_more():
+    """``pipeline_bound`` with no CPU time to refine returns the least value its counts have
+    reached (a bound still, at most the full one); a caller given more time gets the full
+    bound, computed again, and it is kept for the next."""
+    from dl_nfv.planners.pipeline import planner as pipeline_planner
+    from dl_nfv.planners.pipeline.problem import Problem
+
+    graph = chain(8, fwd_ms=10.0, bwd_ms=20.0, param_bytes=GIB // 4)
+    topo = nvlink(4)
+    full = pipeline_planner._pipeline_bound(Problem(graph, topo))
+    cut = pipeline_planner.pipeline_bound(Problem(graph, topo), cpu_s=0.0)
+    assert 0 < cut.parts["stage_balanced"] <= full.parts["stage_balanced"] + 1e-9
+    assert pipeline_planner.pipeline_bound(Problem(graph, topo), cpu_s=1e9) == full
+    assert pipeline_planner.pipeline_bound(Problem(graph, topo), cpu_s=0.0) == full
