@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dl_nfv.artifacts import load
+from dl_nfv.artifacts import from_data, load
+from dl_nfv.artifacts.nfconfig import NfConfig
 from dl_nfv.nfv.chains import engine, kernels, scan
 from dl_nfv.nfv.chains.packets import load_packets
+from dl_nfv.nfv.chains.synth import synthetic_packets
 
 from ..helpers import EXAMPLES, REAL_TRACE
 from .test_equivalence import run_both, small_chain
@@ -44,3 +46,26 @@ def test_flow_order_with_colliding_hashes(large_batch_paths):
         for key in set(keys):
             rows = [i for i in order if (int(k1[i]), int(k2[i])) == key]
             assert rows == sorted(rows)
+
+
+@pytest.mark.parametrize("timeout_s, swept", [(10.0, False), (0.03, True)])
+def test_sweeps_skipped_only_where_no_flow_can_expire(monkeypatch, timeout_s, swept):
+    """A 1 s trace with a sweep due every 50 ms: with time-outs of 10 s no sweep gathers the
+    table (every kept flow was seen within the shortest time-out), with 30 ms sweeps run;
+    both equal the reference, which sweeps at every due boundary."""
+    gathers = []
+    live = kernels._Stateful._live
+    monkeypatch.setattr(kernels._Stateful, "_live", lambda nf: gathers.append(1) or live(nf))
+    timeouts = {name: timeout_s for name in
+                ("syn_s", "established_s", "fin_s", "closing_s", "udp_s")}
+    chain = [{"nf": "firewall", "default": "allow", "timeouts": timeouts},
+             {"nf": "nat", "pool": ["192.0.2.1"], "ports": "5000-5999", "timeouts": timeouts},
+             {"nf": "lb", "backends": ["10.9.0.1:8080", "10.9.0.2"], "table_size": 13,
+              "timeouts": timeouts},
+             {"nf": "monitor", "timeouts": timeouts}]
+    specs = from_data(NfConfig, {"kind": "nf-config", "schema_version": 1, "name": "t",
+                                 "l4_chain": chain}).l4_chain
+    packets = synthetic_packets(flows=40, packets=2400, seed=4, duration_s=1.0, gap_us=2000)
+    ref, _ = run_both(specs, packets, [200])
+    assert bool(gathers) == swept
+    assert (ref.nfs[-1].exported > 0) == swept  # the monitor exported idle flows
