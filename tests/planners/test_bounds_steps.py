@@ -154,3 +154,41 @@ def test_grid_dp_in_one_pass_per_region_equals_the_loop(seed, regions, devices, 
     after = rng.random((regions + 1, R)) * 5 if with_around else None
     got = dp._table_on_grid(busy, chain, shape, around, after)
     assert np.array_equal(got, _table_on_grid_by_loop(busy, chain, shape, around, after))
+
+
+def _solve_state_by_state(solver, cap: float = np.inf) -> np.ndarray:
+    """The class DP's table taken state by state (the reference of ``_Solver.solve``'s
+    vectorised pass over every (state, sub-vector) pair): ``A(cap)`` without the round trip."""
+    t, v = solver.t, solver.v
+    b = t.busy if cap == np.inf else np.where(solver.sync <= cap, t.busy, np.inf)
+    regions = len(solver.split)
+    g = np.full((regions + 2, len(v.vectors)), np.inf)
+    g[regions] = g[regions + 1] = 0.0
+    for i in range(regions - 1, -1, -1):
+        cont = continuation(g, solver.split)
+        for n, (ks, rests) in enumerate(zip(v.subs, v.rests)):
+            if ks.size:
+                g[i, n] = np.maximum(b[i, i + 1:][:, ks].transpose(1, 0, 2),
+                                     t.chain[i, i + 1:][:, ks].transpose(1, 0, 2)
+                                     + cont[i + 1:][:, rests].T[..., None]).min()
+        if solver.split[i]:
+            g[i] = np.minimum(g[i], g[i + 1])
+    return g
+
+
+@pytest.mark.parametrize("devices, layers, batch", [(6, 5, 16), (8, 8, 32), (10, 6, 16)])
+def test_the_class_dp_s_pass_over_every_state_at_once_equals_state_by_state(devices, layers,
+                                                                            batch):
+    from dl_nfv.planners.bounds.classes import _Solver, _vectors, class_terms
+
+    graph = chain(layers, param_bytes=GIB // 4, batch=batch, slower={"P100": 1.7})
+    problem = Problem(graph, _two_types(devices))
+    x = stage_balanced.inputs(problem, list(problem.devices), TieSync.EXCHANGE)
+    v = _vectors(x)
+    for m in (1, 2, batch):
+        solver = _Solver(x, v, class_terms(x, v, m))
+        ours = solver.solve(np.inf, full=True, beside=False)
+        assert np.array_equal(ours, _solve_state_by_state(solver))
+        cap = float(np.median(solver.sync[np.isfinite(solver.sync) & (solver.sync > 0)]))
+        assert np.array_equal(solver.solve(cap, full=True, beside=False),
+                              _solve_state_by_state(solver, cap))
