@@ -402,7 +402,7 @@ def learn_tag(graph_paths, topology_specs, iterations, playouts, init_path, seed
               help="Comma-separated fusion-times files (`dl-nfv profile fusion`) to train on.")
 @click.option("--held-out", "held_out_paths", default="", help="Comma-separated fusion-times "
               "files of other models: the estimator's error on them is recorded in its notes.")
-@click.option("--epochs", type=click.IntRange(min=1), default=400, show_default=True,
+@click.option("--epochs", type=click.IntRange(min=1), default=60, show_default=True,
               help="Full-batch training epochs.")
 @seed_option
 @output_option("Write the estimator (a policy: .json, .yaml or .yml) here.")
