@@ -25,7 +25,14 @@ Method, ``plan``:
    upward rank) refined by swapping the priorities of competing groups on the
    simulator, bounded by ``order_evaluations`` simulations. The plan's ``order`` carries
    it where it simulates no slower than the simulator's ready-task order without one.
-4. **Never worse than data parallelism.** The four DP baselines (``dp-even``,
+4. **Microbatches** (dl-nfv's extension, beyond the published HeteroG; ``microbatches``
+   1 turns it off). The refined strategy and rule-based stage starts (contiguous op
+   groups per device or per host, work in proportion to speed) are simulated under
+   every batching (``tag.batching``: 2 to ``microbatches`` microbatches, GPipe or
+   1F1B), and the best is climbed by TAG's refinement (``tag.polish``) within
+   ``pipeline_evaluations`` simulations (``learned.pipelined``); it is the plan where it
+   beats the one-batch strategy with its order.
+5. **Never worse than data parallelism.** The four DP baselines (``dp-even``,
    ``dp-prop``, ``ps-even``, ``ps-prop``, with their gradient buckets) are planned
    too; where the fastest of them that fits beats the refined strategy, it is the
    plan, with a note saying so.
@@ -40,7 +47,8 @@ refined from the better of the greedy start and the uniform strategies, and REIN
 with a baseline then trains the policy with self-imitation of the best strategy known
 (``learned.reinforce``).
 
-Limits: the plan has one group per op group; the order is searched after the
+Limits: the plan has one group per op group; a micro-batched plan runs the op groups
+as pipeline stages with GPipe or 1F1B (no order search); the order is searched after the
 strategies (which the refinement scores with the simulator's ready-task order), and a
 static order can only be kept where it is no slower than that; a replicated group
 synchronises once after its backward (no buckets); candidates are those of
