@@ -18,15 +18,20 @@ predicts ``log ratio`` for both phases from the group:
 * per group: ``log1p`` of the op count, of the MiB that stay inside the kernel, and of
   ``sum_ms`` forward and backward (small kernels gain more from fusion).
 
-A prediction is clamped to the range of ``log ratio`` the training groups span: groups
-larger or of other shapes than any measured one get the nearest measured ratio, not an
-extrapolation.
+Node and group features are standardised by the training groups' means and spreads. A
+prediction is clamped to the 5th-95th percentiles of ``log ratio`` over the training
+groups whose eager time is at least the per-call cost: groups larger or of other shapes
+than any measured one get a measured ratio, not an extrapolation.
 
 Two graph-attention layers (``torch_geometric.nn.GATConv`` with edge features, as
 ``planners/learned/encoder.py``) with residual connections, mean and max pooling, the
-group features, and an MLP to the two outputs. Trained by Adam on the squared error of
-``log ratio`` over ``fusion-times`` files (``dl-nfv profile fusion``), the target being
-``max(fused - per_call, 1% of eager) / eager`` of each measured group.
+group features, and an MLP to the two outputs, whose bias starts at the training groups'
+median ``log ratio``. Trained by full-batch AdamW (weight decay ``WEIGHT_DECAY``) on a
+Huber loss of ``log ratio`` over ``fusion-times`` files (``dl-nfv profile fusion``), the
+target being ``max(fused - per_call, 1% of eager) / eager`` of each measured group and
+its weight ``eager / (eager + per_call)`` (a group that is mostly its call says little
+about the ratio). Measurements are few and noisy: the weight decay, the small network
+and the few epochs (``EPOCHS``) were chosen by the error on models left out of training.
 
 The trained network is a ``policy`` artifact (planner ``disco``; the per-call costs are
 buffers among its weights, the device type they were measured on is in its
