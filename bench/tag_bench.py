@@ -12,8 +12,10 @@ Sections:
    tag's speed-up over the best DP baseline and over the best other planner, and tag's
    planning seconds (shipped policy, ``--playouts``, its default refinement, SFB on, the
    ``--others`` planners' plans, by default pipeline's and heterog's, as seeds and
-   fallbacks). Also tag's own result (search and
-   refinement, before the fallbacks and SFB; read from its notes) and its batching.
+   fallbacks). Also tag's start (the best of its incumbent and the seeds as TAG
+   strategies) and its own result (search and refinement, before the fallbacks and SFB)
+   with its batching, read from its notes, and how often the own result beats the start
+   and the seed plans themselves.
    Goals: tag never slower than the best of the others; >= 1.3x the best DP baseline on
    at least half the cases.
 2. The GNN earns its place: the tree search alone (no refinement, no seeds, no
