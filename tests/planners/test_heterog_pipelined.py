@@ -12,15 +12,18 @@ micro-batched.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import product
 
-from dl_nfv.artifacts import from_document
+import pytest
+
+from dl_nfv.artifacts import from_document, load
 from dl_nfv.planners import run
 from dl_nfv.planners.heterog import best_baseline, problem_of
 from dl_nfv.planners.learned.decoder import candidates
 from dl_nfv.planners.learned.env import GroupStrategy
-from dl_nfv.planners.learned.pipelined import pipelined, stages
-from dl_nfv.planners.tag.batching import BatchedEnv, batchings
+from dl_nfv.planners.learned.pipelined import pipelined, stage_starts, stages
+from dl_nfv.planners.tag.batching import BatchedEnv, Batching, batchings
 from dl_nfv.planners.validate import validate_plan
 from tests.planners.test_learned import _graph
 
@@ -71,3 +74,22 @@ def test_stage_starts_cut_the_work_in_proportion_to_speed():
     assert stages(env, [t4, v100]) == (t4, v100, v100, v100)
     got = pipelined(env, (v100,) * 4, max_evaluations=50)
     assert got.outcome.reward >= env.evaluate((v100,) * 4).reward
+
+
+@pytest.mark.slow
+def test_train_runs_a_micro_batched_heterog_plan_on_local_cpu(tmp_path):
+    """The plan heterog makes of a stage start under 2 microbatches (GPipe) on the measured
+    local-cpu cluster: valid, and `train --steps 2` runs it on every rank."""
+    from dl_nfv.planners.base import finish, started
+    from tests.planners.test_tag_runtime import FILES, LOCAL_CPU, _validated_train
+    from tests.runtime.helpers import graph_of
+
+    graph, topo = graph_of("mlp-tiny", batch_size=8), load(LOCAL_CPU, expect="topology")
+    env = problem_of(graph, topo, groups=4).env
+    _, start = stage_starts(env)[0]
+    made = BatchedEnv(env).plan_of(start, Batching(2, "gpipe"), planner="heterog")
+    plan = finish(planner="heterog", graph=graph, topology=topo, groups=made.groups,
+                  pipeline=made.pipeline, seed=0, options={}, started_at=started())
+    assert plan.pipeline.microbatches == 2 and len({g.devices for g in plan.groups}) == 2
+    report = _validated_train(tmp_path, graph, topo, replace(plan, **FILES))
+    assert report.steps == 2 and set(report.ranks) == set(env.devices)
