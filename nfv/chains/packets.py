@@ -155,7 +155,9 @@ def flow_count(packets: ChainPackets) -> int:
 
 
 def _torch_where(cond, a, b):
-    return b + (a - b) * cond  # torch.where's result, in a faster form (see ops.py)
+    from .ops import pick  # the faster select for the size (ops.py)
+
+    return pick(cond, a, b)
 
 
 def hash32(x):
