@@ -43,13 +43,17 @@ def _time(chain, packets, batch_size):
     return time.perf_counter() - t0, results, latency
 
 
-def measure(specs, *, flows, packets, size, batch, device, ref_packets, trace=None):
-    """One row: the tensor engine over the whole trace (synthetic unless ``trace``), the
-    reference over its prefix, their outcomes on the prefix compared."""
-    if trace is None:
-        trace = synthetic_packets(flows=flows, packets=packets, packet_bytes=size, seed=1,
-                                  duration_s=packets / 2e6)
-    capacity = capacity_for(flow_count(trace))
+def synthetic(flows: int, packets: int, size: int):
+    """The synthetic trace of a row and its table capacity (built once per trace, shared by
+    the rows of every batch size)."""
+    trace = synthetic_packets(flows=flows, packets=packets, packet_bytes=size, seed=1,
+                              duration_s=packets / 2e6)
+    return trace, capacity_for(flow_count(trace))
+
+
+def measure(specs, *, flows, size, batch, device, ref_packets, trace, capacity):
+    """One row: the tensor engine over the whole trace, the reference over its prefix,
+    their outcomes on the prefix compared."""
     chain = build_chain(specs, "tensor", device=device, capacity=capacity)
     elapsed, results, latency = _time(chain, trace, batch)
     n = len(trace)
@@ -95,9 +99,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for flows, packets in grid:
         for size in sizes:
+            trace, capacity = (capture, capacity_for(flows)) if capture is not None \
+                else synthetic(flows, packets, size)
             for batch in batches:
-                r = measure(specs, flows=flows, packets=packets, size=size, batch=batch,
-                            device=args.device, ref_packets=ref_packets, trace=capture)
+                r = measure(specs, flows=flows, size=size, batch=batch, device=args.device,
+                            ref_packets=ref_packets, trace=trace, capacity=capacity)
                 rows.append(r)
                 print(f"{flows:>9} flows {size:>4} B batch {batch:>6}: tensor "
                       f"{r['tensor_mpps']:.3f} Mpps {r['tensor_gbps']:.3f} Gbps "
