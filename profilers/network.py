@@ -25,11 +25,12 @@ Method
     ``2(N-1)/N * S / t``. On
     CPU each process also times an FP32 matmul, recorded as the device's
     ``fp32_tflops`` override, and, all processes at once (as training workers
-    run), an in-place add over 64 MiB tensors (three passes: read two, write
+    run), an in-place add over 256 MiB tensors (three passes: read two, write
     one), recorded as its ``memory_bandwidth_gb_per_s`` override: the rate at
     which optimizer steps, gradient buckets and gloo's sums move memory. Both keep
-    the fastest of repeated timings of a few ms each (the median of 256 MiB adds gave
-    2-32 GB/s on one machine as its load changed).
+    the fastest of repeated timings (the median of 256 MiB adds gave
+    2-32 GB/s on one machine as its load changed); the adds start together, after a
+    barrier, each time (a process adding alone has the bandwidth to itself).
 
 Topology written
     Ranks are grouped by host name. On each host the processes are devices of
@@ -204,7 +205,7 @@ def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | N
 
     gflops = _matmul_gflops(device) if device.type == "cpu" else 0.0
     dist.barrier()
-    memory = _memory_gb_per_s(device) if device.type == "cpu" else 0.0
+    memory = _memory_gb_per_s(device, dist.barrier) if device.type == "cpu" else 0.0
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"p2p": p2p, "gflops": gflops, "memory": memory,
                                       "cpu": cpu if device.type == "cpu" else {},
@@ -260,16 +261,23 @@ def _matmul_gflops(device, n: int = 512, budget_s: float = 0.3) -> float:
     return 2 * n**3 / _fastest(lambda: a @ b, budget_s) / 1e9
 
 
-def _memory_gb_per_s(device, nbytes: int = 64 * 2**20, budget_s: float = 0.5) -> float:
+def _memory_gb_per_s(device, together: Callable[[], object], nbytes: int = 256 * 2**20,
+                     samples: int = 12) -> float:
     """GB/s moved by ``a += b`` over ``nbytes`` tensors (3 passes, beyond the caches), the
-    fastest of repeated timings (as ``_matmul_gflops``; with every process adding at once,
-    the bandwidth they share)."""
+    fastest of ``samples`` timings, every process starting each one at once (``together``:
+    a barrier), so that the fastest is one in which they shared the memory bandwidth."""
     import torch
 
     a = torch.ones(nbytes // 4, device=device)
     b = torch.ones(nbytes // 4, device=device)
     a.add_(b)
-    return 3 * nbytes / _fastest(lambda: a.add_(b), budget_s) / 1e9
+    best = float("inf")
+    for _ in range(samples):
+        together()
+        t = time.perf_counter()
+        a.add_(b)
+        best = min(best, time.perf_counter() - t)
+    return 3 * nbytes / best / 1e9
 
 
 def _fastest(work: Callable[[], object], budget_s: float, least: int = 3) -> float:
