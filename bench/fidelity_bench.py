@@ -61,10 +61,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _ranking import (  # noqa: E402
+    SEPARABLE,
+    discordant_pairs,
+    kendall_tau,
+    run_separated_pairs,
+    same,
+    separable_pairs,
+)
 from _record import git_revision, markdown_table, record_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SEPARABLE = 0.10  # plans closer than this in measured time are within run-to-run noise
 REPEATABLE = 0.05  # two profiles of one model on one machine: predictions this close (goal)
 
 # model -> what `dl-nfv profile model` is given (small batches / short sequences: a 2-core
@@ -151,13 +158,15 @@ def devices_used(plan_path: Path) -> int:
 
 
 def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_others: float,
-              tries: int, max_load: float, repeats: int = 1, reuse: bool = False) -> list[dict]:
+              tries: int, max_load: float, repeats: int = 1, reuse: bool = False,
+              deadline: float | None = None) -> list[dict]:
     """Plan and simulate every plan of ``model``, then run them all ``repeats`` times, in
     rounds (each round runs every plan once, so drift on the machine touches all plans
     alike); a plan's measured time is the median run's. Without ``topology`` the links
     are measured (``profile network``) right after the model is profiled. With ``reuse``,
     a profile and links already in ``work`` are kept (their measurements are as old as
-    the files)."""
+    the files). With ``deadline`` (a ``time.perf_counter`` time), a round after the first
+    starts only if one as long as the last ends before it."""
     graph = work / f"{model}.json"
     if not (reuse and graph.exists()):
         t0 = time.perf_counter()
@@ -185,7 +194,13 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
             rows[label] = {"model": model, "plan": label, "error": str(exc).splitlines()[0]}
             continue
         runs[label] = []
+    round_s = 0.0
     for r in range(repeats):
+        if r and deadline is not None and time.perf_counter() + round_s > deadline:
+            print(f"  {model}: {r} round(s) of {repeats}: the time budget leaves no room for "
+                  f"another", flush=True)
+            break
+        round_s = -time.perf_counter()
         for label in runs:
             stem = work / f"{model}-{PLANS[label][0]}"
             run = stem.with_suffix(f".run{r}.json" if repeats > 1 else ".run.json")
@@ -200,6 +215,7 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
                 continue
             report = json.loads(run.read_text())
             runs[label].append((report["iteration_ms"], report, time.perf_counter() - t0, others))
+        round_s += time.perf_counter()
     for label, done in runs.items():
         if label in rows or not done:
             continue
@@ -285,71 +301,12 @@ def _device_times(simulated: dict) -> tuple[dict[str, float], dict[str, float]]:
              for d in devices})
 
 
-def kendall_tau(a: list[float], b: list[float]) -> float:
-    """Kendall's tau between two orderings of the same items (1: same order)."""
-    n = len(a)
-    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
-    if not pairs:
-        return 1.0
-    score = sum((1 if (a[i] - a[j]) * (b[i] - b[j]) > 0 else -1 if (a[i] - a[j]) * (b[i] - b[j]) < 0
-                 else 0) for i, j in pairs)
-    return score / len(pairs)
-
-
-def separable_pairs(pred: list[float], meas: list[float], apart: float = SEPARABLE) -> tuple[int, int]:
-    """(pairs ordered as measured, pairs) among plans whose measured times differ by more
-    than ``apart`` (relative to the faster): the pairs a ranking must get right, given how
-    much a plan's measured time moves from run to run on this machine. Pairs predicted
-    equal count as right, as in ``discordant_pairs``."""
-    right = total = 0
-    for i in range(len(meas)):
-        for j in range(i + 1, len(meas)):
-            if abs(meas[i] - meas[j]) <= apart * min(meas[i], meas[j]):
-                continue
-            total += 1
-            right += _same(pred[i], pred[j]) or (pred[i] - pred[j]) * (meas[i] - meas[j]) > 0
-    return right, total
-
-
-def run_separated_pairs(pred: list[float], runs: list[list[float]]) -> tuple[int, int]:
-    """(pairs ordered as measured, pairs) among plans that every run orders the same way:
-    each run of one plan was faster than each run of the other (their min-max ranges do
-    not overlap). Pairs predicted equal count as right (a tie agrees with any order)."""
-    right = total = 0
-    for i in range(len(runs)):
-        for j in range(i + 1, len(runs)):
-            if not runs[i] or not runs[j]:
-                continue
-            if max(runs[i]) < min(runs[j]):
-                faster = -1.0
-            elif max(runs[j]) < min(runs[i]):
-                faster = 1.0
-            else:
-                continue
-            total += 1
-            right += _same(pred[i], pred[j]) or (pred[i] - pred[j]) * faster > 0
-    return right, total
-
-
-def _same(a: float, b: float) -> bool:
-    """Predicted times this close are the same plan or a tie (no order to get right)."""
-    return abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1.0)
-
-
-def discordant_pairs(pred: list[float], meas: list[float]) -> list[tuple[int, int]]:
-    """Pairs the prediction orders strictly one way and the measurement the other (pairs
-    predicted equal, such as two planners that made the same plan, are ties: any measured
-    order agrees with them)."""
-    return [(i, j) for i in range(len(pred)) for j in range(i + 1, len(pred))
-            if not _same(pred[i], pred[j]) and (pred[i] - pred[j]) * (meas[i] - meas[j]) < 0]
-
-
 def _order(rows: list[dict], key: str) -> str:
     """Plans fastest first by ``key``, ties (equal values) joined by ``=``."""
     ranked = sorted(rows, key=lambda r: r[key])
     out = ranked[0]["plan"] if ranked else ""
     for a, b in zip(ranked, ranked[1:]):
-        out += (" = " if _same(a[key], b[key]) else " < ") + b["plan"]
+        out += (" = " if same(a[key], b[key]) else " < ") + b["plan"]
     return out
 
 
@@ -379,7 +336,7 @@ def model_summary(rows: list[dict], apart: float = SEPARABLE) -> list[list[str]]
         ranked = sorted(meas)
         leads = len(ranked) > 1 and ranked[1] > (1 + apart) * ranked[0]
         best = meas.index(ranked[0])
-        predicted_best = all(pred[best] < p or _same(pred[best], p)
+        predicted_best = all(pred[best] < p or same(pred[best], p)
                              for i, p in enumerate(pred) if i != best)
         right, total = separable_pairs(pred, meas, apart)
         out.append([model, str(len(mine)), f"{statistics.median(errors):.1%}",
@@ -420,7 +377,7 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
         order_m = _order(mine, "measured_ms")
         swapped = discordant_pairs(pred, meas)
         fastest, best_predicted = min(meas), min(pred)
-        best_same = any(m == fastest for p, m in zip(pred, meas) if _same(p, best_predicted))
+        best_same = any(m == fastest for p, m in zip(pred, meas) if same(p, best_predicted))
         ranking.append([model, f"{tau:+.2f}", _between_rounds(mine),
                         "yes" if not swapped else f"no ({len(swapped)} pair(s) swapped)",
                         "yes" if best_same else "no", f"{right} / {total}",
@@ -509,6 +466,9 @@ def main() -> None:
     parser.add_argument("--repeatability", action="store_true",
                         help="profile every model a second time and predict every plan from "
                              "both profiles (goal: within 5%%)")
+    parser.add_argument("--budget-min", type=float, default=None,
+                        help="a time budget (minutes): each model gets an equal share of what "
+                             "is left, and runs a round after its first only if it fits there")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 4 steps, 1 run per plan, keep runs whatever the load")
     args = parser.parse_args()
@@ -543,12 +503,16 @@ def main() -> None:
         revision = git_revision()
         load_before = os.getloadavg()[0]
         started = time.perf_counter()
-        for model in args.models.split(","):
+        models = args.models.split(",")
+        for k, model in enumerate(models):
             topology = args.topology.resolve() if args.topology else None
+            now = time.perf_counter()  # each model gets an equal share of the time left
+            deadline = (now + (started + args.budget_min * 60 - now) / (len(models) - k)
+                        if args.budget_min else None)
             rows += run_model(model, topology, work, args.steps,
                               max_others=args.max_others, tries=args.tries,
                               max_load=args.max_load, repeats=args.repeats,
-                              reuse=args.reuse_profiles)
+                              reuse=args.reuse_profiles, deadline=deadline)
             if args.repeatability:
                 repeated += repeatability(model, work, topology or work / f"{model}-network.yaml",
                                           max_others=args.max_others, tries=args.tries,
@@ -568,7 +532,12 @@ def main() -> None:
     print(f"\nload average (1 min) before / after: {load_before:.1f} / {load_after:.1f}"
           + (f"; the bench took {wall_s / 60:.1f} min" if wall_s else ""))
     if not args.no_record:
-        note = (f"Each plan ran {args.repeats} time(s), in rounds over the model's plans, "
+        ran = {r["model"]: len(r["measured_runs"]) for r in rows if "measured_runs" in r}
+        times = (f"{args.repeats} time(s)" if set(ran.values()) <= {args.repeats} else
+                 "; ".join(f"{m}: {n} time(s)" for m, n in ran.items())
+                 + f" (of {args.repeats}"
+                 + (f", within a budget of {args.budget_min:g} min)" if args.budget_min else ")"))
+        note = (f"Each plan ran {times}, in rounds over the model's plans, "
                 f"{args.steps} steps each (medians after the warm-up); the median run is kept. "
                 f"Workers: 2 processes of 1 core each (gloo), profiled with the defaults (torch's "
                 f"threads and 1 thread); topology "
