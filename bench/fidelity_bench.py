@@ -18,7 +18,8 @@ top-2 Mixture-of-Experts MLP, token pruning by ``masked_select``) the benchmark
 3. simulates every plan (``dl-nfv simulate``) and runs it for real (``dl-nfv train``,
    each worker with its device's cores) ``--repeats`` times, in rounds over the model's
    plans so that a slow spell of the shared machine touches every plan alike, keeping
-   the median run;
+   the median run (with ``--budget-min M``, each model gets an equal share of the
+   minutes left, and a round after its first runs only where one as long fits there);
 4. writes predicted vs measured iteration times, the relative errors, per model the
    median and worst |error|, whether the measured best plan is predicted best (where
    it leads the next by more than ``SEPARABLE``) and how many pairs of plans further
@@ -44,6 +45,7 @@ other jobs' share of each kept run.
 Usage: python bench/fidelity_bench.py [--models mlp,resnet50,gpt2-small,unet,moe,prune]
        [--steps 8] [--repeats 3] [--topology FILE (default: measured per model)] [--work DIR]
        [--no-record] [--quick (a smoke run: 4 steps, 1 run, every run kept)] [--repeatability]
+       [--budget-min M]
 """
 
 from __future__ import annotations
