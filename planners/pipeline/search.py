@@ -490,9 +490,8 @@ def _best_move(problem: Problem, moves: Sequence[Layout], policies: Sequence[Pol
     """The fastest of ``moves`` by their best schedule. Each move is first timed by one
     list schedule (``screen_schedule``) and only the ``SCREENED_MOVES`` fastest by it get
     every schedule: the climbs are the largest part of the search, and a move that one
-    list schedule ranks below the third seldom wins on every schedule (on GPT-2 XL and
-    ResNet-152 at both batches of the TAG cluster the climbs end where scheduling every
-    move fully ends, in half the time)."""
+    list schedule ranks below the third seldom wins on every schedule
+    (docs/planners/pipeline.md says where this was measured)."""
     if len(moves) <= SCREENED_MOVES:
         timed = [x for lay in moves
                  if (x := evaluate(problem, lay, full=True, policies=policies)) is not None]
