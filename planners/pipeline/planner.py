@@ -68,6 +68,10 @@ POLISH_SIMULATED = 6  # per round: the swaps the scheduler times fastest, each s
 # 16 devices and 8 stages of 32 microbatches, 120 swaps take 30720: the winner stays
 POLISH_BUDGET = 16384
 POLISH_SHARE = 0.85  # of the time limit, after which no round of swaps starts
+# CPU s (``plan``'s default): the limit cuts the search only on the largest cases (16
+# heterogeneous devices at large batches, nested clusters of 64 GPUs and more), where a
+# shorter limit keeps a sub-cluster's or an earlier layout's plan, slower by up to half
+DEFAULT_TIME_LIMIT = 30.0
 SCHEDULES_SIMULATED = 4  # per candidate layout, its best schedules by the scheduler's estimate
 SEED_MICROBATCH_COUNTS = 2  # the baselines' layouts are also tried at the search's best counts
 # a graph the problem coarsened has hundreds of ops, and a simulation costs in proportion:
@@ -96,7 +100,7 @@ class _Draft:
 
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, microbatches: int = 0,
          max_stages: int = 0, max_replicas: int = 0, schedule: str = "auto",
-         time_limit: float = 10.0, optimizer: str = "sgd") -> Plan:
+         time_limit: float = DEFAULT_TIME_LIMIT, optimizer: str = "sgd") -> Plan:
     """Synchronous pipeline planning: partition, device mapping, microbatches, schedule.
 
     Parameters
@@ -319,7 +323,6 @@ def pipeline_bound(problem: Problem, cpu_s: float | None = None) -> Bound:
     return Bound(kept[0].ms, dict(kept[0].parts))
 
 
-DEFAULT_TIME_LIMIT = 10.0  # CPU s (``plan``'s default)
 BOUND_SHARE = 0.25  # of the plan's time limit, the most the stage-balanced bound refines for
 BOUNDS_KEPT = 8
 # pipeline_bound's, oldest first: (bound, CPU s it was given, whether that cut it)
