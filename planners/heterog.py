@@ -96,6 +96,24 @@ BASELINES = ("dp-even", "dp-prop", "ps-even", "ps-prop")
 STARTS = ("policy", "greedy", "random")
 
 
+def _start(problem, start: str, policy: str, seed: int, notes: list[str]):
+    """The strategy refinement starts from and where it came from: the policy's (noting an
+    extrapolation past the cluster sizes it was trained on), greedy or random, or a
+    uniform strategy where that simulates faster (``better_start``)."""
+    if start == "policy":
+        source = read_policy(policy or DEFAULT_POLICY)
+        first = greedy(load_policy(source), problem.env, problem.graph)
+        seen = source.trained_on.max_devices
+        if seen and len(problem.env.devices) > seen:
+            notes.append(f"the policy was trained on clusters of at most {seen} devices, this one "
+                         f"has {len(problem.env.devices)}: its start is extrapolated")
+    elif start == "greedy":
+        first = greedy_start(problem.env)
+    else:
+        first = random_start(problem.env, seed)
+    return better_start(problem.env, first, start)
+
+
 def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
          search_s: float = 30.0, max_evaluations: int = 2000,
          order_evaluations: int = ORDER_EVALUATIONS, groups: int = DEFAULT_GROUPS,
@@ -139,18 +157,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, policy: str = "",
         raise BadInput(f"{PLANNER}: microbatches must be at least 1, got {microbatches}")
     problem = problem_of(graph, topology, groups=groups, optimizer=opt)
     notes: list[str] = []
-    if start == "policy":
-        source = read_policy(policy or DEFAULT_POLICY)
-        first = greedy(load_policy(source), problem.env, problem.graph)
-        seen = source.trained_on.max_devices
-        if seen and len(problem.env.devices) > seen:
-            notes.append(f"the policy was trained on clusters of at most {seen} devices, this one "
-                         f"has {len(problem.env.devices)}: its start is extrapolated")
-    elif start == "greedy":
-        first = greedy_start(problem.env)
-    else:
-        first = random_start(problem.env, seed)
-    first, origin = better_start(problem.env, first, start)
+    first, origin = _start(problem, start, policy, seed, notes)
     refined = refine(problem.env, first, max_evaluations=max_evaluations, time_limit_s=search_s)
     options = {"policy": policy, "search_s": search_s, "max_evaluations": max_evaluations,
                "order_evaluations": order_evaluations, "groups": groups, "start": start,
