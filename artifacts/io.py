@@ -2,9 +2,12 @@
 
 Every artifact document starts with ``kind:`` and ``schema_version:``. The
 file extension picks the format on save (``.json`` or ``.yaml``/``.yml``);
-loading accepts either. Writes are atomic (a temporary file renamed over the
-target), so a failed write never leaves a half-written or emptied file, and a
-file that cannot be written is ``UnwritableOutput`` naming the path. No
+loading accepts either. Writes to a file are atomic (a temporary file renamed
+over the target), so a failed write never leaves a half-written or emptied file,
+and a file that cannot be written is ``UnwritableOutput`` naming the path. An
+existing path that is no regular file or folder (``/dev/null``, a pipe, a
+socket: ``special_file``) cannot be renamed over; it is written straight
+through, as JSON unless its name ends in a known extension. No
 artifact holds NaN or Infinity: they are refused on load (``records``) and on
 save (``NonFiniteNumber`` naming the field), in JSON and YAML alike.
 """
@@ -16,6 +19,7 @@ import importlib
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -163,12 +167,27 @@ def dumps(record: Any, *, fmt: str = "json") -> str:
 FORMATS = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 
 
+def special_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` exists and is neither a regular file nor a folder: a device such
+    as ``/dev/null``, a pipe (``>(cmd)``), a socket. Links are followed."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def format_of(path: str | os.PathLike) -> str:
-    """``json`` or ``yaml`` by the file's extension; ``BadInput`` for any other extension."""
+    """``json`` or ``yaml`` by the file's extension; ``BadInput`` for any other extension.
+
+    A special file (``special_file``) without a known extension is written as JSON.
+    """
     suffix = Path(path).suffix.lower()
     try:
         return FORMATS[suffix]
     except KeyError:
+        if special_file(path):
+            return "json"
         raise BadInput(f"{path}: unknown extension {suffix or '(none)'!r}; an artifact file ends "
                        f"in .json, .yaml or .yml") from None
 
@@ -184,9 +203,18 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder, then rename.
 
     Raises ``UnwritableOutput`` naming ``path`` when it cannot be written; the file that
-    was there before, if any, is left as it was.
+    was there before, if any, is left as it was. A special file (``special_file``:
+    ``/dev/null``, a pipe) is written straight through, since renaming over it would
+    replace the device with a file.
     """
     path = Path(path)
+    if special_file(path):
+        try:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise UnwritableOutput(f"{path}: cannot write: {exc.strerror or exc}") from None
+        return
     folder = path.parent
     if not folder.exists():
         raise UnwritableOutput(f"{path}: folder {folder} does not exist")
