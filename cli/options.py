@@ -8,7 +8,9 @@ Where output goes (DESIGN.md §10; docs/user-guide.md states it for users):
   (op graph, topology, plan) as its document, so ``> file`` works; a report,
   comparison or listing as tables for a person.
 * ``-o FILE`` writes the result to FILE (its extension picks the format) and
-  keeps stdout empty unless ``--json`` is given too.
+  keeps stdout empty unless ``--json`` is given too. ``-o /dev/null`` (any
+  existing device or pipe) takes the result as it is, JSON unless its name ends
+  in a known extension, so a Makefile can discard it.
 * stderr carries everything else — summaries, progress bars — and only when it
   is a terminal; errors are one line there.
 * Tables are as wide as their content when the stream is not a terminal (a log,
@@ -30,7 +32,7 @@ from typing import Any
 import click
 
 from dl_nfv.artifacts import dumps, load, save
-from dl_nfv.artifacts.io import FORMATS
+from dl_nfv.artifacts.io import FORMATS, special_file
 from dl_nfv.artifacts.records import to_data
 
 # Width a table may take on a stream that is not a terminal: wide enough for any table
@@ -57,14 +59,24 @@ class Number(click.FloatRange):
         return result
 
 
-def check_output_path(path: Path, suffixes: Iterable[str]) -> Path:
+def check_output_path(path: Path, suffixes: Iterable[str], *, special: bool = True) -> Path:
     """``path`` if a result can be written there; ``click.BadParameter`` naming it if not.
 
     The extension must be one of ``suffixes``; the folder must exist and be writable, and
     an existing file there must be a writable file. Checked before any work is done, so a
-    bad ``-o`` costs nothing and leaves the file that is there as it was.
+    bad ``-o`` costs nothing and leaves the file that is there as it was. An existing
+    device or pipe (``/dev/null``: ``special_file``) is taken whatever its name, if
+    writable, unless ``special`` is false (an output that writes files beside its own).
     """
     suffixes = tuple(suffixes)
+    if special_file(path):
+        if not special:
+            raise click.BadParameter(f"{str(path)!r}: is a device or pipe; this output "
+                                     f"needs a regular file, with the extension "
+                                     f"{' or '.join(suffixes)}")
+        if not os.access(path, os.W_OK):
+            raise click.BadParameter(f"{str(path)!r}: is not writable")
+        return path
     if path.suffix.lower() not in suffixes:
         raise click.BadParameter(f"{str(path)!r}: the extension must be "
                                  f"{', '.join(suffixes[:-1])}{' or ' if len(suffixes) > 1 else ''}"
@@ -97,12 +109,14 @@ def check_output_folder(path: Path | None) -> Path | None:
 def output_option(help_text: str = "Write the result to this file (.json, .yaml or .yml).",
                   suffixes: Iterable[str] = ARTIFACT_SUFFIXES, flags: tuple[str, ...] = ("-o",
                                                                                          "--output"),
-                  name: str = "output", required: bool = False) -> Callable:
-    """``-o FILE``: a result file whose extension is one of ``suffixes``, checked up front."""
+                  name: str = "output", required: bool = False,
+                  special: bool = True) -> Callable:
+    """``-o FILE``: a result file whose extension is one of ``suffixes``, checked up front
+    (``check_output_path``; ``special=False`` refuses ``/dev/null`` and other devices)."""
     suffixes = tuple(suffixes)
 
     def convert(ctx, param, value):
-        return None if value is None else check_output_path(value, suffixes)
+        return None if value is None else check_output_path(value, suffixes, special=special)
 
     return click.option(*flags, name, type=click.Path(dir_okay=False, path_type=Path),
                         required=required, callback=convert, help=help_text)
