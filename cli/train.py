@@ -18,7 +18,8 @@ from .options import JSON_SUFFIXES, Number, deliver, json_option, output_option,
 @output_option("Write the run-report to this file (.json or .yaml).")
 @json_option
 @output_option("Write a torch.profiler Chrome trace (.json) of 3 steps after warm-up, one row "
-               "per rank.", suffixes=JSON_SUFFIXES, flags=("--trace",), name="trace")
+               "per rank.", suffixes=JSON_SUFFIXES, flags=("--trace",), name="trace",
+               special=False)
 @click.option("--data", default=None, metavar="MODULE:FACTORY",
               help="Batches from factory(batch_size=, seed=) yielding (inputs, target) global "
                    "batches, instead of synthetic ones of the profiled shape.")
