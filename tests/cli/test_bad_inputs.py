@@ -233,6 +233,7 @@ CASES: list[tuple[str, list[str]]] = [
     ("train --timeout-s inf", ["train", "{plan}", "--timeout-s", "inf", *OUT]),
     ("train --backend", ["train", "{plan}", "--backend", "mpi", *OUT]),
     ("train -o .txt", ["train", "{plan}", "-o", "{dir}/run.txt"]),
+    ("train --trace /dev/null", ["train", "{plan}", "--trace", "/dev/null", *OUT]),
     ("train --trace .txt", ["train", "{plan}", "--trace", "{dir}/t.txt", *OUT]),
     ("train missing plan", ["train", "{dir}/nope.json", *OUT]),
     ("train a graph", ["train", "{g}", *OUT]),
