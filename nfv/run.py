@@ -42,7 +42,6 @@ from dl_nfv.artifacts.nfvreport import (  # noqa: E402
 
 from .engines import parse_engine  # noqa: E402
 from .engines.runner import EngineOptions, EngineResult, run_engine, usable_cores  # noqa: E402
-from .engines.sharded import run_sharded  # noqa: E402
 from .nfs.snort import load_rules  # noqa: E402
 from .traffic.capture import release_freed  # noqa: E402
 from .traffic.http import METHODS  # noqa: E402
@@ -111,6 +110,8 @@ def _run(config: NfConfig, trace_path, choice, options: EngineOptions, trace: Tr
     if trace is None:  # flows built by as many processes as the NFs get cores
         shards = options.workers or usable_cores()
         if choice.kind == "cpu" and shards > 1:  # each shard its flows and their NFs
+            from .engines.sharded import run_sharded  # (its fork machinery: only here)
+
             trace, result = run_sharded(trace_path, config.chain, choice, options, shards)
             stages.update(trace.stages_s)
             parse_s = stages["read"] + stages["decode"] + stages["flows"]

@@ -38,10 +38,11 @@ processes, as receive-side scaling splits a NIC's queues:
 
 The message bytes stay in the shard that framed them: the merged ``Trace`` has
 no payload (``blob`` empty, ``msg_offset`` -1), only what a report reads.
-Fewer than ``shards.MIN_SHARD_PACKETS`` packets per shard, or no ``fork``: one
-process builds the trace (the shards forked for the walk told to stop) and the
-engine runs with the worker pool as usual. A
-shard that fails raises ``RuntimeFailure``.
+Fewer than ``shards.MIN_SHARD_PACKETS`` packets per shard: one process builds
+the trace (the shards forked for the walk told to stop) and runs the chain over
+it itself (one in-process worker: forking would cost more than such a trace's
+NFs); no ``fork``: one process builds the trace and the engine runs with the
+worker pool as usual. A shard that fails raises ``RuntimeFailure``.
 """
 
 from __future__ import annotations
@@ -111,14 +112,16 @@ def run_sharded(path, specs, choice: EngineChoice, options: EngineOptions, shard
     else:
         records = span_table(path, data, malformed)
     read_s = time.perf_counter() - t0
-    if len(records) // flow_shards.MIN_SHARD_PACKETS < shards or not hasattr(os, "fork"):
+    small = len(records) // flow_shards.MIN_SHARD_PACKETS < shards
+    if small or not hasattr(os, "fork"):
         for _, conn, proc in children:
             conn.send(("stop",))
             conn.close()
             proc.join()
         if job.fd is not None:
             os.close(job.fd)
-        return _one_process(job, records, malformed, read_s, options)
+        # too few packets to pay for a fork: the NFs too run in this process
+        return _one_process(job, records, malformed, read_s, job.options if small else options)
     release_pages(data)  # the walk touched every page; each shard decodes only its part
     context = mp.get_context("fork")
     t1 = time.perf_counter()

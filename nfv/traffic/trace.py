@@ -22,7 +22,6 @@ from .assemble import Assembled, assemble
 from .capture import open_mapped, span_table
 from .columnar import PacketColumns, decode_records
 from .pcap import RECORD_REASONS, TCP, MalformedCounts, address_text
-from .shards import assemble_sharded
 
 PROTO_NAMES = {6: "tcp", 17: "udp"}
 
@@ -144,6 +143,8 @@ def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0, per_packet: bo
     t2 = time.perf_counter()
     idle_us = int(idle_timeout_s * 1_000_000)
     if workers > 1 and not per_packet:
+        from .shards import assemble_sharded  # (its fork machinery: only here)
+
         table = assemble_sharded(cols, stats, workers, idle_timeout_us=idle_us)
     else:
         table = assemble(cols, stats, idle_timeout_us=idle_us, per_packet=per_packet)

@@ -120,12 +120,16 @@ def test_a_failing_shard_is_a_runtime_failure(tmp_path, small_shards, monkeypatc
 
 
 def test_few_packets_run_in_one_process(tmp_path):
-    """Under ``MIN_SHARD_PACKETS`` packets per shard: one trace, the usual worker pool."""
+    """Under ``MIN_SHARD_PACKETS`` packets per shard: one trace, and the chain run over it
+    in this process (no worker forked), with the outputs of a one-worker run."""
     path = tmp_path / "t.pcap"
     generate_trace(TraceSpec(flows=10, seed=4), path)
     trace, result = sharded.run_sharded(path, _chain(False), CPU, EngineOptions(workers=2), 2)
     assert len(trace.blob) == int(trace.msg_len.sum()) > 0  # the bytes are here
-    assert result.workers == 2 and "merge" not in trace.stages_s
+    assert result.workers == 1 and "merge" not in trace.stages_s
+    ref = load_trace(path)
+    expected = run_engine(ref, _chain(False), CPU, EngineOptions(workers=1))
+    assert np.array_equal(result.monitor, expected.monitor) and result.alerts == expected.alerts
 
 
 @pytest.mark.parametrize("seed", range(3))
