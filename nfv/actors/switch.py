@@ -478,7 +478,9 @@ class Switch(CentralController):
         if payload["mode"] == "central":
             self.start_central(migration, flows, given)
             return
-        self.endpoint.send(self.runtimes[source].address, "migrate_out", (destination, given))
+        # One message for all the flows, by column: ids, committed marks, replicas.
+        self.endpoint.send(self.runtimes[source].address, "migrate_out", (
+            destination, migration.flows, [g[1] for g in given], [g[2] for g in given]))
         for flow in flows:  # the flows' next packets go to the destination, which holds them
             flow.primary = destination
 

@@ -95,7 +95,7 @@ def test_migrated_state_may_arrive_before_or_after_the_packets(tmp_path, state_f
         told = []
         destination.tell = lambda address, kind, body: told.append((kind, body))
         source.tell = lambda address, kind, body: told.append((kind, body))
-        source.on_migrate_out("switch", ("rt2", [(0, half, replica)]))
+        source.on_migrate_out("switch", ("rt2", [0], [half], [replica]))
         (kind, states), = told
         assert kind == "migrate_in" and 0 not in source.primaries
         assert (0 in source.replicas) == (replica == "rt1")
@@ -153,7 +153,7 @@ def test_a_source_named_replica_before_its_migrate_out_keeps_the_copy(tmp_path):
         source.on_snapshot("rt2", replica.snapshots.pop("rt1"))
         source.on_deltas("rt2", replica.deltas.pop("rt1"))
         assert 0 in source.primaries  # stale: its migrate_out is still on its way
-        source.on_migrate_out("switch", ("rt3", [(0, half, "rt2")]))
+        source.on_migrate_out("switch", ("rt3", [0], [half], ["rt2"]))
         assert 0 not in source.primaries
         copy = source.replicas[0]
         assert (copy.seq, copy.states) == expected[0]
