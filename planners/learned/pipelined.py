@@ -23,10 +23,11 @@ Method (``pipelined``):
    ``microbatches``, with each schedule; a batching under which some replica would
    hold fewer samples than microbatches is invalid and penalised); the best pair is kept.
 3. **Refinement.** Where the best pair has more than one microbatch, TAG's refinement
-   (``tag.polish``) climbs it: boundary moves (a group takes a neighbour's strategy, so a
-   stage boundary moves), then the batching with the placement repaired for it, then
-   every single-group move over HeteroG's candidates, first improvement, until a local
-   optimum or ``max_evaluations`` simulations in all or ``time_limit_s`` CPU seconds.
+   (``tag.polish``) climbs it: each stage cut at its best position between its
+   neighbours, then the batching with the placement repaired for it, then every
+   single-group move over HeteroG's candidates, first improvement, until a local optimum
+   or ``max_evaluations`` simulations in all or ``time_limit_s`` CPU seconds; the result
+   is simulated at every batching last.
 
 Returns the best (strategies, batching) met and its outcome, never worse than the given
 strategy at one microbatch. Complexity: (starts x batchings) + ``max_evaluations``

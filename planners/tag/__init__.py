@@ -6,7 +6,7 @@
   schedule) a strategy per group runs as, and other planners' plans as TAG strategies;
 * ``mcts`` — PUCT tree search over the batching and per-group strategies, leaves
   simulated exactly;
-* ``polish`` — refinement over boundary and single-group moves and the repaired batching;
+* ``polish`` — refinement over stage cuts, single-group moves and the repaired batching;
 * ``planner`` — ``plan``: seeds, search, refinement, the fallbacks, SFB;
 * ``learn`` — AlphaZero-style training from the searches' visit counts and outcomes;
 * ``topogen`` — seeded random heterogeneous topologies (``random:N`` specs).

@@ -20,11 +20,11 @@ Method, ``plan``:
    shipped policy, ``DEFAULT_POLICY``, unless ``policy`` names another) or uniform priors
    (``priors: uniform``); every strategy the search finishes or rolls out is simulated
    exactly, and the best one met is kept.
-4. **Refinement** (``tag.polish``). Hill climbing on the simulator: stage-boundary
-   moves (a group takes a neighbour's strategy), then single-group moves over HeteroG's
+4. **Refinement** (``tag.polish``). Hill climbing on the simulator: each stage cut at
+   its best position between its neighbours, single-group moves over HeteroG's
    candidates and the seeds' strategies, and the batching with the placement repaired
-   for its microbatch count, in turn, within ``max_evaluations`` simulations and the CPU
-   time the search left of ``time_limit``.
+   for its microbatch count, in turn; last, the result at every batching; within
+   ``max_evaluations`` simulations and the CPU time the search left of ``time_limit``.
 5. **Never slower than the fallbacks.** The four DP baselines and the ``others``
    planners' plans (which TAG's strategies only approximate: other stage boundaries,
    batch shares, gradient buckets, list-scheduled orders) are simulated; where the

@@ -1,28 +1,40 @@
-"""Refinement of TAG's search result: boundary and single-group moves, then the batching
-with the placement repaired for it, in turn.
+"""Refinement of TAG's search result: stage cuts and single-group moves, then the batching
+with the placement repaired for it, in turn; last, the result at every batching.
 
-Method: first-improvement hill climbing on the simulator at the search's batching. A
-sweep visits the groups in order and tries, for each, first the **boundary moves** (the
-group takes its predecessor's or its successor's strategy: a pipeline stage boundary
-moves by one op group, whatever the strategies, seeds' replica sets included), then
-every other **option**: HeteroG's candidates (``learned.decoder.candidates``), the
-strategies the current placement and ``extra`` (the seeds') use, and each replica set's
-other batch balance (even or speed-proportional). A move is kept as soon as the reward
-improves by more than a relative ``IMPROVEMENT`` (so ties never cycle); sweeps repeat
-until one makes no move. Then every other batching among ``choices`` is simulated twice:
-with the climbed groups as they are, and **repaired** for its microbatch count (each
-replicated group whose least replica would hold fewer samples than microbatches takes
-its even-balance variant where that holds enough, else its fastest replica alone), so a
-microbatch count changes jointly with the placements it needs. Where one is faster, it
-is taken and the groups are climbed again at it. Rounds repeat until the batching stays,
-within ``max_evaluations`` simulations in all (deterministic) and ``time_limit_s`` CPU
-seconds (a safety net).
+Method: hill climbing on the simulator at the search's batching, in two kinds of move.
 
-Returns the best strategy met, never worse than the start. Complexity per sweep:
-groups x (2 + options) simulations; per batching round, 2 x batchings.
+* **Cut placement.** The runs of consecutive op groups with one strategy are the
+  pipeline's stages; each boundary between two runs is in turn simulated at every other
+  position from the first run's first group to the second run's end (either run may
+  vanish) and placed at the best (an exact line search over one cut: the time as a
+  function of a cut is not unimodal, since the bytes crossing it vary along the model,
+  e.g. falling after each pooling layer of a CNN, so moving a cut one group at a time
+  stops at the first local optimum). Sweeps over the boundaries repeat until none moves.
+* **Single-group moves**, first improvement: each group in order tries every
+  **option**: HeteroG's candidates (``learned.decoder.candidates``), the strategies the
+  current placement and ``extra`` (the seeds') use, and each replica set's other batch
+  balance (even or speed-proportional).
 
-Limits: single-group moves only (no two groups changed at once but by the repair); the
-stage boundaries are op-group boundaries.
+A move is kept where the reward improves by more than a relative ``IMPROVEMENT`` (so
+ties never cycle); the climb alternates cut placement and a sweep of single-group moves
+until the sweep moves nothing. Then every other batching among ``choices`` is simulated
+twice: with the climbed groups as they are, and **repaired** for its microbatch count
+(each replicated group whose least replica would hold fewer samples than microbatches
+takes its even-balance variant where that holds enough, else its fastest replica alone),
+so a microbatch count changes jointly with the placements it needs. Where one is faster,
+it is taken and the groups are climbed again at it. Cut placement alone is climbed until
+the batching stays, then both kinds of move, until the batching stays again. Last, the
+result is simulated at every batching (a simulation a batching is held back for this),
+so the final placement always gets its best microbatch count and schedule. Within
+``max_evaluations`` distinct simulations in all (memoised; deterministic) and
+``time_limit_s`` CPU seconds (a safety net).
+
+Returns the best strategy met, never worse than the start. Complexity: per cut sweep
+about 2 x groups simulations; per single-group sweep, groups x options; per batching
+round, 2 x batchings.
+
+Limits: no two groups changed at once but by a cut or the repair; the stage boundaries
+are op-group boundaries.
 """
 
 from __future__ import annotations
@@ -34,7 +46,7 @@ from dataclasses import dataclass, replace
 from ..base import device_speeds
 from ..learned.decoder import candidates
 from ..learned.env import GroupStrategy, Outcome
-from .batching import BatchedEnv, Batching
+from .batching import BatchedEnv, Batching, runs
 
 IMPROVEMENT = 1e-9
 
@@ -50,49 +62,75 @@ class Polished:
 
 
 class _Budget:
-    def __init__(self, evaluations: int, time_limit_s: float):
-        self.left, self.deadline = evaluations, time.process_time() + time_limit_s
+    """The simulations left, memoised: a strategy already simulated at a batching costs
+    nothing; ``reserve`` simulations are kept back until ``release``."""
 
-    def spend(self) -> bool:
-        """Take one simulation; False where none is left."""
-        if self.left <= 0 or time.process_time() > self.deadline:
-            return False
-        self.left -= 1
-        return True
+    def __init__(self, env: BatchedEnv, evaluations: int, time_limit_s: float, reserve: int = 0):
+        self.env = env
+        self.reserve = max(0, min(reserve, evaluations - 1))  # the first simulation is never held
+        self.left = evaluations - self.reserve
+        self.deadline = time.process_time() + time_limit_s
+        self.memo: dict[tuple[tuple[GroupStrategy, ...], Batching], Outcome] = {}
+
+    def release(self) -> None:
+        self.left, self.reserve = self.left + self.reserve, 0
+
+    @property
+    def spent(self) -> int:
+        return len(self.memo)
+
+    def evaluate(self, strategies: Sequence[GroupStrategy], batching: Batching) -> Outcome | None:
+        """The outcome of ``strategies`` at ``batching``; None where no simulation is left."""
+        key = (tuple(strategies), batching)
+        if key not in self.memo:
+            if self.left <= 0 or time.process_time() > self.deadline:
+                return None
+            self.left -= 1
+            self.memo[key] = self.env.evaluate(key[0], batching)
+        return self.memo[key]
+
+
+def _better(outcome: Outcome | None, best: Outcome) -> bool:
+    return outcome is not None and outcome.reward > best.reward + IMPROVEMENT * abs(best.reward)
 
 
 def polish(env: BatchedEnv, strategies: Sequence[GroupStrategy], batching: Batching,
            choices: Sequence[Batching], *, max_evaluations: int = 1000,
            time_limit_s: float = 30.0, extra: Sequence[GroupStrategy] = ()) -> Polished:
     """Climb ``strategies`` at ``batching``, then the batching among ``choices`` with the
-    placement repaired for it, in turn (module docstring)."""
-    budget = _Budget(max_evaluations, time_limit_s)
+    placement repaired for it, in turn; last, the result at every batching (module
+    docstring)."""
+    budget = _Budget(env, max(1, max_evaluations), time_limit_s, reserve=len(choices))
     current = tuple(strategies)
-    budget.spend()
-    best = env.evaluate(current, batching)
+    best = budget.evaluate(current, batching)
+    assert best is not None  # the first simulation is always within the budget
     tried: set[Batching] = set()
     wide = options(env, [*current, *extra])
-    full = False  # boundary moves only until the batching stays, then every option
+    full = False  # cut moves only until the batching stays, then every option
     while True:
         tried.add(batching)
-        current, best = climb(env, current, batching, best, wide if full else (), budget)
+        current, best = climb(current, batching, best, wide if full else (), budget)
         moved = None
         for other in choices:
             if other in tried:
                 continue
             for trial in dict.fromkeys([current, repaired(env, current, other.microbatches)]):
-                if not budget.spend():
-                    break
-                outcome = env.evaluate(trial, other)
-                if outcome.reward > best.reward + IMPROVEMENT * abs(best.reward):
+                outcome = budget.evaluate(trial, other)
+                if _better(outcome, best):
                     moved, best, current = other, outcome, trial
         if moved is None:
             if full or budget.left <= 0:
-                return Polished(strategies=current, batching=batching, outcome=best,
-                                evaluations=max_evaluations - budget.left)
+                break
             full, tried = True, set()
             continue
         batching = moved
+    budget.release()
+    for other in choices:  # the result at every batching (memoised where already met)
+        outcome = budget.evaluate(current, other)
+        if _better(outcome, best):
+            batching, best = other, outcome
+    return Polished(strategies=current, batching=batching, outcome=best,
+                    evaluations=budget.spent)
 
 
 def options(env: BatchedEnv, used: Sequence[GroupStrategy]) -> list[GroupStrategy]:
@@ -106,26 +144,68 @@ def options(env: BatchedEnv, used: Sequence[GroupStrategy]) -> list[GroupStrateg
     return list(dict.fromkeys(out))
 
 
-def climb(env: BatchedEnv, start: tuple[GroupStrategy, ...], batching: Batching, best: Outcome,
+def climb(start: tuple[GroupStrategy, ...], batching: Batching, best: Outcome,
           moves: Sequence[GroupStrategy], budget: _Budget) -> tuple[tuple[GroupStrategy, ...], Outcome]:
-    """First-improvement hill climbing by boundary, then single-group moves (module
-    docstring); returns the best strategy met and its outcome."""
-    current = list(start)
+    """Cut moves, then first-improvement single-group moves over ``moves``, in turn, until
+    neither helps (module docstring); returns the best strategy met and its outcome."""
+    current = tuple(start)
+    while True:
+        current, best, _ = place_cuts(current, batching, best, budget)
+        current, best, moved = _single(current, batching, best, moves, budget)
+        if not moved or budget.left <= 0:
+            return current, best
+
+
+def place_cuts(start: tuple[GroupStrategy, ...], batching: Batching, best: Outcome,
+               budget: _Budget) -> tuple[tuple[GroupStrategy, ...], Outcome, bool]:
+    """Each stage boundary in turn placed at its best position between its neighbours,
+    until a sweep moves none; returns the strategy, its outcome and whether any moved."""
+    current, moved_any = start, False
     moved = True
     while moved:
         moved = False
-        for g in range(len(current)):
-            near = [current[k] for k in (g - 1, g + 1) if 0 <= k < len(current)]
-            for option in dict.fromkeys([*near, *moves]):
-                if option == current[g]:
-                    continue
-                if not budget.spend():
-                    return tuple(current), best
-                trial = [*current[:g], option, *current[g + 1:]]
-                outcome = env.evaluate(trial, batching)
-                if outcome.reward > best.reward + IMPROVEMENT * abs(best.reward):
-                    current, best, moved = trial, outcome, True
-    return tuple(current), best
+        for k in range(len(runs(current)) - 1):
+            spans = runs(current)
+            if k + 1 >= len(spans):
+                break
+            found = None
+            for trial in cut_moves(current, spans[k], spans[k + 1]):
+                outcome = budget.evaluate(trial, batching)
+                if outcome is None:
+                    return found or current, best, moved_any or found is not None
+                if _better(outcome, best):
+                    found, best = trial, outcome
+            if found is not None:
+                current, moved, moved_any = found, True, True
+    return current, best, moved_any
+
+
+def cut_moves(strategies: Sequence[GroupStrategy], left: range,
+              right: range) -> list[tuple[GroupStrategy, ...]]:
+    """The boundary between two consecutive runs moved to every other position from the
+    left run's first group to the right run's end (either run may vanish)."""
+    a, b, c = left.start, right.start, right.stop
+    head, tail = tuple(strategies[:a]), tuple(strategies[c:])
+    s, t = strategies[a], strategies[b]
+    return [(*head, *(s,) * (p - a), *(t,) * (c - p), *tail) for p in range(a, c + 1) if p != b]
+
+
+def _single(start: tuple[GroupStrategy, ...], batching: Batching, best: Outcome,
+            moves: Sequence[GroupStrategy], budget: _Budget) -> tuple[tuple[GroupStrategy, ...], Outcome, bool]:
+    """One first-improvement sweep of single-group moves over ``moves``; returns the
+    strategy, its outcome and whether any move was kept."""
+    current, moved = list(start), False
+    for g in range(len(current)):
+        for option in moves:
+            if option == current[g]:
+                continue
+            trial = (*current[:g], option, *current[g + 1:])
+            outcome = budget.evaluate(trial, batching)
+            if outcome is None:
+                return tuple(current), best, moved
+            if _better(outcome, best):
+                current, best, moved = list(trial), outcome, True
+    return tuple(current), best, moved
 
 
 def repaired(env: BatchedEnv, strategies: Sequence[GroupStrategy],
