@@ -1,8 +1,10 @@
 """The network probe's rounds: a busy stretch of the machine slows rounds, not the estimate.
 
 The slow stretch is injected into the probe's timing source (a wrapped ``perf_counter`` and
-``process_time`` that add time to the end readings of chosen messages), deterministically;
-gloo, the processes and the messages are real.
+``process_time`` that add time to the end readings of chosen messages), deterministically.
+The AllReduce rounds run in this process, in a one-rank gloo group, on a clock that ticks a
+fixed step per reading, so every round's time is known exactly; the whole probe (two spawned
+processes, gloo, real messages: seconds of start-up) is ``slow``.
 """
 
 from __future__ import annotations
@@ -12,11 +14,29 @@ import time
 import pytest
 
 from dl_nfv.profilers.network import ProbeConfig, probe_network
-from dl_nfv.profilers.network_rounds import AGREE, fastest_round, more_rounds, settled
+from dl_nfv.profilers.network_rounds import (
+    AGREE,
+    allreduce_rounds,
+    fastest_round,
+    more_rounds,
+    settled,
+)
 
 SIZES = (1024, 4096, 16384)  # up to 1 MiB: 5 messages of each size a round
 ROUNDS = 3
 EXTRA_S = 0.05  # added to a slowed message's end reading (wall and CPU)
+STEP_S = 1e-4  # what the ticking clock advances per reading: every message takes this
+
+
+class Ticks:
+    """A clock that advances ``STEP_S`` at every reading (picklable)."""
+
+    def __init__(self):
+        self.readings = 0
+
+    def __call__(self) -> float:
+        self.readings += 1
+        return self.readings * STEP_S
 
 
 class SlowStretches:
@@ -51,6 +71,53 @@ def test_rounds_are_added_while_a_sizes_two_fastest_disagree_up_to_the_most():
     assert not more_rounds(6, [[1.0, 9.0, 9.0, 9.0, 9.0, 9.0]], config)  # the most
 
 
+@pytest.fixture
+def one_rank_group():
+    """A gloo process group of this process alone, taken down after the test."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield {s: torch.ones(s // 4) for s in SIZES}
+    finally:
+        dist.destroy_process_group()
+
+
+def _allreduce_config(slowed: tuple[int, int], max_rounds_factor: int) -> ProbeConfig:
+    """AllReduce rounds on the ticking clock, rounds ``slowed[0]`` up to ``slowed[1]`` slowed."""
+    per_round = 2 * sum(ProbeConfig().per_round(s) for s in SIZES)  # readings a round
+    clock = SlowStretches(Ticks(), ((slowed[0] * per_round, slowed[1] * per_round),))
+    return ProbeConfig(sizes=SIZES, repeats=ROUNDS, warmup=1, clock=clock,
+                       max_rounds_factor=max_rounds_factor)
+
+
+FAST, SLOW = STEP_S, STEP_S + EXTRA_S  # a round's time for every size, undisturbed or slowed
+
+
+@pytest.mark.parametrize("slowed,factor,expected,estimate,median", [
+    # two of three slowed, no room for more: the third is the estimate, a slowed one the median
+    ((0, 2), 1, [SLOW, SLOW, FAST], FAST, SLOW),
+    # one fast round of three is not trusted until a second agrees with it
+    ((1, 3), 2, [FAST, SLOW, SLOW, FAST], FAST, (FAST + SLOW) / 2),
+    # ... nor when none comes before the most rounds (2 x 3)
+    ((1, 6), 2, [FAST, SLOW, SLOW, SLOW, SLOW, SLOW], FAST, SLOW),
+    # three that agree, slowed or not, are settled: a load through every round stays in
+    ((0, 3), 2, [SLOW, SLOW, SLOW], SLOW, SLOW),
+], ids=["estimate-undisturbed", "added-until-two-agree", "added-up-to-the-most", "settled"])
+def test_allreduce_rounds_of_a_busy_stretch(one_rank_group, slowed, factor, expected, estimate,
+                                            median):
+    import torch
+
+    rounds = allreduce_rounds(one_rank_group, _allreduce_config(slowed, factor),
+                              torch.device("cpu"))
+    assert rounds == [pytest.approx(expected)] * len(SIZES)
+    assert [fastest_round(r) for r in rounds] == [pytest.approx((estimate, median))] * len(SIZES)
+
+
+@pytest.mark.slow
 def test_a_busy_stretch_over_two_of_three_rounds_leaves_the_probes_figures_alone():
     # no added rounds (max_rounds_factor 1): the stretches fall where the test puts them
     config = ProbeConfig(sizes=SIZES, repeats=ROUNDS, warmup=1, max_rounds_factor=1)
