@@ -52,9 +52,9 @@ from itertools import chain
 import numpy as np
 
 from .capture import release_freed, release_pages
-from .columnar import OK, PacketColumns
+from .columnar import OK, PacketColumns, http_starts
 from .flows import FlowState, FlowTable, Message
-from .http import REQUEST, RESPONSE, frame_whole, looks_like_http_request
+from .http import REQUEST, RESPONSE, frame_whole
 from .pcap import ACK, FIN, RST, SYN, TCP
 
 SEQ_MOD = 1 << 32
@@ -151,10 +151,9 @@ def key_table(cols: PacketColumns, rows: np.ndarray) -> tuple[np.ndarray, np.nda
     two address words and port, the higher one's), the same for both directions; and
     whether the packet's source is the lower endpoint."""
     alen = cols.addr_len[rows]
-    src = np.column_stack([*_address_words(cols.buf, cols.src_off[rows], alen),
-                           cols.sport[rows].astype(np.uint64)])
-    dst = np.column_stack([*_address_words(cols.buf, cols.dst_off[rows], alen),
-                           cols.dport[rows].astype(np.uint64)])
+    (src_hi, src_lo), (dst_hi, dst_lo) = _address_words(cols, rows, alen)
+    src = np.column_stack([src_hi, src_lo, cols.sport[rows].astype(np.uint64)])
+    dst = np.column_stack([dst_hi, dst_lo, cols.dport[rows].astype(np.uint64)])
     # the endpoint that sorts first, as 3 words, decides the key's orientation
     n = len(rows)
     first_diff = np.argmax(src != dst, axis=1)
@@ -165,18 +164,43 @@ def key_table(cols: PacketColumns, rows: np.ndarray) -> tuple[np.ndarray, np.nda
     return np.column_stack([proto, alen.astype(np.uint64), low, high]), src_low
 
 
-def _address_words(buf: np.ndarray, offs: np.ndarray, alen: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """The address at each offset as two big-endian 64-bit words, zero past its length
-    (4 or 16 bytes); gathered one byte position at a time, so the temporaries are one
-    column, not a [packets, 16] index."""
-    words = (np.zeros(len(offs), dtype=np.uint64), np.zeros(len(offs), dtype=np.uint64))
-    last = len(buf) - 1
-    for j in range(16):
-        byte = buf[np.minimum(offs + j, last)].astype(np.uint64)
-        byte[alen <= j] = 0
-        words[j // 8][:] |= byte << np.uint64(8 * (7 - j % 8))
-    return words
+def _address_words(cols: PacketColumns, rows: np.ndarray, alen: np.ndarray):
+    """The source and destination address of each of ``rows`` as two big-endian 64-bit
+    words each (high, low), zero past the address's length (4 or 16 bytes).
+
+    The reads are random accesses into the capture, a cache miss each, so a packet's
+    addresses are read in one gather where they lie side by side (as the IP header has
+    them: source, then destination): the ``2 * length`` bytes from the source's offset
+    as one row of ``[packets, 2 * length]`` indices. A packet whose addresses lie apart
+    (one decoded by the reference decoder) has each read on its own."""
+    buf = cols.buf
+    src_off, dst_off = cols.src_off[rows], cols.dst_off[rows]
+    n = len(rows)
+    words = [np.zeros(n, dtype=np.uint64) for _ in range(4)]  # src hi, lo, dst hi, lo
+    for size, dtype in ((4, ">u4"), (16, ">u8")):
+        sized = alen == size
+        side_by_side = dst_off == src_off + size
+        paired = np.flatnonzero(sized & side_by_side)
+        apart = np.flatnonzero(sized & ~side_by_side)
+        for picked, spans in ((paired, ((src_off, 2 * size),)),
+                              (apart, ((src_off, size), (dst_off, size)))):
+            if len(picked) == 0:
+                continue
+            value = np.concatenate([_gather_rows(buf, off[picked], width).view(dtype)
+                                    for off, width in spans], axis=1).astype(np.uint64)
+            if size == 4:  # one word per address: the high one, its low 32 bits zero
+                words[0][picked] = value[:, 0] << np.uint64(32)
+                words[2][picked] = value[:, 1] << np.uint64(32)
+            else:
+                for j in range(4):
+                    words[j][picked] = value[:, j]
+    return (words[0], words[1]), (words[2], words[3])
+
+
+def _gather_rows(buf: np.ndarray, offs: np.ndarray, width: int) -> np.ndarray:
+    """``[len(offs), width]`` uint8: ``buf[off:off + width]`` for each offset (clamped to
+    the buffer: a row past its end reads its last byte)."""
+    return buf[np.minimum(offs[:, None] + np.arange(width), len(buf) - 1)]
 
 
 def row_hash(table: np.ndarray) -> np.ndarray:
@@ -314,12 +338,9 @@ def _clean_keys(p: _Packets, idle_timeout_us: int) -> tuple[np.ndarray, _Plan]:
     clean &= direction[fd] == 0
     cols = p.cols
     rows = p.rows[o[fd]]
-    if cols.http_start is not None:  # known from decoding: the mapping is not read again
-        clean[clean] &= cols.http_start[rows[clean]]
-    for k in np.flatnonzero(clean).tolist() if cols.http_start is None else ():
-        at = int(cols.payload_off[rows[k]])
-        if not looks_like_http_request(cols.blob[at:at + min(8, int(cols.payload_len[rows[k]]))]):
-            clean[k] = False
+    # known from decoding where it was done in parts (the mapping is not read again)
+    clean[clean] &= (cols.http_start[rows[clean]] if cols.http_start is not None
+                     else http_starts(cols, rows[clean]))
     data = sz > 0
     seg_len = sz[data]
     seg_end = np.cumsum(seg_len)

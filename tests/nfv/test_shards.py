@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from dl_nfv.nfv.traffic import load_trace, shards
+from dl_nfv.nfv.traffic.assemble import key_table
+from dl_nfv.nfv.traffic.columnar import OK, decode_frames
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
 
 from .helpers import DATA, write_pcap
@@ -87,3 +89,33 @@ def test_bytes_that_do_not_fit_their_region_go_through_the_pipe(tmp_path, small_
     path = tmp_path / "g.pcap"
     generate_trace(TraceSpec(flows=40, size_dist="zipf:1.2", seed=4), path)
     assert assert_sharded_same(path, 3) > 50
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_key_table_is_the_5_tuple_of_the_reference_packets(seed):
+    """Each row of ``key_table``: protocol, address length and the two endpoints (address
+    zero-padded to 16 bytes, port) in ascending order, whether the source is the lower
+    one, from the reference decoder's packets; IPv4 and IPv6, and addresses that lie
+    apart from each other in the buffer (as the reference decoder's fields may)."""
+    rng = random.Random(seed)
+    frames = [f for conn in _connections(rng) for f in conn]
+    cols = decode_frames(range(len(frames)), frames, [1] * len(frames))
+    rows = np.flatnonzero(cols.reason == OK)
+    moved = rows[::3]  # their destination address copied past the frames, as dpkt's fields
+    extra = b"".join(cols.blob[d:d + n] for d, n in zip(cols.dst_off[moved].tolist(),
+                                                         cols.addr_len[moved].tolist()))
+    cols.dst_off[moved] = len(cols.blob) + np.cumsum(cols.addr_len[moved]) - cols.addr_len[moved]
+    cols.blob = cols.blob + extra
+    cols.buf = np.frombuffer(cols.blob, dtype=np.uint8)
+    table, src_low = key_table(cols, rows)
+    assert {int(n) for n in table[:, 1]} == {4, 16}
+    for k, pkt in enumerate(cols.packets(rows)):
+        src = (pkt.src.ljust(16, b"\0"), pkt.sport)
+        dst = (pkt.dst.ljust(16, b"\0"), pkt.dport)
+        lo, hi = sorted((src, dst))
+        expected = [pkt.proto, len(pkt.src),
+                    int.from_bytes(lo[0][:8], "big"), int.from_bytes(lo[0][8:], "big"), lo[1],
+                    int.from_bytes(hi[0][:8], "big"), int.from_bytes(hi[0][8:], "big"), hi[1]]
+        assert table[k].tolist() == expected
+        assert bool(src_low[k]) == (src <= dst)
+
