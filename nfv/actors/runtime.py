@@ -51,6 +51,7 @@ import pickle
 import threading
 import time
 from collections import defaultdict
+from itertools import count
 from operator import attrgetter
 
 import zmq
@@ -416,26 +417,28 @@ class Runtime:
     def export(self, flows: list, committed: list, replicas: list) -> tuple:
         """``give_away`` for a whole batch, by column (``batch.py``): the primaries
         ``flows`` leave this runtime as one packed batch, with the switch's committed mark
-        and the new replica of each. Python work per flow: a dict pop and two attribute
-        reads; only the non-empty logs are trimmed and sent."""
+        and the new replica of each. Python work per flow: a dict pop, two attribute
+        reads and a comparison; only the logs holding outputs the switch has not let out
+        are trimmed and sent."""
         pop = self.primaries.pop
         actors = [pop(flow, None) for flow in flows]
         if None in actors:  # no longer here (taken over elsewhere): not sent
             kept = [i for i, actor in enumerate(actors) if actor is not None]
             flows, committed, replicas, actors = ([column[i] for i in kept] for column in
                                                   (flows, committed, replicas, actors))
-        logs = {}
-        for i in [i for i, actor in enumerate(actors) if actor.log]:
-            log, mark = actors[i].log, committed[i]
-            if max(log) > mark:
-                logs[i] = {s: o for s, o in log.items() if s > mark}
+        seqs = list(map(SEQ, actors))
+        logs = {}  # a log holds no seq past the actor's: only flows ahead of their mark
+        for i in [i for i, seq, mark in zip(count(), seqs, committed) if seq > mark]:
+            log = {s: o for s, o in actors[i].log.items() if s > committed[i]}
+            if log:
+                logs[i] = log
         if self.name in replicas:  # moved onto their replica's runtime: kept as the replica
+            copies = self.replicas
             for i in [i for i, replica in enumerate(replicas) if replica == self.name]:
                 actor = actors[i]
-                actor.replica, actor.log = None, dict(logs.get(i, {}))
-                self.replicas[actor.flow] = actor
-        return pack(flows, list(map(SEQ, actors)), list(map(STATES, actors)), logs,
-                          replicas)
+                actor.replica, actor.log = None, dict(logs[i]) if i in logs else {}
+                copies[actor.flow] = actor
+        return pack(flows, seqs, list(map(STATES, actors)), logs, replicas)
 
     def on_migrate_in(self, sender: str, packed: tuple) -> None:
         self.tell(self.switch, "migrated", self.import_batch(packed, sender))

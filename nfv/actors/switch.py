@@ -31,7 +31,7 @@ import gc
 import os
 import time
 from collections import defaultdict
-from itertools import islice
+from itertools import islice, repeat
 
 from .chain import flow_key
 from .cluster import ClusterSpec, load_cluster
@@ -469,31 +469,38 @@ class Switch(CentralController):
         self.flush()  # packets routed to the source so far go before the command
         # A flow moved onto its replica's runtime gets the source as its replica, which
         # keeps the state it sends as the replica's copy.
-        given = []
+        marks, replicas = [], []
         for flow in flows:
             migration.replicas[flow.id] = flow.replica
             if flow.replica == destination:
                 flow.replica = source
-            given.append((flow.id, flow.committed, flow.replica))
+            marks.append(flow.committed)
+            replicas.append(flow.replica)
         if payload["mode"] == "central":
-            self.start_central(migration, flows, given)
+            self.start_central(migration, flows, list(zip(migration.flows, marks, replicas)))
             return
         # One message for all the flows, by column: ids, committed marks, replicas.
-        self.endpoint.send(self.runtimes[source].address, "migrate_out", (
-            destination, migration.flows, [g[1] for g in given], [g[2] for g in given]))
+        self.endpoint.send(self.runtimes[source].address, "migrate_out",
+                           (destination, migration.flows, marks, replicas))
         for flow in flows:  # the flows' next packets go to the destination, which holds them
             flow.primary = destination
 
     def on_migrated(self, sender: str, flows: list) -> None:
-        for flow_id in flows:
-            self.finish_migration(flow_id)
+        """The destination runs ``flows``: settled per migration, not per flow."""
+        found = list(map(self.migrations.pop, flows, repeat(None)))
+        for migration in set(found) - {None}:
+            self.settle(migration, [f for f, m in zip(flows, found) if m is migration])
 
     def finish_migration(self, flow_id: int) -> None:
         migration = self.migrations.pop(flow_id, None)
-        if migration is None:
-            return
-        migration.waiting.discard(flow_id)
-        if flow_id in migration.orphaned:  # its replica died meanwhile: make a new one
+        if migration is not None:
+            self.settle(migration, [flow_id])
+
+    def settle(self, migration: Migration, flows: list) -> None:
+        """``flows`` of ``migration`` (no longer in ``self.migrations``) are done."""
+        migration.waiting.difference_update(flows)
+        for flow_id in migration.orphaned.intersection(flows):
+            # Its replica died meanwhile: make a new one.
             flow = self.by_id[flow_id]
             flow.replica = self.replica_for(flow.primary)
             self.endpoint.send(self.runtimes[flow.primary].address, "rereplicate",
