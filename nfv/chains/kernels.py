@@ -285,11 +285,29 @@ class FirewallKernel(_Machine):
         return verdict
 
 
+@dataclass(frozen=True, slots=True)
+class _Decisions:
+    """A session machine's outcome for the packets of a ``Sub``, from its scan alone."""
+
+    verdict: object
+    event: object
+    ok: object  # the machine passes the packet
+    start: object  # the packet starts a session
+    timed_out: object
+    rows: object  # positions of the starts
+    heads_only: bool  # sessions start only at flows' first packets
+    forward: object  # the packet comes from the side that started the session
+    final: object  # per flow: the state after its last packet
+    keep: object  # per flow: a session is left
+    last_ts: object  # per flow: its last packet's time
+
+
 class _SessionKernel(_Machine):
     """NAT and LB: sessions (``states.session_step``) with a binding and a peer per flow."""
 
     columns = {"state": 0, "last": 0, "binding": -1, "peer_ip": 0, "peer_port": 0}
     machine = "session"
+    collects_releases = False  # the bindings of ended sessions go back somewhere (NAT)
 
     def __init__(self, spec, table, index: int, device):
         super().__init__(table, index, device, st.session_timeouts_us(spec.timeouts))
@@ -303,18 +321,37 @@ class _SessionKernel(_Machine):
         """key -> (state, orient, last, binding, peer address, peer port), the reference's."""
         return {k: (*st.decode(v[0]), *v[1:]) for k, v in self.items().items()}
 
-    def process(self, sub: Sub):
+    def _decide(self, sub: Sub, existed) -> _Decisions:
+        """The scan and every per-packet outcome that follows from it alone; shared, like the
+        scan, by NFs of one ``Sub`` whose scans are shared (NAT then LB)."""
         seg = sub.seg
-        existed = self._flows(sub)
         cls = sub.cls * 2 + sub.dir
-        found, after, timed_out = self._scan(sub, cls, existed)
+        scanned = self._scan(sub, cls, existed)
+        got = sub.memo.get((self.machine, "decide"))
+        if got is not None and got[0] is scanned:
+            return got[1]
+        found, after, timed_out = scanned
         at = cls * self.next.shape[1] + found
         verdict, event = take(self.verdict.reshape(-1), at), take(self.event.reshape(-1), at)
         ok = verdict == st.Verdict.PASS
         start = ok & (event == st.Event.START)
         at_head = torch.index_select(start, 0, seg.first)
         heads_only = int(start.sum()) == int(at_head.sum())  # starts only at flows' first packets
-        rows = seg.first[at_head] if heads_only else torch.nonzero(start).squeeze(1)
+        final = take(after, seg.last)
+        out = _Decisions(
+            verdict=verdict, event=event, ok=ok, start=start, timed_out=timed_out,
+            rows=seg.first[at_head] if heads_only else torch.nonzero(start).squeeze(1),
+            heads_only=heads_only, forward=take(self.forward, found * 2 + sub.dir),
+            final=final, keep=final != 0, last_ts=take(sub.ts, seg.last))
+        sub.memo[(self.machine, "decide")] = (scanned, out)
+        return out
+
+    def process(self, sub: Sub):
+        seg = sub.seg
+        existed = self._flows(sub)
+        d = self._decide(sub, existed)
+        verdict, event, ok, start, rows = d.verdict, d.event, d.ok, d.start, d.rows
+        heads_only = d.heads_only
         peer_ip, peer_port = self.peer(sub)
         # the flows' (binding, peer address, peer port): three adjacent rows of the state
         j = self.table.index[self.names["binding"]]
@@ -333,12 +370,10 @@ class _SessionKernel(_Machine):
                 torch.where(has, _spread(value, rows, sub.ts)[safe], col[seg.index])
                 for value, col in zip(begun, before))
             per_flow = torch.stack([binding[seg.last], p_ip[seg.last], p_port[seg.last]])
-        self._releases(sub, seg, timed_out, event, ok, binding, before[0])
-        forward = take(self.forward, found * 2 + sub.dir)
-        verdict = self.rewrite(sub, ok, forward, binding, p_ip, p_port, verdict)
-        last = seg.last
-        final = take(after, last)
-        self._store(sub, existed, final != 0, {"state": final, "last": take(sub.ts, last)})
+        if self.collects_releases:
+            self._releases(sub, seg, d.timed_out, event, ok, binding, before[0])
+        verdict = self.rewrite(sub, ok, d.forward, binding, p_ip, p_port, verdict)
+        self._store(sub, existed, d.keep, {"state": d.final, "last": d.last_ts})
         before.copy_(per_flow)
         return verdict
 
@@ -362,6 +397,8 @@ class _SessionKernel(_Machine):
 
 class NatKernel(_SessionKernel):
     """Source NAT; the free bindings are a ring buffer (``head``, ``free``) on the device."""
+
+    collects_releases = True
 
     def __init__(self, spec, table, index: int, device):
         super().__init__(spec, table, index, device)

@@ -31,10 +31,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ..traffic.capture import mapped, spans
 from ..traffic.columnar import OK, decode_records
 from ..traffic.pcap import TCP, UDP, MalformedCounts
+from .ops import pick, put_columns, take_columns
 
 MASK32 = 0xFFFFFFFF
 HASH_MUL = 0x45D9F3B
@@ -155,8 +157,6 @@ def flow_count(packets: ChainPackets) -> int:
 
 
 def _torch_where(cond, a, b):
-    from .ops import pick  # the faster select for the size (ops.py)
-
     return pick(cond, a, b)
 
 
@@ -218,17 +218,39 @@ def rewrite_checksums(old: dict, new: dict, ip_csum, l4_csum, proto):
     return ip_new, l4_new * ~keep + NO_CSUM * keep
 
 
-def rewrite_checksum_rows(old, new, csums, proto):
-    """``rewrite_checksums`` over tensors of packets, the fields as rows: ``old`` and ``new``
-    [4, n] (src, dst, sport, dport), ``csums`` [2, n] (IPv4, TCP/UDP as captured); the new
-    [2, n]. The same arithmetic, with the IPv4 and TCP/UDP sums folded as one block."""
+def _word_totals(old, new, csums):
+    """``rewrite_checksums``' sums before the fold, as [2, n] (IPv4, TCP/UDP): the 16-bit
+    words' one's complement sum, never negative."""
     def words(v):
         return ((v >> 16) + (v & 0xFFFF)).sum(0)
 
-    addr = words(new[:2]) - words(old[:2]) + 4 * 0xFFFF
-    total = (0xFFFF - csums) + addr
+    total = (0xFFFF - csums) + (words(new[:2]) - words(old[:2]) + 4 * 0xFFFF)
     total[1] += (new[2:] - old[2:]).sum(0) + 2 * 0xFFFF
-    out = 0xFFFF - _fold(_fold(total))
+    return total
+
+
+def rewrite_checksum_rows(old, new, csums, proto):
+    """``rewrite_checksums`` over tensors of packets, the fields as rows: ``old`` and ``new``
+    [4, n] (src, dst, sport, dport), ``csums`` [2, n] (IPv4, TCP/UDP as captured); the new
+    [2, n].
+
+    The fold of a sum ``x >= 0`` is 0 for ``x == 0`` and else the value in 1..0xFFFF equal
+    to ``x`` modulo 0xFFFF, and a 16-bit word's sum of a 32-bit value equals the value
+    modulo 0xFFFF (2^16 = 1): so the checksum is ``0xFFFE - (d - csum - 1) mod 0xFFFF``,
+    ``d`` the plain difference of the new and old fields, without splitting words or
+    folding. That is 0 both where ``x`` is a positive multiple of 0xFFFF (right) and where
+    ``x == 0`` (the fold's 0xFFFF): the few packets with a 0 are recomputed by the
+    words' sums to tell them apart."""
+    d_addr = new[:2].sum(0) - old[:2].sum(0)
+    total = (-1 - csums) + d_addr
+    total[1] += (new[2:] - old[2:]).sum(0)
+    out = 0xFFFE - torch.remainder(total, 0xFFFF)
+    zero = (out == 0).any(0)
+    if bool(zero.any()):
+        at = torch.nonzero(zero).squeeze(1)
+        sums = _word_totals(take_columns(old, at), take_columns(new, at),
+                            take_columns(csums, at))
+        put_columns(out, at, 0xFFFF - _fold(_fold(sums)))
     l4 = out[1]
     l4 += ((proto == UDP) & (l4 == 0)) * 0xFFFF
     keep = csums[1] == NO_CSUM
