@@ -8,38 +8,26 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from dl_nfv.artifacts import BadInput, OpGraph, Plan, Topology
+from dl_nfv.artifacts.records import to_data
+from dl_nfv.artifacts.results import ComparisonRow
 
 from . import PLANNERS, get
 
 
-@dataclass(slots=True)
-class Row:
-    planner: str
-    feasible: bool
-    iteration_ms: float | None = None
-    bound_ms: float | None = None
-    ratio_to_bound: float | None = None
-    speedup_vs_dp: float | None = None
-    stages: int | None = None
-    microbatches: int | None = None
-    devices: int | None = None
-    peak_memory_bytes: int | None = None
-    plan_s: float | None = None
-    error: str = ""
-    plan: Plan | None = field(default=None, repr=False)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Row(ComparisonRow):
+    """A planner's ``ComparisonRow`` (what a ``plan-comparison`` keeps of it) and its plan."""
+
+    plan: Plan | None = field(default=None, repr=False, compare=False)
 
     def to_data(self) -> dict[str, Any]:
-        return {k: v for k, v in (
-            ("planner", self.planner), ("feasible", self.feasible),
-            ("iteration_ms", self.iteration_ms), ("bound_ms", self.bound_ms),
-            ("ratio_to_bound", self.ratio_to_bound), ("speedup_vs_dp", self.speedup_vs_dp),
-            ("stages", self.stages), ("microbatches", self.microbatches), ("devices", self.devices),
-            ("peak_memory_bytes", self.peak_memory_bytes), ("plan_s", self.plan_s),
-            ("error", self.error)) if v is not None and v != ""}
+        """The row as the artifact keeps it: the plan left out, fields at their default too."""
+        return to_data(ComparisonRow(**{f.name: getattr(self, f.name)
+                                        for f in fields(ComparisonRow)}))
 
 
 def accepted_options(func: Callable) -> set[str]:
@@ -82,7 +70,5 @@ def compare(graph: OpGraph, topology: Topology, planners: Sequence[str], *, seed
             peak_memory_bytes=max(pred.peak_memory_bytes.values(), default=0) if pred else None,
             plan=plan))
     dp = next((r.iteration_ms for r in rows if r.planner == "dp" and r.feasible), None)
-    for r in rows:
-        if dp and r.iteration_ms:
-            r.speedup_vs_dp = dp / r.iteration_ms
-    return rows
+    return [replace(r, speedup_vs_dp=dp / r.iteration_ms) if dp and r.iteration_ms else r
+            for r in rows]
