@@ -61,9 +61,10 @@ from .chain import Chain, apply_delta, build_chain
 from .cluster import ClusterSpec, load_cluster
 from .wire import Endpoint
 
-# Python's cyclic collector, run every 700 allocations by default, walks every flow's
-# state again and again (collections grow with the flows); actors make no cycles.
-GC_THRESHOLD = 200_000
+# Python's cyclic collector walks every flow's state again and again as the flows grow,
+# and pauses whatever handler it lands in (a full pass of a big heap takes tens of ms,
+# which a latency percentile or a migration then shows). Actors make no cycles: the
+# processes run without the collector and collect once per load, before it starts.
 ORPHAN_CHECK_S = 0.5  # how often a runtime checks that its parent and switch are alive
 # Messages about flows carry the session (one per load): a message of an earlier session
 # that arrives late (another sender's, so not ordered with the load) is dropped.
@@ -206,6 +207,7 @@ class Runtime:
         self.primaries.clear()
         self.replicas.clear()
         self.raising.clear()
+        gc.collect()
         self.processed = 0
         self.built = built = []
         self.loader = threading.Thread(target=lambda: built.append(build_chain(document)),
@@ -545,7 +547,7 @@ class Runtime:
 
 def main(argv: list[str]) -> int:
     cluster_path, name = argv
-    gc.set_threshold(GC_THRESHOLD, 20, 100)  # many small long-lived objects
+    gc.disable()  # see the comment at the top
     from . import l4  # noqa: F401  (imported before joining, not while heartbeats run)
     runtime = Runtime(load_cluster(cluster_path), name)
     runtime.serve()

@@ -36,7 +36,7 @@ from itertools import islice, repeat
 from .chain import flow_key
 from .cluster import ClusterSpec, load_cluster
 from .controller import BUFFERED, NORMAL, CentralController
-from .runtime import GC_THRESHOLD, SESSION_KINDS
+from .runtime import SESSION_KINDS
 from .wire import Endpoint
 
 
@@ -197,6 +197,7 @@ class Switch(CentralController):
     def on_load(self, sender: str, payload) -> None:
         reply, document, replication = payload
         self.reset()
+        gc.collect()
         self.replication = self.spec.replication if replication is None else replication
         self.sink = reply
         self.rejoin()
@@ -544,7 +545,7 @@ class Switch(CentralController):
 
 
 def main(argv: list[str]) -> int:
-    gc.set_threshold(GC_THRESHOLD, 20, 100)  # many small long-lived objects
+    gc.disable()  # collected once per load instead (runtime.py says why)
     switch = Switch(load_cluster(argv[0]))
     switch.serve()
     return 0
