@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dl_nfv.artifacts.nfconfig import EngineSpec
 from dl_nfv.artifacts.nfvreport import BatchSplit
 
 from ..nfs.base import FlowTable, GpuBatch, Outputs
@@ -32,16 +33,10 @@ from .pool import InlinePool, WorkerPool
 UNTOUCHED, ON_GPU = -2, -1
 
 
-@dataclass(frozen=True, slots=True)
-class EngineOptions:
-    batch_size: int = 2048
-    workers: int = 0  # 0: automatic
-    device: str = "auto"
-    adaptive_batch: bool = True
-    batch_step: int = 256
-    calibration_batches: int = 3
-    reprofile_every: int = 32
-    torch_threads: int = 1
+# The batch loop's settings are the nf-config's ``engine`` record (``workers`` 0: automatic;
+# its ``name`` is for the dispatcher, the loop takes an ``EngineChoice``): one definition of
+# the fields, their defaults and their checks.
+EngineOptions = EngineSpec
 
 
 @dataclass(slots=True)
