@@ -61,7 +61,7 @@ import numpy as np
 from dl_nfv.artifacts.errors import RuntimeFailure
 
 from ..traffic import shards as flow_shards
-from ..traffic.assemble import assemble, assemble_parts, merge_parts, row_hash
+from ..traffic.assemble import assemble, assemble_parts, merge_parts
 from ..traffic.capture import (
     PCAP_MAGICS,
     join_walks,
@@ -84,7 +84,8 @@ from .runner import EngineOptions, EngineResult, run_engine, sorted_rows
 
 WINDOW_BYTES = 1 << 20  # the flow table's out-of-order window, as ``load_trace``'s
 PACKET_COST = 500  # a packet's own cost (arrays, framing, flow records) in payload bytes
-GREEDY_KEYS = 256  # the heaviest 5-tuples placed one by one
+GREEDY_KEYS = 256  # the heaviest buckets of 5-tuples placed one by one
+BUCKET_BITS = 16  # 5-tuples grouped into 2**16 buckets by their hash for placement
 MIN_RECORD_BYTES = 64  # a capture of this many bytes per record at least is forked early
 _FLOW_FIELDS = tuple(f.name for f in dataclasses.fields(FlowInfo))
 _MESSAGE = ("msg_flow", "msg_dir", "msg_index", "msg_len", "msg_header_len", "msg_kind",
@@ -219,16 +220,19 @@ def _one_process(job: _Job, records: np.ndarray, malformed: MalformedCounts, rea
 def balanced_shards(key_hash: np.ndarray, payload: np.ndarray, shards: int) -> np.ndarray:
     """The shard of each packet: every packet of a 5-tuple (one ``key_hash``) in one shard,
     the shards' loads (payload bytes plus ``PACKET_COST`` per packet, a rough cost of a
-    packet in bytes) as even as greedy placement makes them. A hash modulo the shards
-    leaves the largest flows where they fall: on Zipf-sized traffic one of two shards
-    got about 60% of the bytes. The ``GREEDY_KEYS`` heaviest 5-tuples go, heaviest first,
-    each to the least loaded shard; the rest, ordered by load, are dealt back and forth
-    across the shards, which keeps it O(packets + keys log keys)."""
-    uniq, inverse = np.unique(key_hash, return_inverse=True)
-    inverse = inverse.ravel()
-    load = np.bincount(inverse, weights=payload + PACKET_COST, minlength=len(uniq))
-    order = np.argsort(-load, kind="stable")
-    assign = np.empty(len(uniq), dtype=np.int64)
+    packet in bytes) as even as greedy placement makes them. As a NIC's receive-side
+    scaling does with its indirection table, the 5-tuples are grouped by ``BUCKETS``
+    buckets of their hash (its top bits) and buckets are placed: O(packets) with no
+    sort of the packets, and a bucket holds two of a trace's heaviest 5-tuples only by a
+    rare collision. A hash modulo the shards leaves the largest flows where they fall:
+    on Zipf-sized traffic one of two shards got about 60% of the bytes. The
+    ``GREEDY_KEYS`` heaviest buckets go, heaviest first, each to the least loaded shard;
+    the rest, ordered by load, are dealt back and forth across the shards."""
+    bucket = (key_hash >> np.uint64(64 - BUCKET_BITS)).astype(np.int64)
+    load = np.bincount(bucket, weights=payload + PACKET_COST, minlength=1 << BUCKET_BITS)
+    used = np.flatnonzero(load)
+    order = used[np.argsort(-load[used], kind="stable")]
+    assign = np.zeros(1 << BUCKET_BITS, dtype=np.int64)
     totals = [0.0] * shards
     head = order[:GREEDY_KEYS]
     for key, weight in zip(head.tolist(), load[head].tolist()):
@@ -239,7 +243,7 @@ def balanced_shards(key_hash: np.ndarray, payload: np.ndarray, shards: int) -> n
     lap, pos = np.divmod(rest, shards)
     by_load = np.argsort(totals, kind="stable")  # the tail dealt from the lightest shard
     assign[order[len(head):]] = by_load[np.where(lap % 2 == 0, pos, shards - 1 - pos)]
-    return assign[inverse]
+    return assign[bucket]
 
 
 @dataclasses.dataclass(slots=True)
@@ -274,14 +278,14 @@ class _Job:
         self.barrier.wait()
         self.cols, rows, keys = self.shared.columns(self.data)
         t1 = time.perf_counter()
-        mask = balanced_shards(row_hash(keys[0]), self.cols.payload_len[rows], self.shards) == k
+        mask = balanced_shards(keys[2], self.cols.payload_len[rows], self.shards) == k
         mine = rows[mask]
         if k == 0:  # its counts; the columns themselves are let go below
             self.capture = dataclasses.replace(capture_of(self.cols, self.malformed, {}),
                                                cols=None)
         # this shard's packets out of the shared columns, and the mapping handed back
-        cols, records, mine_keys = self.cols.take(mine), len(self.cols), (keys[0][mask],
-                                                                           keys[1][mask])
+        cols, records = self.cols.take(mine), len(self.cols)
+        mine_keys = tuple(column[mask] for column in keys)
         del rows, keys, mask
         self.cols = None
         self.shared.close()

@@ -131,12 +131,12 @@ def assemble(cols: PacketColumns, stats: Counter, *, idle_timeout_us: int = 60_0
 
 
 def assemble_parts(cols: PacketColumns, rows: np.ndarray, stats: Counter, idle_timeout_us: int,
-                   window_bytes: int, keys: tuple[np.ndarray, np.ndarray] | None = None
+                   window_bytes: int, keys: tuple[np.ndarray, ...] | None = None
                    ) -> tuple[list[Part], int]:
     """The parts ``merge_parts`` joins for the packets ``rows`` of ``cols`` (every packet of
     a 5-tuple among them, in capture order), and how many flows were clean. Their packet
     positions (``Part.flow_at``, ``Part.msg_at``) index ``rows``. ``keys``: ``key_table``
-    of ``rows`` where the caller has it."""
+    of ``rows`` where the caller has it (and, third, its ``row_hash``)."""
     p = _Packets(cols, rows, keys)
     clean, plan = _clean_keys(p, idle_timeout_us)
     part, rejected = _clean_flows(p, plan, clean)
@@ -217,10 +217,10 @@ class _Packets:
     """The decoded packets, their 5-tuple keys and their order within each key."""
 
     def __init__(self, cols: PacketColumns, rows: np.ndarray,
-                 keys: tuple[np.ndarray, np.ndarray] | None = None):
+                 keys: tuple[np.ndarray, ...] | None = None):
         self.cols, self.rows, self.n = cols, rows, len(rows)
-        table, src_low = keys if keys is not None else key_table(cols, rows)
-        first, inverse = _group_rows(table)
+        table, src_low, *known = keys if keys is not None else key_table(cols, rows)
+        first, inverse = _group_rows(table, *known)
         # number keys by their first packet (the flow table's order of first appearance)
         rank = np.empty(len(first), dtype=np.int64)
         rank[np.argsort(first, kind="stable")] = np.arange(len(first))
@@ -245,12 +245,14 @@ class _Packets:
         self.wire = cols.wire_bytes[rows]
 
 
-def _group_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _group_rows(table: np.ndarray, h: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(rows, return_index=True, return_inverse=True)``'s index and inverse for
     the rows of the uint64 ``table``, (groups numbered in an order of their own): rows are
-    grouped by a 64-bit hash with an integer sort, and where two different rows share a
-    hash (checked against each group's first row) by the rows themselves."""
-    h = row_hash(table)
+    grouped by a 64-bit hash (``h``: ``row_hash(table)``, where known) with an integer
+    sort, and where two different rows share a hash (checked against each group's first
+    row) by the rows themselves."""
+    h = row_hash(table) if h is None else h
     _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
     inverse = inverse.ravel()
     if not (table == table[first[inverse]]).all():  # a hash shared by different rows

@@ -4,7 +4,7 @@ one shared mapping.
 ``SharedColumns(records, parts)`` is allocated before the fork (or, with ``fd``,
 in a file that processes forked earlier map with ``attach``): room for every
 record's decoded columns (``columnar.PacketColumns``' per-frame fields), its
-5-tuple key and orientation (``assemble.key_table``) in one anonymous shared
+5-tuple key, its hash and orientation (``assemble.key_table``) in one anonymous shared
 mapping, so what one process writes every other reads. Process ``k`` decodes
 part ``k`` of the records (``decode_part``: a contiguous ``1 / parts`` of
 them, the frames where they lie in the mapped capture) and writes its rows;
@@ -18,7 +18,7 @@ The exception is a frame the array decoder hands to the reference decoder
 need bytes appended to the buffer, neither of which another process would
 see. A part with such frames says so (``fallback``), and then every process
 decodes the whole capture itself (the same columns everywhere, the split
-decoding lost). O(records) shared bytes: about 160 per record.
+decoding lost). O(records) shared bytes: about 170 per record.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import os
 
 import numpy as np
 
-from .assemble import key_table
+from .assemble import key_table, row_hash
 from .capture import release_pages
 from .columnar import OK, REASONS, PacketColumns, decode_records, http_starts
 
@@ -86,24 +86,27 @@ class SharedColumns:
             table, src_low = key_table(cols, ok)
             self.arrays["key"][start + ok] = table
             self.arrays["src_low"][start + ok] = src_low
+            self.arrays["key_hash"][start + ok] = row_hash(table)
             self.arrays["http_start"][start + ok] = http_starts(cols, ok)
             del cols, table
             # flow building reads only payloads from here on, a page at a time
             release_pages(data)
 
-    def columns(self, data) -> tuple[PacketColumns, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    def columns(self, data) -> tuple[PacketColumns, np.ndarray,
+                                     tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Once every part is decoded: the capture's columns, its decoded rows (reason OK)
-        and their ``key_table``."""
+        and their ``key_table`` with each key's ``row_hash``."""
         if self.arrays["fallback"].any():
             cols = decode_records(data, self.records, copy=False)
             rows = np.flatnonzero(cols.reason == OK)
-            return cols, rows, key_table(cols, rows)
+            table, src_low = key_table(cols, rows)
+            return cols, rows, (table, src_low, row_hash(table))
         a = self.arrays
         cols = PacketColumns(**{name: a[name] for name, _ in _FIELDS}, blob=data,
                              buf=np.frombuffer(data, dtype=np.uint8), reasons=list(REASONS),
                              fallback=0, http_start=a["http_start"])
         rows = np.flatnonzero(cols.reason == OK)
-        return cols, rows, (a["key"][rows], a["src_low"][rows])
+        return cols, rows, (a["key"][rows], a["src_low"][rows], a["key_hash"][rows])
 
 
     def close(self) -> None:
@@ -122,6 +125,7 @@ def _mapped(n: int, parts: int, fd: int | None, size: bool = True
     file ``fd`` (resized to fit when ``size``); with a file, the records themselves too."""
     shapes = [(name, dtype, (n,)) for name, dtype in _FIELDS]
     shapes += [("key", np.uint64, (n, KEY_WIDTH)), ("src_low", np.bool_, (n,)),
+               ("key_hash", np.uint64, (n,)),
                ("http_start", np.bool_, (n,)), ("fallback", np.int64, (parts,))]
     if fd is not None:
         shapes.append(("records", np.int64, (n, 4)))

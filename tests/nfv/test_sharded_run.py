@@ -21,7 +21,7 @@ from dl_nfv.nfv.engines import parse_engine, sharded
 from dl_nfv.nfv.engines.runner import EngineOptions, run_engine
 from dl_nfv.nfv.run import digests, run_config
 from dl_nfv.nfv.traffic import capture, load_trace, shards, shared_decode
-from dl_nfv.nfv.traffic.assemble import key_table
+from dl_nfv.nfv.traffic.assemble import key_table, row_hash
 from dl_nfv.nfv.traffic.capture import (
     join_walks,
     pcap_layout,
@@ -187,6 +187,7 @@ def test_shared_columns_equal_one_decoding(tmp_path, monkeypatch, odd, step):
     ref_keys = key_table(ref, ref_rows)
     assert np.array_equal(rows, ref_rows)
     assert np.array_equal(keys[0], ref_keys[0]) and np.array_equal(keys[1], ref_keys[1])
+    assert np.array_equal(keys[2], row_hash(ref_keys[0]))
     if not odd:  # read with the headers (the whole capture's decoding leaves it to flows)
         assert np.array_equal(cols.http_start[rows], http_starts(ref, ref_rows))
 
