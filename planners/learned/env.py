@@ -25,7 +25,7 @@ after its backward).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dl_nfv.artifacts import (
     BadInput,
@@ -38,6 +38,7 @@ from dl_nfv.artifacts import (
     Topology,
     fingerprint,
 )
+from dl_nfv.artifacts.plan import SHARE_TOLERANCE
 from dl_nfv.simulator import simulate
 from dl_nfv.simulator.costs import CostModel
 
@@ -45,7 +46,7 @@ from ..base import device_speeds, integer_shares, replicas
 from .coarsen import Coarsening
 
 OVERFLOW_WEIGHT = 10.0
-BALANCES = ("even", "proportional")
+BALANCES = ("even", "proportional", "given")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,8 +54,9 @@ class GroupStrategy:
     """Where one op group runs and how its replicas synchronise.
 
     ``devices``: one device, or the replica set; ``balance``: ``even`` or
-    ``proportional`` batch shares; ``sync``: ``allreduce`` or ``ps`` (with
-    ``ps_server``) for a replica set, ignored for one device.
+    ``proportional`` batch shares, or ``given``: ``shares``, one batch fraction per
+    device (another planner's plan's, kept exactly); ``sync``: ``allreduce`` or ``ps``
+    (with ``ps_server``) for a replica set, ignored for one device.
     """
 
     devices: tuple[str, ...]
@@ -62,6 +64,7 @@ class GroupStrategy:
     sync: SyncMethod = SyncMethod.ALLREDUCE
     ps_server: str = ""
     collective: Collective = Collective.AUTO
+    shares: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.devices:
@@ -70,6 +73,16 @@ class GroupStrategy:
             raise BadInput(f"balance must be one of {', '.join(BALANCES)}, got {self.balance!r}")
         if len(self.devices) > 1 and self.sync is SyncMethod.PS and not self.ps_server:
             raise BadInput(f"a parameter-server strategy over {list(self.devices)} names no server")
+        if (self.balance == "given") != bool(self.shares) or (
+                self.shares and (len(self.shares) != len(self.devices) or min(self.shares) <= 0
+                                 or abs(sum(self.shares) - 1.0) > SHARE_TOLERANCE)):
+            raise BadInput(f"balance 'given' needs a positive share per device summing to 1 (and "
+                           f"only it takes shares): {self.balance!r}, {list(self.shares)} for "
+                           f"{list(self.devices)}")
+
+    def rebalanced(self, balance: str) -> GroupStrategy:
+        """This replica set with ``even`` or ``proportional`` shares instead."""
+        return replace(self, balance=balance, shares=())
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,9 +128,13 @@ class StrategyEnv:
         gid = f"g{index}"
         if len(strategy.devices) == 1:
             return Group(id=gid, ops=ops, devices=strategy.devices, sync=SyncMethod.NONE)
-        weights = ([self._speeds[d] for d in strategy.devices] if strategy.balance == "proportional"
-                   else [1.0] * len(strategy.devices))
-        used, shares = replicas(strategy.devices, integer_shares(self.graph.model.batch_size, weights))
+        if strategy.shares:
+            used, shares = strategy.devices, strategy.shares
+        else:
+            weights = ([self._speeds[d] for d in strategy.devices]
+                       if strategy.balance == "proportional" else [1.0] * len(strategy.devices))
+            used, shares = replicas(strategy.devices,
+                                    integer_shares(self.graph.model.batch_size, weights))
         if len(used) == 1:  # the batch is smaller than the replica set
             return Group(id=gid, ops=ops, devices=used, sync=SyncMethod.NONE)
         if strategy.sync is SyncMethod.PS:

@@ -198,36 +198,6 @@ class _Fixed:
         return self.env.evaluate(strategies, self.batching)
 
 
-def strategy_of_plan(plan: Plan, env: StrategyEnv) -> tuple[Batching, tuple[GroupStrategy, ...]]:
-    """The TAG strategy nearest another planner's ``plan``: each op group takes the
-    placement of the plan group holding most of its ops (its replica set, AllReduce with
-    even shares where the plan's are even, else proportional, or its first parameter
-    server), and the plan's microbatch count with GPipe where its schedule is GPipe, else
-    1F1B. Exact for a plan of HeteroG's space on the same coarsening; otherwise an
-    approximation (other stage boundaries, batch shares, buckets or orders)."""
-    holder = plan.group_of_op
-    out = []
-    for ops in env.coarsening.groups:
-        counts: dict[str, int] = defaultdict(int)
-        for op in ops:
-            counts[holder[op].id] += 1
-        g = next(g for g in plan.groups if g.id == max(counts, key=counts.__getitem__))
-        if len(g.devices) == 1:
-            out.append(GroupStrategy(devices=g.devices))
-        elif g.sync is SyncMethod.PS:
-            out.append(GroupStrategy(devices=g.devices, balance="proportional", sync=SyncMethod.PS,
-                                     ps_server=g.ps_servers[0]))
-        else:
-            even = max(g.shares) - min(g.shares) < 1e-9
-            out.append(GroupStrategy(devices=g.devices, balance="even" if even else "proportional",
-                                     collective=g.collective))
-    pipe = plan.pipeline
-    if pipe is None or pipe.microbatches == 1:
-        return ONE, tuple(out)
-    kind = "gpipe" if pipe.schedule_kind is ScheduleKind.GPIPE else "1f1b"
-    return Batching(pipe.microbatches, kind), tuple(out)
-
-
 def candidate_of(strategy: GroupStrategy, devices: Sequence[str]) -> Candidate:
     """A candidate for a strategy outside ``learned.decoder.candidates`` (a seed's), of the
     kind the network embeds it as: one device, a parameter server, or a replica subset."""

@@ -288,7 +288,7 @@ def search(env: StrategyEnv, features: GroupGraph, start: Sequence[GroupStrategy
         The batchings the first decision chooses among (``batching.batchings``); with one,
         there is no such decision and every strategy runs with it.
     seeds
-        More incumbents, ``(batching, strategy per group)``, as ``batching.strategy_of_plan``
+        More incumbents, ``(batching, strategy per group)``, as ``seeds.seed_of_plan``
         makes from other planners' plans; their strategies join the candidates.
     """
     tree = _Tree(env, features, net, [(ONE if len(choices) > 1 else choices[0], start), *seeds],

@@ -14,7 +14,9 @@ Method, ``plan``:
 2. **Incumbent and seeds.** HeteroG's greedy list-scheduling start, or the best uniform
    strategy where one simulates faster (``heterog.greedy_start``, ``heterog.better_start``),
    with one microbatch; and the plans of the ``others`` planners (by default
-   ``pipeline``), each as the nearest TAG strategy (``batching.strategy_of_plan``).
+   ``pipeline``), each as a TAG strategy with the plan's own batch shares
+   (``seeds.seed_of_plan``: a note says where it differs from the plan; a plan TAG cannot
+   run, e.g. one leaving a replica fewer samples than microbatches, is only a fallback).
 3. **Search.** PUCT Monte Carlo tree search (``tag.mcts``): the batching, then the groups,
    largest first; priors and leaf values from the joint-graph network (``tag.joint``; the
    shipped policy, ``DEFAULT_POLICY``, unless ``policy`` names another) or uniform priors
@@ -43,6 +45,7 @@ playout and evaluation caps are deterministic).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -54,10 +57,11 @@ from dl_nfv.artifacts.policy import Policy
 from ..base import finish, optimizer_named, started
 from ..heterog import best_baseline, better_start, greedy_start, problem_of
 from ..learned.policy import build_network, read_policy
-from .batching import BatchedEnv, batchings, strategy_of_plan
+from .batching import BatchedEnv, Batching, batchings
 from .joint import JointNet
 from .mcts import search
 from .polish import polish
+from .seeds import Rejected, seed_of_plan
 
 PLANNER = "tag"
 DEFAULT_POLICY = Path(__file__).parent / "tag.policy.json"
@@ -102,18 +106,36 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, playouts: int = 4
     Complexity: the ``others`` planners, ``playouts`` network passes and simulations,
     ``max_evaluations`` simulations, four DP plans and, with ``sfb``, one ILP.
     """
+    _check(playouts, priors, microbatches, others)
+    plans, notes = _others(graph, topology, others, optimizer, seed)
+    return with_plans(graph, topology, plans, notes=notes, seed=seed, playouts=playouts,
+                      policy=policy, priors=priors, time_limit=time_limit,
+                      max_evaluations=max_evaluations, groups=groups, microbatches=microbatches,
+                      others=others, sfb=sfb, optimizer=optimizer)
+
+
+def with_plans(graph: OpGraph, topology: Topology, plans: Sequence[Plan], *,
+               baselines: Sequence[Plan] | None = None, notes: Sequence[str] = (),
+               seed: int = 0, playouts: int = 400, policy: str = "", priors: str = "gnn",
+               time_limit: float = 60.0, max_evaluations: int = 1000,
+               groups: int = DEFAULT_GROUPS, microbatches: int = 32, others: str = "",
+               sfb: bool = True, optimizer: str = "sgd") -> Plan:
+    """``plan`` with the other planners' plans given (``plans``: seeds and fallbacks,
+    each made once by the caller) and, where ``baselines`` is given, the DP baselines'
+    plans that fit (else planned here); ``others`` is only recorded in the options."""
     t0 = started()
     opt = optimizer_named(PLANNER, optimizer)
-    _check(playouts, priors, microbatches, others)
+    _check(playouts, priors, microbatches, "")
     problem = problem_of(graph, topology, groups=groups, optimizer=opt)
     env = problem.env
-    notes: list[str] = []
+    notes = list(notes)
     net = _network(policy, len(env.devices), notes) if priors == "gnn" else None
     start, origin = better_start(env, greedy_start(env), "greedy")
-    baseline = best_baseline(graph, topology, optimizer)
+    baseline = (best_baseline(graph, topology, optimizer) if baselines is None else
+                min(baselines, key=lambda p: p.prediction.iteration_ms, default=None))
     ref_ms = (baseline.prediction.iteration_ms if baseline is not None
               else -env.evaluate(start).reward)
-    rivals, seeds = _others(graph, topology, env, others, optimizer, seed, notes)
+    seeds = _seeds(plans, env, notes)
     choices = [b for b in batchings(graph.model.batch_size) if b.microbatches <= microbatches]
     cpu0 = time.process_time()
     found = search(env, problem.graph, start, ref_ms=ref_ms, net=net, playouts=playouts,
@@ -131,7 +153,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, playouts: int = 4
     options = {"playouts": playouts, "policy": policy, "priors": priors, "time_limit": time_limit,
                "max_evaluations": max_evaluations, "groups": groups,
                "microbatches": microbatches, "others": others, "sfb": sfb, "optimizer": optimizer}
-    fallbacks = [p for p in (baseline, *rivals) if p is not None]
+    fallbacks = [p for p in (baseline, *plans) if p is not None]
     beaten = min(fallbacks, key=lambda p: p.prediction.iteration_ms, default=None)
     if beaten is not None and (not polished.outcome.feasible or
                                beaten.prediction.iteration_ms < polished.outcome.iteration_ms):
@@ -174,22 +196,34 @@ def _check(playouts: int, priors: str, microbatches: int, others: str) -> None:
             raise BadInput(f"{PLANNER}: others names {name!r}, which is not another planner")
 
 
-def _others(graph: OpGraph, topology: Topology, env, others: str, optimizer: str, seed: int,
-            notes: list[str]) -> tuple[list[Plan], list]:
-    """The plans of the ``others`` planners that fit, and the TAG strategies nearest them
-    (``batching.strategy_of_plan``); a planner with no plan that fits gets a note."""
+def _others(graph: OpGraph, topology: Topology, others: str, optimizer: str,
+            seed: int) -> tuple[list[Plan], list[str]]:
+    """The plans of the ``others`` planners that fit, and a note for each with none."""
     from .. import get
 
-    plans, seeds = [], []
+    plans, notes = [], []
     for name in filter(None, others.split(",")):
         try:
-            made = get(name)(graph, topology, seed=seed, optimizer=optimizer)
+            plans.append(get(name)(graph, topology, seed=seed, optimizer=optimizer))
         except (InfeasiblePlan, BadInput) as exc:
             notes.append(f"no {name} plan to seed from: {exc}")
+    return plans, notes
+
+
+def _seeds(plans: Sequence[Plan], env, notes: list[str]) -> list[tuple[Batching, tuple]]:
+    """Each plan as a TAG strategy (``seeds.seed_of_plan``), with a note saying how exact
+    it is; a plan it rejects is a fallback only, with a note naming why."""
+    out = []
+    for made in plans:
+        try:
+            got = seed_of_plan(made, env)
+        except Rejected as exc:
+            notes.append(f"not a seed: {exc}")
             continue
-        plans.append(made)
-        seeds.append(strategy_of_plan(made, env))
-    return plans, seeds
+        out.append((got.batching, got.strategies))
+        notes.append(f"seed from {made.planner} ({got.ms:.2f} ms with {got.batching}): "
+                     + ("exact" if got.exact else "; ".join(got.differences)))
+    return out
 
 
 def with_sfb(chosen: Plan, graph: OpGraph, topology: Topology, *, time_limit_s: float) -> Plan:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..base import device_speeds
 from ..learned.decoder import candidates
@@ -135,12 +135,13 @@ def polish(env: BatchedEnv, strategies: Sequence[GroupStrategy], batching: Batch
 
 def options(env: BatchedEnv, used: Sequence[GroupStrategy]) -> list[GroupStrategy]:
     """HeteroG's candidates, then the strategies in ``used`` and every replica set's other
-    balance, each once."""
+    balances (even, speed-proportional; a seed's given shares are kept only as it has
+    them), each once."""
     out = [c.strategy for c in candidates(env.cm.cluster)]
     for s in used:
         out.append(s)
         if len(s.devices) > 1:
-            out.append(replace(s, balance="even" if s.balance == "proportional" else "proportional"))
+            out += [s.rebalanced(b) for b in ("even", "proportional") if b != s.balance]
     return list(dict.fromkeys(out))
 
 
@@ -216,7 +217,7 @@ def repaired(env: BatchedEnv, strategies: Sequence[GroupStrategy],
     speed = dict(zip(env.env.devices, device_speeds(env.cm, env.env.devices)))
     out = []
     for i, s in enumerate(strategies):
-        for trial in (s, replace(s, balance="even")):
+        for trial in (s, s.rebalanced("even")):
             if _fewest(env, i, trial) >= microbatches:
                 out.append(trial)
                 break

@@ -22,7 +22,6 @@ from dl_nfv.planners.tag.batching import (
     Batching,
     batchings,
     runs,
-    strategy_of_plan,
     valid,
 )
 from dl_nfv.planners.tag.mcts import search
@@ -120,15 +119,3 @@ def test_plan_tag_is_never_slower_than_the_pipeline_planner_and_pipelines_the_to
     alone = run("tag", graph, topology, playouts=60, max_evaluations=60, groups=3, sfb=False,
                 priors="uniform", others="")
     assert alone.pipeline is not None and alone.pipeline.microbatches > 1  # found, not seeded
-
-
-def test_a_pipeline_plan_translates_to_the_nearest_tag_strategy():
-    problem = _chain()
-    graph, topology = problem.env.graph, problem.env.topology
-    pipeline = run("pipeline", graph, topology)
-    batching, strategies = strategy_of_plan(pipeline, problem.env)
-    assert batching.microbatches == pipeline.pipeline.microbatches
-    holder = pipeline.group_of_op
-    for ops, s in zip(problem.env.coarsening.groups, strategies):
-        majority = max(ops, key=lambda op: sum(holder[o].id == holder[op].id for o in ops))
-        assert set(s.devices) == set(holder[majority].devices)
