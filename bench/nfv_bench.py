@@ -169,6 +169,9 @@ def _summary(ratios: list[tuple[str, float]]) -> str:
 # end to end -------------------------------------------------------------------------
 E2E_ENGINES = ("cpu", "gpu", "flowshader")
 E2E_TRACES = (("zipf:1.2", 5000, 7), ("uniform", 5000, 7))  # (sizes, flows, seed): ~50 MB each
+# a trace where the per-packet work outweighs the start-up the workers cannot share:
+# the cpu engine's 1-vs-2-worker scaling on the IDS chain, and Suricata, only
+LARGE_TRACE = ("zipf:1.2", 20000, 7)  # ~208 MB
 MEASURED = ("nfv/traffic", "nfv/engines", "nfv/nfs", "nfv/run.py", "artifacts/nfvreport.py",
             "bench/nfv_bench.py")
 
@@ -234,8 +237,10 @@ def e2e_main() -> None:
     examples/nf/ids.yaml and its rules) per engine with 1 and 2 workers, the ``cpu`` engine
     on a firewall-only and a monitor-only chain, and Suricata 7 single-threaded
     (``--runmode single``) on the same pcap and rules when it is installed
-    (bench/install_suricata.sh), on generated Zipf-1.2 and uniform traces of about 50 MB and
-    the real trace in tests/data. Best wall time of ``--repeats`` runs, the runs of a trace
+    (bench/install_suricata.sh), on generated Zipf-1.2 and uniform traces of about 50 MB, a
+    Zipf-1.2 trace of about 200 MB (the cpu engine on the IDS chain only: how it scales with
+    workers once the per-packet work outweighs the start-up) and the real trace in
+    tests/data. Best wall time of ``--repeats`` runs, the runs of a trace
     taking turns;
     the least CPU time (user + system) of the runs beside it, the figure that other load on
     a shared machine disturbs least."""
@@ -243,14 +248,24 @@ def e2e_main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--engines", default=",".join(E2E_ENGINES))
     ap.add_argument("--quick", action="store_true",
-                    help="1000-flow traces, the cpu engine, 1 run each (a smoke run)")
+                    help="1000-flow traces (2000 for the large one), the cpu engine, 1 run "
+                         "each (a smoke run)")
+    ap.add_argument("--no-large", action="store_true",
+                    help="leave out the ~200 MB trace (its generation takes about a minute)")
+    ap.add_argument("--cache-bytecode", action="store_true",
+                    help="dl-nfv's runs read its modules' bytecode from a cache of the bench's "
+                         "own, written by a first run (as an installed package has it), even "
+                         "where PYTHONDONTWRITEBYTECODE is set")
     ap.add_argument("--no-record", action="store_true", help="print only")
     args = ap.parse_args()
     engines = args.engines.split(",")
-    specs = E2E_TRACES
+    specs = [(*spec, False) for spec in E2E_TRACES]
+    if not args.no_large:
+        specs.append((*LARGE_TRACE, True))
     if args.quick:
         engines, args.repeats = ["cpu"], 1
-        specs = tuple((dist, 1000, seed) for dist, _, seed in E2E_TRACES)
+        specs = [(dist, 2000 if large else 1000, seed, large)
+                 for dist, _, seed, large in specs]
     dirty = subprocess.run(["git", "status", "--porcelain", "--", *MEASURED], cwd=ROOT,
                            capture_output=True, text=True).stdout.strip()
     if dirty and not args.no_record:
@@ -262,18 +277,25 @@ def e2e_main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         configs = _chain_configs(work)
+        if args.cache_bytecode:  # the runs' environment; this process has its imports
+            os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+            os.environ["PYTHONPYCACHEPREFIX"] = str(work / "bytecode")
+            _warm_up(configs["ids"], work)
         traces = []
-        for dist, flows, seed in specs:
-            pcap = work / f"{dist.replace(':', '')}.pcap"
+        for dist, flows, seed, large in specs:
+            pcap = work / f"{dist.replace(':', '')}-{flows}.pcap"
             generate_trace(TraceSpec(flows=flows, size_dist=dist, seed=seed), pcap)
-            traces.append((f"{dist}, {flows} flows", pcap))
-        traces.append(("real (loopback-http)", ROOT / "tests/data/loopback-http.pcap"))
-        for name, pcap in traces:
-            rows += _e2e_trace(name, pcap, work, configs, engines, suricata, args.repeats)
+            traces.append((f"{dist}, {flows} flows", pcap, large))
+        traces.append(("real (loopback-http)", ROOT / "tests/data/loopback-http.pcap", False))
+        for name, pcap, large in traces:
+            rows += _e2e_trace(name, pcap, work, configs, ["cpu"] if large else engines,
+                               suricata, args.repeats, other_chains=not large)
+            if large:  # its columns and streams are not kept for the next trace's runs
+                pcap.unlink()
     load_after = os.getloadavg()[0]
     headers = ["trace", "MB", "packets", "tool", "chain", "wall s", "CPU s", "Gbps",
                "packets/s", "peak MB (x pcap)", "speed vs Suricata (wall / CPU)",
-               "vs 1 worker (wall)", "dl-nfv stages (s, from its report)"]
+               "vs 1 worker (wall / CPU)", "dl-nfv stages (s, from its report)"]
     table = markdown_table(headers, rows)
     print(table)
     print(f"load average {load_before:.1f} before, {load_after:.1f} after, on "
@@ -291,7 +313,12 @@ def e2e_main() -> None:
             f"of the run (GNU time's %M; dl-nfv's workers are separate processes, and pages of "
             f"the mapped capture count), and in brackets over the pcap's size: the goal for "
             f"memory is at most 2x. `vs 1 worker` is the wall time with one worker over "
-            f"this row's (goal: 1.8x with two). `speed vs Suricata` is Suricata's time over dl-nfv's, by wall time "
+            f"this row's (goal: 1.8x with two), and the same for the CPU time (below 1.00x: "
+            f"what splitting the work over processes costs in all; the two-worker runs of a "
+            f"trace take turns with its one-worker runs, so both meet the same load). The "
+            f"{LARGE_TRACE[1]}-flow trace (about 200 MB) has the cpu engine on the IDS chain "
+            f"only: the per-packet work there outweighs the start-up (interpreter, imports) "
+            f"that no worker count shares. `speed vs Suricata` is Suricata's time over dl-nfv's, by wall time "
             f"and by CPU time: 1.00x or more meets the goal (the IDS chain at least as fast as "
             f"Suricata with one thread); the firewall-only and monitor-only rows are compared "
             f"with Suricata's IDS run. The stage times come from dl-nfv's own report of the "
@@ -305,9 +332,21 @@ def e2e_main() -> None:
                    command="python bench/nfv_bench.py --e2e")
 
 
+def _warm_up(config: Path, work: Path) -> None:
+    """One run of each engine on the real trace, which writes the bytecode cache."""
+    dl_nfv = str(Path(sys.executable).with_name("dl-nfv"))
+    for engine in E2E_ENGINES:
+        subprocess.run([dl_nfv, "nfv", "run", "--config", str(config), "--trace",
+                        str(ROOT / "tests/data/loopback-http.pcap"), "--engine", engine,
+                        "-o", str(work / "warm-up.json")], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def _bytecode() -> str:
     """Whether the runs measured read cached bytecode or compile the project's modules at
     every start (part of their imports' time)."""
+    if os.environ.get("PYTHONPYCACHEPREFIX") and not os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        return "cached (the bench's own bytecode cache, written by a first run: --cache-bytecode)"
     if os.environ.get("PYTHONDONTWRITEBYTECODE") and not any(ROOT.glob("*/__pycache__")):
         return ("compiled at every run (PYTHONDONTWRITEBYTECODE is set and the project, an "
                 "editable install, has no cached bytecode)")
@@ -315,10 +354,10 @@ def _bytecode() -> str:
 
 
 def _e2e_trace(name: str, pcap: Path, work: Path, configs: dict[str, Path],
-               engines: list[str], suricata: str | None, repeats: int) -> list[list[str]]:
+               engines: list[str], suricata: str | None, repeats: int, *,
+               other_chains: bool = True) -> list[list[str]]:
     """The table's rows for one trace: Suricata, then dl-nfv per engine and workers on the
-    IDS chain, then the cpu engine on the other chains."""
-    trace = load_trace(pcap)
+    IDS chain, then (``other_chains``) the cpu engine on the other chains."""
     size = pcap.stat().st_size
     dl_nfv = str(Path(sys.executable).with_name("dl-nfv"))
     cmds: dict = {}
@@ -328,13 +367,16 @@ def _e2e_trace(name: str, pcap: Path, work: Path, configs: dict[str, Path],
             [suricata, "-r", str(pcap), "-S", str(ROOT / "examples/nf/ids.rules"), "-l",
              str(work / "suricata"), "-k", "none", "--runmode", "single"], None)
     runs = [(engine, workers, "ids") for engine in engines for workers in (1, 2)]
-    runs += [("cpu", workers, chain) for chain in ("firewall", "monitor") for workers in (1, 2)]
+    if other_chains:
+        runs += [("cpu", workers, chain) for chain in ("firewall", "monitor")
+                 for workers in (1, 2)]
     for engine, workers, chain in runs:
         out = work / f"r-{engine}-{workers}-{chain}.json"
         cmds[(engine, workers, chain)] = (
             [dl_nfv, "nfv", "run", "--config", str(configs[chain]), "--trace", str(pcap),
              "--engine", engine, "--workers", str(workers), "-o", str(out)], out)
     cells = e2e_cells(cmds, work, repeats)
+    packets = next(cell["report"]["packets"] for cell in cells.values() if cell["report"])
     base = cells.get(("suricata", 1, "ids"))
     rows = []
     for (who, workers, chain), cell in cells.items():
@@ -347,12 +389,15 @@ def _e2e_trace(name: str, pcap: Path, work: Path, configs: dict[str, Path],
         ratio = "-" if base is None else f"{base['wall_s'] / wall:.2f}x / " + (
             "-" if cpu is None or base["cpu_s"] is None else f"{base['cpu_s'] / cpu:.2f}x")
         one = cells.get((who, 1, chain))
-        scaling = f"{one['wall_s'] / wall:.2f}x" if workers > 1 and one else "-"
+        scaling = "-"
+        if workers > 1 and one:
+            scaling = f"{one['wall_s'] / wall:.2f}x / " + (
+                "-" if cpu is None or one["cpu_s"] is None else f"{one['cpu_s'] / cpu:.2f}x")
         peak = "-" if cell["peak_mb"] is None else \
             f"{cell['peak_mb']:.0f} ({cell['peak_mb'] * 2**20 / size:.1f}x)"
-        rows.append([name, f"{size / 1e6:.1f}", f"{trace.packets:,}", label, chain,
+        rows.append([name, f"{size / 1e6:.1f}", f"{packets:,}", label, chain,
                      f"{wall:.2f}", "-" if cpu is None else f"{cpu:.2f}",
-                     f"{size * 8 / wall / 1e9:.3f}", f"{trace.packets / wall / 1e3:.1f}k",
+                     f"{size * 8 / wall / 1e9:.3f}", f"{packets / wall / 1e3:.1f}k",
                      peak, ratio, scaling, stages])
         print(" | ".join(rows[-1]), flush=True)
     return rows

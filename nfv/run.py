@@ -115,6 +115,9 @@ def _run(config: NfConfig, trace_path, choice, options: EngineOptions, trace: Tr
             trace, result = run_sharded(trace_path, config.chain, choice, options, shards)
             stages.update(trace.stages_s)
             parse_s = stages["read"] + stages["decode"] + stages["flows"]
+            if "merge" not in stages:  # too small to shard: the chain built in this process
+                stages["setup"] = max(0.0, time.perf_counter() - t0 - parse_s
+                                      - result.startup_s - result.elapsed_s)
             return build_report(config, trace, str(choice), result, parse_s, started=t0,
                                 stages=stages)
         trace = load_trace(trace_path, workers=shards)
