@@ -92,7 +92,7 @@ def tables(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="200 flows of traffic, one migration per size and mode")
+                        help="200 flows of traffic, 3 latency pairs, one throughput run per setting")
     parser.add_argument("--repeats", type=int, default=3, help="throughput runs, best counts")
     parser.add_argument("--latency-repeats", type=int, default=None,
                         help="pairs of latency runs, off and on (default 5, quick 3)")
@@ -108,7 +108,7 @@ def main() -> None:
             result = bench(spec, packets, chain_document(CHAIN), sizes=(100, 500, 2000),
                            repeats=1 if args.quick else args.repeats,
                            latency_repeats=args.latency_repeats or (3 if args.quick else 5),
-                           migration_repeats=1 if args.quick else 3)
+                           migration_repeats=3)
     body = (f"Load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, "
             f"on {os.cpu_count()} cores.\n\n" + tables(result))
     print(body)
