@@ -29,6 +29,7 @@ import torch
 
 from ..traffic.pcap import TCP, UDP
 from .flowtable import DeviceFlowTable
+from .joint import carry
 from .kernels import (
     HOLDERS,
     FirewallKernel,
@@ -118,7 +119,7 @@ def _compact(sub: Sub, kept):
     packets = take_columns(torch.stack([getattr(sub, name) for name in PER_PACKET]), kept)
     return Sub(**dict(zip(PER_PACKET, packets)), seg=seg,
                state=take_columns(sub.state, flows), held=take(sub.held, flows),
-               original=sub.original), flows
+               original=sub.original, memo=carry(sub.memo, kept)), flows
 
 
 class ReferenceChain:
@@ -170,6 +171,10 @@ class TensorChain:
         self.table = DeviceFlowTable(capacity, self.device, {HOLDERS: 0})
         self.nfs = [KERNELS[s.nf.value](s, self.table, k, self.device)
                     for k, s in enumerate(specs)]
+        for nf, after in zip(self.nfs, self.nfs[1:]):  # a firewall and the session NF after it
+            if isinstance(nf, FirewallKernel) and isinstance(after, (NatKernel,
+                                                                     LoadBalancerKernel)):
+                nf.join(after)
         self.sweeper = _Sweeper(sweep_interval_s)
         # states.packet_class without the ACL bit by the flags' low five bits (SYN, ACK, FIN,
         # RST) + 32 for UDP

@@ -27,6 +27,7 @@ import torch
 from ..traffic.pcap import ACK, TCP, UDP
 from . import states as st
 from .flowtable import DeviceFlowTable
+from .joint import JOINT, JointScan
 from .ops import pick, put_columns, stable_order, take, take_columns
 from .packets import MASK32, flow_hash
 from .reference import Backends, compile_acl, endpoint, pool_bindings
@@ -185,9 +186,9 @@ class _Machine(_Stateful):
         kind = st.Conn if self.machine == "conn" else st.Session
         self.timeouts = _tensor([timeouts[kind(st.decode(c)[0])] for c in range(width)],
                                 device)
-        data = [(st.packet_class(flags, proto, acl) * 2 + d) for flags, proto in
-                ((ACK, TCP), (0, UDP)) for acl in (0, 1) for d in (0, 1)]
-        self.quiet = quiet_rows(self.next, data)
+        self.data_rows = [(st.packet_class(flags, proto, acl) * 2 + d) for flags, proto in
+                          ((ACK, TCP), (0, UDP)) for acl in (0, 1) for d in (0, 1)]
+        self.quiet = quiet_rows(self.next, self.data_rows)
 
     def _timeout_of(self, rows):
         return take(self.timeouts, rows[:, self.table.index[self.names["state"]]].contiguous())
@@ -205,8 +206,10 @@ class _Machine(_Stateful):
         if got is not None and torch.equal(got[0], self.timeouts) and torch.equal(got[1], s0) \
                 and torch.equal(got[2], last) and torch.equal(got[3], cls):
             return got[4]
-        gap = previous_gap(sub.ts, sub.seg, last, existed)
-        result = fsm_scan(self.next, self.timeouts, cls, gap, sub.seg, s0, self.quiet)
+        result = sub.memo.pop(JOINT, None) if self.machine == "session" else None
+        if result is None:  # no joint scan with the firewall before (``joint``)
+            gap = previous_gap(sub.ts, sub.seg, last, existed)
+            result = fsm_scan(self.next, self.timeouts, cls, gap, sub.seg, s0, self.quiet)
         # the columns are rows of ``sub.state``, which the NF's store overwrites: copies
         sub.memo[key] = (self.timeouts, s0.clone(), last.clone(), cls, result)
         return result
@@ -223,6 +226,11 @@ class FirewallKernel(_Machine):
         self.rules = compile_acl(spec)
         self.default_allow = spec.default.value == "allow"
         self.rule_table = self._rule_table()
+        self.joint: JointScan | None = None
+
+    def join(self, session: _SessionKernel) -> None:
+        """Scan with ``session``, the NF right after this one, as one machine (``joint``)."""
+        self.joint = JointScan(self, session, self.data_rows)
 
     def snapshot(self) -> dict:
         """key -> (state, orient, last), the reference's form."""
@@ -277,7 +285,8 @@ class FirewallKernel(_Machine):
     def process(self, sub: Sub):
         existed = self._flows(sub)
         cls = (sub.cls + self._acl(sub) * 32) * 2 + sub.dir
-        found, after, _ = self._scan(sub, cls, existed)
+        both = None if self.joint is None else self.joint.run(sub, cls, existed)
+        found, after = both if both is not None else self._scan(sub, cls, existed)[:2]
         verdict = take(self.verdict.reshape(-1), cls * self.next.shape[1] + found)
         last = sub.seg.last
         final = take(after, last)

@@ -128,7 +128,8 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
     """Run the machine ``next_table`` ([classes, W]) over the segments from states ``s0``.
 
     Returns (state each packet finds after time-outs, state after each packet,
-    whether the packet found its flow timed out).
+    whether the packet found its flow timed out). ``gap`` None: no packet can find its
+    flow timed out (the caller has checked), and ``timeouts`` is not read.
 
     Only the packets that may change their flow's state are stepped (``candidates``):
     each flow's first packet, packets whose gap could pass a time-out and packets of
@@ -151,18 +152,22 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
         cand = torch.ones_like(start)
     else:
         moves = ~take(quiet, cls)
-        lapse = gap > timeouts[1:].min()  # only these packets may find their flow timed out
-        cand = start | lapse | moves
+        cand = start | moves
+        if gap is not None:  # only these packets may find their flow timed out
+            lapse = gap > timeouts[1:].min()
+            cand |= lapse
         cand[1:] |= moves[:-1]  # e.g. the ACK after a SYN+ACK
     # no packet may find its flow timed out: the steps skip the time-out check
-    limits = timeouts if lapse is None or bool(lapse.any()) else None
+    limits = None if gap is None else \
+        timeouts if lapse is None or bool(lapse.any()) else None
     while True:
         rows = torch.nonzero(cand).squeeze(1)
         if rows.numel() == n:
             found, after = _step(next_table, limits, cls, gap, seg, s0)
             break
         sub = Segments.starting(start[rows])  # every flow's first packet is a candidate
-        c_found, c_after = _step(next_table, limits, take(cls, rows), take(gap, rows), sub, s0)
+        c_found, c_after = _step(next_table, limits, take(cls, rows),
+                                 None if gap is None else take(gap, rows), sub, s0)
         rank = torch.cumsum(cand, 0) - 1  # the latest candidate at or before each packet
         after = take(c_after, rank)
         found = after.clone()

@@ -1,0 +1,78 @@
+"""The firewall's connection machine and the next NF's session machine, scanned as one.
+
+In a chain where a session NF (NAT, LB) follows the firewall, both machines step
+over the same flow-sorted packets: the session machine over those the firewall
+passes. Their product is one machine — state ``conn * W_s + session``; a packet
+steps the connection part by the firewall's table and the session part by the
+session table where the firewall passes it (its class row in both tables: the
+session machine ignores the ACL bit), else leaves it — so one ``fsm_scan`` over
+the firewall's packets gives both NFs' states, and the session NF's packets (the
+firewall's survivors, ``engine._compact``) take theirs from it instead of scanning
+again. The product has W_c * W_s states (15 * 11); its table is built once.
+
+The joint scan runs where no packet can find either machine's flow timed out
+(the scan then skips the time-out checks, as ``fsm_scan`` does on such batches):
+every firewall gap under the connection machine's shortest time-out, and the
+batch's time span, and its latest packet's distance to the session NF's
+last-seen time of each flow it keeps, under the session machine's shortest — a
+bound on every gap the session NF can see, whichever packets the firewall drops.
+Elsewhere each NF scans its own packets. The result is the same either way:
+packet by packet, a product state's parts are the two machines' states.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .ops import take
+from .scan import fsm_scan, previous_gap, quiet_rows
+
+JOINT = ("session", "joint")  # Sub.memo key of the session part of a joint scan
+
+
+class JointScan:
+    """The product of ``conn`` (a firewall kernel) and ``session`` (the session kernel right
+    after it) and its scan."""
+
+    def __init__(self, conn, session, data_rows):
+        self.conn, self.session = conn, session
+        w_c, w_s = conn.next.shape[1], session.next.shape[1]
+        self.width = w_s
+        c = torch.arange(w_c, device=conn.next.device).repeat_interleave(w_s)
+        s = torch.arange(w_s, device=conn.next.device).repeat(w_c)
+        passes = conn.verdict[:, c] == 0
+        self.next = conn.next[:, c] * w_s + torch.where(passes, session.next[:, s], s)
+        self.quiet = quiet_rows(self.next, data_rows)
+        self.conn_min = int(conn.timeouts[1:].min())
+        self.session_min = int(session.timeouts[1:].min())
+
+    def run(self, sub, cls, existed):
+        """(found, after) of the connection machine over ``sub``'s packets (``cls``: the
+        firewall's rows, ``existed``: the flows it keeps), the session machine's parts left
+        in ``sub.memo[JOINT]``; None where a time-out is possible (no memo then)."""
+        seg = sub.seg
+        if seg.count == 0:
+            return None
+        gap = previous_gap(sub.ts, seg, self.conn._column(sub, "last"), existed)
+        kept = self.session._flows(sub)
+        lo, hi = torch.aminmax(sub.ts)
+        since = (hi - self.session._column(sub, "last")) * kept
+        if bool((gap > self.conn_min).any()) or int(hi - lo) > self.session_min \
+                or bool((since > self.session_min).any()):
+            return None
+        s0 = self.conn._column(sub, "state") * self.width + self.session._column(sub, "state")
+        found, after, timed_out = fsm_scan(self.next, None, cls, None, seg, s0, self.quiet)
+        found_c = torch.div(found, self.width, rounding_mode="floor")
+        after_c = torch.div(after, self.width, rounding_mode="floor")
+        sub.memo[JOINT] = (found - found_c * self.width, after - after_c * self.width, timed_out)
+        return found_c, after_c
+
+
+def carry(memo: dict, kept) -> dict:
+    """The joint scan's session parts for the packets ``kept`` (positions), for the ``Sub``
+    of the firewall's survivors; nothing else of ``memo`` holds there."""
+    got = memo.get(JOINT)
+    return {} if got is None else {JOINT: tuple(take(t, kept) for t in got)}
+
+
+__all__ = ["JOINT", "JointScan", "carry"]
