@@ -465,18 +465,18 @@ class Switch(CentralController):
             self.endpoint.send(reply, "migrate_error", problem)
             return
         migration = Migration(reply, payload["mode"], source, destination, flows)
-        for flow in flows:
-            self.migrations[flow.id] = migration
+        self.migrations.update(zip(migration.flows, repeat(migration)))
         self.flush()  # packets routed to the source so far go before the command
         # A flow moved onto its replica's runtime gets the source as its replica, which
         # keeps the state it sends as the replica's copy.
+        before = migration.replicas
         marks, replicas = [], []
         for flow in flows:
-            migration.replicas[flow.id] = flow.replica
-            if flow.replica == destination:
-                flow.replica = source
+            replica = before[flow.id] = flow.replica
+            if replica == destination:
+                replica = flow.replica = source
             marks.append(flow.committed)
-            replicas.append(flow.replica)
+            replicas.append(replica)
         if payload["mode"] == "central":
             self.start_central(migration, flows, list(zip(migration.flows, marks, replicas)))
             return
