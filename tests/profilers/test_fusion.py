@@ -122,3 +122,28 @@ def test_inductor_measures_a_fused_group_and_the_per_call_cost(mlp):
     assert len(times.groups) == 1 and times.groups[0].compile_s > 0
     assert times.per_call_fwd_ms > 0 and times.per_call_bwd_ms >= 0
     assert {op.kind for op in times.groups[0].ops} <= {OpKind.MATMUL, OpKind.ACTIVATION}
+
+
+@pytest.mark.slow
+def test_a_compiled_cpu_region_saves_no_boolean_mask_and_computes_what_eager_does():
+    # inductor's min-cut partition would save relu's mask as bool, which its C++ stores one
+    # byte at a time; compile_region keeps the forward as written (saves relu's output)
+    from dl_nfv.runtime.fusion import compile_region
+
+    def region(x, y):
+        return torch.relu(x + y)
+
+    x = torch.randn(64, 32, requires_grad=True)
+    y = torch.randn(64, 32, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t,
+                                                  lambda t: t):
+        out = compile_region(region)(x, y)
+    out.backward(torch.ones_like(out))
+    grad = x.grad.clone()
+    x.grad = None
+    ref = region(x, y)
+    ref.backward(torch.ones_like(ref))
+    assert saved and torch.bool not in saved, saved
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(grad, x.grad)
