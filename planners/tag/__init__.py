@@ -6,6 +6,8 @@
   schedule) a strategy per group runs as, and other planners' plans as TAG strategies;
 * ``mcts`` — PUCT tree search over the batching and per-group strategies, leaves
   simulated exactly;
+* ``seeds`` — other planners' plans as TAG strategies (their own batch shares), or
+  rejected with the reason;
 * ``polish`` — refinement over stage cuts, single-group moves and the repaired batching;
 * ``planner`` — ``plan``: seeds, search, refinement, the fallbacks, SFB;
 * ``learn`` — AlphaZero-style training from the searches' visit counts and outcomes;
