@@ -117,6 +117,11 @@ class ProfileInfo:
     # batch-independent part, on one thread where timed there (None: not measured)
     loss_ms: float | None = None
     loss_fixed_ms: float | None = None
+    # the runtime's optimizer step (per optimizer: sgd, adam) and the zeroing of its gradient
+    # buckets, ns per parameter byte, timed over the model's parameters on one thread
+    # (empty / None: not measured; the cost model then charges memory passes)
+    update_ns_per_byte: dict[str, float] = field(default_factory=dict)
+    zero_ns_per_byte: float | None = None
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -127,8 +132,12 @@ class ProfileInfo:
               f"thread_counts {list(self.thread_counts)} must include threads ({self.threads})")
         for name, us in self.instrumentation_us.items():
             check(us >= 0, f"instrumentation_us[{name!r}] must be >= 0, got {us}")
+        for name, ns in self.update_ns_per_byte.items():
+            check(name in ("sgd", "adam"), f"update_ns_per_byte: unknown optimizer {name!r}")
+            check(ns >= 0, f"update_ns_per_byte[{name!r}] must be >= 0, got {ns}")
         for name in ("op_sum_spread", "step_spread", "op_spread", "noisy_share",
-                     "instrumentation_taken_ms", "unit_action_ms", "loss_ms", "loss_fixed_ms"):
+                     "instrumentation_taken_ms", "unit_action_ms", "loss_ms", "loss_fixed_ms",
+                     "zero_ns_per_byte"):
             value = getattr(self, name)
             check(value is None or value >= 0, f"{name} must be >= 0, got {value}")
         check(self.step_ms is None or self.step_ms >= 0, f"step_ms must be >= 0, got {self.step_ms}")

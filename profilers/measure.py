@@ -57,6 +57,7 @@ Method
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
 from collections import defaultdict
@@ -348,3 +349,17 @@ class TimedRounds:
                  for k, v in self.fwd_runs.items()},
                 {k: less_overhead(statistics.median(v) * 1e3, bwd_events.get(k, 0), per_b)
                  for k, v in self.bwd_runs.items()})
+
+
+def machine_name(dev: torch.device) -> str:
+    """The CUDA device's name, or the CPU's model name (else the platform's word for it)."""
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

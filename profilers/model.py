@@ -58,7 +58,6 @@ bookkeeping per step.
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -82,9 +81,18 @@ from .capture import Capture, capture
 from .counting import CostCounter, MemoryLimitExceeded
 from .devices import catalog_name_of_cuda
 from .graph import build_ops
-from .measure import LOSS, Recorder, TimedRounds, bounded_overhead, make_clock, time_plain_step
+from .measure import (
+    LOSS,
+    Recorder,
+    TimedRounds,
+    bounded_overhead,
+    machine_name,
+    make_clock,
+    time_plain_step,
+)
 from .probe import PROBE_ROWS, colocation_groups, probe
 from .rounds import MAX_ROUND_FACTOR, allowed_cpus, pin, relative_iqr, stability
+from .update import update_rates
 
 Progress = Callable[[str, int, int], None]
 # the fixed parts of op times are measured at batch B // SCALING_DIVISOR (at least 1)
@@ -288,15 +296,18 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     colocation, colocation_note = _runtime_colocation(cap, workload, seed, dev)
     action_ms, action_note = (unit_action_ms(cap, workload, module, model.batch_size, seed)
                               if dev.type == "cpu" else (None, ""))
+    rates, zero, update_note = (update_rates(module, plain_step, available_memory_bytes(dev))
+                                if dev.type == "cpu" else ({}, None, ""))
     ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,
                    dtype=model.dtype, inputs=model.inputs, options=options)
     info = _info(cap, steps, fwd_runs, bwd_runs, fwd_ms, bwd_ms, at_threads, type_name, warmup,
                  peak_bytes, small if fixed else None, allocator,
                  _overhead_field(per_event, per_event_small if fixed else None, taken_ms)
                  | {"unit_action_ms": None if action_ms is None else round(action_ms, 4)}
+                 | {"update_ns_per_byte": rates, "zero_ns_per_byte": zero}
                  | loss_figures(one, one_small, model.batch_size, per_event, per_event_small),
-                 f"{scaling_note}{action_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
-                 f"seed {seed}; {_machine(dev)}{colocation_note}")
+                 f"{scaling_note}{action_note}{update_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
+                 f"seed {seed}; {machine_name(dev)}{colocation_note}")
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges,
                    colocation=colocation)
 
@@ -544,19 +555,6 @@ class _SmallBatchRounds:
         spread = f", {_per_round(sums)}" if sums else ""
         return fixed, (f"batch-independent part {share:.0%} of the per-op sum (from batch "
                        f"{self.small}{spread}); ")
-
-
-def _machine(dev: torch.device) -> str:
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev)
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 class _model_errors:

@@ -17,7 +17,10 @@ Compute
     a small-batch matmul is most of it), otherwise the launch overhead.
 
 Optimizer step and gradient buffers
-    Memory bound: per parameter byte an update moves ``UPDATE_PASSES`` bytes, as
+    On a CPU of the profile's type, the step and the zeroing of the gradients as
+    ``profile model`` timed them over the model's parameters, per byte
+    (``ProfileInfo.update_ns_per_byte``, ``zero_ns_per_byte``). Elsewhere memory bound:
+    per parameter byte an update moves ``UPDATE_PASSES`` bytes, as
     many as the fused step of ``torch.optim`` that the runtime runs reads and writes
     (one kernel, on a CPU as on a GPU). Gradients live in flat
     buckets (as DDP's ``gradient_as_bucket_view``): every step zeroes them (two
@@ -80,7 +83,16 @@ from functools import cached_property
 
 import numpy as np
 
-from dl_nfv.artifacts import Cluster, Collective, OpGraph, OpKind, Optimizer, Topology, cluster_of
+from dl_nfv.artifacts import (
+    Cluster,
+    Collective,
+    OpGraph,
+    OpKind,
+    Optimizer,
+    ProfileInfo,
+    Topology,
+    cluster_of,
+)
 from dl_nfv.artifacts.devices import DeviceType
 
 from .extrapolation import at_threads, thread_points
@@ -949,9 +961,23 @@ class CostModel(NetworkCosts):
             device, optimizer)
 
     def update_ms_per_byte(self, device: str, optimizer: Optimizer = Optimizer.SGD) -> float:
-        """The per-parameter-byte part of ``update_ms``."""
+        """The per-parameter-byte part of ``update_ms``: on a CPU device of the profile's
+        type, the step the profile timed over the model's parameters (``ProfileInfo.
+        update_ns_per_byte``); elsewhere ``UPDATE_PASSES`` at the memory bandwidth."""
+        measured = self._cpu_profile(device)
+        if measured is not None and optimizer.value in measured.update_ns_per_byte:
+            return measured.update_ns_per_byte[optimizer.value] * 1e-6
         return UPDATE_PASSES[optimizer] / (
             self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6)
+
+    def _cpu_profile(self, device: str) -> ProfileInfo | None:
+        """The graph's profile where ``device`` is a CPU of the profile's type (its measured
+        update and zeroing rates apply there); else None."""
+        info = self.graph.profile
+        dev = self.cluster.device(device)
+        if info is None or dev.type.kind.value != "cpu" or dev.type.name != info.device_type:
+            return None
+        return info
 
     def update_launch_ms(self, device: str) -> float:
         """The fixed part of ``update_ms``."""
@@ -967,9 +993,15 @@ class CostModel(NetworkCosts):
         return ACCUMULATE_PASSES / (self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6)
 
     def upkeep_ms_per_byte(self, device: str, accumulations: int = 1) -> float:
-        """The per-gradient-byte cost of ``upkeep_ms``."""
-        passes = ZERO_PASSES + ACCUMULATE_PASSES * accumulations
-        return passes / (self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6)
+        """The per-gradient-byte cost of ``upkeep_ms``: the zeroing the profile timed
+        (``ProfileInfo.zero_ns_per_byte``, on a CPU device of its type) or
+        ``ZERO_PASSES`` at the memory bandwidth, and ``ACCUMULATE_PASSES`` per backward."""
+        bandwidth = self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6
+        measured = self._cpu_profile(device)
+        zero = (measured.zero_ns_per_byte * 1e-6
+                if measured is not None and measured.zero_ns_per_byte is not None
+                else ZERO_PASSES / bandwidth)
+        return zero + ACCUMULATE_PASSES * accumulations / bandwidth
 
     def sfb_factors(self, op_id: str, elem_bytes: int = 4) -> tuple[float, float, float] | None:
         """``(rows, in_features, out_features)`` of a matmul op with parameters, or None.
