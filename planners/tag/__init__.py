@@ -3,7 +3,7 @@
 * ``joint`` — the joint heterogeneous graph (PyTorch Geometric ``HeteroData``) and the
   network over it (``HeteroConv``; policy and value heads);
 * ``batching`` — micro-batched strategies: the pipeline (microbatches, GPipe or 1F1B
-  schedule) a strategy per group runs as, and other planners' plans as TAG strategies;
+  schedule) a strategy per group runs as;
 * ``mcts`` — PUCT tree search over the batching and per-group strategies, leaves
   simulated exactly;
 * ``seeds`` — other planners' plans as TAG strategies (their own batch shares), or

@@ -12,6 +12,7 @@ from dl_nfv.planners import run
 from dl_nfv.planners.heterog import problem_of
 from dl_nfv.planners.learned.env import GroupStrategy
 from dl_nfv.planners.tag.batching import BatchedEnv, Batching
+from dl_nfv.planners.tag.planner import with_plans
 from dl_nfv.planners.tag.seeds import Rejected, seed_of_plan
 from tests.planners.test_dp_baselines import v100_t4_topology
 from tests.planners.test_learned import _graph
@@ -114,3 +115,18 @@ def test_given_shares_must_match_the_devices():
         GroupStrategy(devices=("a/gpu0", "b/gpu0"), balance="given", shares=(0.5,))
     with pytest.raises(BadInput, match="given"):
         GroupStrategy(devices=("a/gpu0", "b/gpu0"), shares=(0.5, 0.5))
+
+
+def test_tag_with_given_plans_seeds_from_them_and_is_never_slower():
+    """``with_plans``: a pipeline plan made once is tag's seed (a note says how exact) and
+    fallback, and the DP baselines given are its reference."""
+    problem = _chain()
+    graph, topology = problem.env.graph, problem.env.topology
+    pipeline = run("pipeline", graph, topology)
+    baselines = [run(b, graph, topology) for b in ("dp-even", "dp-prop")]
+    plan = with_plans(graph, topology, [pipeline], baselines=baselines, playouts=30,
+                      max_evaluations=30, groups=3, sfb=False, priors="uniform",
+                      others="pipeline")
+    assert plan.prediction.iteration_ms <= pipeline.prediction.iteration_ms * (1 + 1e-9)
+    assert any(n.startswith("seed from pipeline") for n in plan.notes)
+    assert plan.options["others"] == "pipeline"
