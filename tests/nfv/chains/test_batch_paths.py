@@ -1,5 +1,7 @@
-"""The paths the tensor chain takes only in large batches, forced on small ones: one sort
-by flow hash, the ACL matched per flow, the fixed-point scan; each equals the reference."""
+"""The paths the tensor chain takes only in some batches — forced on small ones where they
+are the large batches' (one sort by flow hash, the ACL matched per flow, the fixed-point
+scan), and the firewall's joint scan with the NAT and its fallback: each equals the
+reference."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import torch
 from dl_nfv.artifacts import from_data, load
 from dl_nfv.artifacts.nfconfig import NfConfig
 from dl_nfv.nfv.chains import engine, kernels, scan
+from dl_nfv.nfv.chains import joint as jointscan
 from dl_nfv.nfv.chains.packets import load_packets
 from dl_nfv.nfv.chains.synth import synthetic_packets
 
@@ -69,3 +72,32 @@ def test_sweeps_skipped_only_where_no_flow_can_expire(monkeypatch, timeout_s, sw
     ref, _ = run_both(specs, packets, [200])
     assert bool(gathers) == swept
     assert (ref.nfs[-1].exported > 0) == swept  # the monitor exported idle flows
+
+
+@pytest.mark.parametrize("timeout_s, joint", [(10.0, True), (0.03, False)])
+def test_joint_scan_only_where_no_time_out_can_fall(monkeypatch, timeout_s, joint):
+    """The firewall and the NAT scan as one product machine in every batch where no packet
+    can find a time-out (time-outs of 10 s on a 1 s trace), and each scans its own where
+    one can (30 ms: a batch spans more); both equal the reference, packet for packet and
+    state for state."""
+    taken = []
+    run = jointscan.JointScan.run
+
+    def counted(self, *args):
+        got = run(self, *args)
+        taken.append(got is not None)
+        return got
+
+    monkeypatch.setattr(jointscan.JointScan, "run", counted)
+    timeouts = {name: timeout_s for name in
+                ("syn_s", "established_s", "fin_s", "closing_s", "udp_s")}
+    chain = [{"nf": "firewall", "default": "allow", "timeouts": timeouts},
+             {"nf": "nat", "pool": ["192.0.2.1"], "ports": "5000-5999", "timeouts": timeouts},
+             {"nf": "lb", "backends": ["10.9.0.1:8080", "10.9.0.2"], "table_size": 13,
+              "timeouts": timeouts},
+             {"nf": "monitor", "timeouts": timeouts}]
+    specs = from_data(NfConfig, {"kind": "nf-config", "schema_version": 1, "name": "t",
+                                 "l4_chain": chain}).l4_chain
+    packets = synthetic_packets(flows=40, packets=2400, seed=4, duration_s=1.0, gap_us=2000)
+    run_both(specs, packets, [200])
+    assert len(taken) == 12 and set(taken) == {joint}
