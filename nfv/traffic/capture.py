@@ -246,22 +246,29 @@ def walk_pcap(data, layout: PcapLayout, pos: int, stop: int, last_sec: int | Non
     """Walk the records whose headers start in ``[pos, stop)`` (the last may end past
     ``stop``), resynchronising after bad headers; what it cannot read counted in
     ``malformed``. Walks that start where another stopped, with its ``last_sec``, read
-    what one walk over both ranges reads."""
+    what one walk over both ranges reads. The loop per record reads only the two lengths
+    and keeps where the header starts (the other fields are read as arrays afterwards,
+    ``pcap_rows``); the last good record's seconds are read where needed."""
     size = len(data)
     header, units = layout.header, layout.units
-    unpack = header.unpack_from
+    lengths = struct.Struct(header.format[0] + "II").unpack_from  # caplen, original length
     heads = array("q")  # where each readable record's header starts
+    append = heads.append
+
+    def last_good_sec() -> int | None:
+        return header.unpack_from(data, heads[-1])[0] if heads else last_sec
+
     while pos < stop:
         if pos + 16 > size:
             malformed["truncated_file"] += 1
             pos = None
             break
-        sec, frac, caplen, origlen = unpack(data, pos)
+        caplen, origlen = lengths(data, pos + 8)
         end = pos + 16 + caplen
         if caplen > MAX_CAPLEN or caplen > origlen or end > size:
             bad = ("oversized_record" if caplen > MAX_CAPLEN else
                    "bad_record_header" if caplen > origlen else None)
-            nxt = _resync(data, pos + 16, header, units, last_sec)
+            nxt = _resync(data, pos + 16, header, units, last_good_sec())
             if bad is None:  # past the end: a cut file, unless records follow after all
                 malformed["truncated_file" if nxt is None else "bad_record_header"] += 1
             else:
@@ -272,11 +279,10 @@ def walk_pcap(data, layout: PcapLayout, pos: int, stop: int, last_sec: int | Non
             if nxt is None:
                 break
             continue
-        last_sec = sec
-        heads.append(pos)
+        append(pos)
         pos = end
     return PcapWalk(np.frombuffer(heads, dtype=np.int64), pos if pos is None or pos < size
-                    else None, last_sec)
+                    else None, last_good_sec())
 
 
 def walk_pcap_part(data, layout: PcapLayout, edges: list[int], k: int, malformed: Counter
