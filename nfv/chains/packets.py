@@ -142,9 +142,15 @@ def key_pair(src, sport, dst, dport, proto):
         k1 = (lo_ip << 32) | hi_ip
         k1 = k1 - (1 << 64) if k1 >= 1 << 63 else k1
         return k1, (lo_port << 24) | (hi_port << 8) | proto, int(swap)
-    where = np.where if isinstance(swap, np.ndarray) else _torch_where
-    lo_ip, hi_ip = where(swap, dst, src), where(swap, src, dst)
-    lo_port, hi_port = where(swap, dport, sport), where(swap, sport, dport)
+    # the lower address is the key's first whichever way the ports go (equal addresses:
+    # either); the ports follow ``swap``, the higher one the sum less the lower
+    if isinstance(swap, np.ndarray):
+        lo_ip, hi_ip = np.minimum(src, dst), np.maximum(src, dst)
+        lo_port = np.where(swap, dport, sport)
+    else:
+        lo_ip, hi_ip = torch.minimum(src, dst), torch.maximum(src, dst)
+        lo_port = pick(swap, dport, sport)
+    hi_port = sport + dport - lo_port
     return (lo_ip << 32) | hi_ip, (lo_port << 24) | (hi_port << 8) | proto, swap.long() \
         if hasattr(swap, "long") else swap.astype(np.int64)
 
@@ -154,10 +160,6 @@ def flow_count(packets: ChainPackets) -> int:
     k1, k2, _ = key_pair(packets.src, packets.sport, packets.dst, packets.dport, packets.proto)
     keys = np.unique(np.stack([k1, k2], axis=1).view(np.dtype((np.void, 16))))
     return int(keys.shape[0])
-
-
-def _torch_where(cond, a, b):
-    return pick(cond, a, b)
 
 
 def hash32(x):
