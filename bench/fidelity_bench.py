@@ -237,7 +237,7 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
                "cpu_ms": [r.get("cpu_ms") or 0.0 for r in report["per_rank"]],
                "busy_ms": [busy.get(r["device"], 0.0) for r in report["per_rank"]],
                "host_comm_ms": [host.get(r["device"], 0.0) for r in report["per_rank"]],
-               "wall_s": wall, "others_cores": others}
+               "wall_s": wall, "others_cores": others, **_updates(stem, report)}
         rows[label] = row
         print(f"  {model:10s} {label:16s} predicted {predicted:9.1f} ms  measured {measured:9.1f} ms"
               f" (runs {', '.join(f'{x[0]:.0f}' for x in done)})  error {row['rel_error']:+.1%}",
@@ -301,6 +301,24 @@ def _device_times(simulated: dict) -> tuple[dict[str, float], dict[str, float]]:
             {d["device"]: d.get("comm_ms", 0.0)
              if d.get("host_driven", d.get("type") == "cpu") else 0.0  # (older reports: type)
              for d in devices})
+
+
+def _updates(stem: Path, report: dict) -> dict[str, list[float]]:
+    """Per rank, the optimizer update (the step, a PS pull's own work) as the run measured
+    it (``report``: the median step after the warm-up) and as simulated (``simulate
+    --compare``'s breakdown), in ms; nothing where the comparison fails."""
+    run = next(iter(sorted(stem.parent.glob(f"{stem.name}.run*.json"))), None)
+    try:
+        compared = json.loads(dl_nfv("simulate", str(stem.with_suffix(".plan.json")), "--compare",
+                                     str(run), "--json"))["comparison"]
+    except (RuntimeError, KeyError, TypeError, json.JSONDecodeError):
+        return {}
+    predicted = compared.get("predicted_breakdown_ms_by_device", {})
+    warm = report.get("warmup", 0)
+    return {"update_ms": [statistics.median(r.get("breakdown_ms", {}).get("update", [])[warm:]
+                                            or [0.0]) for r in report["per_rank"]],
+            "update_predicted_ms": [predicted.get(r["device"], {}).get("update", 0.0)
+                                    for r in report["per_rank"]]}
 
 
 def _order(rows: list[dict], key: str) -> str:
@@ -393,7 +411,10 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
                          " / ".join(f"{b:.0f}" for b in busy),
                          " / ".join(f"{h:.0f}" for h in host),
                          " / ".join(f"{c:.0f}" for c in r["cpu_ms"]),
-                         " / ".join(f"{c / x:.2f}" for c, x in zip(r["cpu_ms"], held) if x > 0)])
+                         " / ".join(f"{c / x:.2f}" for c, x in zip(r["cpu_ms"], held) if x > 0),
+                         " / ".join(f"{m:.2f} ({u:.2f})" for m, u in
+                                    zip(r.get("update_ms", []), r.get("update_predicted_ms", [])))
+                         or "-"])
     errors = [abs(r["rel_error"]) for r in ok]
     median = statistics.median(errors) if errors else float("nan")
     worst = max(errors) if errors else float("nan")
@@ -432,11 +453,13 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
         "and sums with the worker's own CPU) beside the CPU time the worker process used per "
         "step (all its threads, so gloo's too). CPU time does not grow when other jobs share "
         "the cores, so this ratio isolates the cost model's compute and host-communication "
-        "terms from contention.",
+        "terms from contention. The last column sets each rank's optimizer update as the run "
+        "timed it (wall clock, median step) beside the simulated one.",
         "",
         markdown_table(["model", "plan", "simulated compute ms per device",
                         "simulated transfers and collectives ms", "measured CPU ms per rank",
-                        "CPU / simulated (both)"], cpu_rows),
+                        "CPU / simulated (both)", "update ms per rank: measured (simulated)"],
+                       cpu_rows),
     ]
     return "\n".join(body), {"median_abs_error": median, "worst_abs_error": worst,
                              "kendall_tau": taus}
