@@ -88,6 +88,38 @@ class DeviceFlowTable:
         The first round probes each key's home slot (where most keys end); the keys still
         searching then probe ``PROBE_WINDOW`` consecutive slots per round and stop at the
         window's first hit or empty slot, the order linear probing visits them in."""
+        return self._lookup(k1, k2)[0]
+
+    def upsert(self, k1, k2):
+        """Slots of the keys (distinct), the absent ones inserted with their columns left as
+        they were (for callers that write every column).
+
+        One probe serves most keys: the lookup's first round finds a key at its home slot
+        or stops it at an empty one, and an absent key whose home slot is empty takes that
+        slot at once (a scatter picks one winner where several share it); only the others
+        go on to ``insert``'s rounds. Rehashes before the lookup if the keys might not fit,
+        so nothing moves after."""
+        self.reserve(int(k1.shape[0]))
+        found, home, empty = self._lookup(k1, k2)
+        claim = torch.nonzero(empty & (found < 0)).squeeze(1)
+        if claim.numel():
+            at = take(home, claim)
+            put(self._owner, at, claim)
+            won = take(claim, torch.nonzero(take(self._owner, at) == claim).squeeze(1))
+            slots = take(home, won)
+            put(self.k1, slots, take(k1, won))
+            put(self.k2, slots, take(k2, won))
+            put(found, won, slots)
+            self.live += int(won.numel())
+            self.used += int(won.numel())
+        rest = torch.nonzero(found < 0).squeeze(1)
+        if rest.numel():
+            put(found, rest, self.insert(take(k1, rest), take(k2, rest), fill=False))
+        return found
+
+    def _lookup(self, k1, k2):
+        """``lookup``'s slots; each key's home slot where its probe stopped at an empty home
+        slot (else where its probe ended); whether it did."""
         n = k1.shape[0]
         found = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         slot = self._home(k1, k2)
@@ -95,7 +127,8 @@ class DeviceFlowTable:
         t2 = take(self.k2, slot)
         hit = (t2 == k2) & (take(self.k1, slot) == k1)
         found = pick(hit, slot, found)
-        todo = torch.nonzero(~hit & (t2 != EMPTY)).squeeze(1)
+        empty = t2 == EMPTY
+        todo = torch.nonzero(~hit & ~empty).squeeze(1)
         step = torch.arange(1, PROBE_WINDOW + 1, device=self.device)
         while todo.numel():
             at = take(slot, todo)
@@ -111,7 +144,7 @@ class DeviceFlowTable:
             left = torch.nonzero(~ended).squeeze(1)
             todo = take(todo, left)
             put(slot, todo, (take(at, left) + PROBE_WINDOW) & mask)
-        return found
+        return found, slot, empty
 
     def insert(self, k1, k2, *, fill: bool = True):
         """Slots given to the keys (distinct, absent), with their columns at the fill values

@@ -112,10 +112,11 @@ def test_incremental_checksum_equals_full(words, new):
 
 
 @settings(max_examples=40, deadline=None)
-@given(hs.lists(hs.tuples(hs.sampled_from(["ins", "del"]),
+@given(hs.lists(hs.tuples(hs.sampled_from(["ins", "del", "ups"]),
                           hs.lists(hs.integers(0, 40), max_size=30)), max_size=8))
 def test_flow_table_matches_a_dict(ops):
-    """Batched insert/delete/lookup with heavy collisions (tiny capacity, rehashes)."""
+    """Batched insert/delete/lookup/upsert with heavy collisions (tiny capacity, rehashes,
+    tombstones)."""
     import torch
 
     table = DeviceFlowTable(16, "cpu", {"v": -1})
@@ -127,7 +128,14 @@ def test_flow_table_matches_a_dict(ops):
         slots = table.lookup(k1, k2)
         for k, a, b, s in zip(keys, k1.tolist(), k2.tolist(), slots.tolist()):
             assert (s >= 0) == ((a, b) in model), k
-        if op == "ins":
+        if op == "ups":  # every key gets a slot of its own, the present keep their values
+            got = table.upsert(k1, k2)
+            new = slots < 0
+            assert bool((got >= 0).all()) and len(set(got.tolist())) == len(keys)
+            assert table.lookup(k1, k2).tolist() == got.tolist()
+            table.cols["v"][got[new]] = k1[new]
+            model.update({(a, b): a for a, b in zip(k1[new].tolist(), k2[new].tolist())})
+        elif op == "ins":
             new = slots < 0
             got = table.insert(k1[new], k2[new])
             table.cols["v"][got] = k1[new]
