@@ -5,7 +5,7 @@
 packet counts, TCP and HTTP statistics) with the per-flow work split over
 ``shards`` processes, as receive-side scaling splits a NIC's queues:
 
-1. This process hashes each decoded packet's 5-tuple (``assemble.key_table``,
+1. This process hashes each decoded packet's 5-tuple (``keys.key_table``,
    the same for both directions; vectorised) and gives the packet to shard
    ``hash % shards``. Every packet of a 5-tuple lands in one shard, in capture
    order, and the flow table's work on a 5-tuple depends on that 5-tuple's
@@ -44,9 +44,10 @@ import numpy as np
 
 from dl_nfv.artifacts.errors import RuntimeFailure
 
-from .assemble import Assembled, Part, assemble, assemble_parts, key_table, merge_parts, row_hash
+from .assemble import Assembled, Part, assemble, assemble_parts, merge_parts
 from .columnar import OK, PacketColumns
 from .flows import FlowState
+from .keys import key_table, row_hash
 
 MIN_SHARD_PACKETS = 4096  # fewer packets per shard do not pay for a fork
 _SENT = ("id", "proto", "client", "server", "first_ts_us", "last_ts_us", "packets", "wire_bytes",

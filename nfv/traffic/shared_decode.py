@@ -4,7 +4,7 @@ one shared mapping.
 ``SharedColumns(records, parts)`` is allocated before the fork (or, with ``fd``,
 in a file that processes forked earlier map with ``attach``): room for every
 record's decoded columns (``columnar.PacketColumns``' per-frame fields), its
-5-tuple key, its hash and orientation (``assemble.key_table``) in one anonymous shared
+5-tuple key, its hash and orientation (``keys.key_table``) in one anonymous shared
 mapping, so what one process writes every other reads. Process ``k`` decodes
 part ``k`` of the records (``decode_part``: a contiguous ``1 / parts`` of
 them, the frames where they lie in the mapped capture) and writes its rows;
@@ -28,9 +28,9 @@ import os
 
 import numpy as np
 
-from .assemble import key_table, row_hash
 from .capture import release_pages
 from .columnar import OK, REASONS, PacketColumns, decode_records, http_starts
+from .keys import key_table, row_hash
 
 _FIELDS = (("ts_us", np.int64), ("wire_bytes", np.int64), ("reason", np.int16),
            ("proto", np.uint8), ("addr_len", np.int64), ("src_off", np.int64),

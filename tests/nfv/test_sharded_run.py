@@ -21,7 +21,7 @@ from dl_nfv.nfv.engines import parse_engine, sharded
 from dl_nfv.nfv.engines.runner import EngineOptions, run_engine
 from dl_nfv.nfv.run import digests, run_config
 from dl_nfv.nfv.traffic import capture, load_trace, shards, shared_decode
-from dl_nfv.nfv.traffic.assemble import key_table, row_hash
+from dl_nfv.nfv.traffic.keys import key_table, row_hash
 from dl_nfv.nfv.traffic.capture import (
     join_walks,
     pcap_layout,
