@@ -31,12 +31,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..traffic.capture import mapped, spans
 from ..traffic.columnar import OK, decode_records
 from ..traffic.pcap import TCP, UDP, MalformedCounts
-from .ops import pick, put_columns, take_columns
 
 MASK32 = 0xFFFFFFFF
 HASH_MUL = 0x45D9F3B
@@ -147,8 +145,10 @@ def key_pair(src, sport, dst, dport, proto):
     if isinstance(swap, np.ndarray):
         lo_ip, hi_ip = np.minimum(src, dst), np.maximum(src, dst)
         lo_port = np.where(swap, dport, sport)
-    else:
-        lo_ip, hi_ip = torch.minimum(src, dst), torch.maximum(src, dst)
+    else:  # tensors (torch loads only with them: ``nfv/actors`` keys ints)
+        from .ops import pick
+
+        lo_ip, hi_ip = src.minimum(dst), src.maximum(dst)
         lo_port = pick(swap, dport, sport)
     hi_port = sport + dport - lo_port
     return (lo_ip << 32) | hi_ip, (lo_port << 24) | (hi_port << 8) | proto, swap.long() \
@@ -243,13 +243,15 @@ def rewrite_checksum_rows(old, new, csums, proto):
     folding. That is 0 both where ``x`` is a positive multiple of 0xFFFF (right) and where
     ``x == 0`` (the fold's 0xFFFF): the few packets with a 0 are recomputed by the
     words' sums to tell them apart."""
+    from .ops import put_columns, take_columns
+
     d_addr = new[:2].sum(0) - old[:2].sum(0)
     total = (-1 - csums) + d_addr
     total[1] += (new[2:] - old[2:]).sum(0)
-    out = 0xFFFE - torch.remainder(total, 0xFFFF)
+    out = 0xFFFE - total.remainder(0xFFFF)
     zero = (out == 0).any(0)
     if bool(zero.any()):
-        at = torch.nonzero(zero).squeeze(1)
+        at = zero.nonzero().squeeze(1)
         sums = _word_totals(take_columns(old, at), take_columns(new, at),
                             take_columns(csums, at))
         put_columns(out, at, 0xFFFF - _fold(_fold(sums)))
