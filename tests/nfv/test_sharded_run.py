@@ -21,7 +21,6 @@ from dl_nfv.nfv.engines import parse_engine, sharded
 from dl_nfv.nfv.engines.runner import EngineOptions, run_engine
 from dl_nfv.nfv.run import digests, run_config
 from dl_nfv.nfv.traffic import capture, load_trace, shards, shared_decode
-from dl_nfv.nfv.traffic.keys import key_table, row_hash
 from dl_nfv.nfv.traffic.capture import (
     join_walks,
     pcap_layout,
@@ -31,6 +30,7 @@ from dl_nfv.nfv.traffic.capture import (
 )
 from dl_nfv.nfv.traffic.columnar import decode_records, http_starts
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
+from dl_nfv.nfv.traffic.keys import key_table, row_hash
 from dl_nfv.nfv.traffic.shared_decode import SharedColumns
 
 from .helpers import DATA, EXAMPLES, write_pcap

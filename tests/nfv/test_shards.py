@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from dl_nfv.nfv.traffic import load_trace, shards
-from dl_nfv.nfv.traffic.keys import key_table
 from dl_nfv.nfv.traffic.columnar import OK, decode_frames
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
+from dl_nfv.nfv.traffic.keys import key_table
 
 from .helpers import DATA, write_pcap
 from .test_assemble import FIELDS, _connections
@@ -65,8 +65,8 @@ def test_shards_split_the_flows(tmp_path, small_shards):
     """Every shard gets flows: the hash spreads 5-tuples, both directions of one together."""
     from collections import Counter
 
-    from dl_nfv.nfv.traffic.keys import key_table, row_hash
     from dl_nfv.nfv.traffic.columnar import OK, read_columns
+    from dl_nfv.nfv.traffic.keys import key_table, row_hash
     from dl_nfv.nfv.traffic.pcap import MalformedCounts
 
     path = tmp_path / "g.pcap"
