@@ -296,7 +296,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     colocation, colocation_note = _runtime_colocation(cap, workload, seed, dev)
     action_ms, action_note = (unit_action_ms(cap, workload, module, model.batch_size, seed)
                               if dev.type == "cpu" else (None, ""))
-    rates, zero, update_note = (update_rates(module, plain_step, available_memory_bytes(dev))
+    rates, zero, update_note = (update_rates(module, available_memory_bytes(dev))
                                 if dev.type == "cpu" else ({}, None, ""))
     ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,
                    dtype=model.dtype, inputs=model.inputs, options=options)

@@ -5,58 +5,61 @@ from __future__ import annotations
 
 import torch
 
-from dl_nfv.profilers.update import update_rates
+from dl_nfv.profilers.update import DEFAULT_CACHE_BYTES, last_level_cache_bytes, update_rates
 
 
-def _model_and_step():
+def _model():
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
-    x = torch.randn(16, 64)
-    calls = []
-
-    def backward():
-        calls.append(1)
-        module.zero_grad(set_to_none=True)
-        module(x).square().mean().backward()
-
-    return module, backward, calls
+    return module, sum(p.numel() * 4 for p in module.parameters())
 
 
 def test_rates_per_byte_for_both_optimizers_and_the_module_left_as_it_was():
-    module, backward, calls = _model_and_step()
+    module, nbytes = _model()
+    module(torch.randn(4, 64)).sum().backward()
     before = [p.detach().clone() for p in module.parameters()]
     threads = torch.get_num_threads()
-    rates, zero, note = update_rates(module, backward, None, rounds=2)
+    rates, zero, note = update_rates(module, None, rounds=2)
     assert set(rates) == {"sgd", "adam"}
     assert all(v > 0 for v in rates.values()) and zero > 0
-    assert len(calls) == 2 * (2 + 1)  # a plain step before every step, one settling per optimizer
     assert all(torch.equal(a, b) for a, b in zip(before, module.parameters()))  # lr 0
     assert all(p.grad is None for p in module.parameters())
     assert torch.get_num_threads() == threads
-    nbytes = sum(p.numel() * 4 for p in module.parameters())
     assert f"over {nbytes / 1e6:.1f} MB of parameters" in note
     assert f"sgd {rates['sgd'] * nbytes / 1e6:.2f} ms" in note
+    assert f"each after {2 * last_level_cache_bytes() >> 20} MiB through the caches" in note
+
+
+def test_the_fastest_round_per_byte():
+    module, nbytes = _model()
+    ticks = []
+
+    def clock() -> float:  # the k-th reading at k^2 seconds: every interval longer than the last
+        ticks.append(1)
+        return float(len(ticks) ** 2)
+
+    rates, zero, note = update_rates(module, None, rounds=4, clock=clock)
+    # per optimizer: the settling round reads the clock 3 times, each timed round 4
+    assert len(ticks) == 2 * (3 + 4 * 4)
+    first_sgd_step = 5 ** 2 - 4 ** 2  # the first timed round's step: readings 4 and 5
+    first_zero = 7 ** 2 - 6 ** 2  # its zeroing: readings 6 and 7
+    assert rates["sgd"] == round(first_sgd_step * 1e9 / nbytes, 5)
+    assert zero == round(first_zero * 1e9 / nbytes, 5)
+    assert "fastest of 4" in note
 
 
 def test_state_that_does_not_fit_half_the_free_memory_is_not_timed():
-    module, backward, _ = _model_and_step()
-    nbytes = sum(p.numel() * 4 for p in module.parameters())
-    rates, zero, _ = update_rates(module, backward, 3 * nbytes, rounds=1)  # Adam's 2x > 1.5x
+    module, nbytes = _model()
+    rates, zero, _ = update_rates(module, 3 * nbytes, rounds=1)  # Adam's 2x > 1.5x
     assert set(rates) == {"sgd"} and zero is not None
-    assert update_rates(module, backward, nbytes, rounds=1) == ({}, None, "")
+    assert update_rates(module, nbytes, rounds=1) == ({}, None, "")
 
 
 def test_a_module_without_parameters_has_no_rates():
-    assert update_rates(torch.nn.ReLU(), lambda: None, None) == ({}, None, "")
+    assert update_rates(torch.nn.ReLU(), None) == ({}, None, "")
 
 
-def test_rounds_stop_once_the_two_fastest_agree():
-    module, backward, calls = _model_and_step()
-    ticks = iter(range(10_000))
-    rates, zero, note = update_rates(module, backward, None, rounds=5,
-                                     clock=lambda: float(next(ticks)))
-    nbytes = sum(p.numel() * 4 for p in module.parameters())
-    assert len(calls) == 2 * 3  # settling + two rounds that agree, per optimizer
-    assert rates == {"sgd": round(1e9 / nbytes, 5), "adam": round(1e9 / nbytes, 5)}
-    assert zero == round(1e9 / nbytes, 5)
-    assert "fastest of up to 2 rounds" in note
+def test_the_last_level_cache_is_the_largest_cache_sysfs_lists():
+    size = last_level_cache_bytes()
+    assert size >= 2**20 or size == DEFAULT_CACHE_BYTES
+    assert size % 1024 == 0
