@@ -241,15 +241,15 @@ def rewrite_checksum_rows(old, new, csums, proto):
     modulo 0xFFFF (2^16 = 1): so the checksum is ``0xFFFE - (d - csum - 1) mod 0xFFFF``,
     ``d`` the plain difference of the new and old fields, without splitting words or
     folding. That is 0 both where ``x`` is a positive multiple of 0xFFFF (right) and where
-    ``x == 0`` (the fold's 0xFFFF): the few packets with a 0 are recomputed by the
-    words' sums to tell them apart."""
+    ``x == 0`` (the fold's 0xFFFF), which needs ``csum == 0xFFFF`` (``x >= 0xFFFF - csum``):
+    the few packets with both are recomputed by the words' sums to tell them apart."""
     from .ops import put_columns, take_columns
 
     d_addr = new[:2].sum(0) - old[:2].sum(0)
     total = (-1 - csums) + d_addr
     total[1] += (new[2:] - old[2:]).sum(0)
     out = 0xFFFE - total.remainder(0xFFFF)
-    zero = (out == 0).any(0)
+    zero = ((out == 0) & (csums == 0xFFFF)).any(0)  # x >= 0xFFFF - csum: 0 needs 0xFFFF
     if bool(zero.any()):
         at = zero.nonzero().squeeze(1)
         sums = _word_totals(take_columns(old, at), take_columns(new, at),
