@@ -21,18 +21,23 @@ every case, at least 1.15x faster than the best baseline on half of them. The si
 deterministic where the evaluation cap stops the search (``--evaluations``); the CPU
 time limit is a safety net.
 
-``--real ESTIMATOR`` instead runs plans for real on ``local-cpu`` (two gloo workers on this
-machine): for a small ResNet-50 and a GPT-2-tiny-class model (profiled here) it plans
-DDP (``dp-no-fusion``), disco priced by the sum-of-ops rule and disco priced by the
-fused-kernel estimator (``dl-nfv plan learn disco``: a compiled region's per-call cost and
-a learned ratio), trains each for ``--steps`` (``dl-nfv train``; the first steps, which
-compile the fused regions, are warm-up) and sets each plan's measured iteration time
-beside its prediction. Wall times on a shared machine are noisy; this section is not
-recorded. Usage:
+Estimator section: the fused-kernel estimator's error on the groups of a model it was not
+trained on (leave one model out over the measurements shipped in
+``planners/disco/fusion-times/``), per held-out model the median and 90th percentile, the
+cost model's sum-of-ops rule beside it on the same groups.
 
-    python bench/disco_bench.py                    # every case, records the section
+Real-run section: plans run for real on ``local-cpu`` (two gloo workers on this machine):
+for a small ResNet-50 and a GPT-2-tiny-class model (profiled here) DDP (``dp-no-fusion``),
+disco priced by the sum-of-ops rule and disco priced by the shipped estimator
+(``planners/disco/disco.estimator.json``), each trained for ``--steps`` (``dl-nfv
+train``; the first steps, which compile the fused regions, are warm-up), its measured
+iteration time beside the simulator's prediction with fused groups priced by the rule and
+by the estimator, the slowest rank's compute and wait, and DDP's measured time over the
+plan's. Wall times on a shared machine are noisy. Usage:
+
+    python bench/disco_bench.py                    # every section, records them
     python bench/disco_bench.py --quick --no-record
-    python bench/disco_bench.py --real disco.estimator.json --steps 12
+    python bench/disco_bench.py --sections estimator,real --quick --no-record
 """
 
 from __future__ import annotations
@@ -138,6 +143,36 @@ REAL_MODELS = {
     "resnet50 (batch 4)": ["resnet50", "--batch-size", "4"],
     "gpt2-tiny (batch 8, 32 tokens)": ["gpt2-tiny", "--batch-size", "8", "--seq-len", "32"],
 }
+SHIPPED = ROOT / "planners" / "disco"
+MEASUREMENTS = SHIPPED / "fusion-times"
+
+
+def estimator_section(epochs: int | None = None) -> str:
+    """Leave-one-model-out error of the fused-kernel estimator on the shipped measurements
+    (``planners/disco/fusion-times``), the sum-of-ops rule's beside it on the same groups."""
+    from dl_nfv.planners.disco.estimator import EPOCHS, leave_one_model_out
+    from dl_nfv.profilers.fusion import load_fusion_times
+
+    by_model: dict[str, list] = {}
+    for path in sorted(MEASUREMENTS.glob("*.fusion.json")):
+        by_model.setdefault(path.name.split(".")[0], []).append(load_fusion_times(path))
+    result = leave_one_model_out(by_model, epochs=epochs or EPOCHS)
+    rows, within, better = [], 0, 0
+    for model, e in result.items():
+        within += e["estimator"] <= 0.15
+        better += e["estimator"] < e["cost model rule"]
+        rows.append([model, int(e["groups"]), *(f"{100 * e[k]:.1f}%" for k in (
+            "estimator", "estimator p90", "cost model rule", "cost model rule p90", "sum of ops"))])
+        print(" | ".join(str(c) for c in rows[-1]), file=sys.stderr, flush=True)
+    table = markdown_table(["held-out model", "groups", "estimator median", "estimator p90",
+                            "sum-of-ops rule median", "rule p90", "plain sum median"], rows)
+    return (f"### Fused-kernel estimator on models it was not trained on\n\n"
+            f"Relative error of a group's fused forward+backward ms (measured by `dl-nfv "
+            f"profile fusion`, CPU time, one thread) predicted by an estimator trained on the "
+            f"other models' groups (`planners/disco/fusion-times/`, {EPOCHS if not epochs else epochs}"
+            f" epochs, seed 0), and by the cost model's sum-of-ops rule. Median within 15% on "
+            f"{within} of {len(rows)} held-out models; better than the rule on {better}.\n\n"
+            f"{table}\n")
 
 
 def dl_nfv(*args: str, timeout: float = 3600) -> str:
@@ -150,9 +185,19 @@ def dl_nfv(*args: str, timeout: float = 3600) -> str:
     return done.stdout
 
 
+def _predicted(plan: Path, graph: Path, estimator: str | None) -> float:
+    extra = ["--estimator", estimator] if estimator else []
+    out = dl_nfv("simulate", str(plan), "--graph", str(graph), "--topology",
+                 str(TOPOLOGY_DIR / "local-cpu.yaml"), *extra, "--json")
+    return float(json.loads(out)["iteration_ms"])
+
+
 def real_rows(label: str, profile_args: list[str], estimator: str, work: Path, *, steps: int,
               evaluations: int, rule_run: bool) -> list[list[str]]:
-    """Plan, predict and run one model's plans (``--real``); a table row per plan."""
+    """Plan, predict and run one model's plans (``--real``); a table row per plan: fused
+    groups, predicted ms by the rule and by the estimator, measured ms, their errors, the
+    slowest rank's compute and wait (AllReduce not hidden) ms, and DDP's measured time over
+    the plan's."""
     graph, topology = work / "graph.json", TOPOLOGY_DIR / "local-cpu.yaml"
     dl_nfv("profile", "model", *profile_args, "--repeats", "1", "--no-batch-scaling",
            "-o", str(graph))
@@ -160,22 +205,27 @@ def real_rows(label: str, profile_args: list[str], estimator: str, work: Path, *
              "disco, sum-of-ops rule": ["disco", "--max-evaluations", str(evaluations)],
              "disco, estimator": ["disco", "--max-evaluations", str(evaluations), "--estimator",
                                   estimator]}
-    rows = []
+    rows, ddp = [], None
     for name, args in plans.items():
         path = work / f"{args[0]}-{len(rows)}.plan.json"
         dl_nfv("plan", *args, "--graph", str(graph), "--topology", str(topology), "-o", str(path))
         plan = json.loads(path.read_text())
         fused = len((plan.get("fusion") or {}).get("op_groups", ()))
-        measured = "-"
+        rule, learned = _predicted(path, graph, None), _predicted(path, graph, estimator)
+        cells = ["-"] * 5
         if rule_run or name != "disco, sum-of-ops rule" or not fused:
             run = path.with_suffix(".run.json")
             dl_nfv("train", str(path), "--graph", str(graph), "--topology", str(topology),
                    "--steps", str(steps), "-o", str(run))
-            measured_ms = json.loads(run.read_text())["iteration_ms"]
-            measured = f"{measured_ms:.1f}"
-        predicted = plan["prediction"]["iteration_ms"]
-        error = "-" if measured == "-" else f"{100 * (predicted / float(measured) - 1):+.0f}%"
-        rows.append([label, name, str(fused), f"{predicted:.1f}", measured, error])
+            report = json.loads(run.read_text())
+            measured = report["iteration_ms"]
+            slowest = max(report["per_rank"], key=lambda r: r["compute_ms"] + r["wait_ms"])
+            ddp = measured if ddp is None else ddp
+            cells = [f"{measured:.1f}", f"{100 * (rule / measured - 1):+.0f}%",
+                     f"{100 * (learned / measured - 1):+.0f}%",
+                     f"{slowest['compute_ms']:.1f} / {slowest['wait_ms']:.1f}",
+                     f"{ddp / measured:.2f}x"]
+        rows.append([label, name, str(fused), f"{rule:.1f}", f"{learned:.1f}", *cells])
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
@@ -187,34 +237,52 @@ def real(estimator: str, *, steps: int, evaluations: int, rule_run: bool, quick:
         with tempfile.TemporaryDirectory() as work:
             rows += real_rows(label, args, estimator, Path(work), steps=steps,
                               evaluations=evaluations, rule_run=rule_run)
-    return markdown_table(["model", "plan", "fused groups", "predicted ms", "measured ms",
-                           "predicted / measured - 1"], rows)
+    table = markdown_table(["model", "plan", "fused groups", "predicted ms (rule)",
+                            "predicted ms (estimator)", "measured ms", "rule error",
+                            "estimator error", "compute / wait ms", "DDP / plan (measured)"],
+                           rows)
+    return (f"### Real runs on local-cpu (two gloo workers, {steps} steps)\n\n"
+            f"Each plan trained by `dl-nfv train` (its first steps, which compile the fused "
+            f"regions, are warm-up); predicted by the simulator with fused groups priced by the "
+            f"sum-of-ops rule and by the shipped estimator; compute / wait: the slowest rank's "
+            f"median compute and wait (AllReduce not hidden behind the backward) per step. "
+            f"`-`: not run (the rule's plan compiles every fused region; `--rule-run`).\n\n"
+            f"{table}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="two models on two clusters, "
-                        "a small search budget (with --real: the GPT-2-tiny-class model only)")
+                        "a small search budget, real runs of the GPT-2-tiny-class model only")
     parser.add_argument("--no-record", action="store_true", help="print only")
+    parser.add_argument("--sections", default="simulated,estimator,real",
+                        help="comma-separated: simulated, estimator, real")
     parser.add_argument("--evaluations", type=int, default=150,
                         help="candidates disco may simulate per case")
     parser.add_argument("--time-limit", type=float, default=30.0,
                         help="CPU seconds disco may search per case")
-    parser.add_argument("--real", metavar="ESTIMATOR", default=None,
-                        help="run plans for real on local-cpu, disco also priced by ESTIMATOR")
+    parser.add_argument("--estimator", default=str(SHIPPED / "disco.estimator.json"),
+                        help="the fused-kernel estimator of the real runs")
     parser.add_argument("--steps", type=int, default=12, help="training steps of a real run")
     parser.add_argument("--rule-run", action="store_true", help="also run the rule-priced "
                         "disco plan for real (it compiles every fused region: minutes)")
     args = parser.parse_args(argv)
-    if args.real:
-        print(real(args.real, steps=args.steps, evaluations=40 if args.quick else 120,
-                   rule_run=args.rule_run, quick=args.quick))
-        return 0
-    models, topologies = (QUICK_MODELS, QUICK_TOPOLOGIES) if args.quick else (MODELS, TOPOLOGIES)
-    evaluations = 40 if args.quick else args.evaluations
-    table, summary = suite(models, topologies, evaluations=evaluations,
-                           time_limit=args.time_limit)
-    body = f"{table}\n\n{summary}\n"
+    sections = {s.strip() for s in args.sections.split(",")}
+    unknown = sections - {"simulated", "estimator", "real"}
+    if unknown:
+        parser.error(f"--sections: unknown section(s) {sorted(unknown)}")
+    parts = []
+    if "simulated" in sections:
+        models, topologies = (QUICK_MODELS, QUICK_TOPOLOGIES) if args.quick else (MODELS, TOPOLOGIES)
+        table, summary = suite(models, topologies, evaluations=40 if args.quick else args.evaluations,
+                               time_limit=args.time_limit)
+        parts.append(f"{table}\n\n{summary}\n")
+    if "estimator" in sections:
+        parts.append(estimator_section())
+    if "real" in sections:
+        parts.append(real(args.estimator, steps=args.steps, evaluations=40 if args.quick else 120,
+                          rule_run=args.rule_run, quick=args.quick))
+    body = "\n".join(parts)
     print(body)
     if not args.no_record and not args.quick:
         record_section("disco_bench", TITLE, body)

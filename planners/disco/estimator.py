@@ -245,28 +245,53 @@ def errors(net: FusedGroupNet, measurements: Sequence, *, launch_ms: float,
            bandwidth_bytes_per_ms: float) -> dict[str, float]:
     """Median relative errors on the measured fused (forward + backward) ms of the
     records' groups: the estimator's, the sum of the ops' (no fusion) and the cost model's
-    rule (the sum less a launch per op beyond the first and the round trips of the
-    tensors inside, never below the slowest op; ``launch_ms`` and
-    ``bandwidth_bytes_per_ms`` of the measured device type)."""
+    rule (``rule_ms``); with ``... p90`` the 90th percentiles."""
     rows = [row for t in measurements for row in measured_groups(t)]
     if not rows:
         raise BadInput("the measurements hold no measured group")
-    pred = predict_ms(net, [ops for ops, _, _ in rows]).sum(axis=1)
     measured = np.array([f[1] + b[1] for _, f, b in rows])
     eager = np.array([f[0] + b[0] for _, f, b in rows])
-    rule = []
-    for (ops, _, _), total in zip(rows, eager):
-        n = len(ops.kinds)
-        inside = sum(nbytes for _, _, nbytes in ops.edges)
-        times = np.array([fig[5] + fig[6] for fig in ops.figures])
-        slowest = total * (times.max() / times.sum()) if times.sum() > 0 else total / n
-        saved = 2 * (n - 1) * launch_ms + 2 * 2 * inside / bandwidth_bytes_per_ms
-        rule.append(max(total - saved, slowest))
+    out = {"groups": float(len(rows))}
+    for name, pred in (("estimator", predict_ms(net, [ops for ops, _, _ in rows]).sum(axis=1)),
+                       ("sum of ops", eager),
+                       ("cost model rule", [rule_ms(ops, total, launch_ms, bandwidth_bytes_per_ms)
+                                            for (ops, _, _), total in zip(rows, eager)])):
+        err = np.abs(np.asarray(pred) - measured) / measured
+        out[name], out[f"{name} p90"] = float(np.median(err)), float(np.quantile(err, 0.9))
+    return out
 
-    def median(p):
-        return float(np.median(np.abs(np.asarray(p) - measured) / measured))
-    return {"estimator": median(pred), "sum of ops": median(eager), "cost model rule": median(rule),
-            "groups": float(len(rows))}
+
+def rule_ms(ops: GroupOps, eager_ms: float, launch_ms: float, bandwidth_bytes_per_ms: float) -> float:
+    """The cost model's sum-of-ops rule on a group whose ops take ``eager_ms`` unfused: less
+    a launch per op beyond the first and the round trip of every tensor inside, never below
+    its slowest op (its share of the op graph's times)."""
+    n = len(ops.kinds)
+    inside = sum(nbytes for _, _, nbytes in ops.edges)
+    times = np.array([fig[5] + fig[6] for fig in ops.figures])
+    slowest = eager_ms * (times.max() / times.sum()) if times.sum() > 0 else eager_ms / n
+    saved = 2 * (n - 1) * launch_ms + 2 * 2 * inside / bandwidth_bytes_per_ms
+    return max(eager_ms - saved, slowest)
+
+
+def device_figures(device_type: str) -> dict[str, float]:
+    """The launch cost and memory bandwidth of ``device_type`` as ``errors`` takes them."""
+    from dl_nfv.artifacts import lookup
+
+    device = lookup(device_type)
+    return {"launch_ms": device.launch_overhead_us / 1e3,
+            "bandwidth_bytes_per_ms": device.memory_bandwidth_gb_per_s * 1e6}
+
+
+def leave_one_model_out(by_model: dict[str, Sequence], *, seed: int = 0, epochs: int = EPOCHS,
+                        ) -> dict[str, dict[str, float]]:
+    """Per model: ``errors`` of an estimator trained on every other model's records
+    (``by_model``: model name -> its ``fusion-times`` records), on that model's groups."""
+    out = {}
+    for held in by_model:
+        rest = [t for name, records in by_model.items() if name != held for t in records]
+        net = train(rest, seed=seed, epochs=epochs)
+        out[held] = errors(net, by_model[held], **device_figures(net.device_type))
+    return out
 
 
 class FusedEstimator:
@@ -319,14 +344,10 @@ def learn(measurements: Sequence, names: Sequence[str], *, held_out: Sequence = 
     records (other models) and on the training records are in its notes.
 
     Raises ``BadInput`` (``train``; held-out records of another device type)."""
-    from dl_nfv.artifacts import lookup
-
     from ..learned.policy import policy_of
 
     net = train(measurements, seed=seed, epochs=epochs)
-    device = lookup(net.device_type)
-    figures = {"launch_ms": device.launch_overhead_us / 1e3,
-               "bandwidth_bytes_per_ms": device.memory_bandwidth_gb_per_s * 1e6}
+    figures = device_figures(net.device_type)
     notes = [_error_note("training groups", errors(net, measurements, **figures), names)]
     if held_out:
         if {t.device_type for t in held_out} != {net.device_type}:

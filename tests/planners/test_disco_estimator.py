@@ -236,3 +236,20 @@ def test_simulate_with_the_estimator_predicts_what_plan_disco_recorded(tmp_path)
     assert load(tmp_path / "b.json").iteration_ms != pytest.approx(predicted, rel=1e-6)
     bad = runner.invoke(cli, [*common, "--estimator", str(graph_path)])
     assert bad.exit_code == 2 and "g.json" in bad.output
+
+
+def test_leave_one_model_out_scores_each_model_by_an_estimator_trained_without_it():
+    from dl_nfv.planners.disco.estimator import leave_one_model_out, rule_ms
+
+    by_model = {name: [synthetic_times(seed, 60, name)] for seed, name in enumerate("abc")}
+    result = leave_one_model_out(by_model, epochs=200)
+    assert set(result) == {"a", "b", "c"}
+    for name, e in result.items():
+        rows = measured_groups(by_model[name][0])
+        measured = np.array([f[1] + b[1] for _, f, b in rows])
+        eager = np.array([f[0] + b[0] for _, f, b in rows])
+        assert e["groups"] == 60
+        assert e["sum of ops"] == pytest.approx(np.median(np.abs(eager - measured) / measured))
+        rule = np.array([rule_ms(ops, t, 0.005, 25.6e6) for (ops, _, _), t in zip(rows, eager)])
+        assert np.all(rule <= eager) and np.all(rule > 0)
+        assert e["estimator"] < 0.10 and e["estimator"] <= e["estimator p90"]
