@@ -106,12 +106,14 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, playouts: int = 4
     Complexity: the ``others`` planners, ``playouts`` network passes and simulations,
     ``max_evaluations`` simulations, four DP plans and, with ``sfb``, one ILP.
     """
+    t0 = time.perf_counter()
     _check(playouts, priors, microbatches, others)
     plans, notes = _others(graph, topology, others, optimizer, seed)
-    return with_plans(graph, topology, plans, notes=notes, seed=seed, playouts=playouts,
+    made = with_plans(graph, topology, plans, notes=notes, seed=seed, playouts=playouts,
                       policy=policy, priors=priors, time_limit=time_limit,
                       max_evaluations=max_evaluations, groups=groups, microbatches=microbatches,
                       others=others, sfb=sfb, optimizer=optimizer)
+    return replace(made, wall_time_s=round(time.perf_counter() - t0, 4))  # the others' included
 
 
 def with_plans(graph: OpGraph, topology: Topology, plans: Sequence[Plan], *,
@@ -122,7 +124,8 @@ def with_plans(graph: OpGraph, topology: Topology, plans: Sequence[Plan], *,
                sfb: bool = True, optimizer: str = "sgd") -> Plan:
     """``plan`` with the other planners' plans given (``plans``: seeds and fallbacks,
     each made once by the caller) and, where ``baselines`` is given, the DP baselines'
-    plans that fit (else planned here); ``others`` is only recorded in the options."""
+    plans that fit (else planned here); ``others`` is only recorded in the options. Its
+    wall time excludes making the given plans."""
     t0 = started()
     opt = optimizer_named(PLANNER, optimizer)
     _check(playouts, priors, microbatches, "")
