@@ -16,6 +16,8 @@ import numpy as np
 
 from .columnar import PacketColumns
 
+GATHER_ROWS = 1 << 15  # packets whose addresses are gathered at once (index: <= 8 MB)
+
 
 def key_table(cols: PacketColumns, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each packet's 5-tuple as one uint64 row (proto, address length, the lower endpoint's
@@ -42,7 +44,8 @@ def _address_words(cols: PacketColumns, rows: np.ndarray, alen: np.ndarray):
     The reads are random accesses into the capture, a cache miss each, so a packet's
     addresses are read in one gather where they lie side by side (as the IP header has
     them: source, then destination): the ``2 * length`` bytes from the source's offset
-    as one row of ``[packets, 2 * length]`` indices. A packet whose addresses lie apart
+    as one row of ``[packets, 2 * length]`` indices, ``GATHER_ROWS`` packets at a time.
+    A packet whose addresses lie apart
     (one decoded by the reference decoder) has each read on its own."""
     buf = cols.buf
     src_off, dst_off = cols.src_off[rows], cols.dst_off[rows]
@@ -53,18 +56,18 @@ def _address_words(cols: PacketColumns, rows: np.ndarray, alen: np.ndarray):
         side_by_side = dst_off == src_off + size
         paired = np.flatnonzero(sized & side_by_side)
         apart = np.flatnonzero(sized & ~side_by_side)
-        for picked, spans in ((paired, ((src_off, 2 * size),)),
-                              (apart, ((src_off, size), (dst_off, size)))):
-            if len(picked) == 0:
-                continue
-            value = np.concatenate([_gather_rows(buf, off[picked], width).view(dtype)
-                                    for off, width in spans], axis=1).astype(np.uint64)
-            if size == 4:  # one word per address: the high one, its low 32 bits zero
-                words[0][picked] = value[:, 0] << np.uint64(32)
-                words[2][picked] = value[:, 1] << np.uint64(32)
-            else:
-                for j in range(4):
-                    words[j][picked] = value[:, j]
+        for rows_of, spans in ((paired, ((src_off, 2 * size),)),
+                               (apart, ((src_off, size), (dst_off, size)))):
+            for at in range(0, len(rows_of), GATHER_ROWS):  # bounded index temporaries
+                picked = rows_of[at:at + GATHER_ROWS]
+                value = np.concatenate([_gather_rows(buf, off[picked], width).view(dtype)
+                                        for off, width in spans], axis=1).astype(np.uint64)
+                if size == 4:  # one word per address: the high one, its low 32 bits zero
+                    words[0][picked] = value[:, 0] << np.uint64(32)
+                    words[2][picked] = value[:, 1] << np.uint64(32)
+                else:
+                    for j in range(4):
+                        words[j][picked] = value[:, j]
     return (words[0], words[1]), (words[2], words[3])
 
 

@@ -14,7 +14,7 @@ import random
 import numpy as np
 import pytest
 
-from dl_nfv.nfv.traffic import load_trace, shards
+from dl_nfv.nfv.traffic import keys, load_trace, shards
 from dl_nfv.nfv.traffic.columnar import OK, decode_frames
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
 from dl_nfv.nfv.traffic.keys import key_table
@@ -91,12 +91,14 @@ def test_bytes_that_do_not_fit_their_region_go_through_the_pipe(tmp_path, small_
     assert assert_sharded_same(path, 3) > 50
 
 
-@pytest.mark.parametrize("seed", range(2))
-def test_key_table_is_the_5_tuple_of_the_reference_packets(seed):
+@pytest.mark.parametrize("seed,step", [(0, 1 << 15), (1, 5)])
+def test_key_table_is_the_5_tuple_of_the_reference_packets(seed, step, monkeypatch):
     """Each row of ``key_table``: protocol, address length and the two endpoints (address
     zero-padded to 16 bytes, port) in ascending order, whether the source is the lower
     one, from the reference decoder's packets; IPv4 and IPv6, and addresses that lie
-    apart from each other in the buffer (as the reference decoder's fields may)."""
+    apart from each other in the buffer (as the reference decoder's fields may); ``step``:
+    the packets whose addresses are gathered at once."""
+    monkeypatch.setattr(keys, "GATHER_ROWS", step)
     rng = random.Random(seed)
     frames = [f for conn in _connections(rng) for f in conn]
     cols = decode_frames(range(len(frames)), frames, [1] * len(frames))
