@@ -12,10 +12,10 @@ again. The product has W_c * W_s states (15 * 11); its table is built once.
 
 The joint scan runs where no packet can find either machine's flow timed out
 (the scan then skips the time-out checks, as ``fsm_scan`` does on such batches):
-every firewall gap under the connection machine's shortest time-out, and the
-batch's time span, and its latest packet's distance to the session NF's
-last-seen time of each flow it keeps, under the session machine's shortest — a
-bound on every gap the session NF can see, whichever packets the firewall drops.
+the batch's time span under both machines' shortest time-outs, and its latest
+packet's distance to each NF's last-seen time of every flow it keeps under that
+NF's — a bound on every gap either NF can see, whichever packets the firewall
+drops.
 Elsewhere each NF scans its own packets. The result is the same either way:
 packet by packet, a product state's parts are the two machines' states.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .ops import take
-from .scan import fsm_scan, previous_gap, quiet_rows
+from .scan import fsm_scan, quiet_rows
 
 JOINT = ("session", "joint")  # Sub.memo key of the session part of a joint scan
 
@@ -45,6 +45,7 @@ class JointScan:
         self.quiet = quiet_rows(self.next, data_rows)
         self.conn_min = int(conn.timeouts[1:].min())
         self.session_min = int(session.timeouts[1:].min())
+        self.limits = torch.tensor([self.conn_min, self.session_min], device=conn.next.device)
 
     def run(self, sub, cls, existed):
         """(found, after) of the connection machine over ``sub``'s packets (``cls``: the
@@ -53,12 +54,13 @@ class JointScan:
         seg = sub.seg
         if seg.count == 0:
             return None
-        gap = previous_gap(sub.ts, seg, self.conn._column(sub, "last"), existed)
-        kept = self.session._flows(sub)
         lo, hi = torch.aminmax(sub.ts)
-        since = (hi - self.session._column(sub, "last")) * kept
-        if bool((gap > self.conn_min).any()) or int(hi - lo) > self.session_min \
-                or bool((since > self.session_min).any()):
+        # every gap either NF can see is at most the batch's span, or, at a flow's first
+        # packet it sees, the latest packet's distance to the NF's last-seen time
+        since = torch.stack([(hi - self.conn._column(sub, "last")) * existed,
+                             (hi - self.session._column(sub, "last")) * self.session._flows(sub)])
+        if int(hi - lo) > min(self.conn_min, self.session_min) or \
+                bool((since.amax(1) > self.limits).any()):
             return None
         s0 = self.conn._column(sub, "state") * self.width + self.session._column(sub, "state")
         found, after, timed_out = fsm_scan(self.next, None, cls, None, seg, s0, self.quiet)
