@@ -205,7 +205,7 @@ def real_rows(label: str, profile_args: list[str], estimator: str, work: Path, *
              "disco, sum-of-ops rule": ["disco", "--max-evaluations", str(evaluations)],
              "disco, estimator": ["disco", "--max-evaluations", str(evaluations), "--estimator",
                                   estimator]}
-    rows, ddp = [], None
+    rows, ddp, ddp_fusion = [], None, None
     for name, args in plans.items():
         path = work / f"{args[0]}-{len(rows)}.plan.json"
         dl_nfv("plan", *args, "--graph", str(graph), "--topology", str(topology), "-o", str(path))
@@ -213,7 +213,9 @@ def real_rows(label: str, profile_args: list[str], estimator: str, work: Path, *
         fused = len((plan.get("fusion") or {}).get("op_groups", ()))
         rule, learned = _predicted(path, graph, None), _predicted(path, graph, estimator)
         cells = ["-"] * 5
-        if rule_run or name != "disco, sum-of-ops rule" or not fused:
+        if ddp_fusion is not None and _fusion(plan) == ddp_fusion:
+            cells = ["DDP's plan (same fusion and buckets): not run again", *cells[1:]]
+        elif rule_run or name != "disco, sum-of-ops rule" or not fused:
             run = path.with_suffix(".run.json")
             dl_nfv("train", str(path), "--graph", str(graph), "--topology", str(topology),
                    "--steps", str(steps), "-o", str(run))
@@ -225,9 +227,17 @@ def real_rows(label: str, profile_args: list[str], estimator: str, work: Path, *
                      f"{100 * (learned / measured - 1):+.0f}%",
                      f"{slowest['compute_ms']:.1f} / {slowest['wait_ms']:.1f}",
                      f"{ddp / measured:.2f}x"]
+        ddp_fusion = _fusion(plan) if ddp_fusion is None else ddp_fusion
         rows.append([label, name, str(fused), f"{rule:.1f}", f"{learned:.1f}", *cells])
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
     return rows
+
+
+def _fusion(plan: dict) -> tuple:
+    """A plan's op groups and gradient buckets, comparable between plans."""
+    fusion = plan.get("fusion") or {}
+    return (sorted(sorted(g) for g in fusion.get("op_groups", ()) if len(g) > 1),
+            [sorted(b) for b in fusion.get("gradient_buckets", ())])
 
 
 def real(estimator: str, *, steps: int, evaluations: int, rule_run: bool, quick: bool) -> str:
