@@ -9,7 +9,8 @@ by the caller: ``planners.disco.fusible.sample_groups``) the group's nodes are p
 into one submodule by the runtime's own code (``runtime.fusion.fuse_unit``), and that
 submodule is run on the recorded values of its inputs (floating ones requiring
 gradients) twice: eagerly (its ops one by one, as an unfused plan runs them) and
-compiled by ``torch.compile`` (inductor; C++ on a CPU), as a fused plan runs it. Each is
+compiled by ``torch.compile`` (inductor; C++ on a CPU) through the runtime's own
+``runtime.fusion.compile_region``, as a fused plan runs it. Each is
 timed forward, and forward then backward (the backward is the difference), the minimum
 over ``repeats`` after one untimed call, on ``threads`` intra-op threads. On one thread
 (the default) the clock is the process's CPU time, not the wall: on a loaded machine a
