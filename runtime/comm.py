@@ -6,6 +6,17 @@ compute time and time spent waiting for peers. Sends are non-blocking
 (``isend``) and drained at the end of the step, so a rank following a valid
 schedule never blocks on a peer that has not reached its matching ``recv``.
 
+Receives are posted ahead of their need (``post``, at the start of a step, for
+every receive its schedule makes). Gloo moves a message's bytes only once the
+receiver has posted its receive: a send that finds the receive posted writes
+at once, in the sender's own thread, while a send that does not is left to
+gloo's I/O thread, to be written when the receive's notice arrives. On a
+worker that has one core, that thread shares the core with the compute of
+the next actions, and the scheduler may keep it waiting for milliseconds
+(measured: a 2-3 ms gap per message between stages of a pipeline). With
+every receive posted, a transfer starts when its producer sends it, as the
+simulator has it.
+
 Every call runs under the process group's timeout (set at
 ``init_process_group``): a peer that died or hangs turns into an exception
 here, never a hang.
@@ -32,6 +43,7 @@ class Comm:
         self.wait_ms = 0.0
         self.timeline = StepTimeline()  # the step's spans: every wait is one of communication
         self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self._posted: dict[tuple[int, int], tuple[dist.Work, torch.Tensor]] = {}
 
     # ------------------------------------------------------------------ timing
     def _timed_wait(self, work: dist.Work | None, what: str = "wait") -> None:
@@ -54,10 +66,23 @@ class Comm:
         tensor = tensor.detach().contiguous()
         self._sends.append((dist.isend(tensor, dst, tag=tag), tensor))
 
-    def recv(self, shape: Sequence[int], dtype: torch.dtype, src: int, tag: int) -> torch.Tensor:
+    def post(self, shape: Sequence[int], dtype: torch.dtype, src: int, tag: int) -> None:
+        """Post the receive of ``tag`` from ``src`` now; ``recv`` with the same ``src`` and
+        ``tag`` waits for it."""
         buffer = torch.empty(tuple(shape), dtype=dtype, device=self.device)
-        self._timed_wait(dist.irecv(buffer, src, tag=tag), f"recv from rank {src}")
-        return buffer
+        self._posted[(src, tag)] = (dist.irecv(buffer, src, tag=tag), buffer)
+
+    def recv(self, shape: Sequence[int], dtype: torch.dtype, src: int, tag: int) -> torch.Tensor:
+        posted = self._posted.pop((src, tag), None)
+        if posted is None:
+            buffer = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+            posted = (dist.irecv(buffer, src, tag=tag), buffer)
+        self._timed_wait(posted[0], f"recv from rank {src}")
+        return posted[1]
+
+    def unclaimed(self) -> list[tuple[int, int]]:
+        """``(src, tag)`` of the posted receives no ``recv`` has waited for."""
+        return list(self._posted)
 
     def drain(self) -> None:
         """Wait for every send still in flight."""

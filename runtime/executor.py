@@ -287,7 +287,7 @@ class PlanExecutor:
         """Run one training step; returns this rank's share-weighted loss."""
         for s in self.syncs:
             s.zero_grad()
-        self.runner.begin_step(inputs, target)
+        self.runner.begin_step(inputs, target, self.actions)
         for phase, uid, mb in self.actions:
             if phase == "F":
                 self.runner.forward(uid, mb)

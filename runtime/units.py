@@ -160,14 +160,55 @@ class UnitRunner:
         # (unit, mb) -> what a split backward's W computes the weight gradients from
         self._deferred: dict[tuple[str, int], Callable[[], None]] = {}
 
-    def begin_step(self, inputs: tuple, target: Any) -> None:
+    def begin_step(self, inputs: tuple, target: Any,
+                   actions: Sequence[tuple[str, str, int]] = ()) -> None:
+        """Start a step; post every receive that ``actions`` (this device's schedule of the
+        step) will make (``Comm.post``)."""
         self._reset()
         self.inputs = inputs
         self.target = target
+        for shape, dtype, src, tag in self.receives(actions):
+            self.comm.post(shape, dtype, src, tag)
+
+    def receives(self, actions: Sequence[tuple[str, str, int]]) -> Iterator[tuple]:
+        """``(shape, dtype, source rank, tag)`` of every receive ``actions`` make, in the
+        order they make them: a forward receives its inputs' rows from remote producers
+        (once per value and microbatch), a backward (``B`` or ``I``) its outputs'
+        gradients from remote consumers."""
+        seen: set[tuple[str, int]] = set()
+        for phase, uid, mb in actions:
+            rows = self.my_rows(uid)
+            if phase == "W" or rows is None or rows[1] <= rows[0]:
+                continue
+            if phase == "F":
+                for v in self.p.units[uid].inputs:
+                    if self.p.producer.get(v) is None or (v, mb) in seen:
+                        continue
+                    seen.add((v, mb))
+                    info = self.p.values[v]
+                    for r in self.routes[v]:
+                        if r.dst == self.device and r.src != self.device:
+                            yield (info.shape(r.hi - r.lo), info.dtype, self.rank_of[r.src],
+                                   tag_of(self.value_index[v], mb, False, r.part))
+                continue
+            me = self.placements[uid].devices.index(self.device)
+            for v in self.p.units[uid].outputs:
+                info = self.p.values[v]
+                if not info.requires_grad:
+                    continue
+                for r in self.routes.get(v, ()):
+                    if r.src == self.device and r.part == me and r.dst != self.device:
+                        shape = info.shape(r.hi - r.lo) if info.batched else info.shape_per_rows
+                        yield (shape, info.dtype, self.rank_of[r.dst],
+                               tag_of(self.value_index[v], mb, True, r.part))
 
     def end_step(self) -> float:
         """Drain the sends of the step; returns the step's weighted loss on this rank."""
         self.comm.drain()
+        if self.comm.unclaimed():
+            src, tag = self.comm.unclaimed()[0]
+            raise RuntimeError(f"the schedule of {self.device!r} made no receive of tag {tag} "
+                               f"from rank {src}, posted for it")
         if self._saved or self._deferred:
             left = ", ".join(f"{u} mb{m}" for u, m in [*self._saved, *self._deferred])
             raise RuntimeError(f"the schedule of {self.device!r} ran no backward (or no W) "

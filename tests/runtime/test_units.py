@@ -108,3 +108,57 @@ def test_nccl_without_cuda_is_bad_input():
 
     with pytest.raises(BadInput, match="needs CUDA"):
         choose_backend("nccl", {"gpu"}, cuda_available=False, cuda_devices=0, local_world=1)
+
+
+class _RecordingComm(Comm):
+    """A Comm whose peers are absent: a receive records its (shape, dtype, src, tag) and
+    gives zeros; a send is dropped."""
+
+    def __init__(self):
+        super().__init__(0, torch.device("cpu"))
+        self.made: list[tuple] = []
+
+    def isend(self, tensor, dst, tag):
+        pass
+
+    def recv(self, shape, dtype, src, tag):
+        self.made.append((tuple(shape), dtype, src, tag))
+        return torch.zeros(tuple(shape), dtype=dtype)
+
+
+@settings(max_examples=6, deadline=None)
+@given(name=st.sampled_from(["mlp-tiny", "gpt2"]),
+       cuts=st.lists(st.floats(0.05, 0.95), min_size=1, max_size=3),
+       microbatches=st.sampled_from([1, 2]))
+def test_receives_lists_every_receive_a_schedule_makes_in_order(name, cuts, microbatches):
+    """What ``begin_step`` posts is exactly what the actions then receive: for each of two
+    devices hosting alternate units of a cut model, the receives its forward-then-backward
+    schedule makes (recorded) equal ``UnitRunner.receives`` of that schedule."""
+    batch = 4
+    w = _workload(name, batch)
+    inputs, target = w.make_batch(batch, 7)
+    cap = capture(w.module, inputs)
+    ops = [o for o in cap.op_ids if o not in cap.input_ops]
+    bounds = sorted({0, *[int(c * len(ops)) for c in cuts], len(ops)})
+    unit_of_op = {op: f"u{next(i for i, b in enumerate(bounds[1:]) if k < b)}"
+                  for k, op in enumerate(ops)}
+    part = split(cap.graph_module, cap.op_of, unit_of_op,
+                 probe(cap.graph_module, lambda rows: w.make_batch(rows, 1)[0]))
+    order = sorted(part.units, key=lambda u: int(u[1:]))
+    placements = {u: Placement((f"d{int(u[1:]) % 2}",), (1.0,)) for u in order}
+    total = 0
+    for device in ("d0", "d1"):
+        comm = _RecordingComm()
+        runner = UnitRunner(part, placements, device=device, rank_of={"d0": 0, "d1": 1},
+                            microbatches=microbatches, batch_size=batch, comm=comm,
+                            loss_fn=w.loss)
+        mine = [u for u in order if placements[u].devices == (device,)]
+        actions = ([("F", u, mb) for mb in range(microbatches) for u in mine]
+                   + [("B", u, mb) for mb in range(microbatches) for u in reversed(mine)])
+        runner.begin_step(inputs, target)
+        for phase, uid, mb in actions:
+            (runner.forward if phase == "F" else runner.backward)(uid, mb)
+        runner.end_step()
+        assert list(runner.receives(actions)) == comm.made
+        total += len(comm.made)
+    assert total > 0 or len(order) == 1
