@@ -24,9 +24,29 @@ def take(x, idx):
 
 
 def take_columns(x, idx):
-    """``x[:, idx]`` for a 2-D ``x``: a gather along dimension 1, several times as fast as
-    ``index_select`` along it (measured on one core, [9, 8k] int64: 50 us against 180 us)."""
+    """``x[:, idx]`` for a 2-D ``x``: on a CPU numpy's ``take`` along axis 1 over the tensors'
+    memory (measured on one core, [8, 8k] int64: 30 us, against 60 us for torch's
+    ``gather`` and 190 us for ``index_select`` along dimension 1), elsewhere ``gather``."""
+    if x.device.type == "cpu":
+        return torch.from_numpy(np.take(x.numpy(), idx.numpy(), axis=1))
     return torch.gather(x, 1, idx.expand(x.shape[0], -1))
+
+
+def take_rows_t(x, idx):
+    """``x[idx].t().contiguous()`` for a 2-D ``x``: the rows at ``idx`` as columns (on a CPU
+    by numpy, measured 2.5x as fast as torch's ``index_select`` then transposed copy)."""
+    if x.device.type == "cpu":
+        return torch.from_numpy(np.ascontiguousarray(np.take(x.numpy(), idx.numpy(), axis=0).T))
+    return torch.index_select(x, 0, idx).t().contiguous()
+
+
+def put_rows_t(x, idx, values) -> None:
+    """``x[idx] = values.t()`` for 2-D ``x`` and ``values`` ([columns, len(idx)]) and distinct
+    ``idx`` (on a CPU by numpy, about twice as fast as torch's ``index_copy_``)."""
+    if x.device.type == "cpu":
+        x.numpy()[idx.numpy()] = values.numpy().T
+    else:
+        x.index_copy_(0, idx, values.t())
 
 
 def put_columns(x, idx, values) -> None:

@@ -66,9 +66,28 @@ class ChainPackets:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def block(self) -> np.ndarray:
-        """Every column as one [columns, packets] array, rows in field order (one host copy:
-        the tensor engine moves a batch to its device in one transfer)."""
-        return np.stack([getattr(self, f.name) for f in fields(self)])
+        """Every column as one [columns, packets] array, rows in field order (the tensor
+        engine moves a batch to its device in one transfer): a view where the columns are
+        rows of one array at equal distances (``packed``, and the slices of such), else a
+        copy."""
+        cols = [getattr(self, f.name) for f in fields(self)]
+        first = cols[0]
+        if len(cols) > 1 and all(c.dtype == np.int64 and c.ndim == 1 and c.strides == (8,)
+                                 for c in cols):
+            step = cols[1].ctypes.data - first.ctypes.data
+            if step >= 8 * len(first) and all(c.ctypes.data == first.ctypes.data + k * step
+                                              for k, c in enumerate(cols)) \
+                    and first.base is not None and cols[-1].base is first.base:
+                return np.lib.stride_tricks.as_strided(first, (len(cols), len(first)),
+                                                       (step, 8),
+                                                       writeable=first.flags.writeable)
+        return np.stack(cols)
+
+    def packed(self) -> ChainPackets:
+        """The same packets with every column a row of one [columns, packets] array, so that
+        ``block`` of it and of its slices is a view."""
+        block = np.stack([getattr(self, f.name) for f in fields(self)])
+        return ChainPackets(*block)
 
 
 @dataclass(slots=True)
@@ -125,7 +144,7 @@ def load_packets(path: str | Path) -> Capture:
         flags=cols.flags[rows].astype(np.int64), wire_bytes=cols.wire_bytes[rows].astype(np.int64),
         ip_csum=_u16(buf, ip + 10), l4_csum=l4_csum)
     links = set(table[rows, 3].tolist()) if len(rows) else {1}
-    return Capture(packets=packets, blob=buf, frame_start=table[rows, 1], frame_len=table[rows, 2],
+    return Capture(packets=packets.packed(), blob=buf, frame_start=table[rows, 1], frame_len=table[rows, 2],
                    ip_off=ip, l4_off=body, linktype=int(min(links)), frames=len(records),
                    ingress_drops={k: int(v) for k, v in drops.items() if v})
 
@@ -232,9 +251,10 @@ def _word_totals(old, new, csums):
 
 
 def rewrite_checksum_rows(old, new, csums, proto):
-    """``rewrite_checksums`` over tensors of packets, the fields as rows: ``old`` and ``new``
-    [4, n] (src, dst, sport, dport), ``csums`` [2, n] (IPv4, TCP/UDP as captured); the new
-    [2, n].
+    """``rewrite_checksums`` over tensors or numpy arrays of packets, the fields as rows:
+    ``old`` and ``new`` [4, n] (src, dst, sport, dport), ``csums`` [2, n] (IPv4, TCP/UDP as
+    captured); the new [2, n], of ``old``'s kind (on a CPU the engine passes numpy arrays:
+    numpy's int64 steps take about half of torch's there).
 
     The fold of a sum ``x >= 0`` is 0 for ``x == 0`` and else the value in 1..0xFFFF equal
     to ``x`` modulo 0xFFFF, and a 16-bit word's sum of a 32-bit value equals the value
@@ -243,18 +263,16 @@ def rewrite_checksum_rows(old, new, csums, proto):
     folding. That is 0 both where ``x`` is a positive multiple of 0xFFFF (right) and where
     ``x == 0`` (the fold's 0xFFFF), which needs ``csum == 0xFFFF`` (``x >= 0xFFFF - csum``):
     the few packets with both are recomputed by the words' sums to tell them apart."""
-    from .ops import put_columns, take_columns
-
     d_addr = new[:2].sum(0) - old[:2].sum(0)
     total = (-1 - csums) + d_addr
     total[1] += (new[2:] - old[2:]).sum(0)
-    out = 0xFFFE - total.remainder(0xFFFF)
+    out = 0xFFFE - total % 0xFFFF  # Python's modulus (never negative) for both kinds
     zero = ((out == 0) & (csums == 0xFFFF)).any(0)  # x >= 0xFFFF - csum: 0 needs 0xFFFF
     if bool(zero.any()):
-        at = zero.nonzero().squeeze(1)
-        sums = _word_totals(take_columns(old, at), take_columns(new, at),
-                            take_columns(csums, at))
-        put_columns(out, at, 0xFFFF - _fold(_fold(sums)))
+        at = zero.nonzero()
+        at = at[0] if isinstance(at, tuple) else at.squeeze(1)
+        sums = _word_totals(old[:, at], new[:, at], csums[:, at])
+        out[:, at] = 0xFFFF - _fold(_fold(sums))
     l4 = out[1]
     l4 += ((proto == UDP) & (l4 == 0)) * 0xFFFF
     keep = csums[1] == NO_CSUM

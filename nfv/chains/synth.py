@@ -56,4 +56,4 @@ def synthetic_packets(*, flows: int, packets: int, packet_bytes: int = 64, seed:
     return ChainPackets(ts_us=ts, src=src, dst=dst, sport=sport, dport=dport,
                         proto=np.full(n, 6, dtype=np.int64), flags=flags[j],
                         wire_bytes=np.full(n, packet_bytes, dtype=np.int64), ip_csum=zeros,
-                        l4_csum=zeros.copy())
+                        l4_csum=zeros.copy()).packed()
