@@ -12,6 +12,7 @@ within a flow.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import signal
@@ -178,8 +179,15 @@ def replay(spec: ClusterSpec, packets: list[ActorPacket], chain: dict, *, rate_p
         endpoint.request(spec.switch.endpoint, "load", (endpoint.address, chain, replication),
                          "loaded", REPLY_TIMEOUT_S * 4, f"the switch {spec.switch.name!r}")
         run = _Run(sent_at=np.zeros(len(packets)), latency_s=np.full(len(packets), np.nan))
-        wall_s = _stream(endpoint, spec, packets, run, rate_pps, window, batch, list(actions),
-                         first, stall_s)
+        collecting = gc.isenabled()
+        gc.collect()
+        gc.disable()  # no collector pass stamps a pause onto the outputs it delays
+        try:
+            wall_s = _stream(endpoint, spec, packets, run, rate_pps, window, batch,
+                             list(actions), first, stall_s)
+        finally:
+            if collecting:
+                gc.enable()
         _await_takeovers(endpoint, spec, [a.runtime for a in actions if a.kind != "migrate"],
                          stall_s)
         final = endpoint.request(spec.switch.endpoint, "dump", endpoint.address, "dump",
@@ -205,7 +213,12 @@ def _stream(endpoint: Endpoint, spec: ClusterSpec, packets: list, run: _Run, rat
             run.sent_at[sent:sent + count] = now
             endpoint.send(switch, "packets", packets[sent:sent + count])
             sent += count
-        wait = 0 if count > 0 and sent < due else 0.0005 if rate_pps > 0 else 0.002
+        if count > 0 and sent < due:
+            wait = 0.0
+        elif rate_pps > 0 and sent < total:  # asleep until the next packet is due
+            wait = max(0.0, start + sent / rate_pps - time.perf_counter())
+        else:
+            wait = 0.002
         for kind, _, payload in endpoint.receive(wait):
             if kind == "outputs":
                 run.take(payload, time.perf_counter())

@@ -413,20 +413,22 @@ class Runtime:
 
     def on_migrate_out(self, sender: str, payload) -> None:
         destination, flows, committed, replicas = payload
-        self.tell(self.addresses[destination], "migrate_in",
-                  self.export(flows, committed, replicas))
+        packed, kept = self.export(flows, committed, replicas)
+        self.tell(self.addresses[destination], "migrate_in", packed)
+        self.keep(kept)  # after the send: the destination need not wait for it
 
-    def export(self, flows: list, committed: list, replicas: list) -> tuple:
+    def export(self, flows: list, committed: list, replicas: list) -> tuple[tuple, list]:
         """``give_away`` for a whole batch, by column (``batch.py``): the primaries
         ``flows`` leave this runtime as one packed batch, with the switch's committed mark
-        and the new replica of each. Python work per flow: a dict pop, two attribute
-        reads and a comparison; only the logs holding outputs the switch has not let out
-        are trimmed and sent."""
+        and the new replica of each; and the actors to ``keep`` as the replica (those
+        whose new replica is this runtime), each with its log. Python work per flow: a
+        dict pop and two attribute reads; only the logs holding outputs the switch has
+        not let out are trimmed and sent."""
         pop = self.primaries.pop
         actors = [pop(flow, None) for flow in flows]
         if None in actors:  # no longer here (taken over elsewhere): not sent
-            kept = [i for i, actor in enumerate(actors) if actor is not None]
-            flows, committed, replicas, actors = ([column[i] for i in kept] for column in
+            present = [i for i, actor in enumerate(actors) if actor is not None]
+            flows, committed, replicas, actors = ([column[i] for i in present] for column in
                                                   (flows, committed, replicas, actors))
         seqs = list(map(SEQ, actors))
         logs = {}  # a log holds no seq past the actor's: only flows ahead of their mark
@@ -434,23 +436,30 @@ class Runtime:
             log = {s: o for s, o in actors[i].log.items() if s > committed[i]}
             if log:
                 logs[i] = log
+        kept = []
         if self.name in replicas:  # moved onto their replica's runtime: kept as the replica
-            copies = self.replicas
-            for i in [i for i, replica in enumerate(replicas) if replica == self.name]:
-                actor = actors[i]
-                actor.replica, actor.log = None, dict(logs[i]) if i in logs else {}
-                copies[actor.flow] = actor
-        return pack(flows, seqs, list(map(STATES, actors)), logs, replicas)
+            kept = [(actors[i], logs.get(i)) for i, replica in enumerate(replicas)
+                    if replica == self.name]
+        return pack(flows, seqs, list(map(STATES, actors)), logs, replicas), kept
+
+    def keep(self, kept: list) -> None:
+        """Keep the actors given away as the replicas of their flows (``export``)."""
+        copies = self.replicas
+        for actor, log in kept:
+            actor.replica, actor.log = None, {} if log is None else dict(log)
+            copies[actor.flow] = actor
 
     def on_migrate_in(self, sender: str, packed: tuple) -> None:
-        self.tell(self.switch, "migrated", self.import_batch(packed, sender))
-        # (before the snapshots to the flows' replicas go, in ``flush``)
+        installed, replaced = self.import_batch(packed, sender)
+        self.tell(self.switch, "migrated", installed)
+        del replaced  # freed after the switch is told (the snapshots go in ``flush``)
 
-    def import_batch(self, packed: tuple, source: str) -> list[int]:
+    def import_batch(self, packed: tuple, source: str) -> tuple[list[int], list]:
         """``take_in`` for a packed batch: the flows that arrived before their state (held
         actors here) are installed one by one; the others, usually all, in bulk: one
         ``FlowActor`` each, made in one ``map``, and one dict update. The flows
-        installed."""
+        installed, and the replica actors they replace here (freeing them touches each
+        old state: the caller drops them once the switch is told)."""
         flows, seqs, states, logs, replicas = unpack(packed)
         primaries = self.primaries
         here = primaries.keys() & flows
@@ -468,8 +477,7 @@ class Runtime:
         for i, log in logs.items():
             actors[i].log = log
         copies = self.replicas
-        for flow in copies.keys() & flows:  # this runtime held their replica
-            del copies[flow]
+        replaced = [copies.pop(flow) for flow in copies.keys() & flows]  # held replicas
         primaries.update(zip(flows, actors))
         if replicas.count(source) == len(replicas):  # the source keeps the copies
             for i in logs:
@@ -477,7 +485,7 @@ class Runtime:
         else:
             for actor in actors:
                 self.replicate_moved(actor, source)
-        return installed + flows
+        return installed + flows, replaced
 
     def take_in(self, batch: list, source: str) -> list[int]:
         """Install migrated states ``(flow, seq, states, log, replica)`` from ``source``

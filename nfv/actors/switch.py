@@ -32,6 +32,7 @@ import os
 import time
 from collections import defaultdict
 from itertools import islice, repeat
+from operator import attrgetter
 
 from .chain import flow_key
 from .cluster import ClusterSpec, load_cluster
@@ -56,6 +57,9 @@ class Flow:
         self.acked: dict[int, tuple] = {}  # seq -> output acknowledged ahead of a gap
         self.mode = NORMAL
         self.buffer: dict[int, tuple] = {}  # seq -> packet held by the controller
+
+
+REPLICA, COMMITTED = attrgetter("replica"), attrgetter("committed")
 
 
 class RuntimeView:
@@ -465,24 +469,26 @@ class Switch(CentralController):
             self.endpoint.send(reply, "migrate_error", problem)
             return
         migration = Migration(reply, payload["mode"], source, destination, flows)
-        self.migrations.update(zip(migration.flows, repeat(migration)))
         self.flush()  # packets routed to the source so far go before the command
         # A flow moved onto its replica's runtime gets the source as its replica, which
         # keeps the state it sends as the replica's copy.
-        before = migration.replicas
-        marks, replicas = [], []
-        for flow in flows:
-            replica = before[flow.id] = flow.replica
-            if replica == destination:
-                replica = flow.replica = source
-            marks.append(flow.committed)
-            replicas.append(replica)
+        before = list(map(REPLICA, flows))
+        replicas = [source if replica == destination else replica for replica in before]
+        marks = list(map(COMMITTED, flows))
+        if payload["mode"] == "actor":
+            # One message for all the flows, by column: ids, committed marks, replicas;
+            # sent before the switch's own bookkeeping below, which the source need not
+            # wait for (nothing else runs here in between).
+            self.endpoint.send(self.runtimes[source].address, "migrate_out",
+                               (destination, migration.flows, marks, replicas))
+        migration.replicas = dict(zip(migration.flows, before))
+        self.migrations.update(zip(migration.flows, repeat(migration)))
+        if source in replicas:
+            for flow, replica in zip(flows, replicas):
+                flow.replica = replica
         if payload["mode"] == "central":
             self.start_central(migration, flows, list(zip(migration.flows, marks, replicas)))
             return
-        # One message for all the flows, by column: ids, committed marks, replicas.
-        self.endpoint.send(self.runtimes[source].address, "migrate_out",
-                           (destination, migration.flows, marks, replicas))
         for flow in flows:  # the flows' next packets go to the destination, which holds them
             flow.primary = destination
 

@@ -14,6 +14,7 @@ dead runtime's traffic should do; the protocols above recover what matters.
 from __future__ import annotations
 
 import io
+import math
 import pickle
 import time
 from typing import Any
@@ -78,7 +79,7 @@ class Endpoint:
         the first one; heartbeats (``ping``, ``pong``) first, so that a long round of work
         does not delay them."""
         out = []
-        if self.poller.poll(max(0, int(timeout_s * 1000))):
+        if self.poller.poll(max(0, math.ceil(timeout_s * 1000))):  # whole ms, not less
             while True:
                 try:
                     raw = self.inbox.recv(zmq.NOBLOCK)
