@@ -54,8 +54,8 @@ REWRITING = ("nat", "lb")  # NFs that rewrite addresses and ports
 OUT_FIELDS = ("src", "dst", "sport", "dport", "ip_csum", "l4_csum")
 # the columns the NFs read: ChainPackets' first fields, in its order
 SORTED = ("ts_us", "src", "dst", "sport", "dport", "proto", "flags", "wire_bytes")
-PER_PACKET = ("ts", "src", "dst", "sport", "dport", "proto", "flags", "wire", "k1", "k2", "dir",
-              "arrival", "cls")  # Sub's per-packet fields
+PER_PACKET = ("ts", "src", "dst", "sport", "dport", "wire", "dir", "arrival",
+              "cls")  # Sub's per-packet fields
 
 
 @dataclass(slots=True)
@@ -116,8 +116,9 @@ def _compact(sub: Sub, kept):
     sid = take(sub.seg.index, kept)
     seg = Segments.of(sid)
     flows = take(sid, seg.first)
-    packets = take_columns(torch.stack([getattr(sub, name) for name in PER_PACKET]), kept)
-    return Sub(**dict(zip(PER_PACKET, packets)), seg=seg,
+    # row by row: stacking them first would be one more pass over the batch's memory
+    packets = {name: take(getattr(sub, name), kept) for name in PER_PACKET}
+    return Sub(**packets, keys=take_columns(sub.keys, flows), seg=seg,
                state=take_columns(sub.state, flows), held=take(sub.held, flows),
                original=sub.original, memo=carry(sub.memo, kept)), flows
 
@@ -205,11 +206,10 @@ class TensorChain:
         slots, rows = live
         self.table.delete(slots[rows[:, self.table.index[HOLDERS]] == 0])
 
-    def _flows(self, k1, k2, seg: Segments):
-        """Every flow of the batch in the table: its slots (the new flows inserted, in one
-        probe for most: ``DeviceFlowTable.upsert``)."""
-        heads = seg.first
-        return self.table.upsert(take(k1, heads), take(k2, heads))
+    def _flows(self, keys):
+        """Every flow of the batch (``keys``: [2, flows]) in the table: its slots (the new
+        flows inserted, in one probe for most: ``DeviceFlowTable.upsert``)."""
+        return self.table.upsert(keys[0], keys[1])
 
     @torch.inference_mode()  # no autograd bookkeeping: a few microseconds less per step
     def run_batch(self, batch: ChainPackets) -> BatchResult:
@@ -231,11 +231,12 @@ class TensorChain:
         # the columns the NFs read (the block's first rows), flow-sorted in one gather
         s = dict(zip(SORTED, take_columns(block[:len(SORTED)], order)))
         full = Segments.of(k1, k2) if start is None else Segments.starting(start)
-        slots = self._flows(k1, k2, full)
+        keys = torch.stack([take(k1, full.first), take(k2, full.first)])
+        slots = self._flows(keys)
         state, held = self._rows(slots)
         sub = Sub(ts=s["ts_us"], src=s["src"], dst=s["dst"], sport=s["sport"], dport=s["dport"],
-                  proto=s["proto"], flags=s["flags"], wire=s["wire_bytes"], k1=k1, k2=k2,
-                  dir=take(direction, order), arrival=order, seg=full, state=state, held=held,
+                  wire=s["wire_bytes"], keys=keys, dir=take(direction, order), arrival=order,
+                  seg=full, state=state, held=held,
                   cls=take(self.flag_class, (s["flags"] & 0x1F) + (s["proto"] == UDP) * 32))
         stage = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         reason = torch.zeros(n, dtype=torch.int64, device=self.device)

@@ -41,19 +41,16 @@ ARRIVAL_BOUND = 1 << 31  # above any packet's position in a batch
 @dataclass(slots=True)
 class Sub:
     """The packets an NF sees, flow-sorted; ``arrival`` is the position in the batch.
-    Per flow (segment): its entry in every row of ``state`` and the ``held`` bits at the
-    batch's start."""
+    Per flow (segment): its key, its entry in every row of ``state`` and the ``held`` bits at
+    the batch's start (the protocol is the key's low byte; flags only enter as ``cls``)."""
 
     ts: object
     src: object
     dst: object
     sport: object
     dport: object
-    proto: object
-    flags: object
     wire: object
-    k1: object
-    k2: object
+    keys: object  # [2, flows]: each flow's key (packets.key_pair's k1, k2)
     dir: object
     arrival: object
     seg: Segments
@@ -272,9 +269,10 @@ class FirewallKernel(_Machine):
         seg = sub.seg
         n = sub.ts.shape[0]
         if not sub.original or seg.count * PACKETS_PER_FLOW > n:
-            return self._match(sub.src, sub.dst, sub.sport, sub.dport, sub.proto)
+            return self._match(sub.src, sub.dst, sub.sport, sub.dport,
+                               take(sub.keys[1] & 0xFF, seg.index))
         # the flow key's endpoints (packets.key_pair): lower first; dir 1 runs higher -> lower
-        k1, k2 = take(sub.k1, seg.first), take(sub.k2, seg.first)
+        k1, k2 = sub.keys
         lo_ip, hi_ip = (k1 >> 32) & MASK32, k1 & MASK32
         lo_port, hi_port, proto = k2 >> 24, (k2 >> 8) & 0xFFFF, k2 & 0xFF
         both = self._match(torch.cat([lo_ip, hi_ip]), torch.cat([hi_ip, lo_ip]),
@@ -498,7 +496,8 @@ class LoadBalancerKernel(_SessionKernel):
         self._load()
 
     def start(self, sub: Sub, rows):
-        k1, k2 = take(sub.k1, rows), take(sub.k2, rows)
+        flows = take(sub.seg.index, rows)
+        k1, k2 = take(sub.keys[0], flows), take(sub.keys[1], flows)
         if k1.device.type == "cpu":  # a few dozen steps over the new flows: numpy's are cheaper
             hashes = torch.from_numpy(flow_hash(k1.numpy(), k2.numpy()))
         else:
