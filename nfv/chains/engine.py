@@ -238,8 +238,7 @@ class TensorChain:
                   wire=s["wire_bytes"], keys=keys, dir=take(direction, order), arrival=order,
                   seg=full, state=state, held=held,
                   cls=take(self.flag_class, (s["flags"] & 0x1F) + (s["proto"] == UDP) * 32))
-        stage = torch.full((n,), -1, dtype=torch.int64, device=self.device)
-        reason = torch.zeros(n, dtype=torch.int64, device=self.device)
+        drops = []  # (stage, flow-sorted positions, reasons) of the packets each NF dropped
         rows = None  # the packets still alive (None: all of them)
         nested = []  # (parent state, flows, state) of each compaction
         self._sync()
@@ -251,8 +250,7 @@ class TensorChain:
             if bool(verdict.any()):
                 dropped = torch.nonzero(verdict).squeeze(1)
                 gone = dropped if rows is None else take(rows, dropped)
-                put(stage, gone, torch.full_like(gone, k))
-                put(reason, gone, take(verdict, dropped))
+                drops.append((k, gone, take(verdict, dropped)))
                 self._put_back(s, sub, rows)
                 kept = torch.nonzero(verdict == 0).squeeze(1)
                 rows = kept if rows is None else take(rows, kept)
@@ -271,7 +269,7 @@ class TensorChain:
             put_columns(parent, flows, inner)
         put_rows_t(self.table.values, slots, state)
         self.table.delete(slots[state[self.table.index[HOLDERS]] == 0])
-        result = self._egress(block, s, order, stage, reason)
+        result = self._egress(block, s, order, drops)
         times[0] += time.perf_counter() - t0
         return BatchResult(stage=result[6], reason=result[7],
                            fields=dict(zip(OUT_FIELDS, result)), stage_s=times)
@@ -308,20 +306,21 @@ class TensorChain:
             elif rows.numel():
                 put(s[name], rows, getattr(sub, name))
 
-    def _egress(self, block, s, order, stage, reason) -> np.ndarray:
+    def _egress(self, block, s, order, drops) -> np.ndarray:
         """Every per-packet output back in arrival order, then the checksums, on the host:
-        rows ``OUT_FIELDS``, stage, reason (``block``: the batch's columns as captured), each
-        row scattered once into one host block."""
+        rows ``OUT_FIELDS``, stage, reason (``block``: the batch's columns as captured; the
+        header rows scattered once into one block, stage and reason set for the dropped
+        packets only)."""
         n = int(order.shape[0])
         out = torch.empty((8, n), dtype=torch.int64, device=self.device)
-        for row, values in zip((0, 1, 2, 3, 6, 7), (s["src"], s["dst"], s["sport"], s["dport"],
-                                                    stage, reason)):
-            put(out[row], order, values)
-        if self.device.type == "cpu":  # numpy's int64 steps take about half of torch's here
-            host, captured = out.numpy(), block.numpy()
-            host[4:6] = rewrite_checksum_rows(captured[1:5], host[:4], captured[8:10],
-                                              captured[5])
-            return host
+        for row, name in enumerate(("src", "dst", "sport", "dport")):
+            put(out[row], order, s[name])
+        out[6].fill_(-1)
+        out[7].zero_()
+        for k, gone, why in drops:
+            at = take(order, gone)
+            out[6].index_fill_(0, at, k)
+            put(out[7], at, why)
         out[4:6] = rewrite_checksum_rows(block[1:5], out[:4], block[8:10], block[5])
         return out.cpu().numpy()
 

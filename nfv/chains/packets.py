@@ -253,8 +253,7 @@ def _word_totals(old, new, csums):
 def rewrite_checksum_rows(old, new, csums, proto):
     """``rewrite_checksums`` over tensors or numpy arrays of packets, the fields as rows:
     ``old`` and ``new`` [4, n] (src, dst, sport, dport), ``csums`` [2, n] (IPv4, TCP/UDP as
-    captured); the new [2, n], of ``old``'s kind (on a CPU the engine passes numpy arrays:
-    numpy's int64 steps take about half of torch's there).
+    captured); the new [2, n], of ``old``'s kind.
 
     The fold of a sum ``x >= 0`` is 0 for ``x == 0`` and else the value in 1..0xFFFF equal
     to ``x`` modulo 0xFFFF, and a 16-bit word's sum of a 32-bit value equals the value

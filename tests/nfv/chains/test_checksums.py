@@ -2,7 +2,7 @@
 (``rewrite_checksums``, RFC 1624 eqn. 3 with folds), packet by packet: random headers and
 checksums, unchanged headers over every checksum value, UDP without a checksum, and the
 sums whose fold is 0 (the 0 vs 0xFFFF case the modular form cannot tell apart alone); on
-tensors and on numpy arrays (the CPU engine's egress)."""
+tensors and on numpy arrays."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_rows_equal_the_per_packet_update(kind):
     if kind == "torch":
         got = rewrite_checksum_rows(*(torch.from_numpy(a) for a in (old, new, csums, proto)))
         got = got.numpy()
-    else:  # the CPU engine's egress passes numpy arrays
+    else:
         got = rewrite_checksum_rows(old, new, csums, proto)
         assert isinstance(got, np.ndarray)
     for i in range(old.shape[1]):
