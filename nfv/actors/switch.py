@@ -31,8 +31,9 @@ import gc
 import os
 import time
 from collections import defaultdict
-from itertools import islice, repeat
-from operator import attrgetter
+from functools import partial
+from itertools import compress, islice, repeat
+from operator import attrgetter, eq
 
 from .chain import flow_key
 from .cluster import ClusterSpec, load_cluster
@@ -59,7 +60,8 @@ class Flow:
         self.buffer: dict[int, tuple] = {}  # seq -> packet held by the controller
 
 
-REPLICA, COMMITTED = attrgetter("replica"), attrgetter("committed")
+ID, PRIMARY, REPLICA, COMMITTED = (attrgetter(name) for name in
+                                   ("id", "primary", "replica", "committed"))
 
 
 class RuntimeView:
@@ -82,17 +84,18 @@ class Migration:
     __slots__ = ("reply", "mode", "source", "destination", "waiting", "started", "flows",
                  "imported", "replicas", "forwarded", "failed", "orphaned")
 
-    def __init__(self, reply, mode, source, destination, flows) -> None:
+    def __init__(self, reply, mode, source, destination, flows: list[int], started: float
+                 ) -> None:
         self.reply, self.mode = reply, mode
         self.source, self.destination = source, destination
-        self.flows = [f.id for f in flows]
+        self.flows = flows
         self.waiting = set(self.flows)
         self.imported: set[int] = set()  # central mode: flows whose put is acknowledged
         self.replicas: dict[int, str | None] = {}  # each flow's replica before the move
         self.forwarded: set[int] = set()  # central mode: flows whose state was put
         self.failed = ""  # why the migration did not complete, if it did not
         self.orphaned: set[int] = set()  # flows whose replica died meanwhile
-        self.started = time.perf_counter()
+        self.started = started
 
 
 class Switch(CentralController):
@@ -459,8 +462,8 @@ class Switch(CentralController):
                            f"{', '.join(self.live()) or 'none'})")
         if problem is None and source == destination:
             problem = f"the flows are on {source!r} already: migrate them to another runtime"
-        movable = (f for f in self.by_id if f.primary == source and f.mode == NORMAL
-                   and f.id not in self.migrations)
+        on_source = compress(self.by_id, map(partial(eq, source), map(PRIMARY, self.by_id)))
+        movable = (f for f in on_source if f.mode == NORMAL and f.id not in self.migrations)
         flows = list(islice(movable, payload["flows"]))
         if problem is None and len(flows) < payload["flows"]:
             problem = (f"runtime {source!r} holds {len(flows)} flows that can move, "
@@ -468,11 +471,11 @@ class Switch(CentralController):
         if problem is not None:
             self.endpoint.send(reply, "migrate_error", problem)
             return
-        migration = Migration(reply, payload["mode"], source, destination, flows)
+        started = time.perf_counter()  # both modes are timed from here
         self.flush()  # packets routed to the source so far go before the command
         # A flow moved onto its replica's runtime gets the source as its replica, which
         # keeps the state it sends as the replica's copy.
-        before = list(map(REPLICA, flows))
+        ids, before = list(map(ID, flows)), list(map(REPLICA, flows))
         replicas = [source if replica == destination else replica for replica in before]
         marks = list(map(COMMITTED, flows))
         if payload["mode"] == "actor":
@@ -480,14 +483,15 @@ class Switch(CentralController):
             # sent before the switch's own bookkeeping below, which the source need not
             # wait for (nothing else runs here in between).
             self.endpoint.send(self.runtimes[source].address, "migrate_out",
-                               (destination, migration.flows, marks, replicas))
-        migration.replicas = dict(zip(migration.flows, before))
+                               (destination, ids, marks, replicas))
+        migration = Migration(reply, payload["mode"], source, destination, ids, started)
+        migration.replicas = dict(zip(ids, before))
         self.migrations.update(zip(migration.flows, repeat(migration)))
         if source in replicas:
             for flow, replica in zip(flows, replicas):
                 flow.replica = replica
         if payload["mode"] == "central":
-            self.start_central(migration, flows, list(zip(migration.flows, marks, replicas)))
+            self.start_central(migration, flows, list(zip(ids, marks, replicas)))
             return
         for flow in flows:  # the flows' next packets go to the destination, which holds them
             flow.primary = destination
