@@ -213,12 +213,13 @@ def _stream(endpoint: Endpoint, spec: ClusterSpec, packets: list, run: _Run, rat
             run.sent_at[sent:sent + count] = now
             endpoint.send(switch, "packets", packets[sent:sent + count])
             sent += count
-        if count > 0 and sent < due:
-            wait = 0.0
-        elif rate_pps > 0 and sent < total:  # asleep until the next packet is due
+        open_ = sent < total and sent - len(run.outputs) < window  # room for the next
+        if count > 0 and sent < due and open_:
+            wait = 0.0  # more is due already
+        elif rate_pps > 0 and open_:  # asleep until the next packet is due
             wait = max(0.0, start + sent / rate_pps - time.perf_counter())
         else:
-            wait = 0.002
+            wait = 0.002  # until outputs come (all sent, or the window full)
         for kind, _, payload in endpoint.receive(wait):
             if kind == "outputs":
                 run.take(payload, time.perf_counter())

@@ -3,6 +3,8 @@ recovery part skipped with a note when no third live runtime is left to kill."""
 
 from __future__ import annotations
 
+import time
+
 from dl_nfv.nfv.actors.chain import chain_document
 from dl_nfv.nfv.actors.client import fail, migrate, replay
 from dl_nfv.nfv.actors.cluster import load_cluster
@@ -30,3 +32,19 @@ def test_bench_after_a_failure_uses_the_live_runtimes(cluster_file):
     assert result["speedup"] == speedups(result)[20] and result["speedup_flows"] == 20
     rates = result["throughput"]
     assert rates["replication"]["per_runtime"] == rates["replication"]["packets_per_s"] / 2
+
+
+def test_a_replay_at_a_fixed_rate_sleeps_until_each_packet_is_due(cluster_file):
+    """The latency runs' client waits for its next packet in the poll: at a rate far below
+    saturation it uses a small part of a core, and takes none from the cluster it measures
+    (a client polling without a time-out spins on a whole core)."""
+    spec = load_cluster(cluster_file)
+    packets = interleaved(50, 6, seed=4)
+    with ClusterProcesses(cluster_file, spec):
+        replay(spec, packets[:20], chain_document(None))  # connected and warm
+        cpu, wall = time.process_time(), time.perf_counter()
+        result = replay(spec, packets, chain_document(None), rate_pps=500, batch=1)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    assert (result["lost"], result["duplicates"], result["reordered"]) == (0, 0, 0)
+    assert wall >= len(packets) / 500 - 0.01  # paced, not sent at once
+    assert cpu < 0.35 * wall, (cpu, wall)
