@@ -359,6 +359,7 @@ class _SessionKernel(_Machine):
         d = self._decide(sub, existed)
         verdict, event, ok, start, rows = d.verdict, d.event, d.ok, d.start, d.rows
         heads_only = d.heads_only
+        flow_binding = None  # each flow's binding, where it holds for all its packets
         peer_ip, peer_port = self.peer(sub)
         # the flows' (binding, peer address, peer port): three adjacent rows of the state
         j = self.table.index[self.names["binding"]]
@@ -369,6 +370,7 @@ class _SessionKernel(_Machine):
             per_flow = before.clone()
             put_columns(per_flow, take(seg.index, rows), begun)
             binding, p_ip, p_port = take_columns(per_flow, seg.index)
+            flow_binding = per_flow[0]
         else:  # the latest start at or before each packet in its flow, else the table's
             latest = last_marked(start, seg)
             has = latest >= 0
@@ -379,7 +381,8 @@ class _SessionKernel(_Machine):
             per_flow = torch.stack([binding[seg.last], p_ip[seg.last], p_port[seg.last]])
         if self.collects_releases:
             self._releases(sub, seg, d.timed_out, event, ok, binding, before[0])
-        verdict = self.rewrite(sub, ok, d.forward, binding, p_ip, p_port, verdict)
+        verdict = self.rewrite(sub, ok, d.forward, binding, p_ip, p_port, verdict,
+                               self.targets(sub, binding, flow_binding))
         self._store(sub, existed, d.keep, {"state": d.final, "last": d.last_ts})
         before.copy_(per_flow)
         return verdict
@@ -401,6 +404,17 @@ class _SessionKernel(_Machine):
     def released(self, bindings) -> None:
         pass
 
+    def targets(self, sub: Sub, binding, flow_binding):
+        """Per packet, the (address, port) its binding stands for (``endpoints``); looked up
+        per flow and spread to the packets where ``flow_binding`` holds for a whole flow (a
+        large pool is then read once per flow, not at random once per packet)."""
+        if flow_binding is None:
+            b = torch.clamp(binding, min=0)
+            return take(self.target_ip, b), take(self.target_port, b)
+        b = torch.clamp(flow_binding, min=0)
+        per_flow = torch.stack([take(self.target_ip, b), take(self.target_port, b)])
+        return take_columns(per_flow, sub.seg.index)
+
 
 class NatKernel(_SessionKernel):
     """Source NAT; the free bindings are a ring buffer (``head``, ``free``) on the device."""
@@ -412,6 +426,7 @@ class NatKernel(_SessionKernel):
         pool = pool_bindings(spec)
         self.pool_ip = _tensor([a for a, _ in pool], device)
         self.pool_port = _tensor([p for _, p in pool], device)
+        self.target_ip, self.target_port = self.pool_ip, self.pool_port  # a binding's source
         self.size = len(pool)
         self.ring = torch.arange(self.size, dtype=torch.int64, device=device)
         self.head, self.free = 0, self.size
@@ -436,14 +451,13 @@ class NatKernel(_SessionKernel):
     def peer(self, sub: Sub):
         return sub.src, sub.sport
 
-    def rewrite(self, sub, ok, forward, binding, p_ip, p_port, verdict):
+    def rewrite(self, sub, ok, forward, binding, p_ip, p_port, verdict, targets):
         bound = binding >= 0
         verdict = pick(ok & ~bound, int(st.Verdict.POOL_EXHAUSTED), verdict)
         fwd = ok & bound & forward
         rev = ok & bound & ~forward
-        b = torch.clamp(binding, min=0)
-        sub.src = pick(fwd, take(self.pool_ip, b), sub.src)
-        sub.sport = pick(fwd, take(self.pool_port, b), sub.sport)
+        sub.src = pick(fwd, targets[0], sub.src)
+        sub.sport = pick(fwd, targets[1], sub.sport)
         sub.dst = pick(rev, p_ip, sub.dst)
         sub.dport = pick(rev, p_port, sub.dport)
         return verdict
@@ -490,6 +504,7 @@ class LoadBalancerKernel(_SessionKernel):
         self.maglev = _tensor(self.backends.table, self.device)
         self.ep_ip = _tensor([a for a, _ in self.backends.endpoints], self.device)
         self.ep_port = _tensor([p for _, p in self.backends.endpoints], self.device)
+        self.target_ip, self.target_port = self.ep_ip, self.ep_port  # a binding's backend
 
     def set_backends(self, names: list[str]) -> None:
         self.backends.set(names)
@@ -517,12 +532,11 @@ class LoadBalancerKernel(_SessionKernel):
     def peer(self, sub: Sub):
         return sub.dst, sub.dport
 
-    def rewrite(self, sub, ok, forward, binding, p_ip, p_port, verdict):
+    def rewrite(self, sub, ok, forward, binding, p_ip, p_port, verdict, targets):
         bound = ok & (binding >= 0)
         fwd, rev = bound & forward, bound & ~forward
-        b = torch.clamp(binding, min=0)
-        port = take(self.ep_port, b)
-        sub.dst = pick(fwd, take(self.ep_ip, b), sub.dst)
+        port = targets[1]
+        sub.dst = pick(fwd, targets[0], sub.dst)
         sub.dport = pick(fwd & (port > 0), port, sub.dport)
         sub.src = pick(rev, p_ip, sub.src)
         sub.sport = pick(rev, p_port, sub.sport)

@@ -5,8 +5,10 @@ scatters of ``ops`` whose CPU form goes through numpy."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
+from dl_nfv.nfv.chains import ops
 from dl_nfv.nfv.chains.ops import put_rows_t, take_columns, take_rows_t
 from dl_nfv.nfv.chains.packets import ChainPackets
 from dl_nfv.nfv.chains.synth import synthetic_packets
@@ -34,7 +36,9 @@ def test_block_of_unpacked_packets_is_a_copy():
         assert np.array_equal(block, _stacked(part))
 
 
-def test_gathers_and_scatters_equal_indexing():
+@pytest.mark.parametrize("numpy_from", [0, 1 << 40])  # numpy's form on a CPU, torch's
+def test_gathers_and_scatters_equal_indexing(monkeypatch, numpy_from):
+    monkeypatch.setattr(ops, "NUMPY_FROM", numpy_from)
     g = torch.Generator().manual_seed(5)
     x = torch.randint(-(1 << 40), 1 << 40, (7, 300), generator=g)
     idx = torch.randint(0, 300, (500,), generator=g)
