@@ -42,6 +42,7 @@ class JointScan:
         s = torch.arange(w_s, device=conn.next.device).repeat(w_c)
         passes = conn.verdict[:, c] == 0
         self.next = conn.next[:, c] * w_s + torch.where(passes, session.next[:, s], s)
+        self.parts = (c, s)  # a product state's connection and session parts, by table
         self.quiet = quiet_rows(self.next, data_rows)
         self.conn_min = int(conn.timeouts[1:].min())
         self.session_min = int(session.timeouts[1:].min())
@@ -64,10 +65,9 @@ class JointScan:
             return None
         s0 = self.conn._column(sub, "state") * self.width + self.session._column(sub, "state")
         found, after, timed_out = fsm_scan(self.next, None, cls, None, seg, s0, self.quiet)
-        found_c = torch.div(found, self.width, rounding_mode="floor")
-        after_c = torch.div(after, self.width, rounding_mode="floor")
-        sub.memo[JOINT] = (found - found_c * self.width, after - after_c * self.width, timed_out)
-        return found_c, after_c
+        conn_of, session_of = self.parts  # gathers from 165 entries, not integer divisions
+        sub.memo[JOINT] = (take(session_of, found), take(session_of, after), timed_out)
+        return take(conn_of, found), take(conn_of, after)
 
 
 def carry(memo: dict, kept) -> dict:
