@@ -65,6 +65,7 @@ from .wire import Endpoint
 # and pauses whatever handler it lands in (a full pass of a big heap takes tens of ms,
 # which a latency percentile or a migration then shows). Actors make no cycles: the
 # processes run without the collector and collect once per load, before it starts.
+AFTER_S = 0.001  # how long a runtime waits for a message before its deferred work
 ORPHAN_CHECK_S = 0.5  # how often a runtime checks that its parent and switch are alive
 # Messages about flows carry the session (one per load): a message of an earlier session
 # that arrives late (another sender's, so not ordered with the load) is dropped.
@@ -125,6 +126,10 @@ class Runtime:
         self.snapshots: dict[str, list] = defaultdict(list)
         self.acks: list = []
         self.events: list = []
+        # Work a handler leaves for after its messages are out: done once the process has
+        # waited ``AFTER_S`` for the next message (the wait lets ZeroMQ's I/O thread send
+        # meanwhile on a busy machine), and always before the next message is handled.
+        self.after: list = []
 
     # The loop ------------------------------------------------------------------------
     def serve(self) -> None:
@@ -134,7 +139,9 @@ class Runtime:
         beacon.start()
         next_check = time.monotonic() + ORPHAN_CHECK_S
         while self.running:
-            for kind, sender, payload in self.endpoint.receive(0.05, limit=16):
+            messages = self.endpoint.receive(AFTER_S if self.after else 0.05, limit=16)
+            self.settle()  # before the messages that came meanwhile, if any
+            for kind, sender, payload in messages:
                 if sender in self.dead:
                     continue
                 if kind in SESSION_KINDS:
@@ -156,6 +163,12 @@ class Runtime:
         stop.set()
         beacon.join()
         self.endpoint.close()
+
+    def settle(self) -> None:
+        """Do the work a handler left for after its messages went (``after``)."""
+        for work in self.after:
+            work()
+        self.after.clear()
 
     def flush(self) -> None:
         # Snapshots before deltas: a delta made after a snapshot must not overtake it.
@@ -415,7 +428,7 @@ class Runtime:
         destination, flows, committed, replicas = payload
         packed, kept = self.export(flows, committed, replicas)
         self.tell(self.addresses[destination], "migrate_in", packed)
-        self.keep(kept)  # after the send: the destination need not wait for it
+        self.after.append(lambda: self.keep(kept))  # the destination need not wait for it
 
     def export(self, flows: list, committed: list, replicas: list) -> tuple[tuple, list]:
         """``give_away`` for a whole batch, by column (``batch.py``): the primaries
@@ -452,7 +465,8 @@ class Runtime:
     def on_migrate_in(self, sender: str, packed: tuple) -> None:
         installed, replaced = self.import_batch(packed, sender)
         self.tell(self.switch, "migrated", installed)
-        del replaced  # freed after the switch is told (the snapshots go in ``flush``)
+        self.after.append(replaced.clear)  # freed once the switch is told (and the
+        # snapshots, sent in ``flush``, are out)
 
     def import_batch(self, packed: tuple, source: str) -> tuple[list[int], list]:
         """``take_in`` for a packed batch: the flows that arrived before their state (held

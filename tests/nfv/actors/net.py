@@ -82,6 +82,7 @@ class Net:
                 if handler is not None:
                     handler(sender, payload)
             runtime.flush()
+            runtime.settle()  # (the process does it before its next message)
         return True
 
     def run(self, limit: int = 1_000_000) -> None:

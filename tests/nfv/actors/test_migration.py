@@ -96,6 +96,7 @@ def test_migrated_state_may_arrive_before_or_after_the_packets(tmp_path, state_f
         destination.tell = lambda address, kind, body: told.append((kind, body))
         source.tell = lambda address, kind, body: told.append((kind, body))
         source.on_migrate_out("switch", ("rt2", [0], [half], [replica]))
+        source.settle()  # (what the process does before its next message)
         (kind, states), = told
         assert kind == "migrate_in" and 0 not in source.primaries
         assert (0 in source.replicas) == (replica == "rt1")
