@@ -262,20 +262,25 @@ def rewrite_checksum_rows(old, new, csums, proto):
     folding. That is 0 both where ``x`` is a positive multiple of 0xFFFF (right) and where
     ``x == 0`` (the fold's 0xFFFF), which needs ``csum == 0xFFFF`` (``x >= 0xFFFF - csum``):
     the few packets with both are recomputed by the words' sums to tell them apart."""
-    d_addr = new[:2].sum(0) - old[:2].sum(0)
-    total = (-1 - csums) + d_addr
-    total[1] += (new[2:] - old[2:]).sum(0)
+    d = new - old
+    d_addr = d[0] + d[1] - 1
+    total = d_addr - csums
+    total[1] += d[2] + d[3]
     out = 0xFFFE - total % 0xFFFF  # Python's modulus (never negative) for both kinds
-    zero = ((out == 0) & (csums == 0xFFFF)).any(0)  # x >= 0xFFFF - csum: 0 needs 0xFFFF
-    if bool(zero.any()):
-        at = zero.nonzero()
-        at = at[0] if isinstance(at, tuple) else at.squeeze(1)
-        sums = _word_totals(old[:, at], new[:, at], csums[:, at])
-        out[:, at] = 0xFFFF - _fold(_fold(sums))
+    # the rare cases, each looked for with one test before any work over the batch
+    if bool((csums == 0xFFFF).any()):  # x >= 0xFFFF - csum: a zero sum needs 0xFFFF
+        zero = ((out == 0) & (csums == 0xFFFF)).any(0)
+        if bool(zero.any()):
+            at = zero.nonzero()
+            at = at[0] if isinstance(at, tuple) else at.squeeze(1)
+            sums = _word_totals(old[:, at], new[:, at], csums[:, at])
+            out[:, at] = 0xFFFF - _fold(_fold(sums))
     l4 = out[1]
-    l4 += ((proto == UDP) & (l4 == 0)) * 0xFFFF
+    if bool((l4 == 0).any()):  # UDP sends a computed 0 as 0xFFFF
+        l4 += ((proto == UDP) & (l4 == 0)) * 0xFFFF
     keep = csums[1] == NO_CSUM
-    out[1] = l4 + (NO_CSUM - l4) * keep
+    if bool(keep.any()):
+        out[1] = l4 + (NO_CSUM - l4) * keep
     return out
 
 
