@@ -10,7 +10,7 @@ import torch
 
 from dl_nfv.artifacts import from_data, load
 from dl_nfv.artifacts.nfconfig import NfConfig
-from dl_nfv.nfv.chains import engine, kernels, scan
+from dl_nfv.nfv.chains import engine, kernels, ops, scan
 from dl_nfv.nfv.chains import joint as jointscan
 from dl_nfv.nfv.chains.packets import load_packets
 from dl_nfv.nfv.chains.synth import synthetic_packets
@@ -32,6 +32,16 @@ def test_real_trace_on_large_batch_paths(large_batch_paths):
     run_both(small_chain().l4_chain, packets, [16, 5])
     nat_first = small_chain().l4_chain  # the firewall sees rewritten headers
     run_both([nat_first[1], nat_first[0], *nat_first[2:]], packets, [16])
+
+
+def test_real_trace_with_numpy_block_moves(monkeypatch):
+    """The CPU's numpy forms of the block gathers and the table's row write-back, which the
+    engine takes from ``ops.NUMPY_FROM`` elements on (large batches, many flows), forced on
+    every size: the tensor engine still equals the reference."""
+    monkeypatch.setattr(ops, "NUMPY_FROM", 0)
+    packets = load_packets(REAL_TRACE).packets
+    run_both(load(EXAMPLES / "fw-nat-lb.yaml").l4_chain, packets, [64, 7])
+    run_both(small_chain().l4_chain, packets, [32])
 
 
 def test_flow_order_with_colliding_hashes(large_batch_paths):
