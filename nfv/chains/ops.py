@@ -50,7 +50,8 @@ def put_rows_t(x, idx, values) -> None:
     ``idx`` (on a CPU from ``NUMPY_FROM`` elements by numpy, about twice as fast as torch's
     ``index_copy_``)."""
     if x.device.type == "cpu" and values.numel() >= NUMPY_FROM:
-        x.numpy()[idx.numpy()] = values.numpy().T
+        # rows made contiguous first: a store from the transposed view reads it by columns
+        x.numpy()[idx.numpy()] = np.ascontiguousarray(values.numpy().T)
     else:
         x.index_copy_(0, idx, values.t())
 
