@@ -28,7 +28,7 @@ from ..traffic.pcap import ACK, TCP, UDP
 from . import states as st
 from .flowtable import DeviceFlowTable
 from .joint import JOINT, JointScan
-from .ops import pick, put_columns, stable_order, take, take_columns
+from .ops import key_order, pick, put_columns, spread, stable_order, take, take_columns
 from .packets import MASK32, flow_hash
 from .reference import Backends, compile_acl, endpoint, pool_bindings
 from .scan import Segments, fsm_scan, last_marked, previous_gap, quiet_rows
@@ -65,18 +65,6 @@ class Sub:
 
 def _tensor(values, device):
     return torch.tensor(values, dtype=torch.int64, device=device)
-
-
-def _spread(values, rows, like):
-    """``values`` at positions ``rows`` of a tensor shaped like ``like``, -1 elsewhere."""
-    out = torch.full_like(like, -1)
-    out[rows] = values
-    return out
-
-
-def _sorted_keys(k1, k2):
-    order = torch.sort(k2, stable=True).indices
-    return order[torch.sort(k1[order], stable=True).indices]
 
 
 class _Stateful:
@@ -376,7 +364,7 @@ class _SessionKernel(_Machine):
             has = latest >= 0
             safe = torch.clamp(latest, min=0)
             binding, p_ip, p_port = (
-                torch.where(has, _spread(value, rows, sub.ts)[safe], col[seg.index])
+                torch.where(has, spread(value, rows, sub.ts)[safe], col[seg.index])
                 for value, col in zip(begun, before))
             per_flow = torch.stack([binding[seg.last], p_ip[seg.last], p_port[seg.last]])
         if self.collects_releases:
@@ -405,15 +393,12 @@ class _SessionKernel(_Machine):
         pass
 
     def targets(self, sub: Sub, binding, flow_binding):
-        """Per packet, the (address, port) its binding stands for (``endpoints``); looked up
-        per flow and spread to the packets where ``flow_binding`` holds for a whole flow (a
-        large pool is then read once per flow, not at random once per packet)."""
-        if flow_binding is None:
-            b = torch.clamp(binding, min=0)
-            return take(self.target_ip, b), take(self.target_port, b)
-        b = torch.clamp(flow_binding, min=0)
-        per_flow = torch.stack([take(self.target_ip, b), take(self.target_port, b)])
-        return take_columns(per_flow, sub.seg.index)
+        """Per packet, the [address, port] its binding stands for; looked up per flow and
+        spread to the packets where ``flow_binding`` holds for a whole flow (a large pool is
+        then read once per flow, not at random once per packet)."""
+        b = torch.clamp(binding if flow_binding is None else flow_binding, min=0)
+        got = take_columns(self.target, b)
+        return got if flow_binding is None else take_columns(got, sub.seg.index)
 
 
 class NatKernel(_SessionKernel):
@@ -426,7 +411,7 @@ class NatKernel(_SessionKernel):
         pool = pool_bindings(spec)
         self.pool_ip = _tensor([a for a, _ in pool], device)
         self.pool_port = _tensor([p for _, p in pool], device)
-        self.target_ip, self.target_port = self.pool_ip, self.pool_port  # a binding's source
+        self.target = torch.stack([self.pool_ip, self.pool_port])  # a binding's source
         self.size = len(pool)
         self.ring = torch.arange(self.size, dtype=torch.int64, device=device)
         self.head, self.free = 0, self.size
@@ -480,7 +465,7 @@ class NatKernel(_SessionKernel):
     def sweep(self, now_us: int, live=None) -> int:
         at, oldest, live = self._expired(now_us, live)
         slots = take(live[0], at)
-        order = _sorted_keys(self.table.k1[slots], self.table.k2[slots])
+        order = key_order(self.table.k1[slots], self.table.k2[slots])
         bindings = self.col("binding")[slots[order]]
         self._push(bindings[bindings >= 0])
         self.forget(slots, live, at)
@@ -504,7 +489,7 @@ class LoadBalancerKernel(_SessionKernel):
         self.maglev = _tensor(self.backends.table, self.device)
         self.ep_ip = _tensor([a for a, _ in self.backends.endpoints], self.device)
         self.ep_port = _tensor([p for _, p in self.backends.endpoints], self.device)
-        self.target_ip, self.target_port = self.ep_ip, self.ep_port  # a binding's backend
+        self.target = torch.stack([self.ep_ip, self.ep_port])  # a binding's backend
 
     def set_backends(self, names: list[str]) -> None:
         self.backends.set(names)

@@ -87,6 +87,19 @@ def sort_values(x):
     return torch.sort(x).values
 
 
+def spread(values, rows, like):
+    """``values`` at positions ``rows`` of a tensor shaped like ``like``, -1 elsewhere."""
+    out = torch.full_like(like, -1)
+    out[rows] = values
+    return out
+
+
+def key_order(k1, k2):
+    """The stable order of keys (``k1``, then ``k2``): two stable sorts."""
+    order = torch.sort(k2, stable=True).indices
+    return order[torch.sort(k1[order], stable=True).indices]
+
+
 def stable_order(values, bound: int):
     """The stable argsort of 1-D int64 ``values`` in 0..bound-1: one sort of the values and
     positions packed in an int64 (``sort_values``), the positions taken back from the low
