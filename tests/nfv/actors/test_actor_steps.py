@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dl_nfv.nfv.actors.batch import unpack
-from dl_nfv.nfv.actors.chain import build_chain, chain_document
+from dl_nfv.nfv.actors.chain import build_chain, chain_document, flow_key
 from dl_nfv.nfv.actors.cluster import load_cluster
 from dl_nfv.nfv.actors.traffic import interleaved
 from tests.conftest import EXAMPLES
@@ -96,3 +96,38 @@ def test_a_log_not_yet_let_out_travels_and_stays_with_the_kept_replica(net):
     source.keep(kept)
     assert source.replicas[flows[1]].log == pending
     assert source.replicas[flows[1]].log is not unpack(packed)[3][1]
+
+
+def test_what_a_handler_leaves_for_later_is_done_before_the_next_message(net):
+    """The source keeps its copy after ``migrate_in`` is out, but before it handles the
+    next message: a delta the destination sends right away for the moved flow (the
+    source is now its replica) lands on that copy, not on an empty one."""
+    source, destination = net.runtimes["rt1"], net.runtimes["rt2"]
+    command = _command(net, 1, "rt1", "rt2")
+    flow = command[1][0]
+    source.on_migrate_out("switch", command)
+    assert flow not in source.replicas and source.after  # not yet: left for later
+    kind, packed = net.channels[("rt1", "rt2")].popleft()
+    destination.on_migrate_in("rt1", packed)
+    lane = [p for p in PACKETS if net.switch.flows[flow_key(p)].id == flow]
+    extra = lane[-1]._replace(id=len(PACKETS))
+    seq = len(lane) + 1
+    destination.on_packets("switch", [(flow, seq, "rt1", seq - 1, extra)])
+    script = [[("deltas", "rt2", (source.session, destination.deltas.pop("rt1")))]]
+
+    def receive(timeout_s, limit=4096):
+        if script:
+            return script.pop(0)
+        source.running = False
+        return []
+
+    close = source.endpoint.close
+    source.endpoint.receive, source.endpoint.close = receive, lambda: None
+    source.serve()
+    source.endpoint.close = close  # (closed with the net)
+    _, states = sequential(lane + [extra], DOCUMENT)
+    copy = source.replicas[flow]
+    assert (copy.seq, copy.states) == states[0] and not source.after
+    acks = [ack for kind, batch in net.channels[("rt1", "switch")] if kind == "acks"
+            for ack in batch]
+    assert [ack[:2] for ack in acks] == [(flow, seq)]  # the replica acknowledged it
