@@ -12,10 +12,9 @@ receiver has posted its receive: a send that finds the receive posted writes
 at once, in the sender's own thread, while a send that does not is left to
 gloo's I/O thread, to be written when the receive's notice arrives. On a
 worker that has one core, that thread shares the core with the compute of
-the next actions, and the scheduler may keep it waiting for milliseconds
-(measured: a 2-3 ms gap per message between stages of a pipeline). With
-every receive posted, a transfer starts when its producer sends it, as the
-simulator has it.
+the next actions, and the scheduler may keep it waiting for a slice
+(milliseconds) per message. With every receive posted, a transfer starts
+when its producer sends it, as the simulator has it.
 
 Every call runs under the process group's timeout (set at
 ``init_process_group``): a peer that died or hangs turns into an exception
