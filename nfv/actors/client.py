@@ -216,11 +216,11 @@ def _stream(endpoint: Endpoint, spec: ClusterSpec, packets: list, run: _Run, rat
         open_ = sent < total and sent - len(run.outputs) < window  # room for the next
         if count > 0 and sent < due and open_:
             wait = 0.0  # more is due already
-        elif rate_pps > 0 and open_:  # asleep until the next packet is due
+        elif rate_pps > 0 and open_:  # asleep until the next packet is due, or an output
             wait = max(0.0, start + sent / rate_pps - time.perf_counter())
         else:
             wait = 0.002  # until outputs come (all sent, or the window full)
-        for kind, _, payload in endpoint.receive(wait):
+        for kind, _, payload in endpoint.receive(wait, exact=rate_pps > 0):
             if kind == "outputs":
                 run.take(payload, time.perf_counter())
                 last_progress = time.perf_counter()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import math
 import pickle
+import select
 import time
 from typing import Any
 
@@ -44,6 +45,7 @@ class Endpoint:
         self.address = self.inbox.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.poller = zmq.Poller()
         self.poller.register(self.inbox, zmq.POLLIN)
+        self.fd = self.inbox.getsockopt(zmq.FD)
         self.buffer = io.BytesIO()
         self.pickler = pickle.Pickler(self.buffer, protocol=pickle.HIGHEST_PROTOCOL)
         self.pickler.fast = True  # no memo (module docstring)
@@ -74,12 +76,15 @@ class Endpoint:
         if sock is not None:
             sock.close(linger=0)
 
-    def receive(self, timeout_s: float, limit: int = 4096) -> list[tuple[str, str, Any]]:
+    def receive(self, timeout_s: float, limit: int = 4096, exact: bool = False
+                ) -> list[tuple[str, str, Any]]:
         """The messages waiting (``limit`` at most), after waiting up to ``timeout_s`` for
         the first one; heartbeats (``ping``, ``pong``) first, so that a long round of work
-        does not delay them."""
+        does not delay them. ZeroMQ's poll counts whole milliseconds (a wait is rounded
+        up); ``exact`` waits the time given (``wait``)."""
         out = []
-        if self.poller.poll(max(0, math.ceil(timeout_s * 1000))):  # whole ms, not less
+        if self.wait(timeout_s) if exact else \
+                self.poller.poll(max(0, math.ceil(timeout_s * 1000))):
             while True:
                 try:
                     raw = self.inbox.recv(zmq.NOBLOCK)
@@ -91,6 +96,18 @@ class Endpoint:
         if len(out) > 1:
             out.sort(key=lambda message: message[0] not in ("ping", "pong"))
         return out
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether a message came within ``timeout_s`` (to the microsecond): a select on
+        the inbox's file descriptor, which signals that its events may have changed (edge-
+        triggered), so they are read again after each wake-up and before each wait."""
+        deadline = time.perf_counter() + timeout_s
+        while not self.inbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return False
+            select.select([self.fd], [], [], left)
+        return True
 
     def request(self, address: str, kind: str, payload: Any, expect: str, timeout_s: float,
                 what: str) -> Any:

@@ -111,3 +111,25 @@ def test_messages_pickled_without_a_memo_round_trip():
         assert len(encoded) > 50 * len(pickle.dumps(shared))  # each reference written out
     finally:
         endpoint.close()
+
+
+def test_an_exact_wait_ends_at_its_time_or_at_the_first_message():
+    """``Endpoint.wait`` (the replay client's pacing) waits the time given, fractions of a
+    millisecond included, and ends when a message comes, which ``receive`` then takes."""
+    import time
+
+    from dl_nfv.nfv.actors.wire import Endpoint
+
+    receiver, sender = Endpoint("probe"), Endpoint("peer")
+    try:
+        for wait_s in (0.0003, 0.004):
+            began = time.perf_counter()
+            assert receiver.wait(wait_s) is False
+            assert time.perf_counter() - began >= wait_s
+        sender.send(receiver.address, "hello", 7)
+        assert receiver.wait(5.0) is True
+        assert receiver.receive(0, exact=True) == [("hello", "peer", 7)]
+        assert receiver.wait(0.001) is False  # taken: nothing waits any more
+    finally:
+        receiver.close()
+        sender.close()
