@@ -47,4 +47,6 @@ def test_a_replay_at_a_fixed_rate_sleeps_until_each_packet_is_due(cluster_file):
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     assert (result["lost"], result["duplicates"], result["reordered"]) == (0, 0, 0)
     assert wall >= len(packets) / 500 - 0.01  # paced, not sent at once
-    assert cpu < 0.35 * wall, (cpu, wall)
+    # a spinning client uses the whole core (cpu ~ wall); a sleeping one a part of it that
+    # grows when other jobs slow its wake-ups and sends (0.4 of a core seen under the suite)
+    assert cpu < 0.6 * wall, (cpu, wall)
