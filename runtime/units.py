@@ -185,28 +185,35 @@ class UnitRunner:
                     if self.p.producer.get(v) is None or (v, mb) in seen:
                         continue
                     seen.add((v, mb))
-                    info = self.p.values[v]
                     for r in self.routes[v]:
                         if r.dst == self.device and r.src != self.device:
-                            yield (info.shape(r.hi - r.lo), info.dtype, self.rank_of[r.src],
-                                   tag_of(self.value_index[v], mb, False, r.part))
+                            yield self._receive(v, mb, r, backward=False)
                 continue
             me = self.placements[uid].devices.index(self.device)
             for v in self.p.units[uid].outputs:
-                info = self.p.values[v]
-                if not info.requires_grad:
+                if not self.p.values[v].requires_grad:
                     continue
                 for r in self.routes.get(v, ()):
                     if r.src == self.device and r.part == me and r.dst != self.device:
-                        shape = info.shape(r.hi - r.lo) if info.batched else info.shape_per_rows
-                        yield (shape, info.dtype, self.rank_of[r.dst],
-                               tag_of(self.value_index[v], mb, True, r.part))
+                        yield self._receive(v, mb, r, backward=True)
+
+    def _receive(self, value: str, mb: int, r: _Route, *, backward: bool) -> tuple:
+        """``(shape, dtype, source rank, tag)`` of the receive of route ``r``'s rows of
+        ``value`` on microbatch ``mb``: the value from its producer replica, or (``backward``)
+        its gradient from the consumer's device."""
+        info = self.p.values[value]
+        tag = tag_of(self.value_index[value], mb, backward, r.part)
+        if backward:
+            shape = info.shape(r.hi - r.lo) if info.batched else info.shape_per_rows
+            return shape, info.dtype, self.rank_of[r.dst], tag
+        return info.shape(r.hi - r.lo), info.dtype, self.rank_of[r.src], tag
 
     def end_step(self) -> float:
         """Drain the sends of the step; returns the step's weighted loss on this rank."""
         self.comm.drain()
-        if self.comm.unclaimed():
-            src, tag = self.comm.unclaimed()[0]
+        unclaimed = self.comm.unclaimed()
+        if unclaimed:
+            src, tag = unclaimed[0]
             raise RuntimeError(f"the schedule of {self.device!r} made no receive of tag {tag} "
                                f"from rank {src}, posted for it")
         if self._saved or self._deferred:
@@ -238,9 +245,7 @@ class UnitRunner:
                 out, base = self._produced[key]
                 pieces.append(self._rows_of(value, r.lo, r.hi, out, base).detach())
             else:
-                shape = info.shape(r.hi - r.lo)
-                pieces.append(self.comm.recv(shape, info.dtype, self.rank_of[r.src],
-                                             tag_of(self.value_index[value], mb, False, r.part)))
+                pieces.append(self.comm.recv(*self._receive(value, mb, r, backward=False)))
         hull = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=info.batch_dim)
         lo = min((r.lo for r in self.routes[value] if r.dst == self.device), default=0)
         self._received[key] = (hull, lo)
@@ -368,12 +373,9 @@ class UnitRunner:
                     self._rows_of(v, a, b, grad, lo).add_(self._rows_of(v, a, b, g, base))
             else:
                 grad.add_(g)
-        info = self.p.values[v]
         for r in self.routes.get(v, ()):
             if r.src == self.device and r.part == me and r.dst != self.device:
-                shape = info.shape(r.hi - r.lo) if info.batched else info.shape_per_rows
-                piece = self.comm.recv(shape, info.dtype, self.rank_of[r.dst],
-                                       tag_of(self.value_index[v], mb, True, r.part))
+                piece = self.comm.recv(*self._receive(v, mb, r, backward=True))
                 self._rows_of(v, r.lo, r.hi, grad, lo).add_(piece)
         return grad
 

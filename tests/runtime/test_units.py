@@ -31,8 +31,9 @@ def _workload(name: str, batch: int):
     return instantiate(ref, seed=3)
 
 
-def _grads_by_units(name: str, cuts: list[float], microbatches: int):
-    batch = 4
+def _cut(name: str, cuts: list[float], batch: int):
+    """The workload, a batch and the partition of its traced graph cut at ``cuts``
+    (fractions of its ops) into units ``u0``, ``u1``, ... (in op order)."""
     w = _workload(name, batch)
     inputs, target = w.make_batch(batch, 7)
     cap = capture(w.module, inputs)
@@ -41,7 +42,12 @@ def _grads_by_units(name: str, cuts: list[float], microbatches: int):
     unit_of_op = {op: f"u{next(i for i, b in enumerate(bounds[1:]) if k < b)}"
                   for k, op in enumerate(ops)}
     info = probe(cap.graph_module, lambda rows: w.make_batch(rows, 1)[0])
-    part = split(cap.graph_module, cap.op_of, unit_of_op, info)
+    return w, inputs, target, split(cap.graph_module, cap.op_of, unit_of_op, info)
+
+
+def _grads_by_units(name: str, cuts: list[float], microbatches: int):
+    batch = 4
+    w, inputs, target, part = _cut(name, cuts, batch)
     runner = UnitRunner(part, {u: Placement(("d0",), (1.0,)) for u in part.units}, device="d0",
                         rank_of={"d0": 0}, microbatches=microbatches, batch_size=batch,
                         comm=Comm(0, torch.device("cpu")), loss_fn=w.loss)
@@ -135,15 +141,7 @@ def test_receives_lists_every_receive_a_schedule_makes_in_order(name, cuts, micr
     devices hosting alternate units of a cut model, the receives its forward-then-backward
     schedule makes (recorded) equal ``UnitRunner.receives`` of that schedule."""
     batch = 4
-    w = _workload(name, batch)
-    inputs, target = w.make_batch(batch, 7)
-    cap = capture(w.module, inputs)
-    ops = [o for o in cap.op_ids if o not in cap.input_ops]
-    bounds = sorted({0, *[int(c * len(ops)) for c in cuts], len(ops)})
-    unit_of_op = {op: f"u{next(i for i, b in enumerate(bounds[1:]) if k < b)}"
-                  for k, op in enumerate(ops)}
-    part = split(cap.graph_module, cap.op_of, unit_of_op,
-                 probe(cap.graph_module, lambda rows: w.make_batch(rows, 1)[0]))
+    w, inputs, target, part = _cut(name, cuts, batch)
     order = sorted(part.units, key=lambda u: int(u[1:]))
     placements = {u: Placement((f"d{int(u[1:]) % 2}",), (1.0,)) for u in order}
     total = 0
