@@ -228,8 +228,12 @@ class TensorChain:
         k1, k2, direction = key_pair(cols["src"], cols["sport"], cols["dst"], cols["dport"],
                                      cols["proto"])
         order, start, k1, k2 = _flow_order(k1, k2)
-        # the columns the NFs read (the block's first rows), flow-sorted in one gather
-        s = dict(zip(SORTED, take_columns(block[:len(SORTED)], order)))
+        # every column flow-sorted in one gather; the rows the NFs read are its first, and the
+        # outputs (OUT_FIELDS, stage, reason) are assembled in flow order in ``out``
+        ordered = take_columns(block, order)
+        s = dict(zip(SORTED, ordered))
+        # (the first ``_put_back``, at the first compaction or at the end, fills every row)
+        out = torch.empty((8, n), dtype=torch.int64, device=self.device)
         full = Segments.of(k1, k2) if start is None else Segments.starting(start)
         keys = torch.stack([take(k1, full.first), take(k2, full.first)])
         slots = self._flows(keys)
@@ -251,7 +255,7 @@ class TensorChain:
                 dropped = torch.nonzero(verdict).squeeze(1)
                 gone = dropped if rows is None else take(rows, dropped)
                 drops.append((k, gone, take(verdict, dropped)))
-                self._put_back(s, sub, rows)
+                self._put_back(out, sub, rows)
                 kept = torch.nonzero(verdict == 0).squeeze(1)
                 rows = kept if rows is None else take(rows, kept)
                 parent = sub.state
@@ -262,14 +266,14 @@ class TensorChain:
             if rows is not None and rows.numel() == 0:  # every packet dropped
                 break
         t0 = time.perf_counter()
-        self._put_back(s, sub, rows)
+        self._put_back(out, sub, rows)
         for nf in self.nfs:
             nf.end_batch()
         for parent, flows, inner in reversed(nested):  # compacted flows back into the parent
             put_columns(parent, flows, inner)
         put_rows_t(self.table.values, slots, state)
         self.table.delete(slots[state[self.table.index[HOLDERS]] == 0])
-        result = self._egress(block, s, order, drops)
+        result = self._egress(ordered, out, order, drops)
         times[0] += time.perf_counter() - t0
         return BatchResult(stage=result[6], reason=result[7],
                            fields=dict(zip(OUT_FIELDS, result)), stage_s=times)
@@ -298,31 +302,29 @@ class TensorChain:
         return state, state[h].clone()
 
     @staticmethod
-    def _put_back(s, sub: Sub, rows) -> None:
-        """The rewritten addresses and ports of ``sub``'s packets into the batch's columns."""
-        for name in ("src", "dst", "sport", "dport"):
-            if rows is None:
-                s[name] = getattr(sub, name)
-            elif rows.numel():
-                put(s[name], rows, getattr(sub, name))
+    def _put_back(out, sub: Sub, rows) -> None:
+        """The rewritten addresses and ports of ``sub``'s packets into ``out``'s rows (flow
+        order; ``rows``: the packets of ``sub``, None: all of them)."""
+        if rows is None:
+            torch.stack([sub.src, sub.dst, sub.sport, sub.dport], out=out[:4])
+        elif rows.numel():
+            for row, name in enumerate(("src", "dst", "sport", "dport")):
+                put(out[row], rows, getattr(sub, name))
 
-    def _egress(self, block, s, order, drops) -> np.ndarray:
-        """Every per-packet output back in arrival order, then the checksums, on the host:
-        rows ``OUT_FIELDS``, stage, reason (``block``: the batch's columns as captured; the
-        header rows scattered once into one block, stage and reason set for the dropped
-        packets only)."""
-        n = int(order.shape[0])
-        out = torch.empty((8, n), dtype=torch.int64, device=self.device)
-        for row, name in enumerate(("src", "dst", "sport", "dport")):
-            put(out[row], order, s[name])
+    def _egress(self, ordered, out, order, drops) -> np.ndarray:
+        """Every per-packet output, on the host, in arrival order: rows ``OUT_FIELDS``, stage,
+        reason. ``ordered``: the batch's columns as captured, ``out``: the header rows, both in
+        flow order; the checksums are computed there, stage and reason set for the dropped
+        packets only, and the whole block scattered back to arrival order once."""
+        out[4:6] = rewrite_checksum_rows(ordered[1:5], out[:4], ordered[8:10], ordered[5])
         out[6].fill_(-1)
         out[7].zero_()
         for k, gone, why in drops:
-            at = take(order, gone)
-            out[6].index_fill_(0, at, k)
-            put(out[7], at, why)
-        out[4:6] = rewrite_checksum_rows(block[1:5], out[:4], block[8:10], block[5])
-        return out.cpu().numpy()
+            out[6].index_fill_(0, gone, k)
+            put(out[7], gone, why)
+        back = torch.empty_like(out)
+        put_columns(back, order, out)
+        return back.cpu().numpy()
 
 
 def build_chain(specs, engine: str, *, device: str = "cpu", capacity: int = 1024,

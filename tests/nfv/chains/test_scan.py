@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from dl_nfv.nfv.chains import scan
 from dl_nfv.nfv.chains import states as st
 from dl_nfv.nfv.chains.scan import (
     Segments,
@@ -30,9 +31,15 @@ def walk(nxt, timeouts, cls, gap, flow, s0):
     return found, after
 
 
+@pytest.fixture(params=[True, False], ids=["numpy", "torch"])
+def host_scan(request, monkeypatch):
+    """``fsm_scan`` in both forms: numpy over the tensors' memory (a CPU's) and torch's."""
+    monkeypatch.setattr(scan, "HOST_SCAN", request.param)
+
+
 @pytest.mark.parametrize("machine", ["conn", "session"])
 @pytest.mark.parametrize("seed", range(6))
-def test_both_methods_equal_a_walk(machine, seed):
+def test_both_methods_equal_a_walk(machine, seed, host_scan):
     rng = np.random.default_rng(seed)
     nxt, _, _, width = st.table(machine)
     flows, n = int(rng.integers(1, 20)), int(rng.integers(1, 400))
@@ -59,7 +66,7 @@ def test_both_methods_equal_a_walk(machine, seed):
 
 @pytest.mark.parametrize("machine", ["conn", "session"])
 @pytest.mark.parametrize("seed", range(8))
-def test_stepping_only_candidates_equals_a_walk(machine, seed):
+def test_stepping_only_candidates_equals_a_walk(machine, seed, host_scan):
     """Mostly quiet packets (plain ACKs, UDP), a few of every class, long flows, gaps
     that sometimes pass a time-out: the candidates-only scan is the walk."""
     rng = np.random.default_rng(100 + seed)
