@@ -85,26 +85,37 @@ class _Sweeper:
 
 def _flow_order(k1, k2, hashes=None):
     """A permutation that groups the batch's packets by flow, each flow in arrival order;
-    where the sorted batch's flows start (None: not computed); the keys, sorted.
+    where the sorted batch's flows start (None: not computed); the keys, sorted. Over int64
+    tensors, or numpy arrays (a CPU's: numpy's calls cost less than torch's at these sizes).
 
     One sort of (flow hash, arrival) packed in an int64 (``hashes``, or ``packets.mix_hash``
     in the bits arrival leaves); in the smallest batches (where the hash's steps cost more
     than sorts of a few hundred keys), or where two flows of the batch share a hash (their
     packets may interleave), two stable sorts by key."""
     n = k1.shape[0]
+    host = isinstance(k1, np.ndarray)
     if n >= max(2, ONE_SORT_FROM):
         shift = (n - 1).bit_length()
         if hashes is None:
             hashes = mix_hash(k1, k2, 63 - shift)
-        packed = (hashes << shift) | torch.arange(n, device=k1.device)
-        packed = sort_values(packed)
+        if host:
+            packed = np.sort((hashes << shift) | np.arange(n))
+        else:
+            packed = sort_values((hashes << shift) | torch.arange(n, device=k1.device))
         order, h = packed & ((1 << shift) - 1), packed >> shift
-        a, b = take(k1, order), take(k2, order)
+        a, b = (k1[order], k2[order]) if host else (take(k1, order), take(k2, order))
         other = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
         if not bool(((h[1:] == h[:-1]) & other).any()):
-            start = torch.ones(n, dtype=torch.bool, device=k1.device)
+            if host:
+                start = np.ones(n, dtype=bool)
+            else:
+                start = torch.ones(n, dtype=torch.bool, device=k1.device)
             start[1:] = other
             return order, start, a, b
+    if host:
+        order = np.argsort(k2, kind="stable")
+        order = order[np.argsort(k1[order], kind="stable")]
+        return order, None, k1[order], k2[order]
     order = torch.sort(k2, stable=True).indices
     order = take(order, torch.sort(take(k1, order), stable=True).indices)
     return order, None, take(k1, order), take(k2, order)
@@ -217,7 +228,6 @@ class TensorChain:
         block = torch.from_numpy(batch.block())  # [columns, n], ChainPackets' field order
         if self.device.type != "cpu":
             block = block.to(self.device)
-        cols = dict(zip(batch.columns(), block))
         times = [0.0] * (len(self.nfs) + 1)
         t0 = time.perf_counter()
         if n and self.sweeper.due(int(batch.ts_us[0])):
@@ -225,9 +235,15 @@ class TensorChain:
         if n:
             earliest = int(batch.ts_us.min())
             self.oldest = earliest if self.oldest is None else min(self.oldest, earliest)
-        k1, k2, direction = key_pair(cols["src"], cols["sport"], cols["dst"], cols["dport"],
-                                     cols["proto"])
-        order, start, k1, k2 = _flow_order(k1, k2)
+        if self.device.type == "cpu":  # keys and order by numpy over the block's memory
+            k1, k2, direction = key_pair(batch.src, batch.sport, batch.dst, batch.dport,
+                                         batch.proto)
+            order, start, k1, k2 = (None if x is None else torch.from_numpy(x)
+                                    for x in _flow_order(k1, k2))
+            direction = torch.from_numpy(direction)
+        else:
+            k1, k2, direction = key_pair(block[1], block[3], block[2], block[4], block[5])
+            order, start, k1, k2 = _flow_order(k1, k2)
         # every column flow-sorted in one gather; the rows the NFs read are its first, and the
         # outputs (OUT_FIELDS, stage, reason) are assembled in flow order in ``out``
         ordered = take_columns(block, order)

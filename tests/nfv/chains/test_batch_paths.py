@@ -44,11 +44,16 @@ def test_real_trace_with_numpy_block_moves(monkeypatch):
     run_both(small_chain().l4_chain, packets, [32])
 
 
-def test_flow_order_with_colliding_hashes(large_batch_paths):
+@pytest.mark.parametrize("host", [False, True], ids=["torch", "numpy"])
+def test_flow_order_with_colliding_hashes(large_batch_paths, host):
+    """Over tensors and over numpy arrays (the CPU's form)."""
     k1 = torch.tensor([5, 7, 5, 9, 7, 5, 9])
     k2 = torch.tensor([1, 1, 1, 2, 1, 3, 2])
     distinct = (k1 * 131 + k2) & 0xFFFF
-    for hashes in (distinct, torch.zeros_like(k1), k1 & 1):
+    cases = (distinct, torch.zeros_like(k1), k1 & 1)
+    if host:
+        k1, k2, cases = k1.numpy(), k2.numpy(), [h.numpy() for h in cases]
+    for hashes in cases:
         order, _, a, b = engine._flow_order(k1, k2, hashes)
         assert a.tolist() == k1[order].tolist() and b.tolist() == k2[order].tolist()
         order = order.tolist()
