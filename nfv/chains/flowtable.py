@@ -27,6 +27,7 @@ over tensors and stop when no key is left searching.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .ops import pick, put, take
@@ -34,6 +35,9 @@ from .packets import mix_hash
 
 EMPTY, TOMB = -1, -2
 PROBE_WINDOW = 8  # slots a lookup (after the home slot) or an insert probes per round
+# on a CPU, lookups and upserts run by numpy over the tables' memory: the same probes, each
+# of its calls a fraction of torch's on vectors of a batch's flows (a few hundred)
+HOST_PROBES = True
 MAX_LOAD = 0.5  # short probe sequences, and half the table's memory of a load of 1/4
 
 
@@ -88,7 +92,12 @@ class DeviceFlowTable:
         The first round probes each key's home slot (where most keys end); the keys still
         searching then probe ``PROBE_WINDOW`` consecutive slots per round and stop at the
         window's first hit or empty slot, the order linear probing visits them in."""
+        if self._host():
+            return torch.from_numpy(self._lookup_host(k1.numpy(), k2.numpy())[0])
         return self._lookup(k1, k2)[0]
+
+    def _host(self) -> bool:
+        return torch.device(self.device).type == "cpu" and HOST_PROBES
 
     def upsert(self, k1, k2):
         """Slots of the keys (distinct), the absent ones inserted with their columns left as
@@ -100,6 +109,8 @@ class DeviceFlowTable:
         go on to ``insert``'s rounds. Rehashes before the lookup if the keys might not fit,
         so nothing moves after."""
         self.reserve(int(k1.shape[0]))
+        if self._host():
+            return self._upsert_host(k1.numpy(), k2.numpy())
         found, home, empty = self._lookup(k1, k2)
         claim = torch.nonzero(empty & (found < 0)).squeeze(1)
         if claim.numel():
@@ -144,6 +155,54 @@ class DeviceFlowTable:
             left = torch.nonzero(~ended).squeeze(1)
             todo = take(todo, left)
             put(slot, todo, (take(at, left) + PROBE_WINDOW) & mask)
+        return found, slot, empty
+
+    def _upsert_host(self, k1, k2):
+        """``upsert`` by numpy (``k1``, ``k2``: arrays); where several keys claim one empty
+        home slot, the last of them takes it."""
+        found, home, empty = self._lookup_host(k1, k2)
+        claim = np.flatnonzero(empty & (found < 0))
+        if claim.shape[0]:
+            at = home[claim]
+            owner = self._owner.numpy()
+            owner[at] = claim
+            won = claim[owner[at] == claim]
+            slots = home[won]
+            self.k1.numpy()[slots] = k1[won]
+            self.k2.numpy()[slots] = k2[won]
+            found[won] = slots
+            self.live += int(won.shape[0])
+            self.used += int(won.shape[0])
+        rest = np.flatnonzero(found < 0)
+        if rest.shape[0]:
+            found[rest] = self.insert(torch.from_numpy(k1[rest]), torch.from_numpy(k2[rest]),
+                                      fill=False).numpy()
+        return torch.from_numpy(found)
+
+    def _lookup_host(self, k1, k2):
+        """``_lookup`` by numpy (``k1``, ``k2``: arrays): the same probes."""
+        t1, t2 = self.k1.numpy(), self.k2.numpy()
+        mask = self.capacity - 1
+        slot = mix_hash(k1, k2, 32) & mask
+        at_home = t2[slot]
+        hit = (at_home == k2) & (t1[slot] == k1)
+        found = np.where(hit, slot, -1)
+        empty = at_home == EMPTY
+        todo = np.flatnonzero(~hit & ~empty)
+        step = np.arange(1, PROBE_WINDOW + 1)
+        while todo.shape[0]:
+            at = slot[todo]
+            s = (at[:, None] + step) & mask  # [keys, window]
+            got2 = t2[s]
+            hit = (got2 == k2[todo, None]) & (t1[s] == k1[todo, None])
+            stop = hit | (got2 == EMPTY)
+            first = stop.argmax(1)
+            keys = np.arange(todo.shape[0])
+            ended = stop[keys, first]
+            found[todo] = np.where(hit[keys, first] & ended, s[keys, first], -1)
+            left = np.flatnonzero(~ended)
+            todo = todo[left]
+            slot[todo] = (at[left] + PROBE_WINDOW) & mask
         return found, slot, empty
 
     def insert(self, k1, k2, *, fill: bool = True):

@@ -9,11 +9,12 @@ import dpkt
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from dl_nfv.artifacts import load
 from dl_nfv.cli.main import cli
+from dl_nfv.nfv.chains import flowtable
 from dl_nfv.nfv.chains.flowtable import DeviceFlowTable
 from dl_nfv.nfv.chains.packets import rewrite_checksums
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
@@ -111,15 +112,18 @@ def test_incremental_checksum_equals_full(words, new):
                     + struct.pack(f"!{len(rest)}H", *rest) + struct.pack("!H", l4_new)) == 0xFFFF
 
 
-@settings(max_examples=40, deadline=None)
-@given(hs.lists(hs.tuples(hs.sampled_from(["ins", "del", "ups"]),
-                          hs.lists(hs.integers(0, 40), max_size=30)), max_size=8))
-def test_flow_table_matches_a_dict(ops):
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=hs.lists(hs.tuples(hs.sampled_from(["ins", "del", "ups"]),
+                              hs.lists(hs.integers(0, 40), max_size=30)), max_size=8))
+@pytest.mark.parametrize("host", [True, False], ids=["numpy", "torch"])
+def test_flow_table_matches_a_dict(ops, host, monkeypatch):
     """Batched insert/delete/lookup/upsert with heavy collisions (tiny capacity, rehashes,
-    tombstones)."""
+    tombstones); probes by numpy (a CPU's) and by torch."""
     import torch
 
     table = DeviceFlowTable(16, "cpu", {"v": -1})
+    monkeypatch.setattr(flowtable, "HOST_PROBES", host)  # the same for every example
     model: dict[tuple[int, int], int] = {}
     for op, keys in ops:
         keys = sorted(set(keys))
