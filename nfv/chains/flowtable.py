@@ -212,6 +212,22 @@ class DeviceFlowTable:
         if n == 0:
             return torch.zeros(0, dtype=torch.int64, device=self.device)
         self.reserve(n)
+        if self._host():
+            got, fresh = self._insert_host(k1.numpy(), k2.numpy())
+            got = torch.from_numpy(got)
+        else:
+            got, fresh = self._insert(k1, k2)
+        if fill and self.fills:
+            self.values[got] = torch.tensor(list(self.fills.values()), dtype=torch.int64,
+                                            device=self.device)
+        self.live += n
+        self.used += fresh
+        return got
+
+    def _insert(self, k1, k2):
+        """``insert``'s rounds: the slots taken, and how many of them were empty (not
+        tombstones)."""
+        n = int(k1.shape[0])
         got = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         owner = self._owner
         todo = torch.arange(n, device=self.device)
@@ -241,12 +257,38 @@ class DeviceFlowTable:
             left = torch.ones_like(has).index_fill_(0, win, False)
             todo = todo[left]
             put(slot, todo, nxt[left])
-        if fill and self.fills:
-            self.values[got] = torch.tensor(list(self.fills.values()), dtype=torch.int64,
-                                            device=self.device)
-        self.live += n
-        self.used += fresh
-        return got
+        return got, fresh
+
+    def _insert_host(self, k1, k2):
+        """``_insert`` by numpy (``k1``, ``k2``: arrays): the same rounds; where several keys
+        claim one free slot, the last of them takes it."""
+        n = k1.shape[0]
+        got = np.full(n, -1, dtype=np.int64)
+        owner, t1, t2 = self._owner.numpy(), self.k1.numpy(), self.k2.numpy()
+        todo = np.arange(n)
+        mask = self.capacity - 1
+        slot = mix_hash(k1, k2, 32) & mask
+        step = np.arange(PROBE_WINDOW)
+        fresh = 0
+        while todo.shape[0]:
+            at = slot[todo]
+            window = (at[:, None] + step) & mask  # [keys, window]
+            free = t2[window] < 0
+            first = free.argmax(1)
+            keys = np.arange(todo.shape[0])
+            has = free[keys, first]
+            s = window[keys, first]
+            owner[s] = todo  # as ``_insert``: keys without a free slot write where none reads
+            won = has & (owner[s] == todo)
+            ws, tw = s[won], todo[won]
+            fresh += int((t2[ws] == EMPTY).sum())
+            t1[ws] = k1[tw]
+            t2[ws] = k2[tw]
+            got[tw] = ws
+            nxt = np.where(has, s + 1, at + PROBE_WINDOW) & mask
+            todo = todo[~won]
+            slot[todo] = nxt[~won]
+        return got, fresh
 
     def reserve(self, n: int) -> bool:
         """Make room for ``n`` more keys; True if the table was rehashed (slots moved)."""
