@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..traffic.pcap import ACK, TCP, UDP
 from . import states as st
+from .acl import match, rule_table
 from .flowtable import DeviceFlowTable
 from .joint import JOINT, JointScan
 from .ops import key_order, pick, put_columns, spread, stable_order, take, take_columns
@@ -210,7 +212,7 @@ class FirewallKernel(_Machine):
         super().__init__(table, index, device, st.conn_timeouts_us(spec.timeouts))
         self.rules = compile_acl(spec)
         self.default_allow = spec.default.value == "allow"
-        self.rule_table = self._rule_table()
+        self.rule_table = rule_table(self.rules, self.default_allow, device)
         self.joint: JointScan | None = None
 
     def join(self, session: _SessionKernel) -> None:
@@ -221,31 +223,9 @@ class FirewallKernel(_Machine):
         """key -> (state, orient, last), the reference's form."""
         return {k: (*st.decode(v[0]), v[1]) for k, v in self.items().items()}
 
-    def _rule_table(self):
-        """The IPv4 rules as [fields, rules] (src mask, src, dst mask, dst, the port ranges'
-        ends, protocol, any protocol) and, by code (0: no match; else 2 * (rules - rank) +
-        allow, so the first match has the largest code), the answer."""
-        rules = [r for r in self.rules if r[3] >= 0 and r[5] >= 0]
-        fields = [[r[k] for r in rules] for k in (3, 2, 5, 4, 6, 7, 8, 9, 1)]
-        fields.append([int(r[1] == 0) for r in rules])
-        codes = [2 * (len(rules) - i) + r[0] for i, r in enumerate(rules)]
-        answer = [int(self.default_allow)] * (2 * len(rules) + 2)
-        for code in codes:
-            answer[code] = code & 1
-        return (_tensor(fields, self.device).reshape(len(fields), len(rules), 1),
-                _tensor(codes, self.device).unsqueeze(1), _tensor(answer, self.device))
-
     def _match(self, src, dst, sport, dport, proto):
-        """Per packet, the first matching rule's answer (the default where none matches):
-        every rule at once, over [rules, packets]."""
-        (smask, rsrc, dmask, rdst, slo, shi, dlo, dhi, rproto, anyproto), codes, answer = \
-            self.rule_table
-        if codes.numel() == 0:
-            return torch.full_like(src, int(self.default_allow))
-        hit = ((src & smask) == rsrc) & ((dst & dmask) == rdst) & (sport >= slo) \
-            & (sport <= shi) & (dport >= dlo) & (dport <= dhi) \
-            & ((proto == rproto) | (anyproto != 0))
-        return take(answer, (hit * codes).amax(0))
+        """Per packet, the first matching rule's answer (``acl.match``)."""
+        return match(self.rule_table, self.default_allow, src, dst, sport, dport, proto)
 
     def _acl(self, sub: Sub):
         """Per packet, whether the ACL allows it as client -> server. On unrewritten headers
@@ -261,11 +241,16 @@ class FirewallKernel(_Machine):
                                take(sub.keys[1] & 0xFF, seg.index))
         # the flow key's endpoints (packets.key_pair): lower first; dir 1 runs higher -> lower
         k1, k2 = sub.keys
+        host = k1.device.type == "cpu"  # per flow: by numpy over the keys' memory
+        cat = np.concatenate if host else torch.cat
+        if host:
+            k1, k2 = k1.numpy(), k2.numpy()
         lo_ip, hi_ip = (k1 >> 32) & MASK32, k1 & MASK32
         lo_port, hi_port, proto = k2 >> 24, (k2 >> 8) & 0xFFFF, k2 & 0xFF
-        both = self._match(torch.cat([lo_ip, hi_ip]), torch.cat([hi_ip, lo_ip]),
-                           torch.cat([lo_port, hi_port]), torch.cat([hi_port, lo_port]),
-                           torch.cat([proto, proto]))
+        both = self._match(cat([lo_ip, hi_ip]), cat([hi_ip, lo_ip]), cat([lo_port, hi_port]),
+                           cat([hi_port, lo_port]), cat([proto, proto]))
+        if host:
+            both = torch.from_numpy(both)
         return take(both, seg.index + sub.dir * seg.count)
 
     def process(self, sub: Sub):

@@ -43,3 +43,5 @@ def test_match_is_the_first_matching_rule(default, count):
     want = [int(acl_allows(nf.rules, nf.default_allow, Pkt(0, *map(int, f), 0, 0, (0, 0), 0)))
             for f in zip(src, dst, sport, dport, proto)]
     assert got.tolist() == want
+    # the numpy form (a CPU's per-flow match)
+    assert nf._match(src, dst, sport, dport, proto).tolist() == want
