@@ -68,19 +68,20 @@ class ChainPackets:
     def block(self) -> np.ndarray:
         """Every column as one [columns, packets] array, rows in field order (the tensor
         engine moves a batch to its device in one transfer): a view where the columns are
-        rows of one array at equal distances (``packed``, and the slices of such), else a
-        copy."""
-        cols = [getattr(self, f.name) for f in fields(self)]
-        first = cols[0]
-        if len(cols) > 1 and all(c.dtype == np.int64 and c.ndim == 1 and c.strides == (8,)
-                                 for c in cols):
-            step = cols[1].ctypes.data - first.ctypes.data
-            if step >= 8 * len(first) and all(c.ctypes.data == first.ctypes.data + k * step
-                                              for k, c in enumerate(cols)) \
-                    and first.base is not None and cols[-1].base is first.base:
-                return np.lib.stride_tricks.as_strided(first, (len(cols), len(first)),
-                                                       (step, 8),
-                                                       writeable=first.flags.writeable)
+        consecutive rows, at one offset, of one 2-D array (``packed``, and the slices of
+        such), else a copy."""
+        cols = [getattr(self, name) for name in _FIELDS]
+        first, base = cols[0], cols[0].base
+        if isinstance(base, np.ndarray) and base.ndim == 2 and base.shape[0] == len(cols) \
+                and base.dtype == np.int64 and base.strides[1] == 8 \
+                and all(c.base is base and c.strides == (8,) and c.shape == first.shape
+                        for c in cols):
+            origin, row = base.ctypes.data, base.strides[0]
+            at, rest = divmod(first.ctypes.data - origin, 8)
+            if rest == 0 and 0 <= at and at + len(first) <= base.shape[1] \
+                    and all(c.ctypes.data == origin + k * row + 8 * at
+                            for k, c in enumerate(cols)):
+                return base[:, at:at + len(first)]
         return np.stack(cols)
 
     def packed(self) -> ChainPackets:
@@ -88,6 +89,9 @@ class ChainPackets:
         ``block`` of it and of its slices is a view."""
         block = np.stack([getattr(self, f.name) for f in fields(self)])
         return ChainPackets(*block)
+
+
+_FIELDS = tuple(f.name for f in fields(ChainPackets))
 
 
 @dataclass(slots=True)
