@@ -342,7 +342,7 @@ class _SessionKernel(_Machine):
             # sessions start only at flows' first packets: one value per flow
             per_flow = before.clone()
             put_columns(per_flow, take(seg.index, rows), begun)
-            binding, p_ip, p_port = take_columns(per_flow, seg.index)
+            binding, p_ip, p_port = seg.spread(per_flow)
             flow_binding = per_flow[0]
         else:  # the latest start at or before each packet in its flow, else the table's
             latest = last_marked(start, seg)
@@ -383,7 +383,7 @@ class _SessionKernel(_Machine):
         then read once per flow, not at random once per packet)."""
         b = torch.clamp(binding if flow_binding is None else flow_binding, min=0)
         got = take_columns(self.target, b)
-        return got if flow_binding is None else take_columns(got, sub.seg.index)
+        return got if flow_binding is None else sub.seg.spread(got)
 
 
 class NatKernel(_SessionKernel):

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .ops import put, put_columns, stable_order, take
+from .ops import put, put_columns, stable_order, take, take_columns
 
 ROUND_STEPS_PER_PASS = 12  # rounds while the longest segment is under this per 8k packets
 # on a CPU, fsm_scan runs by numpy over the tensors' memory: the same steps, each call a
@@ -69,6 +69,15 @@ class Segments:
     def longest(self) -> int:
         """The most packets in one segment."""
         return int((self.last - self.first).max()) + 1 if self.first.numel() else 0
+
+    def spread(self, values):
+        """``values`` per segment ([rows, count]) for every packet ([rows, n]): a gather by
+        ``index``; on a CPU numpy's repeat by the segments' lengths (they are contiguous
+        runs), which moves the same values without reading an index per packet."""
+        if values.device.type == "cpu":
+            return torch.from_numpy(np.repeat(values.numpy(), (self.last - self.first + 1).numpy(),
+                                              axis=1))
+        return take_columns(values, self.index)
 
     def round_order(self) -> tuple:
         """(positions sorted by place in their flow, packets per place), computed once."""
