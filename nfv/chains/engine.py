@@ -244,12 +244,11 @@ class TensorChain:
         else:
             k1, k2, direction = key_pair(block[1], block[3], block[2], block[4], block[5])
             order, start, k1, k2 = _flow_order(k1, k2)
-        # every column flow-sorted in one gather; the rows the NFs read are its first, and the
-        # outputs (OUT_FIELDS, stage, reason) are assembled in flow order in ``out``
-        ordered = take_columns(block, order)
-        s = dict(zip(SORTED, ordered))
-        # (the first ``_put_back``, at the first compaction or at the end, fills every row)
-        out = torch.empty((8, n), dtype=torch.int64, device=self.device)
+        # the columns the NFs read (the block's first rows), flow-sorted in one gather; the
+        # rewritten headers are assembled in flow order in ``out`` (the first ``_put_back``,
+        # at the first compaction or at the end, fills every row)
+        s = dict(zip(SORTED, take_columns(block[:len(SORTED)], order)))
+        out = torch.empty((4, n), dtype=torch.int64, device=self.device)
         full = Segments.of(k1, k2) if start is None else Segments.starting(start)
         keys = torch.stack([take(k1, full.first), take(k2, full.first)])
         slots = self._flows(keys)
@@ -289,7 +288,7 @@ class TensorChain:
             put_columns(parent, flows, inner)
         put_rows_t(self.table.values, slots, state)
         self.table.delete(slots[state[self.table.index[HOLDERS]] == 0])
-        result = self._egress(ordered, out, order, drops)
+        result = self._egress(block, out, order, drops)
         times[0] += time.perf_counter() - t0
         return BatchResult(stage=result[6], reason=result[7],
                            fields=dict(zip(OUT_FIELDS, result)), stage_s=times)
@@ -322,28 +321,29 @@ class TensorChain:
         """The rewritten addresses and ports of ``sub``'s packets into ``out``'s rows (flow
         order; ``rows``: the packets of ``sub``, None: all of them)."""
         if rows is None:
-            torch.stack([sub.src, sub.dst, sub.sport, sub.dport], out=out[:4])
+            torch.stack([sub.src, sub.dst, sub.sport, sub.dport], out=out)
         elif rows.numel():
             for row, name in enumerate(("src", "dst", "sport", "dport")):
                 put(out[row], rows, getattr(sub, name))
 
-    def _egress(self, ordered, out, order, drops) -> np.ndarray:
-        """Every per-packet output, on the host, in arrival order: rows ``OUT_FIELDS``, stage,
-        reason. ``ordered``: the batch's columns as captured, ``out``: the header rows, both in
-        flow order; the checksums are computed there, stage and reason set for the dropped
-        packets only, and the whole block scattered back to arrival order once."""
-        if out.device.type == "cpu":  # numpy's steps over the same memory cost less
-            o, c = out.numpy(), ordered.numpy()
-            o[4:6] = rewrite_checksum_rows(c[1:5], o[:4], c[8:10], c[5])
-        else:
-            out[4:6] = rewrite_checksum_rows(ordered[1:5], out[:4], ordered[8:10], ordered[5])
-        out[6].fill_(-1)
-        out[7].zero_()
+    def _egress(self, block, out, order, drops) -> np.ndarray:
+        """Every per-packet output back in arrival order, on the host: rows ``OUT_FIELDS``,
+        stage, reason (``block``: the batch's columns as captured; ``out``: the header rows in
+        flow order, scattered back in one call; stage and reason set for the dropped packets
+        only; the checksums computed in arrival order, by numpy on a CPU)."""
+        back = torch.empty((8, out.shape[1]), dtype=torch.int64, device=self.device)
+        put_columns(back[:4], order, out)
+        back[6].fill_(-1)
+        back[7].zero_()
         for k, gone, why in drops:
-            out[6].index_fill_(0, gone, k)
-            put(out[7], gone, why)
-        back = torch.empty_like(out)
-        put_columns(back, order, out)
+            at = take(order, gone)
+            back[6].index_fill_(0, at, k)
+            put(back[7], at, why)
+        if back.device.type == "cpu":  # numpy's steps over the same memory cost less
+            b, c = back.numpy(), block.numpy()
+            b[4:6] = rewrite_checksum_rows(c[1:5], b[:4], c[8:10], c[5])
+        else:
+            back[4:6] = rewrite_checksum_rows(block[1:5], back[:4], block[8:10], block[5])
         return back.cpu().numpy()
 
 

@@ -66,6 +66,12 @@ class JointScan:
         s0 = self.conn._column(sub, "state") * self.width + self.session._column(sub, "state")
         found, after, timed_out = fsm_scan(self.next, None, cls, None, seg, s0, self.quiet)
         conn_of, session_of = self.parts  # gathers from 165 entries, not integer divisions
+        if found.device.type == "cpu":  # by numpy over the same memory: its calls cost less
+            (conn_of, session_of), found, after = (t.numpy() for t in self.parts), \
+                found.numpy(), after.numpy()
+            sub.memo[JOINT] = (torch.from_numpy(session_of[found]),
+                               torch.from_numpy(session_of[after]), timed_out)
+            return torch.from_numpy(conn_of[found]), torch.from_numpy(conn_of[after])
         sub.memo[JOINT] = (take(session_of, found), take(session_of, after), timed_out)
         return take(conn_of, found), take(conn_of, after)
 
