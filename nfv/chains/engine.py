@@ -30,15 +30,8 @@ import torch
 from ..traffic.pcap import TCP, UDP
 from .flowtable import DeviceFlowTable
 from .joint import carry
-from .kernels import (
-    HOLDERS,
-    FirewallKernel,
-    LoadBalancerKernel,
-    MonitorKernel,
-    NatKernel,
-    RateLimiterKernel,
-    Sub,
-)
+from .kernels import HOLDERS, FirewallKernel, LoadBalancerKernel, NatKernel, Sub
+from .meters import MonitorKernel, RateLimiterKernel
 from .ops import pick, put, put_columns, put_rows_t, sort_values, take, take_columns, take_rows_t
 from .packets import ChainPackets, key_pair, mix_hash, rewrite_checksum_rows, rewrite_checksums
 from .reference import REFERENCE, Pkt
@@ -265,20 +258,22 @@ class TensorChain:
         for k, nf in enumerate(self.nfs):
             t0 = time.perf_counter()
             sub.original = not any(m in REWRITING for m in self.names[:k])
+            if sub.live is not None and not nf.takes_live(sub):  # the dropped packets out
+                self._put_back(out, sub, rows)
+                kept = torch.nonzero(sub.live).squeeze(1)
+                rows = kept if rows is None else take(rows, kept)
+                parent = sub.state
+                sub, flows = _compact(sub, kept)
+                nested.append((parent, flows, sub.state))
             verdict = nf.process(sub)
             if bool(verdict.any()):
                 dropped = torch.nonzero(verdict).squeeze(1)
                 gone = dropped if rows is None else take(rows, dropped)
                 drops.append((k, gone, take(verdict, dropped)))
-                self._put_back(out, sub, rows)
-                kept = torch.nonzero(verdict == 0).squeeze(1)
-                rows = kept if rows is None else take(rows, kept)
-                parent = sub.state
-                sub, flows = _compact(sub, kept)
-                nested.append((parent, flows, sub.state))
+                sub.live = (verdict == 0) if sub.live is None else sub.live & (verdict == 0)
             self._sync()
             times[k + 1] = time.perf_counter() - t0
-            if rows is not None and rows.numel() == 0:  # every packet dropped
+            if sub.live is not None and not bool(sub.live.any()):  # every packet dropped
                 break
         t0 = time.perf_counter()
         self._put_back(out, sub, rows)

@@ -63,6 +63,9 @@ class Sub:
     cls: object  # states.packet_class without the ACL bit
     original: bool = True  # addresses and ports as captured (no NAT/LB stage before)
     memo: dict = field(default_factory=dict)  # results NFs of this Sub may share
+    # the packets no NF has dropped yet (None: all); an NF whose ``takes_live`` says so runs
+    # with the dropped ones in place, which it neither steps, counts nor rewrites
+    live: object = None
 
 
 def _tensor(values, device):
@@ -153,6 +156,10 @@ class _Stateful:
     def end_batch(self) -> None:
         pass
 
+    def takes_live(self, sub: Sub) -> bool:
+        """Whether ``process`` may see ``sub`` with packets an NF before dropped (``live``)."""
+        return False
+
     def items(self) -> dict:
         return self.table.items(self.held_slots(), list(self.names.values()))
 
@@ -188,18 +195,34 @@ class _Machine(_Stateful):
         the same machine from equal states (NAT then LB)."""
         s0 = self._column(sub, "state")
         last = self._column(sub, "last")
+        got = self._shared(sub, cls)
+        if got is not None:
+            return got
         key = (self.machine, "scan")
-        got = sub.memo.get(key)
-        if got is not None and torch.equal(got[0], self.timeouts) and torch.equal(got[1], s0) \
-                and torch.equal(got[2], last) and torch.equal(got[3], cls):
-            return got[4]
         result = sub.memo.pop(JOINT, None) if self.machine == "session" else None
         if result is None:  # no joint scan with the firewall before (``joint``)
             gap = previous_gap(sub.ts, sub.seg, last, existed)
             result = fsm_scan(self.next, self.timeouts, cls, gap, sub.seg, s0, self.quiet)
         # the columns are rows of ``sub.state``, which the NF's store overwrites: copies
-        sub.memo[key] = (self.timeouts, s0.clone(), last.clone(), cls, result)
+        sub.memo[key] = (self.timeouts, s0.clone(), last.clone(), cls, result, sub.live)
         return result
+
+
+    def _shared(self, sub: Sub, cls):
+        """The scan of an NF before on ``sub`` that ran this machine from the states, last-seen
+        times and classes this NF has (NAT then LB) over the same live packets (none dropped
+        since: a packet that NF stepped and dropped never reaches this one), else None."""
+        known = sub.memo.get(("shared", self.bit))  # asked before (``takes_live``)
+        if known is not None and known[0] is sub.live:
+            return known[1]
+        got = sub.memo.get((self.machine, "scan"))
+        shared = got[4] if got is not None and got[5] is sub.live \
+            and torch.equal(got[0], self.timeouts) \
+            and torch.equal(got[1], self._column(sub, "state")) \
+            and torch.equal(got[2], self._column(sub, "last")) and torch.equal(got[3], cls) \
+            else None
+        sub.memo[("shared", self.bit)] = (sub.live, shared)
+        return shared
 
 
 class FirewallKernel(_Machine):
@@ -314,6 +337,13 @@ class _SessionKernel(_Machine):
         at = cls * self.next.shape[1] + found
         verdict, event = take(self.verdict.reshape(-1), at), take(self.event.reshape(-1), at)
         ok = verdict == st.Verdict.PASS
+        if sub.live is None:
+            last_ts = take(sub.ts, seg.last)
+        else:  # the dropped packets leave the state as it was (``takes_live``)
+            ok &= sub.live
+            _, at = seg.ends_of(sub.live)  # each flow's last live packet, else the table's
+            last_ts = pick(at >= 0, take(sub.ts, torch.clamp(at, min=0)),
+                           self._column(sub, "last"))
         start = ok & (event == st.Event.START)
         at_head = torch.index_select(start, 0, seg.first)
         heads_only = int(start.sum()) == int(at_head.sum())  # starts only at flows' first packets
@@ -322,7 +352,7 @@ class _SessionKernel(_Machine):
             verdict=verdict, event=event, ok=ok, start=start, timed_out=timed_out,
             rows=seg.first[at_head] if heads_only else torch.nonzero(start).squeeze(1),
             heads_only=heads_only, forward=take(self.forward, found * 2 + sub.dir),
-            final=final, keep=final != 0, last_ts=take(sub.ts, seg.last))
+            final=final, keep=final != 0, last_ts=last_ts)
         sub.memo[(self.machine, "decide")] = (scanned, out)
         return out
 
@@ -358,7 +388,13 @@ class _SessionKernel(_Machine):
                                self.targets(sub, binding, flow_binding))
         self._store(sub, existed, d.keep, {"state": d.final, "last": d.last_ts})
         before.copy_(per_flow)
-        return verdict
+        return verdict if sub.live is None else verdict * sub.live
+
+    def takes_live(self, sub: Sub) -> bool:
+        """Where the scan comes from the firewall's joint one, or is shared with the session
+        NF before: there the packets the firewall dropped left the session as it was, so
+        they step nothing; a scan of the NF's own would step them."""
+        return JOINT in sub.memo or self._shared(sub, sub.cls * 2 + sub.dir) is not None
 
     def _releases(self, sub, seg, timed_out, event, ok, binding, table_binding):
         """Bindings of sessions that ended in this batch, in arrival order
@@ -510,74 +546,4 @@ class LoadBalancerKernel(_SessionKernel):
         sub.dport = pick(fwd & (port > 0), port, sub.dport)
         sub.src = pick(rev, p_ip, sub.src)
         sub.sport = pick(rev, p_port, sub.sport)
-        return verdict
-
-
-class MonitorKernel(_Stateful):
-    """Packets, bytes, first and last seen per flow (segmented sums)."""
-
-    columns = {"packets": 0, "bytes": 0, "first": 0, "last": 0}
-
-    def __init__(self, spec, table, index: int, device):
-        super().__init__(table, index, device)
-        self.idle_us = int(round(spec.timeouts.established_s * 1e6))
-        self.exported = 0
-
-    def process(self, sub: Sub):
-        seg = sub.seg
-        existed = self._flows(sub)
-        count = torch.bincount(seg.index, minlength=seg.count)
-        size = torch.zeros(seg.count, dtype=torch.int64, device=self.device)
-        size.index_add_(0, seg.index, sub.wire)
-        first = pick(existed, self._column(sub, "first"), take(sub.ts, seg.first))
-        self._store(sub, existed, None,
-                    {"packets": self._column(sub, "packets") + count,
-                     "bytes": self._column(sub, "bytes") + size,
-                     "first": first, "last": take(sub.ts, seg.last)})
-        return torch.zeros_like(sub.ts)
-
-    def _timeout_of(self, rows):
-        return self.idle_us
-
-    def sweep(self, now_us: int, live=None) -> int:
-        at, oldest, live = self._expired(now_us, live)
-        self.exported += int(at.numel())
-        self.forget(take(live[0], at), live, at)
-        return oldest
-
-
-class RateLimiterKernel(_Stateful):
-    """Token bucket per flow; the packets of a flow in rounds by their place in it."""
-
-    columns = {"tokens": 0, "last": 0}
-
-    def __init__(self, spec, table, index: int, device):
-        super().__init__(table, index, device)
-        self.rate = spec.rate_bytes_per_s
-        self.cap = spec.burst_bytes * 1_000_000
-        self.max_dt = -(-self.cap // self.rate)
-        self.idle_us = int(round(spec.timeouts.established_s * 1e6))
-
-    def _timeout_of(self, rows):
-        return self.idle_us
-
-    def process(self, sub: Sub):
-        seg = sub.seg
-        existed = self._flows(sub)
-        tokens = self._column(sub, "tokens").clone()
-        last = self._column(sub, "last").clone()
-        fresh = ~existed
-        verdict = torch.zeros_like(sub.ts)
-        for rnd, rows in enumerate(seg.rounds()):
-            s = seg.index[rows]
-            dt = torch.clamp(sub.ts[rows] - last[s], min=0, max=self.max_dt)
-            tok = torch.clamp(tokens[s] + self.rate * dt, max=self.cap)
-            if rnd == 0:
-                tok = torch.where(fresh[s], torch.full_like(tok, self.cap), tok)
-            cost = sub.wire[rows] * 1_000_000
-            passed = tok >= cost
-            tokens[s] = tok - cost * passed
-            last[s] = sub.ts[rows]
-            verdict[rows] = torch.where(passed, 0, int(st.Verdict.RATE))
-        self._store(sub, existed, None, {"tokens": tokens, "last": last})
         return verdict

@@ -52,6 +52,7 @@ class Segments:
     last: object  # [count] position of its last packet
     cached_pos: object = None
     cached_order: tuple | None = None
+    cached_ends: tuple | None = None  # (mask, ends_of(mask))
 
     @property
     def count(self) -> int:
@@ -78,6 +79,26 @@ class Segments:
             return torch.from_numpy(np.repeat(values.numpy(), (self.last - self.first + 1).numpy(),
                                               axis=1))
         return take_columns(values, self.index)
+
+    def ends_of(self, mask):
+        """Per segment, the positions of its first and last packets marked in ``mask`` (n and
+        -1 where none is): segmented minima and maxima (numpy's reduce over the contiguous
+        runs on a CPU)."""
+        if self.cached_ends is None or self.cached_ends[0] is not mask:
+            self.cached_ends = (mask, self._ends_of(mask))
+        return self.cached_ends[1]
+
+    def _ends_of(self, mask):
+        n = int(mask.shape[0])
+        if mask.device.type == "cpu" and n:
+            pos, m, first = np.arange(n), mask.numpy(), self.first.numpy()
+            return (torch.from_numpy(np.minimum.reduceat(np.where(m, pos, n), first)),
+                    torch.from_numpy(np.maximum.reduceat(np.where(m, pos, -1), first)))
+        pos = torch.arange(n, device=mask.device)
+        ends = torch.stack([torch.full((self.count,), n, device=mask.device),
+                            torch.full((self.count,), -1, device=mask.device)])
+        return (ends[0].scatter_reduce_(0, self.index, torch.where(mask, pos, n), "amin"),
+                ends[1].scatter_reduce_(0, self.index, torch.where(mask, pos, -1), "amax"))
 
     def round_order(self) -> tuple:
         """(positions sorted by place in their flow, packets per place), computed once."""
