@@ -10,7 +10,7 @@ import torch
 
 from dl_nfv.artifacts import from_data, load
 from dl_nfv.artifacts.nfconfig import NfConfig
-from dl_nfv.nfv.chains import engine, kernels, ops, scan
+from dl_nfv.nfv.chains import engine, kernels, meters, ops, scan
 from dl_nfv.nfv.chains import joint as jointscan
 from dl_nfv.nfv.chains.packets import load_packets
 from dl_nfv.nfv.chains.synth import synthetic_packets
@@ -116,3 +116,34 @@ def test_joint_scan_only_where_no_time_out_can_fall(monkeypatch, timeout_s, join
     packets = synthetic_packets(flows=40, packets=2400, seed=4, duration_s=1.0, gap_us=2000)
     run_both(specs, packets, [200])
     assert len(taken) == 12 and set(taken) == {joint}
+
+
+@pytest.mark.parametrize("ports", ["5000-5999", "5000-5003"])  # pool: ample, four bindings
+@pytest.mark.parametrize("order", [(0, 1, 2, 3), (0, 3, 1, 2), (1, 0, 2, 3)])
+def test_dropped_packets_masked_or_compacted(monkeypatch, order, ports):
+    """Packets an NF drops stay in the batch, masked, for the NFs after it that can take them
+    (a session NF scanned with the firewall or sharing the scan of the NF before, the
+    monitor) and are compacted out before any other (a NAT after the monitor scans its own;
+    an LB after a NAT that dropped for want of bindings): with an ACL that denies half the
+    clients and time-outs no batch reaches, each order equals the reference, packet for
+    packet and state for state, and the masked path is taken where the firewall comes first."""
+    masked = []
+    for cls in (kernels._SessionKernel, meters.MonitorKernel):
+        def counted(self, sub, process=cls.process):
+            masked.append(sub.live is not None)
+            return process(self, sub)
+
+        monkeypatch.setattr(cls, "process", counted)
+    timeouts = {name: 10.0 for name in
+                ("syn_s", "established_s", "fin_s", "closing_s", "udp_s")}
+    chain = [{"nf": "firewall", "default": "allow", "timeouts": timeouts,
+              "acl": [{"action": "deny", "proto": "tcp", "src": "10.0.0.0/13"}]},
+             {"nf": "nat", "pool": ["192.0.2.1"], "ports": ports, "timeouts": timeouts},
+             {"nf": "lb", "backends": ["10.9.0.1:8080", "10.9.0.2"], "table_size": 13,
+              "timeouts": timeouts},
+             {"nf": "monitor", "timeouts": timeouts}]
+    specs = from_data(NfConfig, {"kind": "nf-config", "schema_version": 1, "name": "t",
+                                 "l4_chain": [chain[k] for k in order]}).l4_chain
+    packets = synthetic_packets(flows=40, packets=2400, seed=4, duration_s=1.0, gap_us=2000)
+    run_both(specs, packets, [200, 37])
+    assert any(masked) == (order[0] == 0)
