@@ -9,7 +9,9 @@ column, an entry per flow of the batch), with each NF's columns set to their fil
 values for the flows the NF does not keep (one masked select for every NF), so a
 kernel reads a column as a plain view. A kernel reads and writes its columns there,
 per flow, and runs on the packets that reached it (``Sub``: a subset of the batch,
-still sorted by flow then arrival) with tensor operations only — the state machine
+still sorted by flow then arrival, or with the packets an NF before dropped in place
+and masked, ``Sub.live``, where its ``takes_live`` allows) with tensor operations only
+(numpy's over the same memory on a CPU where vectors are short) — the state machine
 as a segmented scan (``scan.fsm_scan``), per-packet outcomes by gathers — and the
 engine scatters the rows back once. The meaning is the reference's
 (``reference.py``); where the reference's order across flows matters (NAT port
