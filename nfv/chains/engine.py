@@ -32,7 +32,17 @@ from .flowtable import DeviceFlowTable
 from .joint import carry
 from .kernels import HOLDERS, FirewallKernel, LoadBalancerKernel, NatKernel, Sub
 from .meters import MonitorKernel, RateLimiterKernel
-from .ops import pick, put, put_columns, put_rows_t, sort_values, take, take_columns, take_rows_t
+from .ops import (
+    on_host,
+    pick,
+    put,
+    put_columns,
+    put_rows_t,
+    sort_values,
+    take,
+    take_columns,
+    take_rows_t,
+)
 from .packets import ChainPackets, key_pair, mix_hash, rewrite_checksum_rows, rewrite_checksums
 from .reference import REFERENCE, Pkt
 from .scan import Segments
@@ -228,7 +238,7 @@ class TensorChain:
         if n:
             earliest = int(batch.ts_us.min())
             self.oldest = earliest if self.oldest is None else min(self.oldest, earliest)
-        if self.device.type == "cpu":  # keys and order by numpy over the block's memory
+        if on_host(block):  # keys and order by numpy over the block's memory
             k1, k2, direction = key_pair(batch.src, batch.sport, batch.dst, batch.dport,
                                          batch.proto)
             order, start, k1, k2 = (None if x is None else torch.from_numpy(x)
@@ -334,7 +344,7 @@ class TensorChain:
             at = take(order, gone)
             back[6].index_fill_(0, at, k)
             put(back[7], at, why)
-        if back.device.type == "cpu":  # numpy's steps over the same memory cost less
+        if on_host(back):  # numpy's steps over the same memory cost less
             b, c = back.numpy(), block.numpy()
             b[4:6] = rewrite_checksum_rows(c[1:5], b[:4], c[8:10], c[5])
         else:

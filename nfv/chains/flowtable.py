@@ -23,7 +23,7 @@ every column of a flow). Every operation takes a batch of keys:
 Expected probes per key are O(1) at load <= 1/2 (about 2.5 for a miss); the
 rounds of a batch are as many as its longest probe sequence over ``PROBE_WINDOW``. No host round-trip per key: the loops run
 over tensors and stop when no key is left searching. On a CPU the same probes run by
-numpy over the tensors' memory (``HOST_PROBES``): a batch's keys are a few hundred,
+numpy over the tensors' memory (``ops.HOST``): a batch's keys are a few hundred,
 where a numpy call costs a fraction of a torch call.
 """
 
@@ -32,14 +32,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .ops import pick, put, take
+from .ops import on_host, pick, put, take
 from .packets import mix_hash
 
 EMPTY, TOMB = -1, -2
 PROBE_WINDOW = 8  # slots a lookup (after the home slot) or an insert probes per round
-# on a CPU, lookups and upserts run by numpy over the tables' memory: the same probes, each
-# of its calls a fraction of torch's on vectors of a batch's flows (a few hundred)
-HOST_PROBES = True
 MAX_LOAD = 0.5  # short probe sequences, and half the table's memory of a load of 1/4
 
 
@@ -99,7 +96,7 @@ class DeviceFlowTable:
         return self._lookup(k1, k2)[0]
 
     def _host(self) -> bool:
-        return torch.device(self.device).type == "cpu" and HOST_PROBES
+        return on_host(self.k2)
 
     def upsert(self, k1, k2):
         """Slots of the keys (distinct), the absent ones inserted with their columns left as

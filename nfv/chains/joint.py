@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops import take
+from .ops import on_host, take
 from .scan import fsm_scan, quiet_rows
 
 JOINT = ("session", "joint")  # Sub.memo key of the session part of a joint scan
@@ -66,7 +66,7 @@ class JointScan:
         s0 = self.conn._column(sub, "state") * self.width + self.session._column(sub, "state")
         found, after, timed_out = fsm_scan(self.next, None, cls, None, seg, s0, self.quiet)
         conn_of, session_of = self.parts  # gathers from 165 entries, not integer divisions
-        if found.device.type == "cpu":  # by numpy over the same memory: its calls cost less
+        if on_host(found):  # by numpy over the same memory: its calls cost less
             (conn_of, session_of), found, after = (t.numpy() for t in self.parts), \
                 found.numpy(), after.numpy()
             sub.memo[JOINT] = (torch.from_numpy(session_of[found]),

@@ -32,7 +32,7 @@ from . import states as st
 from .acl import match, rule_table
 from .flowtable import DeviceFlowTable
 from .joint import JOINT, JointScan
-from .ops import key_order, pick, put_columns, spread, stable_order, take, take_columns
+from .ops import key_order, on_host, pick, put_columns, spread, stable_order, take, take_columns
 from .packets import MASK32, flow_hash
 from .reference import Backends, compile_acl, endpoint, pool_bindings
 from .scan import Segments, fsm_scan, last_marked, previous_gap, quiet_rows
@@ -266,7 +266,7 @@ class FirewallKernel(_Machine):
                                take(sub.keys[1] & 0xFF, seg.index))
         # the flow key's endpoints (packets.key_pair): lower first; dir 1 runs higher -> lower
         k1, k2 = sub.keys
-        host = k1.device.type == "cpu"  # per flow: by numpy over the keys' memory
+        host = on_host(k1)  # per flow: by numpy over the keys' memory
         cat = np.concatenate if host else torch.cat
         if host:
             k1, k2 = k1.numpy(), k2.numpy()
@@ -442,19 +442,32 @@ class NatKernel(_SessionKernel):
         self.translations = self.exhausted = self.peak_in_use = 0
 
     def start(self, sub: Sub, rows):
+        """Bindings for the session starts at ``rows``: the k-th in arrival order takes the
+        k-th free one (-1: none left); by numpy on a CPU (a few hundred starts)."""
+        if on_host(rows):
+            arrival = sub.arrival.numpy()[rows.numpy()]
+            k = np.empty_like(arrival)
+            k[np.argsort(arrival)] = np.arange(arrival.shape[0])  # arrivals are distinct
+            ok = k < self.free
+            got = np.where(ok, self.ring.numpy()[(self.head + k) % self.size], -1)
+            self._took(int(ok.sum()), int(k.shape[0]))
+            return torch.from_numpy(got)
         order = stable_order(take(sub.arrival, rows), ARRIVAL_BOUND)
         k = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(),
                                                                    device=order.device))
         ok = k < self.free
         got = take(self.ring, (self.head + k) % self.size)
-        taken = int(ok.sum())
+        self._took(int(ok.sum()), int(order.numel()))
+        return pick(ok, got, -1)
+
+    def _took(self, taken: int, starts: int) -> None:
+        """``taken`` of ``starts`` session starts got a binding, from the ring's head."""
         self.translations += taken
-        self.exhausted += int(order.numel()) - taken
+        self.exhausted += starts - taken
         if taken:
             self.peak_in_use = max(self.peak_in_use, self.size - (self.free - taken))
         self.head = (self.head + taken) % self.size
         self.free -= taken
-        return pick(ok, got, -1)
 
     def peer(self, sub: Sub):
         return sub.src, sub.sport
@@ -521,7 +534,7 @@ class LoadBalancerKernel(_SessionKernel):
     def start(self, sub: Sub, rows):
         flows = take(sub.seg.index, rows)
         k1, k2 = take(sub.keys[0], flows), take(sub.keys[1], flows)
-        if k1.device.type == "cpu":  # a few dozen steps over the new flows: numpy's are cheaper
+        if on_host(k1):  # a few dozen steps over the new flows: numpy's are cheaper
             hashes = torch.from_numpy(flow_hash(k1.numpy(), k2.numpy()))
         else:
             hashes = flow_hash(k1, k2)

@@ -34,13 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .ops import put, put_columns, stable_order, take, take_columns
+from .ops import on_host, put, put_columns, stable_order, take, take_columns
 
 ROUND_STEPS_PER_PASS = 12  # rounds while the longest segment is under this per 8k packets
-# on a CPU, fsm_scan runs by numpy over the tensors' memory: the same steps, each call a
-# fraction of torch's on vectors of a batch or shorter (measured on one core, 8k int64:
-# ~0.5-1 us of fixed cost per numpy call against ~1.5-2 us per torch call)
-HOST_SCAN = True
 
 
 @dataclass(slots=True)
@@ -75,7 +71,7 @@ class Segments:
         """``values`` per segment ([rows, count]) for every packet ([rows, n]): a gather by
         ``index``; on a CPU numpy's repeat by the segments' lengths (they are contiguous
         runs), which moves the same values without reading an index per packet."""
-        if values.device.type == "cpu":
+        if on_host(values):
             return torch.from_numpy(np.repeat(values.numpy(), (self.last - self.first + 1).numpy(),
                                               axis=1))
         return take_columns(values, self.index)
@@ -90,7 +86,7 @@ class Segments:
 
     def _ends_of(self, mask):
         n = int(mask.shape[0])
-        if mask.device.type == "cpu" and n:
+        if on_host(mask) and n:
             pos, m, first = np.arange(n), mask.numpy(), self.first.numpy()
             return (torch.from_numpy(np.minimum.reduceat(np.where(m, pos, n), first)),
                     torch.from_numpy(np.maximum.reduceat(np.where(m, pos, -1), first)))
@@ -178,7 +174,7 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
     if n == 0:
         empty = torch.zeros(0, dtype=torch.int64, device=cls.device)
         return empty, empty, empty.bool()
-    if cls.device.type == "cpu" and HOST_SCAN:
+    if on_host(cls):  # the same steps by numpy (``ops.HOST``)
         return _fsm_scan_on_host(next_table, timeouts, cls, gap, seg, s0, quiet)
     flat = next_table.reshape(-1)
     base = cls * next_table.shape[1]

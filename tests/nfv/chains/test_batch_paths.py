@@ -118,15 +118,18 @@ def test_joint_scan_only_where_no_time_out_can_fall(monkeypatch, timeout_s, join
     assert len(taken) == 12 and set(taken) == {joint}
 
 
+@pytest.mark.parametrize("host", [True, False], ids=["numpy", "torch"])
 @pytest.mark.parametrize("ports", ["5000-5999", "5000-5003"])  # pool: ample, four bindings
 @pytest.mark.parametrize("order", [(0, 1, 2, 3), (0, 3, 1, 2), (1, 0, 2, 3)])
-def test_dropped_packets_masked_or_compacted(monkeypatch, order, ports):
+def test_dropped_packets_masked_or_compacted(monkeypatch, order, ports, host):
     """Packets an NF drops stay in the batch, masked, for the NFs after it that can take them
     (a session NF scanned with the firewall or sharing the scan of the NF before, the
     monitor) and are compacted out before any other (a NAT after the monitor scans its own;
     an LB after a NAT that dropped for want of bindings): with an ACL that denies half the
     clients and time-outs no batch reaches, each order equals the reference, packet for
-    packet and state for state, and the masked path is taken where the firewall comes first."""
+    packet and state for state, and the masked path is taken where the firewall comes first.
+    Also with the CPU's numpy steps off (the torch forms CUDA runs)."""
+    monkeypatch.setattr(ops, "HOST", host)
     masked = []
     for cls in (kernels._SessionKernel, meters.MonitorKernel):
         def counted(self, sub, process=cls.process):
@@ -147,3 +150,13 @@ def test_dropped_packets_masked_or_compacted(monkeypatch, order, ports):
     packets = synthetic_packets(flows=40, packets=2400, seed=4, duration_s=1.0, gap_us=2000)
     run_both(specs, packets, [200, 37])
     assert any(masked) == (order[0] == 0)
+
+
+def test_real_trace_torch_forms_on_a_cpu(monkeypatch):
+    """With the CPU's numpy steps off (``ops.HOST``), the torch forms CUDA runs (keys and
+    flow sort, table probes, per-flow ACL, scan, NAT starts, spreads, checksums) equal the
+    reference too."""
+    monkeypatch.setattr(ops, "HOST", False)
+    packets = load_packets(REAL_TRACE).packets
+    run_both(load(EXAMPLES / "fw-nat-lb.yaml").l4_chain, packets, [64, 7])
+    run_both(small_chain().l4_chain, packets, [32, 5])

@@ -14,7 +14,7 @@ from hypothesis import strategies as hs
 
 from dl_nfv.artifacts import load
 from dl_nfv.cli.main import cli
-from dl_nfv.nfv.chains import flowtable
+from dl_nfv.nfv.chains import ops as chain_ops
 from dl_nfv.nfv.chains.flowtable import DeviceFlowTable
 from dl_nfv.nfv.chains.packets import rewrite_checksums
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
@@ -123,7 +123,7 @@ def test_flow_table_matches_a_dict(ops, host, monkeypatch):
     import torch
 
     table = DeviceFlowTable(16, "cpu", {"v": -1})
-    monkeypatch.setattr(flowtable, "HOST_PROBES", host)  # the same for every example
+    monkeypatch.setattr(chain_ops, "HOST", host)  # the same for every example
     model: dict[tuple[int, int], int] = {}
     for op, keys in ops:
         keys = sorted(set(keys))

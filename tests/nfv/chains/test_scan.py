@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from dl_nfv.nfv.chains import scan
+from dl_nfv.nfv.chains import ops
 from dl_nfv.nfv.chains import states as st
 from dl_nfv.nfv.chains.scan import (
     Segments,
@@ -34,7 +34,7 @@ def walk(nxt, timeouts, cls, gap, flow, s0):
 @pytest.fixture(params=[True, False], ids=["numpy", "torch"])
 def host_scan(request, monkeypatch):
     """``fsm_scan`` in both forms: numpy over the tensors' memory (a CPU's) and torch's."""
-    monkeypatch.setattr(scan, "HOST_SCAN", request.param)
+    monkeypatch.setattr(ops, "HOST", request.param)
 
 
 @pytest.mark.parametrize("machine", ["conn", "session"])
