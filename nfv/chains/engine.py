@@ -238,28 +238,11 @@ class TensorChain:
         if n:
             earliest = int(batch.ts_us.min())
             self.oldest = earliest if self.oldest is None else min(self.oldest, earliest)
-        if on_host(block):  # keys and order by numpy over the block's memory
-            k1, k2, direction = key_pair(batch.src, batch.sport, batch.dst, batch.dport,
-                                         batch.proto)
-            order, start, k1, k2 = (None if x is None else torch.from_numpy(x)
-                                    for x in _flow_order(k1, k2))
-            direction = torch.from_numpy(direction)
-        else:
-            k1, k2, direction = key_pair(block[1], block[3], block[2], block[4], block[5])
-            order, start, k1, k2 = _flow_order(k1, k2)
-        # the columns the NFs read (the block's first rows), flow-sorted in one gather; the
-        # rewritten headers are assembled in flow order in ``out`` (the first ``_put_back``,
-        # at the first compaction or at the end, fills every row)
-        s = dict(zip(SORTED, take_columns(block[:len(SORTED)], order)))
+        order, sub = self._ingress(batch, block)
         out = torch.empty((4, n), dtype=torch.int64, device=self.device)
-        full = Segments.of(k1, k2) if start is None else Segments.starting(start)
-        keys = torch.stack([take(k1, full.first), take(k2, full.first)])
-        slots = self._flows(keys)
-        state, held = self._rows(slots)
-        sub = Sub(ts=s["ts_us"], src=s["src"], dst=s["dst"], sport=s["sport"], dport=s["dport"],
-                  wire=s["wire_bytes"], keys=keys, dir=take(direction, order), arrival=order,
-                  seg=full, state=state, held=held,
-                  cls=take(self.flag_class, (s["flags"] & 0x1F) + (s["proto"] == UDP) * 32))
+        slots = self._flows(sub.keys)
+        state, sub.held = self._rows(slots)
+        sub.state = state
         drops = []  # (stage, flow-sorted positions, reasons) of the packets each NF dropped
         rows = None  # the packets still alive (None: all of them)
         nested = []  # (parent state, flows, state) of each compaction
@@ -297,6 +280,41 @@ class TensorChain:
         times[0] += time.perf_counter() - t0
         return BatchResult(stage=result[6], reason=result[7],
                            fields=dict(zip(OUT_FIELDS, result)), stage_s=times)
+
+    def _ingress(self, batch: ChainPackets, block):
+        """The flow handling: the permutation that sorts the batch by flow then arrival, the
+        columns the NFs read (the block's first rows) flow-sorted in one gather, and the
+        ``Sub`` of every packet (its flows' table rows not yet read). On a CPU the keys, the
+        sort, the segments and the classes by numpy over the block's memory."""
+        if not on_host(block):
+            k1, k2, direction = key_pair(block[1], block[3], block[2], block[4], block[5])
+            order, start, k1, k2 = _flow_order(k1, k2)
+            seg = Segments.of(k1, k2) if start is None else Segments.starting(start)
+            keys = torch.stack([take(k1, seg.first), take(k2, seg.first)])
+            s = dict(zip(SORTED, take_columns(block[:len(SORTED)], order)))
+            cls = take(self.flag_class, (s["flags"] & 0x1F) + (s["proto"] == UDP) * 32)
+            direction = take(direction, order)
+        else:
+            k1, k2, direction = key_pair(batch.src, batch.sport, batch.dst, batch.dport,
+                                         batch.proto)
+            order, start, k1, k2 = _flow_order(k1, k2)
+            if start is None:
+                start = np.ones(k1.shape[0], dtype=bool)
+                start[1:] = (k1[1:] != k1[:-1]) | (k2[1:] != k2[:-1])
+            first = np.flatnonzero(start)
+            last = np.append(first[1:], k1.shape[0]) - 1 if first.shape[0] else first
+            seg = Segments(index=torch.from_numpy(np.cumsum(start) - 1),
+                           first=torch.from_numpy(first), last=torch.from_numpy(last))
+            keys = torch.from_numpy(np.stack([k1[first], k2[first]]))
+            direction = torch.from_numpy(direction[order])
+            order = torch.from_numpy(order)
+            s = dict(zip(SORTED, take_columns(block[:len(SORTED)], order)))
+            flags, proto = s["flags"].numpy(), s["proto"].numpy()
+            cls = torch.from_numpy(self.flag_class.numpy()[(flags & 0x1F) + (proto == UDP) * 32])
+        sub = Sub(ts=s["ts_us"], src=s["src"], dst=s["dst"], sport=s["sport"], dport=s["dport"],
+                  wire=s["wire_bytes"], keys=keys, dir=direction, arrival=order, seg=seg,
+                  state=None, held=None, cls=cls)
+        return order, sub
 
     def _column_fills(self):
         """Per table column, its fill value and the holder bit of the NF that owns it (the
