@@ -113,8 +113,12 @@ class _Stateful:
                 self._set(sub, HOLDERS, now | self.bit)
         else:
             self._set(sub, HOLDERS, (now & ~self.bit) | (keep * self.bit))
-        for name, value in values.items():
-            self._set(sub, self.names[name], value)
+        at = [self.table.index[self.names[name]] for name in values]
+        if at == list(range(at[0], at[0] + len(at))):  # adjacent columns: one write
+            torch.stack(list(values.values()), out=sub.state[at[0]:at[0] + len(at)])
+        else:
+            for name, value in values.items():
+                self._set(sub, self.names[name], value)
 
     def held_slots(self):
         """The slots of the flows the NF keeps."""
@@ -532,6 +536,14 @@ class LoadBalancerKernel(_SessionKernel):
         self._load()
 
     def start(self, sub: Sub, rows):
+        if on_host(rows) and self.vip is None:  # a few dozen steps over the new flows
+            flows = sub.seg.index.numpy()[rows.numpy()]
+            keys = sub.keys.numpy()[:, flows]
+            chosen = torch.from_numpy(self.maglev.numpy()[
+                flow_hash(keys[0], keys[1]) % self.backends.size])
+            counts = np.bincount(chosen.numpy(), minlength=len(self.backends.names))
+            self._count(counts.tolist())
+            return chosen
         flows = take(sub.seg.index, rows)
         k1, k2 = take(sub.keys[0], flows), take(sub.keys[1], flows)
         if on_host(k1):  # a few dozen steps over the new flows: numpy's are cheaper
@@ -544,11 +556,15 @@ class LoadBalancerKernel(_SessionKernel):
             if self.vip[1]:
                 to_vip &= sub.dport[rows] == self.vip[1]
             chosen = torch.where(to_vip, chosen, torch.full_like(chosen, -1))
-        counts = torch.bincount(chosen[chosen >= 0], minlength=len(self.backends.names))
-        for b, c in enumerate(counts.tolist()):
+        self._count(torch.bincount(chosen[chosen >= 0],
+                                   minlength=len(self.backends.names)).tolist())
+        return chosen
+
+    def _count(self, counts: list[int]) -> None:
+        """New flows per backend (by index) into ``flows_per_backend``."""
+        for b, c in enumerate(counts):
             if c:
                 self.flows_per_backend[b] = self.flows_per_backend.get(b, 0) + c
-        return chosen
 
     def peer(self, sub: Sub):
         return sub.dst, sub.dport
