@@ -27,7 +27,7 @@ as 0xFFFF.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +43,8 @@ NO_CSUM = -1  # a UDP packet sent without a checksum
 
 @dataclass(slots=True)
 class ChainPackets:
-    """IPv4 TCP/UDP packets as int64 columns; row ``i`` is the ``i``-th forwarded candidate."""
+    """IPv4 TCP/UDP packets as int64 columns; row ``i`` is the ``i``-th forwarded candidate.
+    The columns are not reassigned once built (``rows`` may hold them as one array)."""
 
     ts_us: np.ndarray
     src: np.ndarray
@@ -55,21 +56,27 @@ class ChainPackets:
     wire_bytes: np.ndarray
     ip_csum: np.ndarray
     l4_csum: np.ndarray  # NO_CSUM for UDP without a checksum
+    # the columns as the rows of one [columns, packets] array, where they are (``packed`` and
+    # its slices); None: unknown
+    rows: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return int(self.ts_us.shape[0])
 
     def slice(self, start: int, stop: int) -> ChainPackets:
-        return ChainPackets(**{f.name: getattr(self, f.name)[start:stop] for f in fields(self)})
+        return ChainPackets(**{name: getattr(self, name)[start:stop] for name in _FIELDS},
+                            rows=None if self.rows is None else self.rows[:, start:stop])
 
     def columns(self) -> dict[str, np.ndarray]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: getattr(self, name) for name in _FIELDS}
 
     def block(self) -> np.ndarray:
         """Every column as one [columns, packets] array, rows in field order (the tensor
-        engine moves a batch to its device in one transfer): a view where the columns are
-        consecutive rows, at one offset, of one 2-D array (``packed``, and the slices of
-        such), else a copy."""
+        engine moves a batch to its device in one transfer): ``rows`` where known, else a
+        view where the columns are consecutive rows, at one offset, of one 2-D array, else
+        a copy."""
+        if self.rows is not None:
+            return self.rows
         cols = [getattr(self, name) for name in _FIELDS]
         first, base = cols[0], cols[0].base
         if isinstance(base, np.ndarray) and base.ndim == 2 and base.shape[0] == len(cols) \
@@ -87,11 +94,11 @@ class ChainPackets:
     def packed(self) -> ChainPackets:
         """The same packets with every column a row of one [columns, packets] array, so that
         ``block`` of it and of its slices is a view."""
-        block = np.stack([getattr(self, f.name) for f in fields(self)])
-        return ChainPackets(*block)
+        block = np.stack([getattr(self, name) for name in _FIELDS])
+        return ChainPackets(*block, rows=block)
 
 
-_FIELDS = tuple(f.name for f in fields(ChainPackets))
+_FIELDS = tuple(f.name for f in fields(ChainPackets) if f.name != "rows")
 
 
 @dataclass(slots=True)
