@@ -91,3 +91,19 @@ def test_stepping_only_candidates_equals_a_walk(machine, seed, host_scan):
     lapsed = [f != 0 and g > timeouts[f] for f, g in zip(want_found, gap)]
     assert after.tolist() == want_after and timed_out.tolist() == lapsed
     assert found_eff.tolist() == [0 if t else f for f, t in zip(want_found, lapsed)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ends_of_marked_packets(seed, host_scan):
+    """Per segment, its first and last marked packets (n and -1 where none), against a walk."""
+    rng = np.random.default_rng(300 + seed)
+    n = int(rng.integers(1, 300))
+    flow = np.sort(rng.integers(0, int(rng.integers(1, 40)), n))
+    flow = np.searchsorted(np.unique(flow), flow)
+    mask = rng.random(n) < rng.choice([0.0, 0.1, 0.7, 1.0])
+    seg = Segments.of(torch.from_numpy(flow))
+    head, tail = seg.ends_of(torch.from_numpy(mask))
+    for f in range(int(flow.max()) + 1):
+        marked = [i for i in range(n) if flow[i] == f and mask[i]]
+        assert int(head[f]) == (marked[0] if marked else n)
+        assert int(tail[f]) == (marked[-1] if marked else -1)
