@@ -86,13 +86,10 @@ class Segments:
 
     def _ends_of(self, mask):
         n = int(mask.shape[0])
-        if on_host(mask) and n:  # binary searches of the segments' ends among the marked
-            marked = np.append(np.flatnonzero(mask.numpy()), n)  # n: none after
-            first, last = self.first.numpy(), self.last.numpy()
-            head = marked[np.searchsorted(marked, first)]
-            tail = marked[np.maximum(np.searchsorted(marked, last, side="right") - 1, 0)]
-            return (torch.from_numpy(np.where(head <= last, head, n)),
-                    torch.from_numpy(np.where((tail >= first) & (tail <= last), tail, -1)))
+        if on_host(mask) and n:
+            pos, m, first = np.arange(n), mask.numpy(), self.first.numpy()
+            return (torch.from_numpy(np.minimum.reduceat(np.where(m, pos, n), first)),
+                    torch.from_numpy(np.maximum.reduceat(np.where(m, pos, -1), first)))
         pos = torch.arange(n, device=mask.device)
         ends = torch.stack([torch.full((self.count,), n, device=mask.device),
                             torch.full((self.count,), -1, device=mask.device)])
