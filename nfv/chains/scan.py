@@ -87,7 +87,12 @@ class Segments:
     def _ends_of(self, mask):
         n = int(mask.shape[0])
         if on_host(mask) and n:
-            pos, m, first = np.arange(n), mask.numpy(), self.first.numpy()
+            m, first, last = mask.numpy(), self.first.numpy(), self.last.numpy()
+            marked = np.add.reduceat(m.view(np.uint8), first, dtype=np.int64)
+            if ((marked == 0) | (marked == last - first + 1)).all():  # each all or none
+                return (torch.from_numpy(np.where(marked > 0, first, n)),
+                        torch.from_numpy(np.where(marked > 0, last, -1)))
+            pos = np.arange(n)
             return (torch.from_numpy(np.minimum.reduceat(np.where(m, pos, n), first)),
                     torch.from_numpy(np.maximum.reduceat(np.where(m, pos, -1), first)))
         pos = torch.arange(n, device=mask.device)
