@@ -334,7 +334,7 @@ class _SessionKernel(_Machine):
         """The scan and every per-packet outcome that follows from it alone; shared, like the
         scan, by NFs of one ``Sub`` whose scans are shared (NAT then LB)."""
         seg = sub.seg
-        cls = sub.cls * 2 + sub.dir
+        cls = self._classes(sub)
         scanned = self._scan(sub, cls, existed)
         got = sub.memo.get((self.machine, "decide"))
         if got is not None and got[0] is scanned:
@@ -400,7 +400,15 @@ class _SessionKernel(_Machine):
         """Where the scan comes from the firewall's joint one, or is shared with the session
         NF before: there the packets the firewall dropped left the session as it was, so
         they step nothing; a scan of the NF's own would step them."""
-        return JOINT in sub.memo or self._shared(sub, sub.cls * 2 + sub.dir) is not None
+        return JOINT in sub.memo or self._shared(sub, self._classes(sub)) is not None
+
+    @staticmethod
+    def _classes(sub: Sub):
+        """The session machine's row of each packet (class and direction), once per ``Sub``."""
+        got = sub.memo.get(("session", "classes"))
+        if got is None:
+            got = sub.memo[("session", "classes")] = sub.cls * 2 + sub.dir
+        return got
 
     def _releases(self, sub, seg, timed_out, event, ok, binding, table_binding):
         """Bindings of sessions that ended in this batch, in arrival order
