@@ -10,12 +10,12 @@ The mode follows the plan:
   pulled from the group's ``ps_servers``;
 * **op placement** (several groups, no pipeline): one unit per run of ops that
   follow each other in the order of every device they run on, with the same
-  devices and shares (``placement_units``; a single op where neighbours
-  differ); this device runs the forward of its units in ``plan.order``
+  devices and shares (``simulator.units.placement_units``; a single op where
+  neighbours differ); this device runs the forward of its units in ``plan.order``
   (topological order when the plan gives none), then their backward in the
   reverse order. Running a run of ops as one fx submodule saves the per-unit
-  overhead (a separate autograd pass and boundary tensors per op) that the
-  simulator does not charge.
+  overhead (a separate autograd pass and boundary tensors per op), which the
+  simulator charges per unit action (``CostModel.unit_action_ms``).
 
 Gradient synchronisation is derived from who holds each parameter: a
 parameter held by several devices (replicas of a group, or units on different
@@ -35,6 +35,7 @@ import torch.distributed as dist
 from dl_nfv.artifacts import BadInput, OpGraph, Optimizer, Plan, SyncMethod, TieSync
 from dl_nfv.artifacts.runreport import ExecutionMode
 from dl_nfv.simulator.costs import exchangeable, lookup_rows, tied_weights
+from dl_nfv.simulator.units import placement_units
 
 from .comm import Comm
 from .fusion import fuse_partition
@@ -330,64 +331,6 @@ class PlanExecutor:
             if len(self.runner.placements[uid].devices) == 1 and len(units[uid].ops) == 1:
                 out[phase][units[uid].ops[0]] = list(times)
         return out
-
-
-def placement_units(plan: Plan, graph: OpGraph, group_of_op: dict[str, Any]) -> dict[str, str]:
-    """Op -> unit id of an op-placement plan: runs of ops merged into one unit.
-
-    Op ``b`` joins the unit of ``a`` when both have the same devices and shares,
-    ``b`` comes right after ``a`` in the order of every one of those devices
-    (``plan.order``, else topological, restricted to the ops that run there),
-    and no op outside the unit lies on a path from the unit to ``b``. If the
-    units still depend on each other in a cycle, every op is its own unit. A
-    unit is named by its first op. O(ops^2 / 64) (descendant sets as bit masks).
-    """
-    topo = [op for op in graph.topological_ids() if op in group_of_op]
-    index = {op: i for i, op in enumerate(topo)}
-    preds: dict[str, list[str]] = defaultdict(list)
-    succs: dict[str, list[str]] = defaultdict(list)
-    for e in graph.edges:
-        if e.src in index and e.dst in index:
-            preds[e.dst].append(e.src)
-            succs[e.src].append(e.dst)
-    below: dict[str, int] = {}  # op -> bit mask of the op and its descendants
-    for op in reversed(topo):
-        mask = 1 << index[op]
-        for nxt in succs[op]:
-            mask |= below[nxt]
-        below[op] = mask
-    following: dict[str, set] = defaultdict(set)  # op -> the op after it on each of its devices
-    for device in plan.devices:
-        order = plan.order.get(device) or topo
-        ops = [op for op in order if op in index and device in group_of_op[op].devices]
-        for a, b in zip(ops, [*ops[1:], None]):
-            following[a].add(b)
-
-    def same(a: str, b: str) -> bool:
-        ga, gb = group_of_op[a], group_of_op[b]
-        return (ga.devices, ga.shares) == (gb.devices, gb.shares)
-
-    link = {a: next(iter(f)) for a, f in following.items()
-            if len(f) == 1 and None not in f and same(a, next(iter(f)))}
-    linked = set(link.values())
-    unit_of: dict[str, str] = {}
-    for head in topo:
-        if head in linked:
-            continue
-        op, uid, members, reach = head, head, 0, 0
-        while op is not None:
-            if members and not all(members >> index[p] & 1 or not reach >> index[p] & 1
-                                   for p in preds[op]):
-                uid, members, reach = op, 0, 0  # a path leaves the unit and comes back: cut
-            unit_of[op] = uid
-            members |= 1 << index[op]
-            reach |= below[op]
-            op = link.get(op)
-    for op in topo:  # ops on a cycle of links (an inconsistent order) stay alone
-        unit_of.setdefault(op, op)
-    if graph.blocked_units(unit_of):
-        return {op: op for op in topo}
-    return unit_of
 
 
 def _node_params(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.nn.Parameter]:

@@ -43,6 +43,7 @@ from dl_nfv.artifacts import (
 from .costs import CostModel
 from .lower_comm import ELEMENT_BYTES, _Communication, _Groups
 from .tasks import TaskGraph, TaskKind
+from .units import runtime_units
 
 __all__ = ["ELEMENT_BYTES", "check_fusion", "lower"]
 
@@ -413,22 +414,28 @@ class _Lowering(_Communication):
 
     def _charge_actions(self) -> None:
         """The runtime's CPU per unit action (``CostModel.unit_action_ms``) on every replica
-        and microbatch of a group: the runtime runs a group's ops as one unit (a pipeline
-        stage, the whole model) with one forward and one backward action each, so its first
-        unit's forward task and its first backward task carry it."""
+        and microbatch of each of the runtime's units (``units.runtime_units``: a pipeline
+        stage or the whole model is its group's one unit; an op placement runs each run of
+        ops as one): a unit's first forward task and its first backward task carry it."""
         tg, groups, M = self.tg, self.groups, self.M
-        first_f: dict[int, int] = {}
-        first_b: dict[int, int] = {}
+        if not any(self.cm.unit_action_ms(d) > 0 for d in self.device_names):
+            return  # (GPUs, profiles without the figure: nothing to charge)
+        unit_of = runtime_units(self.plan, self.graph)
+        first_f: dict = {}
+        first_b: dict = {}
         for u in self.unit_order:
-            first_f.setdefault(self.unit_group[u], u)
+            key = unit_of.get(self.members[u][0])
+            if key is None:  # an input: no action of its own
+                continue
+            first_f.setdefault(key, u)
             if self.unit_rg[u]:
-                first_b.setdefault(self.unit_group[u], u)
-        for g, u in first_f.items():
-            for rep in groups.replicas[g]:
+                first_b.setdefault(key, u)
+        for key, u in first_f.items():
+            for rep in groups.replicas[self.unit_group[u]]:
                 ms = self.cm.unit_action_ms(self.device_names[groups.rep_device[rep]])
                 if ms <= 0:
                     continue
-                for table, unit in ((self.F, u), (self.B, first_b.get(g))):
+                for table, unit in ((self.F, u), (self.B, first_b.get(key))):
                     if unit is not None and rep in table[unit]:
                         for m in range(M):
                             tg.duration_ms[table[unit][rep] + m] += ms

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dl_nfv.artifacts import Edge, Group, ModelRef, Op, OpGraph, Plan
-from dl_nfv.runtime.executor import placement_units
+from dl_nfv.simulator.units import placement_units
 
 A, B = "h/cpu0", "h/cpu1"
 

@@ -68,3 +68,20 @@ def test_a_pipeline_stage_pays_two_actions_per_microbatch(m):
         f, b = cm.ops_ms([f"op{2 * d}", f"op{2 * d + 1}"], devices[d], 1 / m)
         assert _compute_busy(base, d) == pytest.approx(m * (f + b))
         assert _compute_busy(result, d) == pytest.approx(m * (f + b) + 2 * m * ACTION_MS)
+
+
+@pytest.mark.parametrize(("split", "units_per_device"), [
+    ((("op0", "op1"), ("op2", "op3")), 1),  # each device one run of ops: one unit
+    ((("op0", "op2"), ("op1", "op3")), 2),  # the devices take turns: every op its own unit
+])
+def test_an_op_placement_pays_two_actions_per_run_of_ops(split, units_per_device):
+    t = mesh(2, device_type="cpu")
+    devices = t.device_names
+    g, bare = _cpu_chain(4, 8, ACTION_MS), _cpu_chain(4, 8, None)
+    groups = [Group(id=f"on{d}", ops=ops, devices=(devices[d],), sync=SyncMethod.NONE)
+              for d, ops in enumerate(split)]
+    result = simulate(plan(g, t, groups), g, t)
+    base = simulate(plan(bare, t, groups), bare, t)
+    for d in range(2):
+        extra = _compute_busy(result, d) - _compute_busy(base, d)
+        assert extra == pytest.approx(2 * units_per_device * ACTION_MS)

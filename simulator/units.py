@@ -1,0 +1,91 @@
+"""The training runtime's units of a plan, for the runtime and the cost of its actions.
+
+The runtime runs a plan as units, and every forward or backward of a unit on a
+microbatch is an *action* with CPU of its own beyond the ops (``CostModel.unit_action_ms``):
+
+* a pipeline: one unit per stage group;
+* data parallelism, a parameter server, one device (one group): the whole model;
+* an op placement (several groups, no pipeline): one unit per run of ops that follow
+  each other in the order of every device they run on, with the same devices and
+  shares (``placement_units``); a single op where neighbours differ.
+
+``runtime_units(plan, graph)`` names each op's unit (input ops have none);
+``runtime/executor.py`` builds its units from the same function, and the simulator
+charges one action per unit, replica, microbatch and direction (``lower.py``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable
+from typing import Any
+
+from dl_nfv.artifacts import OpGraph, OpKind, Plan
+
+
+def runtime_units(plan: Plan, graph: OpGraph) -> dict[str, Hashable]:
+    """Op -> the runtime unit that runs it (a group id, or a placement unit's first op),
+    for every op of the plan's groups but the graph's inputs."""
+    inputs = {op.id for op in graph.ops if op.kind is OpKind.INPUT}
+    group_of_op = {op: g for g in plan.groups for op in g.ops if op not in inputs}
+    if plan.pipeline is not None or len(plan.groups) == 1:
+        return {op: g.id for op, g in group_of_op.items()}
+    return placement_units(plan, graph, group_of_op)
+
+
+def placement_units(plan: Plan, graph: OpGraph, group_of_op: dict[str, Any]) -> dict[str, str]:
+    """Op -> unit id of an op-placement plan: runs of ops merged into one unit.
+
+    Op ``b`` joins the unit of ``a`` when both have the same devices and shares,
+    ``b`` comes right after ``a`` in the order of every one of those devices
+    (``plan.order``, else topological, restricted to the ops that run there),
+    and no op outside the unit lies on a path from the unit to ``b``. If the
+    units still depend on each other in a cycle, every op is its own unit. A
+    unit is named by its first op. O(ops^2 / 64) (descendant sets as bit masks).
+    """
+    topo = [op for op in graph.topological_ids() if op in group_of_op]
+    index = {op: i for i, op in enumerate(topo)}
+    preds: dict[str, list[str]] = defaultdict(list)
+    succs: dict[str, list[str]] = defaultdict(list)
+    for e in graph.edges:
+        if e.src in index and e.dst in index:
+            preds[e.dst].append(e.src)
+            succs[e.src].append(e.dst)
+    below: dict[str, int] = {}  # op -> bit mask of the op and its descendants
+    for op in reversed(topo):
+        mask = 1 << index[op]
+        for nxt in succs[op]:
+            mask |= below[nxt]
+        below[op] = mask
+    following: dict[str, set] = defaultdict(set)  # op -> the op after it on each of its devices
+    for device in plan.devices:
+        order = plan.order.get(device) or topo
+        ops = [op for op in order if op in index and device in group_of_op[op].devices]
+        for a, b in zip(ops, [*ops[1:], None]):
+            following[a].add(b)
+
+    def same(a: str, b: str) -> bool:
+        ga, gb = group_of_op[a], group_of_op[b]
+        return (ga.devices, ga.shares) == (gb.devices, gb.shares)
+
+    link = {a: next(iter(f)) for a, f in following.items()
+            if len(f) == 1 and None not in f and same(a, next(iter(f)))}
+    linked = set(link.values())
+    unit_of: dict[str, str] = {}
+    for head in topo:
+        if head in linked:
+            continue
+        op, uid, members, reach = head, head, 0, 0
+        while op is not None:
+            if members and not all(members >> index[p] & 1 or not reach >> index[p] & 1
+                                   for p in preds[op]):
+                uid, members, reach = op, 0, 0  # a path leaves the unit and comes back: cut
+            unit_of[op] = uid
+            members |= 1 << index[op]
+            reach |= below[op]
+            op = link.get(op)
+    for op in topo:  # ops on a cycle of links (an inconsistent order) stay alone
+        unit_of.setdefault(op, op)
+    if graph.blocked_units(unit_of):
+        return {op: op for op in topo}
+    return unit_of
