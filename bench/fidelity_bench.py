@@ -39,8 +39,9 @@ machine moves every error).
 Shared machines: a measurement (profile or run) is only kept when other jobs
 used less than ``--max-others`` cores while it ran (the machine's busy time
 from ``/proc/stat`` minus the CPU time of the measured process tree); before
-each try the benchmark waits for the load average to drop. The table shows the
-other jobs' share of each kept run.
+each try the benchmark waits (up to 2 min) until other jobs use fewer than that
+many cores, sampled over a second at a time. The table shows the other jobs'
+share of each kept run.
 
 Usage: python bench/fidelity_bench.py [--models mlp,resnet50,gpt2-small,unet,moe,prune]
        [--steps 8] [--repeats 3] [--topology FILE (default: measured per model)] [--work DIR]
@@ -52,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import statistics
@@ -126,14 +128,31 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def wait_for_quiet(max_load: float, patience_s: float) -> None:
+QUIET_WINDOW_S = 1.0  # how long other jobs' core use is sampled before a try
+
+
+def others_now(window_s: float = QUIET_WINDOW_S) -> float:
+    """Cores other jobs use right now: the machine's busy time over ``window_s`` while
+    this bench sleeps (its runs are over: their CPU time is not in the window)."""
+    busy0, t0 = _busy_s(), time.perf_counter()
+    time.sleep(window_s)
+    return max(0.0, _busy_s() - busy0) / (time.perf_counter() - t0)
+
+
+def wait_for_quiet(max_others: float, patience_s: float) -> None:
+    """Wait (up to ``patience_s``) until other jobs use fewer than ``max_others`` cores,
+    sampled over ``QUIET_WINDOW_S`` at a time. (The 1-minute load average, used before,
+    still counted the bench's own runs of the last minute: the two workers of each run
+    held it near 1-2 for a minute after they ended, so that most tries slept first.)"""
+    if math.isinf(max_others):
+        return
     deadline = time.monotonic() + patience_s
-    while os.getloadavg()[0] > max_load and time.monotonic() < deadline:
-        time.sleep(15)
+    while others_now() >= max_others and time.monotonic() < deadline:
+        time.sleep(1.0)
 
 
-def quietly(args: list[str], *, max_others: float, tries: int, max_load: float = 1.0,
-            patience_s: float = 120) -> float:
+def quietly(args: list[str], *, max_others: float, tries: int, patience_s: float = 120
+            ) -> float:
     """Run ``dl-nfv *args`` until other jobs used < ``max_others`` cores meanwhile.
 
     Returns the other jobs' mean core use during the kept try (the last one
@@ -141,7 +160,7 @@ def quietly(args: list[str], *, max_others: float, tries: int, max_load: float =
     """
     others = float("inf")
     for _ in range(tries):
-        wait_for_quiet(max_load, patience_s)
+        wait_for_quiet(max_others, patience_s)
         busy0, mine0, t0 = _busy_s(), _children_cpu_s(), time.perf_counter()
         dl_nfv(*args)
         wall = time.perf_counter() - t0
@@ -160,7 +179,7 @@ def devices_used(plan_path: Path) -> int:
 
 
 def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_others: float,
-              tries: int, max_load: float, repeats: int = 1, reuse: bool = False,
+              tries: int, repeats: int = 1, reuse: bool = False,
               deadline: float | None = None) -> list[dict]:
     """Plan and simulate every plan of ``model``, then run them all ``repeats`` times, in
     rounds (each round runs every plan once, so drift on the machine touches all plans
@@ -173,7 +192,7 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
     if not (reuse and graph.exists()):
         t0 = time.perf_counter()
         others = quietly(["profile", "model", *MODELS[model], "-o", str(graph)],
-                         max_others=max_others, tries=tries, max_load=max_load)
+                         max_others=max_others, tries=tries)
         print(f"  profiled {model} in {time.perf_counter() - t0:.0f} s (other jobs: "
               f"{others:.2f} cores)", flush=True)
     if topology is None:
@@ -181,7 +200,7 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
         if not (reuse and topology.exists()):
             others = quietly(["profile", "network", "--nprocs", "2", "--threads", "1", "-o",
                               str(topology), "--report", str(work / f"{model}-network.json")],
-                             max_others=max_others, tries=tries, max_load=max_load)
+                             max_others=max_others, tries=tries)
             print(f"  measured the links of 2 workers (other jobs: {others:.2f} cores)",
                   flush=True)
     rows: dict[str, dict] = {}
@@ -210,7 +229,7 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
             try:
                 others = quietly(["train", str(stem.with_suffix(".plan.json")), "--steps",
                                   str(steps), "-o", str(run)],
-                                 max_others=max_others, tries=tries, max_load=max_load)
+                                 max_others=max_others, tries=tries)
             except RuntimeError as exc:
                 print(f"  {model} / {label}: {exc}", flush=True)
                 rows[label] = {"model": model, "plan": label, "error": str(exc).splitlines()[0]}
@@ -245,15 +264,15 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
     return [rows[label] for label in PLANS if label in rows]
 
 
-def repeatability(model: str, work: Path, topology: Path, *, max_others: float, tries: int,
-                  max_load: float) -> list[dict]:
+def repeatability(model: str, work: Path, topology: Path, *, max_others: float, tries: int
+                  ) -> list[dict]:
     """Profile ``model`` once more (``{model}-again.json``, minutes after the first) and
     predict every plan from it on the same topology: per plan the two predictions and their
     relative difference (the goal: within ``REPEATABLE``). A planner may plan differently
     from the second profile; that is part of what a user would see."""
     again = work / f"{model}-again.json"
     quietly(["profile", "model", *MODELS[model], "-o", str(again)], max_others=max_others,
-            tries=tries, max_load=max_load)
+            tries=tries)
     out = []
     for label, planner in PLANS.items():
         first = work / f"{model}-{planner[0]}.sim.json"
@@ -486,8 +505,6 @@ def main() -> None:
     parser.add_argument("--revision", default=None,
                         help="with --summarise: the revision the runs were made at, for results "
                              "that do not record it")
-    parser.add_argument("--max-load", type=float, default=1.0,
-                        help="before each try, wait (up to 2 min) for this 1-minute load average")
     parser.add_argument("--repeatability", action="store_true",
                         help="profile every model a second time and predict every plan from "
                              "both profiles (goal: within 5%%)")
@@ -499,7 +516,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.steps, args.repeats, args.tries, args.max_others = 4, 1, 1, float("inf")
-        args.max_load = float("inf")
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     work = args.work or Path(tempfile.mkdtemp(prefix="dl-nfv-fidelity-"))
@@ -536,12 +552,11 @@ def main() -> None:
                         if args.budget_min else None)
             rows += run_model(model, topology, work, args.steps,
                               max_others=args.max_others, tries=args.tries,
-                              max_load=args.max_load, repeats=args.repeats,
+                              repeats=args.repeats,
                               reuse=args.reuse_profiles, deadline=deadline)
             if args.repeatability:
                 repeated += repeatability(model, work, topology or work / f"{model}-network.yaml",
-                                          max_others=args.max_others, tries=args.tries,
-                                          max_load=args.max_load)
+                                          max_others=args.max_others, tries=args.tries)
             (work / "results.json").write_text(json.dumps(
                 {"rows": rows, "load": [load_before, os.getloadavg()[0]], "revision": revision,
                  "repeatability": repeated}, indent=1))
