@@ -113,6 +113,9 @@ class ProfileInfo:
     # CPU the training runtime spends per unit action (a unit's forward or backward on a
     # microbatch) beyond the ops' own time, on one thread (None: not measured)
     unit_action_ms: float | None = None
+    # of that, what one more action costs alone: measured with every op a unit of its own
+    # (an op placement's units), on one thread (None: not measured)
+    op_action_ms: float | None = None
     # the loss (outside the graph: forward + backward) at the profiled batch and its
     # batch-independent part, on one thread where timed there (None: not measured)
     loss_ms: float | None = None
@@ -136,7 +139,8 @@ class ProfileInfo:
             check(name in ("sgd", "adam"), f"update_ns_per_byte: unknown optimizer {name!r}")
             check(ns >= 0, f"update_ns_per_byte[{name!r}] must be >= 0, got {ns}")
         for name in ("op_sum_spread", "step_spread", "op_spread", "noisy_share",
-                     "instrumentation_taken_ms", "unit_action_ms", "loss_ms", "loss_fixed_ms",
+                     "instrumentation_taken_ms", "unit_action_ms", "op_action_ms", "loss_ms",
+                     "loss_fixed_ms",
                      "zero_ns_per_byte"):
             value = getattr(self, name)
             check(value is None or value >= 0, f"{name} must be >= 0, got {value}")

@@ -20,8 +20,16 @@ Method
     (``2 units x 2 x M``), as the CPU of one action (``ProfileInfo.unit_action_ms``).
     ``M`` is 4 (2, 1) where it divides the batch.
 
+    That excess is not all per action: holding every microbatch's activations until the
+    backwards, and the step's own upkeep, cost the same however many units there are.
+    So a third step, taking turns with the two, cuts the graph at every op (each op a
+    unit of its own); the difference of the two excesses over the difference of their
+    action counts is the CPU of one more action alone (``ProfileInfo.op_action_ms``),
+    what an op placement whose devices take turns op by op pays per unit. (On one model
+    the halves gave 110-240 us per action and the difference 30-40 us.)
+
 Limits: one figure per action whatever the unit's size and the values that cross its
-boundary (the two units of the probe have one boundary); a split backward's weight
+boundary (the halves have one boundary); a split backward's weight
 gradients (a pipeline's ``W``) are not an action of their own here; a model whose graph
 cannot be cut this way (a value whose shape depends on the data crossing, a model that
 fails at the microbatch) gets no figure, and the note says why. Cost: ``2 x rounds``
@@ -49,66 +57,91 @@ def microbatches(batch_size: int) -> int:
 
 def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: int,
                    seed: int, rounds: int = ROUNDS, clock=time.thread_time
-                   ) -> tuple[float | None, str]:
-    """``(ms of CPU per unit action, note)`` on one thread (module doc); ``(None, why)``
-    where the model cannot be cut or run that way. Restores the thread count."""
-    from dl_nfv.runtime.comm import Comm
-    from dl_nfv.runtime.partition import split
-    from dl_nfv.runtime.units import Placement, UnitRunner
-
+                   ) -> tuple[float | None, float | None, str]:
+    """``(ms of CPU per unit action, ms per action of a one-op unit, note)`` on one thread
+    (module doc); None where the model cannot be cut or run that way. Restores the thread
+    count."""
     ops = [o for o in cap.op_ids if o not in set(cap.input_ops)]
     if len(ops) < 2:
-        return None, "no unit actions measured (fewer than two ops); "
-    half = len(ops) // 2
-    unit_of_op = {op: UNITS[k >= half] for k, op in enumerate(ops)}
+        return None, None, "no unit actions measured (fewer than two ops); "
     m = microbatches(batch_size)
-    inputs, target = workload.make_batch(batch_size, seed)
-    mb_inputs, mb_target = workload.make_batch(batch_size // m, seed)
+    halves = {op: UNITS[k >= len(ops) // 2] for k, op in enumerate(ops)}
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         info = probe(cap.graph_module, lambda rows: workload.make_batch(rows, seed)[0])
-        placement = Placement(("probe",), (1.0,))
-        part = split(cap.graph_module, cap.op_of, unit_of_op, info,
-                     {u: (placement.devices, placement.shares) for u in UNITS})
-        comm = Comm(0, torch.device("cpu"))
-        runner = UnitRunner(part, {u: placement for u in part.units}, device="probe",
-                            rank_of={"probe": 0}, microbatches=m, batch_size=batch_size,
-                            comm=comm, loss_fn=workload.loss)
-        units = [u for u in UNITS if u in part.units]
-
-        def through_units() -> None:
-            comm.timeline.begin(time.perf_counter())
-            runner.begin_step(inputs, target)
-            for k in range(m):
-                for u in units:
-                    runner.forward(u, k)
-                for u in reversed(units):
-                    runner.backward(u, k)
-            runner.end_step()
+        steps = {"halves": _UnitStep(cap, workload, info, halves, batch_size, m, seed)}
+        try:
+            steps["ops"] = _UnitStep(cap, workload, info, {op: op for op in ops}, batch_size,
+                                      m, seed)
+        except Exception:  # noqa: BLE001 - a value cut at some op: the halves alone
+            pass
+        mb_inputs, mb_target = workload.make_batch(batch_size // m, seed)
 
         def plain() -> None:
             for _ in range(m):
                 (workload.loss(module(*mb_inputs), mb_target) / m).backward()
 
-        best = {through_units: float("inf"), plain: float("inf")}
-        for r in range(rounds + 1):  # the first round settles both
-            for step in best:
+        best = {name: float("inf") for name in [*steps, "plain"]}
+        for r in range(rounds + 1):  # the first round settles them all
+            for name in best:
                 module.zero_grad(set_to_none=True)
                 c0 = clock()
-                step()
+                (steps[name] if name in steps else plain)()
                 if r:
-                    best[step] = min(best[step], clock() - c0)
+                    best[name] = min(best[name], clock() - c0)
     except Exception as exc:  # noqa: BLE001 - any model the cut or the microbatch breaks
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
-        return None, f"no unit actions measured ({type(exc).__name__}: {reason}); "
+        return None, None, f"no unit actions measured ({type(exc).__name__}: {reason}); "
     finally:
         torch.set_num_threads(threads)
         module.zero_grad(set_to_none=True)
-    actions = 2 * len(units) * m
-    per_action = max(0.0, best[through_units] - best[plain]) * 1e3 / actions
-    return per_action, (f"runtime {per_action * 1e3:.0f} us of CPU per unit action ({len(units)} "
-                        f"units x {m} microbatches, fastest of {rounds} rounds, 1 thread); ")
+    actions = {name: 2 * step.units * m for name, step in steps.items()}
+    excess = {name: max(0.0, best[name] - best["plain"]) * 1e3 for name in steps}
+    per_action = excess["halves"] / actions["halves"]
+    note = (f"runtime {per_action * 1e3:.0f} us of CPU per unit action ({steps['halves'].units} "
+            f"units x {m} microbatches, fastest of {rounds} rounds, 1 thread)")
+    per_op = None
+    if "ops" in steps and actions["ops"] > actions["halves"]:
+        per_op = max(0.0, (excess["ops"] - excess["halves"])
+                     / (actions["ops"] - actions["halves"]))
+        note += (f", {per_op * 1e3:.0f} us per further action with every op a unit of its "
+                 f"own ({steps['ops'].units} units)")
+    return per_action, per_op, note + "; "
+
+
+class _UnitStep:
+    """One step of ``m`` microbatches through the units of ``unit_of_op`` on one device with
+    the runtime's own ``UnitRunner`` (forwards in order, then backwards in reverse)."""
+
+    def __init__(self, cap: Capture, workload, info, unit_of_op: dict, batch_size: int,
+                 m: int, seed: int):
+        from dl_nfv.runtime.comm import Comm
+        from dl_nfv.runtime.partition import split
+        from dl_nfv.runtime.units import Placement, UnitRunner
+
+        names = list(dict.fromkeys(unit_of_op.values()))
+        placement = Placement(("probe",), (1.0,))
+        part = split(cap.graph_module, cap.op_of, unit_of_op, info,
+                     {u: (placement.devices, placement.shares) for u in names})
+        self.comm = Comm(0, torch.device("cpu"))
+        self.runner = UnitRunner(part, {u: placement for u in part.units}, device="probe",
+                                 rank_of={"probe": 0}, microbatches=m, batch_size=batch_size,
+                                 comm=self.comm, loss_fn=workload.loss)
+        self.order = [u for u in names if u in part.units]
+        self.units, self.m = len(self.order), m
+        self.batch = workload.make_batch(batch_size, seed)
+
+    def __call__(self) -> None:
+        runner = self.runner
+        self.comm.timeline.begin(time.perf_counter())
+        runner.begin_step(*self.batch)
+        for k in range(self.m):
+            for u in self.order:
+                runner.forward(u, k)
+            for u in reversed(self.order):
+                runner.backward(u, k)
+        runner.end_step()
 
 
 def loss_figures(timed: TimedRounds, small, batch_size: int, per_event_ms: tuple[float, float],

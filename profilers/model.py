@@ -294,8 +294,9 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     if leaves:
         options["leaf_modules"] = list(leaves)
     colocation, colocation_note = _runtime_colocation(cap, workload, seed, dev)
-    action_ms, action_note = (unit_action_ms(cap, workload, module, model.batch_size, seed)
-                              if dev.type == "cpu" else (None, ""))
+    action_ms, op_action, action_note = (
+        unit_action_ms(cap, workload, module, model.batch_size, seed)
+        if dev.type == "cpu" else (None, None, ""))
     rates, zero, update_note = (update_rates(module, available_memory_bytes(dev))
                                 if dev.type == "cpu" else ({}, None, ""))
     ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,
@@ -303,7 +304,8 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     info = _info(cap, steps, fwd_runs, bwd_runs, fwd_ms, bwd_ms, at_threads, type_name, warmup,
                  peak_bytes, small if fixed else None, allocator,
                  _overhead_field(per_event, per_event_small if fixed else None, taken_ms)
-                 | {"unit_action_ms": None if action_ms is None else round(action_ms, 4)}
+                 | {"unit_action_ms": None if action_ms is None else round(action_ms, 4),
+                    "op_action_ms": None if op_action is None else round(op_action, 4)}
                  | {"update_ns_per_byte": rates, "zero_ns_per_byte": zero}
                  | loss_figures(one, one_small, model.batch_size, per_event, per_event_small),
                  f"{scaling_note}{action_note}{update_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"

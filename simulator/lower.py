@@ -413,26 +413,37 @@ class _Lowering(_Communication):
                 self._split_backwards(u, g, reps, devs, raw_b, b_times, base_b)
 
     def _charge_actions(self) -> None:
-        """The runtime's CPU per unit action (``CostModel.unit_action_ms``) on every replica
-        and microbatch of each of the runtime's units (``units.runtime_units``: a pipeline
-        stage or the whole model is its group's one unit; an op placement runs each run of
-        ops as one): a unit's first forward task and its first backward task carry it."""
-        tg, groups, M = self.tg, self.groups, self.M
-        if not any(self.cm.unit_action_ms(d) > 0 for d in self.device_names):
+        """The runtime's CPU per unit action on every replica and microbatch of each of its
+        units, on a unit's first forward task and its first backward task. A pipeline stage
+        or the whole model is its group's one unit and pays ``CostModel.unit_action_ms``
+        per action (measured on two units: with the step's upkeep that does not grow with
+        the units). An op placement runs each run of ops as one unit
+        (``units.runtime_units``), and each pays ``CostModel.op_action_ms`` per action
+        (what one more action costs alone), where the profile measured it; where it did not,
+        its groups pay as a stage does."""
+        tg, groups, M, names = self.tg, self.groups, self.M, self.device_names
+        placement = self.plan.pipeline is None and len(self.plan.groups) > 1
+        per_op = {d: self.cm.op_action_ms(d) for d in names} if placement else {}
+        if per_op and all(ms is not None for ms in per_op.values()):
+            fee = per_op
+            unit_of = runtime_units(self.plan, self.graph)
+        else:
+            fee = {d: self.cm.unit_action_ms(d) for d in names}
+            unit_of = self.op_group
+        if not any(ms > 0 for ms in fee.values()):
             return  # (GPUs, profiles without the figure: nothing to charge)
-        unit_of = runtime_units(self.plan, self.graph)
         first_f: dict = {}
         first_b: dict = {}
         for u in self.unit_order:
             key = unit_of.get(self.members[u][0])
-            if key is None:  # an input: no action of its own
+            if key is None:  # an input of a placement: no action of its own
                 continue
             first_f.setdefault(key, u)
             if self.unit_rg[u]:
                 first_b.setdefault(key, u)
         for key, u in first_f.items():
             for rep in groups.replicas[self.unit_group[u]]:
-                ms = self.cm.unit_action_ms(self.device_names[groups.rep_device[rep]])
+                ms = fee[names[groups.rep_device[rep]]]
                 if ms <= 0:
                     continue
                 for table, unit in ((self.F, u), (self.B, first_b.get(key))):

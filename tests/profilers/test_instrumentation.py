@@ -158,9 +158,10 @@ def test_the_full_batch_estimate_is_bounded_by_the_small_batch_one():
 
 
 def test_unit_actions_are_timed_through_the_runtimes_units_against_plain_steps():
-    """Two units of a real model on one device, 4 microbatches: a figure per action that
-    is positive (a separate autograd pass per unit costs something) and below a whole
-    step's time, and the microbatch counts that divide the batch."""
+    """Two units of a real model on one device, 4 microbatches, and every op a unit: a
+    figure per action that is positive (a separate autograd pass per unit costs something)
+    and below a whole step's time, one per further action, and the microbatch counts that
+    divide the batch."""
     from dl_nfv.profilers import zoo
     from dl_nfv.profilers.actions import microbatches, unit_action_ms
 
@@ -170,10 +171,13 @@ def test_unit_actions_are_timed_through_the_runtimes_units_against_plain_steps()
     module = workload.module.train()
     inputs, _ = workload.make_batch(8, 0)
     cap = capture(module, inputs)
-    ms, note = unit_action_ms(cap, workload, module, 8, 0, rounds=9)
+    ms, per_op, note = unit_action_ms(cap, workload, module, 8, 0, rounds=9)
     plain = min(sum(time_plain_step(module, inputs, lambda out: workload.loss(out, _target(
         workload)), cpu_clock)) for _ in range(5)) * 1e3
     assert ms is not None and 0 < ms < plain and "2 units x 4 microbatches" in note
+    ops = len([o for o in cap.op_ids if o not in set(cap.input_ops)])
+    assert per_op is not None and 0 <= per_op < plain
+    assert f"every op a unit of its own ({ops} units)" in note
     assert torch.get_num_threads() == 1  # restored (the suite runs one thread)
 
 

@@ -1,5 +1,6 @@
-"""The runtime's CPU per unit action (``ProfileInfo.unit_action_ms``): one forward and one
-backward action per group, replica and microbatch on CPU devices of the profile's type."""
+"""The runtime's CPU per unit action (``ProfileInfo.unit_action_ms``, ``op_action_ms``): one
+forward and one backward action per runtime unit, replica and microbatch on CPU devices of
+the profile's type."""
 
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ from .helpers import chain, mesh, one_group, plan
 ACTION_MS = 0.25
 
 
-def _cpu_chain(n: int, batch: int, action_ms: float | None):
+def _cpu_chain(n: int, batch: int, action_ms: float | None, op_action_ms: float | None = None):
     g = chain(n, 2.0, 4.0, param_bytes=4, batch_size=batch)
     ops = tuple(dataclasses.replace(o, fwd_ms={"cpu": 2.0}, bwd_ms={"cpu": 4.0}) for o in g.ops)
-    return dataclasses.replace(g, ops=ops, profile=ProfileInfo(device_type="cpu",
-                                                                unit_action_ms=action_ms))
+    return dataclasses.replace(g, ops=ops, profile=ProfileInfo(
+        device_type="cpu", unit_action_ms=action_ms, op_action_ms=op_action_ms))
 
 
 def _compute_busy(result, device: int) -> float:
@@ -70,6 +71,9 @@ def test_a_pipeline_stage_pays_two_actions_per_microbatch(m):
         assert _compute_busy(result, d) == pytest.approx(m * (f + b) + 2 * m * ACTION_MS)
 
 
+OP_ACTION_MS = 0.04
+
+
 @pytest.mark.parametrize(("split", "units_per_device"), [
     ((("op0", "op1"), ("op2", "op3")), 1),  # each device one run of ops: one unit
     ((("op0", "op2"), ("op1", "op3")), 2),  # the devices take turns: every op its own unit
@@ -77,11 +81,16 @@ def test_a_pipeline_stage_pays_two_actions_per_microbatch(m):
 def test_an_op_placement_pays_two_actions_per_run_of_ops(split, units_per_device):
     t = mesh(2, device_type="cpu")
     devices = t.device_names
-    g, bare = _cpu_chain(4, 8, ACTION_MS), _cpu_chain(4, 8, None)
     groups = [Group(id=f"on{d}", ops=ops, devices=(devices[d],), sync=SyncMethod.NONE)
               for d, ops in enumerate(split)]
-    result = simulate(plan(g, t, groups), g, t)
+    bare = _cpu_chain(4, 8, None)
     base = simulate(plan(bare, t, groups), bare, t)
+    measured = _cpu_chain(4, 8, ACTION_MS, OP_ACTION_MS)
+    older = _cpu_chain(4, 8, ACTION_MS)  # a profile without the per-op figure
+    result = simulate(plan(measured, t, groups), measured, t)
+    fallback = simulate(plan(older, t, groups), older, t)
     for d in range(2):
         extra = _compute_busy(result, d) - _compute_busy(base, d)
-        assert extra == pytest.approx(2 * units_per_device * ACTION_MS)
+        assert extra == pytest.approx(2 * units_per_device * OP_ACTION_MS)
+        # without it, each group pays as a pipeline stage does: two actions
+        assert _compute_busy(fallback, d) - _compute_busy(base, d) == pytest.approx(2 * ACTION_MS)
