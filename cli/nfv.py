@@ -224,7 +224,7 @@ def bench(config_path: str, trace_path: str, batch_size: int | None, workers: in
 
         sizes = batch_sizes or ([batch_size] if batch_size else None)
         result = bench_chain(config_path, trace_path, engines or ["cpu", "tensor"], sizes,
-                             device=device)
+                             device=device, repeats=repeats)
         deliver(from_data(ChainBench, result), output, as_json, render=render_chain_bench)
         return
     from dl_nfv.artifacts.results import NfvBench

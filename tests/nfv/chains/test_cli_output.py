@@ -184,6 +184,24 @@ def test_bench_chain_path(tmp_path):
     assert np.all([row.mpps > 0 for row in bench.rows])
 
 
+def test_bench_chain_repeats_keep_each_rows_fastest_run(monkeypatch):
+    """``--repeats``: every engine runs that many times from fresh state (the same packets
+    out each time, or the bench fails) and its row is the run with the most Mpps."""
+    from dl_nfv.nfv.chains import run as chain_run
+
+    real, speeds = chain_run.chain_report, iter([1.0, 3.0, 2.0, 5.0, 4.0, 6.0])
+
+    def timed(*args):  # the real report, its Mpps set to the next figure
+        report = real(*args)
+        return {**report, "mpps": next(speeds)}
+
+    monkeypatch.setattr(chain_run, "chain_report", timed)
+    result = chain_run.bench_chain(CONFIG, REAL_TRACE, ["cpu", "tensor"], [64], repeats=3)
+    assert [(row["engine"], row["mpps"]) for row in result["rows"]] == [("cpu", 3.0),
+                                                                        ("tensor", 6.0)]
+    assert len({row["packets_out"] for row in result["rows"]}) == 1
+
+
 def test_show_renders_the_l4_chain():
     r = invoke("show", CONFIG, "--width", "200")
     assert r.exit_code == 0, r.output
