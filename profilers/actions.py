@@ -22,18 +22,20 @@ Method
 
     That excess is not all per action: holding every microbatch's activations until the
     backwards, and the step's own upkeep, cost the same however many units there are.
-    So a third step, taking turns with the two, cuts the graph at every op (each op a
-    unit of its own); the difference of the two excesses over the difference of their
-    action counts is the CPU of one more action alone (``ProfileInfo.op_action_ms``),
-    what an op placement whose devices take turns op by op pays per unit. (On one model
-    the halves gave 110-240 us per action and the difference 30-40 us.)
+    So two more steps, taking turns with the others at ``SMALL_ROWS`` rows per
+    microbatch (what an action costs hardly depends on the rows; the ops' own time is
+    then small), run the halves and the graph cut at every op (each op a unit of its
+    own): the difference of their times over the difference of their action counts is
+    the CPU of one more action alone (``ProfileInfo.op_action_ms``), what an op
+    placement whose devices take turns op by op pays per unit. (On one model the halves
+    gave 110-240 us per action and the difference 30-40 us.)
 
 Limits: one figure per action whatever the unit's size and the values that cross its
 boundary (the halves have one boundary); a split backward's weight
 gradients (a pipeline's ``W``) are not an action of their own here; a model whose graph
 cannot be cut this way (a value whose shape depends on the data crossing, a model that
 fails at the microbatch) gets no figure, and the note says why. Cost: ``2 x rounds``
-steps of the whole model at one thread.
+steps of the whole model at one thread, and ``2 x rounds`` at ``SMALL_ROWS x M`` rows.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from .measure import LOSS, TimedRounds
 from .probe import probe
 
 ROUNDS = 5
+SMALL_ROWS = 2  # rows per microbatch of the steps whose difference is the actions alone
 UNITS = ("head", "tail")
 
 
@@ -71,11 +74,16 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
         torch.set_num_threads(1)
         info = probe(cap.graph_module, lambda rows: workload.make_batch(rows, seed)[0])
         steps = {"halves": _UnitStep(cap, workload, info, halves, batch_size, m, seed)}
-        try:
-            steps["ops"] = _UnitStep(cap, workload, info, {op: op for op in ops}, batch_size,
-                                      m, seed)
-        except Exception:  # noqa: BLE001 - a value cut at some op: the halves alone
-            pass
+        small = SMALL_ROWS * m  # the two cuts' difference at a few rows: the actions alone
+        if small <= batch_size:
+            try:
+                steps["small halves"] = _UnitStep(cap, workload, info, halves, small, m, seed)
+                steps["small ops"] = _UnitStep(cap, workload, info, {op: op for op in ops},
+                                               small, m, seed)
+                steps["small ops"]()  # a model that fails at so few rows: the halves alone
+            except Exception:  # noqa: BLE001 - a value cut at some op, or too few rows
+                steps.pop("small halves", None)
+                steps.pop("small ops", None)
         mb_inputs, mb_target = workload.make_batch(batch_size // m, seed)
 
         def plain() -> None:
@@ -102,11 +110,11 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
     note = (f"runtime {per_action * 1e3:.0f} us of CPU per unit action ({steps['halves'].units} "
             f"units x {m} microbatches, fastest of {rounds} rounds, 1 thread)")
     per_op = None
-    if "ops" in steps and actions["ops"] > actions["halves"]:
-        per_op = max(0.0, (excess["ops"] - excess["halves"])
-                     / (actions["ops"] - actions["halves"]))
+    if "small ops" in steps and actions["small ops"] > actions["small halves"]:
+        per_op = max(0.0, (best["small ops"] - best["small halves"]) * 1e3
+                     / (actions["small ops"] - actions["small halves"]))
         note += (f", {per_op * 1e3:.0f} us per further action with every op a unit of its "
-                 f"own ({steps['ops'].units} units)")
+                 f"own ({steps['small ops'].units} units, {SMALL_ROWS} row(s) per microbatch)")
     return per_action, per_op, note + "; "
 
 

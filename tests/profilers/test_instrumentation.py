@@ -177,7 +177,7 @@ def test_unit_actions_are_timed_through_the_runtimes_units_against_plain_steps()
     assert ms is not None and 0 < ms < plain and "2 units x 4 microbatches" in note
     ops = len([o for o in cap.op_ids if o not in set(cap.input_ops)])
     assert per_op is not None and 0 <= per_op < plain
-    assert f"every op a unit of its own ({ops} units)" in note
+    assert f"every op a unit of its own ({ops} units, 2 row(s) per microbatch)" in note
     assert torch.get_num_threads() == 1  # restored (the suite runs one thread)
 
 
