@@ -75,9 +75,11 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
         info = probe(cap.graph_module, lambda rows: workload.make_batch(rows, seed)[0])
         steps = {"halves": _UnitStep(cap, workload, info, halves, batch_size, m, seed)}
         small = SMALL_ROWS * m  # the two cuts' difference at a few rows: the actions alone
+        base = "halves" if small == batch_size else "small halves"  # (no step run twice)
         if small <= batch_size:
             try:
-                steps["small halves"] = _UnitStep(cap, workload, info, halves, small, m, seed)
+                if base not in steps:
+                    steps[base] = _UnitStep(cap, workload, info, halves, small, m, seed)
                 steps["small ops"] = _UnitStep(cap, workload, info, {op: op for op in ops},
                                                small, m, seed)
                 steps["small ops"]()  # a model that fails at so few rows: the halves alone
@@ -110,9 +112,9 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
     note = (f"runtime {per_action * 1e3:.0f} us of CPU per unit action ({steps['halves'].units} "
             f"units x {m} microbatches, fastest of {rounds} rounds, 1 thread)")
     per_op = None
-    if "small ops" in steps and actions["small ops"] > actions["small halves"]:
-        per_op = max(0.0, (best["small ops"] - best["small halves"]) * 1e3
-                     / (actions["small ops"] - actions["small halves"]))
+    if "small ops" in steps and actions["small ops"] > actions[base]:
+        per_op = max(0.0, (best["small ops"] - best[base]) * 1e3
+                     / (actions["small ops"] - actions[base]))
         note += (f", {per_op * 1e3:.0f} us per further action with every op a unit of its "
                  f"own ({steps['small ops'].units} units, {SMALL_ROWS} row(s) per microbatch)")
     return per_action, per_op, note + "; "

@@ -15,7 +15,7 @@ The mode follows the plan:
   (topological order when the plan gives none), then their backward in the
   reverse order. Running a run of ops as one fx submodule saves the per-unit
   overhead (a separate autograd pass and boundary tensors per op), which the
-  simulator charges per unit action (``CostModel.unit_action_ms``).
+  simulator charges per unit action (``CostModel.op_action_ms``).
 
 Gradient synchronisation is derived from who holds each parameter: a
 parameter held by several devices (replicas of a group, or units on different

@@ -734,22 +734,15 @@ class CostModel(NetworkCosts):
         microbatch) beyond its ops' time, on a CPU device of the profile's type: the
         profile's ``unit_action_ms`` (measured on one thread; Python, not split by threads);
         0 elsewhere or where the profile did not measure it."""
-        info = self.graph.profile
-        dev = self.cluster.device(device)
-        if (info is None or info.unit_action_ms is None or dev.type.kind.value != "cpu"
-                or dev.type.name != info.device_type):
-            return 0.0
-        return info.unit_action_ms
+        info = self._cpu_profile(device)
+        return 0.0 if info is None or info.unit_action_ms is None else info.unit_action_ms
 
     def op_action_ms(self, device: str) -> float | None:
         """CPU per further unit action alone (the profile's ``op_action_ms``: measured with
         every op a unit of its own) on a CPU device of the profile's type; 0 elsewhere, None
         where the profile did not measure it."""
-        info = self.graph.profile
-        dev = self.cluster.device(device)
-        if info is None or dev.type.kind.value != "cpu" or dev.type.name != info.device_type:
-            return 0.0
-        return info.op_action_ms
+        info = self._cpu_profile(device)
+        return 0.0 if info is None else info.op_action_ms
 
     def loss_ms(self, device: str, batch_fraction: float = 1.0) -> float:
         """The loss's forward and backward (outside the graph: in no op's time) on a device

@@ -43,7 +43,7 @@ from dl_nfv.artifacts import (
 from .costs import CostModel
 from .lower_comm import ELEMENT_BYTES, _Communication, _Groups
 from .tasks import TaskGraph, TaskKind
-from .units import runtime_units
+from .units import placement_units_of
 
 __all__ = ["ELEMENT_BYTES", "check_fusion", "lower"]
 
@@ -418,7 +418,7 @@ class _Lowering(_Communication):
         or the whole model is its group's one unit and pays ``CostModel.unit_action_ms``
         per action (measured on two units: with the step's upkeep that does not grow with
         the units). An op placement runs each run of ops as one unit
-        (``units.runtime_units``), and each pays ``CostModel.op_action_ms`` per action
+        (``units.placement_units_of``), and each pays ``CostModel.op_action_ms`` per action
         (what one more action costs alone), where the profile measured it; where it did not,
         its groups pay as a stage does."""
         tg, groups, M, names = self.tg, self.groups, self.M, self.device_names
@@ -426,7 +426,7 @@ class _Lowering(_Communication):
         per_op = {d: self.cm.op_action_ms(d) for d in names} if placement else {}
         if per_op and all(ms is not None for ms in per_op.values()):
             fee = per_op
-            unit_of = runtime_units(self.plan, self.graph)
+            unit_of = placement_units_of(self.plan, self.graph)
         else:
             fee = {d: self.cm.unit_action_ms(d) for d in names}
             unit_of = self.op_group

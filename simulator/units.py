@@ -1,36 +1,31 @@
-"""The training runtime's units of a plan, for the runtime and the cost of its actions.
+"""The training runtime's units of an op placement, for the runtime and the simulator.
 
 The runtime runs a plan as units, and every forward or backward of a unit on a
-microbatch is an *action* with CPU of its own beyond the ops (``CostModel.unit_action_ms``):
+microbatch is an *action* with CPU of its own beyond the ops: a pipeline runs one unit
+per stage group, one group (data parallelism, a parameter server, one device) the whole
+model, and an op placement (several groups, no pipeline) one unit per run of ops that
+follow each other in the order of every device they run on, with the same devices and
+shares (``placement_units``); a single op where neighbours differ.
 
-* a pipeline: one unit per stage group;
-* data parallelism, a parameter server, one device (one group): the whole model;
-* an op placement (several groups, no pipeline): one unit per run of ops that follow
-  each other in the order of every device they run on, with the same devices and
-  shares (``placement_units``); a single op where neighbours differ.
-
-``runtime_units(plan, graph)`` names each op's unit (input ops have none);
-``runtime/executor.py`` builds its units from the same function, and the simulator
-charges one action per unit, replica, microbatch and direction (``lower.py``).
+``runtime/executor.py`` builds an op placement's units with ``placement_units``, and the
+simulator charges one action per such unit, replica and direction (``lower.py``,
+``placement_units_of``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Hashable
 from typing import Any
 
 from dl_nfv.artifacts import OpGraph, OpKind, Plan
 
 
-def runtime_units(plan: Plan, graph: OpGraph) -> dict[str, Hashable]:
-    """Op -> the runtime unit that runs it (a group id, or a placement unit's first op),
-    for every op of the plan's groups but the graph's inputs."""
+def placement_units_of(plan: Plan, graph: OpGraph) -> dict[str, str]:
+    """``placement_units`` of an op-placement ``plan``: every op of its groups but the
+    graph's inputs (which the runtime runs in no unit)."""
     inputs = {op.id for op in graph.ops if op.kind is OpKind.INPUT}
-    group_of_op = {op: g for g in plan.groups for op in g.ops if op not in inputs}
-    if plan.pipeline is not None or len(plan.groups) == 1:
-        return {op: g.id for op, g in group_of_op.items()}
-    return placement_units(plan, graph, group_of_op)
+    return placement_units(plan, graph, {op: g for g in plan.groups for op in g.ops
+                                         if op not in inputs})
 
 
 def placement_units(plan: Plan, graph: OpGraph, group_of_op: dict[str, Any]) -> dict[str, str]:
