@@ -33,6 +33,8 @@ from .joint import carry
 from .kernels import HOLDERS, FirewallKernel, LoadBalancerKernel, NatKernel, Sub
 from .meters import MonitorKernel, RateLimiterKernel
 from .ops import (
+    arrays,
+    nonzero,
     on_host,
     pick,
     put,
@@ -42,6 +44,7 @@ from .ops import (
     take,
     take_columns,
     take_rows_t,
+    tensor,
 )
 from .packets import ChainPackets, key_pair, mix_hash, rewrite_checksum_rows, rewrite_checksums
 from .reference import REFERENCE, Pkt
@@ -243,6 +246,7 @@ class TensorChain:
         slots = self._flows(sub.keys)
         state, sub.held = self._rows(slots)
         sub.state = state
+        host = on_host(block)
         drops = []  # (stage, flow-sorted positions, reasons) of the packets each NF dropped
         rows = None  # the packets still alive (None: all of them)
         nested = []  # (parent state, flows, state) of each compaction
@@ -258,15 +262,17 @@ class TensorChain:
                 parent = sub.state
                 sub, flows = _compact(sub, kept)
                 nested.append((parent, flows, sub.state))
-            verdict = nf.process(sub)
+            # the verdicts by numpy on a CPU: steps over the batch cost less there
+            verdict, live, alive = arrays(host, nf.process(sub), sub.live, rows)
             if bool(verdict.any()):
-                dropped = torch.nonzero(verdict).squeeze(1)
-                gone = dropped if rows is None else take(rows, dropped)
-                drops.append((k, gone, take(verdict, dropped)))
-                sub.live = (verdict == 0) if sub.live is None else sub.live & (verdict == 0)
+                dropped = nonzero(verdict)
+                drops.append((k, dropped if rows is None else take(alive, dropped),
+                              take(verdict, dropped)))
+                live = (verdict == 0) if live is None else live & (verdict == 0)
+                sub.live = tensor(live)
             self._sync()
             times[k + 1] = time.perf_counter() - t0
-            if sub.live is not None and not bool(sub.live.any()):  # every packet dropped
+            if live is not None and not bool(live.any()):  # every packet dropped
                 break
         t0 = time.perf_counter()
         self._put_back(out, sub, rows)
@@ -356,14 +362,16 @@ class TensorChain:
         only; the checksums computed in arrival order, by numpy on a CPU)."""
         back = torch.empty((8, out.shape[1]), dtype=torch.int64, device=self.device)
         put_columns(back[:4], order, out)
-        back[6].fill_(-1)
-        back[7].zero_()
-        for k, gone, why in drops:
-            at = take(order, gone)
-            back[6].index_fill_(0, at, k)
-            put(back[7], at, why)
-        if on_host(back):  # numpy's steps over the same memory cost less
-            b, c = back.numpy(), block.numpy()
+        host = on_host(back)  # numpy's steps over the same memory cost less
+        b, arrival = arrays(host, back, order)
+        b[6] = -1
+        b[7] = 0
+        for k, gone, why in drops:  # the drops' positions and reasons: numpy's on a CPU
+            at = take(arrival, gone)
+            b[6][at] = k
+            put(b[7], at, why)
+        if host:
+            c = block.numpy()
             b[4:6] = rewrite_checksum_rows(c[1:5], b[:4], c[8:10], c[5])
         else:
             back[4:6] = rewrite_checksum_rows(block[1:5], back[:4], block[8:10], block[5])

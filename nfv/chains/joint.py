@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops import on_host, take
+from .ops import arrays, on_host, take
 from .scan import fsm_scan, quiet_rows
 
 JOINT = ("session", "joint")  # Sub.memo key of the session part of a joint scan
@@ -46,7 +46,6 @@ class JointScan:
         self.quiet = quiet_rows(self.next, data_rows)
         self.conn_min = int(conn.timeouts[1:].min())
         self.session_min = int(session.timeouts[1:].min())
-        self.limits = torch.tensor([self.conn_min, self.session_min], device=conn.next.device)
 
     def run(self, sub, cls, existed):
         """(found, after) of the connection machine over ``sub``'s packets (``cls``: the
@@ -55,13 +54,16 @@ class JointScan:
         seg = sub.seg
         if seg.count == 0:
             return None
-        lo, hi = torch.aminmax(sub.ts)
+        host = on_host(sub.ts)  # by numpy over the same memory: its calls cost less
+        ts, conn_last, session_last, conn_kept, session_kept = arrays(
+            host, sub.ts, self.conn._column(sub, "last"), self.session._column(sub, "last"),
+            existed, self.session._flows(sub))
+        lo, hi = int(ts.min()), int(ts.max())
         # every gap either NF can see is at most the batch's span, or, at a flow's first
         # packet it sees, the latest packet's distance to the NF's last-seen time
-        since = torch.stack([(hi - self.conn._column(sub, "last")) * existed,
-                             (hi - self.session._column(sub, "last")) * self.session._flows(sub)])
-        if int(hi - lo) > min(self.conn_min, self.session_min) or \
-                bool((since.amax(1) > self.limits).any()):
+        if hi - lo > min(self.conn_min, self.session_min) \
+                or int(((hi - conn_last) * conn_kept).max()) > self.conn_min \
+                or int(((hi - session_last) * session_kept).max()) > self.session_min:
             return None
         s0 = self.conn._column(sub, "state") * self.width + self.session._column(sub, "state")
         found, after, timed_out = fsm_scan(self.next, None, cls, None, seg, s0, self.quiet)

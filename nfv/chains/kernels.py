@@ -32,7 +32,21 @@ from . import states as st
 from .acl import match, rule_table
 from .flowtable import DeviceFlowTable
 from .joint import JOINT, JointScan
-from .ops import key_order, on_host, pick, put_columns, spread, stable_order, take, take_columns
+from .ops import (
+    arrays,
+    at_least,
+    key_order,
+    nonzero,
+    on_host,
+    pick,
+    put_columns,
+    spread,
+    stable_order,
+    stack,
+    take,
+    take_columns,
+    tensor,
+)
 from .packets import MASK32, flow_hash
 from .reference import Backends, compile_acl, endpoint, pool_bindings
 from .scan import Segments, fsm_scan, last_marked, previous_gap, quiet_rows
@@ -40,6 +54,7 @@ from .scan import Segments, fsm_scan, last_marked, previous_gap, quiet_rows
 PACKETS_PER_FLOW = 4  # the per-flow ACL needs more than this many packets per flow
 HOLDERS = "holders"  # the table column with one bit per NF that keeps the flow
 ARRIVAL_BOUND = 1 << 31  # above any packet's position in a batch
+REWRITTEN = ("src", "dst", "sport", "dport")  # the Sub fields NAT and LB rewrite
 
 
 @dataclass(slots=True)
@@ -108,6 +123,8 @@ class _Stateful:
         """Write per-flow ``values`` into the batch's rows (every flow: the holder bit
         says which are kept; ``keep`` None: all)."""
         now = self._get(sub, HOLDERS)
+        keep = tensor(keep)
+        values = {name: tensor(value) for name, value in values.items()}
         if keep is None:
             if not bool(existed.all()):
                 self._set(sub, HOLDERS, now | self.bit)
@@ -269,29 +286,33 @@ class FirewallKernel(_Machine):
             return self._match(sub.src, sub.dst, sub.sport, sub.dport,
                                take(sub.keys[1] & 0xFF, seg.index))
         # the flow key's endpoints (packets.key_pair): lower first; dir 1 runs higher -> lower
-        k1, k2 = sub.keys
-        host = on_host(k1)  # per flow: by numpy over the keys' memory
+        host = on_host(sub.keys)  # by numpy over the tensors' memory
+        k1, k2 = arrays(host, *sub.keys)
         cat = np.concatenate if host else torch.cat
-        if host:
-            k1, k2 = k1.numpy(), k2.numpy()
         lo_ip, hi_ip = (k1 >> 32) & MASK32, k1 & MASK32
         lo_port, hi_port, proto = k2 >> 24, (k2 >> 8) & 0xFFFF, k2 & 0xFF
         both = self._match(cat([lo_ip, hi_ip]), cat([hi_ip, lo_ip]), cat([lo_port, hi_port]),
                            cat([hi_port, lo_port]), cat([proto, proto]))
-        if host:
-            both = torch.from_numpy(both)
-        return take(both, seg.index + sub.dir * seg.count)
+        index, direction = arrays(host, seg.index, sub.dir)
+        return take(both, index + direction * seg.count)
 
     def process(self, sub: Sub):
         existed = self._flows(sub)
-        cls = (sub.cls + self._acl(sub) * 32) * 2 + sub.dir
+        host = on_host(sub.cls)  # the steps over the packets by numpy on a CPU
+        packet_cls, direction, last, ts = arrays(host, sub.cls, sub.dir, sub.seg.last, sub.ts)
+        allowed = self._acl(sub)
+        if host and not isinstance(allowed, np.ndarray):
+            allowed = allowed.numpy()
+        rows = (packet_cls + allowed * 32) * 2 + direction
+        cls = tensor(rows)
         both = None if self.joint is None else self.joint.run(sub, cls, existed)
-        found, after = both if both is not None else self._scan(sub, cls, existed)[:2]
-        verdict = take(self.verdict.reshape(-1), cls * self.next.shape[1] + found)
-        last = sub.seg.last
+        found, after = arrays(host, *(both if both is not None else
+                                      self._scan(sub, cls, existed)[:2]))
+        verdict = take(arrays(host, self.verdict.reshape(-1))[0],
+                       rows * self.next.shape[1] + found)
         final = take(after, last)
-        self._store(sub, existed, final != 0, {"state": final, "last": take(sub.ts, last)})
-        return verdict
+        self._store(sub, existed, final != 0, {"state": final, "last": take(ts, last)})
+        return tensor(verdict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,32 +353,39 @@ class _SessionKernel(_Machine):
 
     def _decide(self, sub: Sub, existed) -> _Decisions:
         """The scan and every per-packet outcome that follows from it alone; shared, like the
-        scan, by NFs of one ``Sub`` whose scans are shared (NAT then LB)."""
+        scan, by NFs of one ``Sub`` whose scans are shared (NAT then LB). On a CPU by numpy
+        over the tensors' memory (its calls cost less on vectors of a batch): the outcomes
+        are then numpy arrays."""
         seg = sub.seg
         cls = self._classes(sub)
         scanned = self._scan(sub, cls, existed)
         got = sub.memo.get((self.machine, "decide"))
         if got is not None and got[0] is scanned:
             return got[1]
-        found, after, timed_out = scanned
+        host = on_host(cls)
+        found, after, timed_out, cls, first, last, ts, direction, live = arrays(
+            host, *scanned, cls, seg.first, seg.last, sub.ts, sub.dir, sub.live)
+        verdicts, events, forward = arrays(host, self.verdict.reshape(-1),
+                                           self.event.reshape(-1), self.forward)
         at = cls * self.next.shape[1] + found
-        verdict, event = take(self.verdict.reshape(-1), at), take(self.event.reshape(-1), at)
+        verdict, event = take(verdicts, at), take(events, at)
         ok = verdict == st.Verdict.PASS
-        if sub.live is None:
-            last_ts = take(sub.ts, seg.last)
+        if live is None:
+            last_ts = take(ts, last)
         else:  # the dropped packets leave the state as it was (``takes_live``)
-            ok &= sub.live
-            _, at = seg.ends_of(sub.live)  # each flow's last live packet, else the table's
-            last_ts = pick(at >= 0, take(sub.ts, torch.clamp(at, min=0)),
-                           self._column(sub, "last"))
+            ok &= live
+            # each flow's last live packet, else the table's
+            _, at = arrays(host, *seg.ends_of(sub.live))
+            last_ts = pick(at >= 0, take(ts, at_least(at, 0)),
+                           arrays(host, self._column(sub, "last"))[0])
         start = ok & (event == st.Event.START)
-        at_head = torch.index_select(start, 0, seg.first)
+        at_head = take(start, first)
         heads_only = int(start.sum()) == int(at_head.sum())  # starts only at flows' first packets
-        final = take(after, seg.last)
+        final = take(after, last)
         out = _Decisions(
             verdict=verdict, event=event, ok=ok, start=start, timed_out=timed_out,
-            rows=seg.first[at_head] if heads_only else torch.nonzero(start).squeeze(1),
-            heads_only=heads_only, forward=take(self.forward, found * 2 + sub.dir),
+            rows=first[at_head] if heads_only else nonzero(start),
+            heads_only=heads_only, forward=take(forward, found * 2 + direction),
             final=final, keep=final != 0, last_ts=last_ts)
         sub.memo[(self.machine, "decide")] = (scanned, out)
         return out
@@ -366,35 +394,39 @@ class _SessionKernel(_Machine):
         seg = sub.seg
         existed = self._flows(sub)
         d = self._decide(sub, existed)
+        host = isinstance(d.verdict, np.ndarray)  # numpy's steps on a CPU (``_decide``)
         verdict, event, ok, start, rows = d.verdict, d.event, d.ok, d.start, d.rows
-        heads_only = d.heads_only
         flow_binding = None  # each flow's binding, where it holds for all its packets
-        peer_ip, peer_port = self.peer(sub)
+        index, ts, live = arrays(host, seg.index, sub.ts, sub.live)
+        peer_ip, peer_port = arrays(host, *self.peer(sub))
         # the flows' (binding, peer address, peer port): three adjacent rows of the state
         j = self.table.index[self.names["binding"]]
-        before = sub.state[j:j + 3]
-        begun = torch.stack([self.start(sub, rows), take(peer_ip, rows), take(peer_port, rows)])
-        if heads_only or not bool(seg.pos[rows].any()):
+        before = arrays(host, sub.state[j:j + 3])[0]
+        begun = stack([self.start(sub, rows), take(peer_ip, rows), take(peer_port, rows)])
+        if d.heads_only or not bool(take(arrays(host, seg.pos)[0], rows).any()):
             # sessions start only at flows' first packets: one value per flow
-            per_flow = before.clone()
-            put_columns(per_flow, take(seg.index, rows), begun)
+            per_flow = before.copy() if host else before.clone()
+            put_columns(per_flow, take(index, rows), begun)
             binding, p_ip, p_port = seg.spread(per_flow)
             flow_binding = per_flow[0]
         else:  # the latest start at or before each packet in its flow, else the table's
             latest = last_marked(start, seg)
             has = latest >= 0
-            safe = torch.clamp(latest, min=0)
-            binding, p_ip, p_port = (
-                torch.where(has, spread(value, rows, sub.ts)[safe], col[seg.index])
-                for value, col in zip(begun, before))
-            per_flow = torch.stack([binding[seg.last], p_ip[seg.last], p_port[seg.last]])
+            safe = at_least(latest, 0)
+            binding, p_ip, p_port = (pick(has, take(spread(value, rows, ts), safe),
+                                          take(col, index)) for value, col in zip(begun, before))
+            last = arrays(host, seg.last)[0]
+            per_flow = stack([take(binding, last), take(p_ip, last), take(p_port, last)])
         if self.collects_releases:
-            self._releases(sub, seg, d.timed_out, event, ok, binding, before[0])
-        verdict = self.rewrite(sub, ok, d.forward, binding, p_ip, p_port, verdict,
+            self._releases(sub, d.timed_out, event, ok, binding, before[0])
+        fields = {name: arrays(host, getattr(sub, name))[0] for name in REWRITTEN}
+        verdict = self.rewrite(fields, ok, d.forward, binding, p_ip, p_port, verdict,
                                self.targets(sub, binding, flow_binding))
+        for name, value in fields.items():
+            setattr(sub, name, tensor(value))
         self._store(sub, existed, d.keep, {"state": d.final, "last": d.last_ts})
-        before.copy_(per_flow)
-        return verdict if sub.live is None else verdict * sub.live
+        before[:] = per_flow
+        return tensor(verdict if live is None else verdict * live)
 
     def takes_live(self, sub: Sub) -> bool:
         """Where the scan comes from the firewall's joint one, or is shared with the session
@@ -410,19 +442,20 @@ class _SessionKernel(_Machine):
             got = sub.memo[("session", "classes")] = sub.cls * 2 + sub.dir
         return got
 
-    def _releases(self, sub, seg, timed_out, event, ok, binding, table_binding):
+    def _releases(self, sub, timed_out, event, ok, binding, table_binding):
         """Bindings of sessions that ended in this batch, in arrival order
         (``table_binding``: each flow's before the batch)."""
-        ended = ok & (event == st.Event.END)
-        if not bool((timed_out | ended).any()):
+        gone = timed_out | (ok & (event == st.Event.END))
+        if not bool(gone.any()):
             return
-        rows = torch.nonzero(timed_out | ended).squeeze(1)
+        rows = nonzero(gone)
+        pos, index, arrival = arrays(isinstance(gone, np.ndarray), sub.seg.pos, sub.seg.index,
+                                     sub.arrival)
         # a time-out ends the session the flow's previous packet left
-        prev_binding = torch.where(seg.pos[rows] > 0, binding[torch.clamp(rows - 1, min=0)],
-                                   table_binding[seg.index[rows]])
-        values = torch.where(timed_out[rows], prev_binding, binding[rows])
-        order = stable_order(take(sub.arrival, rows), ARRIVAL_BOUND)
-        self.released(values[order])
+        prev_binding = pick(take(pos, rows) > 0, take(binding, at_least(rows - 1, 0)),
+                            take(table_binding, take(index, rows)))
+        values = pick(take(timed_out, rows), prev_binding, take(binding, rows))
+        self.released(take(values, stable_order(take(arrival, rows), ARRIVAL_BOUND)))
 
     def released(self, bindings) -> None:
         pass
@@ -431,8 +464,8 @@ class _SessionKernel(_Machine):
         """Per packet, the [address, port] its binding stands for; looked up per flow and
         spread to the packets where ``flow_binding`` holds for a whole flow (a large pool is
         then read once per flow, not at random once per packet)."""
-        b = torch.clamp(binding if flow_binding is None else flow_binding, min=0)
-        got = take_columns(self.target, b)
+        b = at_least(binding if flow_binding is None else flow_binding, 0)
+        got = take_columns(arrays(isinstance(b, np.ndarray), self.target)[0], b)
         return got if flow_binding is None else sub.seg.spread(got)
 
 
@@ -455,15 +488,15 @@ class NatKernel(_SessionKernel):
 
     def start(self, sub: Sub, rows):
         """Bindings for the session starts at ``rows``: the k-th in arrival order takes the
-        k-th free one (-1: none left); by numpy on a CPU (a few hundred starts)."""
-        if on_host(rows):
-            arrival = sub.arrival.numpy()[rows.numpy()]
+        k-th free one (-1: none left); by numpy on a CPU (``rows`` a numpy array)."""
+        if isinstance(rows, np.ndarray):
+            arrival = sub.arrival.numpy()[rows]
             k = np.empty_like(arrival)
             k[np.argsort(arrival)] = np.arange(arrival.shape[0])  # arrivals are distinct
             ok = k < self.free
             got = np.where(ok, self.ring.numpy()[(self.head + k) % self.size], -1)
             self._took(int(ok.sum()), int(k.shape[0]))
-            return torch.from_numpy(got)
+            return got
         order = stable_order(take(sub.arrival, rows), ARRIVAL_BOUND)
         k = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(),
                                                                    device=order.device))
@@ -484,19 +517,21 @@ class NatKernel(_SessionKernel):
     def peer(self, sub: Sub):
         return sub.src, sub.sport
 
-    def rewrite(self, sub, ok, forward, binding, p_ip, p_port, verdict, targets):
+    def rewrite(self, fields, ok, forward, binding, p_ip, p_port, verdict, targets):
+        """The packets' verdicts; ``fields`` (``REWRITTEN``) rewritten in place."""
         bound = binding >= 0
         verdict = pick(ok & ~bound, int(st.Verdict.POOL_EXHAUSTED), verdict)
-        fwd = ok & bound & forward
-        rev = ok & bound & ~forward
-        sub.src = pick(fwd, targets[0], sub.src)
-        sub.sport = pick(fwd, targets[1], sub.sport)
-        sub.dst = pick(rev, p_ip, sub.dst)
-        sub.dport = pick(rev, p_port, sub.dport)
+        fwd = ok & bound
+        rev = fwd & ~forward
+        fwd &= forward
+        fields["src"] = pick(fwd, targets[0], fields["src"])
+        fields["sport"] = pick(fwd, targets[1], fields["sport"])
+        fields["dst"] = pick(rev, p_ip, fields["dst"])
+        fields["dport"] = pick(rev, p_port, fields["dport"])
         return verdict
 
     def released(self, bindings) -> None:
-        self.pending.append(bindings[bindings >= 0])
+        self.pending.append(tensor(bindings[bindings >= 0]))
 
     def _push(self, bindings) -> None:
         r = int(bindings.numel())
@@ -544,28 +579,23 @@ class LoadBalancerKernel(_SessionKernel):
         self._load()
 
     def start(self, sub: Sub, rows):
-        if on_host(rows) and self.vip is None:  # a few dozen steps over the new flows
-            flows = sub.seg.index.numpy()[rows.numpy()]
-            keys = sub.keys.numpy()[:, flows]
-            chosen = torch.from_numpy(self.maglev.numpy()[
-                flow_hash(keys[0], keys[1]) % self.backends.size])
-            counts = np.bincount(chosen.numpy(), minlength=len(self.backends.names))
-            self._count(counts.tolist())
-            return chosen
-        flows = take(sub.seg.index, rows)
-        k1, k2 = take(sub.keys[0], flows), take(sub.keys[1], flows)
-        if on_host(k1):  # a few dozen steps over the new flows: numpy's are cheaper
-            hashes = torch.from_numpy(flow_hash(k1.numpy(), k2.numpy()))
-        else:
-            hashes = flow_hash(k1, k2)
-        chosen = take(self.maglev, hashes % self.backends.size)
+        """The backends of the session starts at ``rows`` (-1: not to the VIP); by numpy on a
+        CPU (``rows`` a numpy array: a few dozen steps over the new flows)."""
+        host = isinstance(rows, np.ndarray)
+        index, keys, maglev, dst, dport = arrays(host, sub.seg.index, sub.keys, self.maglev,
+                                                 sub.dst, sub.dport)
+        flows = take(index, rows)
+        chosen = take(maglev, flow_hash(take(keys[0], flows), take(keys[1], flows))
+                      % self.backends.size)
         if self.vip is not None:
-            to_vip = sub.dst[rows] == self.vip[0]
+            to_vip = take(dst, rows) == self.vip[0]
             if self.vip[1]:
-                to_vip &= sub.dport[rows] == self.vip[1]
-            chosen = torch.where(to_vip, chosen, torch.full_like(chosen, -1))
-        self._count(torch.bincount(chosen[chosen >= 0],
-                                   minlength=len(self.backends.names)).tolist())
+                to_vip &= take(dport, rows) == self.vip[1]
+            chosen = pick(to_vip, chosen, -1)
+        chosen_ = chosen[chosen >= 0]
+        counts = np.bincount(chosen_, minlength=len(self.backends.names)) if host else \
+            torch.bincount(chosen_, minlength=len(self.backends.names))
+        self._count(counts.tolist())
         return chosen
 
     def _count(self, counts: list[int]) -> None:
@@ -577,12 +607,13 @@ class LoadBalancerKernel(_SessionKernel):
     def peer(self, sub: Sub):
         return sub.dst, sub.dport
 
-    def rewrite(self, sub, ok, forward, binding, p_ip, p_port, verdict, targets):
+    def rewrite(self, fields, ok, forward, binding, p_ip, p_port, verdict, targets):
+        """The packets' verdicts; ``fields`` (``REWRITTEN``) rewritten in place."""
         bound = ok & (binding >= 0)
         fwd, rev = bound & forward, bound & ~forward
         port = targets[1]
-        sub.dst = pick(fwd, targets[0], sub.dst)
-        sub.dport = pick(fwd & (port > 0), port, sub.dport)
-        sub.src = pick(rev, p_ip, sub.src)
-        sub.sport = pick(rev, p_port, sub.sport)
+        fields["dst"] = pick(fwd, targets[0], fields["dst"])
+        fields["dport"] = pick(fwd & (port > 0), port, fields["dport"])
+        fields["src"] = pick(rev, p_ip, fields["src"])
+        fields["sport"] = pick(rev, p_port, fields["sport"])
         return verdict

@@ -6,11 +6,12 @@ like every NF's (``kernels._Stateful``).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from . import states as st
 from .kernels import Sub, _Stateful
-from .ops import pick, take
+from .ops import arrays, at_least, on_host, pick, take, tensor
 
 
 class MonitorKernel(_Stateful):
@@ -26,24 +27,32 @@ class MonitorKernel(_Stateful):
     def process(self, sub: Sub):
         seg = sub.seg
         existed = self._flows(sub)
-        size = torch.zeros(seg.count, dtype=torch.int64, device=self.device)
+        host = on_host(sub.ts) and seg.count > 0  # segmented sums over the runs by numpy
+        if host:
+            first, last, wire = seg.first.numpy(), seg.last.numpy(), sub.wire.numpy()
+            live = None if sub.live is None else sub.live.numpy()
+            count = last - first + 1 if live is None else \
+                np.add.reduceat(live.view(np.uint8), first, dtype=np.int64)
+            size = np.add.reduceat(wire if live is None else wire * live, first)
+        else:
+            size = torch.zeros(seg.count, dtype=torch.int64, device=self.device)
+            count = torch.bincount(seg.index, minlength=seg.count) if sub.live is None else \
+                torch.zeros_like(size).index_add_(0, seg.index, sub.live.long())
+            size.index_add_(0, seg.index, sub.wire if sub.live is None else sub.wire * sub.live)
         if sub.live is None:
-            count = torch.bincount(seg.index, minlength=seg.count)
-            size.index_add_(0, seg.index, sub.wire)
             head, tail, keep = seg.first, seg.last, None
         else:  # only the live packets count; a flow with none is left as it was
-            count = torch.zeros_like(size).index_add_(0, seg.index, sub.live.long())
-            size.index_add_(0, seg.index, sub.wire * sub.live)
             head, tail = seg.ends_of(sub.live)
-            keep = existed | (count > 0)
-        last = take(sub.ts, torch.clamp(tail, min=0))
+            keep = existed | tensor(count > 0)
+        ts, head, tail, existed_, packets, size_, first_seen, last_seen = arrays(
+            host, sub.ts, head, tail, existed, self._column(sub, "packets"),
+            self._column(sub, "bytes"), self._column(sub, "first"), self._column(sub, "last"))
+        last = take(ts, at_least(tail, 0))
         self._store(sub, existed, keep,
-                    {"packets": self._column(sub, "packets") + count,
-                     "bytes": self._column(sub, "bytes") + size,
-                     "first": pick(existed, self._column(sub, "first"),
-                                   take(sub.ts, torch.clamp(head, max=sub.ts.shape[0] - 1))),
-                     "last": last if keep is None else pick(count > 0, last,
-                                                            self._column(sub, "last"))})
+                    {"packets": packets + count, "bytes": size_ + size,
+                     "first": pick(existed_, first_seen,
+                                   take(ts, pick(head < ts.shape[0], head, ts.shape[0] - 1))),
+                     "last": last if keep is None else pick(count > 0, last, last_seen)})
         return torch.zeros_like(sub.ts)
 
     def takes_live(self, sub: Sub) -> bool:

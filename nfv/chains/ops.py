@@ -17,7 +17,9 @@ import torch
 
 
 def take(x, idx):
-    """``x[idx]`` for a 1-D ``x`` and integer ``idx`` of any shape."""
+    """``x[idx]`` for a 1-D ``x`` and integer ``idx`` of any shape (tensors, or numpy arrays)."""
+    if isinstance(x, np.ndarray):
+        return x.take(idx)
     if idx.dim() == 1:
         return torch.index_select(x, 0, idx)
     return torch.index_select(x, 0, idx.reshape(-1)).view(idx.shape)
@@ -35,11 +37,41 @@ def on_host(x) -> bool:
     return HOST and x.device.type == "cpu"
 
 
+def arrays(host: bool, *xs):
+    """``xs`` (tensors, or None) as numpy arrays over their memory where ``host``, else as
+    they are: a step written once with this module's helpers and operators runs either."""
+    return tuple(x.numpy() if host and x is not None else x for x in xs)
+
+
+def tensor(x):
+    """``x`` as a tensor (a numpy array's over its memory)."""
+    return torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+
+
+def nonzero(mask):
+    """The positions of a 1-D mask's set entries."""
+    if isinstance(mask, np.ndarray):
+        return np.flatnonzero(mask)
+    return torch.nonzero(mask).squeeze(1)
+
+
+def stack(xs):
+    """``xs`` (1-D, one length) as the rows of one 2-D array."""
+    return np.stack(xs) if isinstance(xs[0], np.ndarray) else torch.stack(xs)
+
+
+def at_least(x, low: int):
+    """``x`` clamped below at ``low``."""
+    return np.maximum(x, low) if isinstance(x, np.ndarray) else torch.clamp(x, min=low)
+
+
 def take_columns(x, idx):
     """``x[:, idx]`` for a 2-D ``x``: ``gather`` along dimension 1 (measured on one core,
     [9, 8k] int64: 50 us, against 180 us for ``index_select`` along it), on a CPU from
     ``NUMPY_FROM`` elements numpy's ``take`` along axis 1 over the tensors' memory
-    ([8, 64k]: 0.5 ms against 0.9 ms)."""
+    ([8, 64k]: 0.5 ms against 0.9 ms); numpy's ``take`` over numpy arrays."""
+    if isinstance(x, np.ndarray):
+        return np.take(x, idx, axis=1)
     if x.device.type == "cpu" and x.shape[0] * idx.numel() >= NUMPY_FROM:
         return torch.from_numpy(np.take(x.numpy(), idx.numpy(), axis=1))
     return torch.gather(x, 1, idx.expand(x.shape[0], -1))
@@ -67,13 +99,19 @@ def put_rows_t(x, idx, values) -> None:
 
 def put_columns(x, idx, values) -> None:
     """``x[:, idx] = values`` for 2-D ``x`` and ``values`` and distinct ``idx``."""
-    x.scatter_(1, idx.expand(x.shape[0], -1), values)
+    if isinstance(x, np.ndarray):
+        x[:, idx] = values
+    else:
+        x.scatter_(1, idx.expand(x.shape[0], -1), values)
 
 
 def put(x, idx, values) -> None:
     """``x[idx] = values`` for 1-D ``x``, ``idx`` and ``values`` (with repeated indices,
     one of their values is kept)."""
-    x.scatter_(0, idx, values)
+    if isinstance(x, np.ndarray):
+        x[idx] = values
+    else:
+        x.scatter_(0, idx, values)
 
 
 WHERE_BELOW = 1 << 15  # elements under which torch.where is the faster select
@@ -82,7 +120,9 @@ WHERE_BELOW = 1 << 15  # elements under which torch.where is the faster select
 def pick(cond, a, b):
     """``torch.where(cond, a, b)`` for int64 ``a``/``b`` (tensors or ints, one a tensor)
     and a bool ``cond``: ``torch.where`` on fewer than ``WHERE_BELOW`` elements, else
-    ``b + (a - b) * cond``, exact in two's complement."""
+    ``b + (a - b) * cond``, exact in two's complement; ``np.where`` over numpy arrays."""
+    if isinstance(cond, np.ndarray):
+        return np.where(cond, a, b)
     if cond.numel() < WHERE_BELOW:
         return torch.where(cond, a, b)
     return b + (a - b) * cond
@@ -97,8 +137,8 @@ def sort_values(x):
 
 
 def spread(values, rows, like):
-    """``values`` at positions ``rows`` of a tensor shaped like ``like``, -1 elsewhere."""
-    out = torch.full_like(like, -1)
+    """``values`` at positions ``rows`` of an array shaped like ``like``, -1 elsewhere."""
+    out = np.full_like(like, -1) if isinstance(like, np.ndarray) else torch.full_like(like, -1)
     out[rows] = values
     return out
 
@@ -117,5 +157,7 @@ def stable_order(values, bound: int):
     shift = max(n - 1, 1).bit_length()
     if bound.bit_length() + shift > 63:
         raise ValueError(f"values below {bound} cannot be packed with {n} positions")
+    if isinstance(values, np.ndarray):
+        return np.sort((values << shift) | np.arange(n)) & ((1 << shift) - 1)
     packed = sort_values((values << shift) | torch.arange(n, device=values.device))
     return packed & ((1 << shift) - 1)

@@ -57,7 +57,11 @@ class Segments:
     @property
     def pos(self):
         """[n] position of each packet within its segment (computed once, when asked)."""
-        if self.cached_pos is None:
+        if self.cached_pos is None and on_host(self.index):
+            index = self.index.numpy()
+            self.cached_pos = torch.from_numpy(np.arange(index.shape[0])
+                                               - self.first.numpy()[index])
+        elif self.cached_pos is None:
             self.cached_pos = torch.arange(self.index.shape[0], device=self.index.device) \
                 - take(self.first, self.index)
         return self.cached_pos
@@ -71,9 +75,11 @@ class Segments:
         """``values`` per segment ([rows, count]) for every packet ([rows, n]): a gather by
         ``index``; on a CPU numpy's repeat by the segments' lengths (they are contiguous
         runs), which moves the same values without reading an index per packet."""
-        if on_host(values):
-            return torch.from_numpy(np.repeat(values.numpy(), (self.last - self.first + 1).numpy(),
-                                              axis=1))
+        numpy = isinstance(values, np.ndarray)  # numpy's in, numpy's out
+        if numpy or on_host(values):
+            got = np.repeat(values if numpy else values.numpy(),
+                            (self.last - self.first + 1).numpy(), axis=1)
+            return got if numpy else torch.from_numpy(got)
         return take_columns(values, self.index)
 
     def ends_of(self, mask):
@@ -396,8 +402,12 @@ def scan_to_fixed_point(next_table, timeouts, cls, gap, seg: Segments, s0):
 
 def last_marked(mask, seg: Segments):
     """For each packet, the position of the latest marked packet at or before it in its
-    segment, or -1."""
+    segment, or -1 (tensors, or numpy arrays)."""
     n = mask.shape[0]
+    if isinstance(mask, np.ndarray):
+        latest = np.maximum.accumulate(np.where(mask, np.arange(n), -1)) if n else \
+            np.zeros(0, dtype=np.int64)
+        return np.where(latest >= seg.first.numpy()[seg.index.numpy()], latest, -1)
     marks = torch.where(mask, torch.arange(n, device=mask.device),
                         torch.full((n,), -1, dtype=torch.int64, device=mask.device))
     latest = torch.cummax(marks, 0).values if n else marks
