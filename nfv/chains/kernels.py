@@ -121,21 +121,22 @@ class _Stateful:
 
     def _store(self, sub: Sub, existed, keep, values: dict):
         """Write per-flow ``values`` into the batch's rows (every flow: the holder bit
-        says which are kept; ``keep`` None: all)."""
-        now = self._get(sub, HOLDERS)
-        keep = tensor(keep)
-        values = {name: tensor(value) for name, value in values.items()}
+        says which are kept; ``keep`` None: all); by numpy over their memory on a CPU."""
+        host = on_host(sub.state)
+        state, existed, keep = arrays(host, sub.state, existed, keep)
+        rows = arrays(host, *values.values())
+        h = self.table.index[HOLDERS]
         if keep is None:
             if not bool(existed.all()):
-                self._set(sub, HOLDERS, now | self.bit)
+                state[h] |= self.bit
         else:
-            self._set(sub, HOLDERS, (now & ~self.bit) | (keep * self.bit))
+            state[h] = (state[h] & ~self.bit) | keep * self.bit
         at = [self.table.index[self.names[name]] for name in values]
         if at == list(range(at[0], at[0] + len(at))):  # adjacent columns: one write
-            torch.stack(list(values.values()), out=sub.state[at[0]:at[0] + len(at)])
+            stack(rows, out=state[at[0]:at[0] + len(at)])
         else:
-            for name, value in values.items():
-                self._set(sub, self.names[name], value)
+            for j, row in zip(at, rows):
+                state[j] = row
 
     def held_slots(self):
         """The slots of the flows the NF keeps."""

@@ -38,9 +38,9 @@ def on_host(x) -> bool:
 
 
 def arrays(host: bool, *xs):
-    """``xs`` (tensors, or None) as numpy arrays over their memory where ``host``, else as
-    they are: a step written once with this module's helpers and operators runs either."""
-    return tuple(x.numpy() if host and x is not None else x for x in xs)
+    """``xs`` (tensors, numpy arrays or None) as numpy arrays (a tensor's over its memory)
+    where ``host``, else as they are: a step written once with this module's helpers and operators runs either."""
+    return tuple(x.numpy() if host and isinstance(x, torch.Tensor) else x for x in xs)
 
 
 def tensor(x):
@@ -55,9 +55,9 @@ def nonzero(mask):
     return torch.nonzero(mask).squeeze(1)
 
 
-def stack(xs):
-    """``xs`` (1-D, one length) as the rows of one 2-D array."""
-    return np.stack(xs) if isinstance(xs[0], np.ndarray) else torch.stack(xs)
+def stack(xs, out=None):
+    """``xs`` (1-D, one length) as the rows of one 2-D array (into ``out``, if given)."""
+    return np.stack(xs, out=out) if isinstance(xs[0], np.ndarray) else torch.stack(xs, out=out)
 
 
 def at_least(x, low: int):

@@ -277,7 +277,13 @@ def rewrite_checksum_rows(old, new, csums, proto):
     d_addr = d[0] + d[1] - 1
     total = d_addr - csums
     total[1] += d[2] + d[3]
-    out = 0xFFFE - total % 0xFFFF  # Python's modulus (never negative) for both kinds
+    # 0xFFFE - total mod 0xFFFF (Python's modulus, never negative, for both kinds), the
+    # modulus as total - floor(total / 0xFFFF) * 0xFFFF: numpy divides by a constant with a
+    # multiply, about twice as fast as its remainder; in place, without temporaries
+    out = total // 0xFFFF
+    out *= 0xFFFF
+    out -= total
+    out += 0xFFFE
     # the rare cases, each looked for with one test before any work over the batch
     if bool((csums == 0xFFFF).any()):  # x >= 0xFFFF - csum: a zero sum needs 0xFFFF
         zero = ((out == 0) & (csums == 0xFFFF)).any(0)
