@@ -59,7 +59,8 @@ from .keys import key_table, row_hash
 from .pcap import ACK, FIN, RST, SYN, TCP
 
 SEQ_MOD = 1 << 32
-RELEASE_STEP = 8 << 20  # capture bytes copied between two releases of its pages
+RELEASE_STEP = 2 << 20  # capture bytes copied between two releases of its pages
+GATHER_STEP = 8192  # segments copied per step (their offsets as Python ints)
 
 
 @dataclass(slots=True)
@@ -115,10 +116,13 @@ class Assembled:
 
 
 def assemble(cols: PacketColumns, stats: Counter, *, idle_timeout_us: int = 60_000_000,
-             window_bytes: int = 1 << 20, per_packet: bool = False) -> Assembled:
+             window_bytes: int = 1 << 20, per_packet: bool = False,
+             keys: tuple[np.ndarray, ...] | list[np.ndarray] | None = None) -> Assembled:
     """Flows and messages of the decoded packets of ``cols`` (see the module docstring).
 
     ``per_packet=True`` sends every packet through ``FlowTable`` (the reference).
+    ``keys``: ``keys.key_table`` of the decoded rows and its ``keys.row_hash``, where the
+    caller has them (as a list: handed over, emptied once the packets are grouped).
     """
     rows = np.flatnonzero(cols.reason == OK)
     if per_packet or len(rows) == 0:
@@ -127,17 +131,19 @@ def assemble(cols: PacketColumns, stats: Counter, *, idle_timeout_us: int = 60_0
             table.add(pkt)
         table.close_all()
         return Assembled(table.flows, MessageColumns.of(table.messages), stats, 0)
-    parts, clean_flows = assemble_parts(cols, rows, stats, idle_timeout_us, window_bytes)
+    parts, clean_flows = assemble_parts(cols, rows, stats, idle_timeout_us, window_bytes, keys)
     return merge_parts(parts, stats, clean_flows)
 
 
 def assemble_parts(cols: PacketColumns, rows: np.ndarray, stats: Counter, idle_timeout_us: int,
-                   window_bytes: int, keys: tuple[np.ndarray, ...] | None = None
+                   window_bytes: int,
+                   keys: tuple[np.ndarray, ...] | list[np.ndarray] | None = None
                    ) -> tuple[list[Part], int]:
     """The parts ``merge_parts`` joins for the packets ``rows`` of ``cols`` (every packet of
     a 5-tuple among them, in capture order), and how many flows were clean. Their packet
     positions (``Part.flow_at``, ``Part.msg_at``) index ``rows``. ``keys``: ``key_table``
-    of ``rows`` where the caller has it (and, third, its ``row_hash``)."""
+    of ``rows`` where the caller has it (and, third, its ``row_hash``; a list is emptied
+    once the packets are grouped)."""
     p = _Packets(cols, rows, keys)
     clean, plan = _clean_keys(p, idle_timeout_us)
     part, rejected = _clean_flows(p, plan, clean)
@@ -151,9 +157,15 @@ class _Packets:
     """The decoded packets, their 5-tuple keys and their order within each key."""
 
     def __init__(self, cols: PacketColumns, rows: np.ndarray,
-                 keys: tuple[np.ndarray, ...] | None = None):
+                 keys: tuple[np.ndarray, ...] | list[np.ndarray] | None = None):
         self.cols, self.rows, self.n = cols, rows, len(rows)
-        table, src_low, *known = keys if keys is not None else key_table(cols, rows)
+        if keys is None:
+            keys = key_table(cols, rows)
+        elif isinstance(keys, list):  # handed over: emptied, so the table goes once grouped
+            keys, handed = tuple(keys), keys
+            handed.clear()
+        table, src_low, *known = keys
+        del keys
         first, inverse = _group_rows(table, *known)
         # number keys by their first packet (the flow table's order of first appearance)
         rank = np.empty(len(first), dtype=np.int64)
@@ -294,20 +306,63 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[Part, np.
     """Flows and messages of the clean keys; the keys whose framing must run packet by packet
     after all (returned as a mask)."""
     cols, o = p.cols, plan.o
+    candidates = np.flatnonzero(clean)
+    # the flow records of every clean key (those framing rejects are dropped after), from
+    # the key table's addresses: then the per-packet columns no later step reads are let
+    # go, before the streams take their room
+    states = _flow_states(p, plan, candidates, _endpoints(p, clean))
+    del p.flags, p.wire, p.seq, p.size, p.proto, p.src_low, p.ends, plan.direction
     keep = clean[plan.seg_group // 2]
-    ends = _endpoints(p, clean)  # read before the gather releases the capture's pages
-    streams = _gather(cols, p.rows[o[plan.seg_pos[keep]]])
     # offsets of each clean group's stream within ``streams``
     kept_len = np.bincount(plan.seg_group[keep], weights=plan.seg_end[keep] - plan.seg_start[keep],
                            minlength=len(plan.group_bytes)).astype(np.int64)
     local_base = np.cumsum(kept_len) - kept_len
-    rejected = np.zeros(len(clean), dtype=bool)
-    # (start, length, header_len, closing) per message, flat: no tuple kept per message
-    framed = array("q")
-    groups: list[int] = []  # per (key, direction) framed: 2 * key + direction
-    counts: list[int] = []  # its messages
-    for k, base0, n0, base1, n1 in zip(np.flatnonzero(clean).tolist(),
-                                       *_pairs(local_base, kept_len, clean)):
+    streams = _gather(cols, p.rows[o[plan.seg_pos[keep]]])
+    del keep, plan.seg_group
+    rejected, framed, groups, counts = _frame(streams, candidates, local_base, kept_len,
+                                              len(clean))
+    if not framed:
+        return Part([], [], MessageColumns.of([]), np.zeros(0, dtype=np.int64)), rejected
+    table = np.frombuffer(framed, dtype=np.int64).reshape(-1, 4)
+    group = np.repeat(np.asarray(groups, dtype=np.int64), counts)
+    key, d = group // 2, group % 2
+    start, length, header = table[:, 0], table[:, 1], table[:, 2]
+    closing = table[:, 3].astype(bool)
+    packets, when, ts, header_pos = _completions(p, plan, key, d, start, length, header,
+                                                 closing)
+    at = local_base[group] + start  # each message in ``streams``
+    digit = np.frombuffer(streams, dtype=np.uint8)[np.minimum(at + 9, max(len(streams) - 1, 0))]
+    rejected |= _unpaired(key, d, closing, header_pos, digit, len(rejected))
+    ok = ~rejected[key]
+    order = np.lexsort((start, d, closing, when))
+    order = order[ok[order]]
+    keys = np.flatnonzero(clean & ~rejected)
+    flows = [flow for flow, bad in zip(states, rejected[candidates].tolist()) if not bad]
+    for flow_id, flow in enumerate(flows):
+        flow.id = flow_id
+    fid = np.full(len(clean), -1, dtype=np.int64)
+    fid[keys] = np.arange(len(keys))
+    messages = MessageColumns(flow=fid[key[order]], direction=d[order], start=at[order],
+                              length=length[order], header_len=header[order],
+                              kind=np.where(d[order] == 0, REQUEST, RESPONSE),
+                              ts_us=ts[order], packets=packets[order], buffer=streams)
+    return Part(flows, o[p.bounds[keys]].tolist(), messages, when[order]), rejected
+
+
+def _frame(streams, candidates: np.ndarray, local_base: np.ndarray, kept_len: np.ndarray,
+           n_keys: int) -> tuple[np.ndarray, array, list[int], list[int]]:
+    """``http.frame_whole`` over both streams of each key of ``candidates`` (the request
+    stream first): the keys it rejects (a mask over ``n_keys``); (start, length,
+    header_len, closing) per message framed, flat; per (key, direction) framed, in order,
+    ``2 * key + direction`` and its number of messages."""
+    rejected = np.zeros(n_keys, dtype=bool)
+    framed = array("q")  # flat: no tuple kept per message
+    groups: list[int] = []
+    counts: list[int] = []
+    for k, base0, n0, base1, n1 in zip(candidates.tolist(), local_base[2 * candidates].tolist(),
+                                       kept_len[2 * candidates].tolist(),
+                                       local_base[2 * candidates + 1].tolist(),
+                                       kept_len[2 * candidates + 1].tolist()):
         methods: deque = deque()
         requests = frame_whole(streams, REQUEST, methods, base0, base0 + n0)
         responses = None if requests is None else frame_whole(streams, RESPONSE, methods,
@@ -319,13 +374,17 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[Part, np.
         framed.extend(chain.from_iterable(responses))
         groups += (2 * k, 2 * k + 1)
         counts += (len(requests), len(responses))
-    if not framed:
-        return Part([], [], MessageColumns.of([]), np.zeros(0, dtype=np.int64)), rejected
-    table = np.frombuffer(framed, dtype=np.int64).reshape(-1, 4)
-    group = np.repeat(np.asarray(groups, dtype=np.int64), counts)
-    key, d = group // 2, group % 2
-    start, length, header = table[:, 0], table[:, 1], table[:, 2]
-    closing = table[:, 3].astype(bool)
+    return rejected, framed, groups, counts
+
+
+def _completions(p: _Packets, plan: _Plan, key, d, start, length, header, closing
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per framed message (its key, direction, place in its stream, header length and
+    whether its body is close-delimited): the packets it spans (not counted by an earlier
+    message), the decoded-packet position that completes it (``n`` + the key's first
+    packet for a close-delimited body of a flow that never ends), its timestamp, and the
+    key-order position of the packet holding its header's last byte."""
+    o, n = plan.o, p.n
     base = plan.group_base[2 * key + d]
     # the packet holding each message's last byte, and its header's last byte
     last_seg = np.searchsorted(plan.seg_end, base + start + length - 1, side="right")
@@ -347,29 +406,12 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[Part, np.
     packets[emit] = upto_e - prev
     # when each message completes: its last packet, or the flow's end
     done = plan.done[key]
-    ended = done < p.n
-    first_pos = p.bounds[key]
-    last_of_key = p.bounds[key + 1] - 1
-    end_pos = np.where(ended, done, last_of_key)
-    when = np.where(closing, np.where(ended, o[np.minimum(done, p.n - 1)], p.n + o[first_pos]),
+    ended = done < n
+    end_pos = np.where(ended, done, p.bounds[key + 1] - 1)
+    when = np.where(closing, np.where(ended, o[np.minimum(done, n - 1)], n + o[p.bounds[key]]),
                     o[last_pos])
-    ts_sorted = p.ts[o]
-    ts = np.where(closing, ts_sorted[end_pos], ts_sorted[last_pos])
-    at = local_base[2 * key + d] + start  # each message in ``streams``
-    digit = np.frombuffer(streams, dtype=np.uint8)[np.minimum(at + 9, max(len(streams) - 1, 0))]
-    rejected |= _unpaired(key, d, closing, header_pos, digit, len(rejected))
-    ok = ~rejected[key]
-    order = np.lexsort((start, d, closing, when))
-    order = order[ok[order]]
-    keys = np.flatnonzero(clean & ~rejected)
-    flows = _flow_states(p, plan, keys, ends)
-    fid = np.full(len(clean), -1, dtype=np.int64)
-    fid[keys] = np.arange(len(keys))
-    messages = MessageColumns(flow=fid[key[order]], direction=d[order], start=at[order],
-                              length=length[order], header_len=header[order],
-                              kind=np.where(d[order] == 0, REQUEST, RESPONSE),
-                              ts_us=ts[order], packets=packets[order], buffer=streams)
-    return Part(flows, o[p.bounds[keys]].tolist(), messages, when[order]), rejected
+    ts = p.ts[o[np.where(closing, end_pos, last_pos)]]
+    return packets, when, ts, header_pos
 
 
 def _gather(cols: PacketColumns, rows: np.ndarray) -> bytes | mmap.mmap:
@@ -389,21 +431,16 @@ def _gather(cols: PacketColumns, rows: np.ndarray) -> bytes | mmap.mmap:
     out = mmap.mmap(-1, total)
     view = memoryview(cols.blob)
     release = RELEASE_STEP
-    for a, n, d in zip(off[order].tolist(), size[order].tolist(), dest[order].tolist()):
-        if a > release:
-            release_pages(cols.blob, a)
-            release = a + RELEASE_STEP
-        out[d:d + n] = view[a:a + n]
+    for at in range(0, len(order), GATHER_STEP):  # Python ints for a step of segments at once
+        step = order[at:at + GATHER_STEP]
+        for a, n, d in zip(off[step].tolist(), size[step].tolist(), dest[step].tolist()):
+            if a > release:
+                release_pages(cols.blob, a)
+                release = a + RELEASE_STEP
+            out[d:d + n] = view[a:a + n]
     view.release()
     release_pages(cols.blob)
     return out
-
-
-def _pairs(local_base: np.ndarray, kept_len: np.ndarray, clean: np.ndarray):
-    """Per clean key: where its request and its response stream lie in ``streams``."""
-    keys = np.flatnonzero(clean)
-    return (local_base[2 * keys].tolist(), kept_len[2 * keys].tolist(),
-            local_base[2 * keys + 1].tolist(), kept_len[2 * keys + 1].tolist())
 
 
 def _unpaired(key, d, closing, header_pos, status_digit, n_keys: int) -> np.ndarray:

@@ -63,6 +63,7 @@ LINKTYPES = {DLT_NULL, DLT_EN10MB, DLT_RAW, DLT_LOOP, DLT_LINUX_SLL, DLT_IPV4, D
 
 MAX_CAPLEN = 262_144  # libpcap's MAXIMUM_SNAPLEN for every supported link type
 MAX_PACKET_BLOCK = 28 + MAX_CAPLEN + 65_536  # an EPB: header, the data, generous options
+WALK_STEP = 8 << 20  # capture bytes walked between two releases of their pages
 RECORD_REASONS = ("truncated_file", "oversized_record", "bad_record_header")
 DAY_S = 86_400
 
@@ -166,11 +167,23 @@ _TRIM: list = []
 
 
 def span_table(path: str | Path, data, malformed: Counter) -> np.ndarray:
-    """``spans`` as one [records, 4] int64 array (timestamp, offset, length, link type)."""
+    """``spans`` as one [records, 4] int64 array (timestamp, offset, length, link type).
+    The walk reads every page of the capture; the pages it has passed are released a
+    ``WALK_STEP`` at a time (``release_pages``), so a mapped capture is never resident
+    whole."""
     path = Path(path)
     if bytes(data[:4]) in PCAP_MAGICS:
         return _pcap_table(path, data, malformed)
-    return np.array(list(_pcapng(path, data, malformed)), dtype=np.int64).reshape(-1, 4)
+    table = array("q")
+    blocks = _pcapng(path, data, malformed)
+    release = WALK_STEP
+    for record in blocks:
+        table.extend(record)
+        if record[1] > release:
+            release_pages(data, record[1])
+            release = record[1] + WALK_STEP
+    release_pages(data)
+    return np.frombuffer(table, dtype=np.int64).reshape(-1, 4)
 
 
 def spans(path: str | Path, data, malformed: Counter) -> Iterator[tuple[int, int, int, int]]:
@@ -194,7 +207,15 @@ def _pcap_table(path: Path, data, malformed: Counter) -> np.ndarray:
     readable record. The walk is one tight loop that keeps where each header starts; the
     headers' fields are then read as arrays."""
     layout = pcap_layout(path, data)
-    return pcap_rows(data, layout, walk_pcap(data, layout, 24, len(data), None, malformed).heads)
+    tables = [np.zeros((0, 4), dtype=np.int64)]
+    pos, last_sec = 24, None
+    while pos is not None:  # a step at a time: its rows read while its pages are resident
+        walk = walk_pcap(data, layout, pos, min(pos + WALK_STEP, len(data)), last_sec,
+                         malformed)
+        tables.append(pcap_rows(data, layout, walk.heads))
+        pos, last_sec = walk.next_pos, walk.last_sec
+        release_pages(data, pos)
+    return np.concatenate(tables)
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,7 +86,7 @@ class PacketColumns:
 
     def take(self, rows: np.ndarray) -> PacketColumns:
         """The columns of ``rows`` alone (copies), over the same buffer."""
-        fields = {name: getattr(self, name)[rows] for name in _ROW_FIELDS}
+        fields = {name: getattr(self, name)[rows] for name in ROW_FIELDS}
         return PacketColumns(**fields, blob=self.blob, buf=self.buf, reasons=self.reasons,
                              fallback=self.fallback,
                              http_start=None if self.http_start is None else self.http_start[rows])
@@ -120,7 +120,7 @@ class PacketColumns:
                          blob[po:po + pl], wire)
 
 
-_ROW_FIELDS = ("ts_us", "wire_bytes", "reason", "proto", "addr_len", "src_off", "dst_off",
+ROW_FIELDS = ("ts_us", "wire_bytes", "reason", "proto", "addr_len", "src_off", "dst_off",
                "sport", "dport", "flags", "seq", "payload_off", "payload_len")
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from .columnar import PacketColumns
 
+KEY_WIDTH = 8  # key_table's columns: protocol, address length, two endpoints of 3 words
 GATHER_ROWS = 1 << 15  # packets whose addresses are gathered at once (index: <= 8 MB)
 
 

@@ -30,14 +30,13 @@ import numpy as np
 
 from .capture import release_pages
 from .columnar import OK, REASONS, PacketColumns, decode_records, http_starts
-from .keys import key_table, row_hash
+from .keys import KEY_WIDTH, key_table, row_hash
 
 _FIELDS = (("ts_us", np.int64), ("wire_bytes", np.int64), ("reason", np.int16),
            ("proto", np.uint8), ("addr_len", np.int64), ("src_off", np.int64),
            ("dst_off", np.int64), ("sport", np.int64), ("dport", np.int64),
            ("flags", np.uint8), ("seq", np.int64), ("payload_off", np.int64),
            ("payload_len", np.int64))
-KEY_WIDTH = 8  # key_table's columns: protocol, address length, two endpoints of 3 words
 DECODE_STEP = 16384  # records decoded at once: their pages and temporaries, a few MB
 
 

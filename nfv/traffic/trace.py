@@ -19,9 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from .assemble import Assembled, assemble
-from .capture import open_mapped, span_table
-from .columnar import PacketColumns, decode_records
+from .capture import open_mapped, release_pages, span_table
+from .columnar import OK, REASONS, ROW_FIELDS, PacketColumns, decode_records, http_starts
+from .keys import KEY_WIDTH, key_table, row_hash
 from .pcap import RECORD_REASONS, TCP, MalformedCounts, address_text
+
+DECODE_STEP = 16384  # records decoded at once: their pages and temporaries, a few MB
 
 PROTO_NAMES = {6: "tcp", 17: "udp"}
 
@@ -147,7 +150,9 @@ def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0, per_packet: bo
 
         table = assemble_sharded(cols, stats, workers, idle_timeout_us=idle_us)
     else:
-        table = assemble(cols, stats, idle_timeout_us=idle_us, per_packet=per_packet)
+        keys, capture.keys = capture.keys, None  # handed over: grouping lets the table go
+        table = assemble(cols, stats, idle_timeout_us=idle_us, per_packet=per_packet,
+                         keys=keys)
     trace = trace_of(str(path), table, capture.packets, capture.wire_bytes, malformed, stats)
     trace.stages_s = {**capture.stages_s, "flows": time.perf_counter() - t2}
     return trace
@@ -162,19 +167,76 @@ class Capture:
     packets: int  # every record of the file: the frames read, and those never yielded
     wire_bytes: int
     stages_s: dict[str, float]  # read, decode: seconds
+    # where known: the decoded rows' ``keys.key_table`` (table, source is lower) and its
+    # ``keys.row_hash``, a list that flow building empties once it has grouped the packets
+    keys: list[np.ndarray] | None = None
 
 
 def read_capture(path: str | Path) -> Capture:
     """Map ``path``, walk its records (``capture.span_table``) and decode their headers as
-    columns (``columnar.decode_records``) over the mapping itself (no copy of the file).
+    columns over the mapping itself (no copy of the file), with each decoded packet's
+    5-tuple key and whether its payload starts like an HTTP request (``decode_steps``).
     ``BadInput`` when it is not a pcap/pcapng."""
     malformed = MalformedCounts()
     t0 = time.perf_counter()
     data, records = walk_capture(path, malformed)
     t1 = time.perf_counter()
-    cols = decode_records(data, records, copy=False)
+    decoded = decode_steps(data, records)
+    cols, keys = decoded if decoded is not None else (decode_records(data, records, copy=False),
+                                                      None)
     del records, data
-    return capture_of(cols, malformed, {"read": t1 - t0, "decode": time.perf_counter() - t1})
+    capture = capture_of(cols, malformed, {"read": t1 - t0, "decode": time.perf_counter() - t1})
+    capture.keys = keys
+    return capture
+
+
+def decode_steps(data, records: np.ndarray, step: int = DECODE_STEP
+                 ) -> tuple[PacketColumns, list[np.ndarray]] | None:
+    """``columnar.decode_records(data, records, copy=False)`` a ``step`` of records at a
+    time, each step's decoded rows keyed (``keys.key_table``, ``keys.row_hash``) and their
+    HTTP starts read (``columnar.http_starts``) while its pages are resident, which are
+    then released (``capture.release_pages``): flow building reads the mapped capture
+    again only for payloads. The columns and the keys of the decoded rows, equal to one
+    decoding's; None for no records, or where the reference decoder's fields need bytes
+    appended to the buffer (then only one decoding of all records can hold them)."""
+    n = len(records)
+    if n == 0:
+        return None
+    columns: dict[str, np.ndarray] = {}
+    reasons = list(REASONS)
+    http = np.zeros(n, dtype=bool)
+    key = np.empty((n, KEY_WIDTH), dtype=np.uint64)  # pages past the decoded rows: untouched
+    src_low = np.empty(n, dtype=bool)
+    hashes = np.empty(n, dtype=np.uint64)
+    decoded = fallback = 0
+    for start in range(0, n, step):
+        stop = min(start + step, n)
+        cols = decode_records(data, records[start:stop], copy=False)
+        if cols.blob is not data:
+            return None
+        if len(cols.reasons) > len(REASONS):  # the reference decoder's own reasons, renumbered
+            for reason in cols.reasons[len(REASONS):]:
+                if reason not in reasons:
+                    reasons.append(reason)
+            codes = np.array([reasons.index(r) for r in cols.reasons], dtype=np.int16)
+            cols.reason = codes[cols.reason]
+        for name in ROW_FIELDS:
+            value = getattr(cols, name)
+            if name not in columns:
+                columns[name] = np.empty(n, dtype=value.dtype)
+            columns[name][start:stop] = value
+        fallback += cols.fallback
+        ok = np.flatnonzero(cols.reason == OK)
+        table, low = key_table(cols, ok)
+        end = decoded + len(ok)
+        key[decoded:end], src_low[decoded:end], hashes[decoded:end] = table, low, row_hash(table)
+        http[start + ok] = http_starts(cols, ok)
+        decoded = end
+        del cols, table
+        release_pages(data, int(records[stop - 1, 1] + records[stop - 1, 2]))
+    cols = PacketColumns(**columns, blob=data, buf=np.frombuffer(data, dtype=np.uint8),
+                         reasons=reasons, fallback=fallback, http_start=http)
+    return cols, [key[:decoded], src_low[:decoded], hashes[:decoded]]
 
 
 def walk_capture(path: str | Path, malformed: MalformedCounts) -> tuple[mmap.mmap, np.ndarray]:

@@ -22,9 +22,17 @@ import numpy as np
 import pytest
 
 from dl_nfv.artifacts.errors import BadInput
-from dl_nfv.nfv.traffic.columnar import decode_frames, http_starts, read_columns
+from dl_nfv.nfv.traffic.columnar import (
+    REASONS,
+    ROW_FIELDS,
+    decode_frames,
+    decode_records,
+    http_starts,
+    read_columns,
+)
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
 from dl_nfv.nfv.traffic.http import METHODS, looks_like_http_request
+from dl_nfv.nfv.traffic.keys import key_table, row_hash
 from dl_nfv.nfv.traffic.pcap import (
     DLT_EN10MB,
     DLT_IPV6,
@@ -37,6 +45,7 @@ from dl_nfv.nfv.traffic.pcap import (
     decode,
     read_frames,
 )
+from dl_nfv.nfv.traffic.trace import decode_steps
 
 from .helpers import DATA, tcp_frame
 from .test_pcap_fuzz import PCAP_KINDS, PCAPNG_KINDS, pcap_case, pcapng_case
@@ -157,10 +166,15 @@ def test_every_link_type_and_the_frames_left_to_the_reference():
 
 def test_corrupted_frames():
     """Seeded cuts, byte changes and random bytes over good frames of every link type."""
-    rng = random.Random(11)
+    assert_same(_corrupted_records(random.Random(11), 4000))
+
+
+def _corrupted_records(rng: random.Random, n: int) -> list[tuple[int, bytes, int]]:
+    """``n`` good frames of every link type, each cut, changed in a few bytes or replaced
+    by random bytes (seeded)."""
     good = _frames_by_link()
     records = []
-    for k in range(4000):
+    for k in range(n):
         ts, frame, link = good[rng.randrange(len(good))]
         roll = rng.random()
         if roll < 0.3:
@@ -173,7 +187,7 @@ def test_corrupted_frames():
         else:
             frame = bytes(rng.randrange(256) for _ in range(rng.randrange(80)))
         records.append((ts + k, frame, link))
-    assert_same(records)
+    return records
 
 
 def test_corrupt_capture_files(tmp_path):
@@ -235,3 +249,41 @@ def test_take_keeps_the_rows_packets():
     assert [part.packet(i) for i in range(len(part))] == [cols.packet(int(r)) for r in rows]
     assert part.malformed() + cols.take(np.setdiff1d(np.arange(len(cols)), rows)).malformed() \
         == cols.malformed()
+
+
+def test_decoding_by_steps_equals_one_decoding():
+    """``trace.decode_steps`` a few records at a time (the pages of each step released
+    after it) gives one decoding's columns, skip reasons (the reference decoder's own,
+    met in another order by each step, numbered in one list), 5-tuple keys with their
+    hashes and HTTP starts: over frames of every link type, seeded corruptions of them,
+    and HTTP requests."""
+    records = _corrupted_records(random.Random(12), 1500)
+    records += [(9_000 + i, tcp_frame(C4, S4, 2000 + i % 7, 80, i, 0x18, b"GET / HTTP/1.1\r\n"
+                                      if i % 3 else b"data"), DLT_EN10MB) for i in range(60)]
+    random.Random(13).shuffle(records)
+    frames = [frame for _, frame, _ in records]
+    data = b"".join(frames)
+    starts = np.cumsum([0] + [len(f) for f in frames])[:-1]
+    table = np.array([(ts, at, len(f), link) for (ts, f, link), at in zip(records, starts)],
+                     dtype=np.int64)
+    one = decode_records(data, table, copy=False)
+    ok = np.flatnonzero(one.reason == 0)
+    key, src_low = key_table(one, ok)
+    for step in (1, 7, 64, 5000):
+        stepped = decode_steps(data, table, step)
+        if one.blob is not data:  # bytes appended for the reference's fields: not by steps
+            assert stepped is None
+            continue
+        cols, keys = stepped
+        assert len(cols.reasons) > len(REASONS) and cols.fallback == one.fallback
+        assert [cols.reasons[c] for c in cols.reason.tolist()] == \
+            [one.reasons[c] for c in one.reason.tolist()]
+        assert cols.malformed() == one.malformed()
+        for name in ROW_FIELDS:
+            if name != "reason":
+                assert np.array_equal(getattr(cols, name), getattr(one, name)), name
+        assert list(cols.packets()) == list(one.packets())
+        assert np.array_equal(keys[0], key) and np.array_equal(keys[1], src_low)
+        assert np.array_equal(keys[2], row_hash(key))
+        assert np.array_equal(np.flatnonzero(cols.http_start), ok[http_starts(one, ok)])
+    assert one.http_start is None and 0 < len(ok) < len(records)

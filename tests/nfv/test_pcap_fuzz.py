@@ -18,11 +18,15 @@ from __future__ import annotations
 import json
 import random
 import struct
+from collections import Counter
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from dl_nfv.artifacts.errors import BadInput
 from dl_nfv.cli.main import cli
+from dl_nfv.nfv.traffic import capture
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
 
 from .helpers import REAL_TRACE
@@ -214,3 +218,32 @@ def test_corrupt_captures(bases, name, tmp_path, request):
                 failures.append(f"{kind} seed {seed}: {problem}")
     assert cases >= 130
     assert not failures, f"{len(failures)} of {cases} cases: " + "; ".join(failures[:5])
+
+
+@pytest.mark.parametrize("name", ["gen", "gen-be-ns", "gen-ng"])
+def test_walk_by_steps_equals_one_walk(bases, name, tmp_path, monkeypatch):
+    """The record walk releases the capture's pages a ``WALK_STEP`` of bytes at a time:
+    steps of a few bytes to a few records (inside records, inside damage that the
+    resynchronisation jumps over) give the records and counts of one walk over the whole
+    file, on damaged files of every kind."""
+    kinds = PCAPNG_KINDS if name == "gen-ng" else PCAP_KINDS
+    make = pcapng_case if name == "gen-ng" else pcap_case
+    path = tmp_path / ("f.pcapng" if name == "gen-ng" else "f.pcap")
+    walked = 0
+    for kind in kinds:
+        for seed in range(3):
+            data, _ = make(bases[name], random.Random(f"steps/{name}/{kind}/{seed}"), kind)
+            path.write_bytes(data)
+            monkeypatch.setattr(capture, "WALK_STEP", 1 << 40)
+            one: Counter = Counter()
+            try:
+                ref = capture.span_table(path, data, one)
+            except BadInput:
+                continue
+            for step in (1, 97, 1500):
+                monkeypatch.setattr(capture, "WALK_STEP", step)
+                counts: Counter = Counter()
+                assert np.array_equal(capture.span_table(path, data, counts), ref), (kind, step)
+                assert counts == one, (kind, seed, step)
+            walked += 1
+    assert walked >= 2 * len(kinds)
