@@ -109,7 +109,7 @@ def _flow_order(k1, k2, hashes=None):
         else:
             packed = sort_values((hashes << shift) | torch.arange(n, device=k1.device))
         order, h = packed & ((1 << shift) - 1), packed >> shift
-        a, b = (k1[order], k2[order]) if host else (take(k1, order), take(k2, order))
+        a, b = take(k1, order), take(k2, order)
         other = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
         if not bool(((h[1:] == h[:-1]) & other).any()):
             if host:
@@ -311,12 +311,12 @@ class TensorChain:
             last = np.append(first[1:], k1.shape[0]) - 1 if first.shape[0] else first
             seg = Segments(index=torch.from_numpy(np.cumsum(start) - 1),
                            first=torch.from_numpy(first), last=torch.from_numpy(last))
-            keys = torch.from_numpy(np.stack([k1[first], k2[first]]))
-            direction = torch.from_numpy(direction[order])
+            keys = torch.from_numpy(np.stack([k1.take(first), k2.take(first)]))
+            direction = torch.from_numpy(direction.take(order))
             order = torch.from_numpy(order)
             s = dict(zip(SORTED, take_columns(block[:len(SORTED)], order)))
             flags, proto = s["flags"].numpy(), s["proto"].numpy()
-            cls = torch.from_numpy(self.flag_class.numpy()[(flags & 0x1F) + (proto == UDP) * 32])
+            cls = torch.from_numpy(self.flag_class.numpy().take((flags & 0x1F) + (proto == UDP) * 32))
         sub = Sub(ts=s["ts_us"], src=s["src"], dst=s["dst"], sport=s["sport"], dport=s["dport"],
                   wire=s["wire_bytes"], keys=keys, dir=direction, arrival=order, seg=seg,
                   state=None, held=None, cls=cls)

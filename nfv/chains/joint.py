@@ -71,9 +71,9 @@ class JointScan:
         if on_host(found):  # by numpy over the same memory: its calls cost less
             (conn_of, session_of), found, after = (t.numpy() for t in self.parts), \
                 found.numpy(), after.numpy()
-            sub.memo[JOINT] = (torch.from_numpy(session_of[found]),
-                               torch.from_numpy(session_of[after]), timed_out)
-            return torch.from_numpy(conn_of[found]), torch.from_numpy(conn_of[after])
+            sub.memo[JOINT] = (torch.from_numpy(session_of.take(found)),
+                               torch.from_numpy(session_of.take(after)), timed_out)
+            return torch.from_numpy(conn_of.take(found)), torch.from_numpy(conn_of.take(after))
         sub.memo[JOINT] = (take(session_of, found), take(session_of, after), timed_out)
         return take(conn_of, found), take(conn_of, after)
 

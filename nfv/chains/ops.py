@@ -79,18 +79,18 @@ def take_columns(x, idx):
 
 def take_rows_t(x, idx):
     """``x[idx].t().contiguous()`` for a 2-D ``x``: the rows at ``idx`` as columns (on a CPU
-    from ``NUMPY_FROM`` elements by numpy, measured about twice as fast as torch's
-    ``index_select`` then transposed copy)."""
-    if x.device.type == "cpu" and x.shape[1] * idx.numel() >= NUMPY_FROM:
+    by numpy (``HOST``), measured about twice as fast as torch's ``index_select`` then
+    transposed copy, from a batch's few hundred flows on)."""
+    if on_host(x):
         return torch.from_numpy(np.ascontiguousarray(np.take(x.numpy(), idx.numpy(), axis=0).T))
     return torch.index_select(x, 0, idx).t().contiguous()
 
 
 def put_rows_t(x, idx, values) -> None:
     """``x[idx] = values.t()`` for 2-D ``x`` and ``values`` ([columns, len(idx)]) and distinct
-    ``idx`` (on a CPU from ``NUMPY_FROM`` elements by numpy, about twice as fast as torch's
-    ``index_copy_``)."""
-    if x.device.type == "cpu" and values.numel() >= NUMPY_FROM:
+    ``idx`` (on a CPU by numpy (``HOST``), faster than torch's ``index_copy_`` from a batch's
+    few hundred flows on)."""
+    if on_host(x):
         # rows made contiguous first: a store from the transposed view reads it by columns
         x.numpy()[idx.numpy()] = np.ascontiguousarray(values.numpy().T)
     else:

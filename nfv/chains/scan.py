@@ -275,8 +275,8 @@ def _rounds_on_host(flat, timeouts, base, gap, seg: Segments, s0, order, sizes):
 def _rounds_np(flat, limit, base, gaps, index, s0, order, sizes):
     """(found, after) by rounds over numpy arrays (``limit`` None: no time-out check):
     ``order`` the positions by their place in their flow, ``sizes`` the rounds' lengths."""
-    flows, rows = index[order], base[order]
-    gaps = gaps[order] if limit is not None else None
+    flows, rows = index.take(order), base.take(order)
+    gaps = gaps.take(order) if limit is not None else None
     found_all = np.empty(order.shape[0], dtype=np.int64)
     after_all = np.empty(order.shape[0], dtype=np.int64)
     cur = s0.copy()
@@ -310,7 +310,7 @@ def _fsm_scan_on_host(next_table, timeouts, cls, gap, seg: Segments, s0, quiet):
     if quiet is None:
         cand = np.ones(n, dtype=bool)
     else:
-        moves = ~quiet.numpy()[cls.numpy()]
+        moves = ~quiet.numpy().take(cls.numpy())
         cand = start | moves
         if g is not None:  # only these packets may find their flow timed out
             lapse = g > timeouts.numpy()[1:].min()
@@ -324,13 +324,13 @@ def _fsm_scan_on_host(next_table, timeouts, cls, gap, seg: Segments, s0, quiet):
         if rows.shape[0] == n:
             found, after = _step_np(next_table, flat, limits, base, g, start, s0)
             break
-        c_found, c_after = _step_np(next_table, flat, limits, base[rows],
-                                    None if g is None else g[rows], start[rows], s0)
+        c_found, c_after = _step_np(next_table, flat, limits, base.take(rows),
+                                    None if g is None else g.take(rows), start.take(rows), s0)
         rank = np.cumsum(cand) - 1  # the latest candidate at or before each packet
-        after = c_after[rank]
+        after = c_after.take(rank)
         found = after.copy()
         found[rows] = c_found
-        wrong = ~cand & (flat[base + after] != after)
+        wrong = ~cand & (flat.take(base + after) != after)
         if not wrong.any():
             break
         cand |= wrong
@@ -347,7 +347,7 @@ def _step_np(next_table, flat, limits, base, gap, start, s0):
     n = base.shape[0]
     index = np.cumsum(start) - 1
     first = np.flatnonzero(start)
-    pos = np.arange(n) - first[index]
+    pos = np.arange(n) - first.take(index)
     if int(pos.max()) + 1 <= ROUND_STEPS_PER_PASS * (1 + n // 8192):
         shift = max(n - 1, 1).bit_length()
         order = np.sort((pos << shift) | np.arange(n)) & ((1 << shift) - 1)

@@ -36,9 +36,10 @@ def test_block_of_unpacked_packets_is_a_copy():
         assert np.array_equal(block, _stacked(part))
 
 
-@pytest.mark.parametrize("numpy_from", [0, 1 << 40])  # numpy's form on a CPU, torch's
-def test_gathers_and_scatters_equal_indexing(monkeypatch, numpy_from):
+@pytest.mark.parametrize("numpy_from,host", [(0, True), (1 << 40, False)])  # numpy's, torch's
+def test_gathers_and_scatters_equal_indexing(monkeypatch, numpy_from, host):
     monkeypatch.setattr(ops, "NUMPY_FROM", numpy_from)
+    monkeypatch.setattr(ops, "HOST", host)
     g = torch.Generator().manual_seed(5)
     x = torch.randint(-(1 << 40), 1 << 40, (7, 300), generator=g)
     idx = torch.randint(0, 300, (500,), generator=g)
