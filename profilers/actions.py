@@ -30,12 +30,23 @@ Method
     placement whose devices take turns op by op pays per unit. (On one model the halves
     gave 110-240 us per action and the difference 30-40 us.)
 
+Cost
+    An action is a fixed CPU cost, so its share of a step shrinks as the step grows: a
+    model whose step at one thread is longer than ``FULL_BATCH_S`` runs the halves and
+    the plain steps at ``SMALL_ROWS x M`` rows as well (the differences are then taken
+    where the actions are a visible part of the step, not inside the noise of a long
+    one; holding the activations of a few rows costs less than of the whole batch, which
+    such a step would not resolve either). The rounds after the first stop once they
+    have taken ``BUDGET_S``, at least one timed; a model whose round would take longer
+    than that on its own (one row per microbatch of a very large model) gets no figure,
+    and the note says so: the simulator then charges no actions, a few hundred
+    microseconds against steps of seconds.
+
 Limits: one figure per action whatever the unit's size and the values that cross its
 boundary (the halves have one boundary); a split backward's weight
 gradients (a pipeline's ``W``) are not an action of their own here; a model whose graph
 cannot be cut this way (a value whose shape depends on the data crossing, a model that
-fails at the microbatch) gets no figure, and the note says why. Cost: ``2 x rounds``
-steps of the whole model at one thread, and ``2 x rounds`` at ``SMALL_ROWS x M`` rows.
+fails at the microbatch) gets no figure, and the note says why.
 """
 
 from __future__ import annotations
@@ -50,6 +61,8 @@ from .probe import probe
 
 ROUNDS = 5
 SMALL_ROWS = 2  # rows per microbatch of the steps whose difference is the actions alone
+FULL_BATCH_S = 0.25  # a one-thread step longer than this: every probe step at the small rows
+BUDGET_S = 10.0  # the timed rounds stop after this much (the settling round not counted)
 UNITS = ("head", "tail")
 
 
@@ -59,23 +72,31 @@ def microbatches(batch_size: int) -> int:
 
 
 def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: int,
-                   seed: int, rounds: int = ROUNDS, clock=time.thread_time
-                   ) -> tuple[float | None, float | None, str]:
+                   seed: int, rounds: int = ROUNDS, clock=time.thread_time,
+                   step_s: float | None = None) -> tuple[float | None, float | None, str]:
     """``(ms of CPU per unit action, ms per action of a one-op unit, note)`` on one thread
-    (module doc); None where the model cannot be cut or run that way. Restores the thread
-    count."""
+    (module doc); None where the model cannot be cut or run that way, or a round would
+    take longer than ``BUDGET_S``. ``step_s``: the model's plain step at one thread
+    (seconds), where known. Restores the thread count."""
     ops = [o for o in cap.op_ids if o not in set(cap.input_ops)]
     if len(ops) < 2:
         return None, None, "no unit actions measured (fewer than two ops); "
     m = microbatches(batch_size)
+    small = SMALL_ROWS * m  # the two cuts' difference at a few rows: the actions alone
+    rows = (batch_size if step_s is None or step_s <= FULL_BATCH_S
+            else min(batch_size, small))  # the halves' and the plain steps' batch
+    steps_per_round = 3 if small <= batch_size else 2
+    if step_s is not None and steps_per_round * step_s * rows / batch_size > BUDGET_S:
+        return None, None, (f"no unit actions measured (a round of the probe would take about "
+                            f"{steps_per_round * step_s * rows / batch_size:.0f} s at one "
+                            f"thread, over its {BUDGET_S:.0f} s); ")
     halves = {op: UNITS[k >= len(ops) // 2] for k, op in enumerate(ops)}
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         info = probe(cap.graph_module, lambda rows: workload.make_batch(rows, seed)[0])
-        steps = {"halves": _UnitStep(cap, workload, info, halves, batch_size, m, seed)}
-        small = SMALL_ROWS * m  # the two cuts' difference at a few rows: the actions alone
-        base = "halves" if small == batch_size else "small halves"  # (no step run twice)
+        steps = {"halves": _UnitStep(cap, workload, info, halves, rows, m, seed)}
+        base = "halves" if small == rows else "small halves"  # (no step run twice)
         if small <= batch_size:
             try:
                 if base not in steps:
@@ -86,20 +107,24 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
             except Exception:  # noqa: BLE001 - a value cut at some op, or too few rows
                 steps.pop("small halves", None)
                 steps.pop("small ops", None)
-        mb_inputs, mb_target = workload.make_batch(batch_size // m, seed)
+        mb_inputs, mb_target = workload.make_batch(rows // m, seed)
 
         def plain() -> None:
             for _ in range(m):
                 (workload.loss(module(*mb_inputs), mb_target) / m).backward()
 
         best = {name: float("inf") for name in [*steps, "plain"]}
-        for r in range(rounds + 1):  # the first round settles them all
+        timed_s, r = 0.0, 0
+        while r <= rounds and (r < 2 or timed_s < BUDGET_S):  # round 0 settles them all
+            w0 = time.perf_counter()
             for name in best:
                 module.zero_grad(set_to_none=True)
                 c0 = clock()
                 (steps[name] if name in steps else plain)()
                 if r:
                     best[name] = min(best[name], clock() - c0)
+            timed_s += (time.perf_counter() - w0) if r else 0.0
+            r += 1
     except Exception as exc:  # noqa: BLE001 - any model the cut or the microbatch breaks
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
         return None, None, f"no unit actions measured ({type(exc).__name__}: {reason}); "
@@ -109,8 +134,9 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
     actions = {name: 2 * step.units * m for name, step in steps.items()}
     excess = {name: max(0.0, best[name] - best["plain"]) * 1e3 for name in steps}
     per_action = excess["halves"] / actions["halves"]
+    at = "" if rows == batch_size else f" at {rows // m} row(s) per microbatch"
     note = (f"runtime {per_action * 1e3:.0f} us of CPU per unit action ({steps['halves'].units} "
-            f"units x {m} microbatches, fastest of {rounds} rounds, 1 thread)")
+            f"units x {m} microbatches{at}, fastest of {r - 1} rounds, 1 thread)")
     per_op = None
     if "small ops" in steps and actions["small ops"] > actions[base]:
         per_op = max(0.0, (best["small ops"] - best[base]) * 1e3

@@ -38,8 +38,9 @@ Steps
        matmuls; it decides how data-parallel replicas and microbatches scale.
     6. On a CPU (``thread_scaling``, the default), every op is timed again at
        1 thread and at this process's CPU count, where the profile's own
-       threads are neither (pinned, one settling step, rounds by the same
-       rule, each with its plain step and its step at the smaller batch):
+       threads are neither (pinned, rounds by the same rule, each with its
+       plain step, which settles the thread pool for the instrumented step that
+       follows, and its step at the smaller batch):
        ``Op.fwd_ms_by_threads`` / ``bwd_ms_by_threads``, the fixed parts at
        those counts (``fwd_fixed_ms_by_threads``), and
        ``ProfileInfo.thread_counts``. The instrumentation's cost per event is
@@ -210,7 +211,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     small = max(1, model.batch_size // SCALING_DIVISOR) if batch_scaling and model.batch_size > 1 else 0
     per_round = 3 if small else 2
     others = [n for n in thread_counts if n != torch.get_num_threads()]
-    total = 2 + warmup + per_round * repeats + sum(1 + repeats for _ in others)
+    total = 2 + warmup + per_round * repeats + repeats * len(others)
     done = 0
 
     def tick(what: str, more: int = 0) -> None:
@@ -295,7 +296,8 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         options["leaf_modules"] = list(leaves)
     colocation, colocation_note = _runtime_colocation(cap, workload, seed, dev)
     action_ms, op_action, action_note = (
-        unit_action_ms(cap, workload, module, model.batch_size, seed)
+        unit_action_ms(cap, workload, module, model.batch_size, seed,
+                       step_s=_one_thread_step_s(steps, passes))
         if dev.type == "cpu" else (None, None, ""))
     rates, zero, update_note = (update_rates(module, available_memory_bytes(dev))
                                 if dev.type == "cpu" else ({}, None, ""))
@@ -441,9 +443,10 @@ def _per_round(sums_s: list[float]) -> str:
 def _thread_pass(threads: int, cap, clock, module, inputs, loss_fn, plain_step, repeats: int,
                  tick, workload, small: int, seed: int, dev):
     """Every op timed at ``threads`` intra-op threads, pinned as a worker of that many
-    (module doc, step 6): one untimed step to settle the thread pool, then rounds as at the
-    profile's own threads, by the same rule, each followed (``small``: batch > 1) by one at
-    the smaller batch. Returns the rounds (``TimedRounds``) and the smaller batch's
+    (module doc, step 6): rounds as at the profile's own threads, by the same rule, each
+    followed (``small``: batch > 1) by one at the smaller batch; a round's plain step
+    settles the thread pool for its instrumented one (the first plain step, cold, is never
+    the fastest that the instrumentation's cost is taken against). Returns the rounds (``TimedRounds``) and the smaller batch's
     (``_SmallBatchRounds`` or None); the threads are restored."""
     main = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -452,8 +455,6 @@ def _thread_pass(threads: int, cap, clock, module, inputs, loss_fn, plain_step, 
     timed = TimedRounds(cap)
     smaller = _SmallBatchRounds(cap, workload, small, seed, dev) if small else None
     try:
-        plain_step()
-        tick(f"warming up {threads} thread(s)")
         for r in range(MAX_ROUND_FACTOR * repeats):
             if r >= repeats and stability(timed.fwd_runs, timed.bwd_runs, cap.op_ids).stable:
                 break
@@ -465,6 +466,14 @@ def _thread_pass(threads: int, cap, clock, module, inputs, loss_fn, plain_step, 
         torch.set_num_threads(main)
         pin(main, cpus)
     return timed, smaller
+
+
+def _one_thread_step_s(steps: list[float], passes: dict) -> float:
+    """The fastest plain step at one thread (seconds): from the one-thread pass, or the
+    rounds' own steps at one thread, else those times the threads (an upper bound)."""
+    if 1 in passes and passes[1][0].plain:
+        return min(sum(p) for p in passes[1][0].plain)
+    return min(steps) * torch.get_num_threads()
 
 
 def _pass_result(timed, smaller, batch_size: int, per_event_ms, op_ids

@@ -183,3 +183,26 @@ def test_unit_actions_are_timed_through_the_runtimes_units_against_plain_steps()
 
 def _target(workload):
     return workload.make_batch(8, 0)[1]
+
+
+def test_a_long_steps_unit_actions_are_taken_at_a_few_rows_or_not_at_all():
+    """A one-thread step over ``FULL_BATCH_S``: the halves and the plain steps run at
+    ``SMALL_ROWS`` rows per microbatch too; a round estimated over ``BUDGET_S``: no figure,
+    and the note says why."""
+    from dl_nfv.profilers import zoo
+    from dl_nfv.profilers.actions import BUDGET_S, FULL_BATCH_S, SMALL_ROWS, unit_action_ms
+
+    ref = zoo.model_ref("mlp-tiny", batch_size=16)
+    workload = zoo.instantiate(ref, seed=0)
+    module = workload.module.train()
+    cap = capture(module, workload.make_batch(16, 0)[0])
+    ms, per_op, note = unit_action_ms(cap, workload, module, 16, 0, rounds=2,
+                                      step_s=2 * FULL_BATCH_S)
+    assert ms is not None and per_op is not None
+    assert f"4 microbatches at {SMALL_ROWS} row(s) per microbatch" in note
+    # 3 steps a round at half the batch: 1.5 x step_s
+    over = BUDGET_S / 1.5 * 1.01
+    assert unit_action_ms(cap, workload, module, 16, 0, step_s=over) == (
+        None, None, f"no unit actions measured (a round of the probe would take about "
+                    f"{1.5 * over:.0f} s at one thread, over its {BUDGET_S:.0f} s); ")
+    assert torch.get_num_threads() == 1
