@@ -5,10 +5,10 @@ default settings (3 repeats, no extra warm-up step, torch's thread count), and
 reports for each: the wall time of the whole profile (model build, tracing,
 counting pass, warm-up and timed steps), the measured whole training step, the
 sum of the per-op forward+backward medians, and their ratio (goal: each
-profile under 2 minutes, ratio within 15% of 1). With ``--zoo`` it also
-profiles every zoo model at its default size.
+profile under 2 minutes, ratio within 15% of 1). With ``--zoo`` it profiles
+every zoo model at its default size instead, into a section of its own.
 
-Usage: python bench/profile_bench.py [--zoo] [--no-record]
+Usage: python bench/profile_bench.py [--threads default,1] [--zoo] [--no-record]
 """
 
 from __future__ import annotations
@@ -66,13 +66,17 @@ GOALS = ["sum within 15%", "under 2 min"]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--zoo", action="store_true", help="also profile every zoo model")
+    parser.add_argument("--zoo", action="store_true",
+                        help="profile every zoo model (at the last --threads) instead")
     parser.add_argument("--no-record", action="store_true", help="print only")
     parser.add_argument("--threads", default="default",
                         help="comma-separated thread counts to run the two cases at "
                              "('default' = torch's choice), e.g. 2,1")
     args = parser.parse_args()
     thread_counts = [None if t == "default" else int(t) for t in args.threads.split(",")]
+    if args.zoo:
+        _zoo(thread_counts[-1], args.no_record)
+        return
     results = []
     for threads in thread_counts:
         for name, options in CASES:
@@ -86,20 +90,25 @@ def main() -> None:
             f"`load avg` is the machine's 1-minute load average during the run: the machine has "
             f"2 cores and is shared with other jobs, which stretches every time here, and two "
             f"OpenMP threads slow down far more than one when the cores are oversubscribed."]
-    if args.zoo:
-        zoo_rows = []
-        for entry in ZOO.values():
-            if entry.name.endswith(TINY):
-                continue
-            r = _profile(entry.name, {}, thread_counts[-1])
-            zoo_rows.append(_row(r, False))
-            print(markdown_table(HEADERS, [zoo_rows[-1]]), flush=True)
-        body += ["", "Every zoo model at its default size (`dl-nfv profile model NAME`):", "",
-                 markdown_table(HEADERS, zoo_rows)]
     text = "\n".join(body)
     print(text)
     if not args.no_record:
         record_section("profile", "Profiling: time to profile, per-op sum vs whole step", text)
+
+
+def _zoo(threads: int | None, no_record: bool) -> None:
+    """Every zoo model at its default size (the tiny test models left out)."""
+    rows = []
+    for entry in ZOO.values():
+        if entry.name.endswith(TINY):
+            continue
+        rows.append(_row(_profile(entry.name, {}, threads), False))
+        print(markdown_table(HEADERS, [rows[-1]]), flush=True)
+    text = ("Every zoo model at its default size (`dl-nfv profile model NAME`):\n\n"
+            + markdown_table(HEADERS, rows))
+    print(text)
+    if not no_record:
+        record_section("profile-zoo", "Profiling every zoo model", text)
 
 
 if __name__ == "__main__":
