@@ -23,6 +23,7 @@ but its state cannot be handed to the tensor path; the tail can
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -116,6 +117,36 @@ def _stream_ranges(key: np.ndarray, start: np.ndarray, length: np.ndarray
     lasts = np.r_[firsts[1:] - 1, len(key) - 1]
     stream = np.where(new_stream[firsts], np.cumsum(new_stream)[firsts] - 1, -1)
     return list(zip(stream.tolist(), start[firsts].tolist(), end[lasts].tolist()))
+
+
+SCAN_BYTES = 1 << 20  # message bytes of a block scanned at once (whole streams)
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    """Consecutive streams of a block scanned together: their ranges of the buffer
+    (``_stream_ranges``' form, stream numbers of the block), their (flow, direction),
+    the first one's number and where each lies among the block's messages back to
+    back."""
+
+    ranges: list[tuple[int, int, int]]
+    owners: list[tuple[int, int]]
+    first: int
+    start: np.ndarray
+    end: np.ndarray
+
+
+def _chunks(sizes: list[int], limit: int) -> list[int]:
+    """Bounds of runs of consecutive streams of ``sizes`` bytes, each run ``limit`` bytes at
+    most unless one stream alone is more: ``[0, ..., len(sizes)]``."""
+    bounds, total = [0], 0
+    for i, size in enumerate(sizes):
+        if total and total + size > limit:
+            bounds.append(i)
+            total = 0
+        total += size
+    bounds.append(len(sizes))
+    return bounds
 
 
 class Ids:
@@ -217,6 +248,9 @@ class Ids:
         finds message by message. ``on_matches`` then runs per message with a
         match, in block order (the order decides which direction completes a
         rule first), and each stream keeps its last ``max_len`` bytes as the tail.
+        Streams are scanned ``SCAN_BYTES`` of messages at a time (a longer stream
+        alone): no occurrence spans two streams' parts, so the buffers stay small
+        whatever the block's size.
         """
         rows = np.flatnonzero(alive & self.watched[block.flow, block.direction])
         if len(rows) == 0 or not self.sides:
@@ -231,33 +265,17 @@ class Ids:
         stream_end = np.r_[stream_start[1:], msg_start[-1] + length[-1]]
         ranges = _stream_ranges(key, starts[order], length)
         owners = list(zip((key[first] // 2).tolist(), (key[first] % 2).tolist()))
+        opens = [i for i, (stream, _, _) in enumerate(ranges) if stream >= 0] + [len(ranges)]
         view = memoryview(data)
         hit_msg, hit_pid = [], []
-        for s, side in enumerate(self.sides):
-            tails = [states[f][position][0][s][d] for f, d in owners]
-            pieces = []
-            for stream, a, b in ranges:
-                if stream >= 0:
-                    pieces.append(tails[stream])
-                pieces.append(view[a:b])
-            hay = b"".join(pieces)
-            if side.fold:  # the tails are lower-cased already: lowering them again keeps them
-                hay = hay.lower()
-            tail_len = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
-            # where each stream's part (tail, then messages) starts in ``hay``
-            part = stream_start + np.cumsum(tail_len) - tail_len
-            for (f, d), a, b in zip(owners, part.tolist(), (part + tail_len + stream_end
-                                                             - stream_start).tolist()):
-                states[f][position][0][s][d] = hay[max(a, b - side.max_len):b]
-            pids, ends = side.occurrences(hay)
-            if not len(pids):
-                continue
-            j = np.searchsorted(part, ends - 1, side="right") - 1
-            inside = (ends - side.lengths[pids] >= part[j]) & (ends > part[j] + tail_len[j])
-            pids, ends, j = pids[inside], ends[inside], j[inside]
-            last = ends - 1 - part[j] - tail_len[j] + stream_start[j]  # last byte, in ``raw``
-            hit_msg.append(np.searchsorted(msg_start, last, side="right") - 1)
-            hit_pid.append(pids + side.first_pid)
+        bounds = _chunks((stream_end - stream_start).tolist(), SCAN_BYTES)
+        for s0, s1 in zip(bounds[:-1], bounds[1:]):
+            chunk = _Chunk(ranges[opens[s0]:opens[s1]], owners[s0:s1], s0,
+                           stream_start[s0:s1], stream_end[s0:s1])
+            for s, side in enumerate(self.sides):
+                last, pids = self._scan(side, s, chunk, view, states, position)
+                hit_msg.append(np.searchsorted(msg_start, last, side="right") - 1)
+                hit_pid.append(pids + side.first_pid)
         msg = order[np.concatenate(hit_msg)] if hit_msg else order[:0]  # block rows
         if len(msg) == 0:
             return alive
@@ -271,6 +289,36 @@ class Ids:
             self.on_matches(states[flow][position][1], flow, d, int(block.index[row]),
                             pid[a:b].tolist(), out)
         return alive
+
+    @staticmethod
+    def _scan(side: _Side, s: int, chunk: _Chunk, view: memoryview, states: dict,
+              position: int) -> tuple[np.ndarray, np.ndarray]:
+        """Matcher ``side`` (the NF's ``s``-th) over the streams of ``chunk``, each its tail
+        and then its messages; the streams' tails updated. Per occurrence that counts:
+        its last byte's place among the block's messages back to back, and its pattern id
+        (the matcher's own)."""
+        tails = [states[f][position][0][s][d] for f, d in chunk.owners]
+        pieces = []
+        for stream, a, b in chunk.ranges:
+            if stream >= 0:
+                pieces.append(tails[stream - chunk.first])
+            pieces.append(view[a:b])
+        hay = b"".join(pieces)
+        del pieces
+        if side.fold:  # the tails are lower-cased already: lowering them again keeps them
+            hay = hay.lower()
+        tail_len = np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
+        # where each stream's part (tail, then messages) starts in ``hay``
+        base = chunk.start[0]
+        part = chunk.start - base + np.cumsum(tail_len) - tail_len
+        for (f, d), a, b in zip(chunk.owners, part.tolist(),
+                                (part + tail_len + chunk.end - chunk.start).tolist()):
+            states[f][position][0][s][d] = hay[max(a, b - side.max_len):b]
+        pids, ends = side.occurrences(hay)
+        j = np.searchsorted(part, ends - 1, side="right") - 1
+        inside = (ends - side.lengths[pids] >= part[j]) & (ends > part[j] + tail_len[j])
+        pids, ends, j = pids[inside], ends[inside], j[inside]
+        return ends - 1 - part[j] - tail_len[j] + chunk.start[j], pids  # last byte, in ``raw``
 
     def _pair(self, nodes_by_side: list[int]) -> tuple[int, int]:
         pair = [0, 0]

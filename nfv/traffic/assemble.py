@@ -331,22 +331,30 @@ def _clean_flows(p: _Packets, plan: _Plan, clean: np.ndarray) -> tuple[Part, np.
     packets, when, ts, header_pos = _completions(p, plan, key, d, start, length, header,
                                                  closing)
     at = local_base[group] + start  # each message in ``streams``
+    del group
     digit = np.frombuffer(streams, dtype=np.uint8)[np.minimum(at + 9, max(len(streams) - 1, 0))]
     rejected |= _unpaired(key, d, closing, header_pos, digit, len(rejected))
-    ok = ~rejected[key]
+    del header_pos, digit
     order = np.lexsort((start, d, closing, when))
-    order = order[ok[order]]
+    order = order[~rejected[key][order]]
     keys = np.flatnonzero(clean & ~rejected)
     flows = [flow for flow, bad in zip(states, rejected[candidates].tolist()) if not bad]
     for flow_id, flow in enumerate(flows):
         flow.id = flow_id
     fid = np.full(len(clean), -1, dtype=np.int64)
     fid[keys] = np.arange(len(keys))
-    messages = MessageColumns(flow=fid[key[order]], direction=d[order], start=at[order],
+    # each column taken in message order as the one before it is let go
+    flow_of = fid[key[order]]
+    del fid, key
+    direction = d[order]
+    del d
+    at = at[order]
+    ts, packets, when = ts[order], packets[order], when[order]
+    messages = MessageColumns(flow=flow_of, direction=direction, start=at,
                               length=length[order], header_len=header[order],
-                              kind=np.where(d[order] == 0, REQUEST, RESPONSE),
-                              ts_us=ts[order], packets=packets[order], buffer=streams)
-    return Part(flows, o[p.bounds[keys]].tolist(), messages, when[order]), rejected
+                              kind=np.where(direction == 0, REQUEST, RESPONSE), ts_us=ts,
+                              packets=packets, buffer=streams)
+    return Part(flows, o[p.bounds[keys]].tolist(), messages, when), rejected
 
 
 def _frame(streams, candidates: np.ndarray, local_base: np.ndarray, kept_len: np.ndarray,
@@ -385,32 +393,33 @@ def _completions(p: _Packets, plan: _Plan, key, d, start, length, header, closin
     packet for a close-delimited body of a flow that never ends), its timestamp, and the
     key-order position of the packet holding its header's last byte."""
     o, n = plan.o, p.n
-    base = plan.group_base[2 * key + d]
+    group = 2 * key + d
+    end = plan.group_base[group] + start + length  # in the concatenation of all streams
     # the packet holding each message's last byte, and its header's last byte
-    last_seg = np.searchsorted(plan.seg_end, base + start + length - 1, side="right")
-    header_seg = np.searchsorted(plan.seg_end, base + start + np.maximum(header, 1) - 1,
-                                 side="right")
-    last_pos = plan.seg_pos[np.minimum(last_seg, len(plan.seg_pos) - 1)]
-    header_pos = plan.seg_pos[np.minimum(header_seg, len(plan.seg_pos) - 1)]
+    last_pos = plan.seg_pos[np.minimum(np.searchsorted(plan.seg_end, end - 1, side="right"),
+                                       len(plan.seg_pos) - 1)]
+    header_pos = plan.seg_pos[np.minimum(
+        np.searchsorted(plan.seg_end, end - length + np.maximum(header, 1) - 1, side="right"),
+        len(plan.seg_pos) - 1)]
     # packets: the segments starting before the message's end, not counted by an earlier one
-    upto = np.searchsorted(plan.seg_start, base + start + length, side="left")
     emit = np.lexsort((start, closing, d, key))  # per (key, direction), in emission order
-    upto_e = upto[emit]
-    prev = np.empty_like(upto_e)
-    prev[1:] = upto_e[:-1]
-    first_of_group = np.ones(len(emit), dtype=bool)
-    g_e = (2 * key + d)[emit]
-    first_of_group[1:] = g_e[1:] != g_e[:-1]
-    prev[first_of_group] = plan.group_first[g_e[first_of_group]]
+    upto = np.searchsorted(plan.seg_start, end, side="left")[emit]
+    del end
+    prev = np.empty_like(upto)
+    prev[1:] = upto[:-1]
+    group = group[emit]
+    first_of_group = np.r_[True, group[1:] != group[:-1]]
+    prev[first_of_group] = plan.group_first[group[first_of_group]]
+    del group, first_of_group
     packets = np.empty_like(upto)
-    packets[emit] = upto_e - prev
+    packets[emit] = upto - prev
+    del emit, upto, prev
     # when each message completes: its last packet, or the flow's end
     done = plan.done[key]
     ended = done < n
-    end_pos = np.where(ended, done, p.bounds[key + 1] - 1)
     when = np.where(closing, np.where(ended, o[np.minimum(done, n - 1)], n + o[p.bounds[key]]),
                     o[last_pos])
-    ts = p.ts[o[np.where(closing, end_pos, last_pos)]]
+    ts = p.ts[o[np.where(closing, np.where(ended, done, p.bounds[key + 1] - 1), last_pos)]]
     return packets, when, ts, header_pos
 
 

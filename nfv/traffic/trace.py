@@ -142,19 +142,22 @@ def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0, per_packet: bo
     """
     stats: Counter = Counter()
     capture = read_capture(path)
-    cols, malformed = capture.cols, capture.malformed
     t2 = time.perf_counter()
     idle_us = int(idle_timeout_s * 1_000_000)
     if workers > 1 and not per_packet:
         from .shards import assemble_sharded  # (its fork machinery: only here)
 
-        table = assemble_sharded(cols, stats, workers, idle_timeout_us=idle_us)
+        table = assemble_sharded(capture.cols, stats, workers, idle_timeout_us=idle_us)
     else:
         keys, capture.keys = capture.keys, None  # handed over: grouping lets the table go
-        table = assemble(cols, stats, idle_timeout_us=idle_us, per_packet=per_packet,
+        table = assemble(capture.cols, stats, idle_timeout_us=idle_us, per_packet=per_packet,
                          keys=keys)
-    trace = trace_of(str(path), table, capture.packets, capture.wire_bytes, malformed, stats)
-    trace.stages_s = {**capture.stages_s, "flows": time.perf_counter() - t2}
+    # the packet columns (and with them the mapped capture) go before the trace is built
+    packets, wire, malformed, stages = (capture.packets, capture.wire_bytes, capture.malformed,
+                                        capture.stages_s)
+    del capture
+    trace = trace_of(str(path), table, packets, wire, malformed, stats)
+    trace.stages_s = {**stages, "flows": time.perf_counter() - t2}
     return trace
 
 

@@ -162,12 +162,15 @@ def _blocks(rng: random.Random, flows: int, count: int) -> list[tuple[Block, byt
     return out
 
 
+@pytest.mark.parametrize("scan_bytes", [1 << 20, 40, 1])
 @pytest.mark.parametrize("backend", ["hyperscan", "ahocorasick"])
-def test_block_nfs_equal_message_by_message(monkeypatch, backend):
+def test_block_nfs_equal_message_by_message(monkeypatch, backend, scan_bytes):
+    """Also with the IDS's streams scanned a few (``SCAN_BYTES`` 40) or one at a time."""
     if backend == "hyperscan" and ids_module.hyperscan is None:
         pytest.skip("hyperscan does not load here")
     if backend == "ahocorasick":
         monkeypatch.setattr(ids_module, "hyperscan", None)
+    monkeypatch.setattr(ids_module, "SCAN_BYTES", scan_bytes)
     for seed in range(6):
         rng = random.Random(seed)
         flows = _flows(8, rng)
