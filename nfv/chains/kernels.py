@@ -11,7 +11,7 @@ kernel reads a column as a plain view. A kernel reads and writes its columns the
 per flow, and runs on the packets that reached it (``Sub``: a subset of the batch,
 still sorted by flow then arrival, or with the packets an NF before dropped in place
 and masked, ``Sub.live``, where its ``takes_live`` allows) with tensor operations only
-(numpy's over the same memory on a CPU where vectors are short) — the state machine
+(numpy's over the same memory on a CPU: ``ops.arrays``) — the state machine
 as a segmented scan (``scan.fsm_scan``), per-packet outcomes by gathers — and the
 engine scatters the rows back once. The meaning is the reference's
 (``reference.py``); where the reference's order across flows matters (NAT port
