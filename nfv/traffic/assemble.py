@@ -185,7 +185,7 @@ class _Packets:
         self.src_low = src_low
         self.proto = cols.proto[rows]
         self.flags = cols.flags[rows].astype(np.int64)
-        self.seq = cols.seq[rows]
+        self.seq = cols.seq[rows].astype(np.int64, copy=False)  # (modular arithmetic below)
         self.ts = cols.ts_us[rows]
         self.size = cols.payload_len[rows]
         self.wire = cols.wire_bytes[rows]

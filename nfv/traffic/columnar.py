@@ -64,13 +64,13 @@ class PacketColumns:
     wire_bytes: np.ndarray  # int64, the captured frame length
     reason: np.ndarray  # int16
     proto: np.ndarray  # uint8: 6, 17 or 0
-    addr_len: np.ndarray  # int64: 4, 16 or 0
+    addr_len: np.ndarray  # int64 (``NARROW``: uint8): 4, 16 or 0
     src_off: np.ndarray  # int64
     dst_off: np.ndarray  # int64
-    sport: np.ndarray  # int64
-    dport: np.ndarray  # int64
+    sport: np.ndarray  # int64 (``NARROW``: uint16)
+    dport: np.ndarray  # int64 (``NARROW``: uint16)
     flags: np.ndarray  # uint8
-    seq: np.ndarray  # int64 (uint32 values)
+    seq: np.ndarray  # int64 (``NARROW``: uint32)
     payload_off: np.ndarray  # int64
     payload_len: np.ndarray  # int64
     blob: bytes
@@ -120,6 +120,9 @@ class PacketColumns:
                          blob[po:po + pl], wire)
 
 
+# the fields whose every value fits a narrower type, as columns kept for long may store them
+# (``trace.decode_steps``); readers convert before arithmetic that could leave that range
+NARROW = {"addr_len": np.uint8, "sport": np.uint16, "dport": np.uint16, "seq": np.uint32}
 ROW_FIELDS = ("ts_us", "wire_bytes", "reason", "proto", "addr_len", "src_off", "dst_off",
                "sport", "dport", "flags", "seq", "payload_off", "payload_len")
 

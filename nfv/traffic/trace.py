@@ -19,8 +19,16 @@ from pathlib import Path
 import numpy as np
 
 from .assemble import Assembled, assemble
-from .capture import open_mapped, release_pages, span_table
-from .columnar import OK, REASONS, ROW_FIELDS, PacketColumns, decode_records, http_starts
+from .capture import open_mapped, release_freed, release_pages, span_table
+from .columnar import (
+    NARROW,
+    OK,
+    REASONS,
+    ROW_FIELDS,
+    PacketColumns,
+    decode_records,
+    http_starts,
+)
 from .keys import KEY_WIDTH, key_table, row_hash
 from .pcap import RECORD_REASONS, TCP, MalformedCounts, address_text
 
@@ -156,6 +164,7 @@ def load_trace(path: str | Path, *, idle_timeout_s: float = 60.0, per_packet: bo
     packets, wire, malformed, stages = (capture.packets, capture.wire_bytes, capture.malformed,
                                         capture.stages_s)
     del capture
+    release_freed()
     trace = trace_of(str(path), table, packets, wire, malformed, stats)
     trace.stages_s = {**stages, "flows": time.perf_counter() - t2}
     return trace
@@ -201,7 +210,8 @@ def decode_steps(data, records: np.ndarray, step: int = DECODE_STEP
     then released (``capture.release_pages``): flow building reads the mapped capture
     again only for payloads. The columns and the keys of the decoded rows, equal to one
     decoding's; None for no records, or where the reference decoder's fields need bytes
-    appended to the buffer (then only one decoding of all records can hold them)."""
+    appended to the buffer (then only one decoding of all records can hold them). The
+    columns of ``columnar.NARROW`` are stored as its narrower types (their values fit)."""
     n = len(records)
     if n == 0:
         return None
@@ -226,7 +236,7 @@ def decode_steps(data, records: np.ndarray, step: int = DECODE_STEP
         for name in ROW_FIELDS:
             value = getattr(cols, name)
             if name not in columns:
-                columns[name] = np.empty(n, dtype=value.dtype)
+                columns[name] = np.empty(n, dtype=NARROW.get(name, value.dtype))
             columns[name][start:stop] = value
         fallback += cols.fallback
         ok = np.flatnonzero(cols.reason == OK)
