@@ -211,7 +211,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     small = max(1, model.batch_size // SCALING_DIVISOR) if batch_scaling and model.batch_size > 1 else 0
     per_round = 3 if small else 2
     others = [n for n in thread_counts if n != torch.get_num_threads()]
-    total = 2 + warmup + per_round * repeats + repeats * len(others)
+    total = 2 + warmup + per_round * repeats + repeats * len(others) + 2 * (dev.type == "cpu")
     done = 0
 
     def tick(what: str, more: int = 0) -> None:
@@ -299,8 +299,12 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         unit_action_ms(cap, workload, module, model.batch_size, seed,
                        step_s=_one_thread_step_s(steps, passes))
         if dev.type == "cpu" else (None, None, ""))
+    if dev.type == "cpu":
+        tick("timing the runtime's unit actions")
     rates, zero, update_note = (update_rates(module, available_memory_bytes(dev))
                                 if dev.type == "cpu" else ({}, None, ""))
+    if dev.type == "cpu":
+        tick("timing the optimizer update")
     ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,
                    dtype=model.dtype, inputs=model.inputs, options=options)
     info = _info(cap, steps, fwd_runs, bwd_runs, fwd_ms, bwd_ms, at_threads, type_name, warmup,
