@@ -103,15 +103,16 @@ class DeviceFlowTable:
         they were (for callers that write every column).
 
         One probe serves most keys: the lookup's first round finds a key at its home slot
-        or stops it at an empty one, and an absent key whose home slot is empty takes that
-        slot at once (a scatter picks one winner where several share it); only the others
-        go on to ``insert``'s rounds. Rehashes before the lookup if the keys might not fit,
+        or stops it at an empty one, and an absent key whose home slot is free (empty, or
+        a tombstone: the slot ``insert`` would give it first) takes that slot at once (a
+        scatter picks one winner where several share it); only the others go on to
+        ``insert``'s rounds. Rehashes before the lookup if the keys might not fit,
         so nothing moves after."""
         self.reserve(int(k1.shape[0]))
         if self._host():
             return self._upsert_host(k1.numpy(), k2.numpy())
-        found, home, empty = self._lookup(k1, k2)
-        claim = torch.nonzero(empty & (found < 0)).squeeze(1)
+        found, home, at_home = self._lookup(k1, k2)
+        claim = torch.nonzero((at_home < 0) & (found < 0)).squeeze(1)
         if claim.numel():
             at = take(home, claim)
             put(self._owner, at, claim)
@@ -121,22 +122,24 @@ class DeviceFlowTable:
             put(self.k2, slots, take(k2, won))
             put(found, won, slots)
             self.live += int(won.numel())
-            self.used += int(won.numel())
+            self.used += int((take(at_home, won) == EMPTY).sum())  # tombstones were counted
         rest = torch.nonzero(found < 0).squeeze(1)
         if rest.numel():
             put(found, rest, self.insert(take(k1, rest), take(k2, rest), fill=False))
         return found
 
     def _lookup(self, k1, k2):
-        """``lookup``'s slots; each key's home slot where its probe stopped at an empty home
-        slot (else where its probe ended); whether it did."""
+        """``lookup``'s slots; each key's home slot; the key word there (``EMPTY``, ``TOMB``
+        or a key's)."""
         n = k1.shape[0]
         found = torch.full((n,), -1, dtype=torch.int64, device=self.device)
-        slot = self._home(k1, k2)
+        home = self._home(k1, k2)
+        slot = home.clone()
         mask = self.capacity - 1
         t2 = take(self.k2, slot)
         hit = (t2 == k2) & (take(self.k1, slot) == k1)
         found = pick(hit, slot, found)
+        at_home = t2
         empty = t2 == EMPTY
         todo = torch.nonzero(~hit & ~empty).squeeze(1)
         step = torch.arange(1, PROBE_WINDOW + 1, device=self.device)
@@ -154,13 +157,13 @@ class DeviceFlowTable:
             left = torch.nonzero(~ended).squeeze(1)
             todo = take(todo, left)
             put(slot, todo, (take(at, left) + PROBE_WINDOW) & mask)
-        return found, slot, empty
+        return found, home, at_home
 
     def _upsert_host(self, k1, k2):
-        """``upsert`` by numpy (``k1``, ``k2``: arrays); where several keys claim one empty
+        """``upsert`` by numpy (``k1``, ``k2``: arrays); where several keys claim one free
         home slot, the last of them takes it."""
-        found, home, empty = self._lookup_host(k1, k2)
-        claim = np.flatnonzero(empty & (found < 0))
+        found, home, at_home = self._lookup_host(k1, k2)
+        claim = np.flatnonzero((at_home < 0) & (found < 0))
         if claim.shape[0]:
             at = home[claim]
             owner = self._owner.numpy()
@@ -171,7 +174,7 @@ class DeviceFlowTable:
             self.k2.numpy()[slots] = k2[won]
             found[won] = slots
             self.live += int(won.shape[0])
-            self.used += int(won.shape[0])
+            self.used += int((at_home[won] == EMPTY).sum())  # tombstones were counted
         rest = np.flatnonzero(found < 0)
         if rest.shape[0]:
             found[rest] = self.insert(torch.from_numpy(k1[rest]), torch.from_numpy(k2[rest]),
@@ -182,8 +185,9 @@ class DeviceFlowTable:
         """``_lookup`` by numpy (``k1``, ``k2``: arrays): the same probes."""
         t1, t2 = self.k1.numpy(), self.k2.numpy()
         mask = self.capacity - 1
-        slot = mix_hash(k1, k2, 32) & mask
-        at_home = t2[slot]
+        home = mix_hash(k1, k2, 32) & mask
+        slot = home.copy()
+        at_home = t2.take(slot)
         hit = (at_home == k2) & (t1[slot] == k1)
         found = np.where(hit, slot, -1)
         empty = at_home == EMPTY
@@ -202,7 +206,7 @@ class DeviceFlowTable:
             left = np.flatnonzero(~ended)
             todo = todo[left]
             slot[todo] = (at[left] + PROBE_WINDOW) & mask
-        return found, slot, empty
+        return found, home, at_home
 
     def insert(self, k1, k2, *, fill: bool = True):
         """Slots given to the keys (distinct, absent), with their columns at the fill values
