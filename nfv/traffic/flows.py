@@ -16,7 +16,7 @@ are grouped and framed over columns, and every other flow is fed here.
 from __future__ import annotations
 
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .http import REQUEST, RESPONSE, Framer, looks_like_http_request
 from .pcap import ACK, FIN, RST, SYN, TCP, Packet
@@ -52,13 +52,15 @@ class FlowState:
     app: str = ""
     handshake: int = 0  # 1: client SYN seen, 2: then the server's SYN-ACK, 3: then an ACK
     closed: bool = False
-    streams: list = field(default_factory=list)
-    framers: list = field(default_factory=list)
-    seg_starts: list = field(default_factory=list)  # per direction (TCP): a deque
+    # reassembly state, given by the flow table to each TCP flow it builds; a UDP flow, or
+    # one built over arrays (assemble.py), has none (the empty defaults are shared)
+    streams: list | tuple = ()
+    framers: list | tuple = ()
+    seg_starts: list | tuple = ()  # per direction (TCP): a deque
     turn_dir: int = -1
-    turn: bytearray = field(default_factory=bytearray)
+    turn: bytearray | bytes = b""
     turn_base: int = 0
-    early: list = field(default_factory=list)
+    early: list | tuple = ()
 
 
 def handshake_step(state: int, direction: int, flags: int) -> int:
@@ -123,6 +125,7 @@ class FlowTable:
                                                                           self.window_bytes)]
             flow.seg_starts = [deque(), deque()]  # here, not per record: flows built over
             # arrays (assemble.py) never use them, and two deques weigh 1.5 KB
+            flow.turn, flow.early = bytearray(), []
         self.flows.append(flow)
         self.active[key] = flow
         return flow
