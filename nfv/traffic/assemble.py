@@ -183,12 +183,16 @@ class _Packets:
         self.bounds = np.zeros(self.n_keys + 1, dtype=np.int64)
         np.cumsum(counts, out=self.bounds[1:])
         self.src_low = src_low
-        self.proto = cols.proto[rows]
-        self.flags = cols.flags[rows].astype(np.int64)
-        self.seq = cols.seq[rows].astype(np.int64, copy=False)  # (modular arithmetic below)
-        self.ts = cols.ts_us[rows]
-        self.size = cols.payload_len[rows]
-        self.wire = cols.wire_bytes[rows]
+
+        def take(column: np.ndarray) -> np.ndarray:  # every packet decoded: the column itself
+            return column if self.n == len(cols) else column[rows]
+
+        self.proto = take(cols.proto)
+        self.flags = take(cols.flags).astype(np.int64)
+        self.seq = take(cols.seq).astype(np.int64)  # (modular arithmetic below)
+        self.ts = take(cols.ts_us)
+        self.size = take(cols.payload_len)
+        self.wire = take(cols.wire_bytes)
 
 
 def _group_rows(table: np.ndarray, h: np.ndarray | None = None
@@ -571,8 +575,9 @@ def merge_parts(parts: list[Part], stats: Counter, clean_flows: int,
     when = np.concatenate([part.msg_at for part in parts])
     order = np.lexsort((rank, when))
 
-    def column(name: str) -> np.ndarray:
-        return np.concatenate([getattr(part.messages, name) for part in parts])[order]
+    def column(name: str) -> np.ndarray:  # (one part: taken in order without a joined copy)
+        arrays = [getattr(part.messages, name) for part in parts]
+        return (arrays[0] if len(arrays) == 1 else np.concatenate(arrays))[order]
 
     flow = np.concatenate([renamed[k][part.messages.flow] for k, part in enumerate(parts)])
     # the parts' buffers as they are (one of them: no copy), each message where it lies
