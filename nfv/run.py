@@ -107,7 +107,8 @@ def _run(config: NfConfig, trace_path, choice, options: EngineOptions, trace: Tr
          ) -> NfvReport:
     t0 = time.perf_counter()
     stages = {}
-    if trace is None:  # flows built by as many processes as the NFs get cores
+    owned = trace is None  # read here: nothing reads its message bytes after the NFs
+    if owned:  # flows built by as many processes as the NFs get cores
         shards = options.workers or usable_cores()
         if choice.kind == "cpu" and shards > 1:  # each shard its flows and their NFs
             from .engines.sharded import run_sharded  # (its fork machinery: only here)
@@ -124,7 +125,7 @@ def _run(config: NfConfig, trace_path, choice, options: EngineOptions, trace: Tr
         stages.update(trace.stages_s)
     parse_s = time.perf_counter() - t0
     release_freed()  # flow building's freed temporaries, before the NFs' buffers
-    result = run_engine(trace, config.chain, choice, options)
+    result = run_engine(trace, config.chain, choice, options, release_payload=owned)
     # building the chain (rules compiled, NF tables) before the engine's own clock starts
     stages["setup"] = time.perf_counter() - t0 - parse_s - result.startup_s - result.elapsed_s
     return build_report(config, trace, str(choice), result, parse_s, started=t0, stages=stages)

@@ -13,6 +13,7 @@ state moves only between batches.
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import time
 from dataclasses import dataclass, field
@@ -71,6 +72,61 @@ class _Built:
     build_s: float = 0.0  # wall time this process took to build it
 
 
+class PayloadRelease:
+    """The trace's message bytes handed back to the system as the batches that read them are
+    done: a page of the payload mapping (the streams ``assemble`` copies into an anonymous
+    mapping) is removed (``madvise(MADV_REMOVE)``) once every message with a byte on it is
+    done; bytes of no message count as done. Batches take the messages in trace order, so
+    ``done(stop)`` says every message before ``stop`` is done (and none after it has been
+    read yet by anyone). Reading a removed page gives zeros: only for a trace nothing reads
+    again. A payload that is not such a mapping is left as it is. O(messages + pages)."""
+
+    def __init__(self, trace: Trace):
+        blob = trace.blob
+        self.blob = blob if (isinstance(blob, mmap.mmap) and hasattr(mmap, "MADV_REMOVE")
+                             and len(blob)) else None
+        if self.blob is None:
+            return
+        self.pages = -(-len(blob) // mmap.PAGESIZE)
+        self.offset, self.length = trace.msg_offset, trace.msg_len
+        self.left = self._bytes(0, len(self.offset))  # message bytes not done, per page
+        self.released = np.zeros(self.pages, dtype=bool)
+        self.done_to = 0
+
+    def _bytes(self, start: int, stop: int) -> np.ndarray:
+        """Per page: the bytes on it of the messages ``start`` to ``stop``."""
+        page = mmap.PAGESIZE
+        keep = self.length[start:stop] > 0
+        a = self.offset[start:stop][keep]
+        b = a + self.length[start:stop][keep]
+        first, last = a // page, (b - 1) // page
+        one = first == last
+        # (float sums: at most a page per page, exact)
+        out = np.zeros(self.pages)
+        out += np.bincount(first, weights=np.where(one, b - a, (first + 1) * page - a),
+                           minlength=self.pages)
+        out += np.bincount(last[~one], weights=(b - last * page)[~one], minlength=self.pages)
+        # the pages between a message's first and last are all its own
+        inner = np.zeros(self.pages + 1)
+        np.add.at(inner, first[~one] + 1, page)
+        np.add.at(inner, last[~one], -page)
+        out += np.cumsum(inner[:-1])
+        return out.astype(np.int64)
+
+    def done(self, stop: int) -> None:
+        """Every message before ``stop`` is done: remove the pages that hold no other."""
+        if self.blob is None or stop <= self.done_to:
+            return
+        self.left -= self._bytes(self.done_to, stop)
+        self.done_to = stop
+        free = (self.left == 0) & ~self.released
+        self.released |= free
+        edges = np.flatnonzero(np.diff(np.r_[0, free.view(np.int8), 0]))
+        page, size = mmap.PAGESIZE, len(self.blob)
+        for a, b in zip(edges[0::2].tolist(), edges[1::2].tolist()):
+            self.blob.madvise(mmap.MADV_REMOVE, a * page, min(b * page, size) - a * page)
+
+
 class HostOnly:
     """The device of an engine without a tensor path (``cpu``): its batches' tensor share is
     always empty, so the engine never needs torch (nor the second its import takes)."""
@@ -104,8 +160,10 @@ def default_workers(choice: EngineChoice, device: torch.device) -> int:
 
 
 class Runner:
-    def __init__(self, trace: Trace, chain: Chain, choice: EngineChoice, options: EngineOptions):
+    def __init__(self, trace: Trace, chain: Chain, choice: EngineChoice, options: EngineOptions,
+                 *, release_payload: bool = False):
         self.trace = trace
+        self.release_payload = release_payload
         self.chain = chain
         self.choice = choice
         self.options = options
@@ -238,6 +296,7 @@ class Runner:
         merged = Outputs()
         stats: list[BatchSplit] = []
         latency = np.zeros(self.trace.n_messages, dtype=np.float64)
+        release = PayloadRelease(self.trace) if self.release_payload else None
         n = self.trace.n_messages
         try:
             begin = previous = time.perf_counter()
@@ -268,6 +327,8 @@ class Runner:
                     self._dispatch(pool, nxt)
                 cpu_s, cpu_total_s = self._collect(pool, cur, merged)
                 self._import(pool, moving)
+                if release is not None:  # every message up to ``cur``'s last is done
+                    release.done(pos)
                 _merge(merged, gpu_out)
                 done = time.perf_counter()
                 latency[cur.ids] = (done - cur.started) * 1e6
@@ -403,11 +464,14 @@ def _monitor(merged: Outputs) -> np.ndarray:
     return out
 
 
-def run_engine(trace: Trace, specs, choice: EngineChoice, options: EngineOptions) -> EngineResult:
+def run_engine(trace: Trace, specs, choice: EngineChoice, options: EngineOptions, *,
+               release_payload: bool = False) -> EngineResult:
     """Run the NF chain ``specs`` over ``trace`` with engine ``choice``.
 
     Returns every NF output (sorted rows), per-batch split statistics, timing
     and per-message latency. Raises ``RuntimeFailure`` if a CPU worker fails.
+    ``release_payload``: the trace's message bytes are read by nothing after this run,
+    so their pages are handed back as the batches are done (``PayloadRelease``).
     """
     chain = Chain(specs, FlowTable.of(trace))
-    return Runner(trace, chain, choice, options).run()
+    return Runner(trace, chain, choice, options, release_payload=release_payload).run()

@@ -214,7 +214,7 @@ def _one_process(job: _Job, records: np.ndarray, malformed: MalformedCounts, rea
     trace = trace_of(job.source, table, capture.packets, capture.wire_bytes, capture.malformed,
                      stats)
     trace.stages_s = {**capture.stages_s, "flows": time.perf_counter() - t2}
-    return trace, run_engine(trace, job.specs, job.choice, options)
+    return trace, run_engine(trace, job.specs, job.choice, options, release_payload=True)
 
 
 def balanced_shards(key_hash: np.ndarray, payload: np.ndarray, shards: int) -> np.ndarray:
@@ -304,7 +304,7 @@ class _Job:
         # back before the NFs' buffers take their room
         del cols, mine, mine_keys
         release_freed()
-        result = run_engine(trace, self.specs, self.choice, self.options)
+        result = run_engine(trace, self.specs, self.choice, self.options, release_payload=True)
         flows = trace.flows if k == 0 else [  # sent as tuples: unpickled fast
             tuple(getattr(f, n) for n in _FLOW_FIELDS) for f in trace.flows]
         return {"flows": flows,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import ipaddress
+import mmap
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from dl_nfv.nfv.engines import parse_engine
-from dl_nfv.nfv.engines.runner import EngineOptions, run_engine, usable_cores
+from dl_nfv.nfv.engines.runner import EngineOptions, PayloadRelease, run_engine, usable_cores
 from dl_nfv.nfv.nfs.http_lb import P
 from dl_nfv.nfv.nfs.snort import load_rules
 from dl_nfv.nfv.traffic import load_trace
@@ -211,3 +212,53 @@ def test_cuda_tensor_path_matches_cpu(traces):
         assert r.device.startswith("cuda")
         assert np.array_equal(r.http, ref.http) and np.array_equal(r.drops, ref.drops)
         assert r.alerts == ref.alerts and np.array_equal(r.monitor, ref.monitor)
+
+
+def test_payload_release_removes_only_pages_of_done_messages():
+    """``PayloadRelease``: after ``done(stop)`` a page of the payload mapping reads zeros
+    exactly when no message from ``stop`` on has a byte on it (messages in no order of the
+    buffer, some over several pages, bytes of no message between them); the messages not
+    done read their bytes."""
+    page = mmap.PAGESIZE
+    rng = np.random.default_rng(3)
+    n = 300
+    lengths = rng.integers(0, 3 * page, n)
+    lengths[rng.random(n) < 0.1] = 0
+    gaps = rng.integers(0, 200, n)
+    offsets = np.cumsum(lengths + gaps) - lengths
+    size = int(offsets[-1] + lengths[-1] + 100)
+    perm = rng.permutation(n)  # trace order is not buffer order
+    off, ln = offsets[perm], lengths[perm]
+    blob = mmap.mmap(-1, size)
+    blob[:] = b"\x01" * size
+    release = PayloadRelease(SimpleNamespace(blob=blob, msg_offset=off, msg_len=ln))
+    pages = -(-size // page)
+    for stop in (1, 40, 41, 150, 299, 300):
+        release.done(stop)
+        touched = np.zeros(pages, dtype=bool)
+        for a, k in zip(off[stop:].tolist(), ln[stop:].tolist()):
+            if k:
+                touched[a // page:(a + k - 1) // page + 1] = True
+                assert blob[a:a + k] == b"\x01" * k
+        zero = np.array([blob[p * page] == 0 for p in range(pages)])
+        assert np.array_equal(zero, ~touched), stop
+    assert zero.all()
+
+
+def test_released_payload_changes_no_output(tmp_path):
+    """A run that hands its trace's message bytes back as batches are done (one and two
+    workers) gives the outputs of one that keeps them."""
+    path = tmp_path / "z.pcap"
+    generate_trace(TraceSpec(flows=60, size_dist="zipf:1.2", mean_exchanges=4,
+                             attack_rate=0.1, seed=5), path)
+    for workers in (1, 2):
+        options = EngineOptions(batch_size=32, workers=workers)
+        kept = run_engine(load_trace(path), _chain(False), parse_engine("cpu"), options)
+        trace = load_trace(path)
+        assert isinstance(trace.blob, mmap.mmap)
+        released = run_engine(trace, _chain(False), parse_engine("cpu"), options,
+                              release_payload=True)
+        for name in ("http", "drops", "monitor"):
+            assert np.array_equal(getattr(released, name), getattr(kept, name)), name
+        assert released.alerts == kept.alerts and len(kept.alerts) > 0
+        assert not trace.payload.any()  # every page handed back: zeros
