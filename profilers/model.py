@@ -13,8 +13,8 @@ Steps
     3. ``warmup`` more plain steps, untimed (default none: the counting pass
        already ran every kernel at full size).
     4. ``repeats`` rounds of one plain step (timed whole) and one instrumented
-       step (timed per op), and more (up to ``MAX_ROUND_FACTOR`` times as many)
-       while the medians are not yet known well enough (``rounds``: the per-op
+       step (timed per op), and more (up to ``MAX_ROUND_FACTOR`` times as many,
+       for at most ``EXTRA_ROUNDS_S`` of added rounds) while the medians are not yet known well enough (``rounds``: the per-op
        sum within 2%, noisy ops under a tenth of it); the graph records per-op
        medians (less the instrumentation's cost per event, measured against the
        plain steps: ``measure``) and the median whole step, and ``ProfileInfo`` states the ratio
@@ -92,7 +92,7 @@ from .measure import (
     time_plain_step,
 )
 from .probe import PROBE_ROWS, colocation_groups, probe
-from .rounds import MAX_ROUND_FACTOR, allowed_cpus, pin, relative_iqr, stability
+from .rounds import allowed_cpus, pin, relative_iqr, round_indices, stability
 from .update import update_rates
 
 Progress = Callable[[str, int, int], None]
@@ -351,9 +351,8 @@ def _rounds(cap, clock, module, inputs, loss_fn, plain_step, smaller, timed, rep
         torch.cuda.reset_peak_memory_stats(dev)
     steps = []
     peak = None
-    for r in range(MAX_ROUND_FACTOR * repeats):
-        if r >= repeats and stability(timed.fwd_runs, timed.bwd_runs, cap.op_ids).stable:
-            break
+    for r in round_indices(repeats, lambda: stability(timed.fwd_runs, timed.bwd_runs,
+                                                       cap.op_ids).stable):
         more = (3 if smaller is not None else 2) if r >= repeats else 0  # beyond --repeats
         plain = plain_step()
         steps.append(sum(plain))
@@ -459,9 +458,8 @@ def _thread_pass(threads: int, cap, clock, module, inputs, loss_fn, plain_step, 
     timed = TimedRounds(cap)
     smaller = _SmallBatchRounds(cap, workload, small, seed, dev) if small else None
     try:
-        for r in range(MAX_ROUND_FACTOR * repeats):
-            if r >= repeats and stability(timed.fwd_runs, timed.bwd_runs, cap.op_ids).stable:
-                break
+        for r in round_indices(repeats, lambda: stability(timed.fwd_runs, timed.bwd_runs,
+                                                           cap.op_ids).stable):
             timed.round(clock, module, inputs, loss_fn, plain_step())
             if smaller is not None:
                 smaller.run(clock, module)

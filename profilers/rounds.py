@@ -4,7 +4,9 @@ Every timed round times the whole step and every op once. The profile keeps per-
 medians, so what matters is how well a median is known after ``n`` rounds: by the
 notch rule of box plots (McGill, Tukey and Larsen 1978), ``median +- 1.57 IQR / sqrt(n)``
 is a ~95% interval. A profile adds rounds beyond ``--repeats`` (up to ``MAX_ROUND_FACTOR``
-times as many) until
+times as many, and for at most ``EXTRA_ROUNDS_S`` of added rounds: on a model whose
+round takes many seconds a busy machine would otherwise quadruple the profile, while a
+round that long already averages over its many kernels) until
 
 * the median of the per-op sum of a round is known within ``SUM_TOLERANCE`` of itself, and
 * the ops whose own median is known no better than ``OP_TOLERANCE`` (noisy ops: tiny
@@ -28,7 +30,8 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 NOTCH = 1.57
@@ -36,6 +39,21 @@ SUM_TOLERANCE = 0.02
 OP_TOLERANCE = 0.10
 NOISY_SHARE = 0.10
 MAX_ROUND_FACTOR = 4
+EXTRA_ROUNDS_S = 60.0
+
+
+def round_indices(repeats: int, stable: Callable[[], bool], clock=time.perf_counter
+                  ) -> Iterator[int]:
+    """The rounds to time: ``repeats``, then more while ``stable()`` (the rounds so far)
+    is false, up to ``MAX_ROUND_FACTOR x repeats`` in all and while the added rounds have
+    taken at most ``EXTRA_ROUNDS_S`` (module doc)."""
+    added_from = None
+    for r in range(MAX_ROUND_FACTOR * repeats):
+        if r >= repeats:
+            added_from = clock() if added_from is None else added_from
+            if stable() or clock() - added_from > EXTRA_ROUNDS_S:
+                return
+        yield r
 
 
 def relative_iqr(values: Sequence[float]) -> float:

@@ -153,6 +153,26 @@ def test_progress_is_reported_for_every_step():
     assert seen[-1][0] == seen[-1][1] and all(b >= a for (_, a), (_, b) in zip(seen, seen[1:]))
 
 
+def test_rounds_are_added_while_unstable_up_to_a_factor_and_a_time_budget():
+    from dl_nfv.profilers.rounds import EXTRA_ROUNDS_S, round_indices
+
+    assert list(round_indices(3, lambda: True)) == [0, 1, 2]  # stable: --repeats alone
+    assert list(round_indices(3, lambda: False)) == list(range(3 * MAX_ROUND_FACTOR))
+    now = [0.0]
+
+    def clock() -> float:  # every added round takes 25 s
+        return now[0]
+
+    seen = []
+    for r in round_indices(3, lambda: False, clock):
+        seen.append(r)
+        now[0] += 25.0
+    # added rounds start at 75 s; the third starts 50 s later, the fourth would be 75 s late
+    assert EXTRA_ROUNDS_S == 60.0 and seen == [0, 1, 2, 3, 4, 5]
+    stable_after = iter([False, False, True])
+    assert list(round_indices(2, lambda: next(stable_after))) == [0, 1, 2, 3]
+
+
 def test_fixed_part_inverts_the_cost_models_batch_scaling():
     # t(f) = fixed + (t - fixed) f with t = 10, fixed = 4: t(1/2) = 7, t(1/4) = 5.5
     assert fixed_part(10.0, 7.0, 0.5) == pytest.approx(4.0)
