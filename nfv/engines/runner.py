@@ -75,16 +75,19 @@ class _Built:
 class PayloadRelease:
     """The trace's message bytes handed back to the system as the batches that read them are
     done: a page of the payload mapping (the streams ``assemble`` copies into an anonymous
-    mapping) is removed (``madvise(MADV_REMOVE)``) once every message with a byte on it is
-    done; bytes of no message count as done. Batches take the messages in trace order, so
-    ``done(stop)`` says every message before ``stop`` is done (and none after it has been
-    read yet by anyone). Reading a removed page gives zeros: only for a trace nothing reads
-    again. A payload that is not such a mapping is left as it is. O(messages + pages)."""
+    mapping) is dropped once every message with a byte on it is done (``madvise``:
+    ``MADV_REMOVE`` for a shared mapping, ``MADV_DONTNEED`` for a private one, where either
+    frees the page); bytes of no message count as done. Batches take the messages in trace
+    order, so ``done(stop)`` says every message before ``stop`` is done (and none after it
+    has been read yet by anyone). A dropped page reads as zeros: only for a trace nothing
+    reads again. A payload that is not such a mapping is left as it is. O(messages + pages)
+    per run; the pages' freeing itself would otherwise come when the mapping is unmapped."""
 
     def __init__(self, trace: Trace):
         blob = trace.blob
         self.blob = blob if (isinstance(blob, mmap.mmap) and hasattr(mmap, "MADV_REMOVE")
                              and len(blob)) else None
+        self.advice = getattr(mmap, "MADV_REMOVE", None)
         if self.blob is None:
             return
         self.pages = -(-len(blob) // mmap.PAGESIZE)
@@ -107,10 +110,9 @@ class PayloadRelease:
                            minlength=self.pages)
         out += np.bincount(last[~one], weights=(b - last * page)[~one], minlength=self.pages)
         # the pages between a message's first and last are all its own
-        inner = np.zeros(self.pages + 1)
-        np.add.at(inner, first[~one] + 1, page)
-        np.add.at(inner, last[~one], -page)
-        out += np.cumsum(inner[:-1])
+        inner = (np.bincount(first[~one] + 1, minlength=self.pages + 1)
+                 - np.bincount(last[~one], minlength=self.pages + 1))
+        out += page * np.cumsum(inner[:-1])
         return out.astype(np.int64)
 
     def done(self, stop: int) -> None:
@@ -124,7 +126,13 @@ class PayloadRelease:
         edges = np.flatnonzero(np.diff(np.r_[0, free.view(np.int8), 0]))
         page, size = mmap.PAGESIZE, len(self.blob)
         for a, b in zip(edges[0::2].tolist(), edges[1::2].tolist()):
-            self.blob.madvise(mmap.MADV_REMOVE, a * page, min(b * page, size) - a * page)
+            try:
+                self.blob.madvise(self.advice, a * page, min(b * page, size) - a * page)
+            except OSError:  # a private mapping (no file behind it to punch): its pages go
+                if self.advice == mmap.MADV_DONTNEED:  # by being dropped
+                    raise
+                self.advice = mmap.MADV_DONTNEED
+                self.blob.madvise(self.advice, a * page, min(b * page, size) - a * page)
 
 
 class HostOnly:

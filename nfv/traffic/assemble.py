@@ -441,7 +441,9 @@ def _gather(cols: PacketColumns, rows: np.ndarray) -> bytes | mmap.mmap:
     order = np.argsort(off, kind="stable")
     release_pages(cols.blob)
     release_freed()  # the flow analysis' temporaries, before the streams take their room
-    out = mmap.mmap(-1, total)
+    # private: a page the NFs are done with is freed by dropping it (``runner.PayloadRelease``)
+    out = mmap.mmap(-1, total, **({"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE")
+                                  else {}))
     view = memoryview(cols.blob)
     release = RELEASE_STEP
     for at in range(0, len(order), GATHER_STEP):  # Python ints for a step of segments at once

@@ -214,11 +214,12 @@ def test_cuda_tensor_path_matches_cpu(traces):
         assert r.alerts == ref.alerts and np.array_equal(r.monitor, ref.monitor)
 
 
-def test_payload_release_removes_only_pages_of_done_messages():
-    """``PayloadRelease``: after ``done(stop)`` a page of the payload mapping reads zeros
-    exactly when no message from ``stop`` on has a byte on it (messages in no order of the
-    buffer, some over several pages, bytes of no message between them); the messages not
-    done read their bytes."""
+@pytest.mark.parametrize("shared", [True, False])
+def test_payload_release_removes_only_pages_of_done_messages(shared):
+    """``PayloadRelease``: after ``done(stop)`` a page of the payload mapping (shared or
+    private) reads zeros exactly when no message from ``stop`` on has a byte on it (messages
+    in no order of the buffer, some over several pages, bytes of no message between them);
+    the messages not done read their bytes."""
     page = mmap.PAGESIZE
     rng = np.random.default_rng(3)
     n = 300
@@ -229,7 +230,7 @@ def test_payload_release_removes_only_pages_of_done_messages():
     size = int(offsets[-1] + lengths[-1] + 100)
     perm = rng.permutation(n)  # trace order is not buffer order
     off, ln = offsets[perm], lengths[perm]
-    blob = mmap.mmap(-1, size)
+    blob = mmap.mmap(-1, size, flags=mmap.MAP_SHARED if shared else mmap.MAP_PRIVATE)
     blob[:] = b"\x01" * size
     release = PayloadRelease(SimpleNamespace(blob=blob, msg_offset=off, msg_len=ln))
     pages = -(-size // page)
