@@ -281,7 +281,9 @@ class TensorChain:
         for parent, flows, inner in reversed(nested):  # compacted flows back into the parent
             put_columns(parent, flows, inner)
         put_rows_t(self.table.values, slots, state)
-        self.table.delete(slots[state[self.table.index[HOLDERS]] == 0])
+        # the entries no NF keeps (numpy's steps on a CPU)
+        kept, flows = arrays(host, state[self.table.index[HOLDERS]], slots)
+        self.table.delete(flows[kept == 0])
         result = self._egress(block, out, order, drops)
         times[0] += time.perf_counter() - t0
         return BatchResult(stage=result[6], reason=result[7],

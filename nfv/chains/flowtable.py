@@ -301,7 +301,11 @@ class DeviceFlowTable:
         return True
 
     def delete(self, slots) -> None:
-        if slots.numel():
+        """Tombstones at ``slots`` (tensor, or numpy array: by numpy over the keys' memory)."""
+        if isinstance(slots, np.ndarray):
+            self.k2.numpy()[slots] = TOMB
+            self.live -= int(slots.shape[0])
+        elif slots.numel():
             self.k2[slots] = TOMB
             self.live -= int(slots.numel())
 

@@ -40,7 +40,7 @@ def on_host(x) -> bool:
 def arrays(host: bool, *xs):
     """``xs`` (tensors, numpy arrays or None) as numpy arrays (a tensor's over its memory)
     where ``host``, else as they are: a step written once with this module's helpers and operators runs either."""
-    return tuple(x.numpy() if host and isinstance(x, torch.Tensor) else x for x in xs)
+    return [x.numpy() if host and isinstance(x, torch.Tensor) else x for x in xs]
 
 
 def tensor(x):
