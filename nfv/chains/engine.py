@@ -340,12 +340,14 @@ class TensorChain:
     def _rows(self, slots):
         """The table rows at ``slots`` as [columns, flows], each NF's columns at their fills
         where the NF does not keep the flow (new flows: every column); the holder bits."""
-        rows = take_rows_t(self.table.values, slots)
+        host = on_host(slots)  # by numpy over the rows' memory on a CPU
+        rows, bits, fills = arrays(host, take_rows_t(self.table.values, slots), self._bits,
+                                   self._fills)
         h = self.table.index[HOLDERS]
-        own = (rows[h] & self._bits) != 0
+        own = (rows[h] & bits) != 0
         own[h] = True
-        state = pick(own, rows, self._fills)
-        return state, state[h].clone()
+        state = pick(own, rows, fills)
+        return tensor(state), tensor(state[h].copy() if host else state[h].clone())
 
     @staticmethod
     def _put_back(out, sub: Sub, rows) -> None:

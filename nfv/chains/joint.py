@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops import arrays, on_host, take
+from .ops import arrays, on_host, take, tensor
 from .scan import fsm_scan, quiet_rows
 
 JOINT = ("session", "joint")  # Sub.memo key of the session part of a joint scan
@@ -65,7 +65,9 @@ class JointScan:
                 or int(((hi - conn_last) * conn_kept).max()) > self.conn_min \
                 or int(((hi - session_last) * session_kept).max()) > self.session_min:
             return None
-        s0 = self.conn._column(sub, "state") * self.width + self.session._column(sub, "state")
+        conn_s0, session_s0 = arrays(host, self.conn._column(sub, "state"),
+                                     self.session._column(sub, "state"))
+        s0 = tensor(conn_s0 * self.width + session_s0)
         found, after, timed_out = fsm_scan(self.next, None, cls, None, seg, s0, self.quiet)
         conn_of, session_of = self.parts  # gathers from 165 entries, not integer divisions
         if on_host(found):  # by numpy over the same memory: its calls cost less

@@ -105,7 +105,10 @@ class _Stateful:
         return self.table.cols[self.names[name]]
 
     def _flows(self, sub: Sub):
-        """Whether the NF kept each of ``sub``'s flows before this batch."""
+        """Whether the NF kept each of ``sub``'s flows before this batch (a tensor; by numpy
+        over its memory on a CPU)."""
+        if on_host(sub.held):
+            return torch.from_numpy((sub.held.numpy() & self.bit) != 0)
         return (sub.held & self.bit) != 0
 
     def _get(self, sub: Sub, name: str):
