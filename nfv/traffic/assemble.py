@@ -191,8 +191,8 @@ class _Packets:
         self.flags = take(cols.flags).astype(np.int64)
         self.seq = take(cols.seq).astype(np.int64)  # (modular arithmetic below)
         self.ts = take(cols.ts_us)
-        self.size = take(cols.payload_len)
-        self.wire = take(cols.wire_bytes)
+        self.size = take(cols.payload_len).astype(np.int64, copy=False)
+        self.wire = take(cols.wire_bytes).astype(np.int64, copy=False)
 
 
 def _group_rows(table: np.ndarray, h: np.ndarray | None = None

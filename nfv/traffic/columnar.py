@@ -61,18 +61,18 @@ class PacketColumns:
     """
 
     ts_us: np.ndarray  # int64
-    wire_bytes: np.ndarray  # int64, the captured frame length
+    wire_bytes: np.ndarray  # int64, the captured frame length (``NARROW``: uint32)
     reason: np.ndarray  # int16
     proto: np.ndarray  # uint8: 6, 17 or 0
     addr_len: np.ndarray  # int64 (``NARROW``: uint8): 4, 16 or 0
-    src_off: np.ndarray  # int64
-    dst_off: np.ndarray  # int64
+    src_off: np.ndarray  # int64 (``NARROW_OFFSETS``: uint32)
+    dst_off: np.ndarray  # int64 (``NARROW_OFFSETS``: uint32)
     sport: np.ndarray  # int64 (``NARROW``: uint16)
     dport: np.ndarray  # int64 (``NARROW``: uint16)
     flags: np.ndarray  # uint8
     seq: np.ndarray  # int64 (``NARROW``: uint32)
-    payload_off: np.ndarray  # int64
-    payload_len: np.ndarray  # int64
+    payload_off: np.ndarray  # int64 (``NARROW_OFFSETS``: uint32)
+    payload_len: np.ndarray  # int64 (``NARROW``: uint32)
     blob: bytes
     buf: np.ndarray  # uint8 view of blob
     reasons: list[str]
@@ -121,8 +121,12 @@ class PacketColumns:
 
 
 # the fields whose every value fits a narrower type, as columns kept for long may store them
-# (``trace.decode_steps``); readers convert before arithmetic that could leave that range
-NARROW = {"addr_len": np.uint8, "sport": np.uint16, "dport": np.uint16, "seq": np.uint32}
+# (``trace.decode_steps``); readers convert before arithmetic that could leave that range.
+# Offsets fit 32 bits in a buffer under ``NARROW_OFFSETS_BELOW`` bytes.
+NARROW = {"addr_len": np.uint8, "sport": np.uint16, "dport": np.uint16, "seq": np.uint32,
+          "wire_bytes": np.uint32, "payload_len": np.uint32}
+NARROW_OFFSETS = ("src_off", "dst_off", "payload_off")
+NARROW_OFFSETS_BELOW = (1 << 32) - (1 << 20)  # (a skipped frame's offsets may pass its end)
 ROW_FIELDS = ("ts_us", "wire_bytes", "reason", "proto", "addr_len", "src_off", "dst_off",
                "sport", "dport", "flags", "seq", "payload_off", "payload_len")
 

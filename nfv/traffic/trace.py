@@ -22,6 +22,8 @@ from .assemble import Assembled, assemble
 from .capture import open_mapped, release_freed, release_pages, span_table
 from .columnar import (
     NARROW,
+    NARROW_OFFSETS,
+    NARROW_OFFSETS_BELOW,
     OK,
     REASONS,
     ROW_FIELDS,
@@ -211,11 +213,15 @@ def decode_steps(data, records: np.ndarray, step: int = DECODE_STEP
     again only for payloads. The columns and the keys of the decoded rows, equal to one
     decoding's; None for no records, or where the reference decoder's fields need bytes
     appended to the buffer (then only one decoding of all records can hold them). The
-    columns of ``columnar.NARROW`` are stored as its narrower types (their values fit)."""
+    columns of ``columnar.NARROW`` are stored as its narrower types (their values fit), and
+    the offsets as 32 bits in a capture under 4 GiB."""
     n = len(records)
     if n == 0:
         return None
     columns: dict[str, np.ndarray] = {}
+    narrow = dict(NARROW)
+    if len(data) < NARROW_OFFSETS_BELOW:
+        narrow.update(dict.fromkeys(NARROW_OFFSETS, np.uint32))
     reasons = list(REASONS)
     http = np.zeros(n, dtype=bool)
     key = np.empty((n, KEY_WIDTH), dtype=np.uint64)  # pages past the decoded rows: untouched
@@ -236,7 +242,7 @@ def decode_steps(data, records: np.ndarray, step: int = DECODE_STEP
         for name in ROW_FIELDS:
             value = getattr(cols, name)
             if name not in columns:
-                columns[name] = np.empty(n, dtype=NARROW.get(name, value.dtype))
+                columns[name] = np.empty(n, dtype=narrow.get(name, value.dtype))
             columns[name][start:stop] = value
         fallback += cols.fallback
         ok = np.flatnonzero(cols.reason == OK)
