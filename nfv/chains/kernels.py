@@ -304,9 +304,7 @@ class FirewallKernel(_Machine):
         existed = self._flows(sub)
         host = on_host(sub.cls)  # the steps over the packets by numpy on a CPU
         packet_cls, direction, last, ts = arrays(host, sub.cls, sub.dir, sub.seg.last, sub.ts)
-        allowed = self._acl(sub)
-        if host and not isinstance(allowed, np.ndarray):
-            allowed = allowed.numpy()
+        allowed = arrays(host, self._acl(sub))[0]
         rows = (packet_cls + allowed * 32) * 2 + direction
         cls = tensor(rows)
         both = None if self.joint is None else self.joint.run(sub, cls, existed)
