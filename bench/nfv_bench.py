@@ -273,7 +273,7 @@ def e2e_main() -> None:
                          f"--no-record:\n{dirty}")
     suricata = shutil.which("suricata")
     load_before = os.getloadavg()[0]
-    rows = []
+    rows, goals = [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         configs = _chain_configs(work)
@@ -288,8 +288,10 @@ def e2e_main() -> None:
             traces.append((f"{dist}, {flows} flows", pcap, large))
         traces.append(("real (loopback-http)", ROOT / "tests/data/loopback-http.pcap", False))
         for name, pcap, large in traces:
-            rows += _e2e_trace(name, pcap, work, configs, ["cpu"] if large else engines,
-                               suricata, args.repeats, other_chains=not large)
+            got, goal = _e2e_trace(name, pcap, work, configs, ["cpu"] if large else engines,
+                                   suricata, args.repeats, other_chains=not large)
+            rows += got
+            goals.append(goal)
             if large:  # its columns and streams are not kept for the next trace's runs
                 pcap.unlink()
     load_after = os.getloadavg()[0]
@@ -297,7 +299,9 @@ def e2e_main() -> None:
                "packets/s", "peak MB (x pcap)", "speed vs Suricata (wall / CPU)",
                "vs 1 worker (wall / CPU)", "dl-nfv stages (s, from its report)"]
     table = markdown_table(headers, rows)
+    goals_text = "\n".join(g for g in goals if g)
     print(table)
+    print(goals_text)
     print(f"load average {load_before:.1f} before, {load_after:.1f} after, on "
           f"{os.cpu_count()} cores; {_bytecode()}")
     if args.no_record:
@@ -327,9 +331,10 @@ def e2e_main() -> None:
             f"workers whatever `--workers` says (its tensor path is in the main process). Load "
             f"average: {load_before:.1f} when it started, {load_after:.1f} when it ended, on "
             f"{os.cpu_count()} cores (shared machine: compare within a trace). Bytecode: "
-            f"{_bytecode()}.\n\n{table}")
+            f"{_bytecode()}.\n\n{table}\n\nThe goals, per trace (the cpu engine; a 0.1 MB "
+            f"capture's memory is the interpreter's):\n\n{goals_text}")
     record_section("nfv-e2e", "NFV end to end: dl-nfv against Suricata", body,
-                   command="python bench/nfv_bench.py --e2e")
+                   command=" ".join(["python bench/nfv_bench.py --e2e", *sys.argv[1:]]))
 
 
 def _warm_up(config: Path, work: Path) -> None:
@@ -356,8 +361,9 @@ def _bytecode() -> str:
 def _e2e_trace(name: str, pcap: Path, work: Path, configs: dict[str, Path],
                engines: list[str], suricata: str | None, repeats: int, *,
                other_chains: bool = True) -> list[list[str]]:
-    """The table's rows for one trace: Suricata, then dl-nfv per engine and workers on the
-    IDS chain, then (``other_chains``) the cpu engine on the other chains."""
+    """The table's rows for one trace (Suricata, then dl-nfv per engine and workers on the
+    IDS chain, then, ``other_chains``, the cpu engine on the other chains) and its line of
+    goals (``_goals``)."""
     size = pcap.stat().st_size
     dl_nfv = str(Path(sys.executable).with_name("dl-nfv"))
     cmds: dict = {}
@@ -400,7 +406,42 @@ def _e2e_trace(name: str, pcap: Path, work: Path, configs: dict[str, Path],
                      f"{size * 8 / wall / 1e9:.3f}", f"{packets / wall / 1e3:.1f}k",
                      peak, ratio, scaling, stages])
         print(" | ".join(rows[-1]), flush=True)
-    return rows
+    return rows, _goals(name, size, cells)
+
+
+def _goals(name: str, size: int, cells: dict) -> str:
+    """One line of the issue's goals for a trace, from the cpu engine's cells: met, or by
+    how much not (and, for two workers, the most that the start-up no worker count shares
+    leaves: ``wall / (startup + (wall - startup) / 2)``)."""
+    one, two = cells.get(("cpu", 1, "ids")), cells.get(("cpu", 2, "ids"))
+    if one is None:
+        return ""
+    parts = []
+    suricata = cells.get(("suricata", 1, "ids"))
+    if suricata:
+        r = suricata["wall_s"] / one["wall_s"]
+        parts.append(f"IDS with one worker {r:.2f}x Suricata's speed "
+                     f"({'met' if r >= 1 else f'not met, short by {1 - r:.2f}x'})")
+    if two:
+        r = one["wall_s"] / two["wall_s"]
+        startup = max(0.0, one["wall_s"] - one["report"]["wall_s"])
+        most = one["wall_s"] / (startup + (one["wall_s"] - startup) / 2)
+        parts.append(f"two workers {r:.2f}x one ({'met' if r >= 1.8 else f'goal 1.8x not met, short by {1.8 - r:.2f}x'}; "
+                     f"its {startup:.2f} s before the capture is opened (interpreter, imports) "
+                     f"leave at most {most:.2f}x)")
+    others = [cells[("cpu", 1, c)]["wall_s"] for c in ("firewall", "monitor")
+              if ("cpu", 1, c) in cells]
+    if others:
+        faster = max(others) < one["wall_s"]
+        parts.append(f"firewall and monitor chains {'faster' if faster else 'not faster'} "
+                     f"than the IDS ({'met' if faster else 'not met'})")
+    peaks = [cell["peak_mb"] * 2**20 / size for (who, _, _), cell in cells.items()
+             if who == "cpu" and cell["peak_mb"] is not None]
+    if peaks:
+        worst = max(peaks)
+        parts.append(f"peak memory of the cpu engine at most {worst:.2f}x the pcap "
+                     f"({'met' if worst <= 2 else f'goal 2x not met, over by {worst - 2:.2f}x'})")
+    return f"- {name}: " + "; ".join(parts) + "."
 
 
 # literal matchers ---------------------------------------------------------------------
