@@ -440,8 +440,9 @@ class _SessionKernel(_Machine):
     def _classes(sub: Sub):
         """The session machine's row of each packet (class and direction), once per ``Sub``."""
         got = sub.memo.get(("session", "classes"))
-        if got is None:
-            got = sub.memo[("session", "classes")] = sub.cls * 2 + sub.dir
+        if got is None:  # by numpy over the tensors' memory on a CPU
+            cls, direction = arrays(on_host(sub.cls), sub.cls, sub.dir)
+            got = sub.memo[("session", "classes")] = tensor(cls * 2 + direction)
         return got
 
     def _releases(self, sub, timed_out, event, ok, binding, table_binding):
