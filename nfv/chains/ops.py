@@ -39,13 +39,33 @@ def on_host(x) -> bool:
 
 def arrays(host: bool, *xs):
     """``xs`` (tensors, numpy arrays or None) as numpy arrays (a tensor's over its memory)
-    where ``host``, else as they are: a step written once with this module's helpers and operators runs either."""
-    return [x.numpy() if host and isinstance(x, torch.Tensor) else x for x in xs]
+    where ``host``, else as they are: a step written once with this module's helpers and
+    operators runs either. A tensor keeps its numpy view (``HOST_VIEW``), so the tensors
+    a batch's steps read again and again (its segments, times, masks, the NFs' tables)
+    are each seen once: ``numpy()`` costs several times an attribute's read."""
+    if not host:
+        return list(xs)
+    return [_host_view(x) if isinstance(x, torch.Tensor) else x for x in xs]
+
+
+HOST_VIEW = "_host_view"  # the attribute of a tensor that holds its numpy view
+
+
+def _host_view(x):
+    got = getattr(x, HOST_VIEW, None)
+    if got is None:
+        got = x.numpy()
+        setattr(x, HOST_VIEW, got)
+    return got
 
 
 def tensor(x):
-    """``x`` as a tensor (a numpy array's over its memory)."""
-    return torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+    """``x`` as a tensor (a numpy array's over its memory, which it keeps as its view)."""
+    if isinstance(x, np.ndarray):
+        got = torch.from_numpy(x)
+        setattr(got, HOST_VIEW, x)
+        return got
+    return x
 
 
 def nonzero(mask):
