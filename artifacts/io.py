@@ -14,7 +14,6 @@ save (``NonFiniteNumber`` naming the field), in JSON and YAML alike.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import math
@@ -249,4 +248,6 @@ def canonical_json(record: Any) -> str:
 
 def fingerprint(record: Any) -> str:
     """sha256 (hex) of the record's canonical JSON; stable across load/save and formats."""
+    import hashlib  # here: it maps OpenSSL's libcrypto (~3 MB resident), which most runs never need
+
     return hashlib.sha256(canonical_json(record).encode()).hexdigest()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import hashlib
 import os
 import time
 from collections import Counter
@@ -138,6 +137,8 @@ def _five(trace: Trace, flow: int) -> FiveTuple:
 
 
 def _digest(table: np.ndarray) -> str:
+    import hashlib  # here: OpenSSL's libcrypto is mapped once the NFs are done, not at the peak
+
     return hashlib.sha256(np.ascontiguousarray(table, dtype=np.int64).tobytes()).hexdigest()
 
 
