@@ -306,11 +306,14 @@ class TimedRounds:
         self.bwd_runs: dict = defaultdict(list)
         self.tie_runs: dict = defaultdict(list)
         self.plain: list[tuple[float, float]] = []
+        self.settled_s: float | None = None  # rounds without plain steps: the one that settled
         self.events: tuple[dict, dict] = ({}, {})
 
-    def round(self, clock, module, inputs, loss_fn, plain: tuple[float, float] | None = None):
-        """One instrumented step, after ``plain`` (a plain step's seconds; timed here if None)."""
-        if plain is None:
+    def round(self, clock, module, inputs, loss_fn, plain: tuple[float, float] | None = None,
+              *, with_plain: bool = True):
+        """One instrumented step, after ``plain`` (a plain step's seconds; timed here if None);
+        ``with_plain`` False: no plain step (``per_event_ms`` then has nothing to go by)."""
+        if plain is None and with_plain:
             plain = time_plain_step(module, inputs, loss_fn, clock)
         module.zero_grad(set_to_none=True)
         rec = Recorder(self._cap, clock)
@@ -320,12 +323,13 @@ class TimedRounds:
             self.bwd_runs[key].append(rec.bwd_s.get(key, 0.0))
         for key, seconds in rec.summed_s.items():
             self.tie_runs[key].append(seconds)
-        self.plain.append(plain)
+        if plain is not None:
+            self.plain.append(plain)
         self.events = (dict(rec.fwd_events), dict(rec.bwd_events))
 
     def round_sums_s(self) -> tuple[list[float], list[float]]:
         """Per round, the instrumented step's forward and backward per-key sums (seconds)."""
-        rounds = len(self.plain)
+        rounds = len(self.fwd_runs.get(self.keys[0], ())) if self.keys else 0
         return ([sum(v[k] for v in self.fwd_runs.values()) for k in range(rounds)],
                 [sum(v[k] for v in self.bwd_runs.values()) for k in range(rounds)])
 

@@ -40,7 +40,9 @@ Steps
        1 thread and at this process's CPU count, where the profile's own
        threads are neither (pinned, rounds by the same rule, each with its
        plain step, which settles the thread pool for the instrumented step that
-       follows, and its step at the smaller batch):
+       follows, and its step at the smaller batch; where a step there is longer
+       than ``SETTLE_ONLY_S`` one plain step settles the pass, and the
+       instrumentation's cost per event comes from the smaller batch alone):
        ``Op.fwd_ms_by_threads`` / ``bwd_ms_by_threads``, the fixed parts at
        those counts (``fwd_fixed_ms_by_threads``), and
        ``ProfileInfo.thread_counts``. The instrumentation's cost per event is
@@ -98,6 +100,7 @@ from .update import update_rates
 Progress = Callable[[str, int, int], None]
 # the fixed parts of op times are measured at batch B // SCALING_DIVISOR (at least 1)
 SCALING_DIVISOR = 8
+SETTLE_ONLY_S = 1.0  # a thread pass with longer steps: one plain step, not one per round
 GIB = 2**30
 
 
@@ -260,7 +263,8 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
                                    timed, repeats, dev, tick)
         peak_bytes = cuda_peak if cuda_peak is not None else peak_bytes
         passes = {n: _thread_pass(n, cap, clock, module, inputs, loss_fn, plain_step, repeats,
-                                  tick, workload, small, seed, dev)
+                                  tick, workload, small, seed, dev,
+                                  plain_rounds=not _settle_only(steps, n, smaller))
                   for n in others}
     module.zero_grad(set_to_none=True)
 
@@ -272,8 +276,9 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     one, one_small = passes.get(1, (timed, smaller))
     per_event_small = (one_small.timed.per_event_ms()
                        if one_small is not None and not one_small.failed else None)
-    per_event = (bounded_overhead(one.per_event_ms(), per_event_small) if dev.type == "cpu"
-                 else (0.0, 0.0))
+    per_event = ((bounded_overhead(one.per_event_ms(), per_event_small)
+                  if one.plain or per_event_small is None else per_event_small)
+                 if dev.type == "cpu" else (0.0, 0.0))
     per_event_small = per_event_small if dev.type == "cpu" and per_event_small else per_event
     fwd_runs, bwd_runs = timed.fwd_runs, timed.bwd_runs
     fwd_ms, bwd_ms = timed.medians_ms(per_event)
@@ -443,13 +448,25 @@ def _per_round(sums_s: list[float]) -> str:
     return f"op sum per round {min(sums_s) * 1e3:.1f}-{max(sums_s) * 1e3:.1f} ms"
 
 
+def _settle_only(steps: list[float], threads: int, smaller) -> bool:
+    """Whether the thread pass at ``threads`` runs one plain step, to settle its threads,
+    instead of one per round: where its step (the rounds' fastest, scaled by the thread
+    counts: an upper bound) is longer than ``SETTLE_ONLY_S`` and the smaller batch's
+    rounds, which give the instrumentation's cost per event, run."""
+    if smaller is None or smaller.failed:
+        return False
+    return min(steps) * max(1.0, torch.get_num_threads() / threads) > SETTLE_ONLY_S
+
+
 def _thread_pass(threads: int, cap, clock, module, inputs, loss_fn, plain_step, repeats: int,
-                 tick, workload, small: int, seed: int, dev):
+                 tick, workload, small: int, seed: int, dev, *, plain_rounds: bool = True):
     """Every op timed at ``threads`` intra-op threads, pinned as a worker of that many
     (module doc, step 6): rounds as at the profile's own threads, by the same rule, each
     followed (``small``: batch > 1) by one at the smaller batch; a round's plain step
     settles the thread pool for its instrumented one (the first plain step, cold, is never
-    the fastest that the instrumentation's cost is taken against). Returns the rounds (``TimedRounds``) and the smaller batch's
+    the fastest that the instrumentation's cost is taken against). Without
+    ``plain_rounds``, one plain step settles them all (``TimedRounds.settled_s``) and the
+    rounds have none. Returns the rounds (``TimedRounds``) and the smaller batch's
     (``_SmallBatchRounds`` or None); the threads are restored."""
     main = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -458,9 +475,12 @@ def _thread_pass(threads: int, cap, clock, module, inputs, loss_fn, plain_step, 
     timed = TimedRounds(cap)
     smaller = _SmallBatchRounds(cap, workload, small, seed, dev) if small else None
     try:
+        if not plain_rounds:
+            timed.settled_s = sum(plain_step())
         for r in round_indices(repeats, lambda: stability(timed.fwd_runs, timed.bwd_runs,
                                                            cap.op_ids).stable):
-            timed.round(clock, module, inputs, loss_fn, plain_step())
+            timed.round(clock, module, inputs, loss_fn,
+                        plain_step() if plain_rounds else None, with_plain=plain_rounds)
             if smaller is not None:
                 smaller.run(clock, module)
             tick(f"timing every op at {threads} thread(s)", 1 if r >= repeats else 0)
@@ -471,10 +491,13 @@ def _thread_pass(threads: int, cap, clock, module, inputs, loss_fn, plain_step, 
 
 
 def _one_thread_step_s(steps: list[float], passes: dict) -> float:
-    """The fastest plain step at one thread (seconds): from the one-thread pass, or the
-    rounds' own steps at one thread, else those times the threads (an upper bound)."""
+    """The fastest plain step at one thread (seconds): from the one-thread pass (its
+    rounds' plain steps, or the one that settled it), or the rounds' own steps at one
+    thread, else those times the threads (an upper bound)."""
     if 1 in passes and passes[1][0].plain:
         return min(sum(p) for p in passes[1][0].plain)
+    if 1 in passes and passes[1][0].settled_s is not None:
+        return passes[1][0].settled_s
     return min(steps) * torch.get_num_threads()
 
 

@@ -39,7 +39,7 @@ SUM_TOLERANCE = 0.02
 OP_TOLERANCE = 0.10
 NOISY_SHARE = 0.10
 MAX_ROUND_FACTOR = 4
-EXTRA_ROUNDS_S = 60.0
+EXTRA_ROUNDS_S = 20.0
 
 
 def round_indices(repeats: int, stable: Callable[[], bool], clock=time.perf_counter

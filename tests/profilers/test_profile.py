@@ -166,11 +166,65 @@ def test_rounds_are_added_while_unstable_up_to_a_factor_and_a_time_budget():
     seen = []
     for r in round_indices(3, lambda: False, clock):
         seen.append(r)
-        now[0] += 25.0
-    # added rounds start at 75 s; the third starts 50 s later, the fourth would be 75 s late
-    assert EXTRA_ROUNDS_S == 60.0 and seen == [0, 1, 2, 3, 4, 5]
+        now[0] += 0.4 * EXTRA_ROUNDS_S
+    # added rounds start at 1.2 budgets; the third starts 0.8 of one later, a fourth 1.2
+    assert seen == [0, 1, 2, 3, 4, 5]
     stable_after = iter([False, False, True])
     assert list(round_indices(2, lambda: next(stable_after))) == [0, 1, 2, 3]
+
+
+def test_a_thread_pass_of_long_steps_settles_once_and_has_no_plain_rounds():
+    """Steps over ``SETTLE_ONLY_S`` with a smaller batch: one plain step settles the pass,
+    the rounds time every op without one (the instrumentation's cost then comes from the
+    smaller batch); without a smaller batch, or short steps, every round has its own."""
+    from dl_nfv.profilers import model as pm
+    from dl_nfv.profilers.capture import capture
+    from dl_nfv.profilers.measure import make_clock, time_plain_step
+
+    ref = zoo.model_ref("mlp-tiny", batch_size=8)
+    workload = zoo.instantiate(ref, seed=0)
+    module = workload.module.train()
+    inputs, target = workload.make_batch(8, 0)
+    cap = capture(module, inputs)
+    dev = torch.device("cpu")
+    clock = make_clock(dev)
+
+    def loss_fn(output):
+        return workload.loss(output, target)
+
+    calls = []
+
+    def plain_step():
+        calls.append(1)
+        return time_plain_step(module, inputs, loss_fn, clock)
+
+    smaller = pm._SmallBatchRounds(cap, workload, 1, 0, dev)
+    assert pm._settle_only([2 * pm.SETTLE_ONLY_S], 1, smaller)
+    assert not pm._settle_only([0.5 * pm.SETTLE_ONLY_S], 1, smaller)
+    assert not pm._settle_only([2 * pm.SETTLE_ONLY_S], 1, None)
+    timed, small = pm._thread_pass(1, cap, clock, module, inputs, loss_fn, plain_step, 2,
+                                   lambda *a: None, workload, 1, 0, dev, plain_rounds=False)
+    rounds = len(timed.fwd_runs[cap.op_ids[-1]])
+    assert len(calls) == 1 and timed.plain == [] and timed.settled_s > 0 and rounds >= 2
+    assert timed.per_event_ms() == (0.0, 0.0) and len(timed.round_sums_s()[0]) == rounds
+    assert small is not None and len(small.timed.plain) == len(small.timed.fwd_runs[cap.op_ids[-1]])
+    calls.clear()
+    timed, _ = pm._thread_pass(1, cap, clock, module, inputs, loss_fn, plain_step, 2,
+                               lambda *a: None, workload, 1, 0, dev)
+    assert len(calls) == len(timed.plain) == len(timed.fwd_runs[cap.op_ids[-1]])
+
+
+def test_without_one_thread_plain_rounds_the_instrumentation_is_the_smaller_batchs(monkeypatch):
+    from dl_nfv.profilers import model as pm
+
+    monkeypatch.setattr(pm, "SETTLE_ONLY_S", 0.0)  # every thread pass settles once
+    bounded = []  # the full batch's figure has no plain steps at one thread to be taken from
+    monkeypatch.setattr(pm, "bounded_overhead", lambda *a: bounded.append(a) or a[0])
+    graph = _profile("mlp-tiny", batch_size=8, repeats=2, thread_scaling=True,
+                     batch_scaling=True, threads=2)
+    us = graph.profile.instrumentation_us
+    assert 1 in graph.profile.thread_counts and bounded == []
+    assert (us["fwd"], us["bwd"]) == (us["fwd_small"], us["bwd_small"])
 
 
 def test_fixed_part_inverts_the_cost_models_batch_scaling():
