@@ -46,7 +46,15 @@ from .ops import (
     take_rows_t,
     tensor,
 )
-from .packets import ChainPackets, key_pair, mix_hash, rewrite_checksum_rows, rewrite_checksums
+from .packets import (
+    ChainPackets,
+    endpoint_keys,
+    endpoint_pair,
+    key_pair,
+    mix_hash,
+    rewrite_checksum_rows,
+    rewrite_checksums,
+)
 from .reference import REFERENCE, Pkt
 from .scan import Segments
 from .states import Verdict, packet_class
@@ -91,8 +99,9 @@ class _Sweeper:
 
 def _flow_order(k1, k2, hashes=None):
     """A permutation that groups the batch's packets by flow, each flow in arrival order;
-    where the sorted batch's flows start (None: not computed); the keys, sorted. Over int64
-    tensors, or numpy arrays (a CPU's: numpy's calls cost less than torch's at these sizes).
+    where the sorted batch's flows start (None: not computed); the keys, sorted. ``k1``,
+    ``k2``: two words that tell the flows apart (the key's; on a CPU ``endpoint_pair``'s),
+    int64 tensors or numpy arrays (a CPU's: numpy's calls cost less than torch's here).
 
     One sort of (flow hash, arrival) packed in an int64 (``hashes``, or ``packets.mix_hash``
     in the bits arrival leaves); in the smallest batches (where the hash's steps cost more
@@ -102,11 +111,14 @@ def _flow_order(k1, k2, hashes=None):
     host = isinstance(k1, np.ndarray)
     if n >= max(2, ONE_SORT_FROM):
         shift = (n - 1).bit_length()
-        if hashes is None:
-            hashes = mix_hash(k1, k2, 63 - shift)
-        if host:
-            packed = np.sort((hashes << shift) | np.arange(n))
+        if host:  # in place: no temporaries
+            packed = mix_hash(k1, k2, 63 - shift) if hashes is None else hashes.copy()
+            packed <<= shift
+            packed |= np.arange(n)
+            packed.sort()
         else:
+            if hashes is None:
+                hashes = mix_hash(k1, k2, 63 - shift)
             packed = sort_values((hashes << shift) | torch.arange(n, device=k1.device))
         order, h = packed & ((1 << shift) - 1), packed >> shift
         a, b = take(k1, order), take(k2, order)
@@ -303,17 +315,18 @@ class TensorChain:
             cls = take(self.flag_class, (s["flags"] & 0x1F) + (s["proto"] == UDP) * 32)
             direction = take(direction, order)
         else:
-            k1, k2, direction = key_pair(batch.src, batch.sport, batch.dst, batch.dport,
-                                         batch.proto)
-            order, start, k1, k2 = _flow_order(k1, k2)
+            # the packets grouped by their endpoints, the key's words made per flow only
+            lo, hi, direction = endpoint_pair(batch.src, batch.sport, batch.dst, batch.dport,
+                                              batch.proto)
+            order, start, lo, hi = _flow_order(lo, hi)
             if start is None:
-                start = np.ones(k1.shape[0], dtype=bool)
-                start[1:] = (k1[1:] != k1[:-1]) | (k2[1:] != k2[:-1])
+                start = np.ones(lo.shape[0], dtype=bool)
+                start[1:] = (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
             first = np.flatnonzero(start)
-            last = np.append(first[1:], k1.shape[0]) - 1 if first.shape[0] else first
+            last = np.append(first[1:], lo.shape[0]) - 1 if first.shape[0] else first
             seg = Segments(index=torch.from_numpy(np.cumsum(start) - 1),
                            first=torch.from_numpy(first), last=torch.from_numpy(last))
-            keys = torch.from_numpy(np.stack([k1.take(first), k2.take(first)]))
+            keys = torch.from_numpy(np.stack(endpoint_keys(lo.take(first), hi.take(first))))
             direction = torch.from_numpy(direction.take(order))
             order = torch.from_numpy(order)
             s = dict(zip(SORTED, take_columns(block[:len(SORTED)], order)))

@@ -231,7 +231,9 @@ class _Machine(_Stateful):
             gap = previous_gap(sub.ts, sub.seg, last, existed)
             result = fsm_scan(self.next, self.timeouts, cls, gap, sub.seg, s0, self.quiet)
         # the columns are rows of ``sub.state``, which the NF's store overwrites: copies
-        sub.memo[key] = (self.timeouts, s0.clone(), last.clone(), cls, result, sub.live)
+        copies = [tensor(c.copy()) for c in arrays(True, s0, last)] if on_host(s0) else \
+            [s0.clone(), last.clone()]
+        sub.memo[key] = (self.timeouts, *copies, cls, result, sub.live)
         return result
 
 
@@ -246,7 +248,8 @@ class _Machine(_Stateful):
         shared = got[4] if got is not None and got[5] is sub.live \
             and torch.equal(got[0], self.timeouts) \
             and torch.equal(got[1], self._column(sub, "state")) \
-            and torch.equal(got[2], self._column(sub, "last")) and torch.equal(got[3], cls) \
+            and torch.equal(got[2], self._column(sub, "last")) \
+            and (got[3] is cls or torch.equal(got[3], cls)) \
             else None
         sub.memo[("shared", self.bit)] = (sub.live, shared)
         return shared
@@ -422,13 +425,24 @@ class _SessionKernel(_Machine):
         if self.collects_releases:
             self._releases(sub, d.timed_out, event, ok, binding, before[0])
         fields = {name: arrays(host, getattr(sub, name))[0] for name in REWRITTEN}
-        verdict = self.rewrite(fields, ok, d.forward, binding, p_ip, p_port, verdict,
-                               self.targets(sub, binding, flow_binding))
+        verdict = self.rewrite(fields, ok, d.forward, self._bound(seg, ok, binding, flow_binding),
+                               p_ip, p_port, verdict, self.targets(sub, binding, flow_binding))
         for name, value in fields.items():
             setattr(sub, name, tensor(value))
         self._store(sub, existed, d.keep, {"state": d.final, "last": d.last_ts})
         before[:] = per_flow
         return tensor(verdict if live is None else verdict * live)
+
+    @staticmethod
+    def _bound(seg: Segments, ok, binding, flow_binding):
+        """Per packet, whether its session holds a binding; None where every flow with a
+        packet the machine passes holds one for all its packets (``flow_binding``, numpy's: a
+        test over the flows spares the rewrite's steps over the packets)."""
+        if isinstance(flow_binding, np.ndarray) and ok.shape[0]:
+            passed = np.logical_or.reduceat(ok, seg.first.numpy())
+            if bool(((flow_binding >= 0) | ~passed).all()):
+                return None
+        return binding >= 0
 
     def takes_live(self, sub: Sub) -> bool:
         """Where the scan comes from the firewall's joint one, or is shared with the session
@@ -520,13 +534,15 @@ class NatKernel(_SessionKernel):
     def peer(self, sub: Sub):
         return sub.src, sub.sport
 
-    def rewrite(self, fields, ok, forward, binding, p_ip, p_port, verdict, targets):
-        """The packets' verdicts; ``fields`` (``REWRITTEN``) rewritten in place."""
-        bound = binding >= 0
-        verdict = pick(ok & ~bound, int(st.Verdict.POOL_EXHAUSTED), verdict)
-        fwd = ok & bound
+    def rewrite(self, fields, ok, forward, bound, p_ip, p_port, verdict, targets):
+        """The packets' verdicts; ``fields`` (``REWRITTEN``) rewritten in place (``bound``:
+        whether a packet's session holds a binding, None: every one does)."""
+        fwd = ok
+        if bound is not None:
+            verdict = pick(ok & ~bound, int(st.Verdict.POOL_EXHAUSTED), verdict)
+            fwd = ok & bound
         rev = fwd & ~forward
-        fwd &= forward
+        fwd = fwd & forward
         fields["src"] = pick(fwd, targets[0], fields["src"])
         fields["sport"] = pick(fwd, targets[1], fields["sport"])
         fields["dst"] = pick(rev, p_ip, fields["dst"])
@@ -537,10 +553,13 @@ class NatKernel(_SessionKernel):
         self.pending.append(tensor(bindings[bindings >= 0]))
 
     def _push(self, bindings) -> None:
-        r = int(bindings.numel())
+        """``bindings`` back at the ring's tail (by numpy on a CPU)."""
+        r = int(bindings.shape[0])
         if r:
-            at = (self.head + self.free + torch.arange(r, device=self.device)) % self.size
-            self.ring[at] = bindings
+            host = on_host(self.ring)
+            ring, bindings = arrays(host, self.ring, bindings)
+            step = np.arange(r) if host else torch.arange(r, device=self.device)
+            ring[(self.head + self.free + step) % self.size] = bindings
             self.free += r
 
     def end_batch(self) -> None:
@@ -610,9 +629,10 @@ class LoadBalancerKernel(_SessionKernel):
     def peer(self, sub: Sub):
         return sub.dst, sub.dport
 
-    def rewrite(self, fields, ok, forward, binding, p_ip, p_port, verdict, targets):
-        """The packets' verdicts; ``fields`` (``REWRITTEN``) rewritten in place."""
-        bound = ok & (binding >= 0)
+    def rewrite(self, fields, ok, forward, bound, p_ip, p_port, verdict, targets):
+        """The packets' verdicts; ``fields`` (``REWRITTEN``) rewritten in place (``bound``:
+        whether a packet's session holds a backend, None: every one does)."""
+        bound = ok if bound is None else ok & bound
         fwd, rev = bound & forward, bound & ~forward
         port = targets[1]
         fields["dst"] = pick(fwd, targets[0], fields["dst"])

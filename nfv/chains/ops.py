@@ -76,8 +76,16 @@ def nonzero(mask):
 
 
 def stack(xs, out=None):
-    """``xs`` (1-D, one length) as the rows of one 2-D array (into ``out``, if given)."""
-    return np.stack(xs, out=out) if isinstance(xs[0], np.ndarray) else torch.stack(xs, out=out)
+    """``xs`` (1-D, one length) as the rows of one 2-D array (into ``out``, if given). Numpy
+    arrays row by row: ``np.stack``'s checks and views cost several row copies of a batch's
+    flows."""
+    if not isinstance(xs[0], np.ndarray):
+        return torch.stack(xs, out=out)
+    if out is None:
+        out = np.empty((len(xs), xs[0].shape[0]), dtype=np.result_type(*xs))
+    for row, x in zip(out, xs):
+        row[...] = x
+    return out
 
 
 def at_least(x, low: int):

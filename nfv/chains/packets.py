@@ -185,6 +185,33 @@ def key_pair(src, sport, dst, dport, proto):
         if hasattr(swap, "long") else swap.astype(np.int64)
 
 
+def endpoint_pair(src, sport, dst, dport, proto):
+    """(lo, hi, dir) of packets as int64 arrays: the lower (address, port) endpoint as
+    ``address << 16 | port``, the higher one with the protocol below it (``<< 8 | proto``),
+    and ``key_pair``'s ``dir`` (bool). A pair determines the flow key (``endpoint_keys``) in
+    fewer steps than ``key_pair``'s words: the endpoints compare as ``key_pair`` orders them
+    (address, then port), so one minimum and one maximum place both."""
+    a = src << 16
+    a |= sport
+    b = dst << 16
+    b |= dport
+    swap = a > b
+    lo = np.minimum(a, b)
+    hi = np.maximum(a, b, out=b)
+    hi <<= 8
+    hi |= proto
+    return lo, hi, swap
+
+
+def endpoint_keys(lo, hi):
+    """``key_pair``'s (k1, k2) of ``endpoint_pair``'s (lo, hi)."""
+    k1 = (lo >> 16) << 32
+    k1 |= hi >> 24
+    k2 = (lo & 0xFFFF) << 24
+    k2 |= hi & 0xFFFFFF
+    return k1, k2
+
+
 def flow_count(packets: ChainPackets) -> int:
     """How many distinct flow keys ``packets`` hold (host numpy, one sort)."""
     k1, k2, _ = key_pair(packets.src, packets.sport, packets.dst, packets.dport, packets.proto)
@@ -203,19 +230,52 @@ MIX_MUL = (0x9E3779B97F4A7C15 - (1 << 64), 0xC2B2AE3D27D4EB4F - (1 << 64))  # od
 
 
 def mix_hash(k1, k2, bits: int):
-    """A ``bits``-bit hash of flow keys (int64 tensors) for table slots and the flow sort:
-    multiply, add, multiply and take the high bits (int64 products wrap) — a few vector
-    steps where ``flow_hash`` takes dozens. Not the LB's hash (that is ``flow_hash``)."""
+    """A ``bits``-bit hash of flow keys (int64 tensors or numpy arrays) for table slots and
+    the flow sort: multiply, add, multiply and take the high bits (int64 products wrap) — a
+    few vector steps where ``flow_hash`` takes dozens. Not the LB's hash (``flow_hash``)."""
+    if isinstance(k1, np.ndarray):  # the same steps in place: no temporaries
+        mixed = k1 * MIX_MUL[0]
+        mixed += k2
+        mixed *= MIX_MUL[1]
+        mixed >>= 64 - bits
+        mixed &= (1 << bits) - 1
+        return mixed
     mixed = (k1 * MIX_MUL[0] + k2) * MIX_MUL[1]
     return (mixed >> (64 - bits)) & ((1 << bits) - 1)
 
 
 def flow_hash(k1, k2):
-    """The 32-bit hash of a flow key (``key_pair``); equal for ints and int64 tensors."""
+    """The 32-bit hash of a flow key (``key_pair``); equal for ints, int64 tensors and int64
+    numpy arrays (``_flow_hash_words``)."""
+    if isinstance(k1, np.ndarray):
+        return _flow_hash_words(k1, k2)
     h = hash32((k1 >> 32) & MASK32)
     h = hash32(h ^ (k1 & MASK32))
     h = hash32(h ^ (k2 & MASK32))
     return hash32(h ^ ((k2 >> 32) & MASK32))
+
+
+def _mix32(h):
+    """``hash32`` in place over a uint32 array, whose products wrap at 2^32 as the masked
+    int64 ones do: no masks, no temporaries but the shifts."""
+    for _ in range(2):
+        h ^= h >> 16
+        h *= np.uint32(HASH_MUL)
+    h ^= h >> 16
+    return h
+
+
+def _flow_hash_words(k1, k2):
+    """``flow_hash`` over int64 numpy arrays: the keys' 32-bit words as uint32 (a cast keeps
+    the low 32 bits), mixed in place; a third of the masked int64 form's steps (the LB
+    hashes a batch's new flows, a few hundred, where each step's fixed cost dominates)."""
+    h = _mix32((k1 >> 32).astype(np.uint32))
+    h ^= k1.astype(np.uint32)
+    h = _mix32(h)
+    h ^= k2.astype(np.uint32)
+    h = _mix32(h)
+    h ^= (k2 >> 32).astype(np.uint32)
+    return _mix32(h).astype(np.int64)
 
 
 def _fold(s):
@@ -274,6 +334,8 @@ def rewrite_checksum_rows(old, new, csums, proto):
     ``x == 0`` (the fold's 0xFFFF), which needs ``csum == 0xFFFF`` (``x >= 0xFFFF - csum``):
     the few packets with both are recomputed by the words' sums to tell them apart."""
     d = new - old
+    if d.shape[1] == 0:
+        return d[:2]
     d_addr = d[0] + d[1] - 1
     total = d_addr - csums
     total[1] += d[2] + d[3]
@@ -284,8 +346,9 @@ def rewrite_checksum_rows(old, new, csums, proto):
     out *= 0xFFFF
     out -= total
     out += 0xFFFE
-    # the rare cases, each looked for with one test before any work over the batch
-    if bool((csums == 0xFFFF).any()):  # x >= 0xFFFF - csum: a zero sum needs 0xFFFF
+    # the rare cases, each looked for with one reduction before any work over the batch (a
+    # captured checksum is at most 0xFFFF and at least NO_CSUM, ``out`` in 0..0xFFFE)
+    if int(csums.max()) == 0xFFFF:  # x >= 0xFFFF - csum: a zero sum needs 0xFFFF
         zero = ((out == 0) & (csums == 0xFFFF)).any(0)
         if bool(zero.any()):
             at = zero.nonzero()
@@ -293,10 +356,10 @@ def rewrite_checksum_rows(old, new, csums, proto):
             sums = _word_totals(old[:, at], new[:, at], csums[:, at])
             out[:, at] = 0xFFFF - _fold(_fold(sums))
     l4 = out[1]
-    if bool((l4 == 0).any()):  # UDP sends a computed 0 as 0xFFFF
+    if int(l4.min()) == 0:  # UDP sends a computed 0 as 0xFFFF
         l4 += ((proto == UDP) & (l4 == 0)) * 0xFFFF
-    keep = csums[1] == NO_CSUM
-    if bool(keep.any()):
+    if int(csums[1].min()) == NO_CSUM:
+        keep = csums[1] == NO_CSUM
         out[1] = l4 + (NO_CSUM - l4) * keep
     return out
 

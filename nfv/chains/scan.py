@@ -49,6 +49,7 @@ class Segments:
     cached_pos: object = None
     cached_order: tuple | None = None
     cached_ends: tuple | None = None  # (mask, ends_of(mask))
+    cached_lengths: object = None  # numpy's, on a CPU (``spread``)
 
     @property
     def count(self) -> int:
@@ -77,8 +78,9 @@ class Segments:
         runs), which moves the same values without reading an index per packet."""
         numpy = isinstance(values, np.ndarray)  # numpy's in, numpy's out
         if numpy or on_host(values):
-            got = np.repeat(values if numpy else values.numpy(),
-                            (self.last - self.first + 1).numpy(), axis=1)
+            if self.cached_lengths is None:  # by numpy: torch's steps cost more on a few hundred
+                self.cached_lengths = self.last.numpy() - self.first.numpy() + 1
+            got = np.repeat(values if numpy else values.numpy(), self.cached_lengths, axis=1)
             return got if numpy else torch.from_numpy(got)
         return take_columns(values, self.index)
 
@@ -335,7 +337,8 @@ def _fsm_scan_on_host(next_table, timeouts, cls, gap, seg: Segments, s0, quiet):
             break
         cand |= wrong
     if limits is None:
-        return torch.from_numpy(found), torch.from_numpy(after), torch.zeros(n, dtype=torch.bool)
+        return (torch.from_numpy(found), torch.from_numpy(after),
+                torch.from_numpy(np.zeros(n, dtype=bool)))
     timed_out = (found != 0) & (g > limits[found])
     return (torch.from_numpy(found * ~timed_out), torch.from_numpy(after),
             torch.from_numpy(timed_out))
