@@ -211,6 +211,10 @@ class TensorChain:
         self.flag_class = torch.tensor([packet_class(f & 0x1F, UDP if f & 0x20 else TCP, 0)
                                         for f in range(64)], dtype=torch.int64,
                                        device=self.device)
+        # the same by the flags' byte + 256 for UDP (a CPU's ingress: one step fewer)
+        self.byte_class = self.flag_class.numpy().take(
+            [(f & 0x1F) + 32 * (f >> 8) for f in range(512)]) if self.device.type == "cpu" \
+            else None
         self._fills, self._bits = self._column_fills()
         # a lower bound on every last-seen time in the table (None: the first batch's
         # start, set by the first batch), and the shortest idle time-out (``_sweep``)
@@ -328,10 +332,17 @@ class TensorChain:
                            first=torch.from_numpy(first), last=torch.from_numpy(last))
             keys = torch.from_numpy(np.stack(endpoint_keys(lo.take(first), hi.take(first))))
             direction = torch.from_numpy(direction.take(order))
+            # the rows the NFs read, flow-sorted, and the flag classes, from the flags and the
+            # protocol in arrival order (two rows fewer to gather)
+            blk = block.numpy()
+            s = dict(zip(SORTED[:5], np.take(blk[:5], order, axis=1)))
+            s["wire_bytes"] = blk[SORTED.index("wire_bytes")].take(order)
+            at = (blk[SORTED.index("proto")] == UDP) * 256
+            at += blk[SORTED.index("flags")]
+            cls = self.byte_class.take(at).take(order)
+            s, cls = {name: torch.from_numpy(row) for name, row in s.items()}, \
+                torch.from_numpy(cls)
             order = torch.from_numpy(order)
-            s = dict(zip(SORTED, take_columns(block[:len(SORTED)], order)))
-            flags, proto = s["flags"].numpy(), s["proto"].numpy()
-            cls = torch.from_numpy(self.flag_class.numpy().take((flags & 0x1F) + (proto == UDP) * 32))
         sub = Sub(ts=s["ts_us"], src=s["src"], dst=s["dst"], sport=s["sport"], dport=s["dport"],
                   wire=s["wire_bytes"], keys=keys, dir=direction, arrival=order, seg=seg,
                   state=None, held=None, cls=cls)

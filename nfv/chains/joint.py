@@ -42,14 +42,16 @@ class JointScan:
         s = torch.arange(w_s, device=conn.next.device).repeat(w_c)
         passes = conn.verdict[:, c] == 0
         self.next = conn.next[:, c] * w_s + torch.where(passes, session.next[:, s], s)
+        self.verdict = conn.verdict[:, c]  # the firewall's, by product state
         self.parts = (c, s)  # a product state's connection and session parts, by table
         self.quiet = quiet_rows(self.next, data_rows)
         self.conn_min = int(conn.timeouts[1:].min())
         self.session_min = int(session.timeouts[1:].min())
 
     def run(self, sub, cls, existed):
-        """(found, after) of the connection machine over ``sub``'s packets (``cls``: the
-        firewall's rows, ``existed``: the flows it keeps), the session machine's parts left
+        """(found, after) of the product machine over ``sub``'s packets (``cls``: the
+        firewall's rows, ``existed``: the flows it keeps; the connection part of a state by
+        ``parts[0]``, the firewall's verdict by ``verdict``), the session machine's parts left
         in ``sub.memo[JOINT]``; None where a time-out is possible (no memo then)."""
         seg = sub.seg
         if seg.count == 0:
@@ -69,15 +71,12 @@ class JointScan:
                                      self.session._column(sub, "state"))
         s0 = tensor(conn_s0 * self.width + session_s0)
         found, after, timed_out = fsm_scan(self.next, None, cls, None, seg, s0, self.quiet)
-        conn_of, session_of = self.parts  # gathers from 165 entries, not integer divisions
-        if on_host(found):  # by numpy over the same memory: its calls cost less
-            (conn_of, session_of), found, after = (t.numpy() for t in self.parts), \
-                found.numpy(), after.numpy()
-            sub.memo[JOINT] = (torch.from_numpy(session_of.take(found)),
-                               torch.from_numpy(session_of.take(after)), timed_out)
-            return torch.from_numpy(conn_of.take(found)), torch.from_numpy(conn_of.take(after))
-        sub.memo[JOINT] = (take(session_of, found), take(session_of, after), timed_out)
-        return take(conn_of, found), take(conn_of, after)
+        # the session parts by gathers from 165 entries, not integer divisions (by numpy over
+        # the same memory on a CPU: its calls cost less)
+        session_of, found_, after_ = arrays(on_host(found), self.parts[1], found, after)
+        sub.memo[JOINT] = (tensor(take(session_of, found_)), tensor(take(session_of, after_)),
+                           timed_out)
+        return found, after
 
 
 def carry(memo: dict, kept) -> dict:

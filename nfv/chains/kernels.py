@@ -85,6 +85,16 @@ class Sub:
     live: object = None
 
 
+def session_rows(sub: Sub):
+    """The session machine's row of each of ``sub``'s packets (class and direction), once per
+    ``Sub``: the firewall's rows are these plus its ACL bit's (``st.table``'s order)."""
+    got = sub.memo.get(("session", "classes"))
+    if got is None:  # by numpy over the tensors' memory on a CPU
+        cls, direction = arrays(on_host(sub.cls), sub.cls, sub.dir)
+        got = sub.memo[("session", "classes")] = tensor(cls * 2 + direction)
+    return got
+
+
 def _tensor(values, device):
     return torch.tensor(values, dtype=torch.int64, device=device)
 
@@ -306,16 +316,21 @@ class FirewallKernel(_Machine):
     def process(self, sub: Sub):
         existed = self._flows(sub)
         host = on_host(sub.cls)  # the steps over the packets by numpy on a CPU
-        packet_cls, direction, last, ts = arrays(host, sub.cls, sub.dir, sub.seg.last, sub.ts)
-        allowed = arrays(host, self._acl(sub))[0]
-        rows = (packet_cls + allowed * 32) * 2 + direction
+        session, last, ts = arrays(host, session_rows(sub), sub.seg.last, sub.ts)
+        # the ACL's answer is class bit 32 (``states.packet_class``), 64 in a row
+        rows = session + arrays(host, self._acl(sub))[0] * 64
         cls = tensor(rows)
         both = None if self.joint is None else self.joint.run(sub, cls, existed)
-        found, after = arrays(host, *(both if both is not None else
-                                      self._scan(sub, cls, existed)[:2]))
-        verdict = take(arrays(host, self.verdict.reshape(-1))[0],
-                       rows * self.next.shape[1] + found)
+        if both is None:
+            found, after = arrays(host, *self._scan(sub, cls, existed)[:2])
+            table, conn_of = self.verdict, None
+        else:  # the product machine's states, whose verdicts are the firewall's (``joint``)
+            found, after = arrays(host, *both)
+            table, conn_of = self.joint.verdict, arrays(host, self.joint.parts[0])[0]
+        verdict = take(arrays(host, table.reshape(-1))[0], rows * table.shape[1] + found)
         final = take(after, last)
+        if conn_of is not None:
+            final = take(conn_of, final)
         self._store(sub, existed, final != 0, {"state": final, "last": take(ts, last)})
         return tensor(verdict)
 
@@ -346,11 +361,11 @@ class _SessionKernel(_Machine):
 
     def __init__(self, spec, table, index: int, device):
         super().__init__(table, index, device, st.session_timeouts_us(spec.timeouts))
-        # by (state, packet direction): whether the packet comes from the side that started
-        # the session (a packet that finds none starts one)
-        self.forward = torch.tensor([code == 0 or st.decode(code)[1] == d
-                                     for code in range(self.next.shape[1]) for d in (0, 1)],
-                                    device=device)
+        # by (row: class and packet direction, state), as ``next``: whether the packet comes
+        # from the side that started the session (a packet that finds none starts one)
+        self.forward = torch.tensor([[code == 0 or st.decode(code)[1] == row % 2
+                                      for code in range(self.next.shape[1])]
+                                     for row in range(self.next.shape[0])], device=device)
 
     def snapshot(self) -> dict:
         """key -> (state, orient, last, binding, peer address, peer port), the reference's."""
@@ -368,12 +383,12 @@ class _SessionKernel(_Machine):
         if got is not None and got[0] is scanned:
             return got[1]
         host = on_host(cls)
-        found, after, timed_out, cls, first, last, ts, direction, live = arrays(
-            host, *scanned, cls, seg.first, seg.last, sub.ts, sub.dir, sub.live)
+        found, after, timed_out, cls, first, last, ts, live = arrays(
+            host, *scanned, cls, seg.first, seg.last, sub.ts, sub.live)
         verdicts, events, forward = arrays(host, self.verdict.reshape(-1),
-                                           self.event.reshape(-1), self.forward)
+                                           self.event.reshape(-1), self.forward.reshape(-1))
         at = cls * self.next.shape[1] + found
-        verdict, event = take(verdicts, at), take(events, at)
+        verdict, event, forward = take(verdicts, at), take(events, at), take(forward, at)
         ok = verdict == st.Verdict.PASS
         if live is None:
             last_ts = take(ts, last)
@@ -390,7 +405,7 @@ class _SessionKernel(_Machine):
         out = _Decisions(
             verdict=verdict, event=event, ok=ok, start=start, timed_out=timed_out,
             rows=first[at_head] if heads_only else nonzero(start),
-            heads_only=heads_only, forward=take(forward, found * 2 + direction),
+            heads_only=heads_only, forward=forward,
             final=final, keep=final != 0, last_ts=last_ts)
         sub.memo[(self.machine, "decide")] = (scanned, out)
         return out
@@ -452,12 +467,8 @@ class _SessionKernel(_Machine):
 
     @staticmethod
     def _classes(sub: Sub):
-        """The session machine's row of each packet (class and direction), once per ``Sub``."""
-        got = sub.memo.get(("session", "classes"))
-        if got is None:  # by numpy over the tensors' memory on a CPU
-            cls, direction = arrays(on_host(sub.cls), sub.cls, sub.dir)
-            got = sub.memo[("session", "classes")] = tensor(cls * 2 + direction)
-        return got
+        """The session machine's row of each packet (``session_rows``)."""
+        return session_rows(sub)
 
     def _releases(self, sub, timed_out, event, ok, binding, table_binding):
         """Bindings of sessions that ended in this batch, in arrival order
