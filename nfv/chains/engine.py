@@ -241,7 +241,8 @@ class TensorChain:
 
     def _flows(self, keys):
         """Every flow of the batch (``keys``: [2, flows]) in the table: its slots (the new
-        flows inserted, in one probe for most: ``DeviceFlowTable.upsert``)."""
+        flows inserted, in one probe for most: ``DeviceFlowTable.upsert``) and whether it was
+        there before."""
         return self.table.upsert(keys[0], keys[1])
 
     @torch.inference_mode()  # no autograd bookkeeping: a few microseconds less per step
@@ -259,8 +260,8 @@ class TensorChain:
             self.oldest = earliest if self.oldest is None else min(self.oldest, earliest)
         order, sub = self._ingress(batch, block)
         out = torch.empty((4, n), dtype=torch.int64, device=self.device)
-        slots = self._flows(sub.keys)
-        state, sub.held = self._rows(slots)
+        slots, present = self._flows(sub.keys)
+        state, sub.held = self._rows(slots, present)
         sub.state = state
         host = on_host(block)
         drops = []  # (stage, flow-sorted positions, reasons) of the packets each NF dropped
@@ -361,17 +362,27 @@ class TensorChain:
         return fills.unsqueeze(1), torch.tensor(bits, dtype=torch.int64,
                                                 device=self.device).unsqueeze(1)
 
-    def _rows(self, slots):
+    def _rows(self, slots, present):
         """The table rows at ``slots`` as [columns, flows], each NF's columns at their fills
-        where the NF does not keep the flow (new flows: every column); the holder bits."""
-        host = on_host(slots)  # by numpy over the rows' memory on a CPU
-        rows, bits, fills = arrays(host, take_rows_t(self.table.values, slots), self._bits,
-                                   self._fills)
+        where the NF does not keep the flow (new flows, not ``present``: every column); the
+        holder bits. On a CPU by numpy, which reads the rows of the present flows only (a new
+        flow's row, at a random slot, is a cache miss that holds nothing it keeps)."""
         h = self.table.index[HOLDERS]
-        own = (rows[h] & bits) != 0
-        own[h] = True
-        state = pick(own, rows, fills)
-        return tensor(state), tensor(state[h].copy() if host else state[h].clone())
+        if not on_host(slots):
+            rows = take_rows_t(self.table.values, slots)
+            own = (rows[h] & self._bits) != 0
+            own[h] = True
+            state = pick(own, rows, self._fills)
+            return state, state[h].clone()
+        bits, fills, slots, present = arrays(True, self._bits, self._fills, slots, present)
+        state = np.repeat(fills, slots.shape[0], axis=1)
+        at = np.flatnonzero(present)
+        if at.shape[0]:
+            rows = np.take(self.table.values.numpy(), slots.take(at), axis=0).T
+            own = (rows[h] & bits) != 0
+            own[h] = True
+            state[:, at] = np.where(own, rows, fills)
+        return tensor(state), tensor(state[h].copy())
 
     @staticmethod
     def _put_back(out, sub: Sub, rows) -> None:

@@ -100,7 +100,7 @@ class DeviceFlowTable:
 
     def upsert(self, k1, k2):
         """Slots of the keys (distinct), the absent ones inserted with their columns left as
-        they were (for callers that write every column).
+        they were (for callers that write every column); and which keys were present (bool).
 
         One probe serves most keys: the lookup's first round finds a key at its home slot
         or stops it at an empty one, and an absent key whose home slot is free (empty, or
@@ -112,7 +112,8 @@ class DeviceFlowTable:
         if self._host():
             return self._upsert_host(k1.numpy(), k2.numpy())
         found, home, at_home = self._lookup(k1, k2)
-        claim = torch.nonzero((at_home < 0) & (found < 0)).squeeze(1)
+        present = found >= 0
+        claim = torch.nonzero((at_home < 0) & ~present).squeeze(1)
         if claim.numel():
             at = take(home, claim)
             put(self._owner, at, claim)
@@ -126,7 +127,7 @@ class DeviceFlowTable:
         rest = torch.nonzero(found < 0).squeeze(1)
         if rest.numel():
             put(found, rest, self.insert(take(k1, rest), take(k2, rest), fill=False))
-        return found
+        return found, present
 
     def _lookup(self, k1, k2):
         """``lookup``'s slots; each key's home slot; the key word there (``EMPTY``, ``TOMB``
@@ -163,7 +164,8 @@ class DeviceFlowTable:
         """``upsert`` by numpy (``k1``, ``k2``: arrays); where several keys claim one free
         home slot, the last of them takes it."""
         found, home, at_home = self._lookup_host(k1, k2)
-        claim = np.flatnonzero((at_home < 0) & (found < 0))
+        present = found >= 0
+        claim = np.flatnonzero((at_home < 0) & ~present)
         if claim.shape[0]:
             at = home[claim]
             owner = self._owner.numpy()
@@ -179,7 +181,7 @@ class DeviceFlowTable:
         if rest.shape[0]:
             found[rest] = self.insert(torch.from_numpy(k1[rest]), torch.from_numpy(k2[rest]),
                                       fill=False).numpy()
-        return torch.from_numpy(found)
+        return torch.from_numpy(found), torch.from_numpy(present)
 
     def _lookup_host(self, k1, k2):
         """``_lookup`` by numpy (``k1``, ``k2``: arrays): the same probes."""

@@ -133,8 +133,9 @@ def test_flow_table_matches_a_dict(ops, host, monkeypatch):
         for k, a, b, s in zip(keys, k1.tolist(), k2.tolist(), slots.tolist()):
             assert (s >= 0) == ((a, b) in model), k
         if op == "ups":  # every key gets a slot of its own, the present keep their values
-            got = table.upsert(k1, k2)
+            got, present = table.upsert(k1, k2)
             new = slots < 0
+            assert present.tolist() == (~new).tolist()
             assert bool((got >= 0).all()) and len(set(got.tolist())) == len(keys)
             assert table.lookup(k1, k2).tolist() == got.tolist()
             table.cols["v"][got[new]] = k1[new]
