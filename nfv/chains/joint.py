@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .ops import arrays, on_host, take, tensor
-from .scan import fsm_scan, quiet_rows
+from .scan import fragile_states, fsm_scan, quiet_rows
 
 JOINT = ("session", "joint")  # Sub.memo key of the session part of a joint scan
 
@@ -45,6 +45,7 @@ class JointScan:
         self.verdict = conn.verdict[:, c]  # the firewall's, by product state
         self.parts = (c, s)  # a product state's connection and session parts, by table
         self.quiet = quiet_rows(self.next, data_rows)
+        self.fragile = fragile_states(self.next, self.quiet)
         self.conn_min = int(conn.timeouts[1:].min())
         self.session_min = int(session.timeouts[1:].min())
 
@@ -70,7 +71,8 @@ class JointScan:
         conn_s0, session_s0 = arrays(host, self.conn._column(sub, "state"),
                                      self.session._column(sub, "state"))
         s0 = tensor(conn_s0 * self.width + session_s0)
-        found, after, timed_out = fsm_scan(self.next, None, cls, None, seg, s0, self.quiet)
+        found, after, timed_out = fsm_scan(self.next, None, cls, None, seg, s0, self.quiet,
+                                           self.fragile)
         # the session parts by gathers from 165 entries, not integer divisions (by numpy over
         # the same memory on a CPU: its calls cost less)
         session_of, found_, after_ = arrays(on_host(found), self.parts[1], found, after)

@@ -49,7 +49,14 @@ from .ops import (
 )
 from .packets import MASK32, flow_hash
 from .reference import Backends, compile_acl, endpoint, pool_bindings
-from .scan import Segments, fsm_scan, last_marked, previous_gap, quiet_rows
+from .scan import (
+    Segments,
+    fragile_states,
+    fsm_scan,
+    last_marked,
+    previous_gap,
+    quiet_rows,
+)
 
 PACKETS_PER_FLOW = 4  # the per-flow ACL needs more than this many packets per flow
 HOLDERS = "holders"  # the table column with one bit per NF that keeps the flow
@@ -220,6 +227,7 @@ class _Machine(_Stateful):
         self.data_rows = [(st.packet_class(flags, proto, acl) * 2 + d) for flags, proto in
                           ((ACK, TCP), (0, UDP)) for acl in (0, 1) for d in (0, 1)]
         self.quiet = quiet_rows(self.next, self.data_rows)
+        self.fragile = fragile_states(self.next, self.quiet)
 
     def _timeout_of(self, rows):
         return take(self.timeouts, rows[:, self.table.index[self.names["state"]]].contiguous())
@@ -239,7 +247,8 @@ class _Machine(_Stateful):
         result = sub.memo.pop(JOINT, None) if self.machine == "session" else None
         if result is None:  # no joint scan with the firewall before (``joint``)
             gap = previous_gap(sub.ts, sub.seg, last, existed)
-            result = fsm_scan(self.next, self.timeouts, cls, gap, sub.seg, s0, self.quiet)
+            result = fsm_scan(self.next, self.timeouts, cls, gap, sub.seg, s0, self.quiet,
+                              self.fragile)
         # the columns are rows of ``sub.state``, which the NF's store overwrites: copies
         copies = [tensor(c.copy()) for c in arrays(True, s0, last)] if on_host(s0) else \
             [s0.clone(), last.clone()]

@@ -167,7 +167,14 @@ def quiet_rows(next_table, data_rows):
     return ((next_table == states) | ~kept).all(1)
 
 
-def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
+def fragile_states(next_table, quiet):
+    """Per state, whether some ``quiet`` row of ``next_table`` changes it: a packet of a quiet
+    row can leave its flow's state only from one of these (for TCP the half-open one)."""
+    states = torch.arange(next_table.shape[1], device=next_table.device)
+    return ((next_table != states) & quiet.unsqueeze(1)).any(0)
+
+
+def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None, fragile=None):
     """Run the machine ``next_table`` ([classes, W]) over the segments from states ``s0``.
 
     Returns (state each packet finds after time-outs, state after each packet,
@@ -182,13 +189,14 @@ def fsm_scan(next_table, timeouts, cls, gap, seg: Segments, s0, quiet=None):
     the candidates are stepped again, until none is left: the first such packet of each
     flow is right after one more step, so this ends, and then every packet's state is
     exactly the packet-by-packet one. The candidates are stepped by the cheaper of
-    rounds and the fixed point (``_step``)."""
+    rounds and the fixed point (``_step``). ``fragile`` (``fragile_states`` of ``quiet``;
+    on a CPU) narrows that check to the packets left in a state a quiet row changes."""
     n = int(cls.shape[0])
     if n == 0:
         empty = torch.zeros(0, dtype=torch.int64, device=cls.device)
         return empty, empty, empty.bool()
     if on_host(cls):  # the same steps by numpy (``ops.HOST``)
-        return _fsm_scan_on_host(next_table, timeouts, cls, gap, seg, s0, quiet)
+        return _fsm_scan_on_host(next_table, timeouts, cls, gap, seg, s0, quiet, fragile)
     flat = next_table.reshape(-1)
     base = cls * next_table.shape[1]
     start = torch.zeros(n, dtype=torch.bool, device=cls.device).index_fill_(0, seg.first, True)
@@ -298,13 +306,13 @@ def _rounds_np(flat, limit, base, gaps, index, s0, order, sizes):
     return found_back, after_back
 
 
-def _fsm_scan_on_host(next_table, timeouts, cls, gap, seg: Segments, s0, quiet):
+def _fsm_scan_on_host(next_table, timeouts, cls, gap, seg: Segments, s0, quiet, fragile):
     """``fsm_scan`` by numpy over the tensors' memory (CPU): the same candidates, steps and
     checks, in the same order, so the same result."""
     width = next_table.shape[1]
     flat = next_table.numpy().reshape(-1)
-    base = cls.numpy() * width
-    n = base.shape[0]
+    cls = cls.numpy()
+    n = cls.shape[0]
     g = None if gap is None else gap.numpy()
     start = np.zeros(n, dtype=bool)
     start[seg.first.numpy()] = True
@@ -312,7 +320,7 @@ def _fsm_scan_on_host(next_table, timeouts, cls, gap, seg: Segments, s0, quiet):
     if quiet is None:
         cand = np.ones(n, dtype=bool)
     else:
-        moves = ~quiet.numpy().take(cls.numpy())
+        moves = ~quiet.numpy().take(cls)
         cand = start | moves
         if g is not None:  # only these packets may find their flow timed out
             lapse = g > timeouts.numpy()[1:].min()
@@ -321,21 +329,27 @@ def _fsm_scan_on_host(next_table, timeouts, cls, gap, seg: Segments, s0, quiet):
     limits = None if g is None else \
         timeouts.numpy() if lapse is None or lapse.any() else None
     s0 = s0.numpy()
+    fragile = None if fragile is None else fragile.numpy()
     while True:
         rows = np.flatnonzero(cand)
         if rows.shape[0] == n:
-            found, after = _step_np(next_table, flat, limits, base, g, start, s0)
+            found, after = _step_np(next_table, flat, limits, cls * width, g, start, s0)
             break
-        c_found, c_after = _step_np(next_table, flat, limits, base.take(rows),
+        c_found, c_after = _step_np(next_table, flat, limits, cls.take(rows) * width,
                                     None if g is None else g.take(rows), start.take(rows), s0)
         rank = np.cumsum(cand) - 1  # the latest candidate at or before each packet
         after = c_after.take(rank)
         found = after.copy()
         found[rows] = c_found
-        wrong = ~cand & (flat.take(base + after) != after)
-        if not wrong.any():
+        if fragile is None:
+            wrong = np.flatnonzero(~cand & (flat.take(cls * width + after) != after))
+        else:  # the packets not stepped that are left in a fragile state (``a > b``: a, not b)
+            maybe = np.flatnonzero(fragile.take(after) > cand)
+            state = after.take(maybe)
+            wrong = maybe[flat.take(cls.take(maybe) * width + state) != state]
+        if not wrong.shape[0]:
             break
-        cand |= wrong
+        cand[wrong] = True
     if limits is None:
         return (torch.from_numpy(found), torch.from_numpy(after),
                 torch.from_numpy(np.zeros(n, dtype=bool)))

@@ -10,6 +10,7 @@ from dl_nfv.nfv.chains import ops
 from dl_nfv.nfv.chains import states as st
 from dl_nfv.nfv.chains.scan import (
     Segments,
+    fragile_states,
     fsm_scan,
     quiet_rows,
     scan_by_rounds,
@@ -85,12 +86,17 @@ def test_stepping_only_candidates_equals_a_walk(machine, seed, host_scan):
     s0 = rng.integers(0, width, int(flow.max()) + 1).tolist()
     want_found, want_after = walk(nxt, timeouts, cls, gap, flow.tolist(), s0)
     k = torch.from_numpy(flow)
-    found_eff, after, timed_out = fsm_scan(
-        torch.tensor(nxt), torch.tensor(timeouts), torch.tensor(cls), torch.tensor(gap),
-        Segments.of(k, torch.zeros_like(k)), torch.tensor(s0), quiet)
     lapsed = [f != 0 and g > timeouts[f] for f, g in zip(want_found, gap)]
-    assert after.tolist() == want_after and timed_out.tolist() == lapsed
-    assert found_eff.tolist() == [0 if t else f for f, t in zip(want_found, lapsed)]
+    fragile = fragile_states(torch.tensor(nxt), quiet)
+    # the states a quiet row changes, by enumeration
+    assert fragile.tolist() == [any(nxt[r][s] != s for r in range(len(nxt)) if quiet[r])
+                                for s in range(width)]
+    for narrowed in (None, fragile):  # the check of the packets not stepped, narrowed or not
+        found_eff, after, timed_out = fsm_scan(
+            torch.tensor(nxt), torch.tensor(timeouts), torch.tensor(cls), torch.tensor(gap),
+            Segments.of(k, torch.zeros_like(k)), torch.tensor(s0), quiet, narrowed)
+        assert after.tolist() == want_after and timed_out.tolist() == lapsed
+        assert found_eff.tolist() == [0 if t else f for f, t in zip(want_found, lapsed)]
 
 
 @pytest.mark.parametrize("seed", range(6))
