@@ -281,7 +281,7 @@ class TensorChain:
                 nested.append((parent, flows, sub.state))
             # the verdicts by numpy on a CPU: steps over the batch cost less there
             verdict, live, alive = arrays(host, nf.process(sub), sub.live, rows)
-            if bool(verdict.any()):
+            if verdict is not None and bool(verdict.any()):
                 dropped = nonzero(verdict)
                 drops.append((k, dropped if rows is None else take(alive, dropped),
                               take(verdict, dropped)))

@@ -16,8 +16,8 @@ as a segmented scan (``scan.fsm_scan``), per-packet outcomes by gathers — and 
 engine scatters the rows back once. The meaning is the reference's
 (``reference.py``); where the reference's order across flows matters (NAT port
 allocation, releases, sweeps) the kernel orders events by arrival or by flow key
-the same way. ``process`` returns the per-packet verdict and rewrites ``Sub``'s
-fields in place.
+the same way. ``process`` returns the per-packet verdict (None: it drops no packet)
+and rewrites ``Sub``'s fields in place.
 """
 
 from __future__ import annotations
@@ -299,8 +299,8 @@ class FirewallKernel(_Machine):
         """Per packet, the first matching rule's answer (``acl.match``)."""
         return match(self.rule_table, self.default_allow, src, dst, sport, dport, proto)
 
-    def _acl(self, sub: Sub):
-        """Per packet, whether the ACL allows it as client -> server. On unrewritten headers
+    def _acl(self, sub: Sub, scale: int = 1):
+        """Per packet, whether the ACL allows it as client -> server (times ``scale``). On unrewritten headers
         a flow's packets carry its key's two endpoints, one way or the other, so the rules
         are matched twice per flow (each way between its key's two endpoints) and each
         packet takes the answer for its direction. That is twice the rule work over the
@@ -310,7 +310,7 @@ class FirewallKernel(_Machine):
         n = sub.ts.shape[0]
         if not sub.original or seg.count * PACKETS_PER_FLOW > n:
             return self._match(sub.src, sub.dst, sub.sport, sub.dport,
-                               take(sub.keys[1] & 0xFF, seg.index))
+                               take(sub.keys[1] & 0xFF, seg.index)) * scale
         # the flow key's endpoints (packets.key_pair): lower first; dir 1 runs higher -> lower
         host = on_host(sub.keys)  # by numpy over the tensors' memory
         k1, k2 = arrays(host, *sub.keys)
@@ -318,7 +318,7 @@ class FirewallKernel(_Machine):
         lo_ip, hi_ip = (k1 >> 32) & MASK32, k1 & MASK32
         lo_port, hi_port, proto = k2 >> 24, (k2 >> 8) & 0xFFFF, k2 & 0xFF
         both = self._match(cat([lo_ip, hi_ip]), cat([hi_ip, lo_ip]), cat([lo_port, hi_port]),
-                           cat([hi_port, lo_port]), cat([proto, proto]))
+                           cat([hi_port, lo_port]), cat([proto, proto])) * scale
         index, direction = arrays(host, seg.index, sub.dir)
         return take(both, index + direction * seg.count)
 
@@ -327,7 +327,7 @@ class FirewallKernel(_Machine):
         host = on_host(sub.cls)  # the steps over the packets by numpy on a CPU
         session, last, ts = arrays(host, session_rows(sub), sub.seg.last, sub.ts)
         # the ACL's answer is class bit 32 (``states.packet_class``), 64 in a row
-        rows = session + arrays(host, self._acl(sub))[0] * 64
+        rows = session + arrays(host, self._acl(sub, 64))[0]
         cls = tensor(rows)
         both = None if self.joint is None else self.joint.run(sub, cls, existed)
         if both is None:
@@ -455,6 +455,8 @@ class _SessionKernel(_Machine):
             setattr(sub, name, tensor(value))
         self._store(sub, existed, d.keep, {"state": d.final, "last": d.last_ts})
         before[:] = per_flow
+        if not bool(verdict.any()):  # one test, before any other step over the packets
+            return None
         return tensor(verdict if live is None else verdict * live)
 
     @staticmethod
