@@ -449,8 +449,11 @@ class _SessionKernel(_Machine):
         if self.collects_releases:
             self._releases(sub, d.timed_out, event, ok, binding, before[0])
         fields = {name: arrays(host, getattr(sub, name))[0] for name in REWRITTEN}
-        verdict = self.rewrite(fields, ok, d.forward, self._bound(seg, ok, binding, flow_binding),
-                               p_ip, p_port, verdict, self.targets(sub, binding, flow_binding))
+        bound = self._bound(seg, ok, binding, flow_binding)
+        if bound is not None:  # the passed packets whose session holds none: dropped
+            verdict = self.unbound(ok & ~bound, verdict)
+        verdict = self.rewrite(fields, self._sides(sub, d, bound), p_ip, p_port, verdict,
+                               self.targets(sub, binding, flow_binding))
         for name, value in fields.items():
             setattr(sub, name, tensor(value))
         self._store(sub, existed, d.keep, {"state": d.final, "last": d.last_ts})
@@ -458,6 +461,25 @@ class _SessionKernel(_Machine):
         if not bool(verdict.any()):  # one test, before any other step over the packets
             return None
         return tensor(verdict if live is None else verdict * live)
+
+    @staticmethod
+    def _sides(sub: Sub, d: _Decisions, bound):
+        """(forward, reverse): the passed packets with a binding (``bound``, None: all) that
+        come from the side that started the session and from the other; shared by the NFs
+        of one ``Sub`` with one outcome where every packet has one (NAT then LB)."""
+        if bound is None:
+            got = sub.memo.get(("session", "sides"))
+            if got is not None and got[0] is d:
+                return got[1]
+        ok = d.ok if bound is None else d.ok & bound
+        sides = (ok & d.forward, ok & ~d.forward)
+        if bound is None:
+            sub.memo[("session", "sides")] = (d, sides)
+        return sides
+
+    def unbound(self, packets, verdict):
+        """The verdicts with ``packets`` (passed, no binding) dropped where the NF drops them."""
+        return verdict
 
     @staticmethod
     def _bound(seg: Segments, ok, binding, flow_binding):
@@ -556,15 +578,14 @@ class NatKernel(_SessionKernel):
     def peer(self, sub: Sub):
         return sub.src, sub.sport
 
-    def rewrite(self, fields, ok, forward, bound, p_ip, p_port, verdict, targets):
-        """The packets' verdicts; ``fields`` (``REWRITTEN``) rewritten in place (``bound``:
-        whether a packet's session holds a binding, None: every one does)."""
-        fwd = ok
-        if bound is not None:
-            verdict = pick(ok & ~bound, int(st.Verdict.POOL_EXHAUSTED), verdict)
-            fwd = ok & bound
-        rev = fwd & ~forward
-        fwd = fwd & forward
+    def unbound(self, packets, verdict):
+        """Sessions that found the pool empty drop their packets."""
+        return pick(packets, int(st.Verdict.POOL_EXHAUSTED), verdict)
+
+    def rewrite(self, fields, sides, p_ip, p_port, verdict, targets):
+        """The packets' verdicts; ``fields`` (``REWRITTEN``) rewritten in place (``sides``:
+        the packets to rewrite from the session's start side and from the other)."""
+        fwd, rev = sides
         fields["src"] = pick(fwd, targets[0], fields["src"])
         fields["sport"] = pick(fwd, targets[1], fields["sport"])
         fields["dst"] = pick(rev, p_ip, fields["dst"])
@@ -651,11 +672,10 @@ class LoadBalancerKernel(_SessionKernel):
     def peer(self, sub: Sub):
         return sub.dst, sub.dport
 
-    def rewrite(self, fields, ok, forward, bound, p_ip, p_port, verdict, targets):
-        """The packets' verdicts; ``fields`` (``REWRITTEN``) rewritten in place (``bound``:
-        whether a packet's session holds a backend, None: every one does)."""
-        bound = ok if bound is None else ok & bound
-        fwd, rev = bound & forward, bound & ~forward
+    def rewrite(self, fields, sides, p_ip, p_port, verdict, targets):
+        """The packets' verdicts; ``fields`` (``REWRITTEN``) rewritten in place (``sides``:
+        the packets to rewrite from the session's start side and from the other)."""
+        fwd, rev = sides
         port = targets[1]
         fields["dst"] = pick(fwd, targets[0], fields["dst"])
         fields["dport"] = pick(fwd & (port > 0), port, fields["dport"])
