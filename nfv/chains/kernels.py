@@ -436,8 +436,9 @@ class _SessionKernel(_Machine):
             # sessions start only at flows' first packets: one value per flow
             per_flow = before.copy() if host else before.clone()
             put_columns(per_flow, take(index, rows), begun)
-            binding, p_ip, p_port = seg.spread(per_flow)
+            p_ip, p_port = seg.spread(per_flow[1:])
             flow_binding = per_flow[0]
+            binding = None  # per packet only where asked (``_packet_binding``)
         else:  # the latest start at or before each packet in its flow, else the table's
             latest = last_marked(start, seg)
             has = latest >= 0
@@ -447,9 +448,9 @@ class _SessionKernel(_Machine):
             last = arrays(host, seg.last)[0]
             per_flow = stack([take(binding, last), take(p_ip, last), take(p_port, last)])
         if self.collects_releases:
-            self._releases(sub, d.timed_out, event, ok, binding, before[0])
+            self._releases(sub, d.timed_out, event, ok, (binding, flow_binding), before[0])
         fields = {name: arrays(host, getattr(sub, name))[0] for name in REWRITTEN}
-        bound = self._bound(seg, ok, binding, flow_binding)
+        bound = self._bound(seg, ok, (binding, flow_binding))
         if bound is not None:  # the passed packets whose session holds none: dropped
             verdict = self.unbound(ok & ~bound, verdict)
         verdict = self.rewrite(fields, self._sides(sub, d, bound), p_ip, p_port, verdict,
@@ -482,15 +483,23 @@ class _SessionKernel(_Machine):
         return verdict
 
     @staticmethod
-    def _bound(seg: Segments, ok, binding, flow_binding):
-        """Per packet, whether its session holds a binding; None where every flow with a
-        packet the machine passes holds one for all its packets (``flow_binding``, numpy's: a
-        test over the flows spares the rewrite's steps over the packets)."""
+    def _packet_binding(seg: Segments, bindings):
+        """Each packet's binding from ``bindings``: (per packet, or None where it holds for
+        whole flows; per flow, or None)."""
+        binding, flow_binding = bindings
+        return binding if binding is not None else seg.spread(flow_binding[None])[0]
+
+    def _bound(self, seg: Segments, ok, bindings):
+        """Per packet, whether its session holds a binding (``bindings``: as
+        ``_packet_binding``'s); None where every flow with a packet the machine passes holds
+        one for all its packets (numpy's: a test over the flows spares the rewrite's steps
+        over the packets)."""
+        flow_binding = bindings[1]
         if isinstance(flow_binding, np.ndarray) and ok.shape[0]:
             passed = np.logical_or.reduceat(ok, seg.first.numpy())
             if bool(((flow_binding >= 0) | ~passed).all()):
                 return None
-        return binding >= 0
+        return self._packet_binding(seg, bindings) >= 0
 
     def takes_live(self, sub: Sub) -> bool:
         """Where the scan comes from the firewall's joint one, or is shared with the session
@@ -503,12 +512,13 @@ class _SessionKernel(_Machine):
         """The session machine's row of each packet (``session_rows``)."""
         return session_rows(sub)
 
-    def _releases(self, sub, timed_out, event, ok, binding, table_binding):
-        """Bindings of sessions that ended in this batch, in arrival order
-        (``table_binding``: each flow's before the batch)."""
+    def _releases(self, sub, timed_out, event, ok, bindings, table_binding):
+        """Bindings of sessions that ended in this batch, in arrival order (``bindings``: as
+        ``_packet_binding``'s; ``table_binding``: each flow's before the batch)."""
         gone = timed_out | (ok & (event == st.Event.END))
         if not bool(gone.any()):
             return
+        binding = self._packet_binding(sub.seg, bindings)
         rows = nonzero(gone)
         pos, index, arrival = arrays(isinstance(gone, np.ndarray), sub.seg.pos, sub.seg.index,
                                      sub.arrival)
