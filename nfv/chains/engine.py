@@ -327,7 +327,7 @@ class TensorChain:
             if start is None:
                 start = np.ones(lo.shape[0], dtype=bool)
                 start[1:] = (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
-            first = np.flatnonzero(start)
+            first = start.nonzero()[0]
             last = np.append(first[1:], lo.shape[0]) - 1 if first.shape[0] else first
             seg = Segments(index=torch.from_numpy(np.cumsum(start) - 1),
                            first=torch.from_numpy(first), last=torch.from_numpy(last))
@@ -376,7 +376,7 @@ class TensorChain:
             return state, state[h].clone()
         bits, fills, slots, present = arrays(True, self._bits, self._fills, slots, present)
         state = np.repeat(fills, slots.shape[0], axis=1)
-        at = np.flatnonzero(present)
+        at = present.nonzero()[0]
         if at.shape[0]:
             rows = np.take(self.table.values.numpy(), slots.take(at), axis=0).T
             own = (rows[h] & bits) != 0

@@ -165,7 +165,7 @@ class DeviceFlowTable:
         home slot, the last of them takes it."""
         found, home, at_home = self._lookup_host(k1, k2)
         present = found >= 0
-        claim = np.flatnonzero((at_home < 0) & ~present)
+        claim = ((at_home < 0) & ~present).nonzero()[0]
         if claim.shape[0]:
             at = home[claim]
             owner = self._owner.numpy()
@@ -177,7 +177,7 @@ class DeviceFlowTable:
             found[won] = slots
             self.live += int(won.shape[0])
             self.used += int((at_home[won] == EMPTY).sum())  # tombstones were counted
-        rest = np.flatnonzero(found < 0)
+        rest = (found < 0).nonzero()[0]
         if rest.shape[0]:
             found[rest] = self.insert(torch.from_numpy(k1[rest]), torch.from_numpy(k2[rest]),
                                       fill=False).numpy()
@@ -193,7 +193,7 @@ class DeviceFlowTable:
         hit = (at_home == k2) & (t1[slot] == k1)
         found = np.where(hit, slot, -1)
         empty = at_home == EMPTY
-        todo = np.flatnonzero(~hit & ~empty)
+        todo = (~hit & ~empty).nonzero()[0]
         step = np.arange(1, PROBE_WINDOW + 1)
         while todo.shape[0]:
             at = slot[todo]
@@ -205,7 +205,7 @@ class DeviceFlowTable:
             keys = np.arange(todo.shape[0])
             ended = stop[keys, first]
             found[todo] = np.where(hit[keys, first] & ended, s[keys, first], -1)
-            left = np.flatnonzero(~ended)
+            left = (~ended).nonzero()[0]
             todo = todo[left]
             slot[todo] = (at[left] + PROBE_WINDOW) & mask
         return found, home, at_home

@@ -313,7 +313,7 @@ class FirewallKernel(_Machine):
                                take(sub.keys[1] & 0xFF, seg.index)) * scale
         # the flow key's endpoints (packets.key_pair): lower first; dir 1 runs higher -> lower
         host = on_host(sub.keys)  # by numpy over the tensors' memory
-        k1, k2 = arrays(host, *sub.keys)
+        k1, k2 = arrays(host, sub.keys)[0]  # rows of the numpy view (not torch's unbind)
         cat = np.concatenate if host else torch.cat
         lo_ip, hi_ip = (k1 >> 32) & MASK32, k1 & MASK32
         lo_port, hi_port, proto = k2 >> 24, (k2 >> 8) & 0xFFFF, k2 & 0xFF

@@ -71,7 +71,7 @@ def tensor(x):
 def nonzero(mask):
     """The positions of a 1-D mask's set entries."""
     if isinstance(mask, np.ndarray):
-        return np.flatnonzero(mask)
+        return mask.nonzero()[0]  # 1-D: no ``flatnonzero`` wrapper (ravel, dispatch)
     return torch.nonzero(mask).squeeze(1)
 
 

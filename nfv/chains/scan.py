@@ -331,7 +331,7 @@ def _fsm_scan_on_host(next_table, timeouts, cls, gap, seg: Segments, s0, quiet, 
     s0 = s0.numpy()
     fragile = None if fragile is None else fragile.numpy()
     while True:
-        rows = np.flatnonzero(cand)
+        rows = cand.nonzero()[0]
         if rows.shape[0] == n:
             found, after = _step_np(next_table, flat, limits, cls * width, g, start, s0)
             break
@@ -342,9 +342,9 @@ def _fsm_scan_on_host(next_table, timeouts, cls, gap, seg: Segments, s0, quiet, 
         found = after.copy()
         found[rows] = c_found
         if fragile is None:
-            wrong = np.flatnonzero(~cand & (flat.take(cls * width + after) != after))
+            wrong = (~cand & (flat.take(cls * width + after) != after)).nonzero()[0]
         else:  # the packets not stepped that are left in a fragile state (``a > b``: a, not b)
-            maybe = np.flatnonzero(fragile.take(after) > cand)
+            maybe = (fragile.take(after) > cand).nonzero()[0]
             state = after.take(maybe)
             wrong = maybe[flat.take(cls.take(maybe) * width + state) != state]
         if not wrong.shape[0]:
@@ -363,7 +363,7 @@ def _step_np(next_table, flat, limits, base, gap, start, s0):
     the cheaper on a CPU) by its torch form over the same memory."""
     n = base.shape[0]
     index = np.cumsum(start) - 1
-    first = np.flatnonzero(start)
+    first = start.nonzero()[0]
     pos = np.arange(n) - first.take(index)
     if int(pos.max()) + 1 <= ROUND_STEPS_PER_PASS * (1 + n // 8192):
         shift = max(n - 1, 1).bit_length()
