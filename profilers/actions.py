@@ -86,10 +86,10 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
     rows = (batch_size if step_s is None or step_s <= FULL_BATCH_S
             else min(batch_size, small))  # the halves' and the plain steps' batch
     steps_per_round = 3 if small <= batch_size else 2
-    if step_s is not None and steps_per_round * step_s * rows / batch_size > BUDGET_S:
+    round_s = None if step_s is None else steps_per_round * step_s * rows / batch_size
+    if round_s is not None and round_s > BUDGET_S:
         return None, None, (f"no unit actions measured (a round of the probe would take about "
-                            f"{steps_per_round * step_s * rows / batch_size:.0f} s at one "
-                            f"thread, over its {BUDGET_S:.0f} s); ")
+                            f"{round_s:.0f} s at one thread, over its {BUDGET_S:.0f} s); ")
     halves = {op: UNITS[k >= len(ops) // 2] for k, op in enumerate(ops)}
     threads = torch.get_num_threads()
     try:

@@ -271,14 +271,20 @@ def less_overhead(ms: float, events: int, per_event_ms: float) -> float:
     return max(0.0, ms - events * per_event_ms)
 
 
-def bounded_overhead(full_ms: tuple[float, float], small_ms: tuple[float, float] | None
-                     ) -> tuple[float, float]:
+def bounded_overhead(full_ms: tuple[float, float] | None,
+                     small_ms: tuple[float, float] | None) -> tuple[float, float]:
     """The cost of one event at the full batch (forward, backward ms), bounded by the one
-    measured at the smaller batch where there is one (module doc, "Instrumentation").
+    measured at the smaller batch where there is one (module doc, "Instrumentation");
+    the smaller batch's alone where the full batch had no plain steps to go by (None),
+    and nothing where neither has a figure.
 
     >>> bounded_overhead((0.068, 0.004), (0.0065, 0.005))
     (0.0065, 0.004)
+    >>> bounded_overhead(None, (0.0065, 0.005))
+    (0.0065, 0.005)
     """
+    if full_ms is None:
+        return small_ms if small_ms is not None else (0.0, 0.0)
     if small_ms is None:
         return full_ms
     return (min(full_ms[0], small_ms[0]), min(full_ms[1], small_ms[1]))
@@ -333,11 +339,12 @@ class TimedRounds:
         return ([sum(v[k] for v in self.fwd_runs.values()) for k in range(rounds)],
                 [sum(v[k] for v in self.bwd_runs.values()) for k in range(rounds)])
 
-    def per_event_ms(self) -> tuple[float, float]:
+    def per_event_ms(self) -> tuple[float, float] | None:
         """Cost of one event, forward and backward (ms): the fastest instrumented pass over
-        the fastest plain pass, per event (module doc, "Instrumentation")."""
+        the fastest plain pass, per event (module doc, "Instrumentation"); None without
+        plain steps."""
         if not self.plain:
-            return 0.0, 0.0
+            return None
         out = []
         for k, (sums, events) in enumerate(zip(self.round_sums_s(), self.events, strict=True)):
             plain = min(p[k] for p in self.plain)

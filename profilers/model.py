@@ -276,9 +276,8 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     one, one_small = passes.get(1, (timed, smaller))
     per_event_small = (one_small.timed.per_event_ms()
                        if one_small is not None and not one_small.failed else None)
-    per_event = ((bounded_overhead(one.per_event_ms(), per_event_small)
-                  if one.plain or per_event_small is None else per_event_small)
-                 if dev.type == "cpu" else (0.0, 0.0))
+    per_event = (bounded_overhead(one.per_event_ms(), per_event_small) if dev.type == "cpu"
+                 else (0.0, 0.0))
     per_event_small = per_event_small if dev.type == "cpu" and per_event_small else per_event
     fwd_runs, bwd_runs = timed.fwd_runs, timed.bwd_runs
     fwd_ms, bwd_ms = timed.medians_ms(per_event)
@@ -300,15 +299,14 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     if leaves:
         options["leaf_modules"] = list(leaves)
     colocation, colocation_note = _runtime_colocation(cap, workload, seed, dev)
-    action_ms, op_action, action_note = (
-        unit_action_ms(cap, workload, module, model.batch_size, seed,
-                       step_s=_one_thread_step_s(steps, passes))
-        if dev.type == "cpu" else (None, None, ""))
+    action_ms, op_action, action_note = None, None, ""
+    rates, zero, update_note = {}, None, ""
     if dev.type == "cpu":
+        action_ms, op_action, action_note = unit_action_ms(
+            cap, workload, module, model.batch_size, seed,
+            step_s=_one_thread_step_s(steps, passes))
         tick("timing the runtime's unit actions")
-    rates, zero, update_note = (update_rates(module, available_memory_bytes(dev))
-                                if dev.type == "cpu" else ({}, None, ""))
-    if dev.type == "cpu":
+        rates, zero, update_note = update_rates(module, available_memory_bytes(dev))
         tick("timing the optimizer update")
     ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,
                    dtype=model.dtype, inputs=model.inputs, options=options)
