@@ -195,8 +195,9 @@ def _sizes(ctx, param, value: str | None) -> list[int] | None:
 @click.option("--batch-sizes", default=None, callback=_sizes,
               help="l4_chain only: comma-separated batch sizes (packets) to run each engine at "
                    "[default: the config's].")
-@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Runs per engine; the fastest counts.")
+@click.option("--repeats", type=click.IntRange(min=1), default=None,
+              help="Runs per engine; the fastest counts [default: 1; 3 for an l4_chain, "
+                   "after two untimed batches].")
 @output_option("Write the comparison (an nfv-bench, or a chain-bench for an l4_chain) to this "
                "file (.json, .yaml or .yml).")
 @json_option
@@ -224,14 +225,14 @@ def bench(config_path: str, trace_path: str, batch_size: int | None, workers: in
 
         sizes = batch_sizes or ([batch_size] if batch_size else None)
         result = bench_chain(config_path, trace_path, engines or ["cpu", "tensor"], sizes,
-                             device=device, repeats=repeats)
+                             device=device, **({} if repeats is None else {"repeats": repeats}))
         deliver(from_data(ChainBench, result), output, as_json, render=render_chain_bench)
         return
     from dl_nfv.artifacts.results import NfvBench
     from dl_nfv.nfv.run import bench as run_bench
 
     result = run_bench(config_path, trace_path, engines or ["cpu", "gpu", "flowshader"],
-                       repeats=repeats, batch_size=batch_size, workers=workers, device=device)
+                       repeats=repeats or 1, batch_size=batch_size, workers=workers, device=device)
     from .render_compare import render_bench
 
     deliver(from_data(NfvBench, result), output, as_json, render=render_bench)

@@ -16,7 +16,7 @@ from dl_nfv.artifacts import load
 from dl_nfv.cli.main import cli
 from dl_nfv.nfv.chains import ops as chain_ops
 from dl_nfv.nfv.chains.flowtable import DeviceFlowTable
-from dl_nfv.nfv.chains.packets import rewrite_checksums
+from dl_nfv.nfv.chains.packets import load_packets, rewrite_checksums
 from dl_nfv.nfv.traffic.generate import TraceSpec, generate_trace
 
 from ..helpers import EXAMPLES, REAL_TRACE
@@ -201,6 +201,29 @@ def test_bench_chain_repeats_keep_each_rows_fastest_run(monkeypatch):
     assert [(row["engine"], row["mpps"]) for row in result["rows"]] == [("cpu", 3.0),
                                                                         ("tensor", 6.0)]
     assert len({row["packets_out"] for row in result["rows"]}) == 1
+
+
+def test_bench_chain_warms_up_untimed_then_runs_three_times_by_default(monkeypatch):
+    """``nfv bench`` on a chain: per engine and batch size, ``WARM_UP_BATCHES`` batches on a
+    chain of their own that no row reports, then ``BENCH_REPEATS`` timed runs of the whole
+    trace, each on a fresh chain."""
+    from dl_nfv.nfv.chains import run as chain_run
+
+    real, calls = chain_run.drive, []
+
+    def recorded(chain, packets, size):
+        calls.append((chain, len(packets), size))  # held: ids stay distinct
+        return real(chain, packets, size)
+
+    monkeypatch.setattr(chain_run, "drive", recorded)
+    r = invoke("nfv", "bench", "--config", CONFIG, "--trace", REAL_TRACE, "--engines", "tensor",
+               "--batch-sizes", "8", "--json")
+    assert r.exit_code == 0, r.output
+    total = len(load_packets(REAL_TRACE).packets)
+    assert chain_run.WARM_UP_BATCHES * 8 < total
+    assert [(n, size) for _, n, size in calls] == \
+        [(chain_run.WARM_UP_BATCHES * 8, 8)] + [(total, 8)] * chain_run.BENCH_REPEATS
+    assert len({id(chain) for chain, _, _ in calls}) == 1 + chain_run.BENCH_REPEATS
 
 
 def test_show_renders_the_l4_chain():
