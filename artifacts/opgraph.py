@@ -125,6 +125,9 @@ class ProfileInfo:
     # (empty / None: not measured; the cost model then charges memory passes)
     update_ns_per_byte: dict[str, float] = field(default_factory=dict)
     zero_ns_per_byte: float | None = None
+    # the device the ops were timed on: the CPU's model name or the CUDA device's name
+    # (``profilers.measure.machine_name``; "": not recorded)
+    machine: str = ""
     note: str = ""
 
     def __post_init__(self) -> None:

@@ -376,9 +376,10 @@ def fusion(graph_path, samples, max_ops, repeats, threads, compile_budget_s, see
     """
     from dl_nfv.artifacts import load
     from dl_nfv.planners.disco.fusible import sample_groups
-    from dl_nfv.profilers.fusion import profile_fusion
+    from dl_nfv.profilers.fusion import check_same_machine, profile_fusion
 
     graph = load(graph_path, expect="op-graph")
+    check_same_machine(graph, f"{graph_path}: ")
     groups = sample_groups(graph, samples, seed=seed, max_ops=max_ops)
     with _progress_bar(f"compiling {len(groups)} fused groups") as progress:
         times = profile_fusion(graph, groups, repeats=repeats, threads=threads, seed=seed,

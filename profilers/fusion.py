@@ -29,6 +29,11 @@ not measured is recorded with the reason (budget spent, compilation failed, fewe
 two fx nodes). Inductor keeps a cache of generated code across processes, so groups of
 a repeated block compile fast after the first.
 
+The graph must have been profiled on this machine (its ``profile.machine``, where it
+records one): a group's ops carry the graph's times beside the eager and fused times
+measured here, and a graph profiled on another CPU sets another machine's op times
+beside them.
+
 Output: the ``fusion-times`` artifact (``FusionTimes``), which carries each group's ops
 with what an estimator reads (kind, FLOPs, bytes, the op graph's own times) and the
 edges inside it, so training needs no graph. ``load_fusion_times`` validates a file.
@@ -53,6 +58,7 @@ from torch import fx
 from dl_nfv.artifacts import BadInput, InvalidArtifact, ModelRef, OpGraph, OpKind, fingerprint
 from dl_nfv.artifacts.io import read_document
 from dl_nfv.artifacts.records import check, from_data, record
+from dl_nfv.profilers.measure import machine_name
 from dl_nfv.runtime.fusion import compile_region
 
 KIND = "fusion-times"
@@ -281,6 +287,7 @@ def profile_fusion(graph: OpGraph, groups: Sequence[Sequence[str]], *, repeats: 
     if repeats < 1 or threads < 1 or not compile_budget_s > 0:
         raise BadInput(f"profile fusion: repeats, threads and the compile budget must be > 0, got "
                        f"{repeats}, {threads}, {compile_budget_s}")
+    check_same_machine(graph)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     # compile in this process: a pool of compile workers costs more to start than it saves
@@ -302,6 +309,19 @@ def profile_fusion(graph: OpGraph, groups: Sequence[Sequence[str]], *, repeats: 
                        per_call_fwd_ms=call_fwd, per_call_bwd_ms=call_bwd, groups=tuple(measured),
                        skipped=tuple(skipped),
                        notes=(f"timed by {'process CPU time' if threads == 1 else 'wall clock'}",))
+
+
+def check_same_machine(graph: OpGraph, where: str = "") -> None:
+    """``BadInput`` where ``graph`` was profiled on another machine than this one: a group's
+    ops carry the graph's times, which must be this machine's beside the fused and eager
+    times measured here (a graph that records no machine is taken as it is)."""
+    recorded = graph.profile.machine if graph.profile is not None else ""
+    if not recorded:
+        return
+    here = machine_name(torch.device("cuda" if _device_type(graph) == "cuda" else "cpu"))
+    if recorded != here:
+        raise BadInput(f"{where}profile.machine: {recorded!r}: the op graph was profiled on another "
+                       f"machine than this one ({here!r}); profile the model here first")
 
 
 def _device_type(graph: OpGraph) -> str:

@@ -315,7 +315,8 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
                  _overhead_field(per_event, per_event_small if fixed else None, taken_ms)
                  | {"unit_action_ms": None if action_ms is None else round(action_ms, 4),
                     "op_action_ms": None if op_action is None else round(op_action, 4)}
-                 | {"update_ns_per_byte": rates, "zero_ns_per_byte": zero}
+                 | {"update_ns_per_byte": rates, "zero_ns_per_byte": zero,
+                    "machine": machine_name(dev)}
                  | loss_figures(one, one_small, model.batch_size, per_event, per_event_small),
                  f"{scaling_note}{action_note}{update_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
                  f"seed {seed}; {machine_name(dev)}{colocation_note}")

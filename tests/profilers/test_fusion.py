@@ -147,3 +147,27 @@ def test_a_compiled_cpu_region_saves_no_boolean_mask_and_computes_what_eager_doe
     assert saved and torch.bool not in saved, saved
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(grad, x.grad)
+
+
+def test_a_graph_profiled_on_another_machine_is_refused_naming_the_field(mlp, tmp_path):
+    """The profile records the machine it timed on (this one); ``profile fusion`` refuses a
+    graph profiled elsewhere with exit 2, one line naming the file, the field and its value,
+    and writes nothing."""
+    from dataclasses import replace
+
+    from click.testing import CliRunner
+
+    from dl_nfv.cli.main import cli
+    from dl_nfv.profilers.measure import machine_name
+
+    assert mlp.profile.machine == machine_name(torch.device("cpu")) != ""
+    other = replace(mlp, profile=replace(mlp.profile, machine="Some Other CPU @ 1.0GHz"))
+    path, out = tmp_path / "other.json", tmp_path / "times.json"
+    save(other, path)
+    r = CliRunner().invoke(cli, ["profile", "fusion", "--graph", str(path), "--samples", "2",
+                                 "-o", str(out)])
+    assert r.exit_code == 2, r.output
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in line
+    assert str(path) in line and "profile.machine" in line and "Some Other CPU" in line
+    assert not out.exists()
