@@ -16,7 +16,9 @@ top-2 Mixture-of-Experts MLP, token pruning by ``masked_select``) the benchmark
    finds fastest, often data parallelism on two CPUs), an op placement over
    both devices (``m-topo``: Baechi's topological fill) and one device (``single``);
 3. simulates every plan (``dl-nfv simulate``) and runs it for real (``dl-nfv train``,
-   each worker with its device's cores) ``--repeats`` times, in rounds over the model's
+   each worker with its device's cores, ``--steps`` steps or more: enough for
+   ``MEASURED_S`` of steps as predicted, so a tiny model is timed in its steady state)
+   ``--repeats`` times, in rounds over the model's
    plans so that a slow spell of the shared machine touches every plan alike, keeping
    the median run (with ``--budget-min M``, each model gets an equal share of the
    minutes left, and a round after its first runs only where one as long fits there);
@@ -77,6 +79,12 @@ from _record import git_revision, markdown_table, record_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 REPEATABLE = 0.05  # two profiles of one model on one machine: predictions this close (goal)
+# A run's steps: at least ``--steps`` and enough for MEASURED_S of predicted steps, up to
+# MAX_STEPS. A process's steps get faster over its first tens (caches, the allocator, the
+# interpreter's specialisation): a 2 ms model's single-device plan measured 2.2-2.5 ms
+# over 8 steps and 1.85 ms over 400, which is the time a real training run spends.
+MEASURED_S = 1.0
+MAX_STEPS = 400
 
 # model -> what `dl-nfv profile model` is given (small batches / short sequences: a 2-core
 # CPU runs them): zoo models, and user models that no planner or cost figure was tuned on
@@ -178,6 +186,14 @@ def devices_used(plan_path: Path) -> int:
     return len(used)
 
 
+def steps_for(predicted_ms: float, least: int) -> int:
+    """A run's steps: ``least``, or more where they last under ``MEASURED_S`` as predicted
+    (``MAX_STEPS`` at most)."""
+    if predicted_ms <= 0:
+        return least
+    return max(least, min(MAX_STEPS, math.ceil(MEASURED_S * 1000 / predicted_ms)))
+
+
 def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_others: float,
               tries: int, repeats: int = 1, reuse: bool = False,
               deadline: float | None = None) -> list[dict]:
@@ -205,6 +221,7 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
                   flush=True)
     rows: dict[str, dict] = {}
     runs: dict[str, list[tuple[float, dict, float, float]]] = {}
+    plan_steps: dict[str, int] = {}
     for label, planner in PLANS.items():
         stem = work / f"{model}-{planner[0]}"
         plan, sim = stem.with_suffix(".plan.json"), stem.with_suffix(".sim.json")
@@ -215,6 +232,8 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
             rows[label] = {"model": model, "plan": label, "error": str(exc).splitlines()[0]}
             continue
         runs[label] = []
+        predicted_ms = json.loads(sim.read_text())["iteration_ms"]
+        plan_steps[label] = steps_for(predicted_ms, steps)
     round_s = 0.0
     for r in range(repeats):
         if r and deadline is not None and time.perf_counter() + round_s > deadline:
@@ -228,7 +247,7 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
             t0 = time.perf_counter()
             try:
                 others = quietly(["train", str(stem.with_suffix(".plan.json")), "--steps",
-                                  str(steps), "-o", str(run)],
+                                  str(plan_steps[label]), "-o", str(run)],
                                  max_others=max_others, tries=tries)
             except RuntimeError as exc:
                 print(f"  {model} / {label}: {exc}", flush=True)
@@ -578,7 +597,9 @@ def main() -> None:
                  + f" (of {args.repeats}"
                  + (f", within a budget of {args.budget_min:g} min)" if args.budget_min else ")"))
         note = (f"Each plan ran {times}, in rounds over the model's plans, "
-                f"{args.steps} steps each (medians after the warm-up); the median run is kept. "
+                f"{args.steps} steps each or more, enough for {MEASURED_S:g} s of steps as "
+                f"predicted (at most {MAX_STEPS}; medians after the warm-up); the median run "
+                f"is kept. "
                 f"Workers: 2 processes of 1 core each (gloo), profiled with the defaults (torch's "
                 f"threads and 1 thread); topology "
                 + (f"`{os.path.relpath(args.topology, ROOT)}`" if args.topology else

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "fidelity_bench.py"
@@ -47,3 +48,14 @@ def test_per_model_summary_of_errors_best_plan_and_pairs():
 def test_a_best_plan_predicted_second_is_reported():
     rows = [_row("a", "x", 12.0, 10.0), _row("a", "y", 11.0, 20.0)]
     assert fidelity.model_summary(rows)[0][4:] == ["no", "0 / 1"]
+
+
+def test_a_run_lasts_the_measured_time_as_predicted_within_its_bounds():
+    """At least ``least`` steps; a fast plan gets enough steps for ``MEASURED_S`` of them, up
+    to ``MAX_STEPS``; an unknown prediction keeps ``least``."""
+    fb = fidelity
+    assert fb.steps_for(1000.0, 8) == 8  # 8 s of steps already
+    assert fb.steps_for(50.0, 8) == math.ceil(fb.MEASURED_S * 1000 / 50.0)
+    assert fb.steps_for(0.01, 8) == fb.MAX_STEPS
+    assert fb.steps_for(0.0, 8) == 8
+    assert fb.steps_for(fb.MEASURED_S * 1000 / 3, 8) == 8  # 3 steps' worth: the floor
