@@ -216,7 +216,7 @@ def bench(config_path: str, trace_path: str, batch_size: int | None, workers: in
       dl-nfv nfv bench --config examples/nf/fw-nat-lb.yaml --trace t.pcap --engines cpu,tensor --batch-sizes 1024,8192,65536
     """
     from dl_nfv.artifacts import from_data
-    from dl_nfv.nfv.chains.run import bench_chain, is_chain_config
+    from dl_nfv.nfv.chains.run import BENCH_REPEATS, bench_chain, is_chain_config
 
     if is_chain_config(config_path):
         from dl_nfv.artifacts.chainreport import ChainBench
@@ -225,7 +225,7 @@ def bench(config_path: str, trace_path: str, batch_size: int | None, workers: in
 
         sizes = batch_sizes or ([batch_size] if batch_size else None)
         result = bench_chain(config_path, trace_path, engines or ["cpu", "tensor"], sizes,
-                             device=device, **({} if repeats is None else {"repeats": repeats}))
+                             device=device, repeats=repeats or BENCH_REPEATS)
         deliver(from_data(ChainBench, result), output, as_json, render=render_chain_bench)
         return
     from dl_nfv.artifacts.results import NfvBench
