@@ -386,7 +386,7 @@ class _SessionKernel(_Machine):
         over the tensors' memory (its calls cost less on vectors of a batch): the outcomes
         are then numpy arrays."""
         seg = sub.seg
-        cls = self._classes(sub)
+        cls = session_rows(sub)
         scanned = self._scan(sub, cls, existed)
         got = sub.memo.get((self.machine, "decide"))
         if got is not None and got[0] is scanned:
@@ -505,12 +505,7 @@ class _SessionKernel(_Machine):
         """Where the scan comes from the firewall's joint one, or is shared with the session
         NF before: there the packets the firewall dropped left the session as it was, so
         they step nothing; a scan of the NF's own would step them."""
-        return JOINT in sub.memo or self._shared(sub, self._classes(sub)) is not None
-
-    @staticmethod
-    def _classes(sub: Sub):
-        """The session machine's row of each packet (``session_rows``)."""
-        return session_rows(sub)
+        return JOINT in sub.memo or self._shared(sub, session_rows(sub)) is not None
 
     def _releases(self, sub, timed_out, event, ok, bindings, table_binding):
         """Bindings of sessions that ended in this batch, in arrival order (``bindings``: as
