@@ -310,16 +310,17 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         tick("timing the optimizer update")
     ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,
                    dtype=model.dtype, inputs=model.inputs, options=options)
+    machine = machine_name(dev)
     info = _info(cap, steps, fwd_runs, bwd_runs, fwd_ms, bwd_ms, at_threads, type_name, warmup,
                  peak_bytes, small if fixed else None, allocator,
                  _overhead_field(per_event, per_event_small if fixed else None, taken_ms)
                  | {"unit_action_ms": None if action_ms is None else round(action_ms, 4),
                     "op_action_ms": None if op_action is None else round(op_action, 4)}
                  | {"update_ns_per_byte": rates, "zero_ns_per_byte": zero,
-                    "machine": machine_name(dev)}
+                    "machine": machine}
                  | loss_figures(one, one_small, model.batch_size, per_event, per_event_small),
                  f"{scaling_note}{action_note}{update_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
-                 f"seed {seed}; {machine_name(dev)}{colocation_note}")
+                 f"seed {seed}; {machine}{colocation_note}")
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges,
                    colocation=colocation)
 
