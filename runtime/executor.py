@@ -10,8 +10,10 @@ The mode follows the plan:
   pulled from the group's ``ps_servers``;
 * **op placement** (several groups, no pipeline): one unit per run of ops that
   follow each other in the order of every device they run on, with the same
-  devices and shares (``simulator.units.placement_units``; a single op where
-  neighbours differ); this device runs the forward of its units in ``plan.order``
+  devices and shares, and that receive from other devices only at the run's first
+  op and send to them only from its last (``simulator.units.placement_units``; a
+  single op where neighbours differ), so no device waits for work a send did not
+  need; this device runs the forward of its units in ``plan.order``
   (topological order when the plan gives none), then their backward in the
   reverse order. Running a run of ops as one fx submodule saves the per-unit
   overhead (a separate autograd pass and boundary tensors per op), which the

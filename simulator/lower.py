@@ -3,7 +3,10 @@
 What a plan turns into (docs/simulator.md has the full list and the reasons):
 
 * **Units.** Every op is a unit, except that ops named together in
-  ``fusion.op_groups`` form one fused unit timed by ``CostModel.fused_ms``.
+  ``fusion.op_groups`` form one fused unit timed by ``CostModel.fused_ms``, and an
+  op placement's runtime units (``units.placement_units_of``) are one unit each,
+  timed as the sum of their ops: the runtime receives all of a unit's inputs
+  before it runs it and sends its outputs when it ends.
 * **Replicas.** Each device of a group is a replica that holds its batch
   share; its interval of the batch is the cumulative share ``[lo, hi)``. With a
   pipeline every stage runs ``microbatches`` microbatches of ``1/microbatches``.
@@ -155,6 +158,56 @@ def _check_fused_acyclic(graph: OpGraph, op_groups, unit_of: dict[str, int]) -> 
                        f"for them")
 
 
+def _unit_graph(graph: OpGraph, pieces: list[list[str]], runs: dict[str, tuple[str, int]],
+                pos: dict[str, int]):
+    """Units of ``pieces`` (a piece joins the unit of its run in ``runs``, keyed by its
+    first op): ``(unit_of, members, parts, unit edges, topological order of units)``, or
+    None when the units wait on each other in a cycle. O(ops + edges + units log units)."""
+    unit_of: dict[str, int] = {}
+    members: list[list[str]] = []
+    parts: list[list[list[str]]] = []
+    unit_of_run: dict[tuple[str, int], int] = {}
+    for piece in sorted(pieces, key=lambda ops: pos[ops[0]]):
+        run = runs.get(piece[0])
+        u = unit_of_run.get(run) if run is not None else None
+        if u is None:
+            u = len(members)
+            members.append([])
+            parts.append([])
+            if run is not None:
+                unit_of_run[run] = u
+        members[u].extend(piece)
+        parts[u].append(piece)
+        unit_of.update((op, u) for op in piece)
+    for m in members:
+        m.sort(key=pos.__getitem__)
+    n_units = len(members)
+    uedges: set[tuple[int, int]] = set()
+    for e in graph.edges:
+        ua, ub = unit_of[e.src], unit_of[e.dst]
+        if ua != ub:
+            uedges.add((ua, ub))
+    indeg = [0] * n_units
+    out: list[list[int]] = [[] for _ in range(n_units)]
+    for ua, ub in sorted(uedges):
+        out[ua].append(ub)
+        indeg[ub] += 1
+    first = [pos[m[0]] for m in members]
+    heap = [(first[u], u) for u in range(n_units) if indeg[u] == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        _, u = heapq.heappop(heap)
+        order.append(u)
+        for v in out[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(heap, (first[v], v))
+    if len(order) < n_units:
+        return None
+    return unit_of, members, parts, uedges, order
+
+
 class _Lowering(_Communication):
     def __init__(self, plan: Plan, graph: OpGraph, topology: Topology, cm: CostModel):
         self.plan = plan
@@ -187,50 +240,27 @@ class _Lowering(_Communication):
         graph, plan = self.graph, self.plan
         topo = self.cm.topological_ids
         pos = {op: i for i, op in enumerate(topo)}
-        unit_of: dict[str, int] = {}
-        members: list[list[str]] = []
-        fused: list[bool] = []
+        # pieces: a fused op group (``plan.fusion.op_groups``) or a single op
+        piece_of: dict[str, int] = {}
+        pieces: list[list[str]] = []
         if plan.fusion is not None:  # (check_fusion has vetted its ops and groups)
             for ops in plan.fusion.op_groups:
                 if len(ops) < 2:
                     continue
-                u = len(members)
-                members.append(sorted(ops, key=pos.__getitem__))
-                fused.append(True)
-                for op in ops:
-                    unit_of[op] = u
+                piece_of.update((op, len(pieces)) for op in ops)
+                pieces.append(sorted(ops, key=pos.__getitem__))
         for op in topo:
-            if op not in unit_of:
-                unit_of[op] = len(members)
-                members.append([op])
-                fused.append(False)
-        # unit DAG, checked acyclic (fusing a->b->c without b is a cycle)
+            if op not in piece_of:
+                piece_of[op] = len(pieces)
+                pieces.append([op])
+        runs = self._runtime_units(pieces, pos)
+        built = _unit_graph(graph, pieces, runs, pos)
+        if built is None:  # (check_fusion and placement_units rule this out)
+            raise BadInput("plan fusion op groups form a cycle with the ops between them; a "
+                           "fused kernel cannot both feed and wait for them")
+        unit_of, members, parts, uedges, order = built
         n_units = len(members)
-        uedges: set[tuple[int, int]] = set()
-        for e in graph.edges:
-            ua, ub = unit_of[e.src], unit_of[e.dst]
-            if ua != ub:
-                uedges.add((ua, ub))
-        indeg = [0] * n_units
-        out: list[list[int]] = [[] for _ in range(n_units)]
-        for ua, ub in sorted(uedges):
-            out[ua].append(ub)
-            indeg[ub] += 1
-        first = [pos[m[0]] for m in members]
-        heap = [(first[u], u) for u in range(n_units) if indeg[u] == 0]
-        heapq.heapify(heap)
-        order = []
-        while heap:
-            _, u = heapq.heappop(heap)
-            order.append(u)
-            for v in out[u]:
-                indeg[v] -= 1
-                if indeg[v] == 0:
-                    heapq.heappush(heap, (first[v], v))
-        if len(order) < n_units:
-            stuck = next(u for u in range(n_units) if indeg[u] > 0 and fused[u])
-            raise BadInput(f"plan fusion op group {members[stuck]} forms a cycle with the ops "
-                           f"between them; a fused kernel cannot both feed and wait for them")
+        fused = [len(p) > 1 or len(p[0]) > 1 for p in parts]
         self.unit_pos = [0] * n_units
         for i, u in enumerate(order):
             self.unit_pos[u] = i
@@ -238,11 +268,46 @@ class _Lowering(_Communication):
         self.unit_of = unit_of
         self.members = members
         self.fused = fused
+        self.parts = parts
         self.unit_group = [self.op_group[m[0]] for m in members]
         # an op needs a gradient when it or an ancestor has parameters
         self.needs_grad = needs = self.cm.needs_grad
         self.unit_rg = [any(needs[o] for o in m) for m in members]
         self.unit_edges = sorted(uedges)
+
+    def _runtime_units(self, pieces: list[list[str]],
+                       pos: dict[str, int]) -> dict[str, tuple[str, int]]:
+        """First op of a piece -> the runtime unit it runs in, for an op placement whose
+        units (``units.placement_units_of``) hold whole pieces; empty otherwise (every piece
+        is then a unit of its own). A runtime unit receives all its inputs before it starts
+        and sends its outputs when it ends, so the simulator runs it as one task. A unit
+        that spans groups of the same devices and shares is cut where the group changes,
+        in the order its devices run it (``plan.order``, else topological; the simulator's
+        replicas belong to one group), which keeps the units acyclic."""
+        plan = self.plan
+        if plan.pipeline is not None or len(plan.groups) < 2:
+            return {}
+        run_of = placement_units_of(plan, self.graph)
+        in_run: dict[str, list[list[str]]] = defaultdict(list)
+        for piece in pieces:
+            found = {run_of.get(op) for op in piece}
+            if len(found) > 1:  # a fused group across runtime units: keep ops apart
+                return {}
+            run = found.pop()
+            if run is not None:
+                in_run[run].append(piece)
+        runs: dict[str, tuple[str, int]] = {}
+        for run, members in in_run.items():
+            device = plan.groups[self.op_group[members[0][0]]].devices[0]
+            where = {op: i for i, op in enumerate(plan.order.get(device, ()))} or pos
+            cut, group = 0, None
+            for piece in sorted(members, key=lambda ops: min(where[o] for o in ops)):
+                g = self.op_group[piece[0]]
+                if group is not None and g != group:
+                    cut += 1
+                group = g
+                runs[piece[0]] = (run, cut)
+        return runs
 
     # ----------------------------------------------------------------- build
     def build(self) -> TaskGraph:
@@ -343,13 +408,22 @@ class _Lowering(_Communication):
             pos = self.unit_pos[u]
             n = len(reps) * M
             f_times, b_times = [], []
-            if self.fused[u]:
-                rg_ops = [o for o in ops if self.needs_grad[o]]
+            if self.fused[u]:  # the sum of its pieces: fused groups and single ops
                 for rep in reps:
+                    f_ms = b_ms = 0.0
+                    ftab, btab = self._unit_times(rep)
                     name = self.device_names[groups.rep_device[rep]]
                     frac = groups.rep_share[rep] / M
-                    f_times.append(self.cm.fused_ms(ops, name, "fwd", frac))
-                    b_times.append(self.cm.fused_ms(rg_ops, name, "bwd", frac) if rg_ops else 0.0)
+                    for piece in self.parts[u]:
+                        if len(piece) == 1:
+                            f_ms += ftab[op_index[piece[0]]]
+                            b_ms += btab[op_index[piece[0]]]
+                            continue
+                        rg_ops = [o for o in piece if self.needs_grad[o]]
+                        f_ms += self.cm.fused_ms(piece, name, "fwd", frac)
+                        b_ms += self.cm.fused_ms(rg_ops, name, "bwd", frac) if rg_ops else 0.0
+                    f_times.append(f_ms)
+                    b_times.append(b_ms)
             else:
                 i = op_index[ops[0]]
                 for rep in reps:

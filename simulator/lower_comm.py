@@ -123,7 +123,8 @@ class _Communication:
             if self.unit_group[ua] != self.unit_group[ub]:
                 continue
             self.local_consumers[ua].append(ub)
-            rg = self.unit_rg[ua]
+            # (a unit of several ops can need a gradient where the unit it feeds does not)
+            rg = self.unit_rg[ua] and self.unit_rg[ub]
             Fb, Ba, Bb = F[ub], B[ua], B[ub]
             for rep, fa in F[ua].items():
                 fb = Fb[rep]

@@ -5,7 +5,8 @@ microbatch is an *action* with CPU of its own beyond the ops: a pipeline runs on
 per stage group, one group (data parallelism, a parameter server, one device) the whole
 model, and an op placement (several groups, no pipeline) one unit per run of ops that
 follow each other in the order of every device they run on, with the same devices and
-shares (``placement_units``); a single op where neighbours differ.
+shares, that exchanges data with other devices only at its ends: its first op may
+receive, its last op may send (``placement_units``); a single op where neighbours differ.
 
 ``runtime/executor.py`` builds an op placement's units with ``placement_units``, and the
 simulator charges one action per such unit, replica and direction (``lower.py``,
@@ -34,6 +35,9 @@ def placement_units(plan: Plan, graph: OpGraph, group_of_op: dict[str, Any]) -> 
     Op ``b`` joins the unit of ``a`` when both have the same devices and shares,
     ``b`` comes right after ``a`` in the order of every one of those devices
     (``plan.order``, else topological, restricted to the ops that run there),
+    ``a`` sends nothing to ops of other devices or shares and ``b`` receives nothing
+    from them (a unit receives all its inputs before it starts and sends its outputs
+    when it ends, so a send or receive inside a unit would hold up the other device),
     and no op outside the unit lies on a path from the unit to ``b``. If the
     units still depend on each other in a cycle, every op is its own unit. A
     unit is named by its first op. O(ops^2 / 64) (descendant sets as bit masks).
@@ -63,8 +67,13 @@ def placement_units(plan: Plan, graph: OpGraph, group_of_op: dict[str, Any]) -> 
         ga, gb = group_of_op[a], group_of_op[b]
         return (ga.devices, ga.shares) == (gb.devices, gb.shares)
 
-    link = {a: next(iter(f)) for a, f in following.items()
-            if len(f) == 1 and None not in f and same(a, next(iter(f)))}
+    # an op whose output goes to other devices ends its unit (the unit sends when it ends),
+    # and one that receives from other devices starts one (the unit receives when it starts)
+    sends = {a for a in topo if any(not same(a, b) for b in succs[a])}
+    receives = {b for b in topo if any(not same(a, b) for a in preds[b])}
+    link = {a: b for a, f in following.items()
+            if len(f) == 1 and None not in f and same(a, b := next(iter(f)))
+            and a not in sends and b not in receives}
     linked = set(link.values())
     unit_of: dict[str, str] = {}
     for head in topo:

@@ -62,3 +62,13 @@ def test_ops_in_a_line_on_one_device_form_one_unit():
     graph = _graph(["a", "b", "c"], [("a", "b"), ("b", "c")])
     units = _units(graph, {"a": (A,), "b": (A,), "c": (A,)}, order={A: ("a", "b", "c")})
     assert set(units.values()) == {"a"}
+
+
+def test_a_run_ends_at_an_op_that_sends_and_starts_at_one_that_receives():
+    # A runs a, b, c, d in a line; a also feeds x on B, and y on B feeds c. One unit of
+    # a..d would hold x back until d ended and wait for y before a started: the run is cut
+    # after a (it sends) and before c (it receives).
+    graph = _graph(["a", "b", "c", "d", "x", "y"],
+                   [("a", "b"), ("b", "c"), ("c", "d"), ("a", "x"), ("x", "y"), ("y", "c")])
+    units = _units(graph, {"a": (A,), "b": (A,), "c": (A,), "d": (A,), "x": (B,), "y": (B,)})
+    assert units == {"a": "a", "b": "b", "c": "c", "d": "c", "x": "x", "y": "x"}

@@ -19,7 +19,7 @@ from dl_nfv.simulator import CostModel, simulate
 from dl_nfv.simulator.synthetic import one_f_one_b
 from dl_nfv.simulator.tasks import TaskKind
 
-from .helpers import chain, mesh, one_group, plan
+from .helpers import chain, graph, mesh, one_group, op, plan
 
 ACTION_MS = 0.25
 
@@ -94,3 +94,64 @@ def test_an_op_placement_pays_two_actions_per_run_of_ops(split, units_per_device
         assert extra == pytest.approx(2 * units_per_device * OP_ACTION_MS)
         # without it, each group pays as a pipeline stage does: two actions
         assert _compute_busy(fallback, d) - _compute_busy(base, d) == pytest.approx(2 * ACTION_MS)
+
+
+def _diamond():
+    """a -> b, a -> c, b -> d, c -> d; every op 2 ms forward, 4 ms backward, with parameters."""
+    ops = [op(name, 2.0, 4.0, param_bytes=4, output_bytes=1024) for name in "abcd"]
+    return graph(ops, [("a", "b", 1024), ("a", "c", 1024), ("b", "d", 1024), ("c", "d", 1024)])
+
+
+def _spans(result, kind: TaskKind, device: int) -> list[tuple[float, float]]:
+    tg, s = result.tasks, result.schedule
+    return sorted((s.start_ms[t], s.end_ms[t]) for t, k in enumerate(tg.kind)
+                  if k == kind and tg.device[t] == device)
+
+
+def test_a_runtime_unit_of_an_op_placement_is_one_task():
+    """A chain a -> b -> c -> d with a, b on one device and c, d on the other runs as two
+    runtime units: one forward and one backward task each, of their ops' summed times."""
+    t = mesh(2)
+    devices = t.device_names
+    g = chain(4, 2.0, 4.0, edge_bytes=1024)
+    groups = [Group(id="first", ops=("op0", "op1"), devices=(devices[0],), sync=SyncMethod.NONE),
+              Group(id="second", ops=("op2", "op3"), devices=(devices[1],), sync=SyncMethod.NONE)]
+    result = simulate(plan(g, t, groups), g, t)
+    for d in range(2):
+        assert [e - s for s, e in _spans(result, TaskKind.FORWARD, d)] == [pytest.approx(4.0)]
+        assert [e - s for s, e in _spans(result, TaskKind.BACKWARD, d)] == [pytest.approx(8.0)]
+    (f0,), (f1,) = _spans(result, TaskKind.FORWARD, 0), _spans(result, TaskKind.FORWARD, 1)
+    (b0,), (b1,) = _spans(result, TaskKind.BACKWARD, 0), _spans(result, TaskKind.BACKWARD, 1)
+    assert f1[0] >= f0[1] and b1[0] >= f1[1] and b0[0] >= b1[1]  # the chain, in order
+
+
+def test_an_op_that_sends_to_another_device_ends_its_unit():
+    """a, c on one device and b, d on the other, in the diamond: a feeds b, so a ends its
+    unit and b runs beside c (the step is not one chain through a+c, then b+d)."""
+    t = mesh(2)
+    devices = t.device_names
+    g = _diamond()
+    groups = [Group(id="first", ops=("a", "c"), devices=(devices[0],), sync=SyncMethod.NONE),
+              Group(id="second", ops=("b", "d"), devices=(devices[1],), sync=SyncMethod.NONE)]
+    result = simulate(plan(g, t, groups), g, t)
+    (_, c), (b, _) = _spans(result, TaskKind.FORWARD, 0), _spans(result, TaskKind.FORWARD, 1)
+    assert b[0] < c[1] and c[0] < b[1]  # b and c overlap
+    assert result.iteration_ms < 24.0  # less than every forward and backward in a line
+
+
+@pytest.mark.parametrize("order", [("z", "r", "s", "t", "u"), ("r", "s", "z", "t", "u"),
+                                   ("r", "s", "t", "u", "z")])
+def test_groups_that_share_a_device_run_in_the_devices_order(order):
+    """Two groups on one device, in any order the device may take: the run is cut where
+    the group changes along that order, never into units that wait on each other, and the
+    step is every op once, as the same ops in one group."""
+    t = mesh(1)
+    device = t.device_names[0]
+    ops = [op(name, 1.0 + i, 2.0 + i, param_bytes=4) for i, name in enumerate("rstuz")]
+    g = graph(ops, [("r", "s", 0), ("s", "t", 0), ("t", "u", 0)])
+    two = [Group(id="g1", ops=("r", "s"), devices=(device,), sync=SyncMethod.NONE),
+           Group(id="g2", ops=("z", "t", "u"), devices=(device,), sync=SyncMethod.NONE)]
+    split = simulate(plan(g, t, two, order={device: order}), g, t)
+    whole = simulate(plan(g, t, [one_group(g, (device,))], order={device: order}), g, t)
+    assert split.iteration_ms == pytest.approx(whole.iteration_ms)
+    assert _compute_busy(split, 0) == pytest.approx(sum(1.0 + i + 2.0 + i for i in range(5)))
