@@ -125,6 +125,9 @@ class ProfileInfo:
     # (empty / None: not measured; the cost model then charges memory passes)
     update_ns_per_byte: dict[str, float] = field(default_factory=dict)
     zero_ns_per_byte: float | None = None
+    # how much slower a 1-thread plain step runs while a second process runs the same step
+    # on another core of the machine (>= 1; ``profilers.corun``; None: not measured)
+    co_run_slowdown: float | None = None
     # the device the ops were timed on: the CPU's model name or the CUDA device's name
     # (``profilers.measure.machine_name``; "": not recorded)
     machine: str = ""
@@ -148,6 +151,8 @@ class ProfileInfo:
             value = getattr(self, name)
             check(value is None or value >= 0, f"{name} must be >= 0, got {value}")
         check(self.step_ms is None or self.step_ms >= 0, f"step_ms must be >= 0, got {self.step_ms}")
+        check(self.co_run_slowdown is None or self.co_run_slowdown >= 1,
+              f"co_run_slowdown must be >= 1, got {self.co_run_slowdown}")
 
 
 @record

@@ -50,7 +50,11 @@ Steps
        time). The cost model interpolates each op
        between them to a device's cores, so one profile serves a plan whatever
        cores its devices have (``simulator/extrapolation.py``).
-    7. On a CPU, the training runtime's CPU per unit action (``actions``).
+    7. On a CPU, the training runtime's CPU per unit action (``actions``), the optimizer
+       step (``update``), and, with ``thread_scaling`` and two CPUs or more, the co-run
+       slowdown: the plain step at one thread beside a second process stepping the same
+       model on another CPU, over the step alone (``corun``;
+       ``ProfileInfo.co_run_slowdown``).
 
 Costs scale with the model: the two counting passes plus ``warmup + 2 * rounds``
 training steps (and ``2 * rounds`` small-batch steps; ``repeats <= rounds <= 4 repeats``),
@@ -81,6 +85,7 @@ from . import zoo
 from .actions import loss_figures, unit_action_ms
 from .allocator import keep_freed_memory
 from .capture import Capture, capture
+from .corun import co_run_slowdown
 from .counting import CostCounter, MemoryLimitExceeded
 from .devices import catalog_name_of_cuda
 from .graph import build_ops
@@ -202,7 +207,8 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(seed)
             return _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves,
-                            batch_scaling, progress, allocator, counts)
+                            batch_scaling, progress, allocator, counts,
+                            cpus if thread_scaling else [])
     finally:
         torch.set_num_threads(previous_threads)
         if cpus:
@@ -210,11 +216,11 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
 
 
 def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, batch_scaling,
-             progress, allocator, thread_counts):
+             progress, allocator, thread_counts, co_run_cpus):
     small = max(1, model.batch_size // SCALING_DIVISOR) if batch_scaling and model.batch_size > 1 else 0
     per_round = 3 if small else 2
     others = [n for n in thread_counts if n != torch.get_num_threads()]
-    total = 2 + warmup + per_round * repeats + repeats * len(others) + 2 * (dev.type == "cpu")
+    total = 2 + warmup + per_round * repeats + repeats * len(others) + 3 * (dev.type == "cpu")
     done = 0
 
     def tick(what: str, more: int = 0) -> None:
@@ -300,6 +306,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         options["leaf_modules"] = list(leaves)
     colocation, colocation_note = _runtime_colocation(cap, workload, seed, dev)
     action_ms, op_action, action_note = None, None, ""
+    co_run, co_run_note = None, ""
     rates, zero, update_note = {}, None, ""
     if dev.type == "cpu":
         action_ms, op_action, action_note = unit_action_ms(
@@ -308,6 +315,10 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         tick("timing the runtime's unit actions")
         rates, zero, update_note = update_rates(module, available_memory_bytes(dev))
         tick("timing the optimizer update")
+        with _model_errors(model, cap):
+            co_run, co_run_note = co_run_slowdown(model, seed, plain_step, co_run_cpus)
+        module.zero_grad(set_to_none=True)
+        tick("timing the step beside a second process")
     ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,
                    dtype=model.dtype, inputs=model.inputs, options=options)
     machine = machine_name(dev)
@@ -317,9 +328,10 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
                  | {"unit_action_ms": None if action_ms is None else round(action_ms, 4),
                     "op_action_ms": None if op_action is None else round(op_action, 4)}
                  | {"update_ns_per_byte": rates, "zero_ns_per_byte": zero,
+                    "co_run_slowdown": co_run,
                     "machine": machine}
                  | loss_figures(one, one_small, model.batch_size, per_event, per_event_small),
-                 f"{scaling_note}{action_note}{update_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
+                 f"{scaling_note}{action_note}{update_note}{co_run_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
                  f"seed {seed}; {machine}{colocation_note}")
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges,
                    colocation=colocation)

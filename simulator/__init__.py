@@ -51,6 +51,7 @@ def simulate(plan, graph, topology, *, cost_model: CostModel | None = None,
     """
     from dl_nfv.artifacts import validate_against
 
+    from .corun import stretch
     from .engine import run
     from .lower import lower
 
@@ -59,6 +60,8 @@ def simulate(plan, graph, topology, *, cost_model: CostModel | None = None,
     with _collector_paused():
         tasks = lower(plan, graph, topology, cm)
         schedule = run(tasks)
+        if stretch(tasks, schedule, cm):  # CPU devices of one host computing at once
+            schedule = run(tasks)
         return SimResult(plan, graph, topology, cm, tasks, schedule)
 
 

@@ -744,6 +744,13 @@ class CostModel(NetworkCosts):
         info = self._cpu_profile(device)
         return 0.0 if info is None else info.op_action_ms
 
+    def co_run_slowdown(self, device: str) -> float:
+        """How much slower compute runs on a CPU device of the profile's type while another
+        device of its host computes (the profile's ``co_run_slowdown``, ``profilers.corun``);
+        1 elsewhere or where the profile did not measure it."""
+        info = self._cpu_profile(device)
+        return 1.0 if info is None or info.co_run_slowdown is None else info.co_run_slowdown
+
     def loss_ms(self, device: str, batch_fraction: float = 1.0) -> float:
         """The loss's forward and backward (outside the graph: in no op's time) on a device
         of the profile's type, at ``batch_fraction`` of the profiled batch: the profile's

@@ -107,6 +107,13 @@ def test_profile_records_measurements_and_is_deterministic_except_times():
     # every op timed at 1 thread and at the CPU count too, and the rounds' spread recorded
     counts = sorted({info.threads, 1, len(allowed_cpus())})
     assert info.thread_counts == (tuple(counts) if len(counts) > 1 else ())
+    # the co-run slowdown where a second CPU is allowed (a step beside another: never faster)
+    if len(allowed_cpus()) > 1:
+        assert info.co_run_slowdown is not None and info.co_run_slowdown >= 1.0
+        assert f"(x{info.co_run_slowdown:.4f}," in info.note
+    else:
+        assert info.co_run_slowdown is None and "co-run slowdown not measured" in info.note
+    assert b.profile.co_run_slowdown is None or b.profile.co_run_slowdown >= 1.0
     others = {str(n) for n in counts if n != info.threads}
     for op in a.ops:
         if op.kind is not OpKind.INPUT:
@@ -145,10 +152,10 @@ def test_progress_is_reported_for_every_step():
              progress=lambda what, done, total: seen.append((done, total)))
     # 2 counting passes, 1 warm-up, 2 x (whole step + per-op step), 2 per-op steps at B / 8,
     # per other thread count 2 rounds (each settled by its own plain step), and the runtime
-    # actions' and the optimizer update's probes; the total grows by the steps of every
-    # round added while the medians are unstable, and is reached at the end
+    # actions', the optimizer update's and the co-run probes; the total grows by the steps
+    # of every round added while the medians are unstable, and is reached at the end
     others = len({torch.get_num_threads(), 1, len(allowed_cpus())}) - 1
-    assert seen[0][1] == 9 + 2 * others + 2
+    assert seen[0][1] == 9 + 2 * others + 3
     assert [done for done, _ in seen] == list(range(1, len(seen) + 1))
     assert seen[-1][0] == seen[-1][1] and all(b >= a for (_, a), (_, b) in zip(seen, seen[1:]))
 
@@ -456,3 +463,24 @@ def test_input_gradient_flops_leave_out_weights_used_through_functions(tmp_path)
     # the first needs no input gradient, the second's is one of its two matmuls
     assert [op.bwd_input_flops for op in matmuls] == [0.0, 2 * batch * 16 * 4]
     assert [op.bwd_flops for op in matmuls] == [2 * batch * 8 * 16, 4 * batch * 16 * 4]
+
+
+def test_co_run_needs_a_second_cpu_and_measures_a_busy_neighbour():
+    from dl_nfv.profilers.corun import co_run_slowdown
+    from dl_nfv.profilers.zoo import instantiate, model_ref
+
+    model = model_ref("mlp-tiny", batch_size=4)
+    assert co_run_slowdown(model, 0, lambda: None, [0]) == (
+        None, "co-run slowdown not measured: one CPU allowed; ")
+    if len(allowed_cpus()) < 2:
+        pytest.skip("one CPU allowed")
+    workload = instantiate(model, seed=0)
+    inputs, target = workload.make_batch(4, 0)
+
+    def step():
+        workload.module.zero_grad(set_to_none=True)
+        workload.loss(workload.module(*inputs), target).backward()
+
+    slowdown, note = co_run_slowdown(model, 0, step, allowed_cpus()[:2])
+    assert slowdown is not None and slowdown >= 1.0
+    assert note.startswith("co-run: a 1-thread step ") and f"(x{slowdown:.4f}," in note

@@ -1,0 +1,156 @@
+"""Co-run slowdown: how much slower the model's step runs on one core while a second
+process runs the same step on another core of the machine.
+
+Devices of one host that are cores of one CPU share its last-level cache and memory
+bandwidth (and, in a virtual machine, whatever the host's other tenants leave), so two
+training processes computing at once each run slower than either alone. The profile
+measures it on the model itself: a child process, pinned to the second allowed CPU, runs
+plain steps at one thread while this process, pinned to the first, times its own plain
+steps at one thread (wall clock) in alternating windows, the child paused, then
+stepping, then paused again and stepping again. The slowdown is the median step beside
+the child over the median step alone (at least 1). ``simulator`` charges it on compute
+that overlaps compute of another device of the same host (docs/simulator.md).
+
+Limits: two processes only (the figure for more is not measured; the simulator scales
+it by how many others compute, linearly), the same model on both (a different neighbour
+slows it by a different amount), and what the machine's other load does during the
+windows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+
+from dl_nfv.artifacts import ModelRef, from_data, to_data
+
+WINDOW_S = 0.25  # each window: at least this long and MIN_STEPS steps
+MIN_STEPS = 3
+WINDOWS = 2  # alone, beside, alone, beside
+READY_TIMEOUT_S = 180.0
+
+
+def co_run_slowdown(model: ModelRef, seed: int, step, cpus: list[int]) -> tuple[float | None, str]:
+    """``(slowdown, note)`` of ``step`` (a callable running one plain step of ``model``
+    here) beside a second process running ``model``'s step; ``(None, why)`` when there is
+    no second CPU or the second process did not start."""
+    if len(cpus) < 2:
+        return None, "co-run slowdown not measured: one CPU allowed; "
+    child = subprocess.Popen(
+        [sys.executable, "-c", "from dl_nfv.profilers.corun import child; child()",
+         json.dumps({"model": to_data(model), "seed": seed, "cpu": cpus[1]})],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    try:
+        if not _ready(child):
+            return None, "co-run slowdown not measured: the second process did not start; "
+        os.sched_setaffinity(0, {cpus[0]})
+        torch.set_num_threads(1)
+        step()  # settle on this core
+        alone: list[float] = []
+        beside: list[float] = []
+        for _ in range(WINDOWS):
+            _say(child, "pause")
+            alone.extend(_window(step))
+            _say(child, "go")
+            beside.extend(_window(step))
+    finally:
+        try:
+            _say(child, "stop")
+            child.stdin.close()
+            child.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            child.kill()
+        os.sched_setaffinity(0, affinity)
+        torch.set_num_threads(threads)
+    a, b = statistics.median(alone), statistics.median(beside)
+    slowdown = round(max(1.0, b / a), 4)
+    return slowdown, (f"co-run: a 1-thread step {a * 1e3:.3g} ms alone, {b * 1e3:.3g} ms "
+                      f"beside a second process stepping on another core (x{slowdown:.4f}, "
+                      f"{len(alone)} and {len(beside)} steps); ")
+
+
+def _ready(child: subprocess.Popen) -> bool:
+    """Wait for the child's ``ready`` line (it has built the model and run one step)."""
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(child.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(READY_TIMEOUT_S)
+    return bool(line) and line[0].strip() == "ready"
+
+
+def _say(child: subprocess.Popen, word: str) -> None:
+    """Tell the child to ``go``, ``pause`` or ``stop``, and wait for its answer (it has
+    finished the step it was in)."""
+    child.stdin.write(word + "\n")
+    child.stdin.flush()
+    if word != "stop":
+        child.stdout.readline()
+
+
+def _window(step) -> list[float]:
+    """Wall seconds of each step over one window."""
+    times: list[float] = []
+    began = time.perf_counter()
+    while len(times) < MIN_STEPS or time.perf_counter() - began < WINDOW_S:
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def child() -> None:
+    """The second process: pinned to its CPU at one thread, runs the model's plain step
+    while told ``go``, stands still while told ``pause``, and ends at ``stop`` (stdin)."""
+    args = json.loads(sys.argv[1])
+    os.sched_setaffinity(0, {args["cpu"]})
+    torch.set_num_threads(1)
+    from . import zoo
+
+    model = from_data(ModelRef, args["model"])
+    workload = zoo.instantiate(model, seed=args["seed"])
+    module = workload.module.train()
+    inputs, target = workload.make_batch(model.batch_size, args["seed"])
+
+    def step() -> None:
+        module.zero_grad(set_to_none=True)
+        workload.loss(module(*inputs), target).backward()
+
+    step()
+    go = threading.Event()
+    pending: list[str] = []
+    heard = threading.Condition()
+
+    def listen() -> None:
+        for line in sys.stdin:
+            with heard:
+                pending.append(line.strip())
+                heard.notify()
+        with heard:
+            pending.append("stop")
+            heard.notify()
+
+    threading.Thread(target=listen, daemon=True).start()
+    print("ready", flush=True)
+    while True:
+        with heard:
+            while not pending and not go.is_set():
+                heard.wait()
+            word = pending.pop(0) if pending else None
+        if word == "stop":
+            return
+        if word == "go":
+            go.set()
+        elif word == "pause":
+            go.clear()
+        if word is not None:
+            print(word, flush=True)  # the step before it is done
+        if go.is_set():
+            step()
