@@ -241,18 +241,15 @@ class _Lowering(_Communication):
         topo = self.cm.topological_ids
         pos = {op: i for i, op in enumerate(topo)}
         # pieces: a fused op group (``plan.fusion.op_groups``) or a single op
-        piece_of: dict[str, int] = {}
+        fused: set[str] = set()
         pieces: list[list[str]] = []
         if plan.fusion is not None:  # (check_fusion has vetted its ops and groups)
             for ops in plan.fusion.op_groups:
                 if len(ops) < 2:
                     continue
-                piece_of.update((op, len(pieces)) for op in ops)
+                fused.update(ops)
                 pieces.append(sorted(ops, key=pos.__getitem__))
-        for op in topo:
-            if op not in piece_of:
-                piece_of[op] = len(pieces)
-                pieces.append([op])
+        pieces.extend([op] for op in topo if op not in fused)
         runs = self._runtime_units(pieces, pos)
         built = _unit_graph(graph, pieces, runs, pos)
         if built is None:  # (check_fusion and placement_units rule this out)
@@ -260,14 +257,12 @@ class _Lowering(_Communication):
                            "fused kernel cannot both feed and wait for them")
         unit_of, members, parts, uedges, order = built
         n_units = len(members)
-        fused = [len(p) > 1 or len(p[0]) > 1 for p in parts]
         self.unit_pos = [0] * n_units
         for i, u in enumerate(order):
             self.unit_pos[u] = i
         self.unit_order = order
         self.unit_of = unit_of
         self.members = members
-        self.fused = fused
         self.parts = parts
         self.unit_group = [self.op_group[m[0]] for m in members]
         # an op needs a gradient when it or an ancestor has parameters
@@ -408,16 +403,16 @@ class _Lowering(_Communication):
             pos = self.unit_pos[u]
             n = len(reps) * M
             f_times, b_times = [], []
-            if self.fused[u]:  # the sum of its pieces: fused groups and single ops
+            if len(ops) > 1:  # the sum of its pieces: fused groups and single ops
                 for rep in reps:
                     f_ms = b_ms = 0.0
                     ftab, btab = self._unit_times(rep)
                     name = self.device_names[groups.rep_device[rep]]
                     frac = groups.rep_share[rep] / M
                     for piece in self.parts[u]:
-                        if len(piece) == 1:
+                        if len(piece) == 1:  # (an op that needs no gradient runs no backward)
                             f_ms += ftab[op_index[piece[0]]]
-                            b_ms += btab[op_index[piece[0]]]
+                            b_ms += btab[op_index[piece[0]]] if self.needs_grad[piece[0]] else 0.0
                             continue
                         rg_ops = [o for o in piece if self.needs_grad[o]]
                         f_ms += self.cm.fused_ms(piece, name, "fwd", frac)

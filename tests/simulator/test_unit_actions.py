@@ -155,3 +155,17 @@ def test_groups_that_share_a_device_run_in_the_devices_order(order):
     whole = simulate(plan(g, t, [one_group(g, (device,))], order={device: order}), g, t)
     assert split.iteration_ms == pytest.approx(whole.iteration_ms)
     assert _compute_busy(split, 0) == pytest.approx(sum(1.0 + i + 2.0 + i for i in range(5)))
+
+
+def test_a_runtime_unit_runs_no_backward_for_its_ops_that_need_no_gradient():
+    """x (no parameters, nothing before it has any) and a with parameters are one unit on
+    the first device: its backward is a's alone, as autograd runs no backward for x."""
+    t = mesh(2)
+    devices = t.device_names
+    ops = [op("x", 2.0, 4.0), op("a", 2.0, 4.0, param_bytes=4), op("b", 2.0, 4.0, param_bytes=4)]
+    g = graph(ops, [("x", "a", 1024), ("a", "b", 1024)])
+    groups = [Group(id="first", ops=("x", "a"), devices=(devices[0],), sync=SyncMethod.NONE),
+              Group(id="second", ops=("b",), devices=(devices[1],), sync=SyncMethod.NONE)]
+    result = simulate(plan(g, t, groups), g, t)
+    assert [e - s for s, e in _spans(result, TaskKind.FORWARD, 0)] == [pytest.approx(4.0)]
+    assert [e - s for s, e in _spans(result, TaskKind.BACKWARD, 0)] == [pytest.approx(4.0)]
