@@ -124,7 +124,7 @@ def child() -> None:
         workload.loss(module(*inputs), target).backward()
 
     step()
-    go = threading.Event()
+    stepping = False
     pending: list[str] = []
     heard = threading.Condition()
 
@@ -141,16 +141,13 @@ def child() -> None:
     print("ready", flush=True)
     while True:
         with heard:
-            while not pending and not go.is_set():
+            while not pending and not stepping:
                 heard.wait()
             word = pending.pop(0) if pending else None
         if word == "stop":
             return
-        if word == "go":
-            go.set()
-        elif word == "pause":
-            go.clear()
         if word is not None:
+            stepping = word == "go"
             print(word, flush=True)  # the step before it is done
-        if go.is_set():
+        if stepping:
             step()
