@@ -41,6 +41,8 @@ from .controller import BUFFERED, NORMAL, CentralController
 from .runtime import SESSION_KINDS
 from .wire import Endpoint
 
+LOAD_SLACK = 10  # heartbeat time-outs of silence that declare a runtime dead during a load
+
 
 class Flow:
     """The switch's view of one flow."""
@@ -156,8 +158,10 @@ class Switch(CentralController):
                         self.endpoint.send(view.address, "ping", now)
                 if os.getppid() != parent:
                     self.on_stop("", None)
-            if self.loading is None:  # a runtime building a chain may miss heartbeats
-                self.check_heartbeats(now)
+            # A runtime building a chain may miss heartbeats: while a load is under way,
+            # silence counts only past LOAD_SLACK timeouts (a runtime killed meanwhile
+            # must not hold the load up for ever).
+            self.check_heartbeats(now, 1 if self.loading is None else LOAD_SLACK)
             self.flush()
         self.endpoint.close()
 
@@ -313,8 +317,8 @@ class Switch(CentralController):
                 if dead.joined and not dead.live:
                     self.endpoint.send(view.address, "dead", dead.name)
 
-    def check_heartbeats(self, now: float) -> None:
-        timeout_s = self.spec.heartbeat_timeout_ms / 1000
+    def check_heartbeats(self, now: float, slack: float = 1) -> None:
+        timeout_s = slack * self.spec.heartbeat_timeout_ms / 1000
         for view in self.runtimes.values():
             if view.live and now - view.last_heard > timeout_s:
                 self.declare_dead(view, now)
@@ -331,6 +335,11 @@ class Switch(CentralController):
         self.endpoint.send(view.address, "exit")
         if self.dumping is not None:
             self.dumping["waiting"].discard(dead)
+        if self.loading is not None:  # the load goes on without it
+            self.loading["waiting"].discard(dead)
+            if not self.loading["waiting"]:
+                self.endpoint.send(self.loading["reply"], "loaded", self.live())
+                self.loading = None
         for name in self.live():
             self.endpoint.send(self.runtimes[name].address, "dead", dead)
         handover = self.break_migrations(dead)
