@@ -13,6 +13,7 @@ from dl_nfv.nfv.actors.chain import chain_document
 from dl_nfv.nfv.actors.client import Action, digest, replay, status
 from dl_nfv.nfv.actors.cluster import load_cluster
 from dl_nfv.nfv.actors.processes import ClusterProcesses
+from dl_nfv.nfv.actors.switch import LOAD_SLACK
 from dl_nfv.nfv.actors.traffic import interleaved
 from tests.conftest import EXAMPLES
 
@@ -85,3 +86,23 @@ def test_a_silent_runtime_is_declared_dead_within_the_timeout(cluster_file):
         assert TIMEOUT_MS <= event["detection_ms"] <= TIMEOUT_MS + 5 * HEARTBEAT_MS + 100
         now = status(spec)["runtimes"]
         assert now["rt3"]["live"] is False and now["rt1"]["live"] and now["rt2"]["live"]
+
+
+def test_a_runtime_silent_during_a_load_does_not_hold_the_load_up(cluster_file):
+    """A runtime that stops answering between the switch's "load" and its "loaded" is
+    declared dead after the load's slack of time-outs; the load answers without it and
+    the replay runs on the other runtimes, outputs and states as in one process."""
+    spec = load_cluster(cluster_file)
+    document = chain_document(FW_NAT_LB)
+    expected_outputs, expected_states = sequential(PACKETS, document)
+    with ClusterProcesses(cluster_file, spec) as procs:
+        status(spec)  # every runtime has joined
+        procs.procs["rt2"].send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        result = replay(spec, PACKETS, document)
+        elapsed_ms = (time.monotonic() - started) * 1000
+    assert result["status"]["runtimes"]["rt2"]["live"] is False
+    assert result["status"]["runtimes"]["rt2"]["flows"] == 0
+    assert result["outputs"] == expected_outputs and result["states"] == expected_states
+    # Well inside the client's own time-out for a load (which is what used to fire).
+    assert elapsed_ms < LOAD_SLACK * TIMEOUT_MS + 5_000
