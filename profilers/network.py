@@ -177,8 +177,11 @@ def run_probe(rank: int, world: int, config: ProbeConfig, progress: Callable | N
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
+        from dl_nfv.runtime.comm import defer_transport_threads  # as the workers run them
+
         device = torch.device("cpu")
         torch.set_num_threads(config.threads)
+        defer_transport_threads()
     pairs = [(i, j) for i in range(world) for j in range(i + 1, world)]
     steps = len(pairs) + 2
     done = 0

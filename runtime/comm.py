@@ -23,6 +23,7 @@ here, never a hang.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 
@@ -98,6 +99,41 @@ class Comm:
 
     def barrier(self) -> None:
         self._timed_wait(dist.barrier(async_op=True), "barrier")
+
+
+TRANSPORT_THREAD = "gloo"  # gloo names its transport's event-loop threads gloo_tcp_loop
+
+
+def defer_transport_threads() -> list[int]:
+    """Make gloo's event-loop threads of this process wait their turn (``SCHED_BATCH``):
+    call it once every process group of the worker exists; returns their thread ids.
+
+    gloo's TCP event loop handles a ready socket only if it gets the connection's lock
+    at once; if not, it returns to ``epoll_wait``, which reports the same (level-
+    triggered) event again at once: it spins until the lock is free. The thread that
+    holds the lock is the worker's own thread, posting a receive or sending. On a worker
+    of one core the two share it, and when incoming data wakes the event loop, the
+    scheduler lets it preempt the worker's thread, lock held, and spin for its whole time
+    slice (up to a scheduler tick: milliseconds) before the worker can release the lock.
+    The worker's CPU time then equals its step time, and steps come out bimodal, the slow
+    ones a tick longer. A ``SCHED_BATCH`` thread does not preempt on wake-up: the event
+    loop runs when the worker's thread blocks (waiting for a peer, which is when its
+    data is needed) or at the next tick, as the device's core would serve it. Nothing
+    else changes (ProcessGroupGloo's own threads, which run collectives, keep theirs).
+    Where the OS has no such policy, or the thread is gone, nothing is done."""
+    if not hasattr(os, "SCHED_BATCH"):
+        return []
+    changed = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as fh:
+                name = fh.read().strip()
+            if name.startswith(TRANSPORT_THREAD):
+                os.sched_setscheduler(int(tid), os.SCHED_BATCH, os.sched_param(0))
+                changed.append(int(tid))
+        except OSError:  # the thread ended meanwhile
+            continue
+    return changed
 
 
 def tag_of(value_index: int, microbatch: int, backward: bool, part: int = 0) -> int:

@@ -25,7 +25,7 @@ from dl_nfv.artifacts.devices import DeviceKind
 from dl_nfv.profilers.allocator import ENV as ALLOCATOR_ENV
 from dl_nfv.profilers.allocator import keep_freed_memory
 
-from .comm import Comm
+from .comm import Comm, defer_transport_threads
 from .executor import PlanExecutor, RankContext
 from .inputs import (
     cpu_set,
@@ -153,6 +153,8 @@ def _run(options, plan, graph, topology, rank, world, me, cpus, warmup, backend,
     spans: dict[int, tuple[float, list]] = {}  # measured step -> (its start, its spans)
     profiler = None
     trace_file = None
+    if backend == "gloo":  # every group of the plan exists by now (PlanExecutor made them)
+        defer_transport_threads()
     comm.take_wait_ms()
     for step in range(options.steps):
         inputs, target = next(batches)

@@ -103,3 +103,30 @@ def test_a_worker_at_a_thread_count_the_profile_did_not_time_is_noted():
     assert _thread_notes(graph, results) == [
         "the graph's ops were timed at 1, 2 thread(s), h/cpu1 ran with 3: the simulator's op "
         "times for them are scaled from those (docs/cost-model.md, Threads)"]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="no SCHED_BATCH on this OS")
+def test_gloo_s_event_loop_does_not_preempt_the_worker_s_thread(tmp_path):
+    # a world of one in this process: its gloo event loop becomes SCHED_BATCH, and only it
+    import torch.distributed as dist
+
+    from dl_nfv.runtime.comm import TRANSPORT_THREAD, defer_transport_threads
+
+    def names() -> dict[int, str]:
+        out = {}
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/comm") as fh:
+                out[int(tid)] = fh.read().strip()
+        return out
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        loops = {t for t, name in names().items() if name.startswith(TRANSPORT_THREAD)}
+        assert loops, "gloo started no event-loop thread"
+        assert set(defer_transport_threads()) == loops
+        policies = {t: os.sched_getscheduler(t) for t in names()}
+        assert all(policies[t] == os.SCHED_BATCH for t in loops)
+        assert all(p == os.SCHED_OTHER for t, p in policies.items() if t not in loops)
+    finally:
+        dist.destroy_process_group()
