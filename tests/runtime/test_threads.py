@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -112,21 +113,29 @@ def test_gloo_s_event_loop_does_not_preempt_the_worker_s_thread(tmp_path):
 
     from dl_nfv.runtime.comm import TRANSPORT_THREAD, defer_transport_threads
 
-    def names() -> dict[int, str]:
+    def policies() -> dict[int, tuple[str, int]]:
         out = {}
         for tid in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{tid}/comm") as fh:
-                out[int(tid)] = fh.read().strip()
+            try:  # (a thread that ends meanwhile is left out)
+                with open(f"/proc/self/task/{tid}/comm") as fh:
+                    out[int(tid)] = (fh.read().strip(), os.sched_getscheduler(int(tid)))
+            except OSError:
+                continue
         return out
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)
     try:
-        loops = {t for t, name in names().items() if name.startswith(TRANSPORT_THREAD)}
+        loops: set[int] = set()
+        deadline = time.monotonic() + 5  # the thread names itself once it runs
+        while not loops and time.monotonic() < deadline:
+            loops = {t for t, (name, _) in policies().items()
+                     if name.startswith(TRANSPORT_THREAD)}
+            time.sleep(0.01)
         assert loops, "gloo started no event-loop thread"
         assert set(defer_transport_threads()) == loops
-        policies = {t: os.sched_getscheduler(t) for t in names()}
-        assert all(policies[t] == os.SCHED_BATCH for t in loops)
-        assert all(p == os.SCHED_OTHER for t, p in policies.items() if t not in loops)
+        after = policies()
+        assert all(after[t][1] == os.SCHED_BATCH for t in loops)
+        assert all(p == os.SCHED_OTHER for t, (_, p) in after.items() if t not in loops)
     finally:
         dist.destroy_process_group()
