@@ -120,11 +120,13 @@ class ProfileInfo:
     # batch-independent part, on one thread where timed there (None: not measured)
     loss_ms: float | None = None
     loss_fixed_ms: float | None = None
-    # the runtime's optimizer step (per optimizer: sgd, adam) and the zeroing of its gradient
-    # buckets, ns per parameter byte, timed over the model's parameters on one thread
-    # (empty / None: not measured; the cost model then charges memory passes)
+    # the runtime's optimizer step (per optimizer: sgd, adam), the zeroing of its gradient
+    # buckets and one backward's adding into them, ns per parameter byte, timed over the
+    # model's parameters on one thread (empty / None: not measured; the cost model then
+    # charges memory passes)
     update_ns_per_byte: dict[str, float] = field(default_factory=dict)
     zero_ns_per_byte: float | None = None
+    accumulate_ns_per_byte: float | None = None
     # how much slower a 1-thread plain step runs while a second process runs the same step
     # on another core of the machine (>= 1; ``profilers.corun``; None: not measured)
     co_run_slowdown: float | None = None
@@ -147,7 +149,7 @@ class ProfileInfo:
         for name in ("op_sum_spread", "step_spread", "op_spread", "noisy_share",
                      "instrumentation_taken_ms", "unit_action_ms", "op_action_ms", "loss_ms",
                      "loss_fixed_ms",
-                     "zero_ns_per_byte"):
+                     "zero_ns_per_byte", "accumulate_ns_per_byte"):
             value = getattr(self, name)
             check(value is None or value >= 0, f"{name} must be >= 0, got {value}")
         check(self.step_ms is None or self.step_ms >= 0, f"step_ms must be >= 0, got {self.step_ms}")

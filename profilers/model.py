@@ -100,7 +100,7 @@ from .measure import (
 )
 from .probe import PROBE_ROWS, colocation_groups, probe
 from .rounds import allowed_cpus, pin, relative_iqr, round_indices, stability
-from .update import update_rates
+from .update import UpdateRates, update_rates
 
 Progress = Callable[[str, int, int], None]
 # the fixed parts of op times are measured at batch B // SCALING_DIVISOR (at least 1)
@@ -307,13 +307,13 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     colocation, colocation_note = _runtime_colocation(cap, workload, seed, dev)
     action_ms, op_action, action_note = None, None, ""
     co_run, co_run_note = None, ""
-    rates, zero, update_note = {}, None, ""
+    rates = UpdateRates({}, None, None, "")
     if dev.type == "cpu":
         action_ms, op_action, action_note = unit_action_ms(
             cap, workload, module, model.batch_size, seed,
             step_s=_one_thread_step_s(steps, passes))
         tick("timing the runtime's unit actions")
-        rates, zero, update_note = update_rates(module, available_memory_bytes(dev))
+        rates = update_rates(module, available_memory_bytes(dev))
         tick("timing the optimizer update")
         with _model_errors(model, cap):
             co_run, co_run_note = co_run_slowdown(model, seed, plain_step, co_run_cpus)
@@ -327,11 +327,12 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
                  _overhead_field(per_event, per_event_small if fixed else None, taken_ms)
                  | {"unit_action_ms": None if action_ms is None else round(action_ms, 4),
                     "op_action_ms": None if op_action is None else round(op_action, 4)}
-                 | {"update_ns_per_byte": rates, "zero_ns_per_byte": zero,
+                 | {"update_ns_per_byte": rates.step, "zero_ns_per_byte": rates.zero,
+                    "accumulate_ns_per_byte": rates.accumulate,
                     "co_run_slowdown": co_run,
                     "machine": machine}
                  | loss_figures(one, one_small, model.batch_size, per_event, per_event_small),
-                 f"{scaling_note}{action_note}{update_note}{co_run_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
+                 f"{scaling_note}{action_note}{rates.note}{co_run_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
                  f"seed {seed}; {machine}{colocation_note}")
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges,
                    colocation=colocation)

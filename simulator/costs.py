@@ -19,7 +19,8 @@ Compute
 Optimizer step and gradient buffers
     On a CPU of the profile's type, the step and the zeroing of the gradients as
     ``profile model`` timed them over the model's parameters, per byte
-    (``ProfileInfo.update_ns_per_byte``, ``zero_ns_per_byte``). Elsewhere memory bound:
+    (``ProfileInfo.update_ns_per_byte``, ``zero_ns_per_byte``), and a backward's adding
+    into the gradients likewise (``accumulate_ns_per_byte``). Elsewhere memory bound:
     per parameter byte an update moves ``UPDATE_PASSES`` bytes, as
     many as the fused step of ``torch.optim`` that the runtime runs reads and writes
     (one kernel, on a CPU as on a GPU). Gradients live in flat
@@ -999,19 +1000,25 @@ class CostModel(NetworkCosts):
         return grad_bytes * self.upkeep_ms_per_byte(device, accumulations)
 
     def accumulate_ms_per_byte(self, device: str) -> float:
-        """One backward pass adding a gradient byte into its bucket on ``device``."""
+        """One backward pass adding a gradient byte into its bucket on ``device``: the
+        adding the profile timed (``ProfileInfo.accumulate_ns_per_byte``, on a CPU device
+        of its type), else ``ACCUMULATE_PASSES`` at the memory bandwidth."""
+        measured = self._cpu_profile(device)
+        if measured is not None and measured.accumulate_ns_per_byte is not None:
+            return measured.accumulate_ns_per_byte * 1e-6
         return ACCUMULATE_PASSES / (self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6)
 
     def upkeep_ms_per_byte(self, device: str, accumulations: int = 1) -> float:
         """The per-gradient-byte cost of ``upkeep_ms``: the zeroing the profile timed
         (``ProfileInfo.zero_ns_per_byte``, on a CPU device of its type) or
-        ``ZERO_PASSES`` at the memory bandwidth, and ``ACCUMULATE_PASSES`` per backward."""
+        ``ZERO_PASSES`` at the memory bandwidth, and ``accumulate_ms_per_byte`` per
+        backward."""
         bandwidth = self.cluster.device(device).type.memory_bandwidth_gb_per_s * 1e6
         measured = self._cpu_profile(device)
         zero = (measured.zero_ns_per_byte * 1e-6
                 if measured is not None and measured.zero_ns_per_byte is not None
                 else ZERO_PASSES / bandwidth)
-        return zero + ACCUMULATE_PASSES * accumulations / bandwidth
+        return zero + accumulations * self.accumulate_ms_per_byte(device)
 
     def sfb_factors(self, op_id: str, elem_bytes: int = 4) -> tuple[float, float, float] | None:
         """``(rows, in_features, out_features)`` of a matmul op with parameters, or None.
