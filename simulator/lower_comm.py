@@ -21,8 +21,10 @@ built there). What it lowers (docs/simulator.md has the full list and the reason
 * **Replicas.** ``_Groups`` lays out each group's replicas on their batch
   intervals; the pairs whose intervals overlap are the pairs that exchange data.
 * **Resources.** A transfer or collective holds the links of its route (ids
-  given as routes are met); a host-driven end (a CPU device) also holds that
-  device's collective stream, recorded as ``-1 - device`` until ``build`` maps it.
+  given as routes are met); a host-driven participant of a collective (a CPU
+  device), and a host-driven sender of a point-to-point transfer (``_p2p``), also
+  holds that device's collective stream, recorded as ``-1 - device`` until
+  ``build`` maps it.
 """
 
 from __future__ import annotations
@@ -180,30 +182,49 @@ class _Communication:
                         self.more_readers[(ua, ra)].extend(
                             (B[ub][rb] if self.unit_rg[ub] else F[ub][rb]) for ub in consumers)
                     continue
-                hosts = tuple(-1 - d for d in (da, db) if tg.host_driven[d])
-                fwd_ms = (self.cm.host_transfer_ms if hosts else self.cm.transfer_ms)(
-                    self.device_names[da], self.device_names[db], size)
-                res_f = self._route(da, db) + hosts
-                res_b = self._route(db, da) + hosts if rg else ()
+                fwd_ms, res_f, recv_f = self._p2p(da, db, size)
+                if rg:
+                    bwd_ms, res_b, recv_b = self._p2p(db, da, size)
                 for m in range(M):
                     t = tg.add_comm(TaskKind.TRANSFER, res_f, fwd_ms, size, (ua, "F", m, size, da, db))
-                    if hosts:
+                    if len(res_f) > len(self._route(da, db)):
                         self._stream_tasks.append(t)
                     depend(fa + m, t)
                     for fb in fbs:
                         depend(t, fb + m)
+                    tg.duration_ms[fbs[0] + m] += recv_f
                     self.transfers_out[(ua, ra, m)].append(t)
                     releasers = [(B[ub][rb] if self.unit_rg[ub] else F[ub][rb]) + m
                                  for ub in consumers]
                     self.received.append((db, t, size, releasers, m))
                     if rg:
-                        tb = tg.add_comm(TaskKind.TRANSFER, res_b, fwd_ms, size,
+                        tb = tg.add_comm(TaskKind.TRANSFER, res_b, bwd_ms, size,
                                          (ua, "B", m, size, db, da))
-                        if hosts:
+                        if len(res_b) > len(self._route(db, da)):
                             self._stream_tasks.append(tb)
                         for bb in bbs:
                             depend(bb + m, tb)
                         depend(tb, ba + m)
+                        tg.duration_ms[ba + m] += recv_b
+
+    def _p2p(self, src: int, dst: int, nbytes: float) -> tuple[float, tuple[int, ...], float]:
+        """One point-to-point message of ``nbytes`` from ``src`` to ``dst``: the transfer's
+        ms, the resources it holds, and the CPU ms its receiver spends on it.
+
+        The runtime posts every receive ahead and sends without blocking, so no end waits
+        for the other's compute: a CPU sender writes the message on its own core (the
+        transfer holds that core for the link time, and no less than the sender's
+        ``message_cpu_ms``), and a CPU receiver's collective-library thread reads it on
+        the receiver's core, charged to the task that consumes it (``message_cpu_ms``
+        again). Elsewhere the transfer holds its route alone."""
+        tg, cm = self.tg, self.cm
+        a, b = self.device_names[src], self.device_names[dst]
+        ms = cm.transfer_ms(a, b, nbytes)
+        held = self._route(src, dst)
+        if tg.host_driven[src]:
+            ms = max(ms, cm.message_cpu_ms(a, nbytes))
+            held += (-1 - src,)
+        return ms, held, cm.message_cpu_ms(b, nbytes) if tg.host_driven[dst] else 0.0
 
     # ---------------------------------------------------------- gradients
     def _gradients(self) -> None:
