@@ -187,7 +187,7 @@ class _Communication:
                     bwd_ms, res_b, recv_b = self._p2p(db, da, size)
                 for m in range(M):
                     t = tg.add_comm(TaskKind.TRANSFER, res_f, fwd_ms, size, (ua, "F", m, size, da, db))
-                    if len(res_f) > len(self._route(da, db)):
+                    if tg.host_driven[da]:  # it holds the sender's stream (``_p2p``)
                         self._stream_tasks.append(t)
                     depend(fa + m, t)
                     for fb in fbs:
@@ -200,7 +200,7 @@ class _Communication:
                     if rg:
                         tb = tg.add_comm(TaskKind.TRANSFER, res_b, bwd_ms, size,
                                          (ua, "B", m, size, db, da))
-                        if len(res_b) > len(self._route(db, da)):
+                        if tg.host_driven[db]:
                             self._stream_tasks.append(tb)
                         for bb in bbs:
                             depend(bb + m, tb)
