@@ -484,3 +484,22 @@ def test_co_run_needs_a_second_cpu_and_measures_a_busy_neighbour():
     slowdown, note = co_run_slowdown(model, 0, step, allowed_cpus()[:2])
     assert slowdown is not None and slowdown >= 1.0
     assert note.startswith("co-run: a 1-thread step ") and f"(x{slowdown:.4f}," in note
+
+
+def test_the_co_run_neighbour_keeps_the_heap_policy_of_the_workers():
+    """The second process runs on the heap policy the profile and every training worker
+    run on (a neighbour faulting its buffers in page by page presses on the cache less than
+    a worker does), pinned to its CPU at one thread."""
+    import os
+
+    from dl_nfv.profilers.allocator import requested_policy
+    from dl_nfv.profilers.corun import _settle_child
+
+    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    cpu = allowed_cpus()[-1]
+    try:
+        assert _settle_child(cpu) == requested_policy()
+        assert os.sched_getaffinity(0) == {cpu} and torch.get_num_threads() == 1
+    finally:
+        os.sched_setaffinity(0, affinity)
+        torch.set_num_threads(threads)
