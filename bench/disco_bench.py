@@ -205,11 +205,11 @@ def real_rows(label: str, profile_args: list[str], estimator: str, work: Path, *
              "disco, sum-of-ops rule": ["disco", "--max-evaluations", str(evaluations)],
              "disco, estimator": ["disco", "--max-evaluations", str(evaluations), "--estimator",
                                   estimator]}
-    rows, ddp, ddp_fusion, ddp_buckets = [], None, None, None
+    rows, ddp, ddp_fusion, ddp_buckets, learned_plan = [], None, None, None, None
     for name, args in [*plans.items(), ("disco's fusion, DDP's buckets", None)]:
         path = work / f"{args[0] if args else 'mixed'}-{len(rows)}.plan.json"
         if args is None:  # the estimator plan's op groups with DDP's buckets: fusion alone
-            mixed = json.loads((work / f"disco-{len(rows) - 1}.plan.json").read_text())
+            mixed = json.loads(learned_plan.read_text())
             if not (mixed.get("fusion") or {}).get("op_groups") or ddp_buckets is None:
                 continue
             mixed["fusion"]["gradient_buckets"] = ddp_buckets
@@ -217,6 +217,7 @@ def real_rows(label: str, profile_args: list[str], estimator: str, work: Path, *
         else:
             dl_nfv("plan", *args, "--graph", str(graph), "--topology", str(topology), "-o",
                    str(path))
+            learned_plan = path if "--estimator" in args else learned_plan
         plan = json.loads(path.read_text())
         if ddp_buckets is None:
             ddp_buckets = (plan.get("fusion") or {}).get("gradient_buckets")

@@ -131,11 +131,9 @@ def update_rates(module: torch.nn.Module, available_bytes: int | None, rounds: i
 def _adding_s(params: list[torch.Tensor], scratch: torch.Tensor, rounds: int,
               clock) -> list[float]:
     """Seconds of adding a new gradient into every parameter's gradient, each round after
-    ``scratch`` went through the caches; the first round settles (module doc)."""
+    ``scratch`` went through the caches; the first round settles (module doc). The
+    optimizer rounds before it left every parameter a gradient."""
     new = [torch.zeros_like(p) for p in params]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
     out = []
     for r in range(rounds + 1):
         scratch.fill_(r)
