@@ -116,6 +116,15 @@ class ProfileInfo:
     # of that, what one more action costs alone: measured with every op a unit of its own
     # (an op placement's units), on one thread (None: not measured)
     op_action_ms: float | None = None
+    # CPU one more turn between forward and backward costs the runtime (a forward right
+    # after a backward, or a backward right after a forward, beyond a step's one such
+    # turn), on the whole model, one thread (None: not measured)
+    turn_ms: float | None = None
+    # CPU a step's first forward and first backward cost more than ones right after a step
+    # of their own size (what the step's other work left cold), on the whole model at the
+    # smaller batch, one thread (None: not measured)
+    cold_fwd_ms: float | None = None
+    cold_bwd_ms: float | None = None
     # the loss (outside the graph: forward + backward) at the profiled batch and its
     # batch-independent part, on one thread where timed there (None: not measured)
     loss_ms: float | None = None
@@ -147,7 +156,9 @@ class ProfileInfo:
             check(name in ("sgd", "adam"), f"update_ns_per_byte: unknown optimizer {name!r}")
             check(ns >= 0, f"update_ns_per_byte[{name!r}] must be >= 0, got {ns}")
         for name in ("op_sum_spread", "step_spread", "op_spread", "noisy_share",
-                     "instrumentation_taken_ms", "unit_action_ms", "op_action_ms", "loss_ms",
+                     "instrumentation_taken_ms", "unit_action_ms", "op_action_ms", "turn_ms",
+                     "cold_fwd_ms", "cold_bwd_ms",
+                     "loss_ms",
                      "loss_fixed_ms",
                      "zero_ns_per_byte", "accumulate_ns_per_byte"):
             value = getattr(self, name)

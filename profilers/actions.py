@@ -22,6 +22,15 @@ Method
 
     That excess is not all per action: holding every microbatch's activations until the
     backwards, and the step's own upkeep, cost the same however many units there are.
+    The runtime's forwards run faster right after a forward than after a backward, and
+    its backwards likewise (what the core last ran is still warm): a GPipe stage runs its
+    microbatches' forwards back to back, a 1F1B stage turns between forward and backward
+    at every microbatch. So the halves also run in GPipe's order (every microbatch's
+    forwards, then every backward), taking turns with the others: the step of turns over
+    the grouped one, over the ``2 (M - 1)`` turns it has more, is the CPU one more turn
+    costs (``ProfileInfo.turn_ms``; from the fastest rounds, and no more than the median
+    rounds give, so that noise does not make a cost: 0 where either is not above 0).
+
     So two more steps, taking turns with the others at ``SMALL_ROWS`` rows per
     microbatch (what an action costs hardly depends on the rows; the ops' own time is
     then small), run the halves and the graph cut at every op (each op a unit of its
@@ -51,7 +60,10 @@ fails at the microbatch) gets no figure, and the note says why.
 
 from __future__ import annotations
 
+import statistics
 import time
+from functools import partial
+from typing import NamedTuple
 
 import torch
 
@@ -71,31 +83,43 @@ def microbatches(batch_size: int) -> int:
     return next(m for m in (4, 2, 1) if batch_size % m == 0)
 
 
+class UnitActions(NamedTuple):
+    """What ``unit_action_ms`` measured (ms of CPU on one thread; None: not measured)."""
+
+    unit_ms: float | None  # per unit action
+    op_ms: float | None  # per further action of a one-op unit
+    turn_ms: float | None  # per further turn between forward and backward
+    note: str
+
+
 def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: int,
                    seed: int, rounds: int = ROUNDS, clock=time.thread_time,
-                   step_s: float | None = None) -> tuple[float | None, float | None, str]:
-    """``(ms of CPU per unit action, ms per action of a one-op unit, note)`` on one thread
-    (module doc); None where the model cannot be cut or run that way, or a round would
-    take longer than ``BUDGET_S``. ``step_s``: the model's plain step at one thread
+                   step_s: float | None = None) -> UnitActions:
+    """The CPU per unit action, per action of a one-op unit and per turn, and a note, on
+    one thread (module doc); None where the model cannot be cut or run that way, or a round
+    would take longer than ``BUDGET_S``. ``step_s``: the model's plain step at one thread
     (seconds), where known. Restores the thread count."""
     ops = [o for o in cap.op_ids if o not in set(cap.input_ops)]
     if len(ops) < 2:
-        return None, None, "no unit actions measured (fewer than two ops); "
+        return UnitActions(None, None, None, "no unit actions measured (fewer than two ops); ")
     m = microbatches(batch_size)
     small = SMALL_ROWS * m  # the two cuts' difference at a few rows: the actions alone
     rows = (batch_size if step_s is None or step_s <= FULL_BATCH_S
             else min(batch_size, small))  # the halves' and the plain steps' batch
-    steps_per_round = 3 if small <= batch_size else 2
+    steps_per_round = (4 if m > 1 else 3) if small <= batch_size else (3 if m > 1 else 2)
     round_s = None if step_s is None else steps_per_round * step_s * rows / batch_size
     if round_s is not None and round_s > BUDGET_S:
-        return None, None, (f"no unit actions measured (a round of the probe would take about "
-                            f"{round_s:.0f} s at one thread, over its {BUDGET_S:.0f} s); ")
+        return UnitActions(None, None, None, (
+            f"no unit actions measured (a round of the probe would take about "
+            f"{round_s:.0f} s at one thread, over its {BUDGET_S:.0f} s); "))
     halves = {op: UNITS[k >= len(ops) // 2] for k, op in enumerate(ops)}
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         info = probe(cap.graph_module, lambda rows: workload.make_batch(rows, seed)[0])
         steps = {"halves": _UnitStep(cap, workload, info, halves, rows, m, seed)}
+        if m > 1:
+            steps["grouped"] = partial(steps["halves"], grouped=True)
         base = "halves" if small == rows else "small halves"  # (no step run twice)
         if small <= batch_size:
             try:
@@ -113,24 +137,33 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
             for _ in range(m):
                 (workload.loss(module(*mb_inputs), mb_target) / m).backward()
 
-        best = {name: float("inf") for name in [*steps, "plain"]}
+        taken: dict[str, list[float]] = {name: [] for name in [*steps, "plain"]}
         timed_s, r = 0.0, 0
         while r <= rounds and (r < 2 or timed_s < BUDGET_S):  # round 0 settles them all
             w0 = time.perf_counter()
-            for name in best:
+            for name, seconds in taken.items():
                 module.zero_grad(set_to_none=True)
                 c0 = clock()
                 (steps[name] if name in steps else plain)()
                 if r:
-                    best[name] = min(best[name], clock() - c0)
+                    seconds.append(clock() - c0)
             timed_s += (time.perf_counter() - w0) if r else 0.0
             r += 1
     except Exception as exc:  # noqa: BLE001 - any model the cut or the microbatch breaks
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
-        return None, None, f"no unit actions measured ({type(exc).__name__}: {reason}); "
+        return UnitActions(None, None, None,
+                           f"no unit actions measured ({type(exc).__name__}: {reason}); ")
     finally:
         torch.set_num_threads(threads)
         module.zero_grad(set_to_none=True)
+    best = {name: min(seconds) for name, seconds in taken.items()}
+    turn = None
+    if "grouped" in steps:
+        steps.pop("grouped")
+        turns = 2 * (m - 1)  # the halves' turns beyond the grouped step's one
+        turn = max(0.0, min(best["halves"] - best["grouped"],
+                            statistics.median(taken["halves"])
+                            - statistics.median(taken["grouped"]))) * 1e3 / turns
     actions = {name: 2 * step.units * m for name, step in steps.items()}
     excess = {name: max(0.0, best[name] - best["plain"]) * 1e3 for name in steps}
     per_action = excess["halves"] / actions["halves"]
@@ -143,7 +176,10 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
                      / (actions["small ops"] - actions[base]))
         note += (f", {per_op * 1e3:.0f} us per further action with every op a unit of its "
                  f"own ({steps['small ops'].units} units, {SMALL_ROWS} row(s) per microbatch)")
-    return per_action, per_op, note + "; "
+    if turn is not None:
+        note += (f", {turn * 1e3:.0f} us per further turn between forward and backward (the "
+                 f"halves' forwards and backwards in turn against all forwards first)")
+    return UnitActions(per_action, per_op, turn, note + "; ")
 
 
 class _UnitStep:
@@ -168,15 +204,19 @@ class _UnitStep:
         self.units, self.m = len(self.order), m
         self.batch = workload.make_batch(batch_size, seed)
 
-    def __call__(self) -> None:
+    def __call__(self, grouped: bool = False) -> None:
+        """One step: each microbatch's forwards then its backwards (1F1B's turns), or
+        (``grouped``) every microbatch's forwards, then every backward (GPipe's order)."""
         runner = self.runner
         self.comm.timeline.begin(time.perf_counter())
         runner.begin_step(*self.batch)
-        for k in range(self.m):
-            for u in self.order:
-                runner.forward(u, k)
-            for u in reversed(self.order):
-                runner.backward(u, k)
+        for ks in ([range(self.m)] if grouped else [[k] for k in range(self.m)]):
+            for k in ks:
+                for u in self.order:
+                    runner.forward(u, k)
+            for k in ks:
+                for u in reversed(self.order):
+                    runner.backward(u, k)
         runner.end_step()
 
 

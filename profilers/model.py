@@ -36,6 +36,12 @@ Steps
        ``f = b / B``, clipped to ``[0, t]`` (``fwd_fixed_ms``/``bwd_fixed_ms``).
        On a CPU most of it is reading and packing the weights of small-batch
        matmuls; it decides how data-parallel replicas and microbatches scale.
+       Each such step runs after an untimed plain step at the smaller batch: the
+       plain step whose time the instrumentation's cost is taken against would
+       otherwise run right after the instrumented full-batch step and pay for
+       what that left in the caches (MoE's forward at 4 rows: 0.9-1.1 ms there,
+       0.5-0.6 ms after a plain step of its own size), which makes the cost per
+       event too small and every small-batch op too slow.
     6. On a CPU (``thread_scaling``, the default), every op is timed again at
        1 thread and at this process's CPU count, where the profile's own
        threads are neither (pinned, rounds by the same rule, each with its
@@ -50,15 +56,16 @@ Steps
        time). The cost model interpolates each op
        between them to a device's cores, so one profile serves a plan whatever
        cores its devices have (``simulator/extrapolation.py``).
-    7. On a CPU, the training runtime's CPU per unit action (``actions``), the optimizer
+    7. On a CPU, the training runtime's CPU per unit action and per turn between forward
+       and backward (``actions``), the optimizer
        step (``update``), and, with ``thread_scaling`` and two CPUs or more, the co-run
        slowdown: the plain step at one thread beside a second process stepping the same
        model on another CPU, over the step alone (``corun``;
        ``ProfileInfo.co_run_slowdown``).
 
 Costs scale with the model: the two counting passes plus ``warmup + 2 * rounds``
-training steps (and ``2 * rounds`` small-batch steps; ``repeats <= rounds <= 4 repeats``),
-``1 + 2 * rounds`` steps per other thread count (as many small ones), and O(nodes)
+training steps (and ``3 * rounds`` small-batch steps; ``repeats <= rounds <= 4 repeats``),
+``1 + 2 * rounds`` steps per other thread count (and ``3 * rounds`` small ones), and O(nodes)
 bookkeeping per step.
 """
 
@@ -82,7 +89,7 @@ from dl_nfv.artifacts import (
 )
 
 from . import zoo
-from .actions import loss_figures, unit_action_ms
+from .actions import UnitActions, loss_figures, unit_action_ms
 from .allocator import keep_freed_memory
 from .capture import Capture, capture
 from .corun import co_run_slowdown
@@ -286,6 +293,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
                  else (0.0, 0.0))
     per_event_small = per_event_small if dev.type == "cpu" and per_event_small else per_event
     fwd_runs, bwd_runs = timed.fwd_runs, timed.bwd_runs
+    cold = one_small.cold_ms() if one_small is not None and dev.type == "cpu" else (None, None)
     fwd_ms, bwd_ms = timed.medians_ms(per_event)
     raw_fwd, raw_bwd = timed.medians_ms((0.0, 0.0))
     taken_ms = sum(raw_fwd[o] + raw_bwd[o] - fwd_ms[o] - bwd_ms[o] for o in cap.op_ids)
@@ -305,13 +313,12 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     if leaves:
         options["leaf_modules"] = list(leaves)
     colocation, colocation_note = _runtime_colocation(cap, workload, seed, dev)
-    action_ms, op_action, action_note = None, None, ""
+    actions = UnitActions(None, None, None, "")
     co_run, co_run_note = None, ""
     rates = UpdateRates({}, None, None, "")
     if dev.type == "cpu":
-        action_ms, op_action, action_note = unit_action_ms(
-            cap, workload, module, model.batch_size, seed,
-            step_s=_one_thread_step_s(steps, passes))
+        actions = unit_action_ms(cap, workload, module, model.batch_size, seed,
+                                 step_s=_one_thread_step_s(steps, passes))
         tick("timing the runtime's unit actions")
         rates = update_rates(module, available_memory_bytes(dev))
         tick("timing the optimizer update")
@@ -325,14 +332,17 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     info = _info(cap, steps, fwd_runs, bwd_runs, fwd_ms, bwd_ms, at_threads, type_name, warmup,
                  peak_bytes, small if fixed else None, allocator,
                  _overhead_field(per_event, per_event_small if fixed else None, taken_ms)
-                 | {"unit_action_ms": None if action_ms is None else round(action_ms, 4),
-                    "op_action_ms": None if op_action is None else round(op_action, 4)}
+                 | {name: None if ms is None else round(ms, 4)
+                    for name, ms in (("unit_action_ms", actions.unit_ms),
+                                     ("op_action_ms", actions.op_ms),
+                                     ("turn_ms", actions.turn_ms))}
                  | {"update_ns_per_byte": rates.step, "zero_ns_per_byte": rates.zero,
                     "accumulate_ns_per_byte": rates.accumulate,
                     "co_run_slowdown": co_run,
+                    "cold_fwd_ms": cold[0], "cold_bwd_ms": cold[1],
                     "machine": machine}
                  | loss_figures(one, one_small, model.batch_size, per_event, per_event_small),
-                 f"{scaling_note}{action_note}{rates.note}{co_run_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
+                 f"{scaling_note}{actions.note}{rates.note}{co_run_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
                  f"seed {seed}; {machine}{colocation_note}")
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges,
                    colocation=colocation)
@@ -573,6 +583,7 @@ class _SmallBatchRounds:
         self.inputs = tuple(t.to(dev) for t in inputs)
         self.target = None if target is None else target.to(dev)
         self.timed = TimedRounds(cap)
+        self.settling: list[tuple[float, float]] = []  # per round: the settling plain step
         self.failed = ""
 
     def run(self, clock, module) -> None:
@@ -580,12 +591,23 @@ class _SmallBatchRounds:
         if self.failed:
             return
         try:
-            self.timed.round(clock, module, self.inputs,
-                             lambda output: self.workload.loss(output, self.target))
+            loss = lambda output: self.workload.loss(output, self.target)  # noqa: E731
+            settling = time_plain_step(module, self.inputs, loss, clock)  # module doc, step 5
+            self.timed.round(clock, module, self.inputs, loss)
+            self.settling.append(settling)
         except Exception as exc:  # a model whose trace only runs at its profiled batch
             self.failed = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
         finally:
             module.zero_grad(set_to_none=True)
+
+    def cold_ms(self) -> tuple[float | None, float | None]:
+        """What the first step at the smaller batch after the full batch's costs more than the
+        one right after it (forward, backward ms; median over rounds, at least 0), or None."""
+        pairs = list(zip(self.settling, self.timed.plain))
+        if self.failed or not pairs:
+            return None, None
+        return tuple(round(max(0.0, statistics.median(s[k] - p[k] for s, p in pairs)) * 1e3, 4)
+                     for k in (0, 1))
 
     def fixed_parts(self, batch_size: int, fwd_ms: dict, bwd_ms: dict,
                     per_event_ms: tuple[float, float]) -> tuple[dict, str]:

@@ -738,6 +738,41 @@ class CostModel(NetworkCosts):
         info = self._cpu_profile(device)
         return 0.0 if info is None or info.unit_action_ms is None else info.unit_action_ms
 
+    def turn_ms(self, device: str, op_ids: Iterable[str]) -> float:
+        """CPU one more turn between forward and backward costs a unit of ``op_ids`` on a CPU
+        device of the profile's type: the profile's ``turn_ms`` (the whole model's, on one
+        thread) times the ops' share of the model's batch-independent time there (forward
+        and backward; of its whole time where none was measured): what the turn finds cold
+        is what the ops touch whatever the batch. 0 elsewhere or where not measured."""
+        info = self._cpu_profile(device)
+        if info is None or not info.turn_ms:
+            return 0.0
+        return info.turn_ms * self._fixed_share(device, op_ids)
+
+    def cold_ms(self, device: str, op_ids: Iterable[str]) -> tuple[float, float]:
+        """What the first forward and the first backward of a step cost ``op_ids`` more on
+        a CPU device of the profile's type than passes right after a pass of their own size
+        (the op times' context): the profile's ``cold_fwd_ms`` and ``cold_bwd_ms`` (the
+        whole model's) times the ops' share as in ``turn_ms``. 0 elsewhere or where not
+        measured."""
+        info = self._cpu_profile(device)
+        if info is None or not (info.cold_fwd_ms or info.cold_bwd_ms):
+            return 0.0, 0.0
+        share = self._fixed_share(device, op_ids)
+        return (info.cold_fwd_ms or 0.0) * share, (info.cold_bwd_ms or 0.0) * share
+
+    def _fixed_share(self, device: str, op_ids: Iterable[str]) -> float:
+        """``op_ids``' share of the model's batch-independent time (forward and backward) on
+        ``device``'s type; of its whole time where no fixed parts were measured."""
+        j = self.device_type_index[device]
+        fixed = self.fwd_fixed_by_type[:, j] + self.bwd_fixed_by_type[:, j]
+        if fixed.sum() <= 0:
+            fixed = self.fwd_ms_by_type[:, j] + self.bwd_ms_by_type[:, j]
+        total = float(fixed.sum())
+        if total <= 0:
+            return 0.0
+        return float(fixed[[self.op_index[o] for o in op_ids]].sum()) / total
+
     def op_action_ms(self, device: str) -> float | None:
         """CPU per further unit action alone (the profile's ``op_action_ms``: measured with
         every op a unit of its own) on a CPU device of the profile's type; 0 elsewhere, None

@@ -588,6 +588,7 @@ class _Lowering(_Communication):
             return units
 
         if plan.pipeline is not None:
+            self._turn_cache: dict[tuple[int, int], float] = {}
             pipe = plan.pipeline
             stage_group = [self.group_index[s] for s in pipe.stages]
             stage_units: dict[tuple[int, int], list[int]] = {}
@@ -597,12 +598,14 @@ class _Lowering(_Communication):
                 if not actions:
                     continue
                 chain = chains[d] = []
+                facing, turns = None, 0  # the direction of the last action, turns so far
                 for a in actions:
                     gi = stage_group[a.stage]
                     r = rep_of[(gi, d)]
                     units = stage_units.get((gi, d))
                     if units is None:
                         units = stage_units[(gi, d)] = units_on(gi, d)
+                    begins = len(chain)
                     if a.op == "F":
                         chain.extend(self.F[u][r] + a.microbatch for u in units)
                     elif a.op == "W":
@@ -612,6 +615,13 @@ class _Lowering(_Communication):
                     else:  # B, or I (whose W comes later)
                         chain.extend(self.B[u][r] + a.microbatch for u in reversed(units)
                                      if self.unit_rg[u])
+                    if len(chain) > begins:
+                        way = a.op == "F"
+                        if facing is not None and way != facing:
+                            turns += 1
+                            if turns > 1:  # a step's one turn is in the ops' own times
+                                self.tg.duration_ms[chain[begins]] += self._turn_ms(gi, d)
+                        facing = way
         for d, where in op_pos.items():
             if d in chains:
                 continue
@@ -626,6 +636,7 @@ class _Lowering(_Communication):
                 for u in reversed(units):
                     if self.unit_rg[u]:
                         chain.append(self.B[u][rep_of[(self.unit_group[u], d)]] + m)
+        self._charge_cold(chains)
         self._updates(chains)
         priority, succ, ndeps = tg.priority, tg.succ, tg.ndeps
         for chain in chains.values():
@@ -635,6 +646,41 @@ class _Lowering(_Communication):
                 succ[a].append(b)
                 ndeps[b] += 1
         self.chains = chains
+
+    def _charge_cold(self, chains: dict[int, list[int]]) -> None:
+        """Each device's first forward task and first backward task of the step pay what the
+        step's other work (the last step's update and collectives) left cold, for the ops the
+        device runs (``CostModel.cold_ms``): the op times come from passes right after a
+        pass of their own size."""
+        tg, groups = self.tg, self.groups
+        unordered = defaultdict(list)  # devices without an order: by priority, as run
+        for t, d in enumerate(tg.device):
+            if d not in chains and tg.kind[t] in (TaskKind.FORWARD, TaskKind.BACKWARD):
+                unordered[d].append(t)
+        for d, chain in [*chains.items(), *((d, sorted(ts, key=tg.priority.__getitem__))
+                                             for d, ts in unordered.items())]:
+            device = self.device_names[d]
+            ops = [o for u in self.unit_order
+                   if any(groups.rep_device[r] == d for r in groups.replicas[self.unit_group[u]])
+                   for o in self.members[u]]
+            extra = dict(zip((TaskKind.FORWARD, TaskKind.BACKWARD), self.cm.cold_ms(device, ops)))
+            for t in chain:
+                ms = extra.pop(tg.kind[t], None)
+                if ms:
+                    tg.duration_ms[t] += ms
+                if not extra:
+                    break
+
+    def _turn_ms(self, gi: int, d: int) -> float:
+        """What one more turn between forward and backward costs the stage of group ``gi``
+        on device ``d`` (``CostModel.turn_ms``): charged on the first task of every action
+        of a device's schedule that turns, beyond its first turn. A GPipe stage turns once
+        a step, a 1F1B stage at every microbatch of its steady state."""
+        cache = self._turn_cache
+        if (gi, d) not in cache:
+            ops = [o for u in self.unit_order if self.unit_group[u] == gi for o in self.members[u]]
+            cache[(gi, d)] = self.cm.turn_ms(self.device_names[d], ops)
+        return cache[(gi, d)]
 
     # ------------------------------------------------------------- memory
     def _memory(self) -> None:

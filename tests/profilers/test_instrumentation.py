@@ -171,13 +171,14 @@ def test_unit_actions_are_timed_through_the_runtimes_units_against_plain_steps()
     module = workload.module.train()
     inputs, _ = workload.make_batch(8, 0)
     cap = capture(module, inputs)
-    ms, per_op, note = unit_action_ms(cap, workload, module, 8, 0, rounds=9)
+    ms, per_op, turn, note = unit_action_ms(cap, workload, module, 8, 0, rounds=9)
     plain = min(sum(time_plain_step(module, inputs, lambda out: workload.loss(out, _target(
         workload)), cpu_clock)) for _ in range(5)) * 1e3
     assert ms is not None and 0 < ms < plain and "2 units x 4 microbatches" in note
     ops = len([o for o in cap.op_ids if o not in set(cap.input_ops)])
     assert per_op is not None and 0 <= per_op < plain
     assert f"every op a unit of its own ({ops} units, 2 row(s) per microbatch)" in note
+    assert turn is not None and 0 <= turn < plain and "per further turn" in note
     assert torch.get_num_threads() == 1  # restored (the suite runs one thread)
 
 
@@ -196,13 +197,44 @@ def test_a_long_steps_unit_actions_are_taken_at_a_few_rows_or_not_at_all():
     workload = zoo.instantiate(ref, seed=0)
     module = workload.module.train()
     cap = capture(module, workload.make_batch(16, 0)[0])
-    ms, per_op, note = unit_action_ms(cap, workload, module, 16, 0, rounds=2,
-                                      step_s=2 * FULL_BATCH_S)
-    assert ms is not None and per_op is not None
+    ms, per_op, turn, note = unit_action_ms(cap, workload, module, 16, 0, rounds=2,
+                                            step_s=2 * FULL_BATCH_S)
+    assert ms is not None and per_op is not None and turn is not None
     assert f"4 microbatches at {SMALL_ROWS} row(s) per microbatch" in note
-    # 3 steps a round at half the batch: 1.5 x step_s
-    over = BUDGET_S / 1.5 * 1.01
+    # 4 steps a round (halves, grouped halves, plain, every op a unit) at half the batch
+    over = BUDGET_S / 2 * 1.01
     assert unit_action_ms(cap, workload, module, 16, 0, step_s=over) == (
-        None, None, f"no unit actions measured (a round of the probe would take about "
-                    f"{1.5 * over:.0f} s at one thread, over its {BUDGET_S:.0f} s); ")
+        None, None, None, f"no unit actions measured (a round of the probe would take about "
+                          f"{2 * over:.0f} s at one thread, over its {BUDGET_S:.0f} s); ")
     assert torch.get_num_threads() == 1
+
+
+def test_the_turn_probe_runs_the_halves_in_1f1b_turns_and_in_gpipe_order():
+    """The probe's step takes turns per microbatch; grouped, it runs every forward first, so
+    it turns once where the other turns ``2 M - 1`` times."""
+    from dl_nfv.profilers import zoo
+    from dl_nfv.profilers.actions import _UnitStep
+    from dl_nfv.profilers.probe import probe
+
+    ref = zoo.model_ref("mlp-tiny", batch_size=8)
+    workload = zoo.instantiate(ref, seed=0)
+    module = workload.module.train()
+    cap = capture(module, workload.make_batch(8, 0)[0])
+    ops = [o for o in cap.op_ids if o not in set(cap.input_ops)]
+    halves = {op: ("head", "tail")[k >= len(ops) // 2] for k, op in enumerate(ops)}
+    info = probe(cap.graph_module, lambda rows: workload.make_batch(rows, 0)[0])
+    step = _UnitStep(cap, workload, info, halves, 8, 4, 0)
+
+    def directions(grouped: bool) -> list[str]:
+        step(grouped=grouped)
+        names = [name for category, name, _, _ in step.comm.timeline.spans
+                 if category == "compute"]
+        return [name.split()[0] for name in names]
+
+    def turns(seq: list[str]) -> int:
+        return sum(a != b for a, b in zip(seq, seq[1:]))
+
+    taking_turns, grouped = directions(False), directions(True)
+    assert sorted(taking_turns) == sorted(grouped) == ["backward"] * 8 + ["forward"] * 8
+    assert grouped == ["forward"] * 8 + ["backward"] * 8
+    assert turns(taking_turns) == 2 * 4 - 1 and turns(grouped) == 1

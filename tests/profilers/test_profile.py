@@ -215,6 +215,9 @@ def test_a_thread_pass_of_long_steps_settles_once_and_has_no_plain_rounds():
     assert len(calls) == 1 and timed.plain == [] and timed.settled_s > 0 and rounds >= 2
     assert timed.per_event_ms() is None and len(timed.round_sums_s()[0]) == rounds
     assert small is not None and len(small.timed.plain) == len(small.timed.fwd_runs[cap.op_ids[-1]])
+    # every round at the smaller batch settles with a plain step of its own size first
+    assert len(small.settling) == len(small.timed.plain) == rounds
+    assert all(ms >= 0 for ms in small.cold_ms())
     calls.clear()
     timed, _ = pm._thread_pass(1, cap, clock, module, inputs, loss_fn, plain_step, 2,
                                lambda *a: None, workload, 1, 0, dev)
@@ -233,6 +236,21 @@ def test_without_one_thread_plain_rounds_the_instrumentation_is_the_smaller_batc
     us = graph.profile.instrumentation_us
     assert 1 in graph.profile.thread_counts and [full for full, _ in bounded] == [None]
     assert (us["fwd"], us["bwd"]) == (us["fwd_small"], us["bwd_small"])
+
+
+def test_the_cold_start_is_the_median_settling_step_less_the_settled_one():
+    from dl_nfv.profilers import model as pm
+
+    rounds = pm._SmallBatchRounds.__new__(pm._SmallBatchRounds)
+    rounds.failed = ""
+    rounds.settling = [(0.003, 0.004), (0.002, 0.001), (0.005, 0.002)]
+    rounds.timed = type("Timed", (), {"plain": [(0.001, 0.002), (0.001, 0.003), (0.001, 0.001)]})
+    assert rounds.cold_ms() == (pytest.approx(2.0), pytest.approx(1.0))  # medians of 2,1,4 / 2,-2,1
+    rounds.settling = [(0.001, 0.001)]
+    rounds.timed.plain = [(0.002, 0.002)]
+    assert rounds.cold_ms() == (0.0, 0.0)  # never below 0
+    rounds.failed = "the model does not run at 1 row"
+    assert rounds.cold_ms() == (None, None)
 
 
 def test_fixed_part_inverts_the_cost_models_batch_scaling():

@@ -169,3 +169,85 @@ def test_a_runtime_unit_runs_no_backward_for_its_ops_that_need_no_gradient():
     result = simulate(plan(g, t, groups), g, t)
     assert [e - s for s, e in _spans(result, TaskKind.FORWARD, 0)] == [pytest.approx(4.0)]
     assert [e - s for s, e in _spans(result, TaskKind.BACKWARD, 0)] == [pytest.approx(4.0)]
+
+
+TURN_MS = 0.3
+
+
+def _turning_chain(batch: int, turn_ms: float | None, fixed: tuple[float, ...] | None = None):
+    g = _cpu_chain(4, batch, None)
+    ops = tuple(dataclasses.replace(
+        o, fwd_fixed_ms={} if fixed is None else {"cpu": fixed[i]},
+        bwd_fixed_ms={} if fixed is None else {"cpu": 2 * fixed[i]}) for i, o in enumerate(g.ops))
+    return dataclasses.replace(g, ops=ops, profile=dataclasses.replace(g.profile, turn_ms=turn_ms))
+
+
+@pytest.mark.parametrize("kind", [ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE])
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("fixed", [None, (0.1, 0.3, 0.2, 0.4)])
+def test_a_stage_pays_for_every_turn_between_forward_and_backward_beyond_its_first(kind, m, fixed):
+    """Each action of a device's schedule whose direction differs from the action before
+    it, beyond the device's first such turn, costs the stage's share of ``turn_ms``: by
+    the ops' batch-independent times, or their whole times where none were measured."""
+    from dl_nfv.simulator.synthetic import gpipe
+
+    t = mesh(2, device_type="cpu")
+    devices = t.device_names
+    groups = [Group(id="s0", ops=("op0", "op1"), devices=(devices[0],), sync=SyncMethod.NONE),
+              Group(id="s1", ops=("op2", "op3"), devices=(devices[1],), sync=SyncMethod.NONE)]
+    schedule = {devices[i]: (one_f_one_b(2, m, i) if kind == ScheduleKind.ONE_F_ONE_B
+                             else gpipe(i, m)) for i in range(2)}
+    pipe = Pipeline(microbatches=m, stages=("s0", "s1"), schedule_kind=kind, schedule=schedule)
+    bare, turning = _turning_chain(4 * m, None, fixed), _turning_chain(4 * m, TURN_MS, fixed)
+    base = simulate(plan(bare, t, groups, pipeline=pipe), bare, t)
+    result = simulate(plan(turning, t, groups, pipeline=pipe), turning, t)
+    weights = [3 * f for f in fixed] if fixed is not None else [6.0] * 4  # forward + backward
+    for d in range(2):
+        ways = [part.lstrip("0123456789")[0] == "F" for part in schedule[devices[d]].split()]
+        turns = sum(a != b for a, b in zip(ways, ways[1:]))
+        share = (weights[2 * d] + weights[2 * d + 1]) / sum(weights)
+        assert _compute_busy(result, d) - _compute_busy(base, d) == pytest.approx(
+            max(0, turns - 1) * TURN_MS * share)
+    if kind == ScheduleKind.GPIPE or m == 1:
+        assert result.iteration_ms == pytest.approx(base.iteration_ms)
+    else:
+        assert result.iteration_ms > base.iteration_ms
+
+
+def test_a_negative_turn_is_refused_and_other_devices_pay_none():
+    with pytest.raises(ValueError, match="turn_ms must be >= 0, got -0.1"):
+        ProfileInfo(device_type="cpu", turn_ms=-0.1)
+    g = _turning_chain(8, TURN_MS)
+    assert CostModel(g, mesh(1)).turn_ms(mesh(1).device_names[0], ["op0"]) == 0.0  # a GPU
+    cpu = mesh(1, device_type="cpu")
+    assert CostModel(g, cpu).turn_ms(cpu.device_names[0], ["op0"]) == pytest.approx(TURN_MS / 4)
+
+
+COLD = (0.5, 0.2)
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_each_devices_first_forward_and_backward_of_a_step_pay_for_what_it_left_cold(m):
+    """Data parallelism: each replica runs every op, and pays the whole ``cold_fwd_ms`` and
+    ``cold_bwd_ms`` once a step; a pipeline stage its ops' share, once a step whatever the
+    microbatches; a GPU nothing."""
+    t = mesh(2, device_type="cpu")
+    devices = t.device_names
+    bare = _turning_chain(8, None, (0.1, 0.3, 0.2, 0.4))
+    cold = dataclasses.replace(bare, profile=dataclasses.replace(
+        bare.profile, cold_fwd_ms=COLD[0], cold_bwd_ms=COLD[1]))
+    dp = [one_group(bare, devices, sync=SyncMethod.ALLREDUCE)]
+    base, charged = (simulate(plan(g, t, dp), g, t) for g in (bare, cold))
+    for d in range(2):
+        assert _compute_busy(charged, d) - _compute_busy(base, d) == pytest.approx(sum(COLD))
+    groups = [Group(id="s0", ops=("op0", "op1"), devices=(devices[0],), sync=SyncMethod.NONE),
+              Group(id="s1", ops=("op2", "op3"), devices=(devices[1],), sync=SyncMethod.NONE)]
+    pipe = Pipeline(microbatches=m, stages=("s0", "s1"), schedule_kind=ScheduleKind.ONE_F_ONE_B,
+                    schedule={devices[i]: one_f_one_b(2, m, i) for i in range(2)})
+    base, charged = (simulate(plan(g, t, groups, pipeline=pipe), g, t) for g in (bare, cold))
+    for d, share in ((0, 0.4), (1, 0.6)):  # by the fixed parts 0.1 + 0.3 and 0.2 + 0.4
+        assert _compute_busy(charged, d) - _compute_busy(base, d) == pytest.approx(
+            sum(COLD) * share)
+    assert CostModel(cold, mesh(1)).cold_ms(mesh(1).device_names[0], ["op0"]) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="cold_fwd_ms must be >= 0, got -1"):
+        ProfileInfo(device_type="cpu", cold_fwd_ms=-1)
