@@ -652,6 +652,9 @@ class _Lowering(_Communication):
         step's other work (the last step's update and collectives) left cold, for the ops the
         device runs (``CostModel.cold_ms``): the op times come from passes right after a
         pass of their own size."""
+        info = self.graph.profile
+        if info is None or not (info.cold_fwd_ms or info.cold_bwd_ms):
+            return  # (not measured: GPUs, older profiles)
         tg, groups = self.tg, self.groups
         unordered = defaultdict(list)  # devices without an order: by priority, as run
         for t, d in enumerate(tg.device):
