@@ -656,17 +656,18 @@ class _Lowering(_Communication):
         if info is None or not (info.cold_fwd_ms or info.cold_bwd_ms):
             return  # (not measured: GPUs, older profiles)
         tg, groups = self.tg, self.groups
+        ops_on = defaultdict(list)  # device -> the ops it runs
+        for u in self.unit_order:
+            for r in groups.replicas[self.unit_group[u]]:
+                ops_on[groups.rep_device[r]].extend(self.members[u])
         unordered = defaultdict(list)  # devices without an order: by priority, as run
         for t, d in enumerate(tg.device):
             if d not in chains and tg.kind[t] in (TaskKind.FORWARD, TaskKind.BACKWARD):
                 unordered[d].append(t)
         for d, chain in [*chains.items(), *((d, sorted(ts, key=tg.priority.__getitem__))
                                              for d, ts in unordered.items())]:
-            device = self.device_names[d]
-            ops = [o for u in self.unit_order
-                   if any(groups.rep_device[r] == d for r in groups.replicas[self.unit_group[u]])
-                   for o in self.members[u]]
-            extra = dict(zip((TaskKind.FORWARD, TaskKind.BACKWARD), self.cm.cold_ms(device, ops)))
+            extra = dict(zip((TaskKind.FORWARD, TaskKind.BACKWARD),
+                             self.cm.cold_ms(self.device_names[d], ops_on[d])))
             for t in chain:
                 ms = extra.pop(tg.kind[t], None)
                 if ms:
