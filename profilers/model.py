@@ -223,7 +223,7 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
 
 
 def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, batch_scaling,
-             progress, allocator, thread_counts, co_run_cpus):
+             progress, allocator, thread_counts, cpus):
     small = max(1, model.batch_size // SCALING_DIVISOR) if batch_scaling and model.batch_size > 1 else 0
     per_round = 3 if small else 2
     others = [n for n in thread_counts if n != torch.get_num_threads()]
@@ -276,7 +276,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
                                    timed, repeats, dev, tick)
         peak_bytes = cuda_peak if cuda_peak is not None else peak_bytes
         passes = {n: _thread_pass(n, cap, clock, module, inputs, loss_fn, plain_step, repeats,
-                                  tick, workload, small, seed, dev,
+                                  tick, workload, small, seed, dev, cpus,
                                   plain_rounds=not _settle_only(steps, n, smaller))
                   for n in others}
     module.zero_grad(set_to_none=True)
@@ -323,7 +323,7 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         rates = update_rates(module, available_memory_bytes(dev))
         tick("timing the optimizer update")
         with _model_errors(model, cap):
-            co_run, co_run_note = co_run_slowdown(model, seed, plain_step, co_run_cpus)
+            co_run, co_run_note = co_run_slowdown(model, seed, plain_step, cpus)
         module.zero_grad(set_to_none=True)
         tick("timing the step beside a second process")
     ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,
@@ -482,18 +482,19 @@ def _settle_only(steps: list[float], threads: int, smaller) -> bool:
 
 
 def _thread_pass(threads: int, cap, clock, module, inputs, loss_fn, plain_step, repeats: int,
-                 tick, workload, small: int, seed: int, dev, *, plain_rounds: bool = True):
+                 tick, workload, small: int, seed: int, dev, cpus, *, plain_rounds: bool = True):
     """Every op timed at ``threads`` intra-op threads, pinned as a worker of that many
     (module doc, step 6): rounds as at the profile's own threads, by the same rule, each
     followed (``small``: batch > 1) by one at the smaller batch; a round's plain step
     settles the thread pool for its instrumented one (the first plain step, cold, is never
     the fastest that the instrumentation's cost is taken against). Without
     ``plain_rounds``, one plain step settles them all (``TimedRounds.settled_s``) and the
-    rounds have none. Returns the rounds (``TimedRounds``) and the smaller batch's
-    (``_SmallBatchRounds`` or None); the threads are restored."""
+    rounds have none. ``cpus`` are the process's CPUs before the profile pinned it (the
+    main pass may hold fewer than ``threads``). Returns the rounds (``TimedRounds``) and the
+    smaller batch's (``_SmallBatchRounds`` or None); the threads and the pinning are
+    restored."""
     main = torch.get_num_threads()
     torch.set_num_threads(threads)
-    cpus = allowed_cpus()
     pin(threads, cpus)
     timed = TimedRounds(cap)
     smaller = _SmallBatchRounds(cap, workload, small, seed, dev) if small else None

@@ -521,3 +521,29 @@ def test_the_co_run_neighbour_keeps_the_heap_policy_of_the_workers():
     finally:
         os.sched_setaffinity(0, affinity)
         torch.set_num_threads(threads)
+
+
+def test_each_thread_pass_runs_on_as_many_cpus_as_threads(monkeypatch):
+    """Profiled at one thread, the main pass holds one CPU; the pass at the CPU count must
+    get them all back (pinned from the process's CPUs, not from the one the main pass held),
+    else its threads share one CPU and every op comes out slower by their number."""
+    import os
+
+    import dl_nfv.profilers.model as model_mod
+
+    if len(allowed_cpus()) < 2:
+        pytest.skip("one CPU: no second thread count")
+    seen = []
+    real = model_mod.time_plain_step
+
+    def spy(*args, **kwargs):
+        seen.append((torch.get_num_threads(), len(os.sched_getaffinity(0))))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model_mod, "time_plain_step", spy)
+    before = os.sched_getaffinity(0)
+    _profile("mlp-tiny", repeats=2, warmup=1, threads=1, thread_scaling=True)
+    cpus = len(allowed_cpus())
+    assert {(1, 1), (cpus, cpus)} <= set(seen)
+    assert all(threads == held for threads, held in seen)
+    assert os.sched_getaffinity(0) == before
