@@ -547,3 +547,18 @@ def test_each_thread_pass_runs_on_as_many_cpus_as_threads(monkeypatch):
     assert {(1, 1), (cpus, cpus)} <= set(seen)
     assert all(threads == held for threads, held in seen)
     assert os.sched_getaffinity(0) == before
+
+
+@pytest.mark.parametrize("step_s, steps", [(0.01, 25), (0.1, 3), (0.8, 2), (1.5, 1), (6.0, 1)])
+def test_a_co_run_window_takes_three_steps_or_what_fits_in_two_seconds(monkeypatch, step_s, steps):
+    """At least WINDOW_S and MIN_STEPS steps; where three would pass LONG_WINDOW_S, as many
+    as fit in it and at least one (on a clock the steps advance)."""
+    from dl_nfv.profilers import corun
+
+    now = [0.0]
+    monkeypatch.setattr(corun.time, "perf_counter", lambda: now[0])
+
+    def step():
+        now[0] += step_s
+
+    assert corun._window(step) == [pytest.approx(step_s)] * steps
