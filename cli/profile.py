@@ -153,6 +153,10 @@ def _progress_bar(description: str):
               help="Parameter (and floating input) dtype.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Timed rounds (one whole step + one per-op step each); medians are kept.")
+@click.option("--span", "span_s", type=click.FloatRange(min=0), default=3.0, show_default=True,
+              help="Least seconds each timing pass spans: rounds are added until it is "
+                   "reached, so that a fast step's medians are the machine over seconds, not "
+                   "one moment of it (0: --repeats rounds alone).")
 @click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
               help="Untimed steps after the counting pass (which is itself a full warm-up step).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -168,8 +172,8 @@ def _progress_bar(description: str):
                    "time that does not shrink with the batch (replicas, microbatches).")
 @seed_option
 def model(model: str, output: Path | None, as_json: bool, batch_size, seq_len, granularity,
-          input_shapes, input_dtypes, dtype, repeats, warmup, threads, device, device_type,
-          leaf_modules, batch_scaling, seed) -> None:
+          input_shapes, input_dtypes, dtype, repeats, span_s, warmup, threads, device,
+          device_type, leaf_modules, batch_scaling, seed) -> None:
     """Profile a model into an op graph: trace it, count FLOPs and bytes, time every op.
 
     MODEL is a zoo name (`dl-nfv profile models`), module:callable or
@@ -192,7 +196,8 @@ def model(model: str, output: Path | None, as_json: bool, batch_size, seq_len, g
     ref = model_ref(model, batch_size=batch_size, seq_len=seq_len, input_shapes=input_shapes,
                     input_dtypes=input_dtypes, dtype=dtype)
     with _progress_bar(f"profiling {ref.name}") as progress:
-        graph = profile_model(ref, granularity=granularity, repeats=repeats, warmup=warmup,
+        graph = profile_model(ref, granularity=granularity, repeats=repeats, span_s=span_s,
+                              warmup=warmup,
                               threads=threads, seed=seed, device=device, device_type=device_type,
                               leaf_modules=leaf_modules, batch_scaling=batch_scaling,
                               progress=progress)

@@ -45,8 +45,11 @@ Cost
     the plain steps at ``SMALL_ROWS x M`` rows as well (the differences are then taken
     where the actions are a visible part of the step, not inside the noise of a long
     one; holding the activations of a few rows costs less than of the whole batch, which
-    such a step would not resolve either). The rounds after the first stop once they
-    have taken ``BUDGET_S``, at least one timed; a model whose round would take longer
+    such a step would not resolve either). ``rounds`` rounds are timed, more until they
+    span the profile's ``span_s`` (``rounds.SPAN_S``: the difference of two steps' fastest
+    rounds, of a few milliseconds each, moves with the moment of a shared machine they
+    fall in: MoE's unit action came out 0 to 141 us across profiles of five rounds), and they
+    stop once they have taken ``BUDGET_S``, at least one timed; a model whose round would take longer
     than that on its own (one row per microbatch of a very large model) gets no figure,
     and the note says so: the simulator then charges no actions, a few hundred
     microseconds against steps of seconds.
@@ -70,6 +73,7 @@ import torch
 from .capture import Capture
 from .measure import LOSS, TimedRounds
 from .probe import probe
+from .rounds import MAX_SPAN_ROUNDS
 
 ROUNDS = 5
 SMALL_ROWS = 2  # rows per microbatch of the steps whose difference is the actions alone
@@ -94,11 +98,12 @@ class UnitActions(NamedTuple):
 
 def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: int,
                    seed: int, rounds: int = ROUNDS, clock=time.thread_time,
-                   step_s: float | None = None) -> UnitActions:
+                   step_s: float | None = None, span_s: float = 0.0) -> UnitActions:
     """The CPU per unit action, per action of a one-op unit and per turn, and a note, on
     one thread (module doc); None where the model cannot be cut or run that way, or a round
     would take longer than ``BUDGET_S``. ``step_s``: the model's plain step at one thread
-    (seconds), where known. Restores the thread count."""
+    (seconds), where known; ``span_s``: rounds are added until the timed ones span that
+    much wall time (module doc, "Cost"). Restores the thread count."""
     ops = [o for o in cap.op_ids if o not in set(cap.input_ops)]
     if len(ops) < 2:
         return UnitActions(None, None, None, "no unit actions measured (fewer than two ops); ")
@@ -139,7 +144,8 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
 
         taken: dict[str, list[float]] = {name: [] for name in [*steps, "plain"]}
         timed_s, r = 0.0, 0
-        while r <= rounds and (r < 2 or timed_s < BUDGET_S):  # round 0 settles them all
+        while ((r <= rounds or timed_s < span_s and r <= MAX_SPAN_ROUNDS)
+               and (r < 2 or timed_s < BUDGET_S)):  # round 0 settles them all
             w0 = time.perf_counter()
             for name, seconds in taken.items():
                 module.zero_grad(set_to_none=True)

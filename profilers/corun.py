@@ -8,7 +8,10 @@ measures it on the model itself: a child process, pinned to the second allowed C
 the heap policy of the profile and the workers (``allocator``), runs
 plain steps at one thread while this process, pinned to the first, times its own plain
 steps at one thread (wall clock) in alternating windows, the child paused, then
-stepping, then paused again and stepping again. The slowdown is the median step beside
+stepping, then paused again and stepping again, and so on until the windows span the
+profile's ``span_s`` (the other tenants of a shared machine press on the cache more in
+some seconds than in others: MoE's slowdown came out 1.05-1.21 from two pairs of
+windows a quarter of a second each). The slowdown is the median step beside
 the child over the median step alone (at least 1). ``simulator`` charges it on compute
 that overlaps compute of another device of the same host (docs/simulator.md).
 
@@ -39,10 +42,12 @@ WINDOWS = 2  # alone, beside, alone, beside
 READY_TIMEOUT_S = 180.0
 
 
-def co_run_slowdown(model: ModelRef, seed: int, step, cpus: list[int]) -> tuple[float | None, str]:
+def co_run_slowdown(model: ModelRef, seed: int, step, cpus: list[int], span_s: float = 0.0
+                    ) -> tuple[float | None, str]:
     """``(slowdown, note)`` of ``step`` (a callable running one plain step of ``model``
-    here) beside a second process running ``model``'s step; ``(None, why)`` when there is
-    no second CPU or the second process did not start."""
+    here) beside a second process running ``model``'s step, over ``WINDOWS`` pairs of
+    windows or more until they span ``span_s`` seconds; ``(None, why)`` when there is no
+    second CPU or the second process did not start."""
     if len(cpus) < 2:
         return None, "co-run slowdown not measured: one CPU allowed; "
     child = subprocess.Popen(
@@ -58,7 +63,9 @@ def co_run_slowdown(model: ModelRef, seed: int, step, cpus: list[int]) -> tuple[
         step()  # settle on this core
         alone: list[float] = []
         beside: list[float] = []
-        for _ in range(WINDOWS):
+        began, pairs = time.perf_counter(), 0
+        while pairs < WINDOWS or time.perf_counter() - began < span_s:
+            pairs += 1
             _say(child, "pause")
             alone.extend(_window(step))
             _say(child, "go")

@@ -13,8 +13,11 @@ Steps
     3. ``warmup`` more plain steps, untimed (default none: the counting pass
        already ran every kernel at full size).
     4. ``repeats`` rounds of one plain step (timed whole) and one instrumented
-       step (timed per op), and more (up to ``MAX_ROUND_FACTOR`` times as many,
-       for at most ``EXTRA_ROUNDS_S`` of added rounds) while the medians are not yet known well enough (``rounds``: the per-op
+       step (timed per op), more until the rounds span ``span_s`` seconds
+       (``--span``, default ``SPAN_S``: the medians of a few milliseconds' rounds
+       are one moment of a shared machine), and more (up to ``MAX_ROUND_FACTOR``
+       times as many, for at most ``EXTRA_ROUNDS_S`` of added rounds) while the
+       medians are not yet known well enough (``rounds``: the per-op
        sum within 2%, noisy ops under a tenth of it); the graph records per-op
        medians (less the instrumentation's cost per event, measured against the
        plain steps: ``measure``) and the median whole step, and ``ProfileInfo`` states the ratio
@@ -64,7 +67,8 @@ Steps
        ``ProfileInfo.co_run_slowdown``).
 
 Costs scale with the model: the two counting passes plus ``warmup + 2 * rounds``
-training steps (and ``3 * rounds`` small-batch steps; ``repeats <= rounds <= 4 repeats``),
+training steps (and ``3 * rounds`` small-batch steps; ``repeats <= rounds <= 4 repeats``
+where the step is long, up to ``MAX_SPAN_ROUNDS`` where ``span_s`` takes more),
 ``1 + 2 * rounds`` steps per other thread count (and ``3 * rounds`` small ones), and O(nodes)
 bookkeeping per step.
 """
@@ -106,7 +110,7 @@ from .measure import (
     time_plain_step,
 )
 from .probe import PROBE_ROWS, colocation_groups, probe
-from .rounds import allowed_cpus, pin, relative_iqr, round_indices, stability
+from .rounds import SPAN_S, allowed_cpus, pin, relative_iqr, round_indices, stability
 from .update import UpdateRates, update_rates
 
 Progress = Callable[[str, int, int], None]
@@ -168,7 +172,8 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
                   repeats: int = 3, warmup: int = 0, threads: int | None = None, seed: int = 0,
                   device: str = "auto", device_type: str | None = None,
                   leaf_modules: Iterable[str] = (), batch_scaling: bool = True,
-                  thread_scaling: bool = True, progress: Progress | None = None) -> OpGraph:
+                  thread_scaling: bool = True, span_s: float = SPAN_S,
+                  progress: Progress | None = None) -> OpGraph:
     """Profile ``model`` on the local device into an ``OpGraph`` (see the module doc).
 
     Parameters
@@ -186,6 +191,8 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
         its time that does not shrink with the batch (see the module doc).
     thread_scaling : on a CPU, also time every op at 1 thread and at this process's CPU
         count where ``threads`` is neither (module doc, step 6).
+    span_s : the least wall time (seconds) each timing pass and probe spans, adding rounds
+        until it is reached (``rounds`` module doc); 0: ``repeats`` rounds alone.
     progress : called as ``progress(description, done, total)`` after each step.
 
     Raises ``BadInput`` (unknown model, bad shapes, a model that fails on its
@@ -195,6 +202,8 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
         raise BadInput(f"--repeats must be >= 1, got {repeats}")
     if warmup < 0:
         raise BadInput(f"--warmup must be >= 0, got {warmup}")
+    if span_s < 0:
+        raise BadInput(f"--span must be >= 0, got {span_s}")
     if threads is not None and threads < 1:
         raise BadInput(f"--threads must be >= 1, got {threads}")
     if device_type is not None and device_type not in CATALOG:
@@ -213,7 +222,8 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
         pin(main, cpus)
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(seed)
-            return _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves,
+            return _profile(model, granularity, repeats, span_s, warmup, seed, dev, type_name,
+                            leaves,
                             batch_scaling, progress, allocator, counts,
                             cpus if thread_scaling else [])
     finally:
@@ -222,8 +232,8 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
             os.sched_setaffinity(0, cpus)
 
 
-def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, batch_scaling,
-             progress, allocator, thread_counts, cpus):
+def _profile(model, granularity, repeats, span_s, warmup, seed, dev, type_name, leaves,
+             batch_scaling, progress, allocator, thread_counts, cpus):
     small = max(1, model.batch_size // SCALING_DIVISOR) if batch_scaling and model.batch_size > 1 else 0
     per_round = 3 if small else 2
     others = [n for n in thread_counts if n != torch.get_num_threads()]
@@ -273,10 +283,10 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
         smaller = _SmallBatchRounds(cap, workload, small, seed, dev) if small else None
         timed = TimedRounds(cap)
         steps, cuda_peak = _rounds(cap, clock, module, inputs, loss_fn, plain_step, smaller,
-                                   timed, repeats, dev, tick)
+                                   timed, repeats, span_s, dev, tick)
         peak_bytes = cuda_peak if cuda_peak is not None else peak_bytes
         passes = {n: _thread_pass(n, cap, clock, module, inputs, loss_fn, plain_step, repeats,
-                                  tick, workload, small, seed, dev, cpus,
+                                  span_s, tick, workload, small, seed, dev, cpus,
                                   plain_rounds=not _settle_only(steps, n, smaller))
                   for n in others}
     module.zero_grad(set_to_none=True)
@@ -318,12 +328,12 @@ def _profile(model, granularity, repeats, warmup, seed, dev, type_name, leaves, 
     rates = UpdateRates({}, None, None, "")
     if dev.type == "cpu":
         actions = unit_action_ms(cap, workload, module, model.batch_size, seed,
-                                 step_s=_one_thread_step_s(steps, passes))
+                                 step_s=_one_thread_step_s(steps, passes), span_s=span_s)
         tick("timing the runtime's unit actions")
         rates = update_rates(module, available_memory_bytes(dev))
         tick("timing the optimizer update")
         with _model_errors(model, cap):
-            co_run, co_run_note = co_run_slowdown(model, seed, plain_step, cpus)
+            co_run, co_run_note = co_run_slowdown(model, seed, plain_step, cpus, span_s)
         module.zero_grad(set_to_none=True)
         tick("timing the step beside a second process")
     ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,
@@ -369,18 +379,18 @@ def _info(cap, steps, fwd_runs, bwd_runs, fwd_ms, bwd_ms, at_threads, type_name,
               f"{_per_round(round_sums)}; loss outside the graph {loss_ms:.2f} ms; {note_tail}"))
 
 
-def _rounds(cap, clock, module, inputs, loss_fn, plain_step, smaller, timed, repeats: int, dev,
-            tick):
+def _rounds(cap, clock, module, inputs, loss_fn, plain_step, smaller, timed, repeats: int,
+            span_s: float, dev, tick):
     """Module doc, steps 4 and 5: rounds of a whole step, an instrumented step (into
-    ``timed``) and (with ``smaller``) one at the smaller batch, ``repeats`` and more while
-    ``stability`` is not reached. Returns the step seconds and the CUDA peak of the first
+    ``timed``) and (with ``smaller``) one at the smaller batch, ``repeats``, more until they
+    span ``span_s`` seconds, and more while ``stability`` is not reached. Returns the step seconds and the CUDA peak of the first
     step (None on a CPU)."""
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     steps = []
     peak = None
     for r in round_indices(repeats, lambda: stability(timed.fwd_runs, timed.bwd_runs,
-                                                       cap.op_ids).stable):
+                                                       cap.op_ids).stable, span_s=span_s):
         more = (3 if smaller is not None else 2) if r >= repeats else 0  # beyond --repeats
         plain = plain_step()
         steps.append(sum(plain))
@@ -482,7 +492,7 @@ def _settle_only(steps: list[float], threads: int, smaller) -> bool:
 
 
 def _thread_pass(threads: int, cap, clock, module, inputs, loss_fn, plain_step, repeats: int,
-                 tick, workload, small: int, seed: int, dev, cpus, *, plain_rounds: bool = True):
+                 span_s: float, tick, workload, small: int, seed: int, dev, cpus, *, plain_rounds: bool = True):
     """Every op timed at ``threads`` intra-op threads, pinned as a worker of that many
     (module doc, step 6): rounds as at the profile's own threads, by the same rule, each
     followed (``small``: batch > 1) by one at the smaller batch; a round's plain step
@@ -502,7 +512,7 @@ def _thread_pass(threads: int, cap, clock, module, inputs, loss_fn, plain_step, 
         if not plain_rounds:
             timed.settled_s = sum(plain_step())
         for r in round_indices(repeats, lambda: stability(timed.fwd_runs, timed.bwd_runs,
-                                                           cap.op_ids).stable):
+                                                           cap.op_ids).stable, span_s=span_s):
             timed.round(clock, module, inputs, loss_fn,
                         plain_step() if plain_rounds else None, with_plain=plain_rounds)
             if smaller is not None:

@@ -13,6 +13,14 @@ round that long already averages over its many kernels) until
   ops on a busy machine, ops that cross a thread pool's barrier) hold at most
   ``NOISY_SHARE`` of the per-op sum.
 
+The rounds also span at least ``SPAN_S`` of wall time (``--span``; up to
+``MAX_SPAN_ROUNDS`` rounds): a shared machine's speed moves over seconds (one model's
+one-thread step, timed for a minute, had per-second medians from 6.1 to 8.1 ms, in
+spells of several seconds), and rounds that all fall into one spell give that spell's
+times, however stable they are. A step of seconds spans this in its ``--repeats``
+rounds; a step of milliseconds runs hundreds of rounds, whose medians are the machine
+over those seconds, as a training run's steps are.
+
 Each added round re-times every op (a step cannot run some ops alone), so the noisy
 ops are re-measured together with the rest. The spread recorded in ``ProfileInfo`` is
 the interquartile range over the median, of the round sums, of the whole steps and
@@ -40,20 +48,27 @@ OP_TOLERANCE = 0.10
 NOISY_SHARE = 0.10
 MAX_ROUND_FACTOR = 4
 EXTRA_ROUNDS_S = 20.0
+SPAN_S = 3.0
+MAX_SPAN_ROUNDS = 1000
 
 
-def round_indices(repeats: int, stable: Callable[[], bool], clock=time.perf_counter
-                  ) -> Iterator[int]:
-    """The rounds to time: ``repeats``, then more while ``stable()`` (the rounds so far)
-    is false, up to ``MAX_ROUND_FACTOR x repeats`` in all and while the added rounds have
+def round_indices(repeats: int, stable: Callable[[], bool], clock=time.perf_counter,
+                  span_s: float = 0.0) -> Iterator[int]:
+    """The rounds to time: ``repeats``, and more until they span ``span_s`` of ``clock``
+    (up to ``MAX_SPAN_ROUNDS``), then more while ``stable()`` (the rounds so far) is false,
+    up to ``MAX_ROUND_FACTOR x repeats`` in all and while the rounds added for it have
     taken at most ``EXTRA_ROUNDS_S`` (module doc)."""
-    added_from = None
-    for r in range(MAX_ROUND_FACTOR * repeats):
-        if r >= repeats:
+    began, added_from = clock(), None
+    r = 0
+    while True:
+        if r >= repeats and not (clock() - began < span_s and r < MAX_SPAN_ROUNDS):
+            if r >= MAX_ROUND_FACTOR * repeats:
+                return
             added_from = clock() if added_from is None else added_from
             if stable() or clock() - added_from > EXTRA_ROUNDS_S:
                 return
         yield r
+        r += 1
 
 
 def relative_iqr(values: Sequence[float]) -> float:

@@ -243,6 +243,7 @@ CASES: list[tuple[str, list[str]]] = [
     ("profile model --seq-len 0", ["profile", "model", "gpt2-tiny", "--seq-len", "0", *OUT]),
     ("profile model --repeats 0", ["profile", "model", "mlp-tiny", "--repeats", "0", *OUT]),
     ("profile model --warmup -1", ["profile", "model", "mlp-tiny", "--warmup", "-1", *OUT]),
+    ("profile model --span -1", ["profile", "model", "mlp-tiny", "--span", "-1", *OUT]),
     ("profile model --threads 0", ["profile", "model", "mlp-tiny", "--threads", "0", *OUT]),
     ("profile model --device", ["profile", "model", "mlp-tiny", "--device", "tpu", *OUT]),
     ("profile model --dtype", ["profile", "model", "mlp-tiny", "--dtype", "int3", *OUT]),

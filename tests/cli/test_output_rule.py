@@ -31,7 +31,7 @@ RESULTS = [
     ("simulate", ["simulate", "{plan}"], ".json", "tables"),
     ("nfv run", ["nfv", "run", *RUN, "--engine", "gpu"], ".json", "tables"),
     ("nfv bench", ["nfv", "bench", *RUN, "--engines", "gpu"], ".json", "tables"),
-    ("profile model", ["profile", "model", "mlp-tiny", "--repeats", "1", "--no-batch-scaling"],
+    ("profile model", ["profile", "model", "mlp-tiny", "--repeats", "1", "--span", "0", "--no-batch-scaling"],
      ".json", "document"),
     ("profile import pipedream", ["profile", "import", "pipedream", str(PIPEDREAM)], ".json",
      "document"),

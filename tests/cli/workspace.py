@@ -26,7 +26,7 @@ def make_workspace(folder: Path) -> dict[str, Path]:
     """Write the valid inputs into ``folder``; return them by name."""
     files = {"graph": folder / "g.json", "topology": folder / "t.yaml", "plan": folder / "plan.json",
              "pcap": folder / "http.pcap", "config": NF_CONFIG}
-    result = invoke(["profile", "model", "mlp-tiny", "--repeats", "1", "--no-batch-scaling",
+    result = invoke(["profile", "model", "mlp-tiny", "--repeats", "1", "--span", "0", "--no-batch-scaling",
                      "--threads", "1", "-o", files["graph"]])
     assert result.exit_code == 0, result.output
     shutil.copy(TOPOLOGY, files["topology"])

@@ -31,7 +31,8 @@ def _graph(name: str):
     if name not in _GRAPHS:
         from dl_nfv.profilers import profile_model, zoo
 
-        _GRAPHS[name] = profile_model(zoo.model_ref(name), granularity="op", repeats=1, warmup=0)
+        _GRAPHS[name] = profile_model(zoo.model_ref(name), granularity="op", repeats=1, warmup=0,
+                                       span_s=0.0)
     return _GRAPHS[name]
 
 

@@ -34,7 +34,7 @@ def _graph(name: str, granularity: str):
     if key not in _GRAPHS:
         from dl_nfv.profilers import profile_model, zoo
 
-        _GRAPHS[key] = profile_model(zoo.model_ref(name), granularity=granularity, repeats=1,
+        _GRAPHS[key] = profile_model(zoo.model_ref(name), granularity=granularity, repeats=1, span_s=0.0,
                                      warmup=0)
     return _GRAPHS[key]
 

@@ -56,7 +56,7 @@ class Graphs:
                 ref = zoo.model_ref(USER[name][0], input_shapes=[USER[name][1]])
             else:
                 ref = zoo.model_ref(name)
-            self._graphs[name] = profile_model(ref, granularity="op", repeats=1, warmup=0,
+            self._graphs[name] = profile_model(ref, granularity="op", repeats=1, warmup=0, span_s=0.0,
                                                batch_scaling=False)
         return self._graphs[name]
 
@@ -272,7 +272,7 @@ def test_a_model_that_runs_at_one_batch_size_only_gets_no_groups_and_a_note():
     from dl_nfv.profilers import profile_model, zoo
 
     ref = zoo.model_ref(f"{USER_MODELS}:fixed_batch", input_shapes=[(8, 4, 4)])
-    graph = profile_model(ref, repeats=1, warmup=0, batch_scaling=False)
+    graph = profile_model(ref, repeats=1, warmup=0, batch_scaling=False, span_s=0.0)
     assert graph.colocation == ()
     assert "no colocation groups: the model fails at (2, 3, 5) rows" in graph.profile.note
 

@@ -64,7 +64,7 @@ def test_models_lists_the_zoo_with_sizes():
 
 def test_profile_a_zoo_model_to_a_file(tmp_path):
     out = tmp_path / "g.json"
-    result = run("profile", "model", "resnet50-tiny", "--batch-size", "2", "--repeats", "1",
+    result = run("profile", "model", "resnet50-tiny", "--batch-size", "2", "--repeats", "1", "--span", "0",
                  "--warmup", "0", "--threads", "1", "--granularity", "layer", "-o", str(out))
     assert result.exit_code == 0, result.output
     graph = load(out, expect="op-graph")
@@ -77,7 +77,7 @@ def test_profile_a_zoo_model_to_a_file(tmp_path):
 
 def test_profile_a_user_model_by_path(user_model):
     result = run("profile", "model", f"{user_model}:build", "--input-shape", "8,32",
-                 "--repeats", "1", "--warmup", "0", "--json")
+                 "--repeats", "1", "--span", "0", "--warmup", "0", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert doc["kind"] == "op-graph" and len(doc["ops"]) >= 6 and len(doc["edges"]) >= 6

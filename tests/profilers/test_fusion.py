@@ -18,13 +18,13 @@ from dl_nfv.profilers.zoo import model_ref
 
 @pytest.fixture(scope="module")
 def mlp():
-    return profile_model(model_ref("mlp-tiny", batch_size=4), granularity="op", repeats=1,
+    return profile_model(model_ref("mlp-tiny", batch_size=4), granularity="op", repeats=1, span_s=0.0,
                          batch_scaling=False)
 
 
 @pytest.fixture(scope="module")
 def resnet():
-    return profile_model(model_ref("resnet50-tiny", batch_size=2), granularity="op", repeats=1,
+    return profile_model(model_ref("resnet50-tiny", batch_size=2), granularity="op", repeats=1, span_s=0.0,
                          batch_scaling=False)
 
 

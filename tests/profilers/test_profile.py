@@ -18,7 +18,8 @@ from dl_nfv.profilers.rounds import MAX_ROUND_FACTOR, allowed_cpus
 
 # one thread count: the tests of thread scaling ask for it (a second pass on a busy
 # two-core machine can take seconds)
-FAST = {"repeats": 1, "warmup": 0, "thread_scaling": False, "batch_scaling": False}
+FAST = {"repeats": 1, "warmup": 0, "thread_scaling": False, "batch_scaling": False,
+        "span_s": 0.0}
 
 
 def _profile(name, granularity=None, **kwargs):
@@ -180,6 +181,41 @@ def test_rounds_are_added_while_unstable_up_to_a_factor_and_a_time_budget():
     assert list(round_indices(2, lambda: next(stable_after))) == [0, 1, 2, 3]
 
 
+def test_rounds_span_the_least_time_before_the_stability_rule_decides():
+    from dl_nfv.profilers.rounds import MAX_SPAN_ROUNDS, round_indices
+
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    def rounds(repeats, stable, step_s, span_s):
+        seen = []
+        for r in round_indices(repeats, stable, clock, span_s=span_s):
+            seen.append(r)
+            now[0] += step_s
+        return len(seen)
+
+    # rounds of 1/64 s over a 3 s span: 192, stable or not (the span is past the factor)
+    assert rounds(3, lambda: True, 1 / 64, 3.0) == 192
+    assert rounds(3, lambda: False, 1 / 64, 3.0) == 192
+    # rounds of 0.5 s: 6 span it; unstable, the factor's 12 still apply
+    assert rounds(3, lambda: True, 0.5, 3.0) == 6
+    assert rounds(3, lambda: False, 0.5, 3.0) == 3 * MAX_ROUND_FACTOR
+    # long rounds: --repeats alone; tiny ones stop at MAX_SPAN_ROUNDS
+    assert rounds(3, lambda: True, 5.0, 3.0) == 3
+    assert rounds(3, lambda: True, 1e-6, 3.0) == MAX_SPAN_ROUNDS
+    assert rounds(3, lambda: True, 1 / 64, 0.0) == 3
+
+
+def test_the_cli_span_default_is_the_profilers():
+    from dl_nfv.cli.profile import model
+    from dl_nfv.profilers.rounds import SPAN_S
+
+    (span,) = [p for p in model.params if p.name == "span_s"]
+    assert span.default == SPAN_S
+
+
 def test_a_thread_pass_of_long_steps_settles_once_and_has_no_plain_rounds():
     """Steps over ``SETTLE_ONLY_S`` with a smaller batch: one plain step settles the pass,
     the rounds time every op without one (the instrumentation's cost then comes from the
@@ -209,8 +245,9 @@ def test_a_thread_pass_of_long_steps_settles_once_and_has_no_plain_rounds():
     assert pm._settle_only([2 * pm.SETTLE_ONLY_S], 1, smaller)
     assert not pm._settle_only([0.5 * pm.SETTLE_ONLY_S], 1, smaller)
     assert not pm._settle_only([2 * pm.SETTLE_ONLY_S], 1, None)
-    timed, small = pm._thread_pass(1, cap, clock, module, inputs, loss_fn, plain_step, 2,
-                                   lambda *a: None, workload, 1, 0, dev, plain_rounds=False)
+    timed, small = pm._thread_pass(1, cap, clock, module, inputs, loss_fn, plain_step, 2, 0.0,
+                                   lambda *a: None, workload, 1, 0, dev, allowed_cpus(),
+                                   plain_rounds=False)
     rounds = len(timed.fwd_runs[cap.op_ids[-1]])
     assert len(calls) == 1 and timed.plain == [] and timed.settled_s > 0 and rounds >= 2
     assert timed.per_event_ms() is None and len(timed.round_sums_s()[0]) == rounds
@@ -219,8 +256,8 @@ def test_a_thread_pass_of_long_steps_settles_once_and_has_no_plain_rounds():
     assert len(small.settling) == len(small.timed.plain) == rounds
     assert all(ms >= 0 for ms in small.cold_ms())
     calls.clear()
-    timed, _ = pm._thread_pass(1, cap, clock, module, inputs, loss_fn, plain_step, 2,
-                               lambda *a: None, workload, 1, 0, dev)
+    timed, _ = pm._thread_pass(1, cap, clock, module, inputs, loss_fn, plain_step, 2, 0.0,
+                               lambda *a: None, workload, 1, 0, dev, allowed_cpus())
     assert len(calls) == len(timed.plain) == len(timed.fwd_runs[cap.op_ids[-1]])
 
 

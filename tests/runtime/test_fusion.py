@@ -25,7 +25,7 @@ from .helpers import devices, dp_plan, topology, write
 
 
 def _graph(name: str, batch: int):
-    return profile_model(model_ref(name, batch_size=batch), granularity="op", repeats=1,
+    return profile_model(model_ref(name, batch_size=batch), granularity="op", repeats=1, span_s=0.0,
                          batch_scaling=False)
 
 
