@@ -48,9 +48,9 @@ Cost
     such a step would not resolve either). ``rounds`` rounds are timed, more until they
     span the profile's ``span_s`` (``rounds.SPAN_S``: the difference of two steps' fastest
     rounds, of a few milliseconds each, moves with the moment of a shared machine they
-    fall in: MoE's unit action came out 0 to 141 us across profiles of five rounds), and they
-    stop once they have taken ``BUDGET_S``, at least one timed; a model whose round would take longer
-    than that on its own (one row per microbatch of a very large model) gets no figure,
+    fall in: MoE's unit action came out 0 to 141 us across profiles of five rounds), and
+    they stop once they have taken ``BUDGET_S``, at least one timed; a model whose round
+    would take longer than that on its own (one row per microbatch of a very large model) gets no figure,
     and the note says so: the simulator then charges no actions, a few hundred
     microseconds against steps of seconds.
 

@@ -114,7 +114,7 @@ def _window(step) -> list[float]:
     began = time.perf_counter()
     while True:
         elapsed = time.perf_counter() - began
-        enough = len(times) >= MIN_STEPS or elapsed + times[-1] > LONG_WINDOW_S if times else False
+        enough = bool(times) and (len(times) >= MIN_STEPS or elapsed + times[-1] > LONG_WINDOW_S)
         if enough and elapsed >= WINDOW_S:
             return times
         t0 = time.perf_counter()

@@ -223,8 +223,7 @@ def profile_model(model: ModelRef, *, granularity: Granularity | str | None = No
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             torch.manual_seed(seed)
             return _profile(model, granularity, repeats, span_s, warmup, seed, dev, type_name,
-                            leaves,
-                            batch_scaling, progress, allocator, counts,
+                            leaves, batch_scaling, progress, allocator, counts,
                             cpus if thread_scaling else [])
     finally:
         torch.set_num_threads(previous_threads)
@@ -383,8 +382,8 @@ def _rounds(cap, clock, module, inputs, loss_fn, plain_step, smaller, timed, rep
             span_s: float, dev, tick):
     """Module doc, steps 4 and 5: rounds of a whole step, an instrumented step (into
     ``timed``) and (with ``smaller``) one at the smaller batch, ``repeats``, more until they
-    span ``span_s`` seconds, and more while ``stability`` is not reached. Returns the step seconds and the CUDA peak of the first
-    step (None on a CPU)."""
+    span ``span_s`` seconds, and more while ``stability`` is not reached. Returns the step
+    seconds and the CUDA peak of the first step (None on a CPU)."""
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     steps = []
