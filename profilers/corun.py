@@ -40,16 +40,26 @@ MIN_STEPS = 3
 LONG_WINDOW_S = 2.0  # or one step where MIN_STEPS of them would take longer than this
 WINDOWS = 2  # alone, beside, alone, beside
 READY_TIMEOUT_S = 180.0
+# a second process's memory: its step's peak of live tensors times this, plus this many bytes
+# (the interpreter, torch, and the heap the allocator policy keeps)
+MEMORY_HEADROOM = (1.5, 2**30)
 
 
-def co_run_slowdown(model: ModelRef, seed: int, step, cpus: list[int], span_s: float = 0.0
+def co_run_slowdown(model: ModelRef, seed: int, step, cpus: list[int], span_s: float = 0.0,
+                    peak_bytes: int = 0, free_bytes: int | None = None
                     ) -> tuple[float | None, str]:
     """``(slowdown, note)`` of ``step`` (a callable running one plain step of ``model``
     here) beside a second process running ``model``'s step, over ``WINDOWS`` pairs of
     windows or more until they span ``span_s`` seconds; ``(None, why)`` when there is no
-    second CPU or the second process did not start."""
+    second CPU, when a second copy of the model (its step's ``peak_bytes`` of live tensors,
+    with ``MEMORY_HEADROOM``) would not fit in ``free_bytes`` (None: not known, tried), or
+    when the second process did not start."""
     if len(cpus) < 2:
         return None, "co-run slowdown not measured: one CPU allowed; "
+    need = int(peak_bytes * MEMORY_HEADROOM[0] + MEMORY_HEADROOM[1])
+    if free_bytes is not None and need > free_bytes:
+        return None, (f"co-run slowdown not measured: a second copy of the model would need "
+                      f"about {need / 2**30:.1f} GiB, {free_bytes / 2**30:.1f} GiB available; ")
     child = subprocess.Popen(
         [sys.executable, "-c", "from dl_nfv.profilers.corun import child; child()",
          json.dumps({"model": to_data(model), "seed": seed, "cpu": cpus[1]})],

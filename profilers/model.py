@@ -332,7 +332,8 @@ def _profile(model, granularity, repeats, span_s, warmup, seed, dev, type_name, 
         rates = update_rates(module, available_memory_bytes(dev))
         tick("timing the optimizer update")
         with _model_errors(model, cap):
-            co_run, co_run_note = co_run_slowdown(model, seed, plain_step, cpus, span_s)
+            co_run, co_run_note = co_run_slowdown(model, seed, plain_step, cpus, span_s,
+                                                  peak_bytes, available_memory_bytes(dev))
         module.zero_grad(set_to_none=True)
         tick("timing the step beside a second process")
     ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,

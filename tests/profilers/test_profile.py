@@ -599,3 +599,21 @@ def test_a_co_run_window_takes_three_steps_or_what_fits_in_two_seconds(monkeypat
         now[0] += step_s
 
     assert corun._window(step) == [pytest.approx(step_s)] * steps
+
+
+def test_no_co_run_where_a_second_copy_of_the_model_would_not_fit(monkeypatch):
+    """GPT-2 XL's second process was killed by the OS (with the profile) for want of memory:
+    a copy whose peak would not fit in what is available is not started, and the note says
+    so."""
+    import subprocess
+
+    from dl_nfv.profilers import corun
+    from dl_nfv.profilers.zoo import model_ref
+
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a))
+    slowdown, note = corun.co_run_slowdown(model_ref("mlp-tiny"), 0, lambda: None, [0, 1],
+                                           peak_bytes=12 * 2**30, free_bytes=9 * 2**30)
+    assert slowdown is None and not started
+    assert note == ("co-run slowdown not measured: a second copy of the model would need "
+                    "about 19.0 GiB, 9.0 GiB available; ")
