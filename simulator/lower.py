@@ -656,10 +656,10 @@ class _Lowering(_Communication):
         if info is None or not (info.cold_fwd_ms or info.cold_bwd_ms):
             return  # (not measured: GPUs, older profiles)
         tg, groups = self.tg, self.groups
-        ops_on = defaultdict(list)  # device -> the ops it runs
+        ops_on = defaultdict(list)  # device -> the ops it runs (a unit's once per device)
         for u in self.unit_order:
-            for r in groups.replicas[self.unit_group[u]]:
-                ops_on[groups.rep_device[r]].extend(self.members[u])
+            for d in {groups.rep_device[r] for r in groups.replicas[self.unit_group[u]]}:
+                ops_on[d].extend(self.members[u])
         unordered = defaultdict(list)  # devices without an order: by priority, as run
         for t, d in enumerate(tg.device):
             if d not in chains and tg.kind[t] in (TaskKind.FORWARD, TaskKind.BACKWARD):
