@@ -184,6 +184,8 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {(k.value if isinstance(k, enum.Enum) else k): _plain(v) for k, v in value.items()}
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):
+        return value.item()  # a numpy scalar: YAML writes only Python's own numbers
     return value
 
 

@@ -160,3 +160,24 @@ def test_fingerprint_changes_with_content():
     a = fingerprint(from_document(doc))
     doc["ops"][1]["flops"] += 1
     assert fingerprint(from_document(doc)) != a
+
+
+def test_numpy_scalars_in_a_record_are_written_as_plain_numbers_in_json_and_yaml(tmp_path):
+    """A planner's figure may come out of numpy (a bound, a share): every artifact writes it
+    as the number it is (YAML refused the numpy object), and loads back equal."""
+    import dataclasses
+
+    import numpy as np
+
+    from dl_nfv.artifacts import Group
+    from tests.simulator.helpers import chain, mesh, plan
+
+    g, t = chain(2), mesh(2)
+    base = plan(g, t, [Group(id="all", ops=("op0", "op1"), devices=t.device_names)])
+    record = dataclasses.replace(base, bound_ms=np.float64(0.194986), batch_size=np.int64(8))
+    for suffix in (".json", ".yaml"):
+        path = save(record, tmp_path / f"plan{suffix}")
+        again = load(path)
+        assert again.bound_ms == 0.194986 and type(again.bound_ms) is float
+        assert again.batch_size == 8 and type(again.batch_size) is int
+        assert "numpy" not in path.read_text()
