@@ -147,3 +147,16 @@ def test_collective_figures_default_to_the_links_own():
                       collective_bandwidth_gbps=200.0)
     assert ic.collective_figures == (2.0, 200.0)
     assert Interconnect(kind=InterconnectKind.NVLINK, bandwidth_gbps=300.0).collective_figures is None
+
+
+def test_local_cpu_example_holds_every_figure_profile_network_measures_on_one_cpu_host():
+    """The README's sequence plans on this measured file: it must carry what the probe now
+    writes for CPU workers on one host (a file from an older probe lacked the CPU per
+    message, so every transfer held its sender for the link's whole latency)."""
+    topo = load([p for p in TOPOLOGIES if p.stem == "local-cpu"][0])
+    (host,) = topo.hosts
+    ic = host.interconnect
+    assert ic.message_cpu_us > 0 and ic.message_cpu_us_per_mib > 0
+    assert ic.collective_latency_us > 0 and ic.collective_bandwidth_gbps > 0
+    (devices,) = host.devices
+    assert devices.cores == 1 and devices.memory_bandwidth_gb_per_s > 0 and devices.fp32_tflops > 0
