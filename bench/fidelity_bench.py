@@ -31,6 +31,8 @@ top-2 Mixture-of-Experts MLP, token pruning by ``masked_select``) the benchmark
 With ``--repeatability`` every model is profiled a second time, minutes after the first,
 and every plan predicted from both profiles on the same topology: the issue's goal is
 predictions within ``REPEATABLE`` (5%) of each other (a table after the fidelity tables).
+Beside it, per model, how far the machine's own figures moved between the two profiles
+(``machine_figures``: the plain step, and the ops' one-thread sum at a microbatch's size).
 
 Everything goes through the command line a user types, so the numbers are
 those a user would get. Work files stay in ``--work`` (default: a temporary
@@ -307,14 +309,36 @@ def repeatability(model: str, work: Path, topology: Path, *, max_others: float, 
         a = json.loads(first.read_text())["iteration_ms"]
         b = json.loads(sim.read_text())["iteration_ms"]
         out.append({"model": model, "plan": label, "first_ms": a, "again_ms": b,
-                    "rel_diff": abs(b - a) / a})
+                    "rel_diff": abs(b - a) / a,
+                    "machine": [machine_figures(work / f"{model}.json"), machine_figures(again)]})
         print(f"  {model:10s} {label:16s} predicted {a:9.2f} ms, from a second profile "
               f"{b:9.2f} ms ({abs(b - a) / a:.1%})", flush=True)
     return out
 
 
+def machine_figures(graph: Path) -> dict[str, float]:
+    """What a profile measured of the machine's speed itself, beside any model: its plain
+    step (``step_ms``, at the profile's threads) and its ops' one-thread sum at an eighth of
+    the batch (a pipeline microbatch's size: the small, memory-bound shapes whose speed moves
+    most with the moment of a shared machine)."""
+    doc = json.loads(graph.read_text())
+    small = 0.0
+    for op in doc["ops"]:
+        for phase in ("fwd", "bwd"):
+            t = op.get(f"{phase}_ms_by_threads", {}).get("1", 0.0)
+            fixed = op.get(f"{phase}_fixed_ms_by_threads", {}).get("1", 0.0)
+            small += fixed + (t - fixed) / 8
+    return {"step_ms": doc["profile"]["step_ms"], "small_1t_ms": small}
+
+
+def _drift(rows: list[dict], model: str, key: str) -> str:
+    first, again = next(r["machine"] for r in rows if r["model"] == model and "machine" in r)
+    return f"{(again[key] - first[key]) / first[key]:+.1%}"
+
+
 def repeatability_table(rows: list[dict]) -> str:
-    """Markdown: every plan's predictions from two profiles, and the worst per model."""
+    """Markdown: every plan's predictions from two profiles, and the worst per model; per
+    model, how much the machine's own figures moved between the two profiles."""
     if not rows:
         return ""
     table = markdown_table(["model", "plan", "predicted ms (profile 1)", "predicted ms (profile 2)",
@@ -325,9 +349,18 @@ def repeatability_table(rows: list[dict]) -> str:
     for r in rows:
         worst[r["model"]] = max(worst.get(r["model"], 0.0), r["rel_diff"])
     lines = ", ".join(f"{m} {w:.1%}" for m, w in worst.items())
+    moved = [[m, _drift(rows, m, "step_ms"), _drift(rows, m, "small_1t_ms"), f"{w:.1%}"]
+             for m, w in worst.items() if any(r["model"] == m and "machine" in r for r in rows)]
+    drift = "" if not moved else (
+        "\n\nWhat the machine's own speed did between the two profiles of each model: the "
+        "second profile's plain step (at the profile's threads) and its ops' one-thread sum at "
+        "an eighth of the batch (a microbatch's size), against the first's: where these moved "
+        "by more than the goal, the two profiles measured a different machine.\n\n" + markdown_table(
+            ["model", "plain step", "1-thread op sum at 1/8 batch", "worst prediction difference"],
+            moved))
     return (f"\n\nRepeatability: every plan predicted from two profiles of the same model on "
             f"this machine, minutes apart (goal: within {REPEATABLE:.0%}).\n\n{table}\n\n"
-            f"Worst difference per model: {lines}.\n")
+            f"Worst difference per model: {lines}.\n{drift}\n")
 
 
 def _device_times(simulated: dict) -> tuple[dict[str, float], dict[str, float]]:

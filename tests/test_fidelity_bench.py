@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "fidelity_bench.py"
 spec = importlib.util.spec_from_file_location("fidelity_bench", BENCH)
@@ -59,3 +62,25 @@ def test_a_run_lasts_the_measured_time_as_predicted_within_its_bounds():
     assert fb.steps_for(0.01, 8) == fb.MAX_STEPS
     assert fb.steps_for(0.0, 8) == 8
     assert fb.steps_for(fb.MEASURED_S * 1000 / 3, 8) == 8  # 3 steps' worth: the floor
+
+
+def test_machine_figures_and_their_drift_between_two_profiles(tmp_path):
+    """The plain step as recorded, and the one-thread op sum at an eighth of the batch by the
+    cost model's scaling (fixed + (t - fixed) / 8), summed over phases and ops; the table
+    gives the second profile's figures against the first's."""
+    def graph(name, step, ops):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"profile": {"step_ms": step}, "ops": [
+            {"fwd_ms_by_threads": {"1": t}, "fwd_fixed_ms_by_threads": {"1": f},
+             "bwd_ms_by_threads": {"1": 2 * t}, "bwd_fixed_ms_by_threads": {"1": 2 * f}}
+            for t, f in ops]}))
+        return fidelity.machine_figures(path)
+
+    first = graph("a", 10.0, [(8.0, 0.0), (1.0, 1.0)])  # 8/8 + 1, twice that backward
+    again = graph("b", 11.0, [(8.0, 0.0), (2.0, 2.0)])
+    assert first == {"step_ms": 10.0, "small_1t_ms": pytest.approx(6.0)}
+    assert again["small_1t_ms"] == pytest.approx(9.0)
+    rows = [{"model": "m", "plan": "dp", "first_ms": 5.0, "again_ms": 5.5, "rel_diff": 0.1,
+             "machine": [first, again]}]
+    lines = [x for x in fidelity.repeatability_table(rows).splitlines() if x.startswith("| m |")]
+    assert lines == ["| m | dp | 5.00 | 5.50 | 10.0% |", "| m | +10.0% | +50.0% | 10.0% |"]
