@@ -317,10 +317,10 @@ def repeatability(model: str, work: Path, topology: Path, *, max_others: float, 
 
 
 def machine_figures(graph: Path) -> dict[str, float]:
-    """What a profile measured of the machine's speed itself, beside any model: its plain
-    step (``step_ms``, at the profile's threads) and its ops' one-thread sum at an eighth of
-    the batch (a pipeline microbatch's size: the small, memory-bound shapes whose speed moves
-    most with the moment of a shared machine)."""
+    """Two figures of a profile that two profiles of one model differ in only as the machine
+    does: its plain step (``step_ms``, at the profile's threads) and its ops' one-thread sum
+    at an eighth of the batch (a pipeline microbatch's size: the small, memory-bound shapes
+    whose speed moves most with the moment of a shared machine)."""
     doc = json.loads(graph.read_text())
     small = 0.0
     for op in doc["ops"]:
