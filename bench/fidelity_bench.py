@@ -87,6 +87,11 @@ REPEATABLE = 0.05  # two profiles of one model on one machine: predictions this 
 # over 8 steps and 1.85 ms over 400, which is the time a real training run spends.
 MEASURED_S = 1.0
 MAX_STEPS = 400
+# At least this many steps, so that the runtime's default warm-up (a third of the run, at
+# most 3) is 3 steps: in nine GPT-2 small runs the second step took 1.2-2.6x the steady
+# one and the third up to 1.7x (1.2-1.4x in five), in their compute; a median over 8 steps,
+# two of them warm-up, kept the third.
+LEAST_STEPS = 9
 
 # model -> what `dl-nfv profile model` is given (small batches / short sequences: a 2-core
 # CPU runs them): zoo models, and user models that no planner or cost figure was tuned on
@@ -539,7 +544,7 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=LEAST_STEPS)
     parser.add_argument("--topology", type=Path, default=None,
                         help="topology of the 2 workers (default: measured before each model)")
     parser.add_argument("--work", type=Path, default=None)
