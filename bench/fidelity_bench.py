@@ -32,7 +32,8 @@ With ``--repeatability`` every model is profiled a second time, minutes after th
 and every plan predicted from both profiles on the same topology: the issue's goal is
 predictions within ``REPEATABLE`` (5%) of each other (a table after the fidelity tables).
 Beside it, per model, how far the machine's own figures moved between the two profiles
-(``machine_figures``: the plain step, and the ops' one-thread sum at a microbatch's size).
+(``machine_figures``: the plain step, the ops' one-thread sum at a microbatch's size, the
+co-run slowdown).
 
 Everything goes through the command line a user types, so the numbers are
 those a user would get. Work files stay in ``--work`` (default: a temporary
@@ -333,7 +334,14 @@ def machine_figures(graph: Path) -> dict[str, float]:
             t = op.get(f"{phase}_ms_by_threads", {}).get("1", 0.0)
             fixed = op.get(f"{phase}_fixed_ms_by_threads", {}).get("1", 0.0)
             small += fixed + (t - fixed) / 8
-    return {"step_ms": doc["profile"]["step_ms"], "small_1t_ms": small}
+    return {"step_ms": doc["profile"]["step_ms"], "small_1t_ms": small,
+            "co_run": doc["profile"].get("co_run_slowdown")}
+
+
+def _co_runs(rows: list[dict], model: str) -> str:
+    """The two profiles' co-run slowdowns, as ``x1.00 / x1.34`` (``-`` where not measured)."""
+    pair = next(r["machine"] for r in rows if r["model"] == model and "machine" in r)
+    return " / ".join("-" if m.get("co_run") is None else f"x{m['co_run']:.2f}" for m in pair)
 
 
 def _drift(rows: list[dict], model: str, key: str) -> str:
@@ -354,15 +362,18 @@ def repeatability_table(rows: list[dict]) -> str:
     for r in rows:
         worst[r["model"]] = max(worst.get(r["model"], 0.0), r["rel_diff"])
     lines = ", ".join(f"{m} {w:.1%}" for m, w in worst.items())
-    moved = [[m, _drift(rows, m, "step_ms"), _drift(rows, m, "small_1t_ms"), f"{w:.1%}"]
+    moved = [[m, _drift(rows, m, "step_ms"), _drift(rows, m, "small_1t_ms"), _co_runs(rows, m),
+              f"{w:.1%}"]
              for m, w in worst.items() if any(r["model"] == m and "machine" in r for r in rows)]
     drift = "" if not moved else (
         "\n\nWhat the machine's own speed did between the two profiles of each model: the "
         "second profile's plain step (at the profile's threads) and its ops' one-thread sum at "
-        "an eighth of the batch (a microbatch's size), against the first's: where these moved "
-        "by more than the goal, the two profiles measured a different machine.\n\n" + markdown_table(
-            ["model", "plain step", "1-thread op sum at 1/8 batch", "worst prediction difference"],
-            moved))
+        "an eighth of the batch (a microbatch's size), against the first's, and the co-run "
+        "slowdown each measured (two CPUs of a virtual machine interfere in some minutes and "
+        "not in others: docs/profile.md): where these moved by more than the goal, the two "
+        "profiles measured a different machine.\n\n" + markdown_table(
+            ["model", "plain step", "1-thread op sum at 1/8 batch", "co-run slowdown",
+             "worst prediction difference"], moved))
     return (f"\n\nRepeatability: every plan predicted from two profiles of the same model on "
             f"this machine, minutes apart (goal: within {REPEATABLE:.0%}).\n\n{table}\n\n"
             f"Worst difference per model: {lines}.\n{drift}\n")

@@ -68,19 +68,19 @@ def test_machine_figures_and_their_drift_between_two_profiles(tmp_path):
     """The plain step as recorded, and the one-thread op sum at an eighth of the batch by the
     cost model's scaling (fixed + (t - fixed) / 8), summed over phases and ops; the table
     gives the second profile's figures against the first's."""
-    def graph(name, step, ops):
+    def graph(name, step, ops, co_run=None):
         path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps({"profile": {"step_ms": step}, "ops": [
+        path.write_text(json.dumps({"profile": {"step_ms": step, "co_run_slowdown": co_run}, "ops": [
             {"fwd_ms_by_threads": {"1": t}, "fwd_fixed_ms_by_threads": {"1": f},
              "bwd_ms_by_threads": {"1": 2 * t}, "bwd_fixed_ms_by_threads": {"1": 2 * f}}
             for t, f in ops]}))
         return fidelity.machine_figures(path)
 
     first = graph("a", 10.0, [(8.0, 0.0), (1.0, 1.0)])  # 8/8 + 1, twice that backward
-    again = graph("b", 11.0, [(8.0, 0.0), (2.0, 2.0)])
-    assert first == {"step_ms": 10.0, "small_1t_ms": pytest.approx(6.0)}
+    again = graph("b", 11.0, [(8.0, 0.0), (2.0, 2.0)], co_run=1.335)
+    assert first == {"step_ms": 10.0, "small_1t_ms": pytest.approx(6.0), "co_run": None}
     assert again["small_1t_ms"] == pytest.approx(9.0)
     rows = [{"model": "m", "plan": "dp", "first_ms": 5.0, "again_ms": 5.5, "rel_diff": 0.1,
              "machine": [first, again]}]
     lines = [x for x in fidelity.repeatability_table(rows).splitlines() if x.startswith("| m |")]
-    assert lines == ["| m | dp | 5.00 | 5.50 | 10.0% |", "| m | +10.0% | +50.0% | 10.0% |"]
+    assert lines == ["| m | dp | 5.00 | 5.50 | 10.0% |", "| m | +10.0% | +50.0% | - / x1.33 | 10.0% |"]
