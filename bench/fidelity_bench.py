@@ -80,6 +80,9 @@ from _ranking import (  # noqa: E402
 )
 from _record import git_revision, markdown_table, record_section  # noqa: E402
 
+from dl_nfv.profilers.model import SCALING_DIVISOR  # noqa: E402
+from dl_nfv.simulator.costs import scale_by_batch  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 REPEATABLE = 0.05  # two profiles of one model on one machine: predictions this close (goal)
 # A run's steps: at least ``--steps`` and enough for MEASURED_S of predicted steps, up to
@@ -301,6 +304,7 @@ def repeatability(model: str, work: Path, topology: Path, *, max_others: float, 
     quietly(["profile", "model", *MODELS[model], "-o", str(again)], max_others=max_others,
             tries=tries)
     out = []
+    machine = [machine_figures(work / f"{model}.json"), machine_figures(again)]
     for label, planner in PLANS.items():
         first = work / f"{model}-{planner[0]}.sim.json"
         plan, sim = (work / f"{model}-{planner[0]}-again.plan.json",
@@ -316,36 +320,34 @@ def repeatability(model: str, work: Path, topology: Path, *, max_others: float, 
         b = json.loads(sim.read_text())["iteration_ms"]
         out.append({"model": model, "plan": label, "first_ms": a, "again_ms": b,
                     "rel_diff": abs(b - a) / a,
-                    "machine": [machine_figures(work / f"{model}.json"), machine_figures(again)]})
+                    "machine": machine})
         print(f"  {model:10s} {label:16s} predicted {a:9.2f} ms, from a second profile "
               f"{b:9.2f} ms ({abs(b - a) / a:.1%})", flush=True)
     return out
 
 
 def machine_figures(graph: Path) -> dict[str, float]:
-    """Two figures of a profile that two profiles of one model differ in only as the machine
-    does: its plain step (``step_ms``, at the profile's threads) and its ops' one-thread sum
-    at an eighth of the batch (a pipeline microbatch's size: the small, memory-bound shapes
-    whose speed moves most with the moment of a shared machine)."""
+    """Figures of a profile that two profiles of one model differ in only as the machine
+    does: its plain step (``step_ms``, at the profile's threads), its ops' one-thread sum at
+    the profile's smaller batch (``SCALING_DIVISOR``: a pipeline microbatch's size, the
+    small, memory-bound shapes whose speed moves most with the moment of a shared machine;
+    scaled as the cost model scales), and its co-run slowdown."""
     doc = json.loads(graph.read_text())
-    small = 0.0
-    for op in doc["ops"]:
-        for phase in ("fwd", "bwd"):
-            t = op.get(f"{phase}_ms_by_threads", {}).get("1", 0.0)
-            fixed = op.get(f"{phase}_fixed_ms_by_threads", {}).get("1", 0.0)
-            small += fixed + (t - fixed) / 8
+    small = sum(scale_by_batch(op.get(f"{phase}_ms_by_threads", {}).get("1", 0.0),
+                               op.get(f"{phase}_fixed_ms_by_threads", {}).get("1", 0.0),
+                               1 / SCALING_DIVISOR)
+                for op in doc["ops"] for phase in ("fwd", "bwd"))
     return {"step_ms": doc["profile"]["step_ms"], "small_1t_ms": small,
             "co_run": doc["profile"].get("co_run_slowdown")}
 
 
-def _co_runs(rows: list[dict], model: str) -> str:
-    """The two profiles' co-run slowdowns, as ``x1.00 / x1.34`` (``-`` where not measured)."""
-    pair = next(r["machine"] for r in rows if r["model"] == model and "machine" in r)
+def _co_runs(pair: list[dict]) -> str:
+    """Two profiles' co-run slowdowns, as ``x1.00 / x1.34`` (``-`` where not measured)."""
     return " / ".join("-" if m.get("co_run") is None else f"x{m['co_run']:.2f}" for m in pair)
 
 
-def _drift(rows: list[dict], model: str, key: str) -> str:
-    first, again = next(r["machine"] for r in rows if r["model"] == model and "machine" in r)
+def _drift(pair: list[dict], key: str) -> str:
+    first, again = pair
     return f"{(again[key] - first[key]) / first[key]:+.1%}"
 
 
@@ -362,9 +364,9 @@ def repeatability_table(rows: list[dict]) -> str:
     for r in rows:
         worst[r["model"]] = max(worst.get(r["model"], 0.0), r["rel_diff"])
     lines = ", ".join(f"{m} {w:.1%}" for m, w in worst.items())
-    moved = [[m, _drift(rows, m, "step_ms"), _drift(rows, m, "small_1t_ms"), _co_runs(rows, m),
-              f"{w:.1%}"]
-             for m, w in worst.items() if any(r["model"] == m and "machine" in r for r in rows)]
+    machine = {r["model"]: r["machine"] for r in rows if "machine" in r}  # per model: 2 profiles
+    moved = [[m, _drift(machine[m], "step_ms"), _drift(machine[m], "small_1t_ms"),
+              _co_runs(machine[m]), f"{w:.1%}"] for m, w in worst.items() if m in machine]
     drift = "" if not moved else (
         "\n\nWhat the machine's own speed did between the two profiles of each model: the "
         "second profile's plain step (at the profile's threads) and its ops' one-thread sum at "
