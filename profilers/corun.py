@@ -13,7 +13,8 @@ profile's ``span_s`` (the other tenants of a shared machine press on the cache m
 some seconds than in others: MoE's slowdown came out 1.05-1.21 from two pairs of
 windows a quarter of a second each). The slowdown is the median step beside
 the child over the median step alone (at least 1). ``simulator`` charges it on compute
-that overlaps compute of another device of the same host (docs/simulator.md).
+that overlaps compute of another device of the same host, in proportion to the data
+those devices hold beyond one copy of the model's (docs/simulator.md).
 
 Limits: two processes only (the figure for more is not measured; the simulator scales
 it by how many others compute, linearly), the same model on both (a different neighbour

@@ -60,7 +60,9 @@ def simulate(plan, graph, topology, *, cost_model: CostModel | None = None,
     with _collector_paused():
         tasks = lower(plan, graph, topology, cm)
         schedule = run(tasks)
-        if stretch(tasks, schedule, cm):  # CPU devices of one host computing at once
+        ops = [o.id for o in graph.ops]
+        replica = cm.static_bytes(ops, plan.optimizer.state_factor) + cm.activation_bytes(ops)
+        if stretch(tasks, schedule, cm, replica):  # CPU devices of one host computing at once
             schedule = run(tasks)
         return SimResult(plan, graph, topology, cm, tasks, schedule)
 

@@ -64,43 +64,7 @@ class SimResult:
     def _memory(self) -> None:
         tg = self.tasks
         names = tg.device_names
-        n_dev = len(names)
-        static = np.asarray(tg.static_bytes, dtype=np.float64)
-        peaks = static.copy()
-        peak_time = np.zeros(n_dev)
-        self.memory_timeline: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        if tg.buf_alloc:
-            start = np.asarray(self.schedule.start_ms)
-            end = np.asarray(self.schedule.end_ms)
-            lengths = np.fromiter((len(r) for r in tg.buf_releasers), dtype=np.int64,
-                                  count=len(tg.buf_releasers))
-            flat = np.fromiter((t for r in tg.buf_releasers for t in r), dtype=np.int64,
-                               count=int(lengths.sum()))
-            offsets = np.zeros(len(lengths), dtype=np.int64)
-            np.cumsum(lengths[:-1], out=offsets[1:])
-            free_t = np.maximum.reduceat(end[flat], offsets)
-            alloc_t = start[np.asarray(tg.buf_alloc)]
-            size = np.asarray(tg.buf_bytes)
-            dev = np.asarray(tg.buf_device)
-            times = np.concatenate([alloc_t, free_t])
-            deltas = np.concatenate([size, -size])
-            devs = np.concatenate([dev, dev])
-            # per device, in time order; at equal times frees come before allocations
-            order = np.lexsort((deltas, times, devs))
-            times, deltas, devs = times[order], deltas[order], devs[order]
-            level = np.cumsum(deltas)
-            bounds = np.searchsorted(devs, np.arange(n_dev + 1))
-            for d in range(n_dev):
-                lo, hi = bounds[d], bounds[d + 1]
-                if lo == hi:
-                    continue
-                base = level[lo - 1] if lo > 0 else 0.0
-                live = level[lo:hi] - base
-                k = int(np.argmax(live))
-                if live[k] > 0:
-                    peaks[d] = static[d] + live[k]
-                    peak_time[d] = times[lo + k]
-                self.memory_timeline[d] = (times[lo:hi], live + static[d])
+        peaks, peak_time, self.memory_timeline = memory_levels(tg, self.schedule)
         self.peak_memory_bytes: dict[str, int] = {n: int(round(p)) for n, p in zip(names, peaks)}
         self.overflows: list[tuple[str, float, int]] = []
         for d, name in enumerate(names):
@@ -257,6 +221,51 @@ class SimResult:
     def plan_fingerprint(self) -> str:
         return fingerprint(self.plan)
 
+
+
+def memory_levels(tg: TaskGraph, schedule: Schedule
+                  ) -> tuple[np.ndarray, np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]:
+    """Per device of ``tg`` under ``schedule``: static memory plus the peak of live
+    activations, the time of that peak, and (devices with buffers) the memory over time
+    as ``(times, bytes)``. O(buffers log buffers)."""
+    n_dev = len(tg.device_names)
+    static = np.asarray(tg.static_bytes, dtype=np.float64)
+    peaks = static.copy()
+    peak_time = np.zeros(n_dev)
+    timeline: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    if tg.buf_alloc:
+        start = np.asarray(schedule.start_ms)
+        end = np.asarray(schedule.end_ms)
+        lengths = np.fromiter((len(r) for r in tg.buf_releasers), dtype=np.int64,
+                              count=len(tg.buf_releasers))
+        flat = np.fromiter((t for r in tg.buf_releasers for t in r), dtype=np.int64,
+                           count=int(lengths.sum()))
+        offsets = np.zeros(len(lengths), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=offsets[1:])
+        free_t = np.maximum.reduceat(end[flat], offsets)
+        alloc_t = start[np.asarray(tg.buf_alloc)]
+        size = np.asarray(tg.buf_bytes)
+        dev = np.asarray(tg.buf_device)
+        times = np.concatenate([alloc_t, free_t])
+        deltas = np.concatenate([size, -size])
+        devs = np.concatenate([dev, dev])
+        # per device, in time order; at equal times frees come before allocations
+        order = np.lexsort((deltas, times, devs))
+        times, deltas, devs = times[order], deltas[order], devs[order]
+        level = np.cumsum(deltas)
+        bounds = np.searchsorted(devs, np.arange(n_dev + 1))
+        for d in range(n_dev):
+            lo, hi = bounds[d], bounds[d + 1]
+            if lo == hi:
+                continue
+            base = level[lo - 1] if lo > 0 else 0.0
+            live = level[lo:hi] - base
+            k = int(np.argmax(live))
+            if live[k] > 0:
+                peaks[d] = static[d] + live[k]
+                peak_time[d] = times[lo + k]
+            timeline[d] = (times[lo:hi], live + static[d])
+    return peaks, peak_time, timeline
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     out: list[tuple[float, float]] = []
