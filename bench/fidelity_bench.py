@@ -661,7 +661,8 @@ def main() -> None:
                 f"{load_after:.1f}: above 2, other jobs shared the cores with the workers."
                 + (f" The bench took {wall_s / 60:.1f} min." if wall_s else "") + "\n\n")
         argv = list(sys.argv[1:])
-        for flag, takes in (("--summarise", 0), ("--revision", 1)):
+        # (where the files went is no part of the method)
+        for flag, takes in (("--summarise", 0), ("--revision", 1), ("--work", 1)):
             if flag in argv:
                 i = argv.index(flag)
                 del argv[i:i + 1 + takes]
