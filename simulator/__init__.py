@@ -60,9 +60,7 @@ def simulate(plan, graph, topology, *, cost_model: CostModel | None = None,
     with _collector_paused():
         tasks = lower(plan, graph, topology, cm)
         schedule = run(tasks)
-        ops = [o.id for o in graph.ops]
-        replica = cm.static_bytes(ops, plan.optimizer.state_factor) + cm.activation_bytes(ops)
-        if stretch(tasks, schedule, cm, replica):  # CPU devices of one host computing at once
+        if stretch(tasks, schedule, cm, plan.optimizer.state_factor):  # CPU devices of one host computing at once
             schedule = run(tasks)
         return SimResult(plan, graph, topology, cm, tasks, schedule)
 

@@ -58,13 +58,16 @@ def contended_hosts(tg: TaskGraph, cm: CostModel) -> list[list[int]]:
     return [ds for ds in by_host.values() if len(ds) > 1]
 
 
-def stretch(tg: TaskGraph, schedule: Schedule, cm: CostModel, replica_bytes: float) -> bool:
+def stretch(tg: TaskGraph, schedule: Schedule, cm: CostModel, state_factor: float) -> bool:
     """Stretch ``tg``'s compute tasks by the contention ``schedule`` shows (module doc), in
-    place; True when any changed. ``replica_bytes``: one replica's footprint (0: unknown,
+    place; True when any changed. ``state_factor``: the plan's optimizer state per
+    parameter byte, for one replica's footprint (none known, from a graph without bytes:
     every device counts as a whole replica). O(tasks log tasks)."""
     hosts = contended_hosts(tg, cm)
     if not hosts:
         return False
+    ops = cm.op_ids
+    replica_bytes = cm.static_bytes(ops, state_factor) + cm.activation_bytes(ops)
     if replica_bytes > 0:
         share = memory_levels(tg, schedule)[0] / replica_bytes
     else:
