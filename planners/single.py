@@ -30,7 +30,7 @@ def plan(graph: OpGraph, topology: Topology, *, seed: int = 0, optimizer: str = 
     opt = optimizer_named("single", optimizer)
     cm = CostModel(graph, topology)
     ops = [op.id for op in graph.ops]
-    need = cm.static_bytes(ops, opt.state_factor) + cm.activation_bytes(ops)
+    need = cm.replica_bytes(opt.state_factor)
     names = list(cm.cluster.device_names)
     speed = dict(zip(names, device_speeds(cm, names)))
     fitting = [d for d in names if cm.memory_bytes(d) >= need]

@@ -60,7 +60,8 @@ def simulate(plan, graph, topology, *, cost_model: CostModel | None = None,
     with _collector_paused():
         tasks = lower(plan, graph, topology, cm)
         schedule = run(tasks)
-        if stretch(tasks, schedule, cm, plan.optimizer.state_factor):  # CPU devices of one host computing at once
+        # CPU devices of one host computing at once
+        if stretch(tasks, schedule, cm, plan.optimizer.state_factor):
             schedule = run(tasks)
         return SimResult(plan, graph, topology, cm, tasks, schedule)
 

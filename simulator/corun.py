@@ -66,8 +66,7 @@ def stretch(tg: TaskGraph, schedule: Schedule, cm: CostModel, state_factor: floa
     hosts = contended_hosts(tg, cm)
     if not hosts:
         return False
-    ops = cm.op_ids
-    replica_bytes = cm.static_bytes(ops, state_factor) + cm.activation_bytes(ops)
+    replica_bytes = cm.replica_bytes(state_factor)
     if replica_bytes > 0:
         share = memory_levels(tg, schedule)[0] / replica_bytes
     else:

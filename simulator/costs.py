@@ -1119,6 +1119,11 @@ class CostModel(NetworkCosts):
         """Stashed activations (op outputs) of ``op_ids`` for ``batch_fraction`` of the batch."""
         return sum(self.output_bytes[self.op_index[o]] for o in op_ids) * batch_fraction
 
+    def replica_bytes(self, state_factor: float = 1.0) -> float:
+        """One replica of the whole graph on one device: ``static_bytes`` of every op and
+        every op's activations at the full batch (what the ``single`` planner needs)."""
+        return self.static_bytes(self.op_ids, state_factor) + self.activation_bytes(self.op_ids)
+
     def memory_bytes(self, device: str) -> int:
         return self.cluster.device(device).memory_bytes
 

@@ -222,7 +222,6 @@ class SimResult:
         return fingerprint(self.plan)
 
 
-
 def memory_levels(tg: TaskGraph, schedule: Schedule
                   ) -> tuple[np.ndarray, np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]:
     """Per device of ``tg`` under ``schedule``: static memory plus the peak of live
@@ -266,6 +265,7 @@ def memory_levels(tg: TaskGraph, schedule: Schedule
                 peak_time[d] = times[lo + k]
             timeline[d] = (times[lo:hi], live + static[d])
     return peaks, peak_time, timeline
+
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     out: list[tuple[float, float]] = []
