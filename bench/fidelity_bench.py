@@ -28,6 +28,11 @@ top-2 Mixture-of-Experts MLP, token pruning by ``masked_select``) the benchmark
    apart than that are ordered right, and the machine's load average before and after,
    to ``docs/benchmarks.md`` (section ``fidelity``).
 
+The machine's own drift is timed beside: the model's one-thread step alone
+(``_reference.py``) right after its profile and at the start of every round of runs; a
+table sets each plan's error beside the drift between the profile and its kept run's round,
+and the error left with the prediction scaled by it (a diagnostic: the goals are the errors).
+
 With ``--repeatability`` every model is profiled a second time, minutes after the first,
 and every plan predicted from both profiles on the same topology: the issue's goal is
 predictions within ``REPEATABLE`` (5%) of each other (a table after the fidelity tables).
@@ -79,12 +84,14 @@ from _ranking import (  # noqa: E402
     separable_pairs,
 )
 from _record import git_revision, markdown_table, record_section  # noqa: E402
+from _reference import reference_ms  # noqa: E402
 
 from dl_nfv.profilers.model import SCALING_DIVISOR  # noqa: E402
 from dl_nfv.simulator.costs import scale_by_batch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 REPEATABLE = 0.05  # two profiles of one model on one machine: predictions this close (goal)
+REFERENCE_S = 2.0  # the machine's speed for the model (``_reference``): seconds of steps
 # A run's steps: at least ``--steps`` and enough for MEASURED_S of predicted steps, up to
 # MAX_STEPS. A process's steps get faster over its first tens (caches, the allocator, the
 # interpreter's specialisation): a 2 ms model's single-device plan measured 2.2-2.5 ms
@@ -216,12 +223,14 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
     the files). With ``deadline`` (a ``time.perf_counter`` time), a round after the first
     starts only if one as long as the last ends before it."""
     graph = work / f"{model}.json"
+    at_profile = None  # the model's step alone right after its profile (a kept one: none)
     if not (reuse and graph.exists()):
         t0 = time.perf_counter()
         others = quietly(["profile", "model", *MODELS[model], "-o", str(graph)],
                          max_others=max_others, tries=tries)
         print(f"  profiled {model} in {time.perf_counter() - t0:.0f} s (other jobs: "
               f"{others:.2f} cores)", flush=True)
+        at_profile = reference_ms(graph, REFERENCE_S)
     if topology is None:
         topology = work / f"{model}-network.yaml"
         if not (reuse and topology.exists()):
@@ -246,12 +255,14 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
         predicted_ms = json.loads(sim.read_text())["iteration_ms"]
         plan_steps[label] = steps_for(predicted_ms, steps)
     round_s = 0.0
+    at_round: list[float | None] = []  # the model's step alone at the start of each round
     for r in range(repeats):
         if r and deadline is not None and time.perf_counter() + round_s > deadline:
             print(f"  {model}: {r} round(s) of {repeats}: the time budget leaves no room for "
                   f"another", flush=True)
             break
         round_s = -time.perf_counter()
+        at_round.append(reference_ms(graph, REFERENCE_S))
         for label in runs:
             stem = work / f"{model}-{PLANS[label][0]}"
             run = stem.with_suffix(f".run{r}.json" if repeats > 1 else ".run.json")
@@ -265,7 +276,8 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
                 rows[label] = {"model": model, "plan": label, "error": str(exc).splitlines()[0]}
                 continue
             report = json.loads(run.read_text())
-            runs[label].append((report["iteration_ms"], report, time.perf_counter() - t0, others))
+            runs[label].append((report["iteration_ms"], report, time.perf_counter() - t0, others,
+                                r))
         round_s += time.perf_counter()
     for label, done in runs.items():
         if label in rows or not done:
@@ -273,7 +285,7 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
         stem = work / f"{model}-{PLANS[label][0]}"
         rounds = [x[0] for x in done]  # in round order
         done.sort(key=lambda x: x[0])
-        measured, report, wall, others = done[(len(done) - 1) // 2]  # the median run
+        measured, report, wall, others, median_round = done[(len(done) - 1) // 2]
         simulated = json.loads(stem.with_suffix(".sim.json").read_text())
         predicted = simulated["iteration_ms"]
         busy, host = _device_times(simulated)
@@ -286,7 +298,8 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
                "cpu_ms": [r.get("cpu_ms") or 0.0 for r in report["per_rank"]],
                "busy_ms": [busy.get(r["device"], 0.0) for r in report["per_rank"]],
                "host_comm_ms": [host.get(r["device"], 0.0) for r in report["per_rank"]],
-               "wall_s": wall, "others_cores": others, **_updates(stem, report)}
+               "wall_s": wall, "others_cores": others, **_updates(stem, report),
+               "reference_ms": {"profile": at_profile, "rounds": at_round, "median_run": median_round}}
         rows[label] = row
         print(f"  {model:10s} {label:16s} predicted {predicted:9.1f} ms  measured {measured:9.1f} ms"
               f" (runs {', '.join(f'{x[0]:.0f}' for x in done)})  error {row['rel_error']:+.1%}",
@@ -294,8 +307,8 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
     return [rows[label] for label in PLANS if label in rows]
 
 
-def repeatability(model: str, work: Path, topology: Path, *, max_others: float, tries: int
-                  ) -> list[dict]:
+def repeatability(model: str, work: Path, topology: Path, *, max_others: float, tries: int,
+                  first_reference: float | None = None) -> list[dict]:
     """Profile ``model`` once more (``{model}-again.json``, minutes after the first) and
     predict every plan from it on the same topology: per plan the two predictions and their
     relative difference (the goal: within ``REPEATABLE``). A planner may plan differently
@@ -304,7 +317,8 @@ def repeatability(model: str, work: Path, topology: Path, *, max_others: float, 
     quietly(["profile", "model", *MODELS[model], "-o", str(again)], max_others=max_others,
             tries=tries)
     out = []
-    machine = [machine_figures(work / f"{model}.json"), machine_figures(again)]
+    machine = [machine_figures(work / f"{model}.json") | {"reference_ms": first_reference},
+               machine_figures(again) | {"reference_ms": reference_ms(again, REFERENCE_S)}]
     for label, planner in PLANS.items():
         first = work / f"{model}-{planner[0]}.sim.json"
         plan, sim = (work / f"{model}-{planner[0]}-again.plan.json",
@@ -348,6 +362,8 @@ def _co_runs(pair: list[dict]) -> str:
 
 def _drift(pair: list[dict], key: str) -> str:
     first, again = pair
+    if not first.get(key) or again.get(key) is None:
+        return "-"
     return f"{(again[key] - first[key]) / first[key]:+.1%}"
 
 
@@ -365,20 +381,74 @@ def repeatability_table(rows: list[dict]) -> str:
         worst[r["model"]] = max(worst.get(r["model"], 0.0), r["rel_diff"])
     lines = ", ".join(f"{m} {w:.1%}" for m, w in worst.items())
     machine = {r["model"]: r["machine"] for r in rows if "machine" in r}  # per model: 2 profiles
-    moved = [[m, _drift(machine[m], "step_ms"), _drift(machine[m], "small_1t_ms"),
-              _co_runs(machine[m]), f"{w:.1%}"] for m, w in worst.items() if m in machine]
+    moved = [[m, _drift(machine[m], "reference_ms"), _drift(machine[m], "step_ms"),
+              _drift(machine[m], "small_1t_ms"), _co_runs(machine[m]), f"{w:.1%}"]
+             for m, w in worst.items() if m in machine]
     drift = "" if not moved else (
         "\n\nWhat the machine's own speed did between the two profiles of each model: the "
-        "second profile's plain step (at the profile's threads) and its ops' one-thread sum at "
-        "an eighth of the batch (a microbatch's size), against the first's, and the co-run "
+        "model's one-thread step timed alone right after each profile (`bench/_reference.py`), "
+        "the second profile's plain step (at the profile's threads) and its ops' one-thread sum "
+        "at an eighth of the batch (a microbatch's size), against the first's, and the co-run "
         "slowdown each measured (two CPUs of a virtual machine interfere in some minutes and "
         "not in others: docs/profile.md): where these moved by more than the goal, the two "
         "profiles measured a different machine.\n\n" + markdown_table(
-            ["model", "plain step", "1-thread op sum at 1/8 batch", "co-run slowdown",
-             "worst prediction difference"], moved))
+            ["model", "step alone (reference)", "plain step", "1-thread op sum at 1/8 batch",
+             "co-run slowdown", "worst prediction difference"], moved))
     return (f"\n\nRepeatability: every plan predicted from two profiles of the same model on "
             f"this machine, minutes apart (goal: within {REPEATABLE:.0%}).\n\n{table}\n\n"
             f"Worst difference per model: {lines}.\n{drift}\n")
+
+
+def drift_of(row: dict) -> float | None:
+    """The machine's drift between a plan's prediction and its kept run: the model's step
+    alone at the start of that run's round over the same right after the profile
+    (``_reference``); None where either was not timed."""
+    ref = row.get("reference_ms") or {}
+    rounds, at = ref.get("rounds") or [], ref.get("median_run")
+    first = ref.get("profile")
+    then = rounds[at] if at is not None and at < len(rounds) else None
+    return then / first if first and then else None
+
+
+def drift_table(rows: list[dict]) -> str:
+    """Markdown: per plan, its error beside the machine's drift between the profile and its
+    kept run, and the error left with the prediction scaled by that drift (a diagnostic:
+    how much of an error the machine's own speed accounts for; the goals are the errors)."""
+    ok = [r for r in rows if "error" not in r and drift_of(r) is not None]
+    if not ok:
+        return ""
+    table, left = [], []
+    for r in ok:
+        d = drift_of(r)
+        ref = r["reference_ms"]
+        adjusted = r["predicted_ms"] * d / r["measured_ms"] - 1
+        left.append(abs(adjusted))
+        table.append([r["model"], r["plan"], f"{r['rel_error']:+.1%}",
+                      f"{ref['profile']:.2f} / {ref['rounds'][ref['median_run']]:.2f}",
+                      f"{d - 1:+.1%}", f"{adjusted:+.1%}"])
+    per_model = {}
+    for r in ok:
+        ref = r["reference_ms"]
+        per_model.setdefault(r["model"], (ref["profile"], [x for x in ref["rounds"] if x]))
+    spans = "; ".join(f"{m} {p:.2f} ms at the profile, {min(xs):.2f}-{max(xs):.2f} ms at the "
+                      f"rounds" for m, (p, xs) in per_model.items() if xs)
+    return "\n".join([
+        "",
+        "The machine's drift: each model's one-thread step timed alone (`bench/_reference.py`: "
+        "pinned to one core, thread CPU time, 2 s of steps) right after its profile and at the "
+        "start of every round of runs, and per plan the drift between the profile and the round "
+        "of its kept run. A shared machine's speed for a model whose data fill the caches moves "
+        "by tens of percent within minutes, whatever the load average says; the last column "
+        "scales the prediction by that drift, to show how much of each error is the machine's "
+        "moment rather than the cost model (a diagnostic beside the goals, which are the "
+        f"errors). Step alone: {spans}.",
+        "",
+        markdown_table(["model", "plan", "error", "step alone ms: at the profile / at the run's "
+                        "round", "drift", "error with the drift taken out"], table),
+        "",
+        f"With the drift taken out: median |error| {statistics.median(left):.1%}, worst "
+        f"{max(left):.1%} over {len(left)} plans.",
+    ])
 
 
 def _device_times(simulated: dict) -> tuple[dict[str, float], dict[str, float]]:
@@ -518,6 +588,7 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
         markdown_table(["model", "plans", "median |error|", "worst |error|",
                         f"measured best predicted best (where it leads by > {SEPARABLE:.0%})",
                         f"pairs > {SEPARABLE:.0%} apart ordered right"], model_summary(ok)),
+        drift_table(rows),
         "",
         markdown_table(["model", "Kendall tau (predicted vs measured order)",
                         "Kendall tau between runs (measured vs measured)", "same order",
@@ -625,8 +696,11 @@ def main() -> None:
                               repeats=args.repeats,
                               reuse=args.reuse_profiles, deadline=deadline)
             if args.repeatability:
-                repeated += repeatability(model, work, topology or work / f"{model}-network.yaml",
-                                          max_others=args.max_others, tries=args.tries)
+                mine = [r for r in rows if r["model"] == model and "reference_ms" in r]
+                repeated += repeatability(
+                    model, work, topology or work / f"{model}-network.yaml",
+                    max_others=args.max_others, tries=args.tries,
+                    first_reference=mine[0]["reference_ms"]["profile"] if mine else None)
             (work / "results.json").write_text(json.dumps(
                 {"rows": rows, "load": [load_before, os.getloadavg()[0]], "revision": revision,
                  "repeatability": repeated}, indent=1))

@@ -147,23 +147,28 @@ def _settle_child(cpu: int) -> str:
     return policy
 
 
-def child() -> None:
-    """The second process: pinned to its CPU at one thread, runs the model's plain step
-    while told ``go``, stands still while told ``pause``, and ends at ``stop`` (stdin)."""
+def plain_step(model: ModelRef, seed: int):
+    """A callable running one plain step of ``model`` (built as the profile builds it, at
+    its batch): the gradients reset, the forward with the loss, the backward."""
     from . import zoo
 
-    args = json.loads(sys.argv[1])
-    _settle_child(args["cpu"])
-
-    model = from_data(ModelRef, args["model"])
-    workload = zoo.instantiate(model, seed=args["seed"])
+    workload = zoo.instantiate(model, seed=seed)
     module = workload.module.train()
-    inputs, target = workload.make_batch(model.batch_size, args["seed"])
+    inputs, target = workload.make_batch(model.batch_size, seed)
 
     def step() -> None:
         module.zero_grad(set_to_none=True)
         workload.loss(module(*inputs), target).backward()
 
+    return step
+
+
+def child() -> None:
+    """The second process: pinned to its CPU at one thread, runs the model's plain step
+    while told ``go``, stands still while told ``pause``, and ends at ``stop`` (stdin)."""
+    args = json.loads(sys.argv[1])
+    _settle_child(args["cpu"])
+    step = plain_step(from_data(ModelRef, args["model"]), args["seed"])
     step()
     stepping = False
     pending: list[str] = []

@@ -83,4 +83,53 @@ def test_machine_figures_and_their_drift_between_two_profiles(tmp_path):
     rows = [{"model": "m", "plan": "dp", "first_ms": 5.0, "again_ms": 5.5, "rel_diff": 0.1,
              "machine": [first, again]}]
     lines = [x for x in fidelity.repeatability_table(rows).splitlines() if x.startswith("| m |")]
-    assert lines == ["| m | dp | 5.00 | 5.50 | 10.0% |", "| m | +10.0% | +50.0% | - / x1.33 | 10.0% |"]
+    assert lines == ["| m | dp | 5.00 | 5.50 | 10.0% |",
+                     "| m | - | +10.0% | +50.0% | - / x1.33 | 10.0% |"]
+    # with the step alone timed after each profile, its drift leads the row
+    rows[0]["machine"] = [first | {"reference_ms": 2.0}, again | {"reference_ms": 2.5}]
+    lines = [x for x in fidelity.repeatability_table(rows).splitlines() if x.startswith("| m |")]
+    assert lines[1] == "| m | +25.0% | +10.0% | +50.0% | - / x1.33 | 10.0% |"
+
+
+def _timed(model, plan, predicted, measured, at_profile, rounds, median_run):
+    return _row(model, plan, predicted, measured) | {
+        "reference_ms": {"profile": at_profile, "rounds": rounds, "median_run": median_run}}
+
+
+def test_each_prediction_is_set_beside_the_drift_to_its_kept_runs_round():
+    """The drift is the step alone at the kept run's round over the one after the profile;
+    the prediction scaled by it gives the error left: 10 ms predicted, the machine 20% slower
+    at the run's round, 12 ms measured: -16.7% raw, 0 with the drift taken out."""
+    a = _timed("m", "x", 10.0, 12.0, 2.0, [2.2, 2.4, 2.1], 1)
+    b = _timed("m", "y", 10.0, 9.0, 2.0, [2.2, 2.4, 2.1], 2)  # 5% slower: +16.7% left
+    c = _row("m", "z", 5.0, 5.0)  # no reference (an older result): left out of the table
+    assert fidelity.drift_of(a) == pytest.approx(1.2)
+    assert fidelity.drift_of(c) is None
+    assert fidelity.drift_of(_timed("m", "w", 1.0, 1.0, None, [2.0], 0)) is None  # a kept profile
+    text = fidelity.drift_table([a, b, c])
+    lines = [x for x in text.splitlines() if x.startswith("| m |")]
+    assert lines == ["| m | x | -16.7% | 2.00 / 2.40 | +20.0% | +0.0% |",
+                     "| m | y | +11.1% | 2.00 / 2.10 | +5.0% | +16.7% |"]
+    assert "median |error| 8.3%, worst 16.7% over 2 plans" in text
+    assert "m 2.00 ms at the profile, 2.10-2.40 ms at the rounds" in text
+    assert fidelity.drift_table([c]) == ""
+
+
+def test_the_reference_step_follows_the_models_size(tmp_path):
+    """The step alone, timed in a process of its own, grows with the batch (the zoo's MLP at
+    2 and at 256 rows); a graph that cannot be read gives no figure instead of an error."""
+    from dl_nfv.artifacts import to_data
+    from dl_nfv.profilers.zoo import model_ref
+
+    spec_ = importlib.util.spec_from_file_location("_reference", BENCH.parent / "_reference.py")
+    reference = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(reference)
+    times = []
+    for batch in (2, 256):
+        path = tmp_path / f"mlp{batch}.json"
+        path.write_text(json.dumps({"model": to_data(model_ref("mlp", batch_size=batch))}))
+        times.append(reference.reference_ms(path, 0.2))
+    assert 0 < times[0] < times[1] / 4
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    assert reference.reference_ms(broken, 0.2) is None
