@@ -299,7 +299,8 @@ def run_model(model: str, topology: Path | None, work: Path, steps: int, *, max_
                "busy_ms": [busy.get(r["device"], 0.0) for r in report["per_rank"]],
                "host_comm_ms": [host.get(r["device"], 0.0) for r in report["per_rank"]],
                "wall_s": wall, "others_cores": others, **_updates(stem, report),
-               "reference_ms": {"profile": at_profile, "rounds": at_round, "median_run": median_round}}
+               "reference_ms": {"profile": at_profile, "rounds": at_round,
+                                "median_run": median_round}}
         rows[label] = row
         print(f"  {model:10s} {label:16s} predicted {predicted:9.1f} ms  measured {measured:9.1f} ms"
               f" (runs {', '.join(f'{x[0]:.0f}' for x in done)})  error {row['rel_error']:+.1%}",
@@ -399,35 +400,39 @@ def repeatability_table(rows: list[dict]) -> str:
             f"Worst difference per model: {lines}.\n{drift}\n")
 
 
-def drift_of(row: dict) -> float | None:
-    """The machine's drift between a plan's prediction and its kept run: the model's step
-    alone at the start of that run's round over the same right after the profile
-    (``_reference``); None where either was not timed."""
+def _references(row: dict) -> tuple[float, float] | None:
+    """The model's step alone (``_reference``) right after the profile and at the start of
+    the round of the plan's kept run, in ms; None where either was not timed."""
     ref = row.get("reference_ms") or {}
-    rounds, at = ref.get("rounds") or [], ref.get("median_run")
-    first = ref.get("profile")
+    rounds, at, first = ref.get("rounds") or [], ref.get("median_run"), ref.get("profile")
     then = rounds[at] if at is not None and at < len(rounds) else None
-    return then / first if first and then else None
+    return (first, then) if first and then else None
+
+
+def drift_of(row: dict) -> float | None:
+    """The machine's drift between a plan's prediction and its kept run: the step alone at
+    that run's round over the same right after the profile (``_references``); None where
+    either was not timed."""
+    pair = _references(row)
+    return None if pair is None else pair[1] / pair[0]
 
 
 def drift_table(rows: list[dict]) -> str:
     """Markdown: per plan, its error beside the machine's drift between the profile and its
     kept run, and the error left with the prediction scaled by that drift (a diagnostic:
     how much of an error the machine's own speed accounts for; the goals are the errors)."""
-    ok = [r for r in rows if "error" not in r and drift_of(r) is not None]
+    ok = [(r, pair) for r in rows if "error" not in r and (pair := _references(r))]
     if not ok:
         return ""
     table, left = [], []
-    for r in ok:
-        d = drift_of(r)
-        ref = r["reference_ms"]
+    for r, (first, then) in ok:
+        d = then / first
         adjusted = r["predicted_ms"] * d / r["measured_ms"] - 1
         left.append(abs(adjusted))
-        table.append([r["model"], r["plan"], f"{r['rel_error']:+.1%}",
-                      f"{ref['profile']:.2f} / {ref['rounds'][ref['median_run']]:.2f}",
+        table.append([r["model"], r["plan"], f"{r['rel_error']:+.1%}", f"{first:.2f} / {then:.2f}",
                       f"{d - 1:+.1%}", f"{adjusted:+.1%}"])
     per_model = {}
-    for r in ok:
+    for r, _ in ok:
         ref = r["reference_ms"]
         per_model.setdefault(r["model"], (ref["profile"], [x for x in ref["rounds"] if x]))
     spans = "; ".join(f"{m} {p:.2f} ms at the profile, {min(xs):.2f}-{max(xs):.2f} ms at the "
@@ -435,8 +440,9 @@ def drift_table(rows: list[dict]) -> str:
     return "\n".join([
         "",
         "The machine's drift: each model's one-thread step timed alone (`bench/_reference.py`: "
-        "pinned to one core, thread CPU time, 2 s of steps) right after its profile and at the "
-        "start of every round of runs, and per plan the drift between the profile and the round "
+        f"pinned to one core, thread CPU time, {REFERENCE_S:g} s of steps) right after its "
+        "profile and at the start of every round of runs, and per plan the drift between the "
+        "profile and the round "
         "of its kept run. A shared machine's speed for a model whose data fill the caches moves "
         "by tens of percent within minutes, whatever the load average says; the last column "
         "scales the prediction by that drift, to show how much of each error is the machine's "
