@@ -41,13 +41,22 @@ def reference_ms(graph: Path, seconds: float = 2.0) -> float | None:
 
 
 def main() -> None:
-    from dl_nfv.artifacts import ModelRef, from_data
+    from dl_nfv.artifacts import BadInput, ModelRef, from_data
     from dl_nfv.profilers.corun import _settle_child, plain_step
 
-    graph, seconds = Path(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 2.0
-    _settle_child(min(os.sched_getaffinity(0)))
-    model = from_data(ModelRef, json.loads(graph.read_text())["model"])
-    step = plain_step(model, 0)  # (the bench profiles with the default seed)
+    if len(sys.argv) not in (2, 3):
+        _fail("usage: python bench/_reference.py GRAPH.json [SECONDS]")
+    graph = Path(sys.argv[1])
+    try:
+        seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 2.0
+    except ValueError:
+        _fail(f"error: SECONDS must be a number, got {sys.argv[2]!r}")
+    _settle_child(min(os.sched_getaffinity(0)))  # before the model's first allocation
+    try:
+        model = from_data(ModelRef, json.loads(graph.read_text())["model"])
+        step = plain_step(model, 0)  # (the bench profiles with the default seed)
+    except (OSError, ValueError, KeyError, TypeError, BadInput) as exc:
+        _fail(f"error: {graph}: no model to step ({type(exc).__name__}: {exc})")
     step()  # cold: the first touches every buffer
     times: list[float] = []
     began = time.perf_counter()
@@ -56,6 +65,12 @@ def main() -> None:
         step()
         times.append(time.thread_time() - c0)
     print(json.dumps({"median_ms": round(statistics.median(times) * 1e3, 4), "steps": len(times)}))
+
+
+def _fail(line: str) -> None:
+    """Bad input: one line on stderr, exit 2."""
+    print(line, file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -133,3 +133,12 @@ def test_the_reference_step_follows_the_models_size(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text("{")
     assert reference.reference_ms(broken, 0.2) is None
+    # run by hand, the same file gives one line naming it, and exit 2
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(BENCH.parent / "_reference.py"), str(broken)],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(f"error: {broken}: no model to step (JSONDecodeError")
+    assert len(done.stderr.strip().splitlines()) == 1
