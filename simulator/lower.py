@@ -619,7 +619,7 @@ class _Lowering(_Communication):
                         way = a.op == "F"
                         if facing is not None and way != facing:
                             turns += 1
-                            if turns > 1:  # a step's one turn is in the ops' own times
+                            if turns > 1:  # (what this stands in for: docs/cost-model.md, Turns)
                                 self.tg.duration_ms[chain[begins]] += self._turn_ms(gi, d)
                         facing = way
         for d, where in op_pos.items():
