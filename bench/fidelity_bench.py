@@ -674,6 +674,9 @@ def main() -> None:
         args.steps, args.repeats, args.tries, args.max_others = 4, 1, 1, float("inf")
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    unknown = [m for m in args.models.split(",") if m not in MODELS]
+    if unknown and not args.summarise:
+        parser.error(f"--models: unknown model {unknown[0]!r} (known: {', '.join(MODELS)})")
     work = args.work or Path(tempfile.mkdtemp(prefix="dl-nfv-fidelity-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"work files in {work}", flush=True)

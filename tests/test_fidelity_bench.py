@@ -142,3 +142,19 @@ def test_the_reference_step_follows_the_models_size(tmp_path):
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith(f"error: {broken}: no model to step (JSONDecodeError")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_an_unknown_model_is_refused_before_any_work(tmp_path):
+    """``--models`` naming a model the bench does not know: exit 2 naming it and the known
+    ones, and no work folder written."""
+    import subprocess
+    import sys
+
+    work = tmp_path / "work"
+    done = subprocess.run([sys.executable, str(BENCH), "--models", "mlp,nosuch", "--no-record",
+                           "--work", str(work)], capture_output=True, text=True, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "fidelity_bench.py: error: --models: unknown model 'nosuch' (known: "
+        + ", ".join(fidelity.MODELS) + ")")
+    assert not work.exists()
