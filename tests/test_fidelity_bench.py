@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,9 +136,6 @@ def test_the_reference_step_follows_the_models_size(tmp_path):
     broken.write_text("{")
     assert reference.reference_ms(broken, 0.2) is None
     # run by hand, the same file gives one line naming it, and exit 2
-    import subprocess
-    import sys
-
     done = subprocess.run([sys.executable, str(BENCH.parent / "_reference.py"), str(broken)],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 2 and done.stdout == ""
@@ -147,9 +146,6 @@ def test_the_reference_step_follows_the_models_size(tmp_path):
 def test_an_unknown_model_is_refused_before_any_work(tmp_path):
     """``--models`` naming a model the bench does not know: exit 2 naming it and the known
     ones, and no work folder written."""
-    import subprocess
-    import sys
-
     work = tmp_path / "work"
     done = subprocess.run([sys.executable, str(BENCH), "--models", "mlp,nosuch", "--no-record",
                            "--work", str(work)], capture_output=True, text=True, check=False)
