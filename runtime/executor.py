@@ -288,8 +288,11 @@ class PlanExecutor:
     # ------------------------------------------------------------------- step
     def step(self, inputs: tuple, target: Any) -> float:
         """Run one training step; returns this rank's share-weighted loss."""
-        for s in self.syncs:
-            s.zero_grad()
+        timeline = self.ctx.comm.timeline
+        # zeroing the gradients is optimizer upkeep: the simulator's update task holds it too
+        with span("zero gradients"), timeline.span("update", "zero gradients"):
+            for s in self.syncs:
+                s.zero_grad()
         self.runner.begin_step(inputs, target, self.actions)
         for phase, uid, mb in self.actions:
             if phase == "F":
@@ -299,7 +302,6 @@ class PlanExecutor:
             else:
                 self.runner.backward(uid, mb, split=phase == "I")
         loss = self.runner.end_step()
-        timeline = self.ctx.comm.timeline
         exchanging = [s for s in self.syncs
                       if not isinstance(s, GradientSync) or s.method is not SyncMethod.NONE]
         if exchanging:  # (a parameter held by this device alone has nothing to exchange)

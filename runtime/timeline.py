@@ -9,12 +9,14 @@ a host):
 * **communication**: every blocking wait on a peer (``recv``, a collective's or a
   send's ``wait``, timed by ``Comm``) and the gradient exchange after the actions
   (``reduce gradients``: AllReduce waits, PS pushes and the server's sums);
-* **update**: the optimizer step and, for PS, the pull of the parameters.
+* **update**: zeroing the gradients (at the step's start), the optimizer step and, for
+  PS, the pull of the parameters: the optimizer's upkeep, as the simulator's update
+  task holds it.
 
 A span's own time is its length minus the spans nested in it (a ``recv`` inside a
 forward is communication, not compute), so the three categories never count a
 moment twice; **idle** is the rest of the step: the runtime's own work between
-actions (slicing the batch, the loss, zeroing gradients). The categories of a step
+actions (slicing the batch, the loss). The categories of a step
 therefore sum to the step's time. Cost: two clock reads and a list append per span.
 """
 

@@ -43,6 +43,16 @@ def test_every_step_splits_into_the_four_categories(pipeline_run):
             assert rank.breakdown_ms["update"][step] > 0
 
 
+def test_zeroing_the_gradients_is_update_time_at_the_step_start(pipeline_run):
+    # the simulator's update task holds the zeroing, so the measured update must too
+    *_, run = pipeline_run
+    for rank in run.per_rank:
+        spans = sorted((s for s in run.timeline if s.rank == rank.rank),
+                       key=lambda s: s.start_ms)
+        assert (spans[0].category, spans[0].name) == ("update", "zero gradients")
+        assert [s.name for s in spans if s.category == "update"] == ["zero gradients", "update"]
+
+
 def _exclusive(spans) -> dict[str, float]:
     """Each category's time from the spans alone: a span's length less the spans inside it."""
     out = dict.fromkeys(CATEGORIES[:3], 0.0)
