@@ -16,6 +16,17 @@ the next actions, and the scheduler may keep it waiting for a slice
 (milliseconds) per message. With every receive posted, a transfer starts
 when its producer sends it, as the simulator has it.
 
+Which needs the sender to know of the receive. Its notice comes over the
+socket to gloo's event loop, which runs deferred (``defer_transport_threads``):
+while the worker computes, the notice waits unread, and a send made meanwhile
+is left to the loop, until the worker next waits for a peer, up to whole
+actions later. So ``isend`` yields the core first (``os.sched_yield``): a loop
+the notice woke runs, records the receive (and writes sends it held), and the
+send then writes at once. With nothing else runnable the yield returns at once
+(one system call). It matters where a step hands values back and forth many
+times (a placement of many small units, a pipeline of short microbatches); a
+pipeline of long microbatches rarely sends while a notice waits.
+
 Every call runs under the process group's timeout (set at
 ``init_process_group``): a peer that died or hangs turns into an exception
 here, never a hang.
@@ -31,6 +42,8 @@ import torch
 import torch.distributed as dist
 
 from .timeline import StepTimeline
+
+_yield = getattr(os, "sched_yield", lambda: None)  # (POSIX)
 
 
 class Comm:
@@ -64,6 +77,7 @@ class Comm:
     # ------------------------------------------------------------ point to point
     def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
         tensor = tensor.detach().contiguous()
+        _yield()  # a woken event loop first records the peer's posted receive (module doc)
         self._sends.append((dist.isend(tensor, dst, tag=tag), tensor))
 
     def post(self, shape: Sequence[int], dtype: torch.dtype, src: int, tag: int) -> None:
