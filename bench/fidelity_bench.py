@@ -628,8 +628,10 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
         "and sums with the worker's own CPU) beside the CPU time the worker process used per "
         "step (all its threads, so gloo's too). CPU time does not grow when other jobs share "
         "the cores, so this ratio isolates the cost model's compute and host-communication "
-        "terms from contention. The last column sets each rank's optimizer update as the run "
-        "timed it (wall clock, median step) beside the simulated one.",
+        "terms from contention. The last column sets each rank's update (the zeroing of the "
+        "gradients at the step's start and the optimizer step, both of which the simulator's "
+        "update task holds) as the run timed it (wall clock, median step) beside the "
+        "simulated one.",
         "",
         markdown_table(["model", "plan", "simulated compute ms per device",
                         "simulated transfers and collectives ms", "measured CPU ms per rank",
