@@ -642,7 +642,42 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
                              "kendall_tau": taus}
 
 
-def main() -> None:
+# flags that say where files went or what to redo, no part of the method a section records:
+# flag -> the values it takes
+PLACE_FLAGS = {"--summarise": 0, "--revision": 1, "--work": 1}
+
+
+def method_argv(argv: list[str]) -> list[str]:
+    """``argv`` less ``PLACE_FLAGS`` (and their values): the flags a run was made with."""
+    out = list(argv)
+    for flag, takes in PLACE_FLAGS.items():
+        if flag in out:
+            i = out.index(flag)
+            del out[i:i + 1 + takes]
+    return out
+
+
+def ran_with(args: argparse.Namespace, saved: dict, parser: argparse.ArgumentParser
+             ) -> tuple[argparse.Namespace, list[str]]:
+    """With ``--summarise``: the options the saved results were made with (``saved["argv"]``,
+    which a run stores) and their flags, for the section's method and command line; results
+    that do not store them are described by this command line's own."""
+    if "argv" not in saved:
+        return args, method_argv(sys.argv[1:])
+    made = quick(parser.parse_args(saved["argv"]))
+    for name in ("models", "steps", "topology", "repeats", "repeatability", "budget_min"):
+        setattr(args, name, getattr(made, name))
+    return args, list(saved["argv"])
+
+
+def quick(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``--quick``'s settings where it is given (a smoke run)."""
+    if args.quick:
+        args.steps, args.repeats, args.tries, args.max_others = 4, 1, 1, float("inf")
+    return args
+
+
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--steps", type=int, default=LEAST_STEPS)
@@ -671,9 +706,12 @@ def main() -> None:
                              "is left, and runs a round after its second only if it fits there")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 4 steps, 1 run per plan, keep runs whatever the load")
-    args = parser.parse_args()
-    if args.quick:
-        args.steps, args.repeats, args.tries, args.max_others = 4, 1, 1, float("inf")
+    return parser
+
+
+def main() -> None:
+    parser = make_parser()
+    args = quick(parser.parse_args())
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     unknown = [m for m in args.models.split(",") if m not in MODELS]
@@ -689,6 +727,7 @@ def main() -> None:
         rows, (load_before, load_after) = saved["rows"], saved["load"]
         repeated = saved.get("repeatability", [])
         revision = args.revision or saved.get("revision")
+        args, argv = ran_with(args, saved, parser)
         for r in rows:  # fill in what older results lack from the work files
             stem = work / f"{r['model']}-{PLANS[r['plan']][0]}"
             if "error" in r or ("busy_ms" in r and "host_comm_ms" in r):
@@ -703,6 +742,7 @@ def main() -> None:
     else:
         rows, repeated = [], []
         revision = git_revision()
+        argv = method_argv(sys.argv[1:])
         load_before = os.getloadavg()[0]
         started = time.perf_counter()
         models = args.models.split(",")
@@ -723,11 +763,12 @@ def main() -> None:
                     first_reference=mine[0]["reference_ms"]["profile"] if mine else None)
             (work / "results.json").write_text(json.dumps(
                 {"rows": rows, "load": [load_before, os.getloadavg()[0]], "revision": revision,
-                 "repeatability": repeated}, indent=1))
+                 "repeatability": repeated, "argv": argv}, indent=1))
         load_after = os.getloadavg()[0]
         (work / "results.json").write_text(json.dumps(
             {"rows": rows, "load": [load_before, load_after], "revision": revision,
-             "repeatability": repeated, "wall_s": time.perf_counter() - started}, indent=1))
+             "repeatability": repeated, "argv": argv,
+             "wall_s": time.perf_counter() - started}, indent=1))
     body, summary = summarise(rows)
     body += repeatability_table(repeated)
     print(body)
@@ -755,12 +796,6 @@ def main() -> None:
                 f"Load average of the machine (2 cores) at start / end: {load_before:.1f} / "
                 f"{load_after:.1f}: above 2, other jobs shared the cores with the workers."
                 + (f" The bench took {wall_s / 60:.1f} min." if wall_s else "") + "\n\n")
-        argv = list(sys.argv[1:])
-        # (where the files went is no part of the method)
-        for flag, takes in (("--summarise", 0), ("--revision", 1), ("--work", 1)):
-            if flag in argv:
-                i = argv.index(flag)
-                del argv[i:i + 1 + takes]
         record_section("fidelity", "Simulator fidelity: predicted vs measured (local-cpu)",
                        note + body, command=" ".join(["python", "bench/fidelity_bench.py", *argv]),
                        revision=revision)
