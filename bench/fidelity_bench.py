@@ -642,9 +642,9 @@ def summarise(rows: list[dict]) -> tuple[str, dict]:
                              "kendall_tau": taus}
 
 
-# flags that say where files went or what to redo, no part of the method a section records:
-# flag -> the values it takes
-PLACE_FLAGS = {"--summarise": 0, "--revision": 1, "--work": 1}
+# flags that say where files went or what to do with them, no part of the method a section
+# records: flag -> the values it takes
+PLACE_FLAGS = {"--summarise": 0, "--revision": 1, "--work": 1, "--no-record": 0}
 
 
 def method_argv(argv: list[str]) -> list[str]:
@@ -657,13 +657,13 @@ def method_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def ran_with(args: argparse.Namespace, saved: dict, parser: argparse.ArgumentParser
-             ) -> tuple[argparse.Namespace, list[str]]:
+def ran_with(args: argparse.Namespace, saved: dict, parser: argparse.ArgumentParser,
+             own: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """With ``--summarise``: the options the saved results were made with (``saved["argv"]``,
     which a run stores) and their flags, for the section's method and command line; results
-    that do not store them are described by this command line's own."""
+    that do not store them are described by this command line's own flags (``own``)."""
     if "argv" not in saved:
-        return args, method_argv(sys.argv[1:])
+        return args, method_argv(own)
     made = quick(parser.parse_args(saved["argv"]))
     for name in ("models", "steps", "topology", "repeats", "repeatability", "budget_min"):
         setattr(args, name, getattr(made, name))
@@ -727,7 +727,8 @@ def main() -> None:
         rows, (load_before, load_after) = saved["rows"], saved["load"]
         repeated = saved.get("repeatability", [])
         revision = args.revision or saved.get("revision")
-        args, argv = ran_with(args, saved, parser)
+        wall_s = saved.get("wall_s")
+        args, argv = ran_with(args, saved, parser, sys.argv[1:])
         for r in rows:  # fill in what older results lack from the work files
             stem = work / f"{r['model']}-{PLANS[r['plan']][0]}"
             if "error" in r or ("busy_ms" in r and "host_comm_ms" in r):
@@ -746,6 +747,12 @@ def main() -> None:
         load_before = os.getloadavg()[0]
         started = time.perf_counter()
         models = args.models.split(",")
+
+        def save(load_now: float, **more) -> None:  # after every model, and at the end
+            (work / "results.json").write_text(json.dumps(
+                {"rows": rows, "load": [load_before, load_now], "revision": revision,
+                 "repeatability": repeated, "argv": argv, **more}, indent=1))
+
         for k, model in enumerate(models):
             topology = args.topology.resolve() if args.topology else None
             now = time.perf_counter()  # each model gets an equal share of the time left
@@ -761,19 +768,12 @@ def main() -> None:
                     model, work, topology or work / f"{model}-network.yaml",
                     max_others=args.max_others, tries=args.tries,
                     first_reference=mine[0]["reference_ms"]["profile"] if mine else None)
-            (work / "results.json").write_text(json.dumps(
-                {"rows": rows, "load": [load_before, os.getloadavg()[0]], "revision": revision,
-                 "repeatability": repeated, "argv": argv}, indent=1))
-        load_after = os.getloadavg()[0]
-        (work / "results.json").write_text(json.dumps(
-            {"rows": rows, "load": [load_before, load_after], "revision": revision,
-             "repeatability": repeated, "argv": argv,
-             "wall_s": time.perf_counter() - started}, indent=1))
+            save(os.getloadavg()[0])
+        load_after, wall_s = os.getloadavg()[0], time.perf_counter() - started
+        save(load_after, wall_s=wall_s)
     body, summary = summarise(rows)
     body += repeatability_table(repeated)
     print(body)
-    wall_s = (saved if args.summarise else json.loads((work / "results.json").read_text())
-              ).get("wall_s")
     print(f"\nload average (1 min) before / after: {load_before:.1f} / {load_after:.1f}"
           + (f"; the bench took {wall_s / 60:.1f} min" if wall_s else ""))
     if not args.no_record:

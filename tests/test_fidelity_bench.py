@@ -156,20 +156,20 @@ def test_an_unknown_model_is_refused_before_any_work(tmp_path):
     assert not work.exists()
 
 
-def test_a_summary_describes_the_options_its_results_were_made_with(monkeypatch):
+def test_a_summary_describes_the_options_its_results_were_made_with():
     """``--summarise`` records the section with the flags of the run that made the results
     (stored in results.json), not its own: a budget, the repeats, ``--quick``'s steps."""
     parser = fidelity.make_parser()
     args = parser.parse_args(["--summarise", "--work", "w"])
     made = ["--repeatability", "--budget-min", "25", "--repeats", "2"]
-    args, argv = fidelity.ran_with(args, {"argv": made}, parser)
+    args, argv = fidelity.ran_with(args, {"argv": made}, parser, ["--summarise"])
     assert argv == made
     assert (args.repeatability, args.budget_min, args.repeats, args.steps) == (
         True, 25.0, 2, fidelity.LEAST_STEPS)
-    args, _ = fidelity.ran_with(parser.parse_args(["--summarise"]), {"argv": ["--quick"]}, parser)
+    args, _ = fidelity.ran_with(parser.parse_args(["--summarise"]), {"argv": ["--quick"]},
+                                parser, ["--summarise"])
     assert (args.steps, args.repeats) == (4, 1)
     # older results that do not store them: this command line's own, less where files go
-    monkeypatch.setattr(sys, "argv", ["fidelity_bench.py", "--summarise", "--work", "w",
-                                      "--repeats", "5", "--revision", "abc"])
-    args, argv = fidelity.ran_with(parser.parse_args(sys.argv[1:]), {}, parser)
+    own = ["--summarise", "--work", "w", "--repeats", "5", "--revision", "abc", "--no-record"]
+    args, argv = fidelity.ran_with(parser.parse_args(own), {}, parser, own)
     assert argv == ["--repeats", "5"] and args.repeats == 5
