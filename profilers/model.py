@@ -93,7 +93,7 @@ from dl_nfv.artifacts import (
 )
 
 from . import zoo
-from .actions import UnitActions, loss_figures, unit_action_ms
+from .actions import FULL_BATCH_S, UnitActions, loss_figures, unit_action_ms
 from .allocator import keep_freed_memory
 from .capture import Capture, capture
 from .corun import co_run_slowdown
@@ -326,10 +326,16 @@ def _profile(model, granularity, repeats, span_s, warmup, seed, dev, type_name, 
     co_run, co_run_note = None, ""
     rates = UpdateRates({}, None, None, "")
     if dev.type == "cpu":
+        step_1t_s = _one_thread_step_s(steps, passes)
         actions = unit_action_ms(cap, workload, module, model.batch_size, seed,
-                                 step_s=_one_thread_step_s(steps, passes), span_s=span_s)
+                                 step_s=step_1t_s, span_s=span_s)
         tick("timing the runtime's unit actions")
-        rates = update_rates(module, available_memory_bytes(dev))
+
+        def backward() -> None:  # the step before the runtime's update, into its gradients
+            loss_fn(module(*inputs)).backward()
+
+        rates = update_rates(module, available_memory_bytes(dev),
+                             before=backward if step_1t_s <= FULL_BATCH_S else None)
         tick("timing the optimizer update")
         with _model_errors(model, cap):
             co_run, co_run_note = co_run_slowdown(model, seed, plain_step, cpus, span_s,

@@ -13,23 +13,28 @@ Method
     The runtime's own optimizer (``runtime.executor.make_optimizer``: torch's fused step)
     over every parameter of the module with a learning rate of 0 (the step reads and
     writes what a real one does; the parameters keep their values), timed on one CPU
-    thread (the thread's CPU time, as the ops are timed there), each step after writing a
-    scratch buffer twice the size of the CPU's last-level cache: the runtime steps right
-    after the step's backward, which has run other data through the caches. Timed back to
-    back instead, MoE's 25 MB of parameters, gradients and momentum stayed in the 32 MB
-    cache and the fused SGD step took 0.66-0.74 ms, against 1.04-1.08 after the scratch
-    buffer, 1.10-1.21 after a plain training step and 0.94-1.14 in the runtime's update
-    span; a plain step before each would cost minutes on the largest models, the buffer
-    milliseconds. One settling round makes the state, then ``rounds``; the fastest (other
-    jobs only add time: stopping once two rounds agreed kept 1.14-1.46 ms on a busy
-    machine), per optimizer; likewise the zeroing of the gradients (the runtime zeroes its buckets before the next
-    step's forward), after the buffer again, and the adding of a new gradient into every
-    parameter's gradient (what autograd does in each backward of a step's microbatches:
-    the runtime's gradients are views into its buckets, ``runtime.sync``), after the
-    buffer again. Each divided by the parameter bytes gives
-    ``ProfileInfo.update_ns_per_byte`` (per optimizer), ``zero_ns_per_byte`` and
-    ``accumulate_ns_per_byte``. The cost model's default for the adding, three passes at
-    ``profile network``'s bandwidth, charged MoE's 8.4 MB 0.68 ms per backward; the
+    thread (the thread's CPU time, as the ops are timed there) where the runtime runs it:
+    right after the step's backward, which added into the gradients the runtime keeps
+    (``before``: the model's forward, loss and backward at the profiled batch, on that
+    thread), and the zeroing of the gradients right after it (the runtime zeroes them
+    before the next step's forward, which the update has just passed). What the backward
+    leaves in the caches is then what the runtime's update finds there: token pruning's
+    fused SGD step (0.15 MB of parameters) took 0.24 ms after a scratch buffer twice the
+    last-level cache, 0.08-0.10 ms right after a backward, and 0.088 ms in the runtime's
+    update span; the U-Net's (0.47 MB) 0.12-0.16, 0.40-0.42 and 0.5 ms; MoE's (8.4 MB)
+    0.94, 0.75 and 0.6-0.9 ms. A model whose plain step is too long to repeat per round
+    (``before`` None: its one-thread step over ``profilers.actions.FULL_BATCH_S``) is timed
+    after writing that scratch buffer instead (other data through the caches, as a
+    backward's; such a model's state is far larger than the cache: ResNet-50's 102 MB
+    predicted its update within 3% of the runtime's). One settling round makes the state,
+    then ``rounds``; the fastest (other jobs only add time: stopping once two rounds
+    agreed kept 1.14-1.46 ms on a busy machine), per optimizer; likewise the zeroing. The
+    adding of a new gradient into every parameter's gradient (what autograd does in each
+    backward of a step's microbatches: the runtime's gradients are views into its
+    buckets, ``runtime.sync``) is timed after the buffer. Each divided by the parameter
+    bytes gives ``ProfileInfo.update_ns_per_byte`` (per optimizer), ``zero_ns_per_byte``
+    and ``accumulate_ns_per_byte``. The cost model's default for the adding, three passes
+    at ``profile network``'s bandwidth, charged MoE's 8.4 MB 0.68 ms per backward; the
     adding itself took 0.26 ms after the buffer (0.19 back to back), and a batch-4
     backward of the whole model ran 0.7 ms faster adding into existing gradients than
     writing new ones.
@@ -38,14 +43,16 @@ Limits: one rate per byte, from the whole model's parameters: a device holding a
 that part's share (a part that fits a cache the whole does not may run faster); measured
 on one thread and charged at any core count; an optimizer whose state does not fit in
 half the free memory is not timed (the model's figure stays); after the buffer the caches
-hold none of the step's data, where a backward may leave its last gradients there. Cost:
-per round a step, a zeroing of the gradients, an adding into them and three passes over
-the buffer; the adding needs the parameters' size once more, as SGD's state does.
+hold none of the step's data, where a backward may leave its last gradients there (a
+long-stepping model's only). Cost: per round a forward and backward (or two passes over
+the buffer), a step, a zeroing of the gradients, and an adding into them after a pass
+over the buffer; the adding needs the parameters' size once more, as SGD's state does.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -66,10 +73,13 @@ class UpdateRates(NamedTuple):
 
 
 def update_rates(module: torch.nn.Module, available_bytes: int | None, rounds: int = ROUNDS,
-                 clock=time.thread_time) -> UpdateRates:
+                 clock=time.thread_time, before: Callable[[], object] | None = None
+                 ) -> UpdateRates:
     """The optimizer steps', the zeroing's and the adding's ns per parameter byte, and a
-    note, on one thread (module doc). Restores the thread count and leaves the module's
-    parameters as they were, without gradients."""
+    note, on one thread (module doc). ``before``: the model's forward and backward (adding
+    into the gradients it finds), run before each step so that the step is timed where the
+    runtime runs it; None: after a scratch buffer through the caches. Restores the thread
+    count and leaves the module's parameters as they were, without gradients."""
     from dl_nfv.artifacts import Optimizer
     from dl_nfv.runtime.executor import make_optimizer
 
@@ -94,11 +104,15 @@ def update_rates(module: torch.nn.Module, available_bytes: int | None, rounds: i
                 for p in params:
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
-                scratch.fill_(r)  # other data through the caches, as a backward's
+                if before is not None:
+                    before()  # the step's backward, adding into the gradients
+                else:
+                    scratch.fill_(r)  # other data through the caches, as a backward's
                 c0 = clock()
                 optimizer.step()
                 c1 = clock()
-                scratch.fill_(r)
+                if before is None:
+                    scratch.fill_(r)
                 c2 = clock()
                 for p in params:
                     p.grad.zero_()
@@ -117,14 +131,16 @@ def update_rates(module: torch.nn.Module, available_bytes: int | None, rounds: i
         return UpdateRates({}, None, None, "")
     zero = round(min(zeros) * 1e9 / nbytes, 5)
     accumulate = round(min(adds) * 1e9 / nbytes, 5) if adds else None
+    where = (f"the step and the zeroing right after the model's backward, the adding after "
+             f"{evict_mib} MiB through the caches" if before is not None
+             else f"each after {evict_mib} MiB through the caches")
     adding = (f", adding a backward's gradients into them {accumulate * nbytes / 1e6:.2f} ms"
               if accumulate is not None else "")
     note = ("optimizer step " + ", ".join(f"{k} {v * nbytes / 1e6:.2f} ms" for k, v in
                                           rates.items())
             + f", zeroing the gradients {zero * nbytes / 1e6:.2f} ms{adding} over "
-              f"{nbytes / 1e6:.1f} MB of parameters (each after {evict_mib} MiB "
-              f"through the caches, fastest "
-              f"of {rounds}, 1 thread); ")
+              f"{nbytes / 1e6:.1f} MB of parameters ({where}, fastest of {rounds}, "
+              f"1 thread); ")
     return UpdateRates(rates, zero, accumulate, note)
 
 

@@ -115,6 +115,9 @@ def test_profile_records_measurements_and_is_deterministic_except_times():
     else:
         assert info.co_run_slowdown is None and "co-run slowdown not measured" in info.note
     assert b.profile.co_run_slowdown is None or b.profile.co_run_slowdown >= 1.0
+    # a short step: the optimizer is timed where the runtime runs it, after the backward
+    assert set(info.update_ns_per_byte) == {"sgd", "adam"}
+    assert "the step and the zeroing right after the model's backward" in info.note
     others = {str(n) for n in counts if n != info.threads}
     for op in a.ops:
         if op.kind is not OpKind.INPUT:

@@ -58,6 +58,27 @@ def test_the_fastest_round_per_byte():
     assert "fastest of 4" in note
 
 
+def test_timed_right_after_the_backward_it_is_given():
+    module, nbytes = _model()
+    x = torch.randn(4, 64)
+    calls = []
+
+    def backward() -> None:
+        calls.append(all(p.grad is not None and not p.grad.any() for p in module.parameters()))
+        module(x).sum().backward()
+
+    before = [p.detach().clone() for p in module.parameters()]
+    rates, zero, accumulate, note = update_rates(module, None, rounds=3, before=backward)
+    # once before every step: a settling round and three timed, per optimizer; each time
+    # into gradients the last round zeroed (the runtime zeroes them before the forward)
+    assert calls == [True] * (2 * 4)
+    assert set(rates) == {"sgd", "adam"} and all(v > 0 for v in rates.values()) and zero > 0
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters()))  # lr 0
+    assert all(p.grad is None for p in module.parameters())
+    assert "the step and the zeroing right after the model's backward" in note
+    assert f"the adding after {2 * last_level_cache_bytes() >> 20} MiB through the caches" in note
+
+
 def test_state_that_does_not_fit_half_the_free_memory_is_not_timed():
     module, nbytes = _model()
     rates, zero, accumulate, _ = update_rates(module, 3 * nbytes, rounds=1)  # Adam's 2x > 1.5x
