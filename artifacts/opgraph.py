@@ -139,6 +139,10 @@ class ProfileInfo:
     # how much slower a 1-thread plain step runs while a second process runs the same step
     # on another core of the machine (>= 1; ``profilers.corun``; None: not measured)
     co_run_slowdown: float | None = None
+    # how much slower the runtime's update (the optimizer's step and the gradients' zeroing)
+    # runs, in lockstep with a second process's training iterations on another core (>= 1;
+    # ``profilers.corun``; None: not measured)
+    update_co_run_slowdown: float | None = None
     # the device the ops were timed on: the CPU's model name or the CUDA device's name
     # (``profilers.measure.machine_name``; "": not recorded)
     machine: str = ""
@@ -164,8 +168,9 @@ class ProfileInfo:
             value = getattr(self, name)
             check(value is None or value >= 0, f"{name} must be >= 0, got {value}")
         check(self.step_ms is None or self.step_ms >= 0, f"step_ms must be >= 0, got {self.step_ms}")
-        check(self.co_run_slowdown is None or self.co_run_slowdown >= 1,
-              f"co_run_slowdown must be >= 1, got {self.co_run_slowdown}")
+        for name in ("co_run_slowdown", "update_co_run_slowdown"):
+            value = getattr(self, name)
+            check(value is None or value >= 1, f"{name} must be >= 1, got {value}")
 
 
 @record

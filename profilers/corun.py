@@ -16,6 +16,17 @@ the child over the median step alone (at least 1). ``simulator`` charges it on c
 that overlaps compute of another device of the same host, in proportion to the data
 those devices hold beyond one copy of the model's (docs/simulator.md).
 
+The update (the optimizer's step and the zeroing of the gradients) streams the model's
+parameters, gradients and optimizer state through the caches and memory, and slows beside
+a neighbour far more than the forward and backward do (beside a second process running the
+same training iteration: MoE's forward and backward x1.13, its update x1.50; the MLP's
+x1.05 and x1.45; its zeroing alone x1.78). So it is measured apart
+(``update_co_run_slowdown``): the child, told ``one``, runs one training iteration (the
+gradients zeroed, forward, loss, backward, its optimizer's step at a learning rate of 0),
+in lockstep with one of this process's, as data-parallel replicas run theirs; the
+slowdown is the median update (this process's step and zeroing, wall clock) of windows of
+iterations in lockstep over that of windows alone, taking turns as above.
+
 Limits: two processes only (the figure for more is not measured; the simulator scales
 it by how many others compute, linearly), the same model on both (a different neighbour
 slows it by a different amount), and what the machine's other load does during the
@@ -31,6 +42,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -61,19 +74,12 @@ def co_run_slowdown(model: ModelRef, seed: int, step, cpus: list[int], span_s: f
     if free_bytes is not None and need > free_bytes:
         return None, (f"co-run slowdown not measured: a second copy of the model would need "
                       f"about {need / 2**30:.1f} GiB, {free_bytes / 2**30:.1f} GiB available; ")
-    child = subprocess.Popen(
-        [sys.executable, "-c", "from dl_nfv.profilers.corun import child; child()",
-         json.dumps({"model": to_data(model), "seed": seed, "cpu": cpus[1]})],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
-    try:
-        if not _ready(child):
+    alone: list[float] = []
+    beside: list[float] = []
+    with _neighbour(model, seed, cpus) as child:
+        if child is None:
             return None, "co-run slowdown not measured: the second process did not start; "
-        os.sched_setaffinity(0, {cpus[0]})
-        torch.set_num_threads(1)
         step()  # settle on this core
-        alone: list[float] = []
-        beside: list[float] = []
         began, pairs = time.perf_counter(), 0
         while pairs < WINDOWS or time.perf_counter() - began < span_s:
             pairs += 1
@@ -81,6 +87,74 @@ def co_run_slowdown(model: ModelRef, seed: int, step, cpus: list[int], span_s: f
             alone.extend(_window(step))
             _say(child, "go")
             beside.extend(_window(step))
+    a, b = statistics.median(alone), statistics.median(beside)
+    slowdown = round(max(1.0, b / a), 4)
+    return slowdown, (f"co-run: a 1-thread step {a * 1e3:.3g} ms alone, {b * 1e3:.3g} ms "
+                      f"beside a second process stepping on another core (x{slowdown:.4f}, "
+                      f"{len(alone)} and {len(beside)} steps); ")
+
+
+def update_co_run_slowdown(model: ModelRef, seed: int, iteration, cpus: list[int],
+                           span_s: float = 0.0, peak_bytes: int = 0,
+                           free_bytes: int | None = None) -> tuple[float | None, str]:
+    """``(slowdown, note)`` of the update: ``iteration`` (a callable running one training
+    iteration of ``model`` here and returning the wall seconds of its update: the
+    optimizer's step and the zeroing of the gradients) in lockstep with a second process's
+    iterations, over alone (module doc), in ``WINDOWS`` pairs of windows or more until they
+    span ``span_s`` seconds; ``(None, why)`` as ``co_run_slowdown``. ``peak_bytes``: the
+    second process's step's live tensors and its optimizer's state."""
+    if len(cpus) < 2:
+        return None, "update co-run slowdown not measured: one CPU allowed; "
+    need = int(peak_bytes * MEMORY_HEADROOM[0] + MEMORY_HEADROOM[1])
+    if free_bytes is not None and need > free_bytes:
+        return None, (f"update co-run slowdown not measured: a second copy of the model would "
+                      f"need about {need / 2**30:.1f} GiB, {free_bytes / 2**30:.1f} GiB "
+                      f"available; ")
+    alone: list[float] = []
+    beside: list[float] = []
+    with _neighbour(model, seed, cpus) as child:
+        if child is None:
+            return None, ("update co-run slowdown not measured: the second process did not "
+                          "start; ")
+        iteration()  # settle on this core
+
+        def lockstep() -> float:
+            child.stdin.write("one\n")
+            child.stdin.flush()
+            seconds = iteration()
+            child.stdout.readline()  # its iteration is done
+            return seconds
+
+        began, pairs = time.perf_counter(), 0
+        while pairs < WINDOWS or time.perf_counter() - began < span_s:
+            pairs += 1
+            alone.extend(_timed_window(iteration))
+            beside.extend(_timed_window(lockstep))
+    a, b = statistics.median(alone), statistics.median(beside)
+    slowdown = round(max(1.0, b / a), 4)
+    return slowdown, (f"update co-run: the 1-thread update {a * 1e3:.3g} ms alone, "
+                      f"{b * 1e3:.3g} ms in lockstep with a second process's training "
+                      f"iterations on another core (x{slowdown:.4f}, {len(alone)} and "
+                      f"{len(beside)} iterations); ")
+
+
+@contextmanager
+def _neighbour(model: ModelRef, seed: int, cpus: list[int]) -> Iterator[subprocess.Popen | None]:
+    """The second process (``child``) on ``cpus[1]``, and this one pinned to ``cpus[0]`` at
+    one thread, for the block; None if it did not start. Stops it and restores this
+    process's CPUs and threads afterwards."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "from dl_nfv.profilers.corun import child; child()",
+         json.dumps({"model": to_data(model), "seed": seed, "cpu": cpus[1]})],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    try:
+        if not _ready(child):
+            yield None
+            return
+        os.sched_setaffinity(0, {cpus[0]})
+        torch.set_num_threads(1)
+        yield child
     finally:
         try:
             _say(child, "stop")
@@ -90,11 +164,6 @@ def co_run_slowdown(model: ModelRef, seed: int, step, cpus: list[int], span_s: f
             child.kill()
         os.sched_setaffinity(0, affinity)
         torch.set_num_threads(threads)
-    a, b = statistics.median(alone), statistics.median(beside)
-    slowdown = round(max(1.0, b / a), 4)
-    return slowdown, (f"co-run: a 1-thread step {a * 1e3:.3g} ms alone, {b * 1e3:.3g} ms "
-                      f"beside a second process stepping on another core (x{slowdown:.4f}, "
-                      f"{len(alone)} and {len(beside)} steps); ")
 
 
 def _ready(child: subprocess.Popen) -> bool:
@@ -113,6 +182,18 @@ def _say(child: subprocess.Popen, word: str) -> None:
     child.stdin.flush()
     if word != "stop":
         child.stdout.readline()
+
+
+def _timed_window(iteration) -> list[float]:
+    """``_window`` of ``iteration``, a callable that returns the seconds to keep of it (the
+    window's length is its whole wall time)."""
+    kept: list[float] = []
+
+    def run() -> None:
+        kept.append(iteration())
+
+    _window(run)
+    return kept
 
 
 def _window(step) -> list[float]:
@@ -150,26 +231,71 @@ def _settle_child(cpu: int) -> str:
 def plain_step(model: ModelRef, seed: int):
     """A callable running one plain step of ``model`` (built as the profile builds it, at
     its batch): the gradients reset, the forward with the loss, the backward."""
+    module, backward = _model(model, seed)
+
+    def step() -> None:
+        module.zero_grad(set_to_none=True)
+        backward()
+
+    return step
+
+
+def _model(model: ModelRef, seed: int):
+    """``(module, backward)``: ``model`` built as the profile builds it, and a callable
+    running its forward with the loss and the backward at its batch, adding into the
+    gradients it finds."""
     from . import zoo
 
     workload = zoo.instantiate(model, seed=seed)
     module = workload.module.train()
     inputs, target = workload.make_batch(model.batch_size, seed)
 
-    def step() -> None:
-        module.zero_grad(set_to_none=True)
+    def backward() -> None:
         workload.loss(module(*inputs), target).backward()
 
-    return step
+    return module, backward
+
+
+def training_iteration(module: torch.nn.Module, step, clock=time.perf_counter):
+    """A callable running one training iteration of ``module`` as the runtime does: ``step``
+    (forward, loss and backward, adding into the gradients), the fused SGD step at a
+    learning rate of 0 (the parameters keep their values) and the zeroing of the gradients
+    (kept, not freed, as the runtime's buckets); it returns the wall seconds of the update
+    (the optimizer's step and the zeroing, as the simulator's update task holds both)."""
+    from dl_nfv.artifacts import Optimizer
+    from dl_nfv.runtime.executor import make_optimizer
+
+    params = [p for p in module.parameters() if p.requires_grad]
+    optimizer = make_optimizer(params, Optimizer.SGD, lr=0.0)
+
+    def iteration() -> float:
+        step()
+        t0 = clock()
+        if optimizer is not None:
+            optimizer.step()
+        for p in params:
+            if p.grad is not None:
+                p.grad.zero_()
+        return clock() - t0
+
+    return iteration
 
 
 def child() -> None:
     """The second process: pinned to its CPU at one thread, runs the model's plain step
-    while told ``go``, stands still while told ``pause``, and ends at ``stop`` (stdin)."""
+    while told ``go``, stands still while told ``pause``, runs one training iteration
+    (``training_iteration``) and says ``done`` when told ``one``, and ends at ``stop``
+    (stdin)."""
     args = json.loads(sys.argv[1])
     _settle_child(args["cpu"])
-    step = plain_step(from_data(ModelRef, args["model"]), args["seed"])
+    module, backward = _model(from_data(ModelRef, args["model"]), args["seed"])
+
+    def step() -> None:
+        module.zero_grad(set_to_none=True)
+        backward()
+
     step()
+    iteration = None
     stepping = False
     pending: list[str] = []
     heard = threading.Condition()
@@ -192,6 +318,11 @@ def child() -> None:
             word = pending.pop(0) if pending else None
         if word == "stop":
             return
+        if word == "one":
+            iteration = iteration or training_iteration(module, backward)
+            iteration()
+            print("done", flush=True)
+            continue
         if word is not None:
             stepping = word == "go"
             print(word, flush=True)  # the step before it is done

@@ -96,7 +96,7 @@ from . import zoo
 from .actions import FULL_BATCH_S, UnitActions, loss_figures, unit_action_ms
 from .allocator import keep_freed_memory
 from .capture import Capture, capture
-from .corun import co_run_slowdown
+from .corun import co_run_slowdown, training_iteration, update_co_run_slowdown
 from .counting import CostCounter, MemoryLimitExceeded
 from .devices import catalog_name_of_cuda
 from .graph import build_ops
@@ -236,7 +236,7 @@ def _profile(model, granularity, repeats, span_s, warmup, seed, dev, type_name, 
     small = max(1, model.batch_size // SCALING_DIVISOR) if batch_scaling and model.batch_size > 1 else 0
     per_round = 3 if small else 2
     others = [n for n in thread_counts if n != torch.get_num_threads()]
-    total = 2 + warmup + per_round * repeats + repeats * len(others) + 3 * (dev.type == "cpu")
+    total = 2 + warmup + per_round * repeats + repeats * len(others) + 4 * (dev.type == "cpu")
     done = 0
 
     def tick(what: str, more: int = 0) -> None:
@@ -324,6 +324,7 @@ def _profile(model, granularity, repeats, span_s, warmup, seed, dev, type_name, 
     colocation, colocation_note = _runtime_colocation(cap, workload, seed, dev)
     actions = UnitActions(None, None, None, "")
     co_run, co_run_note = None, ""
+    update_co_run, update_co_run_note = None, ""
     rates = UpdateRates({}, None, None, "")
     if dev.type == "cpu":
         step_1t_s = _one_thread_step_s(steps, passes)
@@ -342,6 +343,13 @@ def _profile(model, granularity, repeats, span_s, warmup, seed, dev, type_name, 
                                                   peak_bytes, available_memory_bytes(dev))
         module.zero_grad(set_to_none=True)
         tick("timing the step beside a second process")
+        with _model_errors(model, cap):
+            update_co_run, update_co_run_note = update_co_run_slowdown(
+                model, seed, training_iteration(module, backward), cpus, span_s,
+                peak_bytes + sum(p.numel() * p.element_size() for p in module.parameters()),
+                available_memory_bytes(dev))
+        module.zero_grad(set_to_none=True)
+        tick("timing the update beside a second process")
     ref = ModelRef(name=model.name, source=model.source, batch_size=model.batch_size,
                    dtype=model.dtype, inputs=model.inputs, options=options)
     machine = machine_name(dev)
@@ -354,11 +362,11 @@ def _profile(model, granularity, repeats, span_s, warmup, seed, dev, type_name, 
                                      ("turn_ms", actions.turn_ms))}
                  | {"update_ns_per_byte": rates.step, "zero_ns_per_byte": rates.zero,
                     "accumulate_ns_per_byte": rates.accumulate,
-                    "co_run_slowdown": co_run,
+                    "co_run_slowdown": co_run, "update_co_run_slowdown": update_co_run,
                     "cold_fwd_ms": cold[0], "cold_bwd_ms": cold[1],
                     "machine": machine}
                  | loss_figures(one, one_small, model.batch_size, per_event, per_event_small),
-                 f"{scaling_note}{actions.note}{rates.note}{co_run_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
+                 f"{scaling_note}{actions.note}{rates.note}{co_run_note}{update_co_run_note}{_threads_note(at_threads, sum(fwd_ms[o] + bwd_ms[o] for o in cap.op_ids))}"
                  f"seed {seed}; {machine}{colocation_note}")
     return OpGraph(model=ref, granularity=granularity, profile=info, ops=ops, edges=edges,
                    colocation=colocation)

@@ -22,7 +22,12 @@ MoE profile whose slowdown read 1.35, four runs of its 2-stage GPipe plan took
 data-parallel plan 7.8-8.8 ms against 8.2 with it and 7.0 without; and in the one of
 three runs where the MoE slowed by a third beside a copy of itself, it slowed by 0.39,
 0.67 and 1 of that beside a neighbour with a quarter, a half and all of its experts'
-width (the other two runs, at 1.04 and 1.09, too small to tell). The simulator
+width (the other two runs, at 1.04 and 1.09, too small to tell). The update (the
+optimizer's step and the gradients' zeroing: streams of the parameters, gradients and
+optimizer state) slows more than the forward and backward beside a neighbour, and the
+profile measures its own figure (``ProfileInfo.update_co_run_slowdown``, in lockstep with a
+second process's training iterations, as data-parallel replicas update at once): update
+tasks take it in place of the compute's, with the same shares. The simulator
 charges it in one refinement pass: it schedules the iteration at the measured (alone)
 times, stretches every compute task on such a device, and schedules again.
 
@@ -32,7 +37,9 @@ replicas on one host: twice the slowdown's excess); the footprint counts memory 
 not memory touched per second, so a model far larger than the cache, whose co-run
 slowdown comes from memory bandwidth, is charged as if the cache's capacity were what
 the neighbours share (its measured slowdown is small: 1.00-1.06 for ResNet-50 and GPT-2
-on this project's machines); communication driven by the host's cores (CPU collectives)
+on this project's machines; an update's, which is the memory bandwidth's for such a
+model, the MLP's x1.45, is charged only where the devices' data passes one copy: to data
+parallelism's replicas, not to two halves of the model updating at once); communication driven by the host's cores (CPU collectives)
 neither slows nor is slowed.
 """
 
@@ -45,7 +52,7 @@ import numpy as np
 from .costs import CostModel
 from .engine import Schedule
 from .result import memory_levels
-from .tasks import TaskGraph
+from .tasks import TaskGraph, TaskKind
 
 
 def contended_hosts(tg: TaskGraph, cm: CostModel) -> list[list[int]]:
@@ -53,7 +60,7 @@ def contended_hosts(tg: TaskGraph, cm: CostModel) -> list[list[int]]:
     (``CostModel.co_run_slowdown`` > 1)."""
     by_host: dict[str, list[int]] = defaultdict(list)
     for d, name in enumerate(tg.device_names):
-        if cm.co_run_slowdown(name) > 1.0:
+        if cm.co_run_slowdown(name) > 1.0 or cm.update_co_run_slowdown(name) > 1.0:
             by_host[cm.cluster.device(name).host].append(d)
     return [ds for ds in by_host.values() if len(ds) > 1]
 
@@ -95,8 +102,11 @@ def stretch(tg: TaskGraph, schedule: Schedule, cm: CostModel, state_factor: floa
                   - w * span) / span
         excess = np.minimum(others, np.maximum(0.0, w + others - 1.0))
         slowdown = {d: cm.co_run_slowdown(tg.device_names[d]) for d in devices}
+        updating = {d: cm.update_co_run_slowdown(tg.device_names[d]) for d in devices}
+        kind = tg.kind
         for t, x in zip(tasks, excess.tolist()):
             if x > 1e-9:
-                dur[t] *= 1.0 + (slowdown[device[t]] - 1.0) * x
+                s = (updating if kind[t] == TaskKind.UPDATE else slowdown)[device[t]]
+                dur[t] *= 1.0 + (s - 1.0) * x
                 changed = True
     return changed

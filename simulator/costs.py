@@ -787,6 +787,16 @@ class CostModel(NetworkCosts):
         info = self._cpu_profile(device)
         return 1.0 if info is None or info.co_run_slowdown is None else info.co_run_slowdown
 
+    def update_co_run_slowdown(self, device: str) -> float:
+        """How much slower the update (the optimizer's step and the gradients' zeroing) runs
+        on a CPU device of the profile's type while another device of its host runs its
+        training iteration (the profile's ``update_co_run_slowdown``); the compute's
+        ``co_run_slowdown`` where the profile did not measure it; 1 elsewhere."""
+        info = self._cpu_profile(device)
+        if info is None or info.update_co_run_slowdown is None:
+            return self.co_run_slowdown(device)
+        return info.update_co_run_slowdown
+
     def loss_ms(self, device: str, batch_fraction: float = 1.0) -> float:
         """The loss's forward and backward (outside the graph: in no op's time) on a device
         of the profile's type, at ``batch_fraction`` of the profiled batch: the profile's

@@ -156,10 +156,10 @@ def test_progress_is_reported_for_every_step():
              progress=lambda what, done, total: seen.append((done, total)))
     # 2 counting passes, 1 warm-up, 2 x (whole step + per-op step), 2 per-op steps at B / 8,
     # per other thread count 2 rounds (each settled by its own plain step), and the runtime
-    # actions', the optimizer update's and the co-run probes; the total grows by the steps
+    # actions', the optimizer update's and the two co-run probes; the total grows by the steps
     # of every round added while the medians are unstable, and is reached at the end
     others = len({torch.get_num_threads(), 1, len(allowed_cpus())}) - 1
-    assert seen[0][1] == 9 + 2 * others + 3
+    assert seen[0][1] == 9 + 2 * others + 4
     assert [done for done, _ in seen] == list(range(1, len(seen) + 1))
     assert seen[-1][0] == seen[-1][1] and all(b >= a for (_, a), (_, b) in zip(seen, seen[1:]))
 
@@ -544,6 +544,29 @@ def test_co_run_needs_a_second_cpu_and_measures_a_busy_neighbour():
     assert note.startswith("co-run: a 1-thread step ") and f"(x{slowdown:.4f}," in note
 
 
+def test_the_update_co_run_runs_in_lockstep_with_a_neighbours_iterations():
+    from dl_nfv.profilers import corun
+    from dl_nfv.profilers.zoo import instantiate, model_ref
+
+    model = model_ref("mlp-tiny", batch_size=4)
+    assert corun.update_co_run_slowdown(model, 0, lambda: 0.0, [0]) == (
+        None, "update co-run slowdown not measured: one CPU allowed; ")
+    if len(allowed_cpus()) < 2:
+        pytest.skip("one CPU allowed")
+    workload = instantiate(model, seed=0)
+    module = workload.module
+    inputs, target = workload.make_batch(4, 0)
+    before = [p.detach().clone() for p in module.parameters()]
+    iteration = corun.training_iteration(
+        module, lambda: workload.loss(module(*inputs), target).backward())
+    slowdown, note = corun.update_co_run_slowdown(model, 0, iteration, allowed_cpus()[:2])
+    assert slowdown is not None and slowdown >= 1.0
+    assert note.startswith("update co-run: the 1-thread update ") and f"(x{slowdown:.4f}," in note
+    # the iterations step at a learning rate of 0 and leave the gradients zeroed
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters()))
+    assert all(p.grad is not None and not p.grad.any() for p in module.parameters())
+
+
 def test_the_co_run_neighbour_keeps_the_heap_policy_of_the_workers():
     """The second process runs on the heap policy the profile and every training worker
     run on (a neighbour faulting its buffers in page by page presses on the cache less than
@@ -620,3 +643,9 @@ def test_no_co_run_where_a_second_copy_of_the_model_would_not_fit(monkeypatch):
     assert slowdown is None and not started
     assert note == ("co-run slowdown not measured: a second copy of the model would need "
                     "about 19.0 GiB, 9.0 GiB available; ")
+    slowdown, note = corun.update_co_run_slowdown(model_ref("mlp-tiny"), 0, lambda: 0.0,
+                                                  [0, 1], peak_bytes=12 * 2**30,
+                                                  free_bytes=9 * 2**30)
+    assert slowdown is None and not started
+    assert note == ("update co-run slowdown not measured: a second copy of the model would "
+                    "need about 19.0 GiB, 9.0 GiB available; ")

@@ -1,6 +1,7 @@
 """Co-run contention (``simulator/corun.py``): CPU devices of one host that compute at the
-same time each run slower by the profile's ``co_run_slowdown``, in proportion to the
-overlap and to the data the neighbours bring beyond one replica's."""
+same time each run slower by the profile's ``co_run_slowdown`` (their updates by its
+``update_co_run_slowdown``), in proportion to the overlap and to the data the neighbours
+bring beyond one replica's."""
 
 from __future__ import annotations
 
@@ -17,12 +18,18 @@ from .helpers import graph, mesh, one_group, op, plan
 SLOW = 1.2
 
 
-def _cpu(g, slowdown):
+def _cpu(g, slowdown, update_slowdown=None):
     ops = tuple(dataclasses.replace(o, fwd_ms={"cpu": o.fwd_ms[next(iter(o.fwd_ms))]},
                                     bwd_ms={"cpu": o.bwd_ms[next(iter(o.bwd_ms))]})
                 for o in g.ops)
-    return dataclasses.replace(g, ops=ops, profile=ProfileInfo(device_type="cpu",
-                                                               co_run_slowdown=slowdown))
+    return dataclasses.replace(g, ops=ops, profile=ProfileInfo(
+        device_type="cpu", co_run_slowdown=slowdown, update_co_run_slowdown=update_slowdown))
+
+
+def _updates(result, device: int) -> list[float]:
+    tg = result.tasks
+    return [tg.duration_ms[t] for t, k in enumerate(tg.kind)
+            if k == TaskKind.UPDATE and tg.device[t] == device]
 
 
 def _compute(result, device: int) -> list[float]:
@@ -42,10 +49,10 @@ def _two_apart(slowdown, a_bytes=4, b_bytes=4):
     return simulate(plan(g, t, groups), g, t)
 
 
-def _replicas(slowdown, n, param_bytes=3000, output_bytes=0):
+def _replicas(slowdown, n, param_bytes=3000, output_bytes=0, update_slowdown=None):
     """Data parallelism of one op over ``n`` devices of one host."""
     g = _cpu(graph([op("a", 2.0, 4.0, param_bytes=param_bytes, output_bytes=output_bytes)]),
-             slowdown)
+             slowdown, update_slowdown)
     t = mesh(n, device_type="cpu")
     return simulate(plan(g, t, [one_group(g, t.device_names)]), g, t)
 
@@ -56,6 +63,25 @@ def test_two_replicas_are_stretched_by_the_slowdown():
     for d in range(2):
         assert _compute(base, d) == pytest.approx([1.0, 2.0], rel=2e-3)  # half the batch each
         assert _compute(slow, d) == pytest.approx([x * SLOW for x in _compute(base, d)])
+
+
+def test_replicas_updating_at_once_take_the_updates_own_slowdown():
+    """The update streams parameters, gradients and state: its own figure, not the
+    compute's; without one, the compute's."""
+    base = _replicas(None, 2, param_bytes=3 * 2**20)
+    own = _replicas(SLOW, 2, param_bytes=3 * 2**20, update_slowdown=1.5)
+    same = _replicas(SLOW, 2, param_bytes=3 * 2**20)
+    for d in range(2):
+        (alone,) = _updates(base, d)
+        assert alone > 0
+        assert _updates(own, d) == pytest.approx([alone * 1.5])
+        assert _updates(same, d) == pytest.approx([alone * SLOW])
+        assert _compute(own, d) == pytest.approx([x * SLOW for x in _compute(base, d)])
+    # an update figure alone still makes the host contended, for the updates only
+    upd = _replicas(None, 2, param_bytes=3 * 2**20, update_slowdown=1.5)
+    for d in range(2):
+        assert _updates(upd, d) == pytest.approx([_updates(base, d)[0] * 1.5])
+        assert _compute(upd, d) == pytest.approx(_compute(base, d))
 
 
 def test_three_replicas_extrapolate_linearly():
