@@ -22,10 +22,13 @@ a neighbour far more than the forward and backward do (beside a second process r
 same training iteration: MoE's forward and backward x1.13, its update x1.50; the MLP's
 x1.05 and x1.45; its zeroing alone x1.78). So it is measured apart
 (``update_co_run_slowdown``): the child, told ``one``, runs one training iteration (the
-gradients zeroed, forward, loss, backward, its optimizer's step at a learning rate of 0),
-in lockstep with one of this process's, as data-parallel replicas run theirs; the
-slowdown is the median update (this process's step and zeroing, wall clock) of windows of
-iterations in lockstep over that of windows alone, taking turns as above.
+forward, loss and backward into its kept gradients, its optimizer's step at a learning
+rate of 0, the zeroing of the gradients) beside one of this process's, the two updates
+starting together once both backwards are done, as data-parallel replicas update after
+their gradients' AllReduce (started together at the forward only, GPT-2's second-long
+iterations drifted apart and their 57 ms updates barely overlapped: x1.03 against x1.67 in
+the runtime); the slowdown is the median update (this process's step and zeroing, wall
+clock) of windows of such iterations over that of windows alone, taking turns as above.
 
 Limits: two processes only (the figure for more is not measured; the simulator scales
 it by how many others compute, linearly), the same model on both (a different neighbour
@@ -42,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -118,10 +121,15 @@ def update_co_run_slowdown(model: ModelRef, seed: int, iteration, cpus: list[int
                           "start; ")
         iteration()  # settle on this core
 
+        def together() -> None:  # both backwards done: both update at once
+            child.stdout.readline()
+            child.stdin.write("update\n")
+            child.stdin.flush()
+
         def lockstep() -> float:
             child.stdin.write("one\n")
             child.stdin.flush()
-            seconds = iteration()
+            seconds = iteration(before_update=together)
             child.stdout.readline()  # its iteration is done
             return seconds
 
@@ -231,7 +239,11 @@ def _settle_child(cpu: int) -> str:
 def plain_step(model: ModelRef, seed: int):
     """A callable running one plain step of ``model`` (built as the profile builds it, at
     its batch): the gradients reset, the forward with the loss, the backward."""
-    module, backward = _model(model, seed)
+    return _resetting(*_model(model, seed))
+
+
+def _resetting(module: torch.nn.Module, backward):
+    """``backward`` with the gradients reset (freed) before it: a plain step."""
 
     def step() -> None:
         module.zero_grad(set_to_none=True)
@@ -261,15 +273,18 @@ def training_iteration(module: torch.nn.Module, step, clock=time.perf_counter):
     (forward, loss and backward, adding into the gradients), the fused SGD step at a
     learning rate of 0 (the parameters keep their values) and the zeroing of the gradients
     (kept, not freed, as the runtime's buckets); it returns the wall seconds of the update
-    (the optimizer's step and the zeroing, as the simulator's update task holds both)."""
+    (the optimizer's step and the zeroing, as the simulator's update task holds both).
+    Called with ``before_update``, it calls that between the backward and the update."""
     from dl_nfv.artifacts import Optimizer
     from dl_nfv.runtime.executor import make_optimizer
 
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, Optimizer.SGD, lr=0.0)
 
-    def iteration() -> float:
+    def iteration(before_update: Callable[[], object] | None = None) -> float:
         step()
+        if before_update is not None:
+            before_update()
         t0 = clock()
         if optimizer is not None:
             optimizer.step()
@@ -285,15 +300,13 @@ def child() -> None:
     """The second process: pinned to its CPU at one thread, runs the model's plain step
     while told ``go``, stands still while told ``pause``, runs one training iteration
     (``training_iteration``) and says ``done`` when told ``one``, and ends at ``stop``
-    (stdin)."""
+    (stdin). In an iteration it says ``backward`` when its backward is done and waits for
+    ``update`` to update, so that the two processes' updates start together, as the
+    replicas' do after their gradients' AllReduce."""
     args = json.loads(sys.argv[1])
     _settle_child(args["cpu"])
     module, backward = _model(from_data(ModelRef, args["model"]), args["seed"])
-
-    def step() -> None:
-        module.zero_grad(set_to_none=True)
-        backward()
-
+    step = _resetting(module, backward)
     step()
     iteration = None
     stepping = False
@@ -309,6 +322,12 @@ def child() -> None:
             pending.append("stop")
             heard.notify()
 
+    def next_word() -> str:
+        with heard:
+            while not pending:
+                heard.wait()
+            return pending.pop(0)
+
     threading.Thread(target=listen, daemon=True).start()
     print("ready", flush=True)
     while True:
@@ -320,7 +339,7 @@ def child() -> None:
             return
         if word == "one":
             iteration = iteration or training_iteration(module, backward)
-            iteration()
+            iteration(before_update=lambda: (print("backward", flush=True), next_word()))
             print("done", flush=True)
             continue
         if word is not None:
