@@ -19,8 +19,9 @@ those devices hold beyond one copy of the model's (docs/simulator.md).
 The update (the optimizer's step and the zeroing of the gradients) streams the model's
 parameters, gradients and optimizer state through the caches and memory, and slows beside
 a neighbour far more than the forward and backward do (beside a second process running the
-same training iteration: MoE's forward and backward x1.13, its update x1.50; the MLP's
-x1.05 and x1.45; its zeroing alone x1.78). So it is measured apart
+same training iteration: MoE's forward and backward x1.13, the MLP's x1.05; the MLP's
+zeroing alone x1.78; the runtime's data parallelism updated MoE, the MLP and GPT-2 1.65-2.3x
+slower than one device did). So it is measured apart
 (``update_co_run_slowdown``): the child, told ``one``, runs one training iteration (the
 forward, loss and backward into its kept gradients, its optimizer's step at a learning
 rate of 0, the zeroing of the gradients) beside one of this process's, the two updates
@@ -28,7 +29,8 @@ starting together once both backwards are done, as data-parallel replicas update
 their gradients' AllReduce (started together at the forward only, GPT-2's second-long
 iterations drifted apart and their 57 ms updates barely overlapped: x1.03 against x1.67 in
 the runtime); the slowdown is the median update (this process's step and zeroing, wall
-clock) of windows of such iterations over that of windows alone, taking turns as above.
+clock) of windows of such iterations over that of windows alone, taking turns as above
+(MoE x1.66, the MLP x1.70, GPT-2 x1.70).
 
 Limits: two processes only (the figure for more is not measured; the simulator scales
 it by how many others compute, linearly), the same model on both (a different neighbour

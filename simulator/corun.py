@@ -38,9 +38,9 @@ not memory touched per second, so a model far larger than the cache, whose co-ru
 slowdown comes from memory bandwidth, is charged as if the cache's capacity were what
 the neighbours share (its measured slowdown is small: 1.00-1.06 for ResNet-50 and GPT-2
 on this project's machines; an update's, which is the memory bandwidth's for such a
-model, the MLP's x1.45, is charged only where the devices' data passes one copy: to data
-parallelism's replicas, not to two halves of the model updating at once); communication driven by the host's cores (CPU collectives)
-neither slows nor is slowed.
+model, the MLP's x1.70, is charged only where the devices' data passes one copy: to data
+parallelism's replicas, not to two halves of the model updating at once); communication
+driven by the host's cores (CPU collectives) neither slows nor is slowed.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from .tasks import TaskGraph, TaskKind
 
 def contended_hosts(tg: TaskGraph, cm: CostModel) -> list[list[int]]:
     """Device indices per host where two or more of the plan's devices slow each other
-    (``CostModel.co_run_slowdown`` > 1)."""
+    (``CostModel.co_run_slowdown`` or ``update_co_run_slowdown`` > 1)."""
     by_host: dict[str, list[int]] = defaultdict(list)
     for d, name in enumerate(tg.device_names):
         if cm.co_run_slowdown(name) > 1.0 or cm.update_co_run_slowdown(name) > 1.0:
