@@ -73,30 +73,27 @@ def co_run_slowdown(model: ModelRef, seed: int, step, cpus: list[int], span_s: f
     second CPU, when a second copy of the model (its step's ``peak_bytes`` of live tensors,
     with ``MEMORY_HEADROOM``) would not fit in ``free_bytes`` (None: not known, tried), or
     when the second process did not start."""
-    if len(cpus) < 2:
-        return None, "co-run slowdown not measured: one CPU allowed; "
-    need = int(peak_bytes * MEMORY_HEADROOM[0] + MEMORY_HEADROOM[1])
-    if free_bytes is not None and need > free_bytes:
-        return None, (f"co-run slowdown not measured: a second copy of the model would need "
-                      f"about {need / 2**30:.1f} GiB, {free_bytes / 2**30:.1f} GiB available; ")
-    alone: list[float] = []
-    beside: list[float] = []
+    what = "co-run slowdown"
+    why = _unmeasurable(what, cpus, peak_bytes, free_bytes)
+    if why:
+        return None, why
     with _neighbour(model, seed, cpus) as child:
         if child is None:
-            return None, "co-run slowdown not measured: the second process did not start; "
+            return None, f"{what} not measured: the second process did not start; "
         step()  # settle on this core
-        began, pairs = time.perf_counter(), 0
-        while pairs < WINDOWS or time.perf_counter() - began < span_s:
-            pairs += 1
+
+        def alone() -> list[float]:
             _say(child, "pause")
-            alone.extend(_window(step))
+            return _window(step)
+
+        def beside() -> list[float]:
             _say(child, "go")
-            beside.extend(_window(step))
-    a, b = statistics.median(alone), statistics.median(beside)
-    slowdown = round(max(1.0, b / a), 4)
+            return _window(step)
+
+        a, b, slowdown, counts = _taking_turns(alone, beside, span_s)
     return slowdown, (f"co-run: a 1-thread step {a * 1e3:.3g} ms alone, {b * 1e3:.3g} ms "
                       f"beside a second process stepping on another core (x{slowdown:.4f}, "
-                      f"{len(alone)} and {len(beside)} steps); ")
+                      f"{counts[0]} and {counts[1]} steps); ")
 
 
 def update_co_run_slowdown(model: ModelRef, seed: int, iteration, cpus: list[int],
@@ -108,19 +105,13 @@ def update_co_run_slowdown(model: ModelRef, seed: int, iteration, cpus: list[int
     iterations, over alone (module doc), in ``WINDOWS`` pairs of windows or more until they
     span ``span_s`` seconds; ``(None, why)`` as ``co_run_slowdown``. ``peak_bytes``: the
     second process's step's live tensors and its optimizer's state."""
-    if len(cpus) < 2:
-        return None, "update co-run slowdown not measured: one CPU allowed; "
-    need = int(peak_bytes * MEMORY_HEADROOM[0] + MEMORY_HEADROOM[1])
-    if free_bytes is not None and need > free_bytes:
-        return None, (f"update co-run slowdown not measured: a second copy of the model would "
-                      f"need about {need / 2**30:.1f} GiB, {free_bytes / 2**30:.1f} GiB "
-                      f"available; ")
-    alone: list[float] = []
-    beside: list[float] = []
+    what = "update co-run slowdown"
+    why = _unmeasurable(what, cpus, peak_bytes, free_bytes)
+    if why:
+        return None, why
     with _neighbour(model, seed, cpus) as child:
         if child is None:
-            return None, ("update co-run slowdown not measured: the second process did not "
-                          "start; ")
+            return None, f"{what} not measured: the second process did not start; "
         iteration()  # settle on this core
 
         def together() -> None:  # both backwards done: both update at once
@@ -135,17 +126,40 @@ def update_co_run_slowdown(model: ModelRef, seed: int, iteration, cpus: list[int
             child.stdout.readline()  # its iteration is done
             return seconds
 
-        began, pairs = time.perf_counter(), 0
-        while pairs < WINDOWS or time.perf_counter() - began < span_s:
-            pairs += 1
-            alone.extend(_timed_window(iteration))
-            beside.extend(_timed_window(lockstep))
-    a, b = statistics.median(alone), statistics.median(beside)
-    slowdown = round(max(1.0, b / a), 4)
+        a, b, slowdown, counts = _taking_turns(lambda: _timed_window(iteration),
+                                               lambda: _timed_window(lockstep), span_s)
     return slowdown, (f"update co-run: the 1-thread update {a * 1e3:.3g} ms alone, "
                       f"{b * 1e3:.3g} ms in lockstep with a second process's training "
-                      f"iterations on another core (x{slowdown:.4f}, {len(alone)} and "
-                      f"{len(beside)} iterations); ")
+                      f"iterations on another core (x{slowdown:.4f}, {counts[0]} and "
+                      f"{counts[1]} iterations); ")
+
+
+def _unmeasurable(what: str, cpus: list[int], peak_bytes: int, free_bytes: int | None
+                  ) -> str:
+    """Why ``what`` cannot be measured ("" if it can): one CPU allowed, or a second copy of
+    the model (``peak_bytes`` with ``MEMORY_HEADROOM``) would not fit in ``free_bytes``."""
+    if len(cpus) < 2:
+        return f"{what} not measured: one CPU allowed; "
+    need = int(peak_bytes * MEMORY_HEADROOM[0] + MEMORY_HEADROOM[1])
+    if free_bytes is not None and need > free_bytes:
+        return (f"{what} not measured: a second copy of the model would need about "
+                f"{need / 2**30:.1f} GiB, {free_bytes / 2**30:.1f} GiB available; ")
+    return ""
+
+
+def _taking_turns(alone, beside, span_s: float
+                  ) -> tuple[float, float, float, tuple[int, int]]:
+    """Windows ``alone()`` and ``beside()`` (each returns its seconds) taking turns,
+    ``WINDOWS`` pairs or more until they span ``span_s``: the median alone, the median
+    beside, their ratio (at least 1, rounded) and how many of each."""
+    times: tuple[list[float], list[float]] = ([], [])
+    began, pairs = time.perf_counter(), 0
+    while pairs < WINDOWS or time.perf_counter() - began < span_s:
+        pairs += 1
+        times[0].extend(alone())
+        times[1].extend(beside())
+    a, b = statistics.median(times[0]), statistics.median(times[1])
+    return a, b, round(max(1.0, b / a), 4), (len(times[0]), len(times[1]))
 
 
 @contextmanager
