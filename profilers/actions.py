@@ -15,9 +15,13 @@ Method
     topological order, both on one device: no messages), and a step runs ``M``
     microbatches through both (``forward`` of each unit in order, then ``backward`` in
     reverse) with the runtime's own ``UnitRunner``; beside it, ``M`` plain steps of the
-    whole model at the microbatch's rows. Rounds alternate the two; the fastest of each
-    (other jobs only add time) give the excess, divided by the step's actions
-    (``2 units x 2 x M``), as the CPU of one action (``ProfileInfo.unit_action_ms``).
+    whole model at the microbatch's rows. Every round runs each step once, side by side,
+    so a round's difference between two steps is taken at one moment of the machine; the
+    median over rounds of those differences gives the excess, divided by the step's
+    actions (``2 units x 2 x M``), as the CPU of one action (``ProfileInfo.unit_action_ms``).
+    (Differences of each step's fastest round came from different rounds, so the moment of
+    one round went into them whole: on the MoE, five probes of one model gave 7-28 us per
+    action and 77-175 us per turn that way, 20-33 and 170-199 paired by round.)
     ``M`` is 4 (2, 1) where it divides the batch.
 
     That excess is not all per action: holding every microbatch's activations until the
@@ -28,8 +32,7 @@ Method
     at every microbatch. So the halves also run in GPipe's order (every microbatch's
     forwards, then every backward), taking turns with the others: the step of turns over
     the grouped one, over the ``2 (M - 1)`` turns it has more, is the CPU one more turn
-    costs (``ProfileInfo.turn_ms``; from the fastest rounds, and no more than the median
-    rounds give, so that noise does not make a cost: 0 where either is not above 0).
+    costs (``ProfileInfo.turn_ms``; paired by round as above, 0 where not above 0).
 
     So two more steps, taking turns with the others at ``SMALL_ROWS`` rows per
     microbatch (what an action costs hardly depends on the rows; the ops' own time is
@@ -46,9 +49,9 @@ Cost
     where the actions are a visible part of the step, not inside the noise of a long
     one; holding the activations of a few rows costs less than of the whole batch, which
     such a step would not resolve either). ``rounds`` rounds are timed, more until they
-    span the profile's ``span_s`` (``rounds.SPAN_S``: the difference of two steps' fastest
-    rounds, of a few milliseconds each, moves with the moment of a shared machine they
-    fall in: MoE's unit action came out 0 to 141 us across profiles of five rounds), and
+    span the profile's ``span_s`` (``rounds.SPAN_S``: the difference of two steps of a few
+    milliseconds each moves with the moment of a shared machine it falls in: MoE's unit
+    action came out 0 to 141 us across profiles of five rounds), and
     they stop once they have taken ``BUDGET_S``, at least one timed; a model whose round
     would take longer than that on its own (one row per microbatch of a very large model) gets no figure,
     and the note says so: the simulator then charges no actions, a few hundred
@@ -162,30 +165,32 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
     finally:
         torch.set_num_threads(threads)
         module.zero_grad(set_to_none=True)
-    best = {name: min(seconds) for name, seconds in taken.items()}
     turn = None
     if "grouped" in steps:
         steps.pop("grouped")
         turns = 2 * (m - 1)  # the halves' turns beyond the grouped step's one
-        turn = max(0.0, min(best["halves"] - best["grouped"],
-                            statistics.median(taken["halves"])
-                            - statistics.median(taken["grouped"]))) * 1e3 / turns
+        turn = paired_ms(taken["halves"], taken["grouped"]) / turns
     actions = {name: 2 * step.units * m for name, step in steps.items()}
-    excess = {name: max(0.0, best[name] - best["plain"]) * 1e3 for name in steps}
-    per_action = excess["halves"] / actions["halves"]
+    per_action = paired_ms(taken["halves"], taken["plain"]) / actions["halves"]
     at = "" if rows == batch_size else f" at {rows // m} row(s) per microbatch"
     note = (f"runtime {per_action * 1e3:.0f} us of CPU per unit action ({steps['halves'].units} "
-            f"units x {m} microbatches{at}, fastest of {r - 1} rounds, 1 thread)")
+            f"units x {m} microbatches{at}, median of {r - 1} rounds' differences, 1 thread)")
     per_op = None
     if "small ops" in steps and actions["small ops"] > actions[base]:
-        per_op = max(0.0, (best["small ops"] - best[base]) * 1e3
-                     / (actions["small ops"] - actions[base]))
+        per_op = (paired_ms(taken["small ops"], taken[base])
+                  / (actions["small ops"] - actions[base]))
         note += (f", {per_op * 1e3:.0f} us per further action with every op a unit of its "
                  f"own ({steps['small ops'].units} units, {SMALL_ROWS} row(s) per microbatch)")
     if turn is not None:
         note += (f", {turn * 1e3:.0f} us per further turn between forward and backward (the "
                  f"halves' forwards and backwards in turn against all forwards first)")
     return UnitActions(per_action, per_op, turn, note + "; ")
+
+
+def paired_ms(seconds: list[float], other: list[float]) -> float:
+    """The median over rounds of ``seconds - other`` taken in the same round (ms, at least
+    0): what the first step costs beyond the second at one moment of the machine."""
+    return max(0.0, statistics.median(a - b for a, b in zip(seconds, other, strict=True))) * 1e3
 
 
 class _UnitStep:

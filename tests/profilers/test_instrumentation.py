@@ -186,6 +186,59 @@ def _target(workload):
     return workload.make_batch(8, 0)[1]
 
 
+class _RoundClock:
+    """A clock for ``unit_action_ms`` that makes each step of round ``r`` (in the probe's
+    order) take ``ms[name][r - 1]`` milliseconds; round 0 (settling, read once per step) and
+    the real time the steps take do not count."""
+
+    def __init__(self, names: list[str], ms: dict[str, list[float]]):
+        self.names, self.ms = names, ms
+        self.t, self.calls = 0.0, 0
+
+    def __call__(self) -> float:
+        n = len(self.names)
+        k, self.calls = self.calls, self.calls + 1
+        if k < n:  # round 0: one reading per step
+            return self.t
+        k -= n
+        r, i, end = k // (2 * n) + 1, k % (2 * n) // 2, k % 2
+        if end:
+            self.t += self.ms[self.names[i]][r - 1] / 1e3
+        return self.t
+
+
+def test_unit_action_figures_are_the_median_of_differences_taken_within_a_round():
+    """The probe's steps run side by side in every round; each figure is the median over
+    rounds of a round's difference, so a round where one step alone ran fast (the machine's
+    moment) moves nothing, where the difference of fastest rounds would take it whole."""
+    from dl_nfv.profilers import zoo
+    from dl_nfv.profilers.actions import paired_ms, unit_action_ms
+
+    assert paired_ms([3.0, 5.0, 4.0], [1.0, 1.0, 3.5]) == 2000.0
+    assert paired_ms([1.0], [2.0]) == 0.0
+    ref = zoo.model_ref("mlp-tiny", batch_size=8)
+    workload = zoo.instantiate(ref, seed=0)
+    module = workload.module.train()
+    cap = capture(module, workload.make_batch(8, 0)[0])
+    ops = len([o for o in cap.op_ids if o not in set(cap.input_ops)])
+    rounds = 5
+    plain = [10.0, 12.0, 11.0, 4.0, 10.5]  # round 4: the plain step alone ran fast
+    ms = {"plain": plain,
+          "halves": [p + 1.6 for p in (10.0, 12.0, 11.0, 10.0, 10.5)],  # 16 actions: 0.1 ms
+          "grouped": [p + 1.6 - 0.6 for p in (10.0, 12.0, 11.0, 10.0, 10.5)],  # 6 turns
+          "small ops": [p + 1.6 + 0.02 * (2 * ops * 4 - 16)
+                        for p in (10.0, 12.0, 11.0, 10.0, 10.5)]}
+    clock = _RoundClock(["halves", "grouped", "small ops", "plain"], ms)
+    unit, per_op, turn, note, *_ = unit_action_ms(cap, workload, module, 8, 0, rounds=rounds,
+                                                  clock=clock)
+    assert clock.calls == 4 + 2 * 4 * rounds  # the order and rounds the clock assumed
+    assert unit == pytest.approx(0.1) and turn == pytest.approx(0.1)
+    assert per_op == pytest.approx(0.02)
+    assert f"median of {rounds} rounds' differences" in note
+    # from the fastest rounds: (10 + 1.6 - 4) / 16 actions
+    assert (min(ms["halves"]) - min(plain)) / 16 == pytest.approx(0.475)
+
+
 def test_a_long_steps_unit_actions_are_taken_at_a_few_rows_or_not_at_all():
     """A one-thread step over ``FULL_BATCH_S``: the halves and the plain steps run at
     ``SMALL_ROWS`` rows per microbatch too; a round estimated over ``BUDGET_S``: no figure,
