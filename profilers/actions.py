@@ -21,7 +21,10 @@ Method
     actions (``2 units x 2 x M``), as the CPU of one action (``ProfileInfo.unit_action_ms``).
     (Differences of each step's fastest round came from different rounds, so the moment of
     one round went into them whole: on the MoE, five probes of one model gave 7-28 us per
-    action and 77-175 us per turn that way, 20-33 and 170-199 paired by round.)
+    action and 77-175 us per turn that way, 20-33 and 170-199 paired by round.) A
+    difference the rounds do not resolve (their signs as a coin's would fall: a sign test,
+    ``paired_ms``) is 0: three or four rounds of ResNet-50's second-long steps otherwise
+    gave 0.8-2.7 ms per turn of noise.
     ``M`` is 4 (2, 1) where it divides the batch.
 
     That excess is not all per action: holding every microbatch's activations until the
@@ -32,7 +35,7 @@ Method
     at every microbatch. So the halves also run in GPipe's order (every microbatch's
     forwards, then every backward), taking turns with the others: the step of turns over
     the grouped one, over the ``2 (M - 1)`` turns it has more, is the CPU one more turn
-    costs (``ProfileInfo.turn_ms``; paired by round as above, 0 where not above 0).
+    costs (``ProfileInfo.turn_ms``; paired by round as above).
 
     So two more steps, taking turns with the others at ``SMALL_ROWS`` rows per
     microbatch (what an action costs hardly depends on the rows; the ops' own time is
@@ -66,6 +69,7 @@ fails at the microbatch) gets no figure, and the note says why.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from functools import partial
@@ -81,6 +85,7 @@ from .rounds import MAX_SPAN_ROUNDS
 ROUNDS = 5
 SMALL_ROWS = 2  # rows per microbatch of the steps whose difference is the actions alone
 FULL_BATCH_S = 0.25  # a one-thread step longer than this: every probe step at the small rows
+SIGN_P = 0.05  # a paired difference counts where chance would give its rounds' signs less often
 BUDGET_S = 10.0  # the timed rounds stop after this much (the settling round not counted)
 UNITS = ("head", "tail")
 
@@ -189,8 +194,16 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
 
 def paired_ms(seconds: list[float], other: list[float]) -> float:
     """The median over rounds of ``seconds - other`` taken in the same round (ms, at least
-    0): what the first step costs beyond the second at one moment of the machine."""
-    return max(0.0, statistics.median(a - b for a, b in zip(seconds, other, strict=True))) * 1e3
+    0): what the first step costs beyond the second at one moment of the machine. 0 where
+    the rounds do not resolve it: where as many rounds as came out above 0 or more would
+    have, with a chance over ``SIGN_P``, were each round's sign a coin's toss (a sign test;
+    with fewer than 5 rounds nothing is resolved), so that the noise of a few long rounds
+    makes no cost."""
+    diffs = [a - b for a, b in zip(seconds, other, strict=True)]
+    n, above = len(diffs), sum(d > 0 for d in diffs)
+    if not n or sum(math.comb(n, k) for k in range(above, n + 1)) / 2 ** n > SIGN_P:
+        return 0.0
+    return max(0.0, statistics.median(diffs)) * 1e3
 
 
 class _UnitStep:

@@ -214,8 +214,11 @@ def test_unit_action_figures_are_the_median_of_differences_taken_within_a_round(
     from dl_nfv.profilers import zoo
     from dl_nfv.profilers.actions import paired_ms, unit_action_ms
 
-    assert paired_ms([3.0, 5.0, 4.0], [1.0, 1.0, 3.5]) == 2000.0
+    assert paired_ms([3.0, 5.0, 4.0, 2.0, 3.0], [1.0, 1.0, 3.5, 1.5, 2.0]) == 1000.0
     assert paired_ms([1.0], [2.0]) == 0.0
+    # the rounds' signs as a coin's could give them: not resolved, whatever the median
+    assert paired_ms([3.0, 5.0, 4.0, 2.0], [1.0, 1.0, 3.5, 1.5]) == 0.0  # 4 of 4: p 1/16
+    assert paired_ms([9.0, 9.0, 9.0, 0.0, 0.0, 9.0], [1.0] * 6) == 0.0  # 4 of 6 above
     ref = zoo.model_ref("mlp-tiny", batch_size=8)
     workload = zoo.instantiate(ref, seed=0)
     module = workload.module.train()
