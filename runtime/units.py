@@ -96,6 +96,8 @@ class UnitRunner:
         self.local_consumers = {v: sum(1 for c in cs if self._runs(c))
                                 for v, cs in partition.consumers.items()}
         self.unit_time_ms: dict[tuple[str, str], list[float]] = defaultdict(list)
+        # the receives of the last schedule begun: every step of a run begins the same one
+        self._posts: tuple[tuple, list[tuple]] = ((), [])
         self._reset()
 
     # ---------------------------------------------------------------- geometry
@@ -163,11 +165,15 @@ class UnitRunner:
     def begin_step(self, inputs: tuple, target: Any,
                    actions: Sequence[tuple[str, str, int]] = ()) -> None:
         """Start a step; post every receive that ``actions`` (this device's schedule of the
-        step) will make (``Comm.post``)."""
+        step) will make (``Comm.post``). The receives of a schedule are worked out once: a
+        placement's walk over its actions' values and routes took a rank 30-50 us a step."""
         self._reset()
         self.inputs = inputs
         self.target = target
-        for shape, dtype, src, tag in self.receives(actions):
+        schedule = tuple(actions)
+        if schedule != self._posts[0]:
+            self._posts = (schedule, list(self.receives(schedule)))
+        for shape, dtype, src, tag in self._posts[1]:
             self.comm.post(shape, dtype, src, tag)
 
     def receives(self, actions: Sequence[tuple[str, str, int]]) -> Iterator[tuple]:

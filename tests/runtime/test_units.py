@@ -160,3 +160,40 @@ def test_receives_lists_every_receive_a_schedule_makes_in_order(name, cuts, micr
         assert list(runner.receives(actions)) == comm.made
         total += len(comm.made)
     assert total > 0 or len(order) == 1
+
+
+class _PostingComm(_RecordingComm):
+    """A ``_RecordingComm`` that records each ``post`` and posts nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.posted: list[tuple] = []
+
+    def post(self, shape, dtype, src, tag):
+        self.posted.append((tuple(shape), dtype, src, tag))
+
+
+def test_every_step_posts_the_receives_of_its_own_schedule():
+    """Steps that begin the same schedule post the same receives, and a step that begins
+    another schedule posts that one's (the receives are worked out once per schedule):
+    device d1 of alternate units over two microbatches, then over its first microbatch's
+    actions alone."""
+    batch = 4
+    w, inputs, target, part = _cut("mlp-tiny", [0.3, 0.6], batch)
+    order = sorted(part.units, key=lambda u: int(u[1:]))
+    placements = {u: Placement((f"d{int(u[1:]) % 2}",), (1.0,)) for u in order}
+    comm = _PostingComm()
+    runner = UnitRunner(part, placements, device="d1", rank_of={"d0": 0, "d1": 1},
+                        microbatches=2, batch_size=batch, comm=comm, loss_fn=w.loss)
+    mine = [u for u in order if placements[u].devices == ("d1",)]
+    both = ([("F", u, mb) for mb in range(2) for u in mine]
+            + [("B", u, mb) for mb in range(2) for u in reversed(mine)])
+    first = [a for a in both if a[2] == 0]
+    posted = []
+    for actions in (both, both, first, both):
+        comm.posted = []
+        runner.begin_step(inputs, target, actions)
+        posted.append(comm.posted)
+    want_both, want_first = list(runner.receives(both)), list(runner.receives(first))
+    assert want_both and len(want_first) < len(want_both)
+    assert posted == [want_both, want_both, want_first, want_both]
