@@ -478,7 +478,7 @@ def _device_times(simulated: dict) -> tuple[dict[str, float], dict[str, float]]:
 
 
 def _updates(stem: Path, report: dict) -> dict[str, list[float]]:
-    """Per rank, the optimizer update (the step, a PS pull's own work) as the run measured
+    """Per rank, the optimizer update (the gradients' zeroing and the step) as the run measured
     it (``report``: the median step after the warm-up) and as simulated (``simulate
     --compare``'s breakdown), in ms; nothing where the comparison fails."""
     run = next(iter(sorted(stem.parent.glob(f"{stem.name}.run*.json"))), None)

@@ -311,8 +311,11 @@ class PlanExecutor:
         with span("update"), timeline.span("update", "update"):
             if self.optimizer is not None:
                 self.optimizer.step()
-            for s in self.syncs:
-                s.pull()
+        pulling = [s for s in exchanging if isinstance(s, GradientSync) and s.method is SyncMethod.PS]
+        if pulling:  # a server sends its shard's values (gloo: in the caller's thread)
+            with span("ps-pull"), timeline.span("communication", "pull parameters"):
+                for s in pulling:
+                    s.pull()
         return loss
 
     def held_parameters(self) -> dict[str, torch.Tensor]:

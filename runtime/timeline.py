@@ -7,11 +7,13 @@ a host):
 * **compute**: a unit's forward, backward or weight-gradient action (named as the
   simulator names its tasks: ``forward stage1 mb3``);
 * **communication**: every blocking wait on a peer (``recv``, a collective's or a
-  send's ``wait``, timed by ``Comm``) and the gradient exchange after the actions
-  (``reduce gradients``: AllReduce waits, PS pushes and the server's sums);
-* **update**: zeroing the gradients (at the step's start), the optimizer step and, for
-  PS, the pull of the parameters: the optimizer's upkeep, as the simulator's update
-  task holds it.
+  send's ``wait``, timed by ``Comm``), the gradient exchange after the actions
+  (``reduce gradients``: AllReduce waits, PS pushes and the server's sums) and a PS's
+  pull of the parameters (``pull parameters``: with gloo a server sends its shard in
+  its own thread, so the send's copy is there, not in the wait), as the simulator's
+  ``ps-pull`` task is communication;
+* **update**: zeroing the gradients (at the step's start) and the optimizer step: the
+  optimizer's upkeep, as the simulator's update task holds it.
 
 A span's own time is its length minus the spans nested in it (a ``recv`` inside a
 forward is communication, not compute), so the three categories never count a

@@ -8,11 +8,20 @@ import statistics
 
 import pytest
 
-from dl_nfv.artifacts import load
+from dl_nfv.artifacts import SyncMethod, load
 from dl_nfv.artifacts.runreport import CATEGORIES
 from dl_nfv.simulator import simulate
 
-from .helpers import devices, dl_nfv, graph_of, pipeline_plan, schedule_1f1b, topology, write
+from .helpers import (
+    devices,
+    dl_nfv,
+    dp_plan,
+    graph_of,
+    pipeline_plan,
+    schedule_1f1b,
+    topology,
+    write,
+)
 
 STEPS, WARMUP = 4, 1
 
@@ -123,3 +132,24 @@ def test_compare_and_trace_set_the_measured_timeline_beside_the_simulated(pipeli
     assert {e["name"] for e in measured if e["tid"] == 1} == {
         s.name for s in run.timeline if s.rank == 0}
     assert any(e["ph"] == "X" and e["pid"] == 1 for e in events)
+
+
+def test_a_parameter_servers_pull_is_communication_after_the_update(tmp_path):
+    # the simulator's ps-pull is a communication task after the server's update task, and
+    # gloo makes the server's send of its shard in the caller's thread: the measured pull
+    # (its send included) must be communication, never update time
+    graph, topo = graph_of("mlp-tiny", batch_size=8), topology(2)
+    d = devices(2)
+    plan = dp_plan(graph, topo, d, sync=SyncMethod.PS, servers=(d[0],))
+    write(tmp_path, graph, topo, plan)
+    result = dl_nfv("train", str(tmp_path / "plan.json"), "--steps", str(STEPS), "--warmup",
+                    str(WARMUP), "-o", str(tmp_path / "run.json"))
+    assert result.returncode == 0, result.stderr
+    run = load(tmp_path / "run.json", expect="run-report")
+    for rank in run.per_rank:
+        spans = sorted((s for s in run.timeline if s.rank == rank.rank), key=lambda s: s.start_ms)
+        assert [s.name for s in spans if s.category == "update"] == ["zero gradients", "update"]
+        update = next(s for s in spans if s.name == "update")
+        pull = next(s for s in spans if s.name == "pull parameters")
+        assert pull.category == "communication" and pull.start_ms >= update.end_ms
+        assert spans[-1].end_ms <= pull.end_ms  # the step's last span: its wait nests in it
