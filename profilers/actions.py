@@ -21,10 +21,12 @@ Method
     actions (``2 units x 2 x M``), as the CPU of one action (``ProfileInfo.unit_action_ms``).
     (Differences of each step's fastest round came from different rounds, so the moment of
     one round went into them whole: on the MoE, five probes of one model gave 7-28 us per
-    action and 77-175 us per turn that way, 20-33 and 170-199 paired by round.) A
-    difference the rounds do not resolve (their signs as a coin's would fall: a sign test,
-    ``paired_ms``) is 0: three or four rounds of ResNet-50's second-long steps otherwise
-    gave 0.8-2.7 ms per turn of noise.
+    action and 77-175 us per turn that way, 20-33 and 170-199 paired by round.) Rounds
+    are added while a difference is not yet resolved (its rounds' signs fall as a coin's
+    could: a sign test, ``resolved``), within the probe's budget (below); one still not
+    resolved then is 0: three or four rounds of ResNet-50's second-long steps otherwise
+    gave 0.8-2.7 ms per turn of noise. (With only the rounds the span gave, about 30,
+    the MoE's action came out 0 in one profile of eight, 95-143 us in the others.)
     ``M`` is 4 (2, 1) where it divides the batch.
 
     That excess is not all per action: holding every microbatch's activations until the
@@ -54,8 +56,9 @@ Cost
     such a step would not resolve either). ``rounds`` rounds are timed, more until they
     span the profile's ``span_s`` (``rounds.SPAN_S``: the difference of two steps of a few
     milliseconds each moves with the moment of a shared machine it falls in: MoE's unit
-    action came out 0 to 141 us across profiles of five rounds), and
-    they stop once they have taken ``BUDGET_S``, at least one timed; a model whose round
+    action came out 0 to 141 us across profiles of five rounds), more while a difference
+    is unresolved (above), and they stop once they have taken ``BUDGET_S``, at least one
+    timed; a model whose round
     would take longer than that on its own (one row per microbatch of a very large model) gets no figure,
     and the note says so: the simulator then charges no actions, a few hundred
     microseconds against steps of seconds.
@@ -151,8 +154,11 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
                 (workload.loss(module(*mb_inputs), mb_target) / m).backward()
 
         taken: dict[str, list[float]] = {name: [] for name in [*steps, "plain"]}
+        pairs = _pairs(steps, base)
         timed_s, r = 0.0, 0
-        while ((r <= rounds or timed_s < span_s and r <= MAX_SPAN_ROUNDS)
+        while ((r <= rounds or timed_s < span_s and r <= MAX_SPAN_ROUNDS
+                or not all(resolved(taken[a], taken[b]) for a, b in pairs)
+                and r <= MAX_SPAN_ROUNDS)
                and (r < 2 or timed_s < BUDGET_S)):  # round 0 settles them all
             w0 = time.perf_counter()
             for name, seconds in taken.items():
@@ -192,17 +198,34 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
     return UnitActions(per_action, per_op, turn, note + "; ")
 
 
+def _pairs(steps: dict, base: str) -> list[tuple[str, str]]:
+    """The probe's steps whose paired differences make its figures (``unit_action_ms``)."""
+    pairs = [("halves", "plain")]
+    if "grouped" in steps:
+        pairs.append(("halves", "grouped"))
+    if "small ops" in steps:
+        pairs.append(("small ops", base))
+    return pairs
+
+
+def resolved(seconds: list[float], other: list[float]) -> bool:
+    """Whether the rounds tell ``seconds`` from ``other`` (``paired_ms``): fewer of them came
+    out above 0 than a coin's tosses would give with a chance of ``SIGN_P`` (a one-sided
+    sign test; with fewer than 5 rounds nothing is resolved). A difference that is 0 or
+    below is resolved by nothing, whatever the rounds."""
+    n = len(seconds)
+    above = sum(a > b for a, b in zip(seconds, other, strict=True))
+    return bool(n) and sum(math.comb(n, k) for k in range(above, n + 1)) / 2 ** n <= SIGN_P
+
+
 def paired_ms(seconds: list[float], other: list[float]) -> float:
     """The median over rounds of ``seconds - other`` taken in the same round (ms, at least
     0): what the first step costs beyond the second at one moment of the machine. 0 where
-    the rounds do not resolve it: where as many rounds as came out above 0 or more would
-    have, with a chance over ``SIGN_P``, were each round's sign a coin's toss (a sign test;
-    with fewer than 5 rounds nothing is resolved), so that the noise of a few long rounds
+    the rounds do not resolve it (``resolved``), so that the noise of a few long rounds
     makes no cost."""
-    diffs = [a - b for a, b in zip(seconds, other, strict=True)]
-    n, above = len(diffs), sum(d > 0 for d in diffs)
-    if not n or sum(math.comb(n, k) for k in range(above, n + 1)) / 2 ** n > SIGN_P:
+    if not resolved(seconds, other):
         return 0.0
+    diffs = [a - b for a, b in zip(seconds, other, strict=True)]
     return max(0.0, statistics.median(diffs)) * 1e3
 
 

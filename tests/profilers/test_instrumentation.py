@@ -242,6 +242,33 @@ def test_unit_action_figures_are_the_median_of_differences_taken_within_a_round(
     assert (min(ms["halves"]) - min(plain)) / 16 == pytest.approx(0.475)
 
 
+def test_the_probe_adds_rounds_until_its_differences_are_resolved():
+    """Two rounds of five where the step of units ran no longer than the plain one leave
+    the sign test unresolved (3 of 5 above: 0 by the rounds given); the probe times more
+    rounds, until 9 of 11 are above (p 0.033), and the figure is their median."""
+    from dl_nfv.profilers import zoo
+    from dl_nfv.profilers.actions import paired_ms, resolved, unit_action_ms
+
+    ref = zoo.model_ref("mlp-tiny", batch_size=8)
+    workload = zoo.instantiate(ref, seed=0)
+    module = workload.module.train()
+    cap = capture(module, workload.make_batch(8, 0)[0])
+    ops = len([o for o in cap.op_ids if o not in set(cap.input_ops)])
+    plain = [10.0] * 20
+    over = [1.6, -0.5, 1.6, -0.5, 1.6] + [1.6] * 15  # halves' excess: 16 actions of 0.1 ms
+    ms = {"plain": plain, "halves": [p + d for p, d in zip(plain, over)],
+          "grouped": [p + d - 0.6 for p, d in zip(plain, over)],
+          "small ops": [p + d + 0.02 * (2 * ops * 4 - 16) for p, d in zip(plain, over)]}
+    assert paired_ms(ms["halves"][:5], plain[:5]) == 0.0 and not resolved(ms["halves"][:10],
+                                                                          plain[:10])
+    clock = _RoundClock(["halves", "grouped", "small ops", "plain"], ms)
+    unit, per_op, turn, note = unit_action_ms(cap, workload, module, 8, 0, rounds=5,
+                                              clock=clock)
+    assert clock.calls == 4 + 2 * 4 * 11
+    assert unit == pytest.approx(0.1) and "median of 11 rounds' differences" in note
+    assert turn == pytest.approx(0.1) and per_op == pytest.approx(0.02)
+
+
 def test_a_long_steps_unit_actions_are_taken_at_a_few_rows_or_not_at_all():
     """A one-thread step over ``FULL_BATCH_S``: the halves and the plain steps run at
     ``SMALL_ROWS`` rows per microbatch too; a round estimated over ``BUDGET_S``: no figure,
