@@ -739,8 +739,9 @@ class CostModel(NetworkCosts):
         return 0.0 if info is None or info.unit_action_ms is None else info.unit_action_ms
 
     def turn_ms(self, device: str, op_ids: Iterable[str]) -> float:
-        """CPU one more turn between forward and backward costs a unit of ``op_ids`` on a CPU
-        device of the profile's type: the profile's ``turn_ms`` (the whole model's, on one
+        """CPU a turn between forward and backward costs a unit of ``op_ids`` on a CPU
+        device of the profile's type (what an action that does not turn saves against the
+        op times, which hold one): the profile's ``turn_ms`` (the whole model's, on one
         thread) times the ops' share of the model's batch-independent time there (forward
         and backward; of its whole time where none was measured): what the turn finds cold
         is what the ops touch whatever the batch. 0 elsewhere or where not measured."""
@@ -976,6 +977,14 @@ class CostModel(NetworkCosts):
                                   batch_fraction).sum()),
                 float(scale_table(self.bwd_ms_by_type[idx, j], self.bwd_fixed_by_type[idx, j],
                                   batch_fraction).sum()))
+
+    def fixed_ms(self, op_ids: Iterable[str], device: str) -> tuple[float, float]:
+        """Summed (forward, backward) batch-independent time of ``op_ids`` on ``device``: what
+        they take at any batch (0 where no fixed parts were measured)."""
+        idx = [self.op_index[o] for o in op_ids]
+        j = self.device_type_index[device]
+        return (float(self.fwd_fixed_by_type[idx, j].sum()),
+                float(self.bwd_fixed_by_type[idx, j].sum()))
 
     def scaled_tables(self, cols, batch_fraction) -> tuple[np.ndarray, np.ndarray]:
         """(forward, backward) ``[ops, len(cols)]`` tables of device-type columns ``cols`` at

@@ -598,7 +598,7 @@ class _Lowering(_Communication):
                 if not actions:
                     continue
                 chain = chains[d] = []
-                facing, turns = None, 0  # the direction of the last action, turns so far
+                last = None  # the device's last action: (stage, forward?), None after a W
                 for a in actions:
                     gi = stage_group[a.stage]
                     r = rep_of[(gi, d)]
@@ -616,12 +616,10 @@ class _Lowering(_Communication):
                         chain.extend(self.B[u][r] + a.microbatch for u in reversed(units)
                                      if self.unit_rg[u])
                     if len(chain) > begins:
-                        way = a.op == "F"
-                        if facing is not None and way != facing:
-                            turns += 1
-                            if turns > 1:  # (what this stands in for: docs/cost-model.md, Turns)
-                                self.tg.duration_ms[chain[begins]] += self._turn_ms(gi, d)
-                        facing = way
+                        now = None if a.op == "W" else (a.stage, a.op == "F")
+                        if now is not None and now == last:  # no turn: the op times hold one
+                            self._take_off(chain[begins:], self._turn_ms(gi, d, now[1]))
+                        last = now
         for d, where in op_pos.items():
             if d in chains:
                 continue
@@ -675,16 +673,35 @@ class _Lowering(_Communication):
                 if not extra:
                     break
 
-    def _turn_ms(self, gi: int, d: int) -> float:
-        """What one more turn between forward and backward costs the stage of group ``gi``
-        on device ``d`` (``CostModel.turn_ms``): charged on the first task of every action
-        of a device's schedule that turns, beyond its first turn. A GPipe stage turns once
-        a step, a 1F1B stage at every microbatch of its steady state."""
+    def _take_off(self, tasks: list[int], ms: float) -> None:
+        """``ms`` less on ``tasks``, from the first on, none below 0."""
+        duration = self.tg.duration_ms
+        for t in tasks:
+            if ms <= 0:
+                return
+            cut = min(ms, duration[t])
+            duration[t] -= cut
+            ms -= cut
+
+    def _turn_ms(self, gi: int, d: int, forward: bool) -> float:
+        """What an action of the stage of group ``gi`` on device ``d`` that does not turn
+        between forward and backward takes less than its op times, which hold a turn (they
+        come from forward-then-backward steps): the stage's share of a turn
+        (``CostModel.turn_ms``), at most the action's batch-independent time (what a turn
+        finds cold is what the ops touch whatever the batch; so a stage's microbatches never
+        cost less than its ops at the whole batch once). An action does not turn where the
+        device's action before it ran the same stage in the same direction: a GPipe stage's
+        forwards and backwards after its first, a 1F1B stage's warm-up forwards and
+        cool-down backwards (docs/cost-model.md, "Turns"). A split backward's weight
+        gradients (``W``) neither take it nor leave the next action warm."""
         cache = self._turn_cache
         if (gi, d) not in cache:
             ops = [o for u in self.unit_order if self.unit_group[u] == gi for o in self.members[u]]
-            cache[(gi, d)] = self.cm.turn_ms(self.device_names[d], ops)
-        return cache[(gi, d)]
+            name = self.device_names[d]
+            turn = self.cm.turn_ms(name, ops)
+            fwd_fixed, bwd_fixed = self.cm.fixed_ms(ops, name)
+            cache[(gi, d)] = (min(turn, fwd_fixed), min(turn, bwd_fixed))
+        return cache[(gi, d)][0 if forward else 1]
 
     # ------------------------------------------------------------- memory
     def _memory(self) -> None:
