@@ -22,9 +22,10 @@ Method
     (Differences of each step's fastest round came from different rounds, so the moment of
     one round went into them whole: on the MoE, five probes of one model gave 7-28 us per
     action and 77-175 us per turn that way, 20-33 and 170-199 paired by round.) Rounds
-    are added while a difference is not yet resolved (its rounds' signs fall as a coin's
-    could: a sign test, ``resolved``), within the probe's budget (below); one still not
-    resolved then is 0: three or four rounds of ResNet-50's second-long steps otherwise
+    are added while the difference of a step with more actions than the other is not yet
+    resolved (its rounds' signs fall as a coin's could: a sign test, ``resolved``), within
+    the probe's budget (below); a difference still not resolved then, and a turn's that
+    is not (it may be nothing, which no count of rounds resolves), is 0: three or four rounds of ResNet-50's second-long steps otherwise
     gave 0.8-2.7 ms per turn of noise. (With only the rounds the span gave, about 30,
     the MoE's action came out 0 in one profile of eight, 95-143 us in the others.)
     ``M`` is 4 (2, 1) where it divides the batch.
@@ -34,8 +35,12 @@ Method
     The runtime's forwards run faster right after a forward than after a backward, and
     its backwards likewise (what the core last ran is still warm): a GPipe stage runs its
     microbatches' forwards back to back, a 1F1B stage turns between forward and backward
-    at every microbatch. So the halves also run in GPipe's order (every microbatch's
-    forwards, then every backward), taking turns with the others: the step of turns over
+    at every microbatch. So the halves also run in GPipe's order (each half's forwards of
+    every microbatch, then each half's backwards: a half's actions back to back, as a
+    stage's are on its own device; with the halves' forwards alternating per microbatch
+    instead, the MoE's turn read 0.15-0.22 ms in three probes against 0.21-0.28 in three
+    of this order, alternating in one process), taking
+    turns with the others: the step of turns over
     the grouped one, over the ``2 (M - 1)`` turns it has more, is the CPU one more turn
     costs (``ProfileInfo.turn_ms``; paired by round as above).
 
@@ -56,8 +61,8 @@ Cost
     such a step would not resolve either). ``rounds`` rounds are timed, more until they
     span the profile's ``span_s`` (``rounds.SPAN_S``: the difference of two steps of a few
     milliseconds each moves with the moment of a shared machine it falls in: MoE's unit
-    action came out 0 to 141 us across profiles of five rounds), more while a difference
-    is unresolved (above), and they stop once they have taken ``BUDGET_S``, at least one
+    action came out 0 to 141 us across profiles of five rounds), more while an action's
+    difference is unresolved (above), and they stop once they have taken ``BUDGET_S``, at least one
     timed; a model whose round
     would take longer than that on its own (one row per microbatch of a very large model) gets no figure,
     and the note says so: the simulator then charges no actions, a few hundred
@@ -199,10 +204,10 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
 
 
 def _pairs(steps: dict, base: str) -> list[tuple[str, str]]:
-    """The probe's steps whose paired differences make its figures (``unit_action_ms``)."""
+    """The probe's steps whose paired differences the rounds go on for until resolved: those
+    that are more work by construction (more actions than the other step), so that more
+    rounds resolve them; a turn's may be nothing, which no count of rounds resolves."""
     pairs = [("halves", "plain")]
-    if "grouped" in steps:
-        pairs.append(("halves", "grouped"))
     if "small ops" in steps:
         pairs.append(("small ops", base))
     return pairs
@@ -253,15 +258,23 @@ class _UnitStep:
 
     def __call__(self, grouped: bool = False) -> None:
         """One step: each microbatch's forwards then its backwards (1F1B's turns), or
-        (``grouped``) every microbatch's forwards, then every backward (GPipe's order)."""
+        (``grouped``) each unit's forwards of every microbatch in turn, then each unit's
+        backwards in reverse (GPipe's order, a unit's actions back to back as a stage's
+        are on its device)."""
         runner = self.runner
         self.comm.timeline.begin(time.perf_counter())
         runner.begin_step(*self.batch)
-        for ks in ([range(self.m)] if grouped else [[k] for k in range(self.m)]):
-            for k in ks:
+        if grouped:
+            for u in self.order:
+                for k in range(self.m):
+                    runner.forward(u, k)
+            for u in reversed(self.order):
+                for k in range(self.m):
+                    runner.backward(u, k)
+        else:
+            for k in range(self.m):
                 for u in self.order:
                     runner.forward(u, k)
-            for k in ks:
                 for u in reversed(self.order):
                     runner.backward(u, k)
         runner.end_step()

@@ -294,7 +294,8 @@ def test_a_long_steps_unit_actions_are_taken_at_a_few_rows_or_not_at_all():
 
 def test_the_turn_probe_runs_the_halves_in_1f1b_turns_and_in_gpipe_order():
     """The probe's step takes turns per microbatch; grouped, it runs every forward first, so
-    it turns once where the other turns ``2 M - 1`` times."""
+    it turns once where the other turns ``2 M - 1`` times, and each half's actions back to
+    back (the head's forwards, the tail's, the tail's backwards, the head's)."""
     from dl_nfv.profilers import zoo
     from dl_nfv.profilers.actions import _UnitStep
     from dl_nfv.profilers.probe import probe
@@ -312,12 +313,16 @@ def test_the_turn_probe_runs_the_halves_in_1f1b_turns_and_in_gpipe_order():
         step(grouped=grouped)
         names = [name for category, name, _, _ in step.comm.timeline.spans
                  if category == "compute"]
+        units.append([name.split()[1] for name in names])
         return [name.split()[0] for name in names]
 
     def turns(seq: list[str]) -> int:
         return sum(a != b for a, b in zip(seq, seq[1:]))
 
+    units: list[list[str]] = []
     taking_turns, grouped = directions(False), directions(True)
     assert sorted(taking_turns) == sorted(grouped) == ["backward"] * 8 + ["forward"] * 8
     assert grouped == ["forward"] * 8 + ["backward"] * 8
     assert turns(taking_turns) == 2 * 4 - 1 and turns(grouped) == 1
+    assert units[0] == ["head", "tail", "tail", "head"] * 4
+    assert units[1] == ["head"] * 4 + ["tail"] * 8 + ["head"] * 4
