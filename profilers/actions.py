@@ -25,9 +25,10 @@ Method
     are added while the difference of a step with more actions than the other is not yet
     resolved (its rounds' signs fall as a coin's could: a sign test, ``resolved``), within
     the probe's budget (below); a difference still not resolved then, and a turn's that
-    is not (it may be nothing, which no count of rounds resolves), is 0: three or four rounds of ResNet-50's second-long steps otherwise
-    gave 0.8-2.7 ms per turn of noise. (With only the rounds the span gave, about 30,
-    the MoE's action came out 0 in one profile of eight, 95-143 us in the others.)
+    is not (it may be nothing, which no count of rounds resolves), is 0: three or four
+    rounds of ResNet-50's second-long steps otherwise gave 0.8-2.7 ms per turn of noise.
+    (With only the rounds the span gave, about 30, the MoE's action came out 0 in one
+    profile of eight, 95-143 us in the others.)
     ``M`` is 4 (2, 1) where it divides the batch.
 
     That excess is not all per action: holding every microbatch's activations until the
@@ -39,10 +40,9 @@ Method
     every microbatch, then each half's backwards: a half's actions back to back, as a
     stage's are on its own device; with the halves' forwards alternating per microbatch
     instead, the MoE's turn read 0.15-0.22 ms in three probes against 0.21-0.28 in three
-    of this order, alternating in one process), taking
-    turns with the others: the step of turns over
-    the grouped one, over the ``2 (M - 1)`` turns it has more, is the CPU one more turn
-    costs (``ProfileInfo.turn_ms``; paired by round as above).
+    of this order, alternating in one process), taking turns with the others: the step of
+    turns over the grouped one, over the ``2 (M - 1)`` turns it has more, is the CPU one
+    more turn costs (``ProfileInfo.turn_ms``; paired by round as above).
 
     So two more steps, taking turns with the others at ``SMALL_ROWS`` rows per
     microbatch (what an action costs hardly depends on the rows; the ops' own time is
@@ -62,10 +62,9 @@ Cost
     span the profile's ``span_s`` (``rounds.SPAN_S``: the difference of two steps of a few
     milliseconds each moves with the moment of a shared machine it falls in: MoE's unit
     action came out 0 to 141 us across profiles of five rounds), more while an action's
-    difference is unresolved (above), and they stop once they have taken ``BUDGET_S``, at least one
-    timed; a model whose round
-    would take longer than that on its own (one row per microbatch of a very large model) gets no figure,
-    and the note says so: the simulator then charges no actions, a few hundred
+    difference is unresolved (above), and they stop once they have taken ``BUDGET_S``, at
+    least one timed; a model whose round would take longer than that on its own (one row
+    per microbatch of a very large model) gets no figure, and the note says so: the simulator then charges no actions, a few hundred
     microseconds against steps of seconds.
 
 Limits: one figure per action whatever the unit's size and the values that cross its
@@ -161,9 +160,8 @@ def unit_action_ms(cap: Capture, workload, module: torch.nn.Module, batch_size: 
         taken: dict[str, list[float]] = {name: [] for name in [*steps, "plain"]}
         pairs = _pairs(steps, base)
         timed_s, r = 0.0, 0
-        while ((r <= rounds or timed_s < span_s and r <= MAX_SPAN_ROUNDS
-                or not all(resolved(taken[a], taken[b]) for a, b in pairs)
-                and r <= MAX_SPAN_ROUNDS)
+        while ((r <= rounds or r <= MAX_SPAN_ROUNDS and (
+                    timed_s < span_s or not all(resolved(taken[a], taken[b]) for a, b in pairs)))
                and (r < 2 or timed_s < BUDGET_S)):  # round 0 settles them all
             w0 = time.perf_counter()
             for name, seconds in taken.items():
@@ -214,10 +212,11 @@ def _pairs(steps: dict, base: str) -> list[tuple[str, str]]:
 
 
 def resolved(seconds: list[float], other: list[float]) -> bool:
-    """Whether the rounds tell ``seconds`` from ``other`` (``paired_ms``): fewer of them came
-    out above 0 than a coin's tosses would give with a chance of ``SIGN_P`` (a one-sided
-    sign test; with fewer than 5 rounds nothing is resolved). A difference that is 0 or
-    below is resolved by nothing, whatever the rounds."""
+    """Whether the rounds tell ``seconds`` above ``other`` (``paired_ms``): as many rounds as
+    came out above, or more, would come out with a chance of at most ``SIGN_P`` were each
+    round's sign a coin's toss (a one-sided sign test; with fewer than 5 rounds nothing is
+    resolved). A difference that is 0 or below is resolved by nothing, whatever the
+    rounds."""
     n = len(seconds)
     above = sum(a > b for a, b in zip(seconds, other, strict=True))
     return bool(n) and sum(math.comb(n, k) for k in range(above, n + 1)) / 2 ** n <= SIGN_P
